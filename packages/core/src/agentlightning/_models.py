@@ -1,0 +1,376 @@
+"""The data model every package shares: rollouts, attempts, spans, LLM calls, transitions, resources.
+
+All models are pydantic v2, frozen, and reject unknown fields so a malformed record fails with an error
+that names the offending field instead of being stored half-right.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "AttemptStatus",
+    "RolloutStatus",
+    "RolloutMode",
+    "SpanStatusCode",
+    "AttributeValue",
+    "Rollout",
+    "Attempt",
+    "Claim",
+    "SpanEvent",
+    "SpanStatus",
+    "Span",
+    "LLMCall",
+    "LLMResource",
+    "PromptTemplateResource",
+    "ValueResource",
+    "Resource",
+    "Resources",
+    "Transition",
+    "TrainingSample",
+    "TrainingBatch",
+    "new_id",
+    "now",
+    "TERMINAL_ROLLOUT_STATUSES",
+    "TERMINAL_ATTEMPT_STATUSES",
+]
+
+RolloutStatus = Literal["queuing", "running", "succeeded", "failed", "cancelled"]
+"""queuing -> running -> succeeded | failed | cancelled; a failed attempt with retries left sends it back to queuing."""
+
+AttemptStatus = Literal["running", "succeeded", "failed", "timeout", "unresponsive", "cancelled"]
+"""`timeout`: ran past the rollout timeout; `unresponsive`: stopped heartbeating."""
+
+RolloutMode = Literal["train", "val", "test"]
+SpanStatusCode = Literal["unset", "ok", "error"]
+
+TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "unresponsive", "cancelled"})
+
+AttributeValue = Union[str, bool, int, float, list[str], list[bool], list[int], list[float], None]
+"""OpenTelemetry attribute values (scalars or homogeneous lists)."""
+
+
+def new_id(prefix: str) -> str:
+    """Return a fresh random id such as ``ro-3f2a...`` (prefix + 32 hex chars)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> float:
+    """Wall-clock time in seconds since the epoch (the unit used by every timestamp in the model)."""
+    return time.time()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Rollout(_Model):
+    """One task to run the agent on, and where it stands.
+
+    Attributes:
+        rollout_id: Client-assigned or generated id; enqueueing the same id twice is a no-op.
+        input: The task, any JSON value; passed to the agent as is.
+        status: Position in the status machine.
+        mode: Whether the rollout is for training, validation or test.
+        group_id: Rollouts of the same task share a group (GRPO normalises within it).
+        resources_id: Resources the rollout must run with; ``None`` means the latest.
+        retry_count: How many attempts were started beyond the first.
+        created_at: Enqueue time.
+        updated_at: Last status change.
+        metadata: Free-form user data.
+    """
+
+    rollout_id: str = Field(min_length=1, max_length=256)
+    input: Any = None
+    status: RolloutStatus = "queuing"
+    mode: RolloutMode | None = None
+    group_id: str | None = None
+    resources_id: str | None = None
+    retry_count: int = Field(default=0, ge=0)
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Attempt(_Model):
+    """One try at running a rollout, by one worker.
+
+    Attributes:
+        rollout_id: The rollout this attempt belongs to.
+        attempt_id: Unique id of the attempt.
+        sequence: 1 for the first attempt of a rollout, 2 for the first retry, ...
+        worker_id: Who runs it (free-form, e.g. ``host:pid:index``).
+        status: ``running`` until finished, timed out or found unresponsive.
+        start_time: When the attempt was started.
+        end_time: When it reached a terminal status.
+        last_heartbeat: Last sign of life from the worker.
+        error: A message for failed attempts.
+    """
+
+    rollout_id: str
+    attempt_id: str
+    sequence: int = Field(ge=1)
+    worker_id: str | None = None
+    status: AttemptStatus = "running"
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    last_heartbeat: float = Field(default_factory=now)
+    error: str | None = None
+
+
+class Claim(_Model):
+    """What ``dequeue_rollout`` hands a worker: the rollout and the attempt just started for it."""
+
+    rollout: Rollout
+    attempt: Attempt
+
+
+class SpanEvent(_Model):
+    """A timestamped event inside a span (e.g. an exception with its traceback)."""
+
+    name: str
+    timestamp: float
+    attributes: dict[str, AttributeValue] = Field(default_factory=dict)
+
+
+class SpanStatus(_Model):
+    """OpenTelemetry span status."""
+
+    code: SpanStatusCode = "unset"
+    description: str | None = None
+
+
+class Span(_Model):
+    """An OpenTelemetry-shaped span, tagged with the rollout and attempt it belongs to.
+
+    Attributes:
+        rollout_id: Rollout the span was recorded in.
+        attempt_id: Attempt the span was recorded in.
+        sequence_id: Per-attempt sequence number assigned when the span started (orders spans without clocks).
+        trace_id: 32 hex chars.
+        span_id: 16 hex chars; unique within (rollout_id, attempt_id). Re-adding it is a no-op.
+        parent_id: 16 hex chars of the parent span, or ``None`` for a root.
+        name: Span name.
+        start_time: Seconds since the epoch.
+        end_time: Seconds since the epoch (``>= start_time``).
+        attributes: OpenTelemetry attributes (``gen_ai.*`` and ``agentlightning.*``).
+        events: Span events.
+        status: Span status.
+    """
+
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
+    sequence_id: int = Field(ge=0)
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    parent_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
+    name: str
+    start_time: float
+    end_time: float
+    attributes: dict[str, AttributeValue] = Field(default_factory=dict)
+    events: list[SpanEvent] = Field(default_factory=list)
+    status: SpanStatus = Field(default_factory=SpanStatus)
+
+    @model_validator(mode="after")
+    def _check_times(self) -> Span:
+        if self.end_time < self.start_time:
+            raise ValueError(f"end_time ({self.end_time}) is before start_time ({self.start_time})")
+        return self
+
+
+class LLMCall(_Model):
+    """One request through the LLM proxy, with the exact token ids the backend produced.
+
+    Attributes:
+        call_id: Unique id (client-assigned; re-adding is a no-op).
+        rollout_id: Rollout the request was made for (from the proxy URL).
+        attempt_id: Attempt the request was made for.
+        response_id: The ``id`` of the OpenAI response; adapters' LLM spans carry it as
+            ``gen_ai.response.id`` and that is how spans join to calls.
+        request: The request body as the agent sent it.
+        response: The response body as returned to the agent (for streams: the assembled response).
+        prompt_token_ids: Token ids of the full prompt as the backend tokenised it.
+        response_token_ids: Token ids the backend generated.
+        response_logprobs: Log-probability of each generated token (same length as ``response_token_ids``).
+        model: Model name used by the backend.
+        model_version: Resources version served when the call was made.
+        backend: Which backend served it.
+        start_time: When the proxy received the request.
+        end_time: When the proxy finished answering.
+        error: Backend error, if the call failed.
+    """
+
+    call_id: str = Field(min_length=1)
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
+    response_id: str | None = None
+    request: dict[str, Any] = Field(default_factory=dict)
+    response: dict[str, Any] | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] | None = None
+    model: str | None = None
+    model_version: int | None = None
+    backend: str | None = None
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> LLMCall:
+        if self.response_logprobs is not None and len(self.response_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"response_logprobs has {len(self.response_logprobs)} entries "
+                f"but response_token_ids has {len(self.response_token_ids)}"
+            )
+        return self
+
+
+class LLMResource(_Model):
+    """The model endpoint agents call (normally the LLM proxy) and the model version it serves."""
+
+    kind: Literal["llm"] = "llm"
+    endpoint: str
+    model: str
+    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+
+    def base_url(self, rollout_id: str, attempt_id: str) -> str:
+        """Per-rollout base URL on the proxy: ``{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1``."""
+        return f"{self.endpoint.rstrip('/')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+
+class PromptTemplateResource(_Model):
+    """A prompt template the agent formats (``str.format`` style by default)."""
+
+    kind: Literal["prompt_template"] = "prompt_template"
+    template: str
+    engine: Literal["format", "jinja"] = "format"
+
+
+class ValueResource(_Model):
+    """Any JSON value the user wants versioned with the rest."""
+
+    kind: Literal["value"] = "value"
+    value: Any = None
+
+
+Resource = Annotated[Union[LLMResource, PromptTemplateResource, ValueResource], Field(discriminator="kind")]
+
+
+class Resources(_Model):
+    """A named, versioned set of resources handed to every rollout.
+
+    Attributes:
+        resources_id: Unique id; adding the same id twice is a no-op.
+        version: Monotonic version assigned by the store (0 before it is stored).
+        items: Resources by name, e.g. ``{"llm": LLMResource(...), "system_prompt": PromptTemplateResource(...)}``.
+        created_at: When it was created.
+    """
+
+    resources_id: str = Field(min_length=1)
+    version: int = Field(default=0, ge=0)
+    items: dict[str, Resource] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=now)
+
+    @property
+    def llm(self) -> LLMResource | None:
+        """The first LLM resource (usually named ``llm``), if any."""
+        main = self.items.get("llm")
+        if isinstance(main, LLMResource):
+            return main
+        for item in self.items.values():
+            if isinstance(item, LLMResource):
+                return item
+        return None
+
+
+class Transition(_Model):
+    """One training sample rebuilt from an attempt's trace: a prompt, a response and what it earned.
+
+    Attributes:
+        rollout_id: Rollout it came from.
+        attempt_id: Attempt it came from.
+        group_id: Group of the rollout (rollouts of the same task).
+        agent_name: Name of the nearest enclosing agent span (``None`` when no agent span encloses the call).
+        step_index: 0-based index of this transition within its attempt.
+        prompt_ids: Prompt token ids exactly as the backend saw them.
+        response_ids: Response token ids (in trajectory mode: responses and observations interleaved).
+        response_mask: 1 where the token was generated by the policy (trained), 0 for observation tokens.
+        logprobs: Behaviour-policy log-probs per response token (0.0 on masked tokens), or ``None``.
+        reward: Intermediate reward(s) attached to this step (sum), ``None`` if none.
+        final_reward: The episode's final reward, ``None`` if the rollout gave none.
+        call_ids: The LLM calls merged into this sample.
+        metadata: Free-form extras (model version, span ids, ...).
+    """
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None = None
+    agent_name: str | None = None
+    step_index: int = Field(ge=0)
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float] | None = None
+    reward: float | None = None
+    final_reward: float | None = None
+    call_ids: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Transition:
+        if len(self.response_mask) != len(self.response_ids):
+            raise ValueError("response_mask must have one entry per response token")
+        if self.logprobs is not None and len(self.logprobs) != len(self.response_ids):
+            raise ValueError("logprobs must have one entry per response token")
+        return self
+
+
+class TrainingSample(_Model):
+    """A single-turn sample with its credit, ready for any token-level RL trainer.
+
+    Attributes:
+        prompt_ids: Prompt token ids.
+        response_ids: Response token ids.
+        response_mask: 1 for tokens that are trained on.
+        old_logprobs: Behaviour log-probs per response token, if recorded.
+        reward: The scalar credit given to this sample by the credit strategy.
+        advantage: The advantage of this sample (broadcast to every masked-in response token).
+        returns: Target return (for critics); equals ``reward`` unless the estimator says otherwise.
+        group_id: Group for group-normalised estimators.
+        rollout_id: Source rollout.
+        step_index: Step within the rollout.
+        agent_name: Source agent.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    old_logprobs: list[float] | None = None
+    reward: float
+    advantage: float
+    returns: float
+    group_id: str
+    rollout_id: str
+    attempt_id: str
+    step_index: int
+    agent_name: str | None = None
+
+    @field_validator("response_ids")
+    @classmethod
+    def _non_empty(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("a training sample needs at least one response token")
+        return value
+
+
+class TrainingBatch(_Model):
+    """The output of credit assignment: samples plus metrics describing the batch."""
+
+    samples: list[TrainingSample]
+    metrics: dict[str, float] = Field(default_factory=dict)

@@ -1,0 +1,189 @@
+"""The one store protocol every backend implements, its retry policy and its errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentlightning._models import (
+    Attempt,
+    AttemptStatus,
+    Claim,
+    LLMCall,
+    Resources,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+__all__ = [
+    "LightningStore",
+    "RetryPolicy",
+    "RolloutRequest",
+    "StoreError",
+    "NotFoundError",
+    "ConflictError",
+    "StoreStats",
+]
+
+
+class StoreError(Exception):
+    """Base class of store errors; the message says what is wrong."""
+
+
+class NotFoundError(StoreError, KeyError):
+    """An id that the store does not know (rollout, attempt, resources)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class ConflictError(StoreError):
+    """A request that contradicts the stored state (e.g. finishing an attempt that is not running)."""
+
+
+class RetryPolicy(BaseModel):
+    """When a failed or silent attempt is retried.
+
+    Attributes:
+        max_attempts: Total attempts per rollout (1 = never retry).
+        retry_on: Attempt outcomes that trigger a retry (``failed``, ``timeout``, ``unresponsive``).
+        heartbeat_timeout: Seconds without a heartbeat after which a running attempt is ``unresponsive``.
+        rollout_timeout: Seconds after which a running attempt is ``timeout`` (``None``: no limit).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=3, ge=1)
+    retry_on: frozenset[AttemptStatus] = frozenset({"failed", "timeout", "unresponsive"})
+    heartbeat_timeout: float = Field(default=30.0, gt=0)
+    rollout_timeout: float | None = Field(default=None, gt=0)
+
+
+class RolloutRequest(BaseModel):
+    """What a caller asks to enqueue; the store fills in status and times."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: Any = None
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
+    mode: RolloutMode | None = None
+    group_id: str | None = None
+    resources_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoreStats(BaseModel):
+    """Counts for dashboards and tests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rollouts: dict[str, int]
+    attempts: int
+    spans: int
+    llm_calls: int
+    resources: int
+
+
+@runtime_checkable
+class LightningStore(Protocol):
+    """Where runners and trainers meet. Every method is async; every write is idempotent on its client id.
+
+    Semantics every backend shares (``agentlightning.testing.StoreConformanceTests`` checks them):
+
+    * ``enqueue_rollouts`` with an existing ``rollout_id`` returns the stored rollout unchanged.
+    * ``dequeue_rollout`` atomically moves the oldest ``queuing`` rollout to ``running`` and starts an attempt.
+    * ``finish_attempt`` with ``succeeded`` finishes the rollout; with a status in ``retry_on`` and attempts
+      left it sends the rollout back to ``queuing`` (``retry_count`` + 1); otherwise the rollout ``failed``.
+      Finishing an already finished attempt with the same status is a no-op; with another status a conflict.
+    * ``check_timeouts`` marks silent attempts ``unresponsive`` and over-long ones ``timeout`` and applies the
+      retry policy; backends also run it at the start of ``dequeue_rollout``.
+    * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
+      new. A batch is validated as a whole first: one bad record rejects the batch and stores nothing.
+    * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.
+    """
+
+    retry_policy: RetryPolicy
+
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Queue rollouts (batched); returns them in request order."""
+        ...
+
+    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
+        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
+        ...
+
+    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+        ...
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
+        ...
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
+    ) -> Rollout:
+        """End an attempt and move its rollout on according to the retry policy."""
+        ...
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
+        ...
+
+    async def check_timeouts(self) -> list[Attempt]:
+        """Apply heartbeat/rollout timeouts now; returns the attempts that were ended."""
+        ...
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; raises `NotFoundError`."""
+        ...
+
+    async def query_rollouts(
+        self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
+    ) -> list[Rollout]:
+        """Rollouts filtered by status and/or ids, in enqueue order."""
+        ...
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout in order."""
+        ...
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
+        """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones."""
+        ...
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new."""
+        ...
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
+        ...
+
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
+        """Store proxy records (idempotent on call_id); returns how many were new."""
+        ...
+
+    async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
+        """LLM calls of a rollout (or one attempt) in start order."""
+        ...
+
+    async def add_resources(self, resources: Resources) -> Resources:
+        """Store a new resources version; returns it with its assigned version."""
+        ...
+
+    async def get_resources(self, resources_id: str | None = None) -> Resources | None:
+        """Resources by id, or the latest version when ``resources_id`` is ``None``."""
+        ...
+
+    async def stats(self) -> StoreStats:
+        """Counts of what is stored."""
+        ...
+
+    async def close(self) -> None:
+        """Release files and connections."""
+        ...
