@@ -1,0 +1,42 @@
+"""The ``agl`` command line: ``agl store serve``, ``agl proxy serve``.
+
+Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
+_COMMAND_MODULES = ("agentlightning.cli._store", "agentlightning.cli._proxy")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``agl`` argument parser."""
+    parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning command line")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``agl``; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
