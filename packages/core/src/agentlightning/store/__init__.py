@@ -9,13 +9,19 @@ from agentlightning.store._base import (
     StoreError,
     StoreStats,
 )
+from agentlightning.store._client import StoreClient
+from agentlightning.store._memory import MemoryStore
+from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
     "ConflictError",
     "LightningStore",
+    "MemoryStore",
     "NotFoundError",
     "RetryPolicy",
     "RolloutRequest",
+    "SqliteStore",
+    "StoreClient",
     "StoreError",
     "StoreStats",
 ]

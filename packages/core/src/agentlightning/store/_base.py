@@ -20,12 +20,12 @@ from agentlightning._models import (
 )
 
 __all__ = [
+    "ConflictError",
     "LightningStore",
+    "NotFoundError",
     "RetryPolicy",
     "RolloutRequest",
     "StoreError",
-    "NotFoundError",
-    "ConflictError",
     "StoreStats",
 ]
 

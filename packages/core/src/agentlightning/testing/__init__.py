@@ -17,7 +17,13 @@ _EXPORTS: dict[str, str] = {
     "ToyTokenizer": "agentlightning.testing._model_server",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdapterConformanceTests",
+    "ScriptedModelServer",
+    "ScriptedReply",
+    "StoreConformanceTests",
+    "ToyTokenizer",
+]
 
 
 def __getattr__(name: str) -> Any:

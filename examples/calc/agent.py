@@ -1,0 +1,85 @@
+"""The calculator agent: an ordinary LangGraph tool-calling graph, unaware of training.
+
+The only Agent Lightning lines are the ``@agl.rollout`` decorator (so the runner can call it with a task and
+the current resources) and ``agl.llm_base_url()`` (the per-rollout URL of the LLM proxy; in a deployed app it
+would be configuration). Tracing comes from ``agentlightning_langchain.instrument()``, called once by the
+trainer script — the graph itself carries no callback.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+import agentlightning as agl
+
+MAX_LLM_CALLS = 2
+_ANSWER = re.compile(r"^A:(-?\d+)$")
+_EXPRESSION = re.compile(r"^[0-9+\-*() ]{1,64}$")
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression made of integers, + - * and parentheses."""
+    if not _EXPRESSION.match(expression):
+        return "E"
+    try:
+        value = eval(expression, {"__builtins__": {}}, {})  # only digits and + - * ( ) reach here
+    except Exception:
+        return "E"
+    return str(int(value))
+
+
+def build_graph(llm: ChatOpenAI) -> Any:
+    """Solver node (the LLM, with the calculator bound) <-> tool node, at most ``MAX_LLM_CALLS`` LLM calls."""
+    solver_llm = llm.bind_tools([calculator])
+
+    async def solver(state: MessagesState) -> dict[str, list[Any]]:
+        return {"messages": [await solver_llm.ainvoke(state["messages"])]}
+
+    def route(state: MessagesState) -> str:
+        llm_calls = sum(isinstance(m, AIMessage) for m in state["messages"])
+        if llm_calls >= MAX_LLM_CALLS:
+            return END
+        return tools_condition(state)
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("solver", solver)
+    graph.add_node("tools", ToolNode([calculator]))
+    graph.add_edge(START, "solver")
+    graph.add_conditional_edges("solver", route, {"tools": "tools", END: END})
+    graph.add_edge("tools", "solver")
+    return graph.compile()
+
+
+def score(final: AIMessage | Any, expected: int) -> float:
+    """1 for the right answer, 0 for a wrong one, -0.1 for malformed output (the recipe's reward)."""
+    text = final.content if isinstance(final, AIMessage) and isinstance(final.content, str) else ""
+    if isinstance(final, AIMessage) and final.tool_calls:
+        return -0.1  # still wanted the tool when the call budget ran out
+    match = _ANSWER.match(text.strip())
+    if match is None:
+        return -0.1
+    return 1.0 if int(match.group(1)) == expected else 0.0
+
+
+@agl.rollout
+async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """Answer ``task["question"]`` (e.g. ``Q:37*48+12=``); reward by ``task["answer"]``."""
+    llm_resource = resources.llm
+    assert llm_resource is not None, "the trainer publishes an LLM resource"
+    llm = ChatOpenAI(
+        model=llm_resource.model,
+        base_url=agl.llm_base_url(),
+        api_key="not-needed",  # pyright: ignore[reportArgumentType]
+        max_retries=2,
+        **llm_resource.sampling_parameters,
+    )
+    result = await build_graph(llm).ainvoke({"messages": [HumanMessage(task["question"])]})
+    return score(result["messages"][-1], int(task["answer"]))

@@ -1,0 +1,89 @@
+"""The Agents SDK adapter passes the conformance kit: a triage agent hands off to an agent with a function tool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+from openai import AsyncOpenAI
+
+from agentlightning import semconv
+from agentlightning.testing import AdapterConformanceTests, ScriptedReply
+from agentlightning_openai_agents import OpenAIAgentsAdapter
+
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def build_agent(base_url: str) -> Agent[Any]:
+    model = OpenAIChatCompletionsModel(model="toy", openai_client=AsyncOpenAI(base_url=base_url, api_key="kit"))
+    math = Agent(name="math", instructions="Solve with the add tool.", model=model, tools=[add])
+    return Agent(name="triage", instructions="Hand math to the math agent.", model=model, handoffs=[math])
+
+
+def _called(messages: list[dict[str, Any]], name: str) -> bool:
+    return any(
+        call.get("function", {}).get("name") == name
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+    )
+
+
+class TestAgentsSdkConformance(AdapterConformanceTests):
+    def script(self, body: dict[str, Any]) -> ScriptedReply:
+        messages = body.get("messages") or []
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        task = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        handoff = next((t for t in tools if t.startswith("transfer_to_")), None)
+        if handoff and not _called(messages, handoff):
+            return ScriptedReply(tool_calls=[{"name": handoff, "arguments": {}}])
+        if "add" in tools and not _called(messages, "add"):
+            return ScriptedReply(tool_calls=[{"name": "add", "arguments": dict(self.tool_arguments)}])
+        return ScriptedReply(content=f"{self.final_answer} [{task}]")
+
+    @pytest.fixture
+    def adapter(self) -> OpenAIAgentsAdapter:
+        adapter = OpenAIAgentsAdapter.default()
+        assert isinstance(adapter, OpenAIAgentsAdapter)
+        return adapter
+
+    @pytest.fixture
+    def agent(self) -> Any:
+        async def run(base_url: str, task: str) -> str:
+            result = await Runner.run(build_agent(base_url), task)
+            return str(result.final_output)
+
+        return run
+
+
+async def test_handoff_and_agents_recorded() -> None:
+    """Calls are attributed to the agent that made them, and the handoff is a span between them."""
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.store import MemoryStore
+    from agentlightning.testing import ScriptedModelServer
+    from agentlightning.testing._adapter_kit import KitHarness
+
+    kit = TestAgentsSdkConformance()
+    with ScriptedModelServer(kit.script) as server:
+        store = MemoryStore()
+        async with LLMProxy(store, [server.base_url]) as proxy:
+            adapter = OpenAIAgentsAdapter.default()
+            adapter.instrument()
+            try:
+                harness = KitHarness(server, proxy, store)
+                record = await harness.collect(
+                    await harness.run(lambda url, task: Runner.run(build_agent(url), task), "2+3?")
+                )
+            finally:
+                adapter.uninstrument()
+    assert record.transitions is not None
+    assert [t.agent_name for t in record.transitions.transitions] == ["triage", "math", "math"]
+    handoffs = [s for s in record.spans if s.name.startswith("handoff")]
+    assert handoffs and handoffs[0].attributes.get("agentlightning.handoff.to_agent") == "math"
+    tools = record.of_kind(semconv.KIND_TOOL)
+    assert [s.attributes.get(semconv.GEN_AI_TOOL_NAME) for s in tools] == ["add"]

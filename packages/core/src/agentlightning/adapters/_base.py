@@ -1,0 +1,270 @@
+"""The adapter contract: one small base class every framework adapter implements.
+
+An adapter turns a framework's own callbacks or tracing into OpenTelemetry spans written with the attribute
+names of :mod:`agentlightning.semconv`. ``instrument()`` hooks the framework (only through its public callback or
+tracing API), ``uninstrument()`` unhooks it; both are idempotent. Before hooking, the installed framework version
+is checked against the adapter's ``SUPPORTED_RANGE`` and refused outside it.
+
+Installed adapters announce themselves through the entry point group ``agentlightning.adapters`` (value: the
+``Adapter`` subclass), so :func:`instrument_all` finds every one of them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import threading
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Adapter",
+    "UnsupportedVersionError",
+    "get_adapter",
+    "instrument_all",
+    "uninstrument_all",
+    "version_in_range",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "agentlightning.adapters"
+
+
+class UnsupportedVersionError(RuntimeError):
+    """The installed framework is missing or outside the adapter's supported range; nothing was hooked."""
+
+
+_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|rc|alpha|beta|c|pre|preview|dev)[-_.]?(\d*))?")
+_SPEC_RE = re.compile(r"^\s*(>=|<=|==|!=|~=|>|<)\s*([0-9][0-9a-zA-Z.\-_+*]*)\s*$")
+
+
+def _parse_version(text: str) -> tuple[tuple[int, ...], int]:
+    """Parse ``1.2.3``, ``1.2.3rc1``, ``0.7.5.dev0`` into (release, pre) where pre < 0 marks a pre-release."""
+    match = _VERSION_RE.match(text)
+    if match is None:
+        raise ValueError(f"cannot parse version {text!r}")
+    release = tuple(int(part) for part in match.group(1).split("."))
+    return release, (-1 if match.group(2) else 0)
+
+
+def _cmp(left: str, right: str) -> int:
+    (lrel, lpre), (rrel, rpre) = _parse_version(left), _parse_version(right)
+    width = max(len(lrel), len(rrel))
+    lpad, rpad = lrel + (0,) * (width - len(lrel)), rrel + (0,) * (width - len(rrel))
+    if lpad != rpad:
+        return -1 if lpad < rpad else 1
+    return (lpre > rpre) - (lpre < rpre)
+
+
+def version_in_range(version: str, spec: str) -> bool:
+    """Whether ``version`` satisfies a comma-separated specifier such as ``">=0.3,<2"``.
+
+    Supports ``>= > <= < == != ~=`` on dotted numeric versions; a pre-release (``1.0rc1``) sorts before its
+    release. ``==1.2.*`` matches any ``1.2.x``.
+
+    Raises:
+        ValueError: ``spec`` or ``version`` cannot be parsed.
+    """
+    for clause in (part for part in spec.split(",") if part.strip()):
+        match = _SPEC_RE.match(clause)
+        if match is None:
+            raise ValueError(f"cannot parse version specifier clause {clause!r} in {spec!r}")
+        op, bound = match.groups()
+        if bound.endswith(".*"):
+            prefix = _parse_version(bound[:-2])[0]
+            same = _parse_version(version)[0][: len(prefix)] == prefix
+            if (op == "==" and not same) or (op == "!=" and same):
+                return False
+            continue
+        c = _cmp(version, bound)
+        ok = {
+            ">=": c >= 0,
+            ">": c > 0,
+            "<=": c <= 0,
+            "<": c < 0,
+            "==": c == 0,
+            "!=": c != 0,
+        }.get(op)
+        if op == "~=":
+            release = _parse_version(bound)[0]
+            upper = ".".join(str(p) for p in (*release[:-2], release[-2] + 1)) if len(release) > 1 else None
+            ok = c >= 0 and (upper is None or _cmp(version, upper) < 0)
+        if not ok:
+            return False
+    return True
+
+
+class Adapter(ABC):
+    """Base class of framework adapters.
+
+    Subclasses set the class constants and implement ``_instrument`` / ``_uninstrument``; this class makes
+    both idempotent, thread-safe and version-checked.
+
+    Attributes:
+        NAME: Short adapter name written on every span as ``agentlightning.adapter`` (e.g. ``"langchain"``).
+        FRAMEWORK: Distribution name of the framework whose version is checked (e.g. ``"langchain-core"``).
+        SUPPORTED_RANGE: Supported framework versions, the same specifier as in the adapter's pyproject.
+        INSTALL: What to install to get a supported framework (shown when refusing).
+        LOW_LEVEL: ``True`` for adapters of a raw client library (openai, litellm); :func:`instrument_all`
+            skips them by default because framework adapters already record those calls.
+    """
+
+    NAME: ClassVar[str]
+    FRAMEWORK: ClassVar[str]
+    SUPPORTED_RANGE: ClassVar[str]
+    INSTALL: ClassVar[str] = ""
+    LOW_LEVEL: ClassVar[bool] = False
+
+    _defaults: ClassVar[dict[type[Adapter], Adapter]] = {}
+    _defaults_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._instrumented = False
+
+    @classmethod
+    def default(cls) -> Adapter:
+        """The process-wide instance of this adapter (what ``instrument_all`` and the one-liners use)."""
+        with Adapter._defaults_lock:
+            instance = Adapter._defaults.get(cls)
+            if instance is None:
+                instance = Adapter._defaults[cls] = cls()
+            return instance
+
+    @property
+    def instrumented(self) -> bool:
+        """Whether the framework is currently hooked by this adapter."""
+        return self._instrumented
+
+    @classmethod
+    def installed_version(cls) -> str | None:
+        """Installed version of ``FRAMEWORK``, or ``None`` when it is not installed."""
+        try:
+            return importlib.metadata.version(cls.FRAMEWORK)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    @classmethod
+    def check_version(cls, version: str | None = None) -> str:
+        """Check the framework version (the installed one unless ``version`` is given) against the range.
+
+        Returns:
+            The checked version.
+
+        Raises:
+            UnsupportedVersionError: Not installed or outside ``SUPPORTED_RANGE``; the message names the exact
+                versions and what to install.
+        """
+        found = cls.installed_version() if version is None else version
+        install = cls.INSTALL or f"pip install '{cls.FRAMEWORK}{cls.SUPPORTED_RANGE}'"
+        if found is None:
+            raise UnsupportedVersionError(
+                f"The {cls.NAME} adapter needs {cls.FRAMEWORK}{cls.SUPPORTED_RANGE}, which is not installed. "
+                f"Install it with: {install}"
+            )
+        try:
+            ok = version_in_range(found, cls.SUPPORTED_RANGE)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UnsupportedVersionError(
+                f"The {cls.NAME} adapter supports {cls.FRAMEWORK}{cls.SUPPORTED_RANGE}, but {cls.FRAMEWORK}=={found} "
+                f"is installed; nothing was instrumented. Install a supported version with: {install}"
+            )
+        return found
+
+    def instrument(self) -> None:
+        """Hook the framework. Calling it again while hooked does nothing.
+
+        Raises:
+            UnsupportedVersionError: The framework is missing or its version is outside ``SUPPORTED_RANGE``.
+        """
+        with self._lock:
+            if self._instrumented:
+                return
+            version = self.check_version()
+            self._instrument()
+            self._instrumented = True
+            logger.debug("instrumented %s (%s==%s)", self.NAME, self.FRAMEWORK, version)
+
+    def uninstrument(self) -> None:
+        """Unhook the framework; afterwards the adapter emits nothing. Calling it again does nothing."""
+        with self._lock:
+            if not self._instrumented:
+                return
+            self._uninstrument()
+            self._instrumented = False
+            logger.debug("uninstrumented %s", self.NAME)
+
+    @abstractmethod
+    def _instrument(self) -> None:
+        """Hook the framework (called once per instrument cycle, version already checked)."""
+
+    @abstractmethod
+    def _uninstrument(self) -> None:
+        """Undo ``_instrument``."""
+
+
+def _entry_points() -> dict[str, type[Adapter]]:
+    found: dict[str, type[Adapter]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken optional adapter must not break the others
+            logger.warning("could not load adapter entry point %s (%s): %s", ep.name, ep.value, exc)
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+            logger.warning("entry point %s (%s) is not an Adapter subclass; skipped", ep.name, ep.value)
+            continue
+        found[ep.name] = cls
+    return found
+
+
+def get_adapter(name: str) -> Adapter:
+    """The process-wide instance of the adapter registered under ``name``.
+
+    Raises:
+        KeyError: No installed adapter has that name (the message lists the installed ones).
+    """
+    classes = _entry_points()
+    if name not in classes:
+        raise KeyError(f"no adapter named {name!r} is installed; installed adapters: {sorted(classes)}")
+    return classes[name].default()
+
+
+def instrument_all(*, include: list[str] | None = None, low_level: bool = False) -> list[str]:
+    """Instrument every installed adapter whose framework is installed in a supported version.
+
+    Args:
+        include: Only these adapter names (default: all found through the entry point group).
+        low_level: Also instrument raw client adapters (``openai``, ``litellm``). Off by default because the
+            framework adapters already record those calls.
+
+    Returns:
+        Names of the adapters that are instrumented after the call. Adapters whose framework is missing or out
+        of range are skipped with a log line (use ``get_adapter(name).instrument()`` to get the error).
+    """
+    names = include if include is not None else sorted(_entry_points())
+    done: list[str] = []
+    for name in names:
+        adapter = get_adapter(name)
+        if adapter.LOW_LEVEL and not low_level and include is None:
+            continue
+        try:
+            adapter.instrument()
+        except UnsupportedVersionError as exc:
+            logger.info("skipping adapter %s: %s", name, exc)
+            continue
+        done.append(name)
+    return done
+
+
+def uninstrument_all() -> None:
+    """Uninstrument every adapter's process-wide instance (those ``instrument_all`` and the one-liners use)."""
+    with Adapter._defaults_lock:
+        instances = list(Adapter._defaults.values())
+    for adapter in instances:
+        adapter.uninstrument()

@@ -1,0 +1,133 @@
+"""Small OpenTelemetry helpers shared by adapters: our tracer provider, one-time processors, span lookups."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
+
+from agentlightning import semconv
+
+__all__ = [
+    "GatedSpanProcessor",
+    "add_processor_once",
+    "is_llm_span",
+    "lightning_provider",
+    "lightning_tracer",
+    "pending_llm_spans",
+]
+
+_added: set[int] = set()
+_added_lock = threading.Lock()
+
+
+def lightning_provider() -> TracerProvider:
+    """The SDK tracer provider of :mod:`agentlightning.tracing` (spans go to the current rollout's store)."""
+    from agentlightning.tracing import get_tracer_provider
+
+    provider: Any = get_tracer_provider()
+    return provider
+
+
+def lightning_tracer(name: str) -> trace.Tracer:
+    """A tracer from :func:`lightning_provider` (spans are stamped with the current rollout and stored)."""
+    from agentlightning.tracing import get_tracer
+
+    return get_tracer(name)
+
+
+class GatedSpanProcessor(SpanProcessor):
+    """A span processor that can be switched off: an SDK provider cannot remove a processor once added."""
+
+    enabled: bool = False
+
+    def on_start(self, span: SdkSpan, parent_context: Any = None) -> None:  # pragma: no cover - overridden
+        """Called when a span starts (span still writable)."""
+
+    def on_end(self, span: ReadableSpan) -> None:  # pragma: no cover - overridden
+        """Called when a span ends (read-only)."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing buffered."""
+        return True
+
+
+def add_processor_once(provider: TracerProvider, processor: SpanProcessor) -> None:
+    """Add ``processor`` to ``provider`` unless this very processor was already added to it."""
+    key = id(provider) ^ (id(processor) << 1)
+    with _added_lock:
+        if key in _added:
+            return
+        provider.add_span_processor(processor)
+        _added.add(key)
+
+
+def is_llm_span(span: Any) -> bool:
+    """Whether ``span`` is a live, recording SDK span of kind ``llm`` (an enclosing framework LLM span)."""
+    if not isinstance(span, SdkSpan) or not span.is_recording():
+        return False
+    attributes = span.attributes or {}
+    return attributes.get(semconv.SPAN_KIND) == semconv.KIND_LLM
+
+
+class _PendingLLMSpans:
+    """Framework LLM spans waiting for the client span of the same call (to learn its response id).
+
+    A callback-based framework (LangChain) cannot make its LLM span the current OpenTelemetry span, because its
+    start and end callbacks may run in copies of the caller's context. The openai client span of the call
+    then finds its framework span here instead: the oldest unclaimed live LLM span of the same rollout. With
+    concurrent LLM calls inside one rollout, two calls of the same rollout may swap response ids.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_rollout: dict[int, list[SdkSpan]] = {}
+
+    @staticmethod
+    def _key() -> int:
+        from agentlightning.tracing import current_rollout
+
+        return id(current_rollout())
+
+    def add(self, span: Any) -> None:
+        """Register a just-started framework LLM span of the current rollout."""
+        if not isinstance(span, SdkSpan):
+            return
+        key = self._key()
+        with self._lock:
+            self._by_rollout.setdefault(key, []).append(span)
+
+    def discard(self, span: Any) -> None:
+        """Forget ``span`` (its call ended)."""
+        with self._lock:
+            for key, spans in list(self._by_rollout.items()):
+                if span in spans:
+                    spans.remove(span)
+                    if not spans:
+                        del self._by_rollout[key]
+                    return
+
+    def claim(self) -> SdkSpan | None:
+        """Take the oldest live framework LLM span of the current rollout, if any."""
+        if not self._by_rollout:
+            return None
+        key = self._key()
+        with self._lock:
+            spans = self._by_rollout.get(key)
+            while spans:
+                span = spans.pop(0)
+                if span.is_recording():
+                    if not spans:
+                        del self._by_rollout[key]
+                    return span
+            self._by_rollout.pop(key, None)
+        return None
+
+
+pending_llm_spans = _PendingLLMSpans()

@@ -1,0 +1,115 @@
+"""``agl proxy serve``: run the LLM proxy in front of one or more inference backends."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+__all__ = ["register", "serve"]
+
+ADMIN_TOKEN_ENV = "AGL_PROXY_ADMIN_TOKEN"
+"""Environment variable read for the admin token when ``--admin-token`` is not given."""
+STORE_TOKEN_ENV = "AGL_STORE_TOKEN"
+"""Environment variable read for the store's bearer token when ``--store-token`` is not given."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``proxy`` command group (``agl proxy serve``) to the ``agl`` parser."""
+    proxy_parser = subparsers.add_parser("proxy", help="the LLM proxy that records token ids")
+    proxy_sub = proxy_parser.add_subparsers(dest="proxy_command", required=True)
+    serve_parser = proxy_sub.add_parser(
+        "serve",
+        help="run the LLM proxy",
+        description=(
+            "Forward OpenAI-style calls from agents (base URL {proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1) "
+            "to inference backends and record each call's token ids in the store."
+        ),
+    )
+    where = serve_parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store-url", help="URL of a store served by `agl store serve`")
+    where.add_argument("--db", help="SQLite store file (created if missing)")
+    serve_parser.add_argument("--store-token", default=None, help=f"store bearer token (default: ${STORE_TOKEN_ENV})")
+    serve_parser.add_argument(
+        "--backend",
+        action="append",
+        required=True,
+        help="OpenAI-compatible backend base URL (repeat for several; rollouts stick to one)",
+    )
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, default=4748, help="port to bind (default: 4748)")
+    serve_parser.add_argument(
+        "--admin-token", default=None, help=f"token for /admin/* routes (default: ${ADMIN_TOKEN_ENV})"
+    )
+    serve_parser.add_argument("--served-model", default=None, help="replace each request's model with this name")
+    serve_parser.add_argument(
+        "--record",
+        choices=("sync", "background"),
+        default="sync",
+        help="sync: write each call before answering (default); background: batch the writes",
+    )
+    serve_parser.add_argument(
+        "--allow-unrecorded", action="store_true", help="forward plain /v1 calls unrecorded instead of refusing them"
+    )
+    serve_parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per backend request")
+    serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+    serve_parser.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the proxy until interrupted; returns the exit code (2 for a refused configuration)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not 0 <= args.port <= 65535:
+        console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
+        return 2
+    admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
+        console.print(
+            f"[red]refusing to serve on {args.host} without an admin token[/red]: anyone who can reach it could pause "
+            f"the proxy or redirect it to other backends. Pass --admin-token or set {ADMIN_TOKEN_ENV}."
+        )
+        return 2
+    try:
+        asyncio.run(_run(args, admin_token, console))
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _run(args: argparse.Namespace, admin_token: str | None, console: Any) -> None:
+    import uvicorn
+
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.store import SqliteStore, StoreClient
+
+    store: Any
+    if args.store_url:
+        store = StoreClient(args.store_url, token=args.store_token or os.environ.get(STORE_TOKEN_ENV) or None)
+    else:
+        store = SqliteStore(args.db)
+    proxy = LLMProxy(
+        store,
+        args.backend,
+        admin_token=admin_token,
+        served_model=args.served_model,
+        record=args.record,
+        allow_unrecorded=args.allow_unrecorded,
+        request_timeout=args.request_timeout,
+        host=args.host,
+        port=args.port,
+    )
+    console.print(
+        f"LLM proxy on http://{args.host}:{args.port} -> {', '.join(proxy.backends)}; agents use "
+        f"http://{args.host}:{args.port}/rollout/<rollout_id>/attempt/<attempt_id>/v1"
+    )
+    config = uvicorn.Config(proxy.app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    try:
+        await uvicorn.Server(config).serve()
+    finally:
+        await store.close()

@@ -1,0 +1,152 @@
+"""``agl store serve``: serve a SQLite (or in-memory) store over HTTP for runners on other machines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+from typing import Any
+
+__all__ = ["register", "serve"]
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "AGL_STORE_TOKEN"
+"""Environment variable read for the bearer token when ``--token`` is not given."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``store`` command group (``agl store serve``) to the ``agl`` parser."""
+    store_parser = subparsers.add_parser("store", help="the LightningStore")
+    store_sub = store_parser.add_subparsers(dest="store_command", required=True)
+    serve_parser = store_sub.add_parser(
+        "serve",
+        help="serve a store over HTTP",
+        description="Serve a LightningStore over HTTP (clients: agentlightning.StoreClient).",
+    )
+    where = serve_parser.add_mutually_exclusive_group()
+    where.add_argument("--db", default="agentlightning.db", help="SQLite file (created if missing)")
+    where.add_argument("--memory", action="store_true", help="keep everything in memory (lost on exit)")
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, default=4747, help="port to bind (default: 4747)")
+    serve_parser.add_argument(
+        "--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback"
+    )
+    serve_parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout (retry policy)")
+    serve_parser.add_argument(
+        "--heartbeat-timeout", type=float, default=None, help="seconds without heartbeat before an attempt is dropped"
+    )
+    serve_parser.add_argument("--rollout-timeout", type=float, default=None, help="seconds an attempt may run")
+    serve_parser.add_argument(
+        "--retry-on", default=None, help="comma-separated attempt outcomes that are retried (e.g. failed,timeout)"
+    )
+    serve_parser.add_argument(
+        "--synchronous",
+        choices=("NORMAL", "FULL"),
+        default="NORMAL",
+        help="SQLite fsync level: NORMAL survives a killed process, FULL also a power cut (slower)",
+    )
+    serve_parser.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body in MiB")
+    serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+    serve_parser.set_defaults(func=serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until interrupted; returns the exit code (2 for a refused configuration)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    if not _is_loopback(args.host) and not token:
+        console.print(
+            f"[red]refusing to serve on {args.host} without a token[/red]: anyone who can reach it could read and "
+            f"write the store. Pass --token or set {TOKEN_ENV}, or bind 127.0.0.1."
+        )
+        return 2
+    if not 0 <= args.port <= 65535:
+        console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
+        return 2
+    try:
+        store = _open_store(args)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]cannot open the store:[/red] {exc}")
+        return 2
+
+    import uvicorn
+
+    from agentlightning.store._server import create_store_app
+
+    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+    where = "memory" if args.memory else os.path.abspath(args.db)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    console.print(
+        f"[bold green]Agent Lightning store[/bold green] serving {where} at [bold]http://{host}:{args.port}[/bold]"
+        f" ({'bearer token required' if token else 'no token'})"
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        http="httptools",
+        access_log=False,
+        log_level=args.log_level,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # uvicorn[standard] brings uvloop; fall back to asyncio's loop where it is missing
+        loop_factory = None
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_run(server, store))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _run(server: Any, store: Any) -> None:
+    try:
+        await server.serve()
+    finally:
+        await store.close()
+
+
+def _open_store(args: argparse.Namespace) -> Any:
+    from agentlightning.store import RetryPolicy
+
+    policy_fields: dict[str, Any] = {}
+    if args.max_attempts is not None:
+        policy_fields["max_attempts"] = args.max_attempts
+    if args.heartbeat_timeout is not None:
+        policy_fields["heartbeat_timeout"] = args.heartbeat_timeout
+    if args.rollout_timeout is not None:
+        policy_fields["rollout_timeout"] = args.rollout_timeout
+    if args.retry_on is not None:
+        policy_fields["retry_on"] = frozenset(s.strip() for s in args.retry_on.split(",") if s.strip())
+    kwargs: dict[str, Any] = {}
+    if policy_fields:
+        try:
+            kwargs["retry_policy"] = RetryPolicy(**policy_fields)
+        except Exception as exc:  # pydantic's ValidationError names the bad flag's field
+            raise ValueError(f"invalid retry policy: {exc}") from exc
+    if args.memory:
+        from agentlightning.store._memory import MemoryStore
+
+        return MemoryStore(**kwargs)
+    from agentlightning.store._sqlite import SqliteStore
+
+    return SqliteStore(args.db, synchronous=args.synchronous, **kwargs)

@@ -1,0 +1,243 @@
+"""Transitions -> `TrainingBatch`: LightningRL credit assignment, then advantage estimation."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from agentlightning._models import TrainingBatch, TrainingSample, Transition
+from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_estimator
+from agentlightning.credit._config import CreditConfig
+from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
+from agentlightning.store._base import LightningStore
+from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics
+from agentlightning.transitions._fast import fast_model
+from agentlightning.transitions._store import results_from_store
+
+__all__ = ["build_batch_from_store", "build_training_batch"]
+
+logger = logging.getLogger(__name__)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def build_training_batch(
+    transitions: Sequence[Transition],
+    credit: str | CreditStrategy = "identical",
+    estimator: str | AdvantageEstimator = "grpo",
+    config: CreditConfig | None = None,
+    *,
+    diagnostics: TransitionDiagnostics | None = None,
+) -> TrainingBatch:
+    """Assign credit to transitions and estimate advantages: the LightningRL step.
+
+    Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
+    ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
+    final and intermediate rewards into one credit per transition (``TrainingSample.reward`` and
+    ``returns``); the estimator turns credits into advantages.
+
+    Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
+    stalled (all successes or all failures), and nothing in the batch moves the policy.
+
+    Args:
+        transitions: Transitions of any number of rollouts, e.g. from `transitions_from_store`.
+        credit: A registered credit strategy name (``identical``, ``discounted``, ``per_step``) or a function.
+        estimator: A registered estimator name (``grpo``, ``rloo``, ``reinforce_pp``, ``passthrough``) or a
+            function.
+        config: Credit settings.
+        diagnostics: Conversion counts to fold into the batch metrics (trajectory breaks, missing ids...).
+
+    Returns:
+        Samples in input rollout order then step order, and metrics: ``n_samples``, ``n_rollouts``,
+        ``n_groups``, ``reward_mean/std/min/max`` (final rewards per rollout), ``credit_mean``,
+        ``advantage_mean/std``, ``zero_std_group_fraction``, ``dropped_groups``, ``dropped_samples``,
+        ``rollouts_without_reward``, ``response_tokens``, ``trained_tokens`` and the diagnostics' counts.
+
+    Raises:
+        ValueError: Unknown strategy/estimator, a rollout whose transitions disagree on the final reward, a
+            strategy or estimator returning the wrong number of values or non-finite ones, or a missing final
+            reward with ``missing_final_reward='raise'``.
+    """
+    config = config or CreditConfig()
+    strategy = get_credit_strategy(credit) if isinstance(credit, str) else credit
+    estimate = get_advantage_estimator(estimator) if isinstance(estimator, str) else estimator
+
+    rollouts: dict[tuple[str, str], list[Transition]] = {}
+    for transition in transitions:
+        key = (transition.rollout_id, transition.attempt_id)
+        bucket = rollouts.get(key)
+        if bucket is None:
+            rollouts[key] = [transition]
+        else:
+            bucket.append(transition)
+
+    groups: dict[str, list[tuple[list[Transition], float, list[float]]]] = {}
+    finals: list[float] = []
+    without_reward: list[str] = []
+    for (rollout_id, _), steps in rollouts.items():
+        if any(steps[i].step_index > steps[i + 1].step_index for i in range(len(steps) - 1)):
+            steps.sort(key=lambda t: t.step_index)
+        final = steps[0].final_reward
+        for step in steps:
+            if step.final_reward != final:
+                raise ValueError(
+                    f"transitions of rollout {rollout_id} disagree on the final reward ({final} vs "
+                    f"{step.final_reward}); they must come from one attempt"
+                )
+        if final is None:
+            without_reward.append(rollout_id)
+            if config.missing_final_reward == "drop":
+                continue
+            final = 0.0
+        credits = strategy(steps, final, config)
+        if len(credits) != len(steps):
+            raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
+        finals.append(final)
+        group_key = steps[0].group_id or rollout_id
+        group = groups.get(group_key)
+        if group is None:
+            groups[group_key] = [(steps, final, credits)]
+        else:
+            group.append((steps, final, credits))
+    if without_reward:
+        if config.missing_final_reward == "raise":
+            raise ValueError(
+                f"{len(without_reward)} rollout(s) reported no final reward: {', '.join(without_reward[:10])}"
+            )
+        logger.warning(
+            "%d rollout(s) reported no final reward (%s); %s",
+            len(without_reward),
+            ", ".join(without_reward[:5]),
+            "dropped" if config.missing_final_reward == "drop" else "counted as reward 0",
+        )
+
+    tol = config.equal_tolerance
+    kept_keys: list[str] = []
+    kept_credits: list[list[list[float]]] = []
+    equal_groups = 0
+    dropped_samples = 0
+    for key, members in groups.items():
+        values = [c for _, _, credits in members for c in credits]
+        equal = not values or max(values) - min(values) <= tol
+        if equal:
+            equal_groups += 1
+            if config.drop_equal_groups:
+                dropped_samples += len(values)
+                continue
+        kept_keys.append(key)
+        kept_credits.append([credits for _, _, credits in members])
+
+    advantages = estimate(kept_credits, config)
+    if len(advantages) != len(kept_credits) or any(
+        len(a) != len(c) or any(len(x) != len(y) for x, y in zip(a, c, strict=True))
+        for a, c in zip(advantages, kept_credits, strict=True)
+    ):
+        raise ValueError("advantage estimator returned a different shape than the credits it was given")
+
+    samples: list[TrainingSample] = []
+    all_advantages: list[float] = []
+    all_credits: list[float] = []
+    response_tokens = 0
+    trained_tokens = 0
+    empty = 0
+    for key, group_adv in zip(kept_keys, advantages, strict=True):
+        for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
+            for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
+                if not math.isfinite(advantage) or not math.isfinite(credit_value):
+                    raise ValueError(
+                        f"non-finite credit/advantage ({credit_value}, {advantage}) for rollout {step.rollout_id} "
+                        f"step {step.step_index}"
+                    )
+                if not step.response_ids:
+                    empty += 1
+                    continue
+                fields: dict[str, Any] = {
+                    "prompt_ids": step.prompt_ids,
+                    "response_ids": step.response_ids,
+                    "response_mask": step.response_mask,
+                    "old_logprobs": step.logprobs,
+                    "reward": credit_value,
+                    "advantage": advantage,
+                    "returns": credit_value,
+                    "group_id": key,
+                    "rollout_id": step.rollout_id,
+                    "attempt_id": step.attempt_id,
+                    "step_index": step.step_index,
+                    "agent_name": step.agent_name,
+                }
+                samples.append(fast_model(TrainingSample, fields))
+                all_advantages.append(advantage)
+                all_credits.append(credit_value)
+                response_tokens += len(step.response_ids)
+                trained_tokens += sum(step.response_mask)
+
+    n_groups = len(groups)
+    if n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):
+        logger.warning(
+            "learning has stalled: every one of the %d group(s) in the batch has equal rewards, so no sample has a "
+            "non-zero advantage (all successes or all failures; try easier/harder tasks, more samples per task, "
+            "or a lower learning rate)",
+            n_groups,
+        )
+
+    reward_mean, reward_std = _mean_std(finals)
+    adv_mean, adv_std = _mean_std(all_advantages)
+    metrics: dict[str, float] = {
+        "n_samples": float(len(samples)),
+        "n_rollouts": float(len(finals)),
+        "n_groups": float(n_groups),
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "reward_min": min(finals) if finals else 0.0,
+        "reward_max": max(finals) if finals else 0.0,
+        "credit_mean": sum(all_credits) / len(all_credits) if all_credits else 0.0,
+        "advantage_mean": adv_mean,
+        "advantage_std": adv_std,
+        "zero_std_group_fraction": equal_groups / n_groups if n_groups else 0.0,
+        "dropped_groups": float(equal_groups if config.drop_equal_groups else 0),
+        "dropped_samples": float(dropped_samples),
+        "empty_responses_dropped": float(empty),
+        "rollouts_without_reward": float(len(without_reward)),
+        "response_tokens": float(response_tokens),
+        "trained_tokens": float(trained_tokens),
+    }
+    if diagnostics is not None:
+        metrics.update(diagnostics.as_metrics())
+    return fast_model(TrainingBatch, {"samples": samples, "metrics": metrics})
+
+
+async def build_batch_from_store(
+    store: LightningStore,
+    rollout_ids: Sequence[str],
+    transition_config: TransitionConfig | None = None,
+    credit: str | CreditStrategy = "identical",
+    estimator: str | AdvantageEstimator = "grpo",
+    config: CreditConfig | None = None,
+) -> TrainingBatch:
+    """Read the rollouts' last attempts from ``store`` and build a `TrainingBatch` (see `build_training_batch`).
+
+    Args:
+        store: Any `LightningStore`.
+        rollout_ids: Finished rollouts to train on.
+        transition_config: Spans -> transitions settings.
+        credit: Credit strategy name or function.
+        estimator: Advantage estimator name or function.
+        config: Credit settings.
+
+    Returns:
+        The batch; its metrics include the conversion diagnostics (``trajectory_breaks``, ...).
+    """
+    results = await results_from_store(store, rollout_ids, transition_config)
+    diagnostics = TransitionDiagnostics()
+    transitions: list[Transition] = []
+    for result in results:
+        diagnostics.add(result.diagnostics)
+        transitions.extend(result.transitions)
+    return build_training_batch(transitions, credit, estimator, config, diagnostics=diagnostics)

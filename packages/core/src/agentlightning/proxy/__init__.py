@@ -1,0 +1,8 @@
+"""The LLM proxy: forwards agents' OpenAI-style calls to inference backends and records exact token ids.
+
+See `LLMProxy` for routes, recording modes and pause/resume around weight updates.
+"""
+
+from agentlightning.proxy._proxy import CALL_ID_HEADER, LLMProxy, create_proxy_app
+
+__all__ = ["CALL_ID_HEADER", "LLMProxy", "create_proxy_app"]

@@ -1,0 +1,692 @@
+"""The LLM proxy: forwards OpenAI-style requests to an inference backend and records exact token ids.
+
+Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMResource.base_url`). For each
+``chat/completions`` or ``completions`` request the proxy asks the backend for token ids and logprobs
+(``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent unchanged, and records an
+`LLMCall` in the store *before* the agent sees the end of the response (``record="sync"``, default), so the
+record exists by the time the agent's LLM span ends. ``record="background"`` queues records and writes them in
+batches instead; call `LLMProxy.flush` before reading them.
+
+Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
+names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
+``allow_unrecorded=True`` to forward them unrecorded instead. ``/v1/models`` is always forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import aiohttp
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from agentlightning._models import LLMCall, new_id, now
+from agentlightning.proxy._assemble import (
+    Extracted,
+    Kind,
+    SSEParser,
+    StreamAssembler,
+    dumps,
+    extract,
+    loads,
+    without_token_fields,
+)
+from agentlightning.store._base import LightningStore
+
+__all__ = ["LLMProxy", "create_proxy_app"]
+
+logger = logging.getLogger(__name__)
+
+_ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+_MAX_STICKY = 100_000
+CALL_ID_HEADER = "x-agentlightning-call-id"
+
+
+def _normalize_backend(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"backend URL must start with http:// or https://, got {url!r}")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+class LLMProxy:
+    """Records every LLM call of every rollout with its exact token ids.
+
+    Args:
+        store: Where `LLMCall` records go.
+        backends: OpenAI-compatible backend base URLs (with or without ``/v1``). A rollout sticks to the backend
+            it was first sent to, so the backend's prefix cache is reused across its turns.
+        admin_token: If set, the ``/admin/*`` routes require ``Authorization: Bearer <token>``.
+        model_version: Version recorded on calls; ``None`` reads the latest resources version from the store at
+            start and whenever the store has a newer one (checked at most every ``resources_refresh_s``).
+        served_model: If set, replaces the ``model`` of every forwarded request (the name the backend serves).
+        record: ``"sync"`` writes each record before answering; ``"background"`` batches writes (see `flush`).
+        allow_unrecorded: Forward plain ``/v1/...`` completions unrecorded instead of rejecting them.
+        backend_api_key: Sent to backends as a bearer token; by default the agent's ``Authorization`` is forwarded.
+        request_timeout: Seconds a backend may take to answer one request.
+        retry_after: Seconds advertised in ``Retry-After`` while paused.
+        resources_refresh_s: How often to look for a newer resources version in the store.
+        host: Interface to bind in `start` / `start_in_thread`.
+        port: Port to bind (0 = a free one).
+    """
+
+    def __init__(
+        self,
+        store: LightningStore,
+        backends: Sequence[str],
+        *,
+        admin_token: str | None = None,
+        model_version: int | None = None,
+        served_model: str | None = None,
+        record: Literal["sync", "background"] = "sync",
+        allow_unrecorded: bool = False,
+        backend_api_key: str | None = None,
+        request_timeout: float = 600.0,
+        retry_after: int = 1,
+        resources_refresh_s: float = 5.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if record not in ("sync", "background"):
+            raise ValueError(f"record must be 'sync' or 'background', got {record!r}")
+        self.store = store
+        self._backends: list[str] = []
+        self.set_backends(backends)
+        self.admin_token = admin_token
+        self._model_version = model_version
+        self.served_model = served_model
+        self.record = record
+        self.allow_unrecorded = allow_unrecorded
+        self.backend_api_key = backend_api_key
+        self.request_timeout = request_timeout
+        self.retry_after = retry_after
+        self.resources_refresh_s = resources_refresh_s
+        self.host = host
+        self.port = port
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._round_robin = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._paused = False
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[LLMCall] = []
+        self._flush_wakeup: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[Any]] = set()
+        self._last_refresh = 0.0
+        self._missing_ids_count: dict[str, int] = {}
+        self._server: Any = None  # agentlightning.proxy._serve.ServerHandle while started
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ public controls
+    @property
+    def backends(self) -> list[str]:
+        """Current backend base URLs."""
+        return list(self._backends)
+
+    def set_backends(self, backends: Sequence[str]) -> None:
+        """Replace the backends; rollouts on a removed backend move to a remaining one on their next call."""
+        normalized = [_normalize_backend(b) for b in backends]
+        if not normalized:
+            raise ValueError("the LLM proxy needs at least one backend URL")
+        self._backends = normalized
+
+    @property
+    def model_version(self) -> int | None:
+        """The model version recorded on new calls."""
+        return self._model_version
+
+    @model_version.setter
+    def model_version(self, version: int | None) -> None:
+        self._model_version = version
+
+    @property
+    def paused(self) -> bool:
+        """Whether new requests are refused (503)."""
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet answered."""
+        return self._in_flight
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` once started (the `LLMResource.endpoint` to publish)."""
+        if self._server is None:
+            raise RuntimeError("LLMProxy is not started; call start() or start_in_thread()")
+        return f"http://{self.host}:{self._server.port}"
+
+    def base_url(self, rollout_id: str, attempt_id: str) -> str:
+        """The OpenAI base URL an agent uses for one attempt."""
+        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+    async def pause(self, timeout: float | None = None) -> None:
+        """Refuse new requests (503 + ``Retry-After``) and wait until in-flight ones are answered.
+
+        Raises:
+            TimeoutError: If requests are still in flight after ``timeout`` seconds (the proxy stays paused).
+        """
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop():  # started in another thread
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.pause(timeout), loop))
+            return
+        self._paused = True
+        idle = self._idle_event()
+        if self._in_flight == 0:
+            idle.set()
+        try:
+            await asyncio.wait_for(idle.wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{self._in_flight} request(s) still in flight after {timeout} s") from None
+        logger.info("LLM proxy paused (no request in flight)")
+
+    def resume(self, model_version: int | None = None) -> None:
+        """Admit requests again, optionally recording a new ``model_version`` from now on."""
+        if model_version is not None:
+            self.model_version = model_version
+        self._paused = False
+        logger.info("LLM proxy resumed (model_version=%s)", self._model_version)
+
+    async def flush(self) -> None:
+        """Write every queued record (``record="background"``) and wait for writes in progress."""
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.flush(), loop))
+            return
+        while self._pending or self._writes:
+            if self._pending:
+                await self._write_batch()
+            if self._writes:
+                await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    # ------------------------------------------------------------------ serving
+    async def start(self) -> LLMProxy:
+        """Serve on ``host:port`` inside the running event loop; returns self once listening."""
+        from agentlightning.proxy._serve import ServerHandle
+
+        if self._server is None:
+            self._server = await ServerHandle.start_in_loop(self.app, self.host, self.port)
+        return self
+
+    def start_in_thread(self) -> LLMProxy:
+        """Serve from a background thread with its own event loop (the store must be thread-safe)."""
+        from agentlightning.proxy._serve import ServerHandle
+
+        if self._server is None:
+            self._server = ServerHandle.start_in_thread(self.app, self.host, self.port)
+        return self
+
+    async def stop(self) -> None:
+        """Flush records and stop serving."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop()
+
+    async def __aenter__(self) -> LLMProxy:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ app
+    def _build_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncGenerator[None]:
+            await self._open()
+            try:
+                yield
+            finally:
+                await self._close()
+
+        app = FastAPI(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+        app.state.llm_proxy = self
+        for prefix in (_ROLLOUT_PREFIX, ""):
+            app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
+            app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
+            app.add_route(f"{prefix}/v1/models", self._models, methods=["GET"])
+        app.add_route("/admin/pause", self._admin_pause, methods=["POST"])
+        app.add_route("/admin/resume", self._admin_resume, methods=["POST"])
+        app.add_route("/admin/backends", self._admin_backends, methods=["POST"])
+        app.add_route("/admin/model_version", self._admin_model_version, methods=["POST"])
+        app.add_route("/admin/status", self._admin_status, methods=["GET"])
+        return app
+
+    async def _open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._flush_wakeup = asyncio.Event()
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True)
+        await self._refresh_model_version()
+        if self.record == "background":
+            self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def _close(self) -> None:
+        await self.flush()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._loop = None
+
+    def _idle_event(self) -> asyncio.Event:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        return self._idle
+
+    async def _refresh_model_version(self) -> None:
+        self._last_refresh = time.monotonic()
+        try:
+            resources = await self.store.get_resources()
+        except Exception as exc:  # a store hiccup must not fail an LLM call
+            logger.warning("LLM proxy could not read the latest resources version: %s", exc)
+            return
+        if resources is not None and (self._model_version is None or resources.version > self._model_version):
+            self._model_version = resources.version
+
+    def _maybe_refresh(self) -> None:
+        if self.resources_refresh_s > 0 and time.monotonic() - self._last_refresh > self.resources_refresh_s:
+            self._last_refresh = time.monotonic()
+            self._spawn(self._refresh_model_version())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def _pick_backend(self, rollout_id: str | None) -> str:
+        backends = self._backends
+        if rollout_id is None:
+            return backends[next(self._round_robin) % len(backends)]
+        backend = self._sticky.get(rollout_id)
+        if backend is None or backend not in backends:
+            backend = backends[next(self._round_robin) % len(backends)]
+            self._sticky[rollout_id] = backend
+            if len(self._sticky) > _MAX_STICKY:
+                self._sticky.popitem(last=False)
+        return backend
+
+    def _backend_headers(self, request: Request) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.backend_api_key:
+            headers["Authorization"] = f"Bearer {self.backend_api_key}"
+        elif "authorization" in request.headers:
+            headers["Authorization"] = request.headers["authorization"]
+        return headers
+
+    # ------------------------------------------------------------------ routes
+    async def _chat(self, request: Request) -> Response:
+        return await self._complete(request, "chat")
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._complete(request, "completion")
+
+    async def _models(self, request: Request) -> Response:
+        rollout_id = request.path_params.get("rollout_id")
+        backend = self._pick_backend(rollout_id)
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(request)) as resp:
+                body = await resp.read()
+                return Response(body, resp.status, media_type=resp.content_type)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
+
+    async def _complete(self, request: Request, kind: Kind) -> Response:
+        start = now()
+        rollout_id: str | None = request.path_params.get("rollout_id")
+        attempt_id: str | None = request.path_params.get("attempt_id")
+        if rollout_id is None and not self.allow_unrecorded:
+            path = "chat/completions" if kind == "chat" else "completions"
+            return _error(
+                400,
+                f"this LLM proxy records calls per rollout: use base URL "
+                f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}); "
+                "plain /v1 is refused so that no training data is silently lost",
+                "invalid_request_error",
+            )
+        if self._paused:
+            return _error(
+                503,
+                "LLM proxy is paused for a model update; retry shortly",
+                "proxy_paused",
+                headers={"Retry-After": str(self.retry_after)},
+            )
+        try:
+            body = loads(await request.body())
+        except ValueError as exc:
+            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object", "invalid_request_error")
+        agent_request = cast(dict[str, Any], body)
+        self._in_flight += 1
+        self._idle_event().clear()
+        streamed = False
+        try:
+            self._maybe_refresh()
+            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, request)
+            return response
+        finally:
+            if not streamed:
+                self._done()
+
+    def _done(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle_event().set()
+
+    async def _forward(
+        self,
+        agent_request: dict[str, Any],
+        kind: Kind,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        start: float,
+        request: Request,
+    ) -> tuple[Response, bool]:
+        forwarded = dict(agent_request)
+        record = rollout_id is not None and attempt_id is not None
+        if record:
+            forwarded["return_token_ids"] = True
+            if kind == "chat":
+                forwarded["logprobs"] = True
+            elif not isinstance(forwarded.get("logprobs"), int) or forwarded["logprobs"] < 1:
+                forwarded["logprobs"] = 1
+        if self.served_model:
+            forwarded["model"] = self.served_model
+        backend = self._pick_backend(rollout_id)
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        call_id = new_id("call")
+        headers = {CALL_ID_HEADER: call_id} if record else {}
+        session = self._session
+        assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
+        meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start)
+        try:
+            resp = await session.post(backend + path, data=dumps(forwarded), headers=self._backend_headers(request))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            message = f"LLM proxy could not reach backend {backend}: {exc!r}"
+            if record:
+                await self._record(meta, None, Extracted(), error=message)
+            return _error(502, message, "proxy_backend_error", headers=headers), False
+        if agent_request.get("stream") and resp.status < 400:
+            state = _StreamState(StreamAssembler(kind), meta if record else None, backend)
+            media = resp.headers.get("Content-Type", "text/event-stream")
+            streaming = _TrackedStream(self._stream(resp, state), resp.status, headers=headers, media_type=media)
+            streaming.on_close = lambda: self._stream_closed(resp, state)
+            return streaming, True
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp.release()
+            message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
+            if record:
+                await self._record(meta, None, Extracted(), error=message)
+            return _error(502, message, "proxy_backend_error", headers=headers), False
+        resp.release()
+        if resp.status >= 400:
+            for name in ("Retry-After",):
+                if name in resp.headers:
+                    headers[name] = resp.headers[name]
+            if record:
+                text = raw.decode("utf-8", errors="replace")[:4000]
+                await self._record(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
+            return Response(raw, resp.status, headers=headers, media_type=resp.content_type), False
+        if record:
+            try:
+                data = loads(raw)
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                data = cast(dict[str, Any], data)
+                await self._record(meta, data, extract(data, kind))
+            else:
+                await self._record(meta, None, Extracted(), error="backend answered 200 with a body that is not JSON")
+        return Response(raw, resp.status, headers=headers, media_type=resp.content_type), False
+
+    async def _stream(self, resp: aiohttp.ClientResponse, state: _StreamState) -> AsyncIterator[bytes]:
+        parser = SSEParser()
+        assembler = state.assembler
+        try:
+            async for chunk in resp.content.iter_any():
+                out: list[bytes] = []
+                for raw, data in parser.feed(chunk):
+                    if data is not None and data.strip() == "[DONE]":
+                        if out:
+                            yield b"".join(out)
+                            out = []
+                        # record before the agent sees the end, so the record exists when its span ends
+                        if state.meta is not None and not state.recorded:
+                            state.recorded = True
+                            await self._record(state.meta, assembler.response(), assembler.extracted())
+                    elif data is not None:
+                        with contextlib.suppress(ValueError):
+                            parsed = loads(data)
+                            if isinstance(parsed, dict):
+                                assembler.feed(cast(dict[str, Any], parsed))
+                    out.append(raw)
+                if out:
+                    yield b"".join(out)
+            rest = parser.rest()
+            if rest:
+                yield rest
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            state.error = f"stream from backend {state.backend} broke: {exc!r}"
+        except (asyncio.CancelledError, GeneratorExit):
+            state.error = "agent disconnected before the stream ended"
+            raise
+
+    def _stream_closed(self, resp: aiohttp.ClientResponse, state: _StreamState) -> None:
+        """Runs once the streamed response is over, whether it completed, broke, or was never started."""
+        resp.release()
+        self._done()
+        if state.meta is not None and not state.recorded:
+            state.recorded = True
+            error = state.error or "stream ended before the agent received it"
+            if state.assembler.finish_reason is not None and state.error is None:
+                error = None  # a complete stream without [DONE]
+            self._spawn(self._record(state.meta, state.assembler.response(), state.assembler.extracted(), error=error))
+
+    async def _record(
+        self,
+        meta: _Meta,
+        response: dict[str, Any] | None,
+        extracted: Extracted,
+        error: str | None = None,
+    ) -> None:
+        call_id, rollout_id, attempt_id, agent_request, backend, start = meta
+        if error is None and extracted.response_token_ids is None:
+            self._warn_missing_ids(backend, call_id, rollout_id)
+        if extracted.note:
+            logger.warning("LLM call %s from backend %s: %s", call_id, backend, extracted.note)
+        call = LLMCall(
+            call_id=call_id,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            response_id=response.get("id") if response else None,
+            request=agent_request,
+            response=without_token_fields(response) if response is not None else None,
+            prompt_token_ids=extracted.prompt_token_ids or [],
+            response_token_ids=extracted.response_token_ids or [],
+            response_logprobs=extracted.response_logprobs,
+            model=(response.get("model") if response else None) or agent_request.get("model"),
+            model_version=self._model_version,
+            backend=backend,
+            start_time=start,
+            end_time=now(),
+            error=error,
+        )
+        if self.record == "background":
+            self._pending.append(call)
+            if self._flush_wakeup is not None:
+                self._flush_wakeup.set()
+            return
+        try:
+            await self.store.add_llm_calls([call])
+        except Exception:
+            logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
+
+    def _warn_missing_ids(self, backend: str, call_id: str, rollout_id: str) -> None:
+        count = self._missing_ids_count.get(backend, 0) + 1
+        self._missing_ids_count[backend] = count
+        if count == 1 or count % 100 == 0:
+            logger.warning(
+                "backend %s returned no token ids (call %s, rollout %s; %d such call(s) so far): the call is "
+                "recorded with empty ids and cannot be trained on. Serve the model with vLLM >= 0.10.2 "
+                "(return_token_ids) or the agentlightning torch backend.",
+                backend,
+                call_id,
+                rollout_id,
+                count,
+            )
+
+    async def _write_batch(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            await self.store.add_llm_calls(batch)
+        except Exception:
+            logger.exception("LLM proxy could not store %d call(s)", len(batch))
+
+    async def _flush_loop(self) -> None:
+        assert self._flush_wakeup is not None
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup.clear()
+            await self._write_batch()
+
+    # ------------------------------------------------------------------ admin
+    def _authorized(self, request: Request) -> bool:
+        if not self.admin_token:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode())
+
+    async def _admin_json(self, request: Request) -> dict[str, Any] | Response:
+        if not self._authorized(request):
+            return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+        raw = await request.body()
+        try:
+            data = loads(raw) if raw.strip() else {}
+        except ValueError:
+            return _error(400, "admin request body is not valid JSON", "invalid_request_error")
+        if not isinstance(data, dict):
+            return _error(400, "admin request body must be a JSON object", "invalid_request_error")
+        return cast(dict[str, Any], data)
+
+    def _status(self) -> dict[str, Any]:
+        return {
+            "paused": self._paused,
+            "in_flight": self._in_flight,
+            "backends": self.backends,
+            "model_version": self._model_version,
+        }
+
+    async def _admin_pause(self, request: Request) -> Response:
+        data = await self._admin_json(request)
+        if isinstance(data, Response):
+            return data
+        timeout = data.get("timeout")
+        if timeout is not None and not isinstance(timeout, int | float):
+            return _error(400, f"'timeout' must be a number of seconds, got {timeout!r}", "invalid_request_error")
+        try:
+            await self.pause(timeout)
+        except TimeoutError as exc:
+            return _error(504, str(exc), "proxy_drain_timeout")
+        return JSONResponse(self._status())
+
+    async def _admin_resume(self, request: Request) -> Response:
+        data = await self._admin_json(request)
+        if isinstance(data, Response):
+            return data
+        version = data.get("model_version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
+            return _error(
+                400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error"
+            )
+        self.resume(version)
+        return JSONResponse(self._status())
+
+    async def _admin_backends(self, request: Request) -> Response:
+        data = await self._admin_json(request)
+        if isinstance(data, Response):
+            return data
+        backends = data.get("backends")
+        if not isinstance(backends, list) or not all(isinstance(b, str) for b in cast(list[Any], backends)):
+            return _error(400, "'backends' must be a list of URLs", "invalid_request_error")
+        try:
+            self.set_backends(cast(list[str], backends))
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        return JSONResponse(self._status())
+
+    async def _admin_model_version(self, request: Request) -> Response:
+        data = await self._admin_json(request)
+        if isinstance(data, Response):
+            return data
+        version = data.get("model_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            return _error(
+                400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error"
+            )
+        self.model_version = version
+        return JSONResponse(self._status())
+
+    async def _admin_status(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+        return JSONResponse(self._status())
+
+
+_Meta = tuple[str, str, str, dict[str, Any], str, float]  # call id, rollout, attempt, request, backend, start
+
+
+@dataclass
+class _StreamState:
+    assembler: StreamAssembler
+    meta: _Meta | None
+    backend: str
+    recorded: bool = False
+    error: str | None = None
+
+
+class _TrackedStream(StreamingResponse):
+    """A streaming response that always reports its end, even when the agent leaves before it starts."""
+
+    on_close: Callable[[], None] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+
+def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> FastAPI:
+    """Build the proxy's ASGI app (serve it with uvicorn); ``options`` are those of `LLMProxy`.
+
+    The `LLMProxy` behind it (for ``pause()``, ``resume()``, ``set_backends()``) is ``app.state.llm_proxy``.
+    """
+    return LLMProxy(store, backends, **options).app

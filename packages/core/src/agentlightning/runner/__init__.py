@@ -1,0 +1,7 @@
+"""The runner and the ``@rollout`` decorator for the user's agent function."""
+
+from agentlightning.runner._agent import RolloutAgent, as_agent, final_reward, rollout
+from agentlightning.runner._execute import ROOT_SPAN_NAME, Outcome
+from agentlightning.runner._runner import Runner, WorkerMode
+
+__all__ = ["ROOT_SPAN_NAME", "Outcome", "RolloutAgent", "Runner", "WorkerMode", "as_agent", "final_reward", "rollout"]

@@ -1,0 +1,205 @@
+"""Running one claimed attempt: the agent under a root span, its reward, its spans, its end in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from opentelemetry.trace import Span as OtelSpan
+from opentelemetry.trace import Status, StatusCode
+
+from agentlightning import semconv
+from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
+from agentlightning.runner._agent import RolloutAgent, final_reward
+from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
+
+__all__ = ["ROOT_SPAN_NAME", "Outcome", "execute_async", "execute_sync", "heartbeat_loop"]
+
+logger = logging.getLogger(__name__)
+
+ROOT_SPAN_NAME = "agentlightning.rollout"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended, as reported to the store."""
+
+    status: AttemptStatus = "succeeded"
+    error: str | None = None
+    reward: float | None = None
+
+
+async def heartbeat_loop(store: LightningStore, rollout_id: str, attempt_id: str, interval: float) -> None:
+    """Beat every ``interval`` seconds until cancelled or the store says the attempt is over."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await store.heartbeat(rollout_id, attempt_id)
+        except StoreError as exc:
+            logger.warning("attempt %s of rollout %s no longer runs in the store (%s)", attempt_id, rollout_id, exc)
+            return
+        except Exception as exc:  # a transport hiccup must not kill the beat
+            logger.warning("heartbeat for attempt %s failed: %r", attempt_id, exc)
+
+
+def _root_attributes(claim: Claim, agent: RolloutAgent) -> dict[str, Any]:
+    return {semconv.SPAN_KIND: semconv.KIND_ROLLOUT, semconv.GEN_AI_AGENT_NAME: agent.name}
+
+
+def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException) -> None:
+    outcome.status = "failed"
+    outcome.error = f"{type(exc).__name__}: {exc}"
+    root.record_exception(exc)
+    root.set_status(Status(StatusCode.ERROR, outcome.error))
+
+
+def _accept_result(result: Any, outcome: Outcome) -> None:
+    reward = final_reward(result)
+    outcome.reward = reward
+    if reward is not None:
+        emit_reward(reward, final=True)
+
+
+async def _finish(store: LightningStore, claim: Claim, outcome: Outcome) -> Rollout | None:
+    rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+    try:
+        return await store.finish_attempt(rollout_id, attempt_id, outcome.status, outcome.error)
+    except StoreError as exc:  # e.g. the store already marked it unresponsive or timeout
+        logger.warning(
+            "could not finish attempt %s of rollout %s as %s: %s", attempt_id, rollout_id, outcome.status, exc
+        )
+        return None
+
+
+async def execute_async(
+    agent: RolloutAgent,
+    claim: Claim,
+    store: LightningStore,
+    resources: Resources | None,
+    *,
+    timeout: float | None,
+    heartbeat_interval: float,
+    flush_timeout: float | None,
+) -> tuple[Outcome, Rollout | None]:
+    """Run one attempt in the current event loop (which must own ``store``)."""
+    rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+    outcome = Outcome()
+    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval))
+    try:
+        with (
+            rollout_context(store, rollout_id, attempt_id, resources, input=claim.rollout.input),
+            get_tracer().start_as_current_span(
+                ROOT_SPAN_NAME,
+                attributes=_root_attributes(claim, agent),
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as root,
+        ):
+            deadline = asyncio.timeout(timeout)
+            try:
+                async with deadline:
+                    result = agent.invoke(claim.rollout.input, resources)
+                    if inspect.isawaitable(result):
+                        result = await result
+                _accept_result(result, outcome)
+            except TimeoutError as exc:
+                if deadline.expired():
+                    outcome.status = "timeout"
+                    outcome.error = f"the agent ran past the rollout timeout of {timeout}s"
+                    root.set_status(Status(StatusCode.ERROR, outcome.error))
+                else:
+                    _record_failure(root, outcome, exc)
+            except Exception as exc:
+                _record_failure(root, outcome, exc)
+            except asyncio.CancelledError as exc:
+                _record_failure(root, outcome, exc)
+                outcome.error = "the runner was cancelled while the agent ran"
+                raise
+        try:
+            await aflush(flush_timeout, attempt_id)
+        except Exception as exc:
+            if outcome.status == "succeeded":
+                outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+    except asyncio.CancelledError:
+        await asyncio.shield(_finish(store, claim, outcome))
+        raise
+    finally:
+        beat.cancel()
+    return outcome, await _finish(store, claim, outcome)
+
+
+def execute_sync(
+    agent: RolloutAgent,
+    claim: Claim,
+    store: LightningStore,
+    call: Callable[[Coroutine[Any, Any, Any]], Any],
+    store_loop: asyncio.AbstractEventLoop,
+    resources: Resources | None,
+    *,
+    timeout: float | None,
+    heartbeat_interval: float,
+    flush_timeout: float | None,
+) -> tuple[Outcome, Rollout | None]:
+    """Run one attempt in this thread; store calls go through ``call`` onto ``store_loop``.
+
+    With a ``timeout`` the agent runs in a helper thread; past the timeout the attempt is ended as ``timeout``
+    and the helper thread is abandoned (a sync function cannot be interrupted).
+    """
+    rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+    outcome = Outcome()
+
+    def body() -> None:
+        with (
+            rollout_context(store, rollout_id, attempt_id, resources, input=claim.rollout.input, store_loop=store_loop),
+            get_tracer().start_as_current_span(
+                ROOT_SPAN_NAME,
+                attributes=_root_attributes(claim, agent),
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as root,
+        ):
+            try:
+                result = agent.invoke(claim.rollout.input, resources)
+                if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+                    result = asyncio.run(_await(result))
+                _accept_result(result, outcome)
+            except Exception as exc:
+                _record_failure(root, outcome, exc)
+
+    beat: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval), store_loop
+    )
+    try:
+        if timeout is None:
+            body()
+        else:
+            helper = threading.Thread(
+                target=contextvars.copy_context().run, args=(body,), name=f"agent-{rollout_id}", daemon=True
+            )
+            helper.start()
+            helper.join(timeout)
+            if helper.is_alive():
+                outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
+                logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+        try:
+            flush(flush_timeout, attempt_id)
+        except Exception as exc:
+            if outcome.status == "succeeded":
+                outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+    finally:
+        beat.cancel()
+    return outcome, call(_finish(store, claim, outcome))
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,447 @@
+"""The runner: workers that take rollouts from the store, run the agent and report back."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from agentlightning._models import Claim, Resources
+from agentlightning.runner._agent import RolloutAgent, as_agent
+from agentlightning.runner._execute import execute_async, execute_sync
+from agentlightning.store._base import LightningStore
+from agentlightning.tracing import LoopThread, flush
+
+__all__ = ["Runner", "WorkerMode"]
+
+logger = logging.getLogger(__name__)
+
+WorkerMode = Literal["auto", "process", "thread", "async"]
+
+
+class _Budget(Protocol):
+    def take(self) -> bool: ...
+    def give_back(self) -> None: ...
+
+
+class _ThreadBudget:
+    """How many more rollouts may be claimed (``None``: unlimited), shared by threads/tasks."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._left = limit
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._left is None:
+                return True
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            if self._left is not None:
+                self._left += 1
+
+
+class _ProcessBudget:
+    """The same, shared by worker processes through a ``multiprocessing.Value``."""
+
+    def __init__(self, value: Any, limited: bool) -> None:
+        self._value = value
+        self._limited = limited
+
+    def take(self) -> bool:
+        if not self._limited:
+            return True
+        with self._value.get_lock():
+            if self._value.value <= 0:
+                return False
+            self._value.value -= 1
+            return True
+
+    def give_back(self) -> None:
+        if self._limited:
+            with self._value.get_lock():
+                self._value.value += 1
+
+
+@dataclass(frozen=True)
+class _Settings:
+    heartbeat_interval: float
+    poll_interval: float
+    rollout_timeout: float | None
+    stop_when_idle: bool
+    flush_timeout: float | None
+
+
+def _worker_id(index: int) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{index}"
+
+
+class _Loop:
+    """The claim loop shared by every worker kind; ``call`` runs a store coroutine and returns its result."""
+
+    def __init__(self, store: LightningStore, settings: _Settings, budget: _Budget, stopped: Callable[[], bool]):
+        self.store = store
+        self.settings = settings
+        self.budget = budget
+        self.stopped = stopped
+        self._resources: dict[str, Resources | None] = {}
+
+    async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
+        if self.stopped() or not self.budget.take():
+            return "stop"
+        claim = await self.store.dequeue_rollout(worker_id)
+        if claim is not None:
+            return claim
+        self.budget.give_back()
+        if self.settings.stop_when_idle:
+            # Idle only when nothing is running anywhere: a running attempt may still be retried.
+            busy = await self.store.query_rollouts(status=["queuing", "running"])
+            if not busy:
+                return "idle"
+        return "wait"
+
+    async def resources(self, claim: Claim) -> Resources | None:
+        resources_id = claim.rollout.resources_id
+        if resources_id is None:
+            return await self.store.get_resources(None)
+        if resources_id not in self._resources:
+            self._resources[resources_id] = await self.store.get_resources(resources_id)
+        return self._resources[resources_id]
+
+
+def _sync_worker(
+    agent: RolloutAgent,
+    loop: _Loop,
+    store_loop: asyncio.AbstractEventLoop,
+    index: int,
+    stop_event: Any,
+) -> None:
+    """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``."""
+
+    def call(coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
+
+    worker_id = _worker_id(index)
+    settings = loop.settings
+    while True:
+        try:
+            claim = call(loop.claim(worker_id))
+        except Exception:
+            logger.exception("worker %s could not claim a rollout; retrying", worker_id)
+            stop_event.wait(settings.poll_interval)
+            continue
+        if claim == "stop" or claim == "idle":
+            return
+        if claim == "wait":
+            stop_event.wait(settings.poll_interval)
+            continue
+        assert isinstance(claim, Claim)
+        try:
+            resources = call(loop.resources(claim))
+            outcome, _ = execute_sync(
+                agent,
+                claim,
+                loop.store,
+                call,
+                store_loop,
+                resources,
+                timeout=settings.rollout_timeout,
+                heartbeat_interval=settings.heartbeat_interval,
+                flush_timeout=settings.flush_timeout,
+            )
+            logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
+        except Exception:
+            logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+
+
+def _agent_ref(agent: RolloutAgent) -> tuple[str, str, str | None] | RolloutAgent:
+    """How a worker process finds the agent: by module and name (with the module's file as a fallback)."""
+    module_name = getattr(agent, "__module__", None)
+    qualname = getattr(agent, "__qualname__", "")
+    module = sys.modules.get(module_name or "")
+    if module_name is None or not qualname or "<" in qualname or module is None:
+        return agent  # pickled as is; fails clearly if it cannot be
+    return module_name, qualname, getattr(module, "__file__", None)
+
+
+def _resolve_agent(ref: tuple[str, str, str | None] | RolloutAgent) -> RolloutAgent:
+    if isinstance(ref, RolloutAgent):
+        return ref
+    module_name, qualname, path = ref
+    module: Any
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        # Modules imported by path (pytest's importlib mode, scripts run from elsewhere) are not on sys.path
+        # in a fresh process: load the same file under the same name.
+        if path is None:
+            raise
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return as_agent(obj)
+
+
+def _process_main(
+    agent_ref: tuple[str, str, str | None] | RolloutAgent,
+    store_type: type[Any],
+    store_kwargs: dict[str, Any],
+    settings: _Settings,
+    index: int,
+    stop_event: Any,
+    budget_value: Any,
+    limited: bool,
+) -> None:
+    """Entry point of a worker process: reopen the store, run one sync worker, close."""
+    logging.basicConfig(level=logging.WARNING)
+    agent = _resolve_agent(agent_ref)
+    loop_thread = LoopThread("agentlightning-store")
+    store: LightningStore = store_type(**store_kwargs)
+    try:
+        loop = _Loop(store, settings, _ProcessBudget(budget_value, limited), stop_event.is_set)
+        _sync_worker(agent, loop, loop_thread.loop, index, stop_event)
+        flush(settings.flush_timeout)
+    finally:
+        loop_thread.call(store.close())
+        loop_thread.stop()
+
+
+class Runner:
+    """Runs an agent on the store's rollouts with one or many workers.
+
+    Args:
+        agent: The agent function (decorated with ``@agl.rollout`` or plain), ``fn(task)`` or
+            ``fn(task, resources)``, sync or async.
+        store: The store to take rollouts from.
+        n_workers: Concurrent workers.
+        worker_mode: ``async``: asyncio tasks in one loop (async agents); ``thread``: threads; ``process``:
+            worker processes that reopen the store from ``store.reopen_spec()`` (sync agents, no GIL sharing);
+            ``auto``: ``async`` for async agents, else ``process`` when the store can be reopened, the agent
+            can be imported by a child process and ``n_workers > 1``, else ``thread``.
+        heartbeat_interval: Seconds between heartbeats of a running attempt (keep well under the store's
+            ``RetryPolicy.heartbeat_timeout``).
+        poll_interval: Seconds to wait before asking again when the queue is empty.
+        max_rollouts: Stop after claiming this many rollouts (``None``: no limit).
+        rollout_timeout: Seconds an attempt may run before it is ended as ``timeout`` (``None``: no limit).
+        stop_when_idle: Return once no rollout is queuing or running; otherwise wait for work until `stop`.
+        flush_timeout: Seconds to wait for an attempt's spans to be stored before reporting its end.
+        mp_start_method: ``multiprocessing`` start method for process workers (``spawn`` is safe with threads).
+    """
+
+    def __init__(
+        self,
+        agent: Callable[..., Any],
+        store: LightningStore,
+        *,
+        n_workers: int = 1,
+        worker_mode: WorkerMode = "auto",
+        heartbeat_interval: float = 5.0,
+        poll_interval: float = 0.2,
+        max_rollouts: int | None = None,
+        rollout_timeout: float | None = None,
+        stop_when_idle: bool = False,
+        flush_timeout: float | None = 30.0,
+        mp_start_method: str = "spawn",
+    ) -> None:
+        self.agent = as_agent(agent)
+        if n_workers < 1:
+            raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        if worker_mode not in ("auto", "process", "thread", "async"):
+            raise ValueError(f"worker_mode must be auto, process, thread or async; got {worker_mode!r}")
+        for name, value in (("heartbeat_interval", heartbeat_interval), ("poll_interval", poll_interval)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if rollout_timeout is not None and not rollout_timeout > 0:
+            raise ValueError(f"rollout_timeout must be positive or None, got {rollout_timeout!r}")
+        if max_rollouts is not None and max_rollouts < 0:
+            raise ValueError(f"max_rollouts must be >= 0 or None, got {max_rollouts!r}")
+        if worker_mode == "async" and not self.agent.is_async:
+            raise ValueError(f"worker_mode='async' needs an async agent; {self.agent.name} is sync")
+        self.store = store
+        self.n_workers = n_workers
+        self.max_rollouts = max_rollouts
+        self.mp_start_method = mp_start_method
+        self._settings = _Settings(heartbeat_interval, poll_interval, rollout_timeout, stop_when_idle, flush_timeout)
+        self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
+        self._stop = threading.Event()
+
+    def _reopen_spec(self) -> tuple[type[Any], dict[str, Any]] | None:
+        reopen = getattr(self.store, "reopen_spec", None)
+        if reopen is None:
+            return None
+        try:
+            return reopen()
+        except (NotImplementedError, TypeError):  # e.g. MemoryStore: lives in one process only
+            return None
+
+    def _resolve_mode(self, mode: WorkerMode) -> Literal["process", "thread", "async"]:
+        if mode != "auto":
+            if mode == "process" and self._reopen_spec() is None:
+                raise ValueError(f"worker_mode='process' needs a store with reopen_spec(); {type(self.store).__name__}")
+            return mode
+        if self.agent.is_async:
+            return "async"
+        if self.n_workers == 1:
+            return "thread"
+        if self._reopen_spec() is None:
+            logger.info(
+                "%s cannot be reopened in another process; running workers as threads", type(self.store).__name__
+            )
+            return "thread"
+        try:
+            pickle.dumps(self.agent)
+        except Exception as exc:
+            logger.info("agent %s cannot be sent to a worker process (%s); running workers as threads", self.agent, exc)
+            return "thread"
+        return "process"
+
+    def stop(self) -> None:
+        """Ask every worker to stop after its current rollout."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ sync entry point
+    def run(self) -> None:
+        """Run until `stop` is called (or, with ``stop_when_idle``, until no rollout is left)."""
+        if self.worker_mode == "async":
+            asyncio.run(self.arun())
+        elif self.worker_mode == "process":
+            self._run_processes()
+        else:
+            store_loop = LoopThread("agentlightning-store")
+            try:
+                self._run_threads(store_loop.loop)
+            finally:
+                store_loop.stop()
+
+    async def arun(self) -> None:
+        """Async `run`; the running loop must own the store (it is used from this loop only)."""
+        if self.worker_mode == "async":
+            loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
+            await asyncio.gather(*(self._async_worker(loop, i) for i in range(self.n_workers)))
+        elif self.worker_mode == "process":
+            await asyncio.to_thread(self._run_processes)
+        else:
+            running = asyncio.get_running_loop()
+            await asyncio.to_thread(self._run_threads, running)
+
+    # ------------------------------------------------------------------ worker kinds
+    async def _async_worker(self, loop: _Loop, index: int) -> None:
+        worker_id = _worker_id(index)
+        settings = self._settings
+        while True:
+            try:
+                claim = await loop.claim(worker_id)
+            except Exception:
+                logger.exception("worker %s could not claim a rollout; retrying", worker_id)
+                await self._async_sleep(settings.poll_interval)
+                continue
+            if claim == "stop" or claim == "idle":
+                return
+            if claim == "wait":
+                await self._async_sleep(settings.poll_interval)
+                continue
+            assert isinstance(claim, Claim)
+            try:
+                resources = await loop.resources(claim)
+                outcome, _ = await execute_async(
+                    self.agent,
+                    claim,
+                    self.store,
+                    resources,
+                    timeout=settings.rollout_timeout,
+                    heartbeat_interval=settings.heartbeat_interval,
+                    flush_timeout=settings.flush_timeout,
+                )
+                logger.info(
+                    "rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status
+                )
+            except Exception:
+                logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+
+    async def _async_sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.05, seconds))
+
+    def _run_threads(self, store_loop: asyncio.AbstractEventLoop) -> None:
+        loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
+        if self.n_workers == 1:
+            _sync_worker(self.agent, loop, store_loop, 0, self._stop)
+            return
+        threads = [
+            threading.Thread(
+                target=_sync_worker, args=(self.agent, loop, store_loop, i, self._stop), name=f"agl-worker-{i}"
+            )
+            for i in range(self.n_workers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _run_processes(self) -> None:
+        spec = self._reopen_spec()
+        assert spec is not None
+        store_type, store_kwargs = spec
+        ctx: Any = multiprocessing.get_context(self.mp_start_method)
+        stop_event = ctx.Event()
+        budget = ctx.Value("q", self.max_rollouts if self.max_rollouts is not None else 0)
+        processes = [
+            ctx.Process(
+                target=_process_main,
+                args=(
+                    _agent_ref(self.agent),
+                    store_type,
+                    store_kwargs,
+                    self._settings,
+                    i,
+                    stop_event,
+                    budget,
+                    self.max_rollouts is not None,
+                ),
+                name=f"agl-worker-{i}",
+            )
+            for i in range(self.n_workers)
+        ]
+        for process in processes:
+            process.start()
+        self.worker_pids = [p.pid for p in processes]
+        try:
+            while any(p.is_alive() for p in processes):
+                if self._stop.is_set():
+                    stop_event.set()
+                for p in processes:
+                    p.join(0.1)
+        finally:
+            stop_event.set()
+            for p in processes:
+                p.join()
+        failed = [p for p in processes if p.exitcode != 0]
+        for p in failed:
+            logger.warning("worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
+        if failed and len(failed) == len(processes) and not self._stop.is_set():
+            codes = ", ".join(str(p.exitcode) for p in failed)
+            raise RuntimeError(f"all {len(processes)} worker processes failed (exit codes {codes}); see their stderr")

@@ -1,0 +1,401 @@
+"""In-memory store: the reference backend for tests and single-process runs."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from agentlightning._models import (
+    TERMINAL_ROLLOUT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Claim,
+    LLMCall,
+    Resources,
+    Rollout,
+    RolloutStatus,
+    Span,
+    new_id,
+    now,
+)
+from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, RolloutRequest, StoreStats
+from agentlightning.store._common import (
+    ALL_ROLLOUT_STATUSES,
+    ChangeNotifier,
+    check_finish_status,
+    check_id,
+    check_statuses,
+    rollout_status_after,
+    timed_out_status,
+    validate_calls,
+    validate_ids,
+    validate_requests,
+    validate_resources,
+    validate_spans,
+    wait_until_finished,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """A `LightningStore` that keeps everything in this process's memory.
+
+    Safe to share between asyncio tasks and threads of one process; nothing survives the process and it
+    cannot be shared with other processes (use `SqliteStore` or a served store for that).
+
+    Args:
+        retry_policy: When failed or silent attempts are retried; defaults to `RetryPolicy()`.
+    """
+
+    def __init__(self, retry_policy: RetryPolicy | None = None) -> None:
+        self.retry_policy: RetryPolicy = retry_policy or RetryPolicy()
+        self._lock = threading.RLock()
+        self._notifier = ChangeNotifier()
+        self._seq = 0
+        self._rollouts: dict[str, Rollout] = {}
+        self._order: dict[str, int] = {}  # rollout id -> enqueue sequence (FIFO key, survives retries)
+        self._queue: list[tuple[int, str]] = []  # heap; entries of rollouts no longer queuing are skipped
+        self._attempts: dict[str, list[Attempt]] = {}
+        self._spans: dict[str, dict[tuple[str, str], Span]] = {}  # rollout -> (attempt, span) -> span
+        self._calls: dict[str, LLMCall] = {}
+        self._resources: dict[str, Resources] = {}
+        self._latest: Resources | None = None
+        self._running: dict[str, str] = {}  # running attempt id -> rollout id
+        # a lower bound of the earliest moment a running attempt can time out (heartbeats only push it later)
+        self._next_deadline = float("inf")
+        self._closed = False
+
+    def reopen_spec(self) -> NoReturn:
+        """Not available: an in-memory store lives in one process and cannot be reopened elsewhere."""
+        raise TypeError(
+            "MemoryStore cannot be shared across processes; use SqliteStore(path) or a served store "
+            "(`agl store serve`) for multi-process runners"
+        )
+
+    # ----------------------------------------------------------------- rollouts
+
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Queue rollouts (batched); returns them in request order."""
+        reqs = validate_requests(requests)
+        out: list[Rollout] = []
+        with self._lock:
+            for req in reqs:
+                rollout_id = req.rollout_id or new_id("ro")
+                existing = self._rollouts.get(rollout_id)
+                if existing is not None:
+                    out.append(existing)
+                    continue
+                t = now()
+                rollout = Rollout(
+                    rollout_id=rollout_id,
+                    input=req.input,
+                    mode=req.mode,
+                    group_id=req.group_id,
+                    resources_id=req.resources_id,
+                    metadata=req.metadata,
+                    created_at=t,
+                    updated_at=t,
+                )
+                self._seq += 1
+                self._rollouts[rollout_id] = rollout
+                self._order[rollout_id] = self._seq
+                self._attempts[rollout_id] = []
+                heapq.heappush(self._queue, (self._seq, rollout_id))
+                out.append(rollout)
+        return out
+
+    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
+        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
+        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
+        return rollout
+
+    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+        if worker_id is not None:
+            check_id("worker_id", worker_id)
+        with self._lock:
+            self._check_timeouts_locked()
+            while self._queue:
+                _, rollout_id = heapq.heappop(self._queue)
+                rollout = self._rollouts[rollout_id]
+                if rollout.status != "queuing":
+                    continue
+                t = now()
+                attempts = self._attempts[rollout_id]
+                attempt = Attempt(
+                    rollout_id=rollout_id,
+                    attempt_id=new_id("at"),
+                    sequence=len(attempts) + 1,
+                    worker_id=worker_id,
+                    start_time=t,
+                    last_heartbeat=t,
+                )
+                attempts.append(attempt)
+                self._running[attempt.attempt_id] = rollout_id
+                self._next_deadline = min(self._next_deadline, self._deadline(attempt))
+                rollout = rollout.model_copy(update={"status": "running", "updated_at": t})
+                self._rollouts[rollout_id] = rollout
+                return Claim(rollout=rollout, attempt=attempt)
+        return None
+
+    def _get_rollout_locked(self, rollout_id: str) -> Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise NotFoundError(f"rollout {rollout_id!r} not found")
+        return rollout
+
+    def _get_attempt_locked(self, rollout_id: str, attempt_id: str) -> tuple[int, Attempt]:
+        self._get_rollout_locked(rollout_id)
+        for index, attempt in enumerate(self._attempts[rollout_id]):
+            if attempt.attempt_id == attempt_id:
+                return index, attempt
+        raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        with self._lock:
+            index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
+            if attempt.status != "running":
+                raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
+            attempt = attempt.model_copy(update={"last_heartbeat": now()})
+            self._attempts[rollout_id][index] = attempt
+            return attempt
+
+    def _end_attempt_locked(
+        self, index: int, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
+    ) -> tuple[Attempt, Rollout]:
+        """End a running attempt and move its rollout on; the caller holds the lock."""
+        rollout_id = attempt.rollout_id
+        ended = attempt.model_copy(update={"status": status, "end_time": t, "error": error})
+        self._attempts[rollout_id][index] = ended
+        self._running.pop(attempt.attempt_id, None)
+        rollout = self._rollouts[rollout_id]
+        next_status: RolloutStatus = rollout_status_after(self.retry_policy, status, attempt.sequence)
+        update: dict[str, Any] = {"status": next_status, "updated_at": t}
+        if next_status == "queuing":
+            update["retry_count"] = rollout.retry_count + 1
+            heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
+        rollout = rollout.model_copy(update=update)
+        self._rollouts[rollout_id] = rollout
+        return ended, rollout
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
+    ) -> Rollout:
+        """End an attempt and move its rollout on according to the retry policy."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        check_finish_status(status)
+        with self._lock:
+            index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
+            if attempt.status != "running":
+                if attempt.status == status:
+                    return self._rollouts[rollout_id]
+                raise ConflictError(
+                    f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
+                )
+            _, rollout = self._end_attempt_locked(index, attempt, status, error, now())
+        if rollout.status in TERMINAL_ROLLOUT_STATUSES:
+            self._notifier.notify()
+        return rollout
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
+        check_id("rollout_id", rollout_id)
+        with self._lock:
+            rollout = self._get_rollout_locked(rollout_id)
+            if rollout.status == "cancelled":
+                return rollout
+            if rollout.status in TERMINAL_ROLLOUT_STATUSES:
+                raise ConflictError(f"rollout {rollout_id!r} already {rollout.status}; cannot cancel it")
+            t = now()
+            attempts = self._attempts[rollout_id]
+            for index, attempt in enumerate(attempts):
+                if attempt.status == "running":
+                    attempts[index] = attempt.model_copy(update={"status": "cancelled", "end_time": t})
+                    self._running.pop(attempt.attempt_id, None)
+            rollout = rollout.model_copy(update={"status": "cancelled", "updated_at": t})
+            self._rollouts[rollout_id] = rollout
+        self._notifier.notify()
+        return rollout
+
+    def _deadline(self, attempt: Attempt) -> float:
+        policy = self.retry_policy
+        deadline = attempt.last_heartbeat + policy.heartbeat_timeout
+        if policy.rollout_timeout is not None:
+            deadline = min(deadline, attempt.start_time + policy.rollout_timeout)
+        return deadline
+
+    def _check_timeouts_locked(self) -> list[Attempt]:
+        t = now()
+        ended: list[Attempt] = []
+        if t <= self._next_deadline:
+            return ended
+        next_deadline = float("inf")
+        for attempt_id, rollout_id in list(self._running.items()):
+            index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
+            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
+            if status is None:
+                next_deadline = min(next_deadline, self._deadline(attempt))
+            else:
+                done, _ = self._end_attempt_locked(index, attempt, status, None, t)
+                ended.append(done)
+        self._next_deadline = next_deadline
+        return ended
+
+    async def check_timeouts(self) -> list[Attempt]:
+        """Apply heartbeat/rollout timeouts now; returns the attempts that were ended."""
+        with self._lock:
+            ended = self._check_timeouts_locked()
+        if ended:
+            self._notifier.notify()
+        return ended
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; raises `NotFoundError`."""
+        check_id("rollout_id", rollout_id)
+        with self._lock:
+            return self._get_rollout_locked(rollout_id)
+
+    async def query_rollouts(
+        self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
+    ) -> list[Rollout]:
+        """Rollouts filtered by status and/or ids, in enqueue order."""
+        statuses = check_statuses(status)
+        ids = None if rollout_ids is None else set(validate_ids(rollout_ids, "rollout_ids"))
+        with self._lock:
+            rollouts = [
+                r
+                for r in self._rollouts.values()  # dicts keep insertion (= enqueue) order
+                if (statuses is None or r.status in statuses) and (ids is None or r.rollout_id in ids)
+            ]
+        return rollouts
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout in order."""
+        check_id("rollout_id", rollout_id)
+        with self._lock:
+            self._get_rollout_locked(rollout_id)
+            return list(self._attempts[rollout_id])
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
+        """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones."""
+        ids = validate_ids(rollout_ids, "rollout_ids")
+        with self._lock:
+            for rollout_id in ids:
+                self._get_rollout_locked(rollout_id)
+
+        async def poll() -> tuple[list[Rollout], bool]:
+            await self.check_timeouts()
+            with self._lock:
+                finished = [self._rollouts[i] for i in ids if self._rollouts[i].status in TERMINAL_ROLLOUT_STATUSES]
+            return finished, len(finished) == len(ids)
+
+        # timeouts are the only change not announced by the notifier, so polling can be lazy
+        poll_interval = min(0.5, self.retry_policy.heartbeat_timeout / 2)
+        return await wait_until_finished(self._notifier, poll, timeout, poll_interval)
+
+    # ----------------------------------------------------------------- spans and calls
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new."""
+        batch = validate_spans(spans)
+        added = 0
+        with self._lock:
+            for span in batch:
+                per_rollout = self._spans.setdefault(span.rollout_id, {})
+                key = (span.attempt_id, span.span_id)
+                if key not in per_rollout:
+                    per_rollout[key] = span
+                    added += 1
+        return added
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
+        check_id("rollout_id", rollout_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
+        with self._lock:
+            spans = [
+                s for s in self._spans.get(rollout_id, {}).values() if attempt_id is None or s.attempt_id == attempt_id
+            ]
+            order = {a.attempt_id: a.sequence for a in self._attempts.get(rollout_id, [])}
+        # spans of attempts the store does not know sort after the known ones; sort is stable (insertion order)
+        spans.sort(key=lambda s: (order.get(s.attempt_id, 1 << 62), s.attempt_id, s.sequence_id))
+        return spans
+
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
+        """Store proxy records (idempotent on call_id); returns how many were new."""
+        batch = validate_calls(calls)
+        added = 0
+        with self._lock:
+            for call in batch:
+                if call.call_id not in self._calls:
+                    self._calls[call.call_id] = call
+                    added += 1
+        return added
+
+    async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
+        """LLM calls of a rollout (or one attempt) in start order."""
+        check_id("rollout_id", rollout_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
+        with self._lock:
+            calls = [
+                c
+                for c in self._calls.values()
+                if c.rollout_id == rollout_id and (attempt_id is None or c.attempt_id == attempt_id)
+            ]
+        calls.sort(key=lambda c: c.start_time)
+        return calls
+
+    # ----------------------------------------------------------------- resources
+
+    async def add_resources(self, resources: Resources) -> Resources:
+        """Store a new resources version; returns it with its assigned version."""
+        res = validate_resources(resources)
+        with self._lock:
+            existing = self._resources.get(res.resources_id)
+            if existing is not None:
+                return existing
+            version = (self._latest.version if self._latest else 0) + 1
+            stored = res.model_copy(update={"version": version})
+            self._resources[res.resources_id] = stored
+            self._latest = stored
+            return stored
+
+    async def get_resources(self, resources_id: str | None = None) -> Resources | None:
+        """Resources by id, or the latest version when ``resources_id`` is ``None``."""
+        with self._lock:
+            if resources_id is None:
+                return self._latest
+            check_id("resources_id", resources_id)
+            found = self._resources.get(resources_id)
+            if found is None:
+                raise NotFoundError(f"resources {resources_id!r} not found")
+            return found
+
+    # ----------------------------------------------------------------- misc
+
+    async def stats(self) -> StoreStats:
+        """Counts of what is stored."""
+        with self._lock:
+            counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)
+            for rollout in self._rollouts.values():
+                counts[rollout.status] += 1
+            return StoreStats(
+                rollouts=counts,
+                attempts=sum(len(a) for a in self._attempts.values()),
+                spans=sum(len(s) for s in self._spans.values()),
+                llm_calls=len(self._calls),
+                resources=len(self._resources),
+            )
+
+    async def close(self) -> None:
+        """Nothing to release; the data stays readable until the object is dropped."""
+        self._closed = True

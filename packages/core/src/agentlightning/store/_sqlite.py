@@ -1,0 +1,516 @@
+"""SQLite store: the embedded default. One file, WAL, safe to share between processes.
+
+Every awaited write commits before it returns, so whatever a caller saw acknowledged survives the process
+being killed. State changes that must be atomic across processes (dequeue, finish, timeouts, new resources
+version) run in ``BEGIN IMMEDIATE`` transactions, which take SQLite's single write lock up front.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from agentlightning._models import (
+    TERMINAL_ROLLOUT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Claim,
+    LLMCall,
+    Resources,
+    Rollout,
+    RolloutStatus,
+    Span,
+    new_id,
+    now,
+)
+from agentlightning.store._base import (
+    ConflictError,
+    NotFoundError,
+    RetryPolicy,
+    RolloutRequest,
+    StoreError,
+    StoreStats,
+)
+from agentlightning.store._common import (
+    ALL_ROLLOUT_STATUSES,
+    ChangeNotifier,
+    check_finish_status,
+    check_id,
+    check_statuses,
+    rollout_status_after,
+    timed_out_status,
+    validate_calls,
+    validate_ids,
+    validate_requests,
+    validate_resources,
+    validate_spans,
+    wait_until_finished,
+)
+from agentlightning.store._sqlite_schema import (
+    ATTEMPT_COLUMNS,
+    ROLLOUT_COLUMNS,
+    attempt_from_row,
+    connect,
+    dump_json,
+    rollout_from_row,
+)
+
+__all__ = ["SqliteStore"]
+
+logger = logging.getLogger(__name__)
+
+
+class SqliteStore:
+    """A `LightningStore` in one SQLite file (WAL mode); several processes may open the same file.
+
+    Args:
+        path: Database file (created with its schema if missing).
+        retry_policy: When failed or silent attempts are retried; defaults to `RetryPolicy()`. Processes
+            sharing a file should use the same policy.
+        synchronous: ``NORMAL`` (default) survives the process being killed; ``FULL`` also survives power
+            loss, at the cost of an fsync per commit.
+        busy_timeout: Seconds to wait for another process's write lock before failing.
+        poll_interval: Seconds between checks in `wait_for_rollouts` for changes made by other processes.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        retry_policy: RetryPolicy | None = None,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout: float = 30.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        if busy_timeout <= 0 or poll_interval <= 0:
+            raise ValueError("busy_timeout and poll_interval must be positive numbers of seconds")
+        self.path = Path(path)
+        self.retry_policy: RetryPolicy = retry_policy or RetryPolicy()
+        self.synchronous: Literal["NORMAL", "FULL"] = synchronous
+        self._busy_timeout = busy_timeout
+        self._poll_interval = poll_interval
+        self._lock = threading.RLock()
+        self._notifier = ChangeNotifier()
+        self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
+        logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
+
+    def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
+        """A picklable ``(cls, kwargs)`` with which another process opens this store: ``cls(**kwargs)``."""
+        return SqliteStore, {
+            "path": str(self.path),
+            "retry_policy": self.retry_policy,
+            "synchronous": self.synchronous,
+            "busy_timeout": self._busy_timeout,
+            "poll_interval": self._poll_interval,
+        }
+
+    # ----------------------------------------------------------------- plumbing
+
+    @contextmanager
+    def _read(self) -> Generator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"SQLite store {self.path} is closed")
+            yield self._conn
+
+    @contextmanager
+    def _write(self) -> Generator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction, committed before the block's result is handed back."""
+        with self._read() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _get_rollout(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout:
+        row = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"rollout {rollout_id!r} not found")
+        return rollout_from_row(row)
+
+    def _get_attempt(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Attempt:
+        row = conn.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            (attempt_id, rollout_id),
+        ).fetchone()
+        if row is None:
+            self._get_rollout(conn, rollout_id)
+            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+        return attempt_from_row(row)
+
+    def _end_attempt(
+        self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
+    ) -> tuple[Attempt, RolloutStatus]:
+        conn.execute(
+            "UPDATE attempts SET status = ?, end_time = ?, error = ? WHERE attempt_id = ?",
+            (status, t, error, attempt.attempt_id),
+        )
+        next_status = rollout_status_after(self.retry_policy, status, attempt.sequence)
+        conn.execute(
+            "UPDATE rollouts SET status = ?, updated_at = ?, retry_count = retry_count + ? WHERE rollout_id = ?",
+            (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id),
+        )
+        return attempt.model_copy(update={"status": status, "end_time": t, "error": error}), next_status
+
+    def _expired(self, conn: sqlite3.Connection, t: float) -> list[Attempt]:
+        policy = self.retry_policy
+        rows = conn.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status = 'running' AND last_heartbeat < ?",
+            (t - policy.heartbeat_timeout,),
+        ).fetchall()
+        if policy.rollout_timeout is not None:
+            rows += conn.execute(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status = 'running' AND start_time < ?",
+                (t - policy.rollout_timeout,),
+            ).fetchall()
+        unique = {row[1]: row for row in rows}
+        return [attempt_from_row(row) for row in unique.values()]
+
+    def _apply_timeouts(self, conn: sqlite3.Connection, t: float) -> tuple[list[Attempt], bool]:
+        """Inside a write transaction: end expired attempts. Returns them and whether a rollout finished."""
+        ended: list[Attempt] = []
+        finished = False
+        for attempt in self._expired(conn, t):
+            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
+            if status is None:
+                continue
+            done, next_status = self._end_attempt(conn, attempt, status, None, t)
+            ended.append(done)
+            finished = finished or next_status in TERMINAL_ROLLOUT_STATUSES
+        return ended, finished
+
+    # ----------------------------------------------------------------- rollouts
+
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Queue rollouts (batched, one transaction); returns them in request order."""
+        reqs = validate_requests(requests)
+        t = now()
+        rows = [
+            (
+                req.rollout_id or new_id("ro"),
+                "queuing",
+                dump_json(req.input, "rollout input"),
+                req.mode,
+                req.group_id,
+                req.resources_id,
+                0,
+                t,
+                t,
+                dump_json(req.metadata, "rollout metadata"),
+            )
+            for req in reqs
+        ]
+        with self._write() as conn:
+            conn.executemany(
+                f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+            stored = {
+                r.rollout_id: r
+                for r in self._select_rollouts(
+                    conn,
+                    "rollout_id IN (SELECT value FROM json_each(?))",
+                    (dump_json([row[0] for row in rows], "ids"),),
+                )
+            }
+        return [stored[row[0]] for row in rows]
+
+    def _select_rollouts(self, conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[Rollout]:
+        cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE {where} ORDER BY seq", params)
+        return [rollout_from_row(row) for row in cursor]
+
+    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
+        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
+        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
+        return rollout
+
+    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+        if worker_id is not None:
+            check_id("worker_id", worker_id)
+        t = now()
+        with self._read() as conn:
+            # idle workers poll often: answer "empty" without taking the write lock when nothing can change
+            queued = conn.execute("SELECT 1 FROM rollouts WHERE status = 'queuing' LIMIT 1").fetchone()
+            if queued is None and not self._expired(conn, t):
+                return None
+        finished = False
+        claim: Claim | None = None
+        with self._write() as conn:
+            _, finished = self._apply_timeouts(conn, t)
+            row = conn.execute(
+                f"SELECT seq, {ROLLOUT_COLUMNS} FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1"
+            ).fetchone()
+            if row is not None:
+                rollout = rollout_from_row(row[1:]).model_copy(update={"status": "running", "updated_at": t})
+                conn.execute("UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = ?", (t, row[0]))
+                sequence = conn.execute(
+                    "SELECT COALESCE(MAX(sequence), 0) + 1 FROM attempts WHERE rollout_id = ?", (rollout.rollout_id,)
+                ).fetchone()[0]
+                attempt = Attempt(
+                    rollout_id=rollout.rollout_id,
+                    attempt_id=new_id("at"),
+                    sequence=sequence,
+                    worker_id=worker_id,
+                    start_time=t,
+                    last_heartbeat=t,
+                )
+                conn.execute(
+                    f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None),
+                )
+                claim = Claim(rollout=rollout, attempt=attempt)
+        if finished:
+            self._notifier.notify()
+        return claim
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        with self._write() as conn:
+            attempt = self._get_attempt(conn, rollout_id, attempt_id)
+            if attempt.status != "running":
+                raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
+            t = max(now(), attempt.last_heartbeat)
+            conn.execute("UPDATE attempts SET last_heartbeat = ? WHERE attempt_id = ?", (t, attempt_id))
+        return attempt.model_copy(update={"last_heartbeat": t})
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
+    ) -> Rollout:
+        """End an attempt and move its rollout on according to the retry policy."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        check_finish_status(status)
+        if error is not None and not isinstance(cast(Any, error), str):
+            raise ValueError(f"error must be a string or None, got {type(error).__name__}")
+        with self._write() as conn:
+            attempt = self._get_attempt(conn, rollout_id, attempt_id)
+            if attempt.status != "running":
+                if attempt.status == status:
+                    return self._get_rollout(conn, rollout_id)
+                raise ConflictError(
+                    f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
+                )
+            _, next_status = self._end_attempt(conn, attempt, status, error, now())
+            rollout = self._get_rollout(conn, rollout_id)
+        if next_status in TERMINAL_ROLLOUT_STATUSES:
+            self._notifier.notify()
+        return rollout
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
+        check_id("rollout_id", rollout_id)
+        with self._write() as conn:
+            rollout = self._get_rollout(conn, rollout_id)
+            if rollout.status == "cancelled":
+                return rollout
+            if rollout.status in TERMINAL_ROLLOUT_STATUSES:
+                raise ConflictError(f"rollout {rollout_id!r} already {rollout.status}; cannot cancel it")
+            t = now()
+            conn.execute(
+                "UPDATE attempts SET status = 'cancelled', end_time = ? WHERE rollout_id = ? AND status = 'running'",
+                (t, rollout_id),
+            )
+            conn.execute(
+                "UPDATE rollouts SET status = 'cancelled', updated_at = ? WHERE rollout_id = ?", (t, rollout_id)
+            )
+            rollout = rollout.model_copy(update={"status": "cancelled", "updated_at": t})
+        self._notifier.notify()
+        return rollout
+
+    async def check_timeouts(self) -> list[Attempt]:
+        """Apply heartbeat/rollout timeouts now; returns the attempts that were ended."""
+        t = now()
+        with self._read() as conn:
+            if not self._expired(conn, t):
+                return []
+        with self._write() as conn:
+            ended, finished = self._apply_timeouts(conn, t)
+        if finished:
+            self._notifier.notify()
+        return ended
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; raises `NotFoundError`."""
+        check_id("rollout_id", rollout_id)
+        with self._read() as conn:
+            return self._get_rollout(conn, rollout_id)
+
+    async def query_rollouts(
+        self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
+    ) -> list[Rollout]:
+        """Rollouts filtered by status and/or ids, in enqueue order."""
+        statuses = check_statuses(status)
+        ids = None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids")
+        clauses: list[str] = []
+        params: list[Any] = []
+        if statuses is not None:
+            clauses.append("status IN (SELECT value FROM json_each(?))")
+            params.append(dump_json(statuses, "status"))
+        if ids is not None:
+            clauses.append("rollout_id IN (SELECT value FROM json_each(?))")
+            params.append(dump_json(ids, "rollout_ids"))
+        with self._read() as conn:
+            return self._select_rollouts(conn, " AND ".join(clauses) or "1", params)
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout in order."""
+        check_id("rollout_id", rollout_id)
+        with self._read() as conn:
+            self._get_rollout(conn, rollout_id)
+            cursor = conn.execute(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence", (rollout_id,)
+            )
+            return [attempt_from_row(row) for row in cursor]
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
+        """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones.
+
+        Changes made through this object wake the waiter at once; changes made by other processes are seen
+        within ``poll_interval``.
+        """
+        ids = validate_ids(rollout_ids, "rollout_ids")
+        with self._read() as conn:
+            for rollout_id in ids:
+                self._get_rollout(conn, rollout_id)
+
+        async def poll() -> tuple[list[Rollout], bool]:
+            await self.check_timeouts()
+            by_id = {r.rollout_id: r for r in await self.query_rollouts(rollout_ids=ids)}
+            finished = [by_id[i] for i in ids if by_id[i].status in TERMINAL_ROLLOUT_STATUSES]
+            return finished, len(finished) == len(ids)
+
+        return await wait_until_finished(self._notifier, poll, timeout, self._poll_interval)
+
+    # ----------------------------------------------------------------- spans and calls
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans in one transaction (idempotent on rollout, attempt and span id); returns how many were new."""
+        batch = validate_spans(spans)
+        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.model_dump_json()) for s in batch]
+        if not rows:
+            return 0
+        with self._write() as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            return conn.total_changes - before
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
+        check_id("rollout_id", rollout_id)
+        sql = (
+            "SELECT s.data FROM spans s LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
+            "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
+            "s.sequence_id, s.rowid"
+        )
+        params: tuple[str, ...] = (rollout_id,)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
+            sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
+        else:
+            sql = sql.format("")
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [Span.model_validate_json(row[0]) for row in rows]
+
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
+        """Store proxy records in one transaction (idempotent on call_id); returns how many were new."""
+        batch = validate_calls(calls)
+        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
+        if not rows:
+            return 0
+        with self._write() as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            return conn.total_changes - before
+
+    async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
+        """LLM calls of a rollout (or one attempt) in start order."""
+        check_id("rollout_id", rollout_id)
+        with self._read() as conn:
+            if attempt_id is None:
+                rows = conn.execute(
+                    "SELECT data FROM llm_calls WHERE rollout_id = ? ORDER BY start_time, rowid", (rollout_id,)
+                ).fetchall()
+            else:
+                check_id("attempt_id", attempt_id)
+                rows = conn.execute(
+                    "SELECT data FROM llm_calls WHERE rollout_id = ? AND attempt_id = ? ORDER BY start_time, rowid",
+                    (rollout_id, attempt_id),
+                ).fetchall()
+        return [LLMCall.model_validate_json(row[0]) for row in rows]
+
+    # ----------------------------------------------------------------- resources
+
+    async def add_resources(self, resources: Resources) -> Resources:
+        """Store a new resources version; returns it with its assigned version."""
+        res = validate_resources(resources)
+        with self._write() as conn:
+            row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
+            if row is not None:
+                return Resources.model_validate_json(row[0])
+            version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
+            stored = res.model_copy(update={"version": version})
+            conn.execute(
+                "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
+                (version, stored.resources_id, stored.model_dump_json()),
+            )
+        return stored
+
+    async def get_resources(self, resources_id: str | None = None) -> Resources | None:
+        """Resources by id, or the latest version when ``resources_id`` is ``None``."""
+        with self._read() as conn:
+            if resources_id is None:
+                row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
+                return None if row is None else Resources.model_validate_json(row[0])
+            check_id("resources_id", resources_id)
+            row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"resources {resources_id!r} not found")
+        return Resources.model_validate_json(row[0])
+
+    # ----------------------------------------------------------------- misc
+
+    async def stats(self) -> StoreStats:
+        """Counts of what is stored (one consistent snapshot)."""
+        with self._read() as conn:
+            conn.execute("BEGIN")
+            try:
+                counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)
+                for status, count in conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status"):
+                    counts[status] = count
+                totals = conn.execute(
+                    "SELECT (SELECT COUNT(*) FROM attempts), (SELECT COUNT(*) FROM spans), "
+                    "(SELECT COUNT(*) FROM llm_calls), (SELECT COUNT(*) FROM resources)"
+                ).fetchone()
+            finally:
+                conn.execute("COMMIT")
+        return StoreStats(
+            rollouts=counts, attempts=totals[0], spans=totals[1], llm_calls=totals[2], resources=totals[3]
+        )
+
+    async def close(self) -> None:
+        """Close the connection (idempotent); the file keeps everything that was acknowledged."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

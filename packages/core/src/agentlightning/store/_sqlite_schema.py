@@ -1,0 +1,147 @@
+"""SQLite store internals: schema, connection setup and row <-> model conversion."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import PydanticSerializationError, from_json, to_json
+
+from agentlightning._models import Attempt, Rollout
+from agentlightning.store._base import StoreError
+
+__all__ = ["ATTEMPT_COLUMNS", "ROLLOUT_COLUMNS", "attempt_from_row", "connect", "dump_json", "rollout_from_row"]
+
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    rollout_id TEXT NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    input TEXT NOT NULL,
+    mode TEXT,
+    group_id TEXT,
+    resources_id TEXT,
+    retry_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    metadata TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_rollouts_status ON rollouts (status, seq);
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    worker_id TEXT,
+    status TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    end_time REAL,
+    last_heartbeat REAL NOT NULL,
+    error TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS ix_attempts_rollout ON attempts (rollout_id, sequence);
+CREATE INDEX IF NOT EXISTS ix_attempts_heartbeat ON attempts (last_heartbeat) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS ix_attempts_start ON attempts (start_time) WHERE status = 'running';
+CREATE TABLE IF NOT EXISTS spans (
+    rollout_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    sequence_id INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (rollout_id, attempt_id, span_id)
+);
+CREATE INDEX IF NOT EXISTS ix_spans_order ON spans (rollout_id, attempt_id, sequence_id);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    call_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_llm_calls_rollout ON llm_calls (rollout_id, attempt_id, start_time);
+CREATE TABLE IF NOT EXISTS resources (
+    version INTEGER PRIMARY KEY,
+    resources_id TEXT NOT NULL UNIQUE,
+    data TEXT NOT NULL
+);
+"""
+
+ROLLOUT_COLUMNS = (
+    "rollout_id, status, input, mode, group_id, resources_id, retry_count, created_at, updated_at, metadata"
+)
+ATTEMPT_COLUMNS = "rollout_id, attempt_id, sequence, worker_id, status, start_time, end_time, last_heartbeat, error"
+
+
+def rollout_from_row(row: Any) -> Rollout:
+    """Build a rollout from a row of `ROLLOUT_COLUMNS`."""
+    return Rollout(
+        rollout_id=row[0],
+        status=row[1],
+        input=from_json(row[2]),
+        mode=row[3],
+        group_id=row[4],
+        resources_id=row[5],
+        retry_count=row[6],
+        created_at=row[7],
+        updated_at=row[8],
+        metadata=from_json(row[9]),
+    )
+
+
+def attempt_from_row(row: Any) -> Attempt:
+    """Build an attempt from a row of `ATTEMPT_COLUMNS`."""
+    return Attempt(
+        rollout_id=row[0],
+        attempt_id=row[1],
+        sequence=row[2],
+        worker_id=row[3],
+        status=row[4],
+        start_time=row[5],
+        end_time=row[6],
+        last_heartbeat=row[7],
+        error=row[8],
+    )
+
+
+def dump_json(value: Any, what: str) -> str:
+    """JSON text of ``value``; a `ValueError` naming ``what`` if it cannot be serialised."""
+    try:
+        return to_json(value).decode()
+    except PydanticSerializationError as exc:
+        raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
+
+
+def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+    """Open ``path`` in WAL mode with the store schema (created if the file is new)."""
+    try:
+        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open SQLite store at {path}: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, _SCHEMA_VERSION):
+            raise StoreError(
+                f"{path} has store schema version {version}; this agentlightning reads version {_SCHEMA_VERSION}"
+            )
+        if version == 0:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreError(f"cannot use {path} as a SQLite store: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn

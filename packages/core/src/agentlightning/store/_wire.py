@@ -1,0 +1,192 @@
+"""Request and response bodies of the served store (``agl store serve``), shared by server and client.
+
+Every body is a frozen pydantic model that rejects unknown fields, so the OpenAPI schema at ``/openapi.json``
+describes exactly what the server accepts and a malformed request fails with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentlightning._models import Attempt, AttemptStatus, Claim, LLMCall, Resources, Rollout, RolloutStatus, Span
+from agentlightning.store._base import RolloutRequest
+
+__all__ = [
+    "API_PREFIX",
+    "MAX_WAIT_SECONDS",
+    "AddedResponse",
+    "AttemptRef",
+    "AttemptsResponse",
+    "DequeueRequest",
+    "DequeueResponse",
+    "EnqueueRequest",
+    "ErrorResponse",
+    "FinishRequest",
+    "HealthResponse",
+    "LLMCallsRequest",
+    "LLMCallsResponse",
+    "QueryRolloutsRequest",
+    "RecordQuery",
+    "ResourcesQuery",
+    "ResourcesResponse",
+    "RolloutRef",
+    "RolloutsResponse",
+    "SpansRequest",
+    "SpansResponse",
+    "WaitRequest",
+]
+
+API_PREFIX = "/v1"
+"""Every store endpoint lives under this prefix (``/healthz`` and ``/openapi.json`` do not)."""
+
+MAX_WAIT_SECONDS = 20.0
+"""Longest a single ``wait`` long-poll is held open by the server; clients loop for longer waits."""
+
+_ID = Field(min_length=1, max_length=256)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ErrorResponse(_Body):
+    """Body of every 4xx/5xx answer.
+
+    Attributes:
+        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``too_large``,
+            ``not_allowed`` or ``internal``.
+        message: What was wrong, naming the offending field or id.
+    """
+
+    error: str
+    message: str
+
+
+class HealthResponse(_Body):
+    """Body of ``GET /healthz``."""
+
+    status: Literal["ok"] = "ok"
+
+
+class EnqueueRequest(_Body):
+    """Rollouts to queue, in order."""
+
+    requests: list[RolloutRequest] = Field(max_length=100_000)
+
+
+class RolloutsResponse(_Body):
+    """A list of rollouts."""
+
+    rollouts: list[Rollout]
+
+
+class DequeueRequest(_Body):
+    """Claim the oldest queuing rollout.
+
+    Attributes:
+        worker_id: Who claims it.
+        request_id: Client-generated id; a retried request with the same id gets the same claim back
+            (the server remembers recent ids for a few minutes), so a lost answer never loses a claim.
+    """
+
+    worker_id: str | None = Field(default=None, max_length=256)
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class DequeueResponse(_Body):
+    """The claim, or ``null`` when the queue was empty."""
+
+    claim: Claim | None
+
+
+class AttemptRef(_Body):
+    """Names one attempt."""
+
+    rollout_id: str = _ID
+    attempt_id: str = _ID
+
+
+class FinishRequest(_Body):
+    """End an attempt with a terminal status."""
+
+    rollout_id: str = _ID
+    attempt_id: str = _ID
+    status: AttemptStatus
+    error: str | None = None
+
+
+class RolloutRef(_Body):
+    """Names one rollout."""
+
+    rollout_id: str = _ID
+
+
+class QueryRolloutsRequest(_Body):
+    """Filter rollouts by status and/or ids (``null`` means no filter)."""
+
+    status: list[RolloutStatus] | None = None
+    rollout_ids: list[str] | None = None
+
+
+class AttemptsResponse(_Body):
+    """A list of attempts."""
+
+    attempts: list[Attempt]
+
+
+class WaitRequest(_Body):
+    """Long-poll until the rollouts finish; the server holds the request at most `MAX_WAIT_SECONDS`."""
+
+    rollout_ids: list[str] = Field(max_length=100_000)
+    timeout: float = Field(default=MAX_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS)
+
+
+class SpansRequest(_Body):
+    """A batch of spans, validated as a whole (one bad span rejects the batch)."""
+
+    spans: list[Span] = Field(max_length=100_000)
+
+
+class SpansResponse(_Body):
+    """A list of spans."""
+
+    spans: list[Span]
+
+
+class LLMCallsRequest(_Body):
+    """A batch of LLM-proxy records, validated as a whole."""
+
+    calls: list[LLMCall] = Field(max_length=100_000)
+
+
+class LLMCallsResponse(_Body):
+    """A list of LLM calls."""
+
+    calls: list[LLMCall]
+
+
+class AddedResponse(_Body):
+    """How many records of a batch were new (the rest were already stored)."""
+
+    added: int
+
+
+class RecordQuery(_Body):
+    """Spans or LLM calls of a rollout, optionally of one attempt."""
+
+    rollout_id: str = _ID
+    attempt_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class ResourcesQuery(_Body):
+    """Resources by id, or the latest when ``resources_id`` is ``null``."""
+
+    resources_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class ResourcesResponse(_Body):
+    """Resources, or ``null`` when none are stored yet."""
+
+    resources: Resources | None

@@ -1,0 +1,39 @@
+"""Tracing: OpenTelemetry spans recorded inside a rollout go to that rollout's store.
+
+Adapters get a tracer with `get_tracer()`; the runner (or a test) marks the code that belongs to an attempt
+with `rollout_context(...)`; `flush()` / `aflush()` wait until every finished span is stored.
+"""
+
+from agentlightning.tracing._context import RolloutContext, current_rollout, rollout_context
+from agentlightning.tracing._emit import emit_annotation, emit_reward, llm_base_url
+from agentlightning.tracing._loop import LoopThread
+from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError, to_span_model
+from agentlightning.tracing._provider import (
+    aflush,
+    attach_to,
+    flush,
+    get_span_processor,
+    get_tracer,
+    get_tracer_provider,
+    set_as_global,
+)
+
+__all__ = [
+    "LightningSpanProcessor",
+    "LoopThread",
+    "RolloutContext",
+    "SpanWriteError",
+    "aflush",
+    "attach_to",
+    "current_rollout",
+    "emit_annotation",
+    "emit_reward",
+    "flush",
+    "get_span_processor",
+    "get_tracer",
+    "get_tracer_provider",
+    "llm_base_url",
+    "rollout_context",
+    "set_as_global",
+    "to_span_model",
+]

@@ -1,0 +1,370 @@
+"""The span processor: tags spans with the current rollout and writes them to its store in batches.
+
+Hot path (``on_start``/``on_end``, in the thread that runs the agent) does as little as it can: a context
+variable read, two attributes, a dict entry and a queue put. A writer thread converts finished spans to
+`agentlightning.Span` records and writes them with one ``add_spans`` call per store per batch; a batch is cut
+when it reaches ``max_batch_size`` spans or when its oldest span has waited ``max_delay`` seconds.
+
+Stores are async. A store bound to an event loop (an aiohttp client) must only be awaited on that loop, so
+each rollout context remembers the loop that owns its store (``RolloutContext.store_loop``) and batches are
+sent there with ``asyncio.run_coroutine_threadsafe``. Stores that do not care about loops (memory, SQLite)
+are written on the processor's own loop thread when no owner loop is known or it no longer runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.trace import StatusCode
+
+from agentlightning import semconv
+from agentlightning._models import AttributeValue, Span, SpanEvent, SpanStatus
+from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
+from agentlightning.tracing._loop import LoopThread
+
+__all__ = ["LightningSpanProcessor", "SpanWriteError"]
+
+logger = logging.getLogger(__name__)
+
+_STATUS: dict[StatusCode, Any] = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
+
+
+class SpanWriteError(RuntimeError):
+    """Spans could not be written to their store (raised by ``flush``)."""
+
+
+@dataclass
+class _Flush:
+    done: concurrent.futures.Future[list[BaseException]]
+
+
+@dataclass
+class _Group:
+    store: LightningStore
+    loop: asyncio.AbstractEventLoop | None
+    items: list[tuple[RolloutContext, int, ReadableSpan]] = field(default_factory=list)
+
+
+_STOP = object()
+_MAX_REMEMBERED_FAILURES = 10_000
+
+
+def _attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+    if not attrs:
+        return {}
+    # OpenTelemetry stores list values as tuples; the model wants lists.
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in attrs.items()}
+
+
+def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> Span:
+    """Convert a finished OpenTelemetry span into the store's `Span` record."""
+    sc = span.context
+    assert sc is not None
+    start_ns = span.start_time or 0
+    end_ns = span.end_time or start_ns
+    parent = span.parent
+    return Span(
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        sequence_id=sequence_id,
+        trace_id=format(sc.trace_id, "032x"),
+        span_id=format(sc.span_id, "016x"),
+        parent_id=format(parent.span_id, "016x") if parent is not None and parent.is_valid else None,
+        name=span.name,
+        start_time=start_ns / 1e9,
+        end_time=max(end_ns, start_ns) / 1e9,
+        attributes=_attributes(span.attributes),
+        events=[
+            SpanEvent(name=event.name, timestamp=event.timestamp / 1e9, attributes=_attributes(event.attributes))
+            for event in span.events
+        ],
+        status=SpanStatus(code=_STATUS.get(span.status.status_code, "unset"), description=span.status.description),
+    )
+
+
+async def _write_batch(store: LightningStore, spans: Sequence[Span], tries: int) -> int:
+    delay = 0.05
+    for attempt in range(1, tries + 1):
+        try:
+            return await store.add_spans(spans)
+        except StoreError:
+            raise  # the store refused the batch: trying again cannot help
+        except Exception as exc:
+            if attempt == tries:
+                raise
+            logger.warning("add_spans failed (try %d of %d): %r; retrying in %.2fs", attempt, tries, exc, delay)
+            await asyncio.sleep(delay)
+            delay *= 4
+    raise AssertionError("unreachable")
+
+
+def _error_of(future: concurrent.futures.Future[int]) -> BaseException | None:
+    if future.cancelled():
+        return SpanWriteError("writing spans was cancelled (the store's loop stopped?)")
+    return future.exception()
+
+
+class LightningSpanProcessor(SpanProcessor):
+    """Tags spans with the current rollout/attempt and writes them, batched, to that rollout's store.
+
+    Spans started outside any rollout (and not under a span of one) are dropped and counted in
+    ``dropped_outside_rollout``.
+
+    Args:
+        max_batch_size: Cut a batch at this many spans.
+        max_delay: Cut a batch when its oldest span has waited this long (seconds).
+        write_tries: Tries per batch when the store call fails with a transport error.
+    """
+
+    def __init__(self, max_batch_size: int = 256, max_delay: float = 0.05, write_tries: int = 3) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if not (max_delay >= 0 and math.isfinite(max_delay)):
+            raise ValueError(f"max_delay must be a finite number >= 0, got {max_delay}")
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_delay
+        self.write_tries = write_tries
+        self.dropped_outside_rollout = 0
+        self.spans_written = 0
+        self.spans_failed = 0
+        self.batches_written = 0
+        self._init_state()
+        os.register_at_fork(after_in_child=self._init_state)
+
+    def _init_state(self) -> None:
+        # Also the fork handler: a forked child starts with no writer thread and nothing pending.
+        self._active: dict[tuple[int, int], tuple[RolloutContext, int]] = {}
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._own_loop = LoopThread("agentlightning-span-writer")
+        self._inflight: set[concurrent.futures.Future[int]] = set()
+        self._inflight_lock = threading.Lock()
+        self._failed: dict[str, BaseException] = {}  # attempt id -> first write error, until flushed
+        self._shutdown = False
+
+    # ------------------------------------------------------------------ hot path
+    def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
+        """Stamp the rollout and attempt ids and reserve the span's sequence number."""
+        ctx = _CURRENT.get()
+        if ctx is None:
+            # A span started where the context variable did not follow (e.g. a callback on a pool thread)
+            # still belongs to the rollout of its parent span.
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if not parent.is_valid:
+                return
+            entry = self._active.get((parent.trace_id, parent.span_id))
+            if entry is None:
+                return
+            ctx = entry[0]
+        sc = span.get_span_context()
+        span.set_attributes({semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id})
+        self._active[(sc.trace_id, sc.span_id)] = (ctx, ctx.next_sequence_id())
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Queue the finished span for its store."""
+        sc = span.context
+        entry = self._active.pop((sc.trace_id, sc.span_id), None) if sc is not None else None
+        if entry is None:
+            self.dropped_outside_rollout += 1
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("span %r ended outside any rollout; dropped", span.name)
+            return
+        self._queue.put((entry[0], entry[1], span))
+        if self._writer is None:
+            self._ensure_writer()
+
+    # ------------------------------------------------------------------ writer thread
+    def _ensure_writer(self) -> None:
+        with self._writer_lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._writer_main, name="agentlightning-span-batcher", daemon=True
+                )
+                self._writer.start()
+
+    def _writer_main(self) -> None:
+        groups: dict[tuple[int, int], _Group] = {}
+        count = 0
+        first = 0.0
+        while True:
+            timeout = None if count == 0 else max(0.0, first + self.max_delay - time.monotonic())
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                self._send(groups)
+                groups, count = {}, 0
+                continue
+            if isinstance(item, _Flush):
+                self._send(groups)
+                groups, count = {}, 0
+                self._resolve_after_inflight(item.done)
+                continue
+            if item is _STOP:
+                self._send(groups)
+                return
+            ctx, _seq, _span = item
+            key = (id(ctx.store), id(ctx.store_loop))
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = _Group(ctx.store, ctx.store_loop)
+            group.items.append(item)
+            count += 1
+            if count == 1:
+                first = time.monotonic()
+            if count >= self.max_batch_size:
+                self._send(groups)
+                groups, count = {}, 0
+
+    def _send(self, groups: dict[tuple[int, int], _Group]) -> None:
+        for group in groups.values():
+            spans: list[Span] = []
+            for ctx, seq, readable in group.items:
+                try:
+                    spans.append(to_span_model(ctx, seq, readable))
+                except Exception:
+                    self.spans_failed += 1
+                    logger.exception(
+                        "span %r of rollout %s could not be converted; dropped", readable.name, ctx.rollout_id
+                    )
+            if not spans:
+                continue
+            coro = _write_batch(group.store, spans, self.write_tries)
+            loop = group.loop
+            if loop is not None and loop.is_running() and not loop.is_closed():
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
+            else:
+                if loop is not None:
+                    logger.debug("the store's event loop no longer runs; writing spans on the span writer's loop")
+                future = self._own_loop.submit(coro)
+            n = len(spans)
+            attempts = frozenset(span.attempt_id for span in spans)
+            with self._inflight_lock:
+                self._inflight.add(future)
+            future.add_done_callback(lambda f, n=n, a=attempts: self._on_written(f, n, a))
+
+    def _on_written(self, future: concurrent.futures.Future[int], n: int, attempts: frozenset[str]) -> None:
+        exc = _error_of(future)
+        with self._inflight_lock:
+            self._inflight.discard(future)
+            if exc is None:
+                self.spans_written += n
+                self.batches_written += 1
+                return
+            self.spans_failed += n
+            if len(self._failed) < _MAX_REMEMBERED_FAILURES:
+                for attempt_id in attempts:
+                    self._failed.setdefault(attempt_id, exc)
+        logger.error("could not write %d spans to the store: %r", n, exc)
+
+    def _resolve_after_inflight(self, done: concurrent.futures.Future[list[BaseException]]) -> None:
+        """Complete ``done`` with the errors of every batch in flight now, once they all finished."""
+        with self._inflight_lock:
+            waiting = list(self._inflight)
+        if not waiting:
+            done.set_result([])
+            return
+        remaining = [len(waiting)]
+        lock = threading.Lock()
+
+        def _one_done(_: concurrent.futures.Future[int]) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                errors = [_error_of(f) for f in waiting]
+                done.set_result([e for e in errors if e is not None])
+
+        for future in waiting:
+            future.add_done_callback(_one_done)
+
+    # ------------------------------------------------------------------ flushing
+    def _request_flush(self) -> concurrent.futures.Future[list[BaseException]]:
+        done: concurrent.futures.Future[list[BaseException]] = concurrent.futures.Future()
+        self._ensure_writer()
+        self._queue.put(_Flush(done))
+        return done
+
+    def _raise_for(self, errors: list[BaseException], attempt_id: str | None) -> None:
+        if attempt_id is None:
+            ctx = _CURRENT.get()
+            attempt_id = ctx.attempt_id if ctx is not None else None
+        if attempt_id is not None:
+            with self._inflight_lock:
+                failure = self._failed.pop(attempt_id, None)
+            if failure is not None:
+                raise SpanWriteError(f"spans of attempt {attempt_id} could not be written: {failure!r}") from failure
+        elif errors:
+            raise SpanWriteError(f"{len(errors)} span batch(es) could not be written: {errors[0]!r}") from errors[0]
+
+    def flush(self, timeout: float | None = None, attempt_id: str | None = None) -> None:
+        """Write every span ended so far and wait until the stores acknowledged them.
+
+        Args:
+            timeout: Seconds to wait at most (``None``: no limit).
+            attempt_id: Report write failures of this attempt's spans (default: the current rollout's attempt;
+                outside a rollout, failures of any batch this flush waited for).
+
+        Raises:
+            RuntimeError: When called from a running event loop (use `aflush`): the loop may own a store
+                whose writes would wait for this very call.
+            TimeoutError: When ``timeout`` seconds pass first.
+            SpanWriteError: When spans could not be written.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("flush() was called inside a running event loop; use `await aflush()` there")
+        self._raise_for(self._request_flush().result(timeout), attempt_id)
+
+    async def aflush(self, timeout: float | None = None, attempt_id: str | None = None) -> None:
+        """Async `flush`: safe inside the loop that owns a store."""
+        errors = await asyncio.wait_for(asyncio.wrap_future(self._request_flush()), timeout)
+        self._raise_for(errors, attempt_id)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """OpenTelemetry's flush hook: like `flush`, but returns ``False`` instead of raising."""
+        try:
+            self.flush(timeout_millis / 1000)
+        except Exception as exc:
+            logger.warning("force_flush failed: %r", exc)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Flush (5 s at most), then stop the writer thread."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        if self._writer is not None and self._writer.is_alive():
+            self.force_flush(5000)
+            self._queue.put(_STOP)
+            self._writer.join(5.0)
+        self._own_loop.stop()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: spans written, failed, dropped outside a rollout, batches written, spans open."""
+        return {
+            "spans_written": self.spans_written,
+            "spans_failed": self.spans_failed,
+            "dropped_outside_rollout": self.dropped_outside_rollout,
+            "batches_written": self.batches_written,
+            "open_spans": len(self._active),
+        }

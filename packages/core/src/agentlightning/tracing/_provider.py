@@ -1,0 +1,120 @@
+"""The SDK tracer provider that feeds the store, created once and lazily."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+from agentlightning.tracing._processor import LightningSpanProcessor
+
+__all__ = ["aflush", "attach_to", "flush", "get_span_processor", "get_tracer", "get_tracer_provider", "set_as_global"]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_processor: LightningSpanProcessor | None = None
+_provider: TracerProvider | None = None
+_attached: set[int] = set()
+
+
+def get_span_processor() -> LightningSpanProcessor:
+    """The one `LightningSpanProcessor` of this process (created on first use)."""
+    global _processor
+    with _lock:
+        if _processor is None:
+            _processor = LightningSpanProcessor()
+            atexit.register(_at_exit)
+        return _processor
+
+
+def _at_exit() -> None:
+    if _processor is not None:
+        _processor.shutdown()
+
+
+def get_tracer_provider() -> TracerProvider:
+    """Agent Lightning's own SDK `TracerProvider` (created once, lazily), with the span processor attached.
+
+    It is not made the global OpenTelemetry provider unless `set_as_global` is called, so it never takes over
+    an application's own tracing.
+    """
+    global _provider
+    processor = get_span_processor()
+    with _lock:
+        if _provider is None:
+            provider = TracerProvider(resource=Resource.create({"service.name": "agentlightning"}), sampler=ALWAYS_ON)
+            provider.add_span_processor(processor)
+            _attached.add(id(provider))
+            _provider = provider
+        return _provider
+
+
+def get_tracer(name: str = "agentlightning", version: str | None = None) -> trace.Tracer:
+    """A tracer whose spans, started inside a rollout, are written to that rollout's store.
+
+    Args:
+        name: Instrumentation scope name (e.g. the adapter's package name).
+        version: Instrumentation scope version.
+    """
+    return get_tracer_provider().get_tracer(name, version)
+
+
+def attach_to(provider: TracerProvider) -> None:
+    """Add the span processor to another SDK provider (idempotent), so its spans inside rollouts are stored too."""
+    processor = get_span_processor()
+    with _lock:
+        if id(provider) in _attached:
+            return
+        _attached.add(id(provider))
+    provider.add_span_processor(processor)
+
+
+def set_as_global() -> TracerProvider:
+    """Make libraries that use the global OpenTelemetry provider report into rollouts.
+
+    If no SDK provider is global yet, ours becomes the global one. If the application already set its own SDK
+    provider, the span processor is attached to it instead (OpenTelemetry allows setting the global once).
+
+    Returns:
+        The global provider that now feeds the store.
+    """
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        attach_to(current)
+        return current
+    ours = get_tracer_provider()
+    trace.set_tracer_provider(ours)
+    if trace.get_tracer_provider() is not ours:  # someone else won a race to set it
+        actual = trace.get_tracer_provider()
+        if isinstance(actual, TracerProvider):
+            attach_to(actual)
+            return actual
+        logger.warning("the global tracer provider is %r and could not be replaced", type(actual).__name__)
+    return ours
+
+
+def flush(timeout: float | None = None, attempt_id: str | None = None) -> None:
+    """Write every finished span to its store and wait for the stores to acknowledge them.
+
+    Args:
+        timeout: Seconds to wait at most (``None``: no limit).
+        attempt_id: Raise for write failures of this attempt's spans (default: the current rollout's attempt;
+            outside a rollout: failures of any batch this call waited for).
+
+    Raises:
+        RuntimeError: When called in a running event loop (use `aflush` there).
+        TimeoutError: When the timeout passes first.
+        SpanWriteError: When a batch could not be written.
+    """
+    get_span_processor().flush(timeout, attempt_id)
+
+
+async def aflush(timeout: float | None = None, attempt_id: str | None = None) -> None:
+    """Async `flush`, for use inside event loops (including the loop that owns a store)."""
+    await get_span_processor().aflush(timeout, attempt_id)

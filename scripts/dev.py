@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Set up the project and run its two main jobs; needs only Python 3.11+ and pip.
+
+    python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train the calc agent
+    python3 scripts/dev.py test         # make .venv, install every package + dev tools, run ruff, pyright and pytest
+
+Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
+CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The uv
+workspace and its committed ``uv.lock`` remain the source of truth for ``uv sync`` users on GPU machines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("AGL_VENV", ROOT / ".venv"))
+
+# One pinned torch for every environment; an unpinned torch lets pip pick a newer, multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+
+QUICKSTART_PACKAGES = ["packages/core", "packages/adapter-langchain", "packages/trainer-torch[plot]"]
+ALL_PACKAGES = [
+    "packages/core[openai,litellm]",
+    "packages/adapter-langchain",
+    "packages/adapter-openai-agents",
+    "packages/adapter-autogen",
+    "packages/trainer-torch[plot,lora]",
+    "packages/trainer-verl",
+]
+DEV_TOOLS = [
+    "pytest>=8",
+    "pytest-asyncio>=0.24",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "schemathesis>=4",
+    "ruff>=0.6",
+    "pyright>=1.1.380",
+    # test clients of the real frameworks
+    "langgraph>=1.0",
+    "langchain-openai>=0.3",
+    "autogen-ext[openai]>=0.7",
+]
+
+
+def _bin(name: str) -> str:
+    sub = "Scripts" if os.name == "nt" else "bin"
+    return str(VENV / sub / name)
+
+
+def _run(*cmd: str) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def _ensure_venv() -> None:
+    if not Path(_bin("python")).exists():
+        print(f"creating virtual environment {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+
+
+def _install(packages: list[str], extra: list[str]) -> None:
+    editable: list[str] = []
+    for pkg in packages:
+        editable += ["-e", pkg]
+    _run(_bin("python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", TORCH, *editable, *extra)
+
+
+def quickstart(args: list[str]) -> int:
+    """Install what the calc example needs and run it; extra args go to the example."""
+    _ensure_venv()
+    _install(QUICKSTART_PACKAGES, [])
+    return subprocess.call([_bin("python"), "examples/calc/train.py", *args], cwd=ROOT)
+
+
+def test(args: list[str]) -> int:
+    """Install everything, then lint, type-check and run the whole test suite; extra args go to pytest."""
+    _ensure_venv()
+    _install(ALL_PACKAGES, DEV_TOOLS)
+    _run(_bin("ruff"), "check", ".")
+    _run(_bin("pyright"))
+    return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
+
+
+def main() -> int:
+    jobs = {"quickstart": quickstart, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in jobs:
+        print(__doc__)
+        return 2
+    try:
+        return jobs[sys.argv[1]](sys.argv[2:])
+    except subprocess.CalledProcessError as exc:
+        print(f"error: command failed with exit code {exc.returncode}: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
+        return exc.returncode or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
