@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import sys
 import tempfile
 import time
@@ -140,9 +141,48 @@ async def store_throughput(args: argparse.Namespace) -> list[Row]:
                     (backend, f"span_add_batch{batch}_per_s", _rate(n_batched, t_batch), f"spans/s, {batch} per call"),
                     (backend, "span_query_per_s", _rate(n_batched, t_query), "spans/s read back"),
                 ]
-    rows.append(
-        ("-", "span_json_bytes", float(len(_span("ro-" + "a" * 32, "at-" + "b" * 32, 7).model_dump_json())), "B")
-    )
+    span_bytes = len(_span("ro-" + "a" * 32, "at-" + "b" * 32, 7).model_dump_json())
+    rows.append(("-", "span_json_bytes", float(span_bytes), "B"))
+    return rows
+
+
+@section("raw_sqlite")
+async def raw_sqlite(args: argparse.Namespace) -> list[Row]:
+    """The machine's ceiling right now: bare sqlite3 inserts of span-sized rows, no store code (calibration).
+
+    The host is shared and noisy, so read the store's SQLite figures as a fraction of these.
+    """
+    n_single = 500 if args.quick else 3000
+    n_batched = 5000 if args.quick else 50_000
+    payload = "x" * 420
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for sync in ("NORMAL", "FULL"):
+            conn = sqlite3.connect(Path(tmp) / f"raw-{sync}.db", isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {sync}")
+            conn.execute("CREATE TABLE t (a TEXT, b TEXT, c TEXT, d INTEGER, data TEXT, PRIMARY KEY (a, b, c))")
+            sql = "INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?, ?)"
+            n = n_single if sync == "NORMAL" else max(100, n_single // 10)
+            t0 = time.perf_counter()
+            for i in range(n):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(sql, ("ro-" + "a" * 32, "at-" + "b" * 32, f"{i:016x}", i, payload))
+                conn.execute("COMMIT")
+            t_single = time.perf_counter() - t0
+            data = [("ro-" + "a" * 32, "at-" + "c" * 32, f"{i:016x}", i, payload) for i in range(n_batched)]
+            t0 = time.perf_counter()
+            for start in range(0, n_batched, 500):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(sql, data[start : start + 500])
+                conn.execute("COMMIT")
+            t_batch = time.perf_counter() - t0
+            conn.close()
+            backend = "sqlite3" if sync == "NORMAL" else "sqlite3_full"
+            rows += [
+                (backend, "row_txn_single_per_s", _rate(n, t_single), "rows/s, 1 per txn"),
+                (backend, "row_txn_batch500_per_s", _rate(n_batched, t_batch), "rows/s, 500 per txn"),
+            ]
     return rows
 
 

@@ -323,6 +323,9 @@ def test_proxy_started_in_a_thread_serves_sync_clients(store: MemoryStore, backe
     assert call.response_token_ids == backend.served[0].token_ids
 
 
+AGL = [sys.executable, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -332,7 +335,7 @@ def _free_port() -> int:
 def test_agl_proxy_serve_records_into_a_sqlite_file(tmp_path: Path, backend: ScriptedModelServer) -> None:
     db = tmp_path / "calls.db"
     port = _free_port()
-    cmd = [sys.executable, "-m", "agentlightning.cli", "proxy", "serve", "--db", str(db), "--backend", backend.url]
+    cmd = [*AGL, "proxy", "serve", "--db", str(db), "--backend", backend.url]
     proc = subprocess.Popen([*cmd, "--port", str(port)], stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -358,7 +361,7 @@ def test_agl_proxy_serve_records_into_a_sqlite_file(tmp_path: Path, backend: Scr
 
 
 def test_agl_proxy_serve_refuses_a_bad_backend_url(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "agentlightning.cli", "proxy", "serve", "--db", str(tmp_path / "x.db")]
+    cmd = [*AGL, "proxy", "serve", "--db", str(tmp_path / "x.db")]
     done = subprocess.run([*cmd, "--backend", "localhost:8000"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "http:// or https://" in done.stderr

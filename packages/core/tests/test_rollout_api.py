@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 import pickle
 
-import pytest
-
 import agentlightning as agl
+import pytest
 from agentlightning import semconv
 from agentlightning.runner import RolloutAgent, final_reward
 from agentlightning.store import MemoryStore
@@ -63,7 +62,7 @@ def test_module_level_agent_pickles_by_name() -> None:
     ],
 )
 def test_decorator_rejects_signatures_it_cannot_call(fn) -> None:
-    with pytest.raises(TypeError, match="signature|first positional"):
+    with pytest.raises(TypeError, match=r"signature|first positional"):
         agl.rollout(fn)
 
 

@@ -6,9 +6,8 @@ import asyncio
 import threading
 from pathlib import Path
 
-import pytest
-
 import agentlightning as agl
+import pytest
 from agentlightning import semconv
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import MemoryStore, SqliteStore
@@ -290,3 +289,25 @@ def test_auto_mode_choice(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="n_workers"):
         agl.Runner(sync_echo, memory, n_workers=0)
     asyncio.run(sqlite.close())
+
+
+@pytest.mark.slow
+async def test_served_store_async_workers_and_worker_processes(tmp_path: Path) -> None:
+    """A real `agl store serve` process over HTTP: an async runner in this loop, then sync worker processes."""
+    from agentlightning.store import StoreClient
+    from agentlightning.testing._served_store import ServedStoreProcess
+
+    with ServedStoreProcess(tmp_path / "served.db", token="tok") as server:
+        client = StoreClient(server.url, token="tok")
+        try:
+            ids = await _enqueue(client, 16)
+            await agl.Runner(async_echo, client, n_workers=8, stop_when_idle=True, poll_interval=0.02).arun()
+            await _check_clean_rollouts(client, ids, {"work", "inner"})
+
+            ids = await _enqueue(client, 6)
+            runner = agl.Runner(sync_echo, client, n_workers=2, stop_when_idle=True, poll_interval=0.05)
+            assert runner.worker_mode == "process"
+            await runner.arun()
+            await _check_clean_rollouts(client, ids, {"step0", "step1", "step2"})
+        finally:
+            await client.close()

@@ -124,7 +124,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str]] = [
     ("/v1/rollouts/wait", b'{"rollout_ids": ["a"], "timeout": 1e9}', 422, "timeout"),
     ("/v1/resources", b'{"resources_id": "x", "items": {"a": {"kind": "weird"}}}', 422, "items.a"),
     ("/v1/rollouts/query", b'{"status": ["sleeping"]}', 422, "status.0"),
-    ("/v1/rollouts/query", b"\xff\xfe not utf8", 422, "JSON"),
+    ("/v1/rollouts/query", b"\xff\xfe not utf8", 400, "malformed JSON"),
 ]
 
 

@@ -31,7 +31,7 @@ def make_span(n: int, parent: int | None, start: float, seq: int | None = None, 
 def shape(tree: TraceTree) -> dict[str | None, list[str]]:
     """Children ids of every node, the synthetic root as None."""
     out: dict[str | None, list[str]] = {None: [s.span_id for s in tree.children()]}
-    for span_id in tree.nodes:
+    for span_id in tree.by_id:
         out[span_id] = [s.span_id for s in tree.children(span_id)]
     return out
 
@@ -103,7 +103,7 @@ def test_duplicates_keep_the_first_copy() -> None:
     tree = build_trace_tree([make_span(1, None, 0.0), first, again])
     assert tree.duplicates == [sid(2)]
     assert tree.get(sid(2)) is first
-    assert len(tree.ordered) == 2
+    assert len(tree.ordered) == 2 and len(tree) == 2
 
 
 def test_parent_cycles_are_broken_not_looped() -> None:
@@ -111,10 +111,29 @@ def test_parent_cycles_are_broken_not_looped() -> None:
     tree = build_trace_tree(spans)
     walked = [s.span_id for s, _ in tree.walk()]
     assert sorted(walked) == [sid(n) for n in (1, 2, 3, 4)]  # every span reachable exactly once
-    assert sorted(tree.cycles) == [sid(3), sid(4)] or sorted(tree.cycles) == [sid(2), sid(4)]
+    assert tree.cycles == [sid(2), sid(4)]  # cut at the first span (in order) found on each loop
+    assert tree.parent(sid(3)) == tree.get(sid(2)) and tree.parent(sid(2)) is None
+    assert [s.span_id for s in tree.ancestors(sid(3))] == [sid(2)]
     assert len(tree.problems) == 2
+
+
+def test_long_cycle_and_a_branch_hanging_off_it() -> None:
+    # 2 -> 3 -> 4 -> 2 is a loop; 5 hangs off 4; 6 is fine under 1
+    spans = [make_span(n, p, float(n)) for n, p in [(1, None), (2, 4), (3, 2), (4, 3), (5, 4), (6, 1)]]
+    tree = build_trace_tree(spans)
+    assert len(tree.cycles) == 1
+    assert sorted(s.span_id for s, _ in tree.walk()) == [sid(n) for n in range(1, 7)]
+    assert all(list(tree.ancestors(sid(n))) is not None for n in range(1, 7))
 
 
 def test_empty_input() -> None:
     tree = build_trace_tree([])
     assert len(tree) == 0 and list(tree.walk()) == [] and tree.children() == []
+
+
+def test_unknown_span_id_raises() -> None:
+    import pytest
+
+    tree = build_trace_tree(TREE)
+    with pytest.raises(KeyError):
+        tree.children("f" * 16)

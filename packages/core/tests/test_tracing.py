@@ -8,10 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Status, StatusCode
-
 from agentlightning import semconv
 from agentlightning._models import Span
 from agentlightning.store import MemoryStore, SqliteStore, StoreError
@@ -26,6 +22,9 @@ from agentlightning.tracing import (
     get_tracer,
     rollout_context,
 )
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -305,3 +304,32 @@ async def test_attach_to_another_sdk_provider() -> None:
 def test_rollout_context_rejects_empty_ids() -> None:
     with pytest.raises(ValueError, match="rollout_id"), rollout_context(MemoryStore(), "", "a"):
         pass
+
+
+def test_set_as_global_routes_the_global_tracer_into_rollouts() -> None:
+    """In a fresh interpreter (the global provider can be set once per process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import asyncio
+        from opentelemetry import trace
+        from agentlightning.store import MemoryStore
+        from agentlightning.tracing import flush, get_tracer_provider, rollout_context, set_as_global
+
+        assert set_as_global() is get_tracer_provider()
+        store = MemoryStore()
+        async def claim():
+            await store.enqueue_rollout({})
+            return await store.dequeue_rollout("w")
+        c = asyncio.run(claim())
+        with rollout_context(store, c.rollout.rollout_id, c.attempt.attempt_id):
+            trace.get_tracer("some.library").start_span("library-span").end()
+        flush(10)
+        print([s.name for s in asyncio.run(store.query_spans(c.rollout.rollout_id))])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "['library-span']"

@@ -172,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)
     verl_after = actor.compute_log_prob(data)
+    # The whole VerlAlgorithm.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
+    from agentlightning_verl import LocalVerlBackend, VerlAlgorithm
+
+    algorithm_metrics = VerlAlgorithm(cfg, backend=LocalVerlBackend(actor)).update(batch)
     result = {
         "device": args.device,
         "n_samples": len(data),
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_abs_logprob_diff_vs_hf": float((reference - verl_before).abs().max()),
         "objective_before": objective_before,
         "objective_after": float((adv * verl_after * mask).sum()),
+        "algorithm_update_metrics": algorithm_metrics,
         "logprob_change_on_padding": float((verl_after * (1 - mask)).abs().max()),
     }
     print("RESULT " + json.dumps(result))

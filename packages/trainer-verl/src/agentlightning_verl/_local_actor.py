@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
     from verl import DataProto
 
-__all__ = ["LocalVerlActor"]
+__all__ = ["LocalVerlActor", "LocalVerlBackend"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,3 +178,39 @@ class LocalVerlActor:
         output = self.worker.train_mini_batch(td)
         self.steps += 1
         return _scalar_metrics(tu.get(output, "metrics"))
+
+
+class LocalVerlBackend:
+    """`VerlAlgorithm` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
+
+    It trains but serves nothing: there is no vLLM server to sync weights into, so `rollout_addresses` is empty and
+    `sync_weights` only counts. Use it to run `VerlAlgorithm.update` on one device (tests, debugging, offline data).
+    """
+
+    def __init__(self, actor: LocalVerlActor) -> None:
+        self.actor = actor
+        self.synced_steps: list[int] = []
+
+    def rollout_addresses(self) -> list[str]:
+        """No inference server in this backend."""
+        return []
+
+    def compute_log_prob(self, data: DataProto) -> torch.Tensor:
+        """See `LocalVerlActor.compute_log_prob`."""
+        return self.actor.compute_log_prob(data)
+
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """No critic here: PPO needs `RayVerlBackend`."""
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """See `compute_values`."""
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """See `LocalVerlActor.update`."""
+        return {f"actor/{k}": v for k, v in self.actor.update(data).items()}
+
+    async def sync_weights(self, step: int) -> None:
+        """Nothing to sync to; records the step."""
+        self.synced_steps.append(step)

@@ -13,6 +13,7 @@ from agentlightning.adapters._base import (
     uninstrument_all,
     version_in_range,
 )
+from agentlightning.adapters._litellm import LiteLLMAdapter, instrument_litellm, uninstrument_litellm
 from agentlightning.adapters._openai import (
     OpenAIAdapter,
     acquire_openai_hook,
@@ -24,14 +25,17 @@ from agentlightning.adapters._openai import (
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Adapter",
+    "LiteLLMAdapter",
     "OpenAIAdapter",
     "UnsupportedVersionError",
     "acquire_openai_hook",
     "get_adapter",
     "instrument_all",
+    "instrument_litellm",
     "instrument_openai",
     "release_openai_hook",
     "uninstrument_all",
+    "uninstrument_litellm",
     "uninstrument_openai",
     "version_in_range",
 ]

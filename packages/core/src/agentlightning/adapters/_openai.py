@@ -93,6 +93,36 @@ class _OpenAISpanMapper(GatedSpanProcessor):
                 parent.set_attribute(key, value)
 
 
+class _Gate:
+    on = False
+
+
+class _GatedTracer(trace.Tracer):
+    """Delegates to the real tracer while the gate is on, to a no-op tracer otherwise."""
+
+    def __init__(self, real: trace.Tracer, gate: _Gate) -> None:
+        self._real = real
+        self._gate = gate
+        self._noop = trace.NoOpTracer()
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return (self._real if self._gate.on else self._noop).start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return (self._real if self._gate.on else self._noop).start_as_current_span(*args, **kwargs)
+
+
+class _GatedTracerProvider(trace.TracerProvider):
+    """Hands out `_GatedTracer`s over ``provider``."""
+
+    def __init__(self, provider: trace.TracerProvider, gate: _Gate) -> None:
+        self._provider = provider
+        self._gate = gate
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _GatedTracer(self._provider.get_tracer(*args, **kwargs), self._gate)
+
+
 class _OpenAIHook:
     """Reference-counted switch for the OpenLLMetry instrumentation and our mapper."""
 
@@ -102,6 +132,7 @@ class _OpenAIHook:
         self._standalone = 0
         self._mapper = _OpenAISpanMapper()
         self._instrumentor: Any = None
+        self._gate = _Gate()
         self._set_content_env = False
 
     def acquire(self, standalone: bool) -> None:
@@ -135,15 +166,17 @@ class _OpenAIHook:
         if _CONTENT_ENV not in os.environ:
             os.environ[_CONTENT_ENV] = "false"
             self._set_content_env = True
-        self._instrumentor = OpenAIInstrumentor()
-        self._instrumentor.instrument(tracer_provider=provider)
+        if self._instrumentor is None:
+            # Wrapped once per process: the instrumentation's uninstrument() does not unwrap under wrapt 2, so a
+            # second instrument() would wrap twice. Off means the gated provider hands out no-op spans.
+            self._instrumentor = OpenAIInstrumentor(enable_trace_context_propagation=False)
+            self._instrumentor.instrument(tracer_provider=_GatedTracerProvider(provider, self._gate))
+        self._gate.on = True
         self._mapper.enabled = True
 
     def _stop(self) -> None:
         self._mapper.enabled = False
-        if self._instrumentor is not None:
-            self._instrumentor.uninstrument()
-            self._instrumentor = None
+        self._gate.on = False
         if self._set_content_env:
             os.environ.pop(_CONTENT_ENV, None)
             self._set_content_env = False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from agentlightning._models import TrainingBatch, TrainingSample, Transition
 from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_estimator
@@ -13,12 +12,14 @@ from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics
-from agentlightning.transitions._fast import fast_model
+from agentlightning.transitions._fast import fast_factory, fast_model
 from agentlightning.transitions._store import results_from_store
 
 __all__ = ["build_batch_from_store", "build_training_batch"]
 
 logger = logging.getLogger(__name__)
+
+_new_sample = fast_factory(TrainingSample)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -26,6 +27,16 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
         return 0.0, 0.0
     mean = sum(values) / len(values)
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _raise_non_finite(steps: list[Transition], credits: list[float], advantages: list[float]) -> None:
+    for step, credit_value, advantage in zip(steps, credits, advantages, strict=True):
+        if not (math.isfinite(credit_value) and math.isfinite(advantage)):
+            raise ValueError(
+                f"non-finite credit/advantage ({credit_value}, {advantage}) for rollout {step.rollout_id} "
+                f"step {step.step_index}"
+            )
+    raise ValueError(f"credits/advantages of rollout {steps[0].rollout_id} overflow to a non-finite sum")
 
 
 def build_training_batch(
@@ -149,34 +160,36 @@ def build_training_batch(
     empty = 0
     for key, group_adv in zip(kept_keys, advantages, strict=True):
         for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
+            if not math.isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
+                _raise_non_finite(steps, credits, rollout_adv)
             for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
-                if not math.isfinite(advantage) or not math.isfinite(credit_value):
-                    raise ValueError(
-                        f"non-finite credit/advantage ({credit_value}, {advantage}) for rollout {step.rollout_id} "
-                        f"step {step.step_index}"
-                    )
-                if not step.response_ids:
+                response_ids = step.response_ids
+                if not response_ids:
                     empty += 1
                     continue
-                fields: dict[str, Any] = {
-                    "prompt_ids": step.prompt_ids,
-                    "response_ids": step.response_ids,
-                    "response_mask": step.response_mask,
-                    "old_logprobs": step.logprobs,
-                    "reward": credit_value,
-                    "advantage": advantage,
-                    "returns": credit_value,
-                    "group_id": key,
-                    "rollout_id": step.rollout_id,
-                    "attempt_id": step.attempt_id,
-                    "step_index": step.step_index,
-                    "agent_name": step.agent_name,
-                }
-                samples.append(fast_model(TrainingSample, fields))
+                mask = step.response_mask
+                samples.append(
+                    _new_sample(
+                        {
+                            "prompt_ids": step.prompt_ids,
+                            "response_ids": response_ids,
+                            "response_mask": mask,
+                            "old_logprobs": step.logprobs,
+                            "reward": credit_value,
+                            "advantage": advantage,
+                            "returns": credit_value,
+                            "group_id": key,
+                            "rollout_id": step.rollout_id,
+                            "attempt_id": step.attempt_id,
+                            "step_index": step.step_index,
+                            "agent_name": step.agent_name,
+                        }
+                    )
+                )
                 all_advantages.append(advantage)
                 all_credits.append(credit_value)
-                response_tokens += len(step.response_ids)
-                trained_tokens += sum(step.response_mask)
+                response_tokens += len(response_ids)
+                trained_tokens += sum(mask)
 
     n_groups = len(groups)
     if n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):

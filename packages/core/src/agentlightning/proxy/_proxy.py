@@ -16,31 +16,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Literal, cast
 
 import aiohttp
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from agentlightning._models import LLMCall, new_id, now
+from agentlightning.proxy._admin import add_admin_routes
 from agentlightning.proxy._assemble import (
     Extracted,
     Kind,
-    SSEParser,
     StreamAssembler,
     dumps,
     extract,
     loads,
     without_token_fields,
 )
+from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 
 __all__ = ["LLMProxy", "create_proxy_app"]
@@ -260,11 +259,7 @@ class LLMProxy:
             app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
             app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
             app.add_route(f"{prefix}/v1/models", self._models, methods=["GET"])
-        app.add_route("/admin/pause", self._admin_pause, methods=["POST"])
-        app.add_route("/admin/resume", self._admin_resume, methods=["POST"])
-        app.add_route("/admin/backends", self._admin_backends, methods=["POST"])
-        app.add_route("/admin/model_version", self._admin_model_version, methods=["POST"])
-        app.add_route("/admin/status", self._admin_status, methods=["GET"])
+        add_admin_routes(app, self)
         return app
 
     async def _open(self) -> None:
@@ -430,9 +425,9 @@ class LLMProxy:
                 await self._record(meta, None, Extracted(), error=message)
             return _error(502, message, "proxy_backend_error", headers=headers), False
         if agent_request.get("stream") and resp.status < 400:
-            state = _StreamState(StreamAssembler(kind), meta if record else None, backend)
+            state = StreamState(StreamAssembler(kind), meta if record else None, backend)
             media = resp.headers.get("Content-Type", "text/event-stream")
-            streaming = _TrackedStream(self._stream(resp, state), resp.status, headers=headers, media_type=media)
+            streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
             streaming.on_close = lambda: self._stream_closed(resp, state)
             return streaming, True
         try:
@@ -464,39 +459,7 @@ class LLMProxy:
                 await self._record(meta, None, Extracted(), error="backend answered 200 with a body that is not JSON")
         return Response(raw, resp.status, headers=headers, media_type=resp.content_type), False
 
-    async def _stream(self, resp: aiohttp.ClientResponse, state: _StreamState) -> AsyncIterator[bytes]:
-        parser = SSEParser()
-        assembler = state.assembler
-        try:
-            async for chunk in resp.content.iter_any():
-                out: list[bytes] = []
-                for raw, data in parser.feed(chunk):
-                    if data is not None and data.strip() == "[DONE]":
-                        if out:
-                            yield b"".join(out)
-                            out = []
-                        # record before the agent sees the end, so the record exists when its span ends
-                        if state.meta is not None and not state.recorded:
-                            state.recorded = True
-                            await self._record(state.meta, assembler.response(), assembler.extracted())
-                    elif data is not None:
-                        with contextlib.suppress(ValueError):
-                            parsed = loads(data)
-                            if isinstance(parsed, dict):
-                                assembler.feed(cast(dict[str, Any], parsed))
-                    out.append(raw)
-                if out:
-                    yield b"".join(out)
-            rest = parser.rest()
-            if rest:
-                yield rest
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            state.error = f"stream from backend {state.backend} broke: {exc!r}"
-        except (asyncio.CancelledError, GeneratorExit):
-            state.error = "agent disconnected before the stream ended"
-            raise
-
-    def _stream_closed(self, resp: aiohttp.ClientResponse, state: _StreamState) -> None:
+    def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""
         resp.release()
         self._done()
@@ -509,7 +472,7 @@ class LLMProxy:
 
     async def _record(
         self,
-        meta: _Meta,
+        meta: Meta,
         response: dict[str, Any] | None,
         extracted: Extracted,
         error: str | None = None,
@@ -575,113 +538,6 @@ class LLMProxy:
             await self._flush_wakeup.wait()
             self._flush_wakeup.clear()
             await self._write_batch()
-
-    # ------------------------------------------------------------------ admin
-    def _authorized(self, request: Request) -> bool:
-        if not self.admin_token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode())
-
-    async def _admin_json(self, request: Request) -> dict[str, Any] | Response:
-        if not self._authorized(request):
-            return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
-        raw = await request.body()
-        try:
-            data = loads(raw) if raw.strip() else {}
-        except ValueError:
-            return _error(400, "admin request body is not valid JSON", "invalid_request_error")
-        if not isinstance(data, dict):
-            return _error(400, "admin request body must be a JSON object", "invalid_request_error")
-        return cast(dict[str, Any], data)
-
-    def _status(self) -> dict[str, Any]:
-        return {
-            "paused": self._paused,
-            "in_flight": self._in_flight,
-            "backends": self.backends,
-            "model_version": self._model_version,
-        }
-
-    async def _admin_pause(self, request: Request) -> Response:
-        data = await self._admin_json(request)
-        if isinstance(data, Response):
-            return data
-        timeout = data.get("timeout")
-        if timeout is not None and not isinstance(timeout, int | float):
-            return _error(400, f"'timeout' must be a number of seconds, got {timeout!r}", "invalid_request_error")
-        try:
-            await self.pause(timeout)
-        except TimeoutError as exc:
-            return _error(504, str(exc), "proxy_drain_timeout")
-        return JSONResponse(self._status())
-
-    async def _admin_resume(self, request: Request) -> Response:
-        data = await self._admin_json(request)
-        if isinstance(data, Response):
-            return data
-        version = data.get("model_version")
-        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
-            return _error(
-                400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error"
-            )
-        self.resume(version)
-        return JSONResponse(self._status())
-
-    async def _admin_backends(self, request: Request) -> Response:
-        data = await self._admin_json(request)
-        if isinstance(data, Response):
-            return data
-        backends = data.get("backends")
-        if not isinstance(backends, list) or not all(isinstance(b, str) for b in cast(list[Any], backends)):
-            return _error(400, "'backends' must be a list of URLs", "invalid_request_error")
-        try:
-            self.set_backends(cast(list[str], backends))
-        except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error")
-        return JSONResponse(self._status())
-
-    async def _admin_model_version(self, request: Request) -> Response:
-        data = await self._admin_json(request)
-        if isinstance(data, Response):
-            return data
-        version = data.get("model_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            return _error(
-                400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error"
-            )
-        self.model_version = version
-        return JSONResponse(self._status())
-
-    async def _admin_status(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
-        return JSONResponse(self._status())
-
-
-_Meta = tuple[str, str, str, dict[str, Any], str, float]  # call id, rollout, attempt, request, backend, start
-
-
-@dataclass
-class _StreamState:
-    assembler: StreamAssembler
-    meta: _Meta | None
-    backend: str
-    recorded: bool = False
-    error: str | None = None
-
-
-class _TrackedStream(StreamingResponse):
-    """A streaming response that always reports its end, even when the agent leaves before it starts."""
-
-    on_close: Callable[[], None] | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if self.on_close is not None:
-                self.on_close()
 
 
 def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> FastAPI:

@@ -112,8 +112,8 @@ class _Loop:
         self.budget.give_back()
         if self.settings.stop_when_idle:
             # Idle only when nothing is running anywhere: a running attempt may still be retried.
-            busy = await self.store.query_rollouts(status=["queuing", "running"])
-            if not busy:
+            counts = (await self.store.stats()).rollouts
+            if counts.get("queuing", 0) + counts.get("running", 0) == 0:
                 return "idle"
         return "wait"
 
@@ -287,6 +287,7 @@ class Runner:
         self._settings = _Settings(heartbeat_interval, poll_interval, rollout_timeout, stop_when_idle, flush_timeout)
         self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
         self._stop = threading.Event()
+        self.worker_pids: list[int | None] = []  # pids of worker processes (process mode), once started
 
     def _reopen_spec(self) -> tuple[type[Any], dict[str, Any]] | None:
         reopen = getattr(self.store, "reopen_spec", None)

@@ -90,7 +90,7 @@ class StoreClient:
 
     The client may be used from several event loops and threads at once (a runner's loop and the tracing
     exporter's background loop, say): each loop gets its own connection pool, created on first use.
-    Call `close` from each loop that used the client (or let the process end).
+    Call `close` from each loop that used the client (or let the process end); it only closes that loop's pool.
 
     Failed requests are retried with exponential backoff on connection errors, timeouts and 5xx answers.
     That is safe because every write is idempotent on a client id: rollouts without an id get one here before
@@ -312,20 +312,21 @@ class StoreClient:
         return await self._call("GET", "/stats", None, StoreStats)
 
     async def close(self) -> None:
-        """Close the connection pool of the running loop (and schedule closing those of other live loops)."""
+        """Close the running loop's connection pool (and forget pools of loops that have ended).
+
+        Pools of other loops that are still running are left alone (they may be mid-request); each loop that
+        used the client closes its own. The client stays usable: a later call opens a new pool.
+        """
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:
             current = None
         with self._lock:
-            sessions, self._sessions = self._sessions, {}
-        for loop, session in sessions.items():
-            if loop is current:
-                await session.close()
-            elif loop.is_running():
-                asyncio.run_coroutine_threadsafe(session.close(), loop)
-            else:
-                session.detach()  # its loop is gone: nothing left to await on
+            mine = self._sessions.pop(current, None) if current is not None else None
+            for stale in [lp for lp in self._sessions if lp.is_closed()]:
+                self._sessions.pop(stale).detach()  # its loop is gone: nothing left to await on
+        if mine is not None:
+            await mine.close()
 
     # --- transport ----------------------------------------------------------------------------------------------
 

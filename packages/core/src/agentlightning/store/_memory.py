@@ -325,8 +325,8 @@ class MemoryStore:
                 s for s in self._spans.get(rollout_id, {}).values() if attempt_id is None or s.attempt_id == attempt_id
             ]
             order = {a.attempt_id: a.sequence for a in self._attempts.get(rollout_id, [])}
-        # spans of attempts the store does not know sort after the known ones; sort is stable (insertion order)
-        spans.sort(key=lambda s: (order.get(s.attempt_id, 1 << 62), s.attempt_id, s.sequence_id))
+        # spans of attempts the store does not know sort after the known ones (same order as SqliteStore)
+        spans.sort(key=lambda s: (order.get(s.attempt_id, 1 << 62), s.attempt_id, s.sequence_id, s.span_id))
         return spans
 
     async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:

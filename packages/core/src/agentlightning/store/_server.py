@@ -282,6 +282,16 @@ def create_store_app(
     async def _on_model_error(request: Request, exc: ValidationError) -> Response:  # pyright: ignore[reportUnusedFunction]
         return _error(422, "invalid", _describe_validation(exc.errors()))
 
+    @app.exception_handler(OverflowError)
+    async def _on_overflow(request: Request, exc: OverflowError) -> Response:  # pyright: ignore[reportUnusedFunction]
+        return _error(422, "invalid", f"a number is too large to store (integers are limited to 64 bits): {exc}")
+
+    @app.exception_handler(KeyError)
+    async def _on_key_error(request: Request, exc: KeyError) -> Response:  # pyright: ignore[reportUnusedFunction]
+        # A backend lookup that missed without raising NotFoundError: still an unknown id, not a server failure.
+        logger.warning("store raised a bare KeyError for %s: %r", request.url.path, exc)
+        return _error(404, "not_found", f"unknown id: {exc}")
+
     @app.exception_handler(ValueError)
     async def _on_value_error(request: Request, exc: ValueError) -> Response:  # pyright: ignore[reportUnusedFunction]
         return _error(400, "invalid", str(exc))
@@ -289,7 +299,10 @@ def create_store_app(
     @app.exception_handler(StarletteHTTPException)
     async def _on_http_error(request: Request, exc: StarletteHTTPException) -> Response:  # pyright: ignore[reportUnusedFunction]
         kinds = {404: "not_found", 405: "not_allowed", 413: "too_large"}
-        return _error(exc.status_code, kinds.get(exc.status_code, "invalid"), str(exc.detail))
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = f"malformed JSON body (not decodable as UTF-8 JSON): {message}"
+        return _error(exc.status_code, kinds.get(exc.status_code, "invalid"), message)
 
     @app.exception_handler(Exception)
     async def _on_bug(request: Request, exc: Exception) -> Response:  # pyright: ignore[reportUnusedFunction]
@@ -400,6 +413,8 @@ def create_store_app(
     @app.post(f"{p}/resources", response_model=Resources, tags=["resources"])
     async def add_resources(body: Resources) -> Response:  # pyright: ignore[reportUnusedFunction]
         """Store a new resources version (a known ``resources_id`` returns the stored one)."""
+        if "\x00" in body.resources_id:
+            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
         return _json(await store.add_resources(body))
 
     @app.post(f"{p}/resources/get", response_model=ResourcesResponse, responses=not_found, tags=["resources"])

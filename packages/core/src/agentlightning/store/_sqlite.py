@@ -98,6 +98,8 @@ class SqliteStore:
         self._poll_interval = poll_interval
         self._lock = threading.RLock()
         self._notifier = ChangeNotifier()
+        # No running attempt (in any process) can time out before this moment; see `_expired`.
+        self._no_timeout_before = 0.0
         self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
         logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
 
@@ -150,20 +152,42 @@ class SqliteStore:
 
     def _end_attempt(
         self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
-    ) -> tuple[Attempt, RolloutStatus]:
+    ) -> tuple[Attempt, Rollout]:
         conn.execute(
             "UPDATE attempts SET status = ?, end_time = ?, error = ? WHERE attempt_id = ?",
             (status, t, error, attempt.attempt_id),
         )
         next_status = rollout_status_after(self.retry_policy, status, attempt.sequence)
-        conn.execute(
-            "UPDATE rollouts SET status = ?, updated_at = ?, retry_count = retry_count + ? WHERE rollout_id = ?",
+        row = conn.execute(
+            "UPDATE rollouts SET status = ?, updated_at = ?, retry_count = retry_count + ? WHERE rollout_id = ? "
+            f"RETURNING {ROLLOUT_COLUMNS}",
             (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id),
-        )
-        return attempt.model_copy(update={"status": status, "end_time": t, "error": error}), next_status
+        ).fetchone()
+        return attempt.model_copy(update={"status": status, "end_time": t, "error": error}), rollout_from_row(row)
 
     def _expired(self, conn: sqlite3.Connection, t: float) -> list[Attempt]:
+        """Running attempts (of any process) past a timeout at time ``t``.
+
+        Heartbeats only push deadlines later and an attempt started after ``t0`` cannot expire before
+        ``t0 + timeout``, so the earliest deadline seen now is a lower bound that stays valid across
+        processes (sharing one policy); until it passes, dequeues skip this query.
+        """
+        if t <= self._no_timeout_before:
+            return []
         policy = self.retry_policy
+        min_heartbeat, min_start = conn.execute(
+            "SELECT (SELECT MIN(last_heartbeat) FROM attempts WHERE status = 'running'), "
+            "(SELECT MIN(start_time) FROM attempts WHERE status = 'running')"
+        ).fetchone()
+        bound = t + min(policy.heartbeat_timeout, policy.rollout_timeout or policy.heartbeat_timeout)
+        if min_heartbeat is not None:
+            bound = min(bound, min_heartbeat + policy.heartbeat_timeout)
+        if min_start is not None and policy.rollout_timeout is not None:
+            bound = min(bound, min_start + policy.rollout_timeout)
+        if t <= bound:
+            self._no_timeout_before = bound
+            return []
+        self._no_timeout_before = 0.0
         rows = conn.execute(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status = 'running' AND last_heartbeat < ?",
             (t - policy.heartbeat_timeout,),
@@ -184,9 +208,9 @@ class SqliteStore:
             status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
             if status is None:
                 continue
-            done, next_status = self._end_attempt(conn, attempt, status, None, t)
+            done, rollout = self._end_attempt(conn, attempt, status, None, t)
             ended.append(done)
-            finished = finished or next_status in TERMINAL_ROLLOUT_STATUSES
+            finished = finished or rollout.status in TERMINAL_ROLLOUT_STATUSES
         return ended, finished
 
     # ----------------------------------------------------------------- rollouts
@@ -237,25 +261,20 @@ class SqliteStore:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
         if worker_id is not None:
             check_id("worker_id", worker_id)
-        t = now()
-        with self._read() as conn:
-            # idle workers poll often: answer "empty" without taking the write lock when nothing can change
-            queued = conn.execute("SELECT 1 FROM rollouts WHERE status = 'queuing' LIMIT 1").fetchone()
-            if queued is None and not self._expired(conn, t):
-                return None
         finished = False
         claim: Claim | None = None
         with self._write() as conn:
+            t = now()  # taken under the write lock, so start times are in commit order across processes
             _, finished = self._apply_timeouts(conn, t)
             row = conn.execute(
-                f"SELECT seq, {ROLLOUT_COLUMNS} FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1"
+                "UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = "
+                "(SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1) "
+                f"RETURNING {ROLLOUT_COLUMNS}",
+                (t,),
             ).fetchone()
             if row is not None:
-                rollout = rollout_from_row(row[1:]).model_copy(update={"status": "running", "updated_at": t})
-                conn.execute("UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = ?", (t, row[0]))
-                sequence = conn.execute(
-                    "SELECT COALESCE(MAX(sequence), 0) + 1 FROM attempts WHERE rollout_id = ?", (rollout.rollout_id,)
-                ).fetchone()[0]
+                rollout = rollout_from_row(row)
+                sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
                 attempt = Attempt(
                     rollout_id=rollout.rollout_id,
                     attempt_id=new_id("at"),
@@ -302,9 +321,8 @@ class SqliteStore:
                 raise ConflictError(
                     f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
                 )
-            _, next_status = self._end_attempt(conn, attempt, status, error, now())
-            rollout = self._get_rollout(conn, rollout_id)
-        if next_status in TERMINAL_ROLLOUT_STATUSES:
+            _, rollout = self._end_attempt(conn, attempt, status, error, now())
+        if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
         return rollout
 
@@ -331,12 +349,11 @@ class SqliteStore:
 
     async def check_timeouts(self) -> list[Attempt]:
         """Apply heartbeat/rollout timeouts now; returns the attempts that were ended."""
-        t = now()
         with self._read() as conn:
-            if not self._expired(conn, t):
+            if not self._expired(conn, now()):  # the common case: nothing to do, no write lock taken
                 return []
         with self._write() as conn:
-            ended, finished = self._apply_timeouts(conn, t)
+            ended, finished = self._apply_timeouts(conn, now())
         if finished:
             self._notifier.notify()
         return ended
@@ -416,7 +433,7 @@ class SqliteStore:
         sql = (
             "SELECT s.data FROM spans s LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
             "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
-            "s.sequence_id, s.rowid"
+            "s.sequence_id, s.span_id"
         )
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:

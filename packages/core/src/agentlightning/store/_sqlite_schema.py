@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     error TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS ix_attempts_rollout ON attempts (rollout_id, sequence);
-CREATE INDEX IF NOT EXISTS ix_attempts_heartbeat ON attempts (last_heartbeat) WHERE status = 'running';
-CREATE INDEX IF NOT EXISTS ix_attempts_start ON attempts (start_time) WHERE status = 'running';
+-- only running attempts (about one per worker) are in it, so scanning it for start times is cheap
+CREATE INDEX IF NOT EXISTS ix_attempts_running ON attempts (last_heartbeat, start_time) WHERE status = 'running';
 CREATE TABLE IF NOT EXISTS spans (
     rollout_id TEXT NOT NULL,
     attempt_id TEXT NOT NULL,
@@ -50,8 +50,7 @@ CREATE TABLE IF NOT EXISTS spans (
     sequence_id INTEGER NOT NULL,
     data TEXT NOT NULL,
     PRIMARY KEY (rollout_id, attempt_id, span_id)
-);
-CREATE INDEX IF NOT EXISTS ix_spans_order ON spans (rollout_id, attempt_id, sequence_id);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS llm_calls (
     call_id TEXT PRIMARY KEY,
     rollout_id TEXT NOT NULL,

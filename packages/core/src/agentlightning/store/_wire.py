@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentlightning._models import Attempt, AttemptStatus, Claim, LLMCall, Resources, Rollout, RolloutStatus, Span
 from agentlightning.store._base import RolloutRequest
@@ -51,6 +51,13 @@ class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _no_nul(what: str, values: list[str | None]) -> None:
+    # SQLite and many tools truncate or choke on NUL; an id with one is rejected before it reaches a store.
+    for value in values:
+        if value is not None and "\x00" in value:
+            raise ValueError(f"{what} must not contain NUL characters, got {value!r}")
+
+
 class ErrorResponse(_Body):
     """Body of every 4xx/5xx answer.
 
@@ -74,6 +81,11 @@ class EnqueueRequest(_Body):
     """Rollouts to queue, in order."""
 
     requests: list[RolloutRequest] = Field(max_length=100_000)
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> EnqueueRequest:
+        _no_nul("ids", [v for r in self.requests for v in (r.rollout_id, r.group_id, r.resources_id)])
+        return self
 
 
 class RolloutsResponse(_Body):
@@ -148,6 +160,11 @@ class SpansRequest(_Body):
 
     spans: list[Span] = Field(max_length=100_000)
 
+    @model_validator(mode="after")
+    def _check_ids(self) -> SpansRequest:
+        _no_nul("ids", [v for s in self.spans for v in (s.rollout_id, s.attempt_id)])
+        return self
+
 
 class SpansResponse(_Body):
     """A list of spans."""
@@ -159,6 +176,11 @@ class LLMCallsRequest(_Body):
     """A batch of LLM-proxy records, validated as a whole."""
 
     calls: list[LLMCall] = Field(max_length=100_000)
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> LLMCallsRequest:
+        _no_nul("ids", [v for c in self.calls for v in (c.call_id, c.rollout_id, c.attempt_id)])
+        return self
 
 
 class LLMCallsResponse(_Body):

@@ -215,7 +215,10 @@ class AdapterConformanceTests:
         result = record.transitions
         assert result is not None
         assert record.calls, "the proxy recorded no call: did the agent use the base URL it was given?"
-        assert len(record.of_kind(semconv.KIND_LLM)) == len(record.calls), "LLM spans and proxy calls differ"
+        llm = record.of_kind(semconv.KIND_LLM)
+        assert len(llm) == len(record.calls), (
+            f"{len(llm)} LLM spans ({[s.name for s in llm]}) but {len(record.calls)} proxy calls"
+        )
         assert len(result.transitions) == len(record.calls)
         assert result.diagnostics.joined_by_response_id == len(record.calls)
         served = {c.response_id: c for c in harness.server.served}

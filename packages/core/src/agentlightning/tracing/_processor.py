@@ -61,24 +61,40 @@ class _Group:
 
 
 _STOP = object()
+_UNSET = SpanStatus()  # frozen, so every span without a status can share it
 _MAX_REMEMBERED_FAILURES = 10_000
 
 
 def _attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
     if not attrs:
         return {}
-    # OpenTelemetry stores list values as tuples; the model wants lists.
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in attrs.items()}
+    out: dict[str, AttributeValue] = {}
+    for key, value in attrs.items():
+        if isinstance(value, tuple):  # OpenTelemetry stores lists as tuples; the model wants lists
+            items: list[Any] = list(value)  # pyright: ignore[reportUnknownArgumentType]
+            if None in items:  # OpenTelemetry lets None into lists; our model does not
+                logger.debug("attribute %r holds None in a list; left out", key)
+                continue
+            out[key] = items
+        else:
+            out[key] = value
+    return out
 
 
 def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> Span:
-    """Convert a finished OpenTelemetry span into the store's `Span` record."""
+    """Convert a finished OpenTelemetry span into the store's `Span` record.
+
+    Built without pydantic validation (which would cost several times the span itself): every field is
+    produced here in the form the model requires (hex ids, seconds, end >= start, OpenTelemetry-cleaned
+    attribute values), and the rollout context rejects empty ids.
+    """
     sc = span.context
     assert sc is not None
     start_ns = span.start_time or 0
     end_ns = span.end_time or start_ns
     parent = span.parent
-    return Span(
+    status = span.status
+    return Span.model_construct(
         rollout_id=ctx.rollout_id,
         attempt_id=ctx.attempt_id,
         sequence_id=sequence_id,
@@ -90,10 +106,14 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
         end_time=max(end_ns, start_ns) / 1e9,
         attributes=_attributes(span.attributes),
         events=[
-            SpanEvent(name=event.name, timestamp=event.timestamp / 1e9, attributes=_attributes(event.attributes))
+            SpanEvent.model_construct(
+                name=event.name, timestamp=event.timestamp / 1e9, attributes=_attributes(event.attributes)
+            )
             for event in span.events
         ],
-        status=SpanStatus(code=_STATUS.get(span.status.status_code, "unset"), description=span.status.description),
+        status=_UNSET
+        if status.status_code is StatusCode.UNSET and status.description is None
+        else SpanStatus.model_construct(code=_STATUS.get(status.status_code, "unset"), description=status.description),
     )
 
 

@@ -9,12 +9,11 @@ from agentlightning.transitions._config import (
     TransitionResult,
 )
 from agentlightning.transitions._store import results_from_store, transitions_from_store
-from agentlightning.transitions._tree import TraceNode, TraceTree, build_trace_tree, span_order_key
+from agentlightning.transitions._tree import TraceTree, build_trace_tree, span_order_key
 
 __all__ = [
     "MissingTokenIds",
     "MissingTokenIdsError",
-    "TraceNode",
     "TraceTree",
     "TransitionBuilder",
     "TransitionConfig",

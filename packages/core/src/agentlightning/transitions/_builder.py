@@ -41,55 +41,29 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
-from agentlightning.transitions._fast import fast_model
-from agentlightning.transitions._tree import TraceNode, build_trace_tree
+from agentlightning.transitions._fast import fast_factory
+from agentlightning.transitions._tree import build_trace_tree
 
 __all__ = ["TransitionBuilder"]
 
 logger = logging.getLogger(__name__)
 
-
-class _Call:
-    """A trained LLM call on its way to becoming (part of) a transition."""
-
-    __slots__ = ("agent", "call_id", "logprobs", "model_version", "prompt", "response", "reward", "span_id")
-
-    def __init__(
-        self,
-        span_id: str,
-        call_id: str | None,
-        agent: str | None,
-        prompt: list[int],
-        response: list[int],
-        logprobs: list[float] | None,
-        model_version: int | None,
-    ) -> None:
-        self.span_id = span_id
-        self.call_id = call_id
-        self.agent = agent
-        self.prompt = prompt
-        self.response = response
-        self.logprobs = logprobs
-        self.model_version = model_version
-        self.reward: float | None = None
+_new_transition = fast_factory(Transition)
 
 
-def _agent_name(node: TraceNode) -> str | None:
-    span = node.span
-    assert span is not None
-    own = span.attributes.get(GEN_AI_AGENT_NAME)
-    if isinstance(own, str) and own:
-        return own
-    parent = node.parent
-    while parent is not None:
-        pspan = parent.span
-        if pspan is None:
-            return None
-        attrs = pspan.attributes
+def _call_start(call: LLMCall) -> float:
+    return call.start_time
+
+
+def _agent_name(parent_id: str | None, by_id: dict[str, Span], parent_ids: dict[str, str | None]) -> str | None:
+    """Name of the nearest ``agent`` span at or above ``parent_id``."""
+    while parent_id is not None:
+        span = by_id[parent_id]
+        attrs = span.attributes
         if attrs.get(SPAN_KIND) == KIND_AGENT:
             name = attrs.get(GEN_AI_AGENT_NAME)
-            return name if isinstance(name, str) and name else pspan.name
-        parent = parent.parent
+            return name if isinstance(name, str) and name else span.name
+        parent_id = parent_ids[parent_id]
     return None
 
 
@@ -154,13 +128,13 @@ class TransitionBuilder:
             return TransitionResult(None, None, [], None, diag, problems)
         rollout_id = spans[0].rollout_id
         attempt_id = spans[0].attempt_id
-        for span in spans:
+
+        for span in spans:  # every input span: a foreign one could share a span id with one of ours
             if span.attempt_id != attempt_id or span.rollout_id != rollout_id:
                 raise ValueError(
                     "TransitionBuilder.build converts one attempt at a time, but got spans of "
                     f"{rollout_id}/{attempt_id} and {span.rollout_id}/{span.attempt_id}"
                 )
-
         tree = build_trace_tree(spans)
         diag.orphan_spans = len(tree.orphans)
         diag.duplicate_spans = len(tree.duplicates)
@@ -169,17 +143,42 @@ class TransitionBuilder:
             problems.extend(tree.problems)
 
         # One pass in (start_time, sequence_id) order: LLM spans and reward spans are the only events.
-        events: list[tuple[bool, Span]] = []  # (is_llm, span)
+        # An event is (span, response id, None) for a call or (span, reward value, is final) for a reward.
+        events: list[tuple[Span, Any, bool | None]] = []
         referenced: set[Any] = set()
+        final_index: int | None = None
+        last_final: int | None = None
+        finals = 0
         for span in tree.ordered:
-            kind = span.attributes.get(SPAN_KIND)
+            attrs = span.attributes
+            kind = attrs.get(SPAN_KIND)
             if kind == KIND_LLM:
-                events.append((True, span))
-                response_id = span.attributes.get(GEN_AI_RESPONSE_ID)
+                response_id = attrs.get(GEN_AI_RESPONSE_ID)
                 if response_id is not None:
                     referenced.add(response_id)
+                diag.llm_spans += 1
+                events.append((span, response_id, None))
             elif kind == KIND_REWARD:
-                events.append((False, span))
+                value = _reward_value(span)
+                if value is None:
+                    diag.invalid_rewards += 1
+                    problems.append(
+                        f"reward span {span.span_id} has no finite numeric {REWARD_VALUE} "
+                        f"({attrs.get(REWARD_VALUE)!r}); ignored"
+                    )
+                    continue
+                diag.rewards += 1
+                final_index = len(events)
+                is_final = attrs.get(REWARD_FINAL) is True
+                if is_final:
+                    finals += 1
+                    last_final = final_index
+                events.append((span, value, is_final))
+        if last_final is not None:  # else the last reward is the final one
+            final_index = last_final
+        if finals > 1:
+            diag.multiple_final_rewards = 1
+            problems.append(f"{finals} rewards are marked final; the last one is used")
 
         by_response: dict[Any, LLMCall] = {}
         unreferenced: list[LLMCall] = []
@@ -188,62 +187,80 @@ class TransitionBuilder:
             if call.attempt_id != attempt_id or call.rollout_id != rollout_id:
                 foreign += 1
                 continue
-            if call.response_id is not None and call.response_id in referenced:
-                by_response.setdefault(call.response_id, call)
+            response_id = call.response_id
+            if response_id is not None and response_id in referenced:
+                if response_id not in by_response:
+                    by_response[response_id] = call
             else:
                 unreferenced.append(call)
         if foreign:
             problems.append(f"ignored {foreign} proxy record(s) of another attempt than {rollout_id}/{attempt_id}")
-        unreferenced.sort(key=lambda c: c.start_time)
+        if len(unreferenced) > 1:
+            unreferenced.sort(key=_call_start)
         next_unreferenced = 0
 
-        final_index = self._final_reward_index(events, problems, diag)
         config = self.config
-        calls: list[_Call] = []
+        order_fallback = config.order_fallback
+        no_filter = config.agent_filter is None
+        trains = config.trains
+        # Each trained call becomes a dict that is the future Transition's __dict__ (see _fast.py).
+        samples: list[dict[str, Any]] = []
         missing: list[MissingTokenIds] = []
-        nodes = tree.nodes
+        by_id = tree.by_id
+        parent_ids = tree.parent_ids
+        agent_cache: dict[str | None, str | None] = {}
         final_reward: float | None = None
         joined: set[int] = set()
-        for index, (is_llm, span) in enumerate(events):
-            if not is_llm:
-                value = _reward_value(span)
-                if value is None:
-                    continue  # reported by _final_reward_index
+        joined_by_order = 0
+        for index, (span, key, is_final) in enumerate(events):
+            if is_final is not None:  # a reward
                 if index == final_index:
-                    final_reward = value
-                elif calls:
-                    last = calls[-1]
-                    last.reward = value if last.reward is None else last.reward + value
+                    final_reward = key
+                elif samples:
+                    last = samples[-1]
+                    last["reward"] = key if last["reward"] is None else last["reward"] + key
                 else:
                     diag.unattached_rewards += 1
                     problems.append(f"reward span {span.span_id} comes before any trained LLM call: not credited")
                 continue
 
-            diag.llm_spans += 1
             attrs = span.attributes
-            agent = _agent_name(nodes[span.span_id])
+            agent = attrs.get(GEN_AI_AGENT_NAME)
+            if not isinstance(agent, str) or not agent:
+                parent_id = parent_ids[span.span_id]
+                if parent_id in agent_cache:
+                    agent = agent_cache[parent_id]
+                else:
+                    agent = agent_cache[parent_id] = _agent_name(parent_id, by_id, parent_ids)
             # Join first (even for filtered agents) so the order fallback stays aligned with the proxy records.
-            call = by_response.get(attrs.get(GEN_AI_RESPONSE_ID))
-            how = "response_id"
+            call = by_response.get(key) if key is not None else None
             prompt: list[int] | None = None
             response: list[int] | None = None
+            logprobs: list[float] | None = None
+            call_id: str | None = None
+            model_version: int | None = None
             if call is None:
                 prompt = _int_list(attrs.get(PROMPT_TOKEN_IDS))
                 response = _int_list(attrs.get(RESPONSE_TOKEN_IDS))
-                if prompt is not None and response is not None:
-                    how = "span"
-                elif config.order_fallback and next_unreferenced < len(unreferenced):
-                    call = unreferenced[next_unreferenced]
-                    next_unreferenced += 1
-                    how = "order"
+                if prompt is None or response is None:
+                    prompt = response = None
+                    if order_fallback and next_unreferenced < len(unreferenced):
+                        call = unreferenced[next_unreferenced]
+                        next_unreferenced += 1
+                        joined_by_order += 1
+                        problems.append(
+                            f"LLM span {span.span_id} ({span.name!r}) was joined to proxy record {call.call_id} by "
+                            "order: the span has no matching gen_ai.response.id"
+                        )
             if call is not None:
                 joined.add(id(call))
-            if not config.trains(agent):
+            if not (no_filter or trains(agent)):
                 diag.calls_filtered += 1
                 continue
 
             if call is not None:
                 prompt, response, logprobs = call.prompt_token_ids, call.response_token_ids, call.response_logprobs
+                call_id, model_version = call.call_id, call.model_version
                 if not prompt or not response:
                     reason = (
                         f"proxy record {call.call_id} has no token ids "
@@ -253,32 +270,43 @@ class TransitionBuilder:
                         reason += f"; the call failed: {call.error}"
                     missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
                     continue
-                calls.append(_Call(span.span_id, call.call_id, agent, prompt, response, logprobs, call.model_version))
-                if how == "order":
-                    diag.joined_by_order += 1
-                    problems.append(
-                        f"LLM span {span.span_id} ({span.name!r}) was joined to proxy record {call.call_id} by "
-                        "order: the span has no matching gen_ai.response.id"
-                    )
-                else:
-                    diag.joined_by_response_id += 1
-            elif how == "span":
-                assert prompt is not None and response is not None
+            elif prompt is not None and response is not None:
                 logprobs = self._span_logprobs(span, response, problems)
-                calls.append(_Call(span.span_id, None, agent, prompt, response, logprobs, None))
                 diag.joined_by_span_attributes += 1
             else:
-                response_id = attrs.get(GEN_AI_RESPONSE_ID)
                 reason = (
-                    f"no proxy record has response id {response_id!r}"
-                    if response_id is not None
+                    f"no proxy record has response id {key!r}"
+                    if key is not None
                     else "the span has no gen_ai.response.id"
                 )
                 reason += " and the span carries no token ids"
-                if config.order_fallback:
+                if order_fallback:
                     reason += " (no unreferenced proxy record was left to match by order)"
                 missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
+                continue
+            metadata: dict[str, Any] = {"span_ids": [span.span_id]}
+            if model_version is not None:
+                metadata["model_version"] = model_version
+            samples.append(
+                {
+                    "rollout_id": rollout_id,
+                    "attempt_id": attempt_id,
+                    "group_id": group_id,
+                    "agent_name": agent,
+                    "step_index": len(samples),
+                    "prompt_ids": prompt,
+                    "response_ids": response,
+                    "response_mask": [1] * len(response),
+                    "logprobs": logprobs,
+                    "reward": None,
+                    "final_reward": None,
+                    "call_ids": [] if call_id is None else [call_id],
+                    "metadata": metadata,
+                }
+            )
 
+        diag.joined_by_order = joined_by_order
+        diag.joined_by_response_id = len(joined) - joined_by_order
         diag.unused_llm_calls = len(llm_calls) - foreign - len(joined)
         if final_reward is None:
             diag.attempts_without_reward = 1
@@ -290,42 +318,16 @@ class TransitionBuilder:
             if config.on_missing == "warn":
                 for item in missing:
                     logger.warning("skipping LLM call without token ids: %s", item)
-        diag.calls_trained = len(calls)
+        diag.calls_trained = len(samples)
 
-        if config.mode == "per_call":
-            transitions = self._per_call(calls, rollout_id, attempt_id, group_id, final_reward)
-        else:
-            transitions = self._trajectory(calls, rollout_id, attempt_id, group_id, final_reward, diag, problems)
+        if config.mode == "trajectory":
+            samples = _merge_trajectories(samples, diag, problems)
+        transitions: list[Transition] = []
+        for sample in samples:
+            sample["final_reward"] = final_reward
+            transitions.append(_new_transition(sample))
         diag.transitions = len(transitions)
         return TransitionResult(rollout_id, attempt_id, transitions, final_reward, diag, problems)
-
-    @staticmethod
-    def _final_reward_index(
-        events: list[tuple[bool, Span]], problems: list[str], diag: TransitionDiagnostics
-    ) -> int | None:
-        """Index in ``events`` of the final reward: the last marked final, else the last valid reward."""
-        last_valid: int | None = None
-        last_final: int | None = None
-        finals = 0
-        for index, (is_llm, span) in enumerate(events):
-            if is_llm:
-                continue
-            if _reward_value(span) is None:
-                diag.invalid_rewards += 1
-                problems.append(
-                    f"reward span {span.span_id} has no finite numeric {REWARD_VALUE} "
-                    f"({span.attributes.get(REWARD_VALUE)!r}); ignored"
-                )
-                continue
-            diag.rewards += 1
-            last_valid = index
-            if span.attributes.get(REWARD_FINAL) is True:
-                finals += 1
-                last_final = index
-        if finals > 1:
-            diag.multiple_final_rewards = 1
-            problems.append(f"{finals} rewards are marked final; the last one is used")
-        return last_final if last_final is not None else last_valid
 
     @staticmethod
     def _span_logprobs(span: Span, response: list[int], problems: list[str]) -> list[float] | None:
@@ -341,96 +343,51 @@ class TransitionBuilder:
         problems.append(f"LLM span {span.span_id} has logprobs that do not match its response tokens; dropped")
         return None
 
-    @staticmethod
-    def _per_call(
-        calls: list[_Call], rollout_id: str, attempt_id: str, group_id: str | None, final_reward: float | None
-    ) -> list[Transition]:
-        out: list[Transition] = []
-        for step, call in enumerate(calls):
-            metadata: dict[str, Any] = {"span_ids": [call.span_id]}
-            if call.model_version is not None:
-                metadata["model_version"] = call.model_version
-            out.append(
-                fast_model(
-                    Transition,
-                    {
-                        "rollout_id": rollout_id,
-                        "attempt_id": attempt_id,
-                        "group_id": group_id,
-                        "agent_name": call.agent,
-                        "step_index": step,
-                        "prompt_ids": call.prompt,
-                        "response_ids": call.response,
-                        "response_mask": [1] * len(call.response),
-                        "logprobs": call.logprobs,
-                        "reward": call.reward,
-                        "final_reward": final_reward,
-                        "call_ids": [] if call.call_id is None else [call.call_id],
-                        "metadata": metadata,
-                    },
-                )
-            )
-        return out
 
-    @staticmethod
-    def _trajectory(
-        calls: list[_Call],
-        rollout_id: str,
-        attempt_id: str,
-        group_id: str | None,
-        final_reward: float | None,
-        diag: TransitionDiagnostics,
-        problems: list[str],
-    ) -> list[Transition]:
-        samples: list[dict[str, Any]] = []
-        open_by_agent: dict[str | None, dict[str, Any]] = {}
-        for call in calls:
-            current = open_by_agent.get(call.agent)
-            if current is not None:
-                history: list[int] = current["prompt_ids"] + current["response_ids"]
-                n = len(history)
-                if len(call.prompt) >= n and call.prompt[:n] == history:
-                    observation = call.prompt[n:]
-                    current["response_ids"] += observation
-                    current["response_ids"] += call.response
-                    current["response_mask"] += [0] * len(observation)
-                    current["response_mask"] += [1] * len(call.response)
-                    logprobs = current["logprobs"]
-                    if logprobs is not None and call.logprobs is not None:
-                        logprobs += [0.0] * len(observation)
-                        logprobs += call.logprobs
-                    else:
-                        current["logprobs"] = None
-                    if call.reward is not None:
-                        current["reward"] = call.reward + (current["reward"] or 0.0)
-                    if call.call_id is not None:
-                        current["call_ids"].append(call.call_id)
-                    current["metadata"]["span_ids"].append(call.span_id)
-                    diag.merged_calls += 1
-                    continue
-                diag.trajectory_breaks += 1
-                problems.append(
-                    f"LLM span {call.span_id} (agent {call.agent!r}): its prompt does not extend the agent's "
-                    "previous prompt + response (non-append history); started a new sample"
-                )
-            metadata: dict[str, Any] = {"span_ids": [call.span_id]}
-            if call.model_version is not None:
-                metadata["model_version"] = call.model_version
-            sample: dict[str, Any] = {
-                "rollout_id": rollout_id,
-                "attempt_id": attempt_id,
-                "group_id": group_id,
-                "agent_name": call.agent,
-                "step_index": len(samples),
-                "prompt_ids": call.prompt,
-                "response_ids": list(call.response),
-                "response_mask": [1] * len(call.response),
-                "logprobs": None if call.logprobs is None else list(call.logprobs),
-                "reward": call.reward,
-                "final_reward": final_reward,
-                "call_ids": [] if call.call_id is None else [call.call_id],
-                "metadata": metadata,
-            }
-            samples.append(sample)
-            open_by_agent[call.agent] = sample
-        return [fast_model(Transition, sample) for sample in samples]
+def _merge_trajectories(
+    calls: list[dict[str, Any]], diag: TransitionDiagnostics, problems: list[str]
+) -> list[dict[str, Any]]:
+    """Merge each agent's successive calls while its prompts extend the previous prompt + response."""
+    samples: list[dict[str, Any]] = []
+    open_by_agent: dict[str | None, dict[str, Any]] = {}
+    for call in calls:
+        agent = call["agent_name"]
+        prompt: list[int] = call["prompt_ids"]
+        response: list[int] = call["response_ids"]
+        current = open_by_agent.get(agent)
+        if current is not None:
+            head: list[int] = current["prompt_ids"]
+            tail: list[int] = current["response_ids"]
+            n, m = len(head), len(tail)
+            if len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
+                observation = prompt[n + m :]
+                tail += observation
+                tail += response
+                mask: list[int] = current["response_mask"]
+                mask += [0] * len(observation)
+                mask += call["response_mask"]
+                logprobs: list[float] | None = current["logprobs"]
+                if logprobs is not None and call["logprobs"] is not None:
+                    logprobs += [0.0] * len(observation)
+                    logprobs += call["logprobs"]
+                else:
+                    current["logprobs"] = None
+                if call["reward"] is not None:
+                    current["reward"] = call["reward"] + (current["reward"] or 0.0)
+                current["call_ids"] += call["call_ids"]
+                current["metadata"]["span_ids"] += call["metadata"]["span_ids"]
+                diag.merged_calls += 1
+                continue
+            diag.trajectory_breaks += 1
+            problems.append(
+                f"LLM span {call['metadata']['span_ids'][0]} (agent {agent!r}): its prompt does not extend the "
+                "agent's previous prompt + response (non-append history); started a new sample"
+            )
+        # copies: the lists grow when later calls are appended, and the proxy records must stay untouched
+        call["response_ids"] = list(response)
+        if call["logprobs"] is not None:
+            call["logprobs"] = list(call["logprobs"])
+        call["step_index"] = len(samples)
+        samples.append(call)
+        open_by_agent[agent] = call
+    return samples

@@ -7,11 +7,12 @@ the result equals a validated model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-__all__ = ["fast_model"]
+__all__ = ["fast_factory", "fast_model"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -36,3 +37,18 @@ def fast_model(cls: type[_M], values: dict[str, Any]) -> _M:
     _set(obj, "__pydantic_extra__", None)
     _set(obj, "__pydantic_private__", None)
     return obj
+
+
+def fast_factory(cls: type[_M]) -> Callable[[dict[str, Any]], _M]:
+    """A `fast_model` bound to ``cls`` (saves a lookup per object in tight loops)."""
+    fields_set = frozenset(cls.model_fields)
+
+    def make(values: dict[str, Any]) -> _M:
+        obj = _new(cls)
+        _set(obj, "__dict__", values)
+        _set(obj, "__pydantic_fields_set__", fields_set)
+        _set(obj, "__pydantic_extra__", None)
+        _set(obj, "__pydantic_private__", None)
+        return obj
+
+    return make

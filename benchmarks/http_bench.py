@@ -1,0 +1,137 @@
+"""HTTP benchmarks over loopback: the served store (``agl store serve`` + `StoreClient`).
+
+Run: ``.venv/bin/python benchmarks/http_bench.py [--quick]``. Prints a table per section and, last, one line
+that is a JSON object of every figure. The server runs in its own process (SQLite file, bearer token), so the
+figures include real HTTP, JSON (de)serialisation, validation and SQLite commits.
+
+Sections are plain functions registered in ``SECTIONS``: each takes the parsed args and returns
+``{figure_name: value}``; add a section (e.g. proxy latency) by appending one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentlightning.store import RolloutRequest, StoreClient
+from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing._store_kit import make_span
+
+TOKEN = "bench-token"
+Section = Callable[[argparse.Namespace], dict[str, float]]
+
+
+async def _timed(total: int, in_flight: int, op: Callable[[int], Awaitable[Any]]) -> float:
+    """Run ``op(i)`` for i in range(total) with ``in_flight`` concurrent workers; returns ops per second."""
+    counter = iter(range(total))
+
+    async def worker() -> None:
+        for i in counter:
+            await op(i)
+
+    start = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(in_flight)])
+    return total / (time.perf_counter() - start)
+
+
+async def _store_figures(url: str, scale: float) -> dict[str, float]:
+    client = StoreClient(url, token=TOKEN)
+    figures: dict[str, float] = {}
+    n = int(2_000 * scale)
+    try:
+        await client.stats()  # warm the connection pool
+        # enqueue (batched, 500 per request)
+        start = time.perf_counter()
+        total = 0
+        for b in range(8):
+            reqs = [RolloutRequest(rollout_id=f"b{b}-{i}", input={"task": i}) for i in range(int(500 * scale) + 1)]
+            total += len(await client.enqueue_rollouts(reqs))
+        figures["enqueue_batched_rollouts_per_s"] = total / (time.perf_counter() - start)
+
+        async def dequeue(_: int) -> None:
+            assert await client.dequeue_rollout(worker_id="bench") is not None
+
+        figures["dequeue_per_s_1_in_flight"] = await _timed(n, 1, dequeue)
+        figures["dequeue_per_s_8_in_flight"] = await _timed(n, 8, dequeue)
+
+        # enqueue + dequeue one at a time (the runner's hot loop without the agent)
+        async def round_trip(i: int) -> None:
+            await client.enqueue_rollout(i, rollout_id=f"rt-{i}")
+            assert await client.dequeue_rollout(worker_id="bench") is not None
+
+        figures["enqueue_then_dequeue_pairs_per_s_1_in_flight"] = await _timed(n // 2, 1, round_trip)
+
+        claim = await client.dequeue_rollout()
+        assert claim is not None
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        spans = [make_span(rid, aid, i) for i in range(int(200_000 * scale))]
+
+        async def add_one(i: int) -> None:
+            await client.add_spans([spans[i]])
+
+        figures["single_span_adds_per_s_1_in_flight"] = await _timed(n, 1, add_one)
+
+        async def add_one_more(i: int) -> None:
+            await client.add_spans([spans[n + i]])
+
+        figures["single_span_adds_per_s_8_in_flight"] = await _timed(n, 8, add_one_more)
+
+        batch = 500
+        offset = 2 * n
+        n_batches = (len(spans) - offset) // batch // 2
+
+        async def add_batch(i: int) -> None:
+            await client.add_spans(spans[offset + i * batch : offset + (i + 1) * batch])
+
+        figures["batched_spans_per_s_1_in_flight"] = await _timed(n_batches, 1, add_batch) * batch
+        offset += n_batches * batch
+        figures["batched_spans_per_s_4_in_flight"] = await _timed(n_batches, 4, add_batch) * batch
+        stats = await client.stats()
+        assert stats.spans == offset + n_batches * batch, "every span must be stored exactly once"
+    finally:
+        await client.close()
+    return figures
+
+
+def store_section(args: argparse.Namespace) -> dict[str, float]:
+    """Served SQLite store: enqueue/dequeue and span writes over loopback."""
+    with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp, ServedStoreProcess(
+        Path(tmp) / "bench.db", token=TOKEN
+    ) as server:
+        return asyncio.run(_store_figures(server.url, 0.25 if args.quick else 1.0))
+
+
+SECTIONS: list[tuple[str, Section]] = [("store", store_section)]
+"""Benchmark sections in run order: (name, function). Figures are prefixed with the section name."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test of the script)")
+    parser.add_argument("--only", default=None, help="comma-separated section names to run")
+    args = parser.parse_args(argv)
+    wanted = None if args.only is None else set(args.only.split(","))
+    everything: dict[str, float] = {}
+    for name, section in SECTIONS:
+        if wanted is not None and name not in wanted:
+            continue
+        figures = section(args)
+        print(f"\n{name}: {section.__doc__ or ''}".rstrip())
+        width = max(len(k) for k in figures)
+        for key, value in figures.items():
+            print(f"  {key:<{width}}  {value:>12,.0f}")
+            everything[f"{name}.{key}"] = round(value, 1)
+    sys.stdout.flush()
+    print(json.dumps(everything))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""LLM proxy: latency it adds per request, over real loopback HTTP.
+
+Run: ``.venv/bin/python benchmarks/proxy_bench.py [--requests N] [--quick]``
+
+Setup: the scripted model server (``agentlightning.testing.ScriptedModelServer``) runs in its own process; each
+proxy configuration runs in its own process too (so the client, the proxy and the backend do not share a GIL).
+One aiohttp client in this process sends ``--requests`` sequential chat completions (a two-message prompt, a
+short reply), alternating one request straight to the backend with one through the proxy, so both see the same
+machine load. The backend request is the one the proxy would forward (token ids and logprobs asked for), so the
+difference is only the proxy's own work: receive, parse, forward, read the ids, record the call, answer.
+
+Configurations: ``sync`` (the default: each call written to an in-memory store before answering), ``background``
+(writes batched), ``sqlite-sync`` (``agl proxy serve --db``: one SQLite commit per call before answering), and
+``stream`` (the same request with ``stream: true``, timed to the last byte).
+
+Prints a table and ends with ONE line: a JSON object of every figure (milliseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+
+HERE = os.path.abspath(__file__)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---------------------------------------------------------------- child processes
+def _serve_backend() -> None:
+    from agentlightning.testing import ScriptedModelServer
+
+    with ScriptedModelServer(lambda body: "The answer is 42.") as server:
+        print(server.url, flush=True)
+        sys.stdin.read()  # until the parent closes it
+
+
+def _serve_proxy(backend: str, port: int, record: str) -> None:
+    import uvicorn
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.store import MemoryStore
+
+    proxy = LLMProxy(MemoryStore(), [backend], record=record)  # type: ignore[arg-type]
+    uvicorn.run(proxy.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+async def _wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            try:
+                async with http.get(url) as resp:
+                    if resp.status < 500:
+                        return
+            except aiohttp.ClientError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server process exited with {proc.returncode}") from None
+                await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+# ---------------------------------------------------------------- measurement
+BODY = {"model": "toy", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "6*7?"}]}
+
+
+async def _timed(http: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    start = time.perf_counter()
+    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}")
+    return (time.perf_counter() - start) * 1000.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _measure(backend: str, proxy: str, n: int, stream: bool, pids: tuple[int, int]) -> dict[str, float]:
+    agent_body = dict(BODY, stream=stream)
+    backend_body = dict(agent_body, return_token_ids=True, logprobs=True)  # what the proxy forwards
+    direct_url = f"{backend}/v1/chat/completions"
+    proxy_url = f"{proxy}/rollout/ro-bench/attempt/at-bench/v1/chat/completions"
+    raw_direct, raw_proxy = json.dumps(backend_body).encode(), json.dumps(agent_body).encode()
+    direct: list[float] = []
+    proxied: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as http:
+        for _ in range(min(100, n // 5)):  # warm-up: connections, caches
+            await _timed(http, direct_url, raw_direct)
+            await _timed(http, proxy_url, raw_proxy)
+        cpu_before = [_cpu_seconds(pid) for pid in pids]
+        for i in range(n):
+            if i % 2:
+                direct.append(await _timed(http, direct_url, raw_direct))
+                proxied.append(await _timed(http, proxy_url, raw_proxy))
+            else:
+                proxied.append(await _timed(http, proxy_url, raw_proxy))
+                direct.append(await _timed(http, direct_url, raw_direct))
+        cpu_after = [_cpu_seconds(pid) for pid in pids]
+    figures = _figures(direct, proxied)
+    # CPU the proxy process spent per request: what it adds on an idle machine, whatever the load here.
+    figures["proxy_cpu_per_request_ms"] = (cpu_after[0] - cpu_before[0]) * 1000.0 / n
+    # the backend serves both paths: 2n requests
+    figures["backend_cpu_per_request_ms"] = (cpu_after[1] - cpu_before[1]) * 1000.0 / (2 * n)
+    return figures
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _figures(direct: list[float], proxied: list[float]) -> dict[str, float]:
+    diffs = [p - d for p, d in zip(proxied, direct, strict=True)]
+    return {
+        "direct_p50_ms": _pct(direct, 0.5),
+        "direct_p99_ms": _pct(direct, 0.99),
+        "proxy_p50_ms": _pct(proxied, 0.5),
+        "proxy_p99_ms": _pct(proxied, 0.99),
+        "added_p50_ms": _pct(proxied, 0.5) - _pct(direct, 0.5),
+        "added_p99_ms": _pct(proxied, 0.99) - _pct(direct, 0.99),
+        "added_mean_ms": statistics.fmean(diffs),
+    }
+
+
+async def _run(n: int) -> dict[str, Any]:
+    py = sys.executable
+    children: list[subprocess.Popen[str]] = []
+    results: dict[str, Any] = {"requests": n}
+    try:
+        backend_proc = _spawn([py, HERE, "_backend"])
+        children.append(backend_proc)
+        assert backend_proc.stdout is not None
+        backend = backend_proc.stdout.readline().strip()
+        await _wait_ready(f"{backend}/v1/models", backend_proc)
+        tmp = tempfile.mkdtemp(prefix="agl-proxy-bench-")
+        configs: list[tuple[str, list[str], bool]] = []
+        for record in ("sync", "background"):
+            configs.append((record, [py, HERE, "_proxy", backend, "{port}", record], False))
+        agl = [py, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
+        sqlite_cmd = [*agl, "proxy", "serve", "--db", os.path.join(tmp, "bench.db"), "--backend", backend]
+        configs.append(("sqlite-sync", [*sqlite_cmd, "--port", "{port}"], False))
+        configs.append(("stream", [py, HERE, "_proxy", backend, "{port}", "sync"], True))
+        for name, template, stream in configs:
+            port = _free_port()
+            proc = _spawn([part.replace("{port}", str(port)) for part in template])
+            children.append(proc)
+            url = f"http://127.0.0.1:{port}"
+            await _wait_ready(f"{url}/v1/models", proc)
+            results[name] = await _measure(backend, url, n, stream, (proc.pid, backend_proc.pid))
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        for proc in children:
+            if proc.poll() is None:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.terminate()
+                proc.wait(timeout=30)
+    return results
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_backend":
+        _serve_backend()
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_proxy":
+        _serve_proxy(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1000, help="timed requests per configuration and path")
+    parser.add_argument("--quick", action="store_true", help="200 requests per configuration")
+    args = parser.parse_args()
+    n = 200 if args.quick else args.requests
+    results = asyncio.run(_run(n))
+    header = f"{'config':<12} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'direct p99':>10} "
+    header += f"{'proxy p99':>10} {'added p99':>10} {'added mean':>10} {'proxy CPU':>10} {'backend CPU':>11}"
+    print(f"LLM proxy added latency, {n} sequential requests per path, ms; load average {os.getloadavg()[0]:.1f}")
+    print("(CPU = process CPU time per request; on a loaded machine wall-clock latency is dominated by scheduling)")
+    print(header)
+    for name, fig in results.items():
+        if not isinstance(fig, dict):
+            continue
+        print(
+            f"{name:<12} {fig['direct_p50_ms']:>10.3f} {fig['proxy_p50_ms']:>10.3f} {fig['added_p50_ms']:>10.3f} "
+            f"{fig['direct_p99_ms']:>10.3f} {fig['proxy_p99_ms']:>10.3f} {fig['added_p99_ms']:>10.3f} "
+            f"{fig['added_mean_ms']:>10.3f} {fig['proxy_cpu_per_request_ms']:>10.3f} "
+            f"{fig['backend_cpu_per_request_ms']:>11.3f}"
+        )
+    flat: dict[str, Any] = {"benchmark": "proxy_latency", "requests": n, "load_average": os.getloadavg()[0]}
+    for name, fig in results.items():
+        if isinstance(fig, dict):
+            for key, value in fig.items():
+                flat[f"{name.replace('-', '_')}_{key}"] = round(value, 4)
+    print(json.dumps(flat))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Streaming through the proxy: relaying SSE bytes as they come while assembling the call to record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiohttp
+from starlette.responses import StreamingResponse
+
+from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler, loads
+
+__all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
+
+Meta = tuple[str, str, str, dict[str, Any], str, float]  # call id, rollout, attempt, request, backend, start
+
+
+RecordFn = Callable[[Meta, dict[str, Any] | None, Extracted], Awaitable[None]]
+
+
+@dataclass
+class StreamState:
+    assembler: StreamAssembler
+    meta: Meta | None
+    backend: str
+    recorded: bool = False
+    error: str | None = None
+
+
+class TrackedStream(StreamingResponse):
+    """A streaming response that always reports its end, even when the agent leaves before it starts."""
+
+    on_close: Callable[[], None] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+
+async def relay(resp: aiohttp.ClientResponse, state: StreamState, record: RecordFn) -> AsyncIterator[bytes]:
+    """Pass the backend's SSE bytes through event by event, feeding the assembler; record before ``[DONE]``."""
+    parser = SSEParser()
+    assembler = state.assembler
+    try:
+        async for chunk in resp.content.iter_any():
+            out: list[bytes] = []
+            for raw, data in parser.feed(chunk):
+                if data is not None and data.strip() == "[DONE]":
+                    if out:
+                        yield b"".join(out)
+                        out = []
+                    # record before the agent sees the end, so the record exists when its span ends
+                    if state.meta is not None and not state.recorded:
+                        state.recorded = True
+                        await record(state.meta, assembler.response(), assembler.extracted())
+                elif data is not None:
+                    with contextlib.suppress(ValueError):
+                        parsed = loads(data)
+                        if isinstance(parsed, dict):
+                            assembler.feed(cast(dict[str, Any], parsed))
+                out.append(raw)
+            if out:
+                yield b"".join(out)
+        rest = parser.rest()
+        if rest:
+            yield rest
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        state.error = f"stream from backend {state.backend} broke: {exc!r}"
+    except (asyncio.CancelledError, GeneratorExit):
+        state.error = "agent disconnected before the stream ended"
+        raise

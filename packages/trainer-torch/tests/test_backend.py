@@ -1,0 +1,248 @@
+"""The local backend over real HTTP, with the real openai client, in vLLM's token-id wire format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from agentlightning_torch import (
+    CALCULATOR_TOOL,
+    BackendServer,
+    CalcChatTemplate,
+    CharTokenizer,
+    LocalBackend,
+    SamplingParams,
+    serve_backend,
+)
+from transformers import LlamaForCausalLM
+
+USER = [{"role": "user", "content": "Q:2*3+4="}]
+TOKEN_IDS = {"return_token_ids": True}
+
+
+@pytest.fixture
+def server(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> Iterator[BackendServer]:
+    backend = LocalBackend(calc_model, tokenizer, batch_wait_ms=2.0)
+    running = serve_backend(backend)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server: BackendServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def extra(obj: Any, name: str) -> Any:
+    """A field the OpenAI types do not declare (they keep unknown fields)."""
+    return (obj.model_extra or {})[name]
+
+
+def test_chat_returns_prompt_and_response_token_ids(
+    client: openai.OpenAI, template: CalcChatTemplate, tokenizer: CharTokenizer
+) -> None:
+    response = client.chat.completions.create(
+        model="tiny-calc",
+        messages=USER,
+        temperature=0.0,
+        max_tokens=20,
+        logprobs=True,
+        extra_body=TOKEN_IDS,  # type: ignore[arg-type]
+    )
+    assert extra(response, "prompt_token_ids") == template.render(USER)
+    choice = response.choices[0]
+    token_ids = extra(choice, "token_ids")
+    assert token_ids == [*tokenizer.encode("CALC(2*3+4)"), tokenizer.eos_token_id]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content == "CALC(2*3+4)"  # no tools declared: plain text
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    entries = choice.logprobs.content
+    assert [e.token for e in entries] == tokenizer.convert_ids_to_tokens(token_ids)
+    assert all(e.logprob <= 0 and e.bytes is None and e.top_logprobs == [] for e in entries)
+    assert response.usage is not None and response.usage.completion_tokens == len(token_ids)
+
+
+def test_tool_round_trip_prefix_extends(client: openai.OpenAI, tokenizer: CharTokenizer) -> None:
+    first = client.chat.completions.create(
+        model="tiny-calc",
+        messages=USER,
+        tools=[CALCULATOR_TOOL],
+        temperature=0.0,
+        extra_body=TOKEN_IDS,  # type: ignore[arg-type, list-item]
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "2*3+4"}
+    messages = [
+        *USER,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "10"},
+    ]
+    second = client.chat.completions.create(
+        model="tiny-calc",
+        messages=messages,
+        tools=[CALCULATOR_TOOL],
+        temperature=0.0,
+        extra_body=TOKEN_IDS,  # type: ignore[arg-type, list-item]
+    )
+    expected = extra(first, "prompt_token_ids") + extra(choice, "token_ids") + tokenizer.encode("R:10\n")
+    assert extra(second, "prompt_token_ids") == expected
+    assert second.choices[0].message.content == "A:10"
+    assert second.choices[0].finish_reason == "stop"
+
+
+def test_stream_carries_token_ids_and_matches_non_streamed(client: openai.OpenAI, template: CalcChatTemplate) -> None:
+    kwargs: dict[str, Any] = {"model": "tiny-calc", "messages": USER, "temperature": 1.0, "seed": 123, "max_tokens": 12}
+    plain = client.chat.completions.create(**kwargs, logprobs=True, extra_body=TOKEN_IDS)
+    stream = client.chat.completions.create(
+        **kwargs, logprobs=True, stream=True, stream_options={"include_usage": True}, extra_body=TOKEN_IDS
+    )
+    chunks = list(stream)
+    assert extra(chunks[0], "prompt_token_ids") == template.render(USER)
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    text = ""
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            token_ids += (choice.model_extra or {}).get("token_ids", [])
+            if choice.logprobs and choice.logprobs.content:
+                logprobs += [e.logprob for e in choice.logprobs.content]
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert token_ids == extra(plain.choices[0], "token_ids")
+    assert plain.choices[0].logprobs and plain.choices[0].logprobs.content
+    assert logprobs == pytest.approx([e.logprob for e in plain.choices[0].logprobs.content], abs=1e-4)
+    assert text == (plain.choices[0].message.content or "")
+    assert finish == plain.choices[0].finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(token_ids)
+
+
+def test_streamed_tool_call(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="tiny-calc",
+        messages=USER,
+        tools=[CALCULATOR_TOOL],
+        temperature=0.0,
+        stream=True,
+        extra_body=TOKEN_IDS,  # type: ignore[arg-type, list-item]
+    )
+    calls: list[Any] = []
+    content = ""
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            calls += choice.delta.tool_calls or []
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert content == "" and finish == "tool_calls"
+    assert len(calls) == 1 and calls[0].function.name == "calculator"
+    assert json.loads(calls[0].function.arguments) == {"expression": "2*3+4"}
+
+
+async def test_concurrent_requests_are_generated_in_one_batch(server: BackendServer) -> None:
+    backend = server.backend
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    backend.pause()
+    before = backend.stats.batches
+    calls = [
+        client.chat.completions.create(model="tiny-calc", messages=USER, max_tokens=8, seed=i, extra_body=TOKEN_IDS)  # type: ignore[arg-type]
+        for i in range(6)
+    ]
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    while backend.queue_depth < 6:
+        await asyncio.sleep(0.01)
+    backend.resume()
+    responses = await asyncio.gather(*tasks)
+    await client.close()
+    assert backend.stats.batches == before + 1
+    assert backend.stats.last_batch_size == 6 and backend.stats.max_batch_size >= 6
+    assert all(extra(r.choices[0], "token_ids") for r in responses)
+
+
+def test_n_choices(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model="tiny-calc",
+        messages=USER,
+        n=3,
+        max_tokens=5,
+        seed=1,
+        extra_body=TOKEN_IDS,  # type: ignore[arg-type]
+    )
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert all(len(extra(c, "token_ids")) >= 1 for c in response.choices)
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ({"messages": [{"role": "user", "content": "hello"}]}, "'h'"),
+        ({"messages": USER, "stop": ["\n"]}, "stop sequences"),
+        ({"messages": USER, "max_tokens": 500}, "context"),
+        ({"messages": USER, "temperature": -1}, "temperature"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_bad_requests_get_clear_400s(server: BackendServer, body: dict[str, Any], match: str) -> None:
+    reply = httpx.post(f"{server.base_url}/chat/completions", json={"model": "tiny-calc", **body})
+    assert reply.status_code == 400
+    message = reply.json()["error"]["message"]
+    assert match in message
+    assert server.backend.queue_depth == 0
+
+
+def test_completions_and_models(server: BackendServer, tokenizer: CharTokenizer) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny-calc"]
+    completion = client.completions.create(
+        model="tiny-calc", prompt="Q:2*3+4=\n", temperature=0.0, max_tokens=20, logprobs=2, extra_body=TOKEN_IDS
+    )
+    choice = completion.choices[0]
+    assert extra(choice, "prompt_token_ids") == tokenizer.encode("Q:2*3+4=\n", add_bos=True)
+    assert extra(choice, "token_ids")[:-1] == tokenizer.encode("CALC(2*3+4)")
+    assert choice.text == "CALC(2*3+4)"
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    assert len(choice.logprobs.token_logprobs) == len(extra(choice, "token_ids"))
+    assert choice.logprobs.top_logprobs and all(len(t) == 2 for t in choice.logprobs.top_logprobs)
+
+
+def test_weight_swap_changes_outputs_and_version(
+    server: BackendServer, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer
+) -> None:
+    backend = server.backend
+    prompt = CalcChatTemplate(tokenizer).render(USER)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    before = backend.generate(prompt, greedy)
+    assert backend.model_version == 0
+    assert backend.update_weights(make_small_model(tokenizer, seed=99)) == 1
+    after = backend.generate(prompt, greedy)
+    assert after.token_ids != before.token_ids
+    assert httpx.get(f"{server.url}/health").json()["model_version"] == 1
+    with pytest.raises(RuntimeError):
+        backend.load_state_dict({"not.a.weight": torch.zeros(1)})
+    assert backend.model_version == 1
+
+
+def test_backend_validates_input(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> None:
+    with pytest.raises(ValueError, match="tokenizer is required"):
+        LocalBackend(calc_model)
+    backend = LocalBackend(calc_model, tokenizer)
+    with pytest.raises(RuntimeError, match="not started"):
+        backend.submit([2, 3], SamplingParams())
+    backend.start()
+    try:
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            backend.submit([2, 500], SamplingParams())
+        with pytest.raises(ValueError, match="empty"):
+            backend.submit([], SamplingParams())
+    finally:
+        backend.stop()
