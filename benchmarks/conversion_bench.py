@@ -27,12 +27,14 @@ from agentlightning import (
     CreditConfig,
     LLMCall,
     Span,
+    TrainingSample,
     Transition,
     TransitionBuilder,
     TransitionConfig,
     build_training_batch,
 )
 from agentlightning import semconv as sc
+from agentlightning.credit import _batch as batch_module
 from agentlightning.transitions import TransitionDiagnostics
 from agentlightning.transitions import _builder as builder_module
 
@@ -176,7 +178,7 @@ def main() -> None:
     ]
     figures: dict[str, float] = {"rollouts": args.rollouts, "calls_per_rollout": args.calls, "spans": n_spans}
     header = (
-        f"{'scenario':<36}{'samples':>8}{'build/s cpu':>13}{'batch/s cpu':>13}{'total/s cpu':>13}"
+        f"{'scenario':<42}{'samples':>8}{'build/s cpu':>13}{'batch/s cpu':>13}{'total/s cpu':>13}"
         f"{'total/s wall':>14}{'median wall':>13}"
     )
     print("LLM calls converted per second (best of", args.repeat, "runs; 'median wall' is the median run)")
@@ -198,7 +200,7 @@ def main() -> None:
         }
         figures.update({f"{name}.{k}": round(v) for k, v in row.items()})
         print(
-            f"{name:<36}{row['samples']:>8}{row['build_calls_per_s_cpu']:>13,.0f}{row['batch_calls_per_s_cpu']:>13,.0f}"
+            f"{name:<42}{row['samples']:>8}{row['build_calls_per_s_cpu']:>13,.0f}{row['batch_calls_per_s_cpu']:>13,.0f}"
             f"{row['total_calls_per_s_cpu']:>13,.0f}{row['total_calls_per_s_wall']:>14,.0f}"
             f"{row['median_total_calls_per_s_wall']:>13,.0f}"
         )

@@ -102,9 +102,10 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
 
 def store_section(args: argparse.Namespace) -> dict[str, float]:
     """Served SQLite store: enqueue/dequeue and span writes over loopback."""
-    with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp, ServedStoreProcess(
-        Path(tmp) / "bench.db", token=TOKEN
-    ) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
+        ServedStoreProcess(Path(tmp) / "bench.db", token=TOKEN) as server,
+    ):
         return asyncio.run(_store_figures(server.url, 0.25 if args.quick else 1.0))
 
 

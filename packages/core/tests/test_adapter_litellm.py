@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from agentlightning.adapters import Adapter, LiteLLMAdapter
 from agentlightning.testing import AdapterConformanceTests
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 litellm = pytest.importorskip("litellm")
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import aiohttp
 import pytest
 import uvicorn
-
 from agentlightning import StoreClient
 from agentlightning.cli import main as agl_main
 from agentlightning.store import ConflictError, MemoryStore, NotFoundError, RetryPolicy, StoreError
@@ -124,7 +123,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str]] = [
     ("/v1/rollouts/wait", b'{"rollout_ids": ["a"], "timeout": 1e9}', 422, "timeout"),
     ("/v1/resources", b'{"resources_id": "x", "items": {"a": {"kind": "weird"}}}', 422, "items.a"),
     ("/v1/rollouts/query", b'{"status": ["sleeping"]}', 422, "status.0"),
-    ("/v1/rollouts/query", b"\xff\xfe not utf8", 400, "malformed JSON"),
+    ("/v1/rollouts/query", b"\xff\xfe not utf8", 422, "malformed JSON"),
 ]
 
 
@@ -153,8 +152,12 @@ async def test_span_batch_with_one_bad_span_stores_nothing(http: aiohttp.ClientS
     assert await _snapshot(client) == before
 
 
-async def test_json_body_without_content_type_is_named(http: aiohttp.ClientSession) -> None:
-    async with http.post("/v1/rollouts/query", data=b"{}", headers={**AUTH, "Content-Type": "text/plain"}) as resp:
+async def test_content_type_is_named_when_the_body_is_not_json(http: aiohttp.ClientSession) -> None:
+    # curl -d sends form-encoded bodies: a JSON body is still accepted, anything else is explained
+    form = {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}
+    async with http.post("/v1/rollouts/query", data=b"{}", headers=form) as resp:
+        assert resp.status == 200
+    async with http.post("/v1/rollouts/query", data=b"status=queuing", headers=form) as resp:
         assert resp.status == 422
         assert "Content-Type: application/json" in (await resp.json())["message"]
 
@@ -305,7 +308,9 @@ def test_openapi_lists_every_endpoint_with_typed_bodies(server: _Server) -> None
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 
-def test_serve_refuses_public_host_without_token(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_public_host_without_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("AGL_STORE_TOKEN", raising=False)
     assert agl_main(["store", "serve", "--memory", "--host", "0.0.0.0", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err

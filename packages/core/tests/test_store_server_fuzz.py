@@ -9,11 +9,10 @@ import tempfile
 from pathlib import Path
 
 import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-
 from agentlightning.store import SqliteStore
 from agentlightning.store._server import create_store_app
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -48,6 +48,9 @@ class TestSqliteStore(StoreConformanceTests):
 class TestSqliteStoreFullSync(TestSqliteStore):
     """The same semantics with ``synchronous=FULL`` (fsync on every commit)."""
 
+    # sharing between processes does not depend on fsync; TestSqliteStore covers it (saves ~10 s of spawns)
+    supports_processes = False
+
     @pytest.fixture
     async def store_factory(self, tmp_path: Path) -> AsyncIterator[StoreFactory]:
         stores: list[SqliteStore] = []

@@ -46,5 +46,5 @@ def test_verl_actor_update_step_on_cpu() -> None:
     algo = result["algorithm_update_metrics"]
     assert algo["batch/samples"] == 4.0
     assert algo["batch/reward_mean"] == pytest.approx(0.5)
-    assert algo["actor/actor/pg_clipfrac"] == 0.0
+    assert algo["actor/pg_clipfrac"] == 0.0
     assert algo["actor/grad_norm"] > 0

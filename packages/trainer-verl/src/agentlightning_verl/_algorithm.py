@@ -227,7 +227,8 @@ class RayVerlBackend:
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """As ``RayPPOTrainer._update_critic``."""
         td = self._td(data, **self._mini_batch_meta(self.cfg.critic))
-        return {f"critic/{k}": v for k, v in _metrics_of(self.critic_wg.train_mini_batch(td).get()).items()}
+        metrics = _metrics_of(self.critic_wg.train_mini_batch(td).get())
+        return {k if k.startswith("critic/") else f"critic/{k}": v for k, v in metrics.items()}
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """As ``RayPPOTrainer._update_actor``."""
@@ -240,7 +241,8 @@ class RayVerlBackend:
             compute_loss=True,
             **self._mini_batch_meta(actor),
         )
-        return {f"actor/{k}": v for k, v in _metrics_of(self.actor_wg.update_actor(td)).items()}
+        metrics = _metrics_of(self.actor_wg.update_actor(td))
+        return {k if k.startswith("actor/") else f"actor/{k}": v for k, v in metrics.items()}
 
     async def sync_weights(self, step: int) -> None:
         """verl's ``CheckpointEngineManager.update_weights``: actor weights -> every vLLM replica."""

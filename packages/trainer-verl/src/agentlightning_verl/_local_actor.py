@@ -209,7 +209,7 @@ class LocalVerlBackend:
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """See `LocalVerlActor.update`."""
-        return {f"actor/{k}": v for k, v in self.actor.update(data).items()}
+        return {k if k.startswith("actor/") else f"actor/{k}": v for k, v in self.actor.update(data).items()}
 
     async def sync_weights(self, step: int) -> None:
         """Nothing to sync to; records the step."""

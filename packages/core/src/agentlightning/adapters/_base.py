@@ -199,6 +199,26 @@ class Adapter(ABC):
             self._instrumented = False
             logger.debug("uninstrumented %s", self.NAME)
 
+    def pending(self) -> int:
+        """Calls seen but not yet recorded (adapters whose framework reports calls late, e.g. LiteLLM)."""
+        return 0
+
+    async def adrain(self, timeout: float = 5.0) -> bool:
+        """Wait until `pending` is 0 (the framework reported every call); call before flushing a rollout.
+
+        Returns:
+            ``True`` when nothing is pending, ``False`` when ``timeout`` passed first.
+        """
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.pending() > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
     @abstractmethod
     def _instrument(self) -> None:
         """Hook the framework (called once per instrument cycle, version already checked)."""

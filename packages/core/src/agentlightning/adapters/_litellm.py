@@ -127,6 +127,10 @@ class LiteLLMAdapter(Adapter):
         if self._callback not in litellm.callbacks:
             litellm.callbacks.append(self._callback)
 
+    def pending(self) -> int:
+        """LiteLLM calls started but not reported yet (LiteLLM reports from a background task or thread)."""
+        return 0 if self._callback is None else len(self._callback._contexts)
+
     def _uninstrument(self) -> None:
         import litellm
 

@@ -242,7 +242,8 @@ class Runner:
             ``auto``: ``async`` for async agents, else ``process`` when the store can be reopened, the agent
             can be imported by a child process and ``n_workers > 1``, else ``thread``.
         heartbeat_interval: Seconds between heartbeats of a running attempt (keep well under the store's
-            ``RetryPolicy.heartbeat_timeout``).
+            ``RetryPolicy.heartbeat_timeout``). Async agents beat from the runner's loop: an async agent that
+            blocks the loop for longer than the timeout is taken for dead.
         poll_interval: Seconds to wait before asking again when the queue is empty.
         max_rollouts: Stop after claiming this many rollouts (``None``: no limit).
         rollout_timeout: Seconds an attempt may run before it is ended as ``timeout`` (``None``: no limit).

@@ -30,11 +30,9 @@ a body is validated as a whole before the store is called.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -44,14 +42,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from agentlightning._models import Attempt, Resources, Rollout
-from agentlightning.store._base import (
-    ConflictError,
-    LightningStore,
-    NotFoundError,
-    RetryPolicy,
-    StoreError,
-    StoreStats,
-)
+from agentlightning.store._asgi import OPEN_PATHS, FastRoute, GuardMiddleware, classify_error, describe_validation
+from agentlightning.store._base import LightningStore, RetryPolicy, StoreError, StoreStats
 from agentlightning.store._wire import (
     API_PREFIX,
     AddedResponse,
@@ -83,15 +75,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """Largest request body accepted by default (32 MiB); larger ones get 413."""
 
-_OPEN_PATHS = frozenset({"/healthz"})
 _DEQUEUE_MEMORY_SECONDS = 300.0
 _DEQUEUE_MEMORY_SIZE = 10_000
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class _Json(Response):
@@ -104,100 +89,6 @@ def _json(model: BaseModel, status_code: int = 200) -> Response:
 
 def _error(status_code: int, error: str, message: str) -> Response:
     return _json(ErrorResponse(error=error, message=message), status_code)
-
-
-def _error_bytes(error: str, message: str) -> bytes:
-    return ErrorResponse(error=error, message=message).model_dump_json().encode()
-
-
-class _GuardMiddleware:
-    """Bearer-token check and body-size limit, as plain ASGI so they cost almost nothing per request."""
-
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.expected = f"bearer {token}".encode() if token else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length: int | None = None
-        authorization = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value
-            elif name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    await _send_error(send, 400, "invalid", "Content-Length is not a number")
-                    return
-        if self.expected is not None and scope["path"] not in _OPEN_PATHS:
-            # Scheme is case-insensitive (RFC 7235); the token is compared in constant time.
-            given = authorization[:7].lower() + authorization[7:]
-            if not hmac.compare_digest(given, self.expected):
-                reason = "missing" if not authorization else "wrong"
-                await _send_error(
-                    send, 401, "unauthorized", f"{reason} bearer token: send 'Authorization: Bearer <token>'"
-                )
-                return
-        if length is not None:
-            if length > self.max_body_bytes:
-                await _send_error(send, 413, "too_large", self._too_large(length))
-                return
-            await self.app(scope, receive, send)
-            return
-        # No Content-Length (chunked): count while buffering, then replay the body to the app.
-        chunks: list[bytes] = []
-        total = 0
-        more = scope["method"] not in ("GET", "HEAD")
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away
-            chunk: bytes = message.get("body", b"")
-            total += len(chunk)
-            if total > self.max_body_bytes:
-                await _send_error(send, 413, "too_large", self._too_large(total))
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay if chunks else receive, send)
-
-    def _too_large(self, size: int) -> str:
-        return f"request body of {size} bytes is over the limit of {self.max_body_bytes} bytes; send smaller batches"
-
-
-async def _send_error(send: Send, status: int, error: str, message: str) -> None:
-    body = _error_bytes(error, message)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _describe_validation(errors: Any) -> str:
-    parts: list[str] = []
-    for err in list(errors)[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        if err.get("type") == "json_invalid":
-            ctx = err.get("ctx") or {}
-            parts.append(f"malformed JSON: {ctx.get('error', err.get('msg', ''))}")
-        else:
-            parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
 
 
 class _DequeueMemory:
@@ -257,44 +148,209 @@ def create_store_app(
     dequeues = _DequeueMemory()
     not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "unknown id"}}
     conflict: dict[int | str, dict[str, Any]] = {409: {"model": ErrorResponse, "description": "conflicting state"}}
+    _install_error_handlers(app)
+
+    # --- the work of each POST endpoint, answering pre-serialised JSON bytes ---------------------------------
+
+    def dump(model: BaseModel) -> bytes:
+        return model.model_dump_json().encode()
+
+    async def do_enqueue(body: EnqueueRequest) -> bytes:
+        return dump(RolloutsResponse.model_construct(rollouts=await store.enqueue_rollouts(body.requests)))
+
+    async def do_dequeue(body: DequeueRequest) -> bytes:
+        if body.request_id is None:
+            return dump(DequeueResponse.model_construct(claim=await store.dequeue_rollout(body.worker_id)))
+        fut, first = dequeues.get_or_start(body.request_id)
+        if first:
+            try:
+                claim = await store.dequeue_rollout(body.worker_id)
+            except BaseException as exc:
+                dequeues.forget(body.request_id)
+                if isinstance(exc, asyncio.CancelledError):
+                    fut.cancel()
+                else:
+                    fut.set_exception(exc)
+                    fut.exception()  # mark retrieved: concurrent waiters re-raise it themselves
+                raise
+            fut.set_result(dump(DequeueResponse.model_construct(claim=claim)))
+        return await asyncio.shield(fut)
+
+    async def do_query_rollouts(body: QueryRolloutsRequest) -> bytes:
+        rollouts = await store.query_rollouts(status=body.status, rollout_ids=body.rollout_ids)
+        return dump(RolloutsResponse.model_construct(rollouts=rollouts))
+
+    async def do_cancel(body: RolloutRef) -> bytes:
+        return dump(await store.cancel_rollout(body.rollout_id))
+
+    async def do_wait(body: WaitRequest) -> bytes:
+        rollouts = await store.wait_for_rollouts(body.rollout_ids, timeout=body.timeout)
+        return dump(RolloutsResponse.model_construct(rollouts=rollouts))
+
+    async def do_heartbeat(body: AttemptRef) -> bytes:
+        return dump(await store.heartbeat(body.rollout_id, body.attempt_id))
+
+    async def do_finish(body: FinishRequest) -> bytes:
+        return dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
+
+    async def do_query_attempts(body: RolloutRef) -> bytes:
+        return dump(AttemptsResponse.model_construct(attempts=await store.query_attempts(body.rollout_id)))
+
+    async def do_check_timeouts(body: None) -> bytes:
+        return dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
+
+    async def do_add_spans(body: SpansRequest) -> bytes:
+        return dump(AddedResponse(added=await store.add_spans(body.spans)))
+
+    async def do_query_spans(body: RecordQuery) -> bytes:
+        return dump(SpansResponse.model_construct(spans=await store.query_spans(body.rollout_id, body.attempt_id)))
+
+    async def do_add_calls(body: LLMCallsRequest) -> bytes:
+        return dump(AddedResponse(added=await store.add_llm_calls(body.calls)))
+
+    async def do_query_calls(body: RecordQuery) -> bytes:
+        calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
+        return dump(LLMCallsResponse.model_construct(calls=calls))
+
+    async def do_add_resources(body: Resources) -> bytes:
+        if "\x00" in body.resources_id:
+            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
+        return dump(await store.add_resources(body))
+
+    async def do_get_resources(body: ResourcesQuery) -> bytes:
+        return dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
+
+    p = API_PREFIX
+    fast: dict[str, FastRoute] = {
+        f"{p}/rollouts/enqueue": (EnqueueRequest, do_enqueue),
+        f"{p}/rollouts/dequeue": (DequeueRequest, do_dequeue),
+        f"{p}/rollouts/query": (QueryRolloutsRequest, do_query_rollouts),
+        f"{p}/rollouts/cancel": (RolloutRef, do_cancel),
+        f"{p}/rollouts/wait": (WaitRequest, do_wait),
+        f"{p}/attempts/heartbeat": (AttemptRef, do_heartbeat),
+        f"{p}/attempts/finish": (FinishRequest, do_finish),
+        f"{p}/attempts/query": (RolloutRef, do_query_attempts),
+        f"{p}/attempts/check_timeouts": (None, do_check_timeouts),
+        f"{p}/spans": (SpansRequest, do_add_spans),
+        f"{p}/spans/query": (RecordQuery, do_query_spans),
+        f"{p}/llm_calls": (LLMCallsRequest, do_add_calls),
+        f"{p}/llm_calls/query": (RecordQuery, do_query_calls),
+        f"{p}/resources": (Resources, do_add_resources),
+        f"{p}/resources/get": (ResourcesQuery, do_get_resources),
+    }
+
+    # --- FastAPI routes: they document the API (and serve it if the fast path is bypassed) --------------------
+
+    @app.get("/healthz", response_model=HealthResponse, tags=["health"])
+    async def healthz() -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Liveness probe (open without a token)."""
+        return _json(HealthResponse())
+
+    @app.get(f"{p}/retry_policy", response_model=RetryPolicy, tags=["store"])
+    async def retry_policy() -> Response:  # pyright: ignore[reportUnusedFunction]
+        """The retry policy the store applies."""
+        return _json(store.retry_policy)
+
+    @app.get(f"{p}/stats", response_model=StoreStats, tags=["store"])
+    async def stats() -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Counts of what is stored."""
+        return _json(await store.stats())
+
+    @app.get(f"{p}/rollouts/{{rollout_id:path}}", response_model=Rollout, responses=not_found, tags=["rollouts"])
+    async def get_rollout(rollout_id: str) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """One rollout by id."""
+        return _json(await store.get_rollout(rollout_id))
+
+    @app.post(f"{p}/rollouts/enqueue", response_model=RolloutsResponse, tags=["rollouts"])
+    async def enqueue(body: EnqueueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged."""
+        return _Json(await do_enqueue(body))
+
+    @app.post(f"{p}/rollouts/dequeue", response_model=DequeueResponse, tags=["rollouts"])
+    async def dequeue(body: DequeueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back."""
+        return _Json(await do_dequeue(body))
+
+    @app.post(f"{p}/rollouts/query", response_model=RolloutsResponse, tags=["rollouts"])
+    async def query_rollouts(body: QueryRolloutsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Rollouts filtered by status and/or ids, in enqueue order."""
+        return _Json(await do_query_rollouts(body))
+
+    @app.post(f"{p}/rollouts/cancel", response_model=Rollout, responses={**not_found, **conflict}, tags=["rollouts"])
+    async def cancel(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Cancel a rollout that has not finished."""
+        return _Json(await do_cancel(body))
+
+    @app.post(f"{p}/rollouts/wait", response_model=RolloutsResponse, responses=not_found, tags=["rollouts"])
+    async def wait(body: WaitRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones."""
+        return _Json(await do_wait(body))
+
+    @app.post(f"{p}/attempts/heartbeat", response_model=Attempt, responses={**not_found, **conflict}, tags=["attempts"])
+    async def heartbeat(body: AttemptRef) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Record a sign of life of a running attempt."""
+        return _Json(await do_heartbeat(body))
+
+    @app.post(f"{p}/attempts/finish", response_model=Rollout, responses={**not_found, **conflict}, tags=["attempts"])
+    async def finish(body: FinishRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """End an attempt; the rollout moves on according to the retry policy."""
+        return _Json(await do_finish(body))
+
+    @app.post(f"{p}/attempts/query", response_model=AttemptsResponse, responses=not_found, tags=["attempts"])
+    async def query_attempts(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Attempts of a rollout in order."""
+        return _Json(await do_query_attempts(body))
+
+    @app.post(f"{p}/attempts/check_timeouts", response_model=AttemptsResponse, tags=["attempts"])
+    async def check_timeouts() -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Apply heartbeat and rollout timeouts now; returns the attempts that were ended."""
+        return _Json(await do_check_timeouts(None))
+
+    @app.post(f"{p}/spans", response_model=AddedResponse, responses=not_found, tags=["records"])
+    async def add_spans(body: SpansRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Store a batch of spans (idempotent on rollout, attempt and span id)."""
+        return _Json(await do_add_spans(body))
+
+    @app.post(f"{p}/spans/query", response_model=SpansResponse, tags=["records"])
+    async def query_spans(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Spans of a rollout (or one attempt)."""
+        return _Json(await do_query_spans(body))
+
+    @app.post(f"{p}/llm_calls", response_model=AddedResponse, responses=not_found, tags=["records"])
+    async def add_llm_calls(body: LLMCallsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Store a batch of LLM-proxy records (idempotent on call id)."""
+        return _Json(await do_add_calls(body))
+
+    @app.post(f"{p}/llm_calls/query", response_model=LLMCallsResponse, tags=["records"])
+    async def query_llm_calls(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """LLM calls of a rollout (or one attempt)."""
+        return _Json(await do_query_calls(body))
+
+    @app.post(f"{p}/resources", response_model=Resources, tags=["resources"])
+    async def add_resources(body: Resources) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Store a new resources version (a known ``resources_id`` returns the stored one)."""
+        return _Json(await do_add_resources(body))
+
+    @app.post(f"{p}/resources/get", response_model=ResourcesResponse, responses=not_found, tags=["resources"])
+    async def get_resources(body: ResourcesQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Resources by id, or the latest version."""
+        return _Json(await do_get_resources(body))
+
+    _add_bearer_scheme(app, token is not None)
+    app.add_middleware(GuardMiddleware, token=token, max_body_bytes=max_body_bytes, fast=fast)  # pyright: ignore[reportArgumentType]
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Map errors on the FastAPI routes to the same JSON answers as the fast path."""
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid_request(request: Request, exc: RequestValidationError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        message = _describe_validation(exc.errors())
+        message = describe_validation(exc.errors())
         content_type = request.headers.get("content-type", "")
         if content_type and "json" not in content_type:
             message = f"expected a JSON body (Content-Type: application/json), got {content_type!r}; {message}"
         return _error(422, "invalid", message)
-
-    @app.exception_handler(NotFoundError)
-    async def _on_not_found(request: Request, exc: NotFoundError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(404, "not_found", str(exc))
-
-    @app.exception_handler(ConflictError)
-    async def _on_conflict(request: Request, exc: ConflictError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(409, "conflict", str(exc))
-
-    @app.exception_handler(StoreError)
-    async def _on_store_error(request: Request, exc: StoreError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(400, "invalid", str(exc))
-
-    @app.exception_handler(ValidationError)
-    async def _on_model_error(request: Request, exc: ValidationError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(422, "invalid", _describe_validation(exc.errors()))
-
-    @app.exception_handler(OverflowError)
-    async def _on_overflow(request: Request, exc: OverflowError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(422, "invalid", f"a number is too large to store (integers are limited to 64 bits): {exc}")
-
-    @app.exception_handler(KeyError)
-    async def _on_key_error(request: Request, exc: KeyError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        # A backend lookup that missed without raising NotFoundError: still an unknown id, not a server failure.
-        logger.warning("store raised a bare KeyError for %s: %r", request.url.path, exc)
-        return _error(404, "not_found", f"unknown id: {exc}")
-
-    @app.exception_handler(ValueError)
-    async def _on_value_error(request: Request, exc: ValueError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return _error(400, "invalid", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http_error(request: Request, exc: StarletteHTTPException) -> Response:  # pyright: ignore[reportUnusedFunction]
@@ -304,133 +360,15 @@ def create_store_app(
             message = f"malformed JSON body (not decodable as UTF-8 JSON): {message}"
         return _error(exc.status_code, kinds.get(exc.status_code, "invalid"), message)
 
-    @app.exception_handler(Exception)
-    async def _on_bug(request: Request, exc: Exception) -> Response:  # pyright: ignore[reportUnusedFunction]
-        logger.exception("store request %s %s failed", request.method, request.url.path)
-        return _error(500, "internal", f"internal error: {type(exc).__name__}")
+    async def on_error(request: Request, exc: Exception) -> Response:
+        kind = classify_error(exc)
+        if kind is None:
+            logger.exception("store request %s %s failed", request.method, request.url.path)
+            return _error(500, "internal", f"internal error: {type(exc).__name__}")
+        return _error(*kind)
 
-    @app.get("/healthz", response_model=HealthResponse, tags=["health"])
-    async def healthz() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Liveness probe (open without a token)."""
-        return _json(HealthResponse())
-
-    p = API_PREFIX
-
-    @app.get(f"{p}/retry_policy", response_model=RetryPolicy, tags=["store"])
-    async def retry_policy() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """The retry policy the store applies."""
-        return _json(store.retry_policy)
-
-    @app.post(f"{p}/rollouts/enqueue", response_model=RolloutsResponse, tags=["rollouts"])
-    async def enqueue(body: EnqueueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged."""
-        rollouts = await store.enqueue_rollouts(body.requests)
-        return _json(RolloutsResponse.model_construct(rollouts=rollouts))
-
-    @app.post(f"{p}/rollouts/dequeue", response_model=DequeueResponse, tags=["rollouts"])
-    async def dequeue(body: DequeueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back."""
-        if body.request_id is None:
-            claim = await store.dequeue_rollout(body.worker_id)
-            return _json(DequeueResponse.model_construct(claim=claim))
-        fut, first = dequeues.get_or_start(body.request_id)
-        if first:
-            try:
-                claim = await store.dequeue_rollout(body.worker_id)
-            except BaseException as exc:
-                dequeues.forget(body.request_id)
-                fut.set_exception(exc)
-                fut.exception()  # mark retrieved: waiters (if any) re-raise it themselves
-                raise
-            fut.set_result(DequeueResponse.model_construct(claim=claim).model_dump_json().encode())
-        return _Json(await asyncio.shield(fut))
-
-    @app.post(f"{p}/rollouts/query", response_model=RolloutsResponse, tags=["rollouts"])
-    async def query_rollouts(body: QueryRolloutsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Rollouts filtered by status and/or ids, in enqueue order."""
-        rollouts = await store.query_rollouts(status=body.status, rollout_ids=body.rollout_ids)
-        return _json(RolloutsResponse.model_construct(rollouts=rollouts))
-
-    @app.post(f"{p}/rollouts/cancel", response_model=Rollout, responses={**not_found, **conflict}, tags=["rollouts"])
-    async def cancel(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Cancel a rollout that has not finished."""
-        return _json(await store.cancel_rollout(body.rollout_id))
-
-    @app.post(f"{p}/rollouts/wait", response_model=RolloutsResponse, tags=["rollouts"])
-    async def wait(body: WaitRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones."""
-        rollouts = await store.wait_for_rollouts(body.rollout_ids, timeout=body.timeout)
-        return _json(RolloutsResponse.model_construct(rollouts=rollouts))
-
-    @app.get(f"{p}/rollouts/{{rollout_id:path}}", response_model=Rollout, responses=not_found, tags=["rollouts"])
-    async def get_rollout(rollout_id: str) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """One rollout by id."""
-        return _json(await store.get_rollout(rollout_id))
-
-    @app.post(f"{p}/attempts/heartbeat", response_model=Attempt, responses={**not_found, **conflict}, tags=["attempts"])
-    async def heartbeat(body: AttemptRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Record a sign of life of a running attempt."""
-        return _json(await store.heartbeat(body.rollout_id, body.attempt_id))
-
-    @app.post(f"{p}/attempts/finish", response_model=Rollout, responses={**not_found, **conflict}, tags=["attempts"])
-    async def finish(body: FinishRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """End an attempt; the rollout moves on according to the retry policy."""
-        return _json(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
-
-    @app.post(f"{p}/attempts/query", response_model=AttemptsResponse, responses=not_found, tags=["attempts"])
-    async def query_attempts(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Attempts of a rollout in order."""
-        attempts = await store.query_attempts(body.rollout_id)
-        return _json(AttemptsResponse.model_construct(attempts=attempts))
-
-    @app.post(f"{p}/attempts/check_timeouts", response_model=AttemptsResponse, tags=["attempts"])
-    async def check_timeouts() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Apply heartbeat and rollout timeouts now; returns the attempts that were ended."""
-        return _json(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
-
-    @app.post(f"{p}/spans", response_model=AddedResponse, responses=not_found, tags=["records"])
-    async def add_spans(body: SpansRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a batch of spans (idempotent on rollout, attempt and span id)."""
-        return _json(AddedResponse(added=await store.add_spans(body.spans)))
-
-    @app.post(f"{p}/spans/query", response_model=SpansResponse, tags=["records"])
-    async def query_spans(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Spans of a rollout (or one attempt)."""
-        spans = await store.query_spans(body.rollout_id, body.attempt_id)
-        return _json(SpansResponse.model_construct(spans=spans))
-
-    @app.post(f"{p}/llm_calls", response_model=AddedResponse, responses=not_found, tags=["records"])
-    async def add_llm_calls(body: LLMCallsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a batch of LLM-proxy records (idempotent on call id)."""
-        return _json(AddedResponse(added=await store.add_llm_calls(body.calls)))
-
-    @app.post(f"{p}/llm_calls/query", response_model=LLMCallsResponse, tags=["records"])
-    async def query_llm_calls(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """LLM calls of a rollout (or one attempt)."""
-        calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
-        return _json(LLMCallsResponse.model_construct(calls=calls))
-
-    @app.post(f"{p}/resources", response_model=Resources, tags=["resources"])
-    async def add_resources(body: Resources) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a new resources version (a known ``resources_id`` returns the stored one)."""
-        if "\x00" in body.resources_id:
-            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
-        return _json(await store.add_resources(body))
-
-    @app.post(f"{p}/resources/get", response_model=ResourcesResponse, responses=not_found, tags=["resources"])
-    async def get_resources(body: ResourcesQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Resources by id, or the latest version."""
-        resources = await store.get_resources(body.resources_id)
-        return _json(ResourcesResponse.model_construct(resources=resources))
-
-    @app.get(f"{p}/stats", response_model=StoreStats, tags=["store"])
-    async def stats() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Counts of what is stored."""
-        return _json(await store.stats())
-
-    _add_bearer_scheme(app, token is not None)
-    app.add_middleware(_GuardMiddleware, token=token, max_body_bytes=max_body_bytes)  # pyright: ignore[reportArgumentType]
-    return app
+    for exc_type in (StoreError, ValidationError, OverflowError, KeyError, ValueError, TypeError, Exception):
+        app.add_exception_handler(exc_type, on_error)  # pyright: ignore[reportArgumentType]
 
 
 def _add_bearer_scheme(app: FastAPI, required: bool) -> None:
@@ -444,7 +382,7 @@ def _add_bearer_scheme(app: FastAPI, required: bool) -> None:
         if required:
             schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             for path, ops in schema.get("paths", {}).items():
-                if path in _OPEN_PATHS:
+                if path in OPEN_PATHS:
                     continue
                 for op in ops.values():
                     op["security"] = [{"bearer": []}]

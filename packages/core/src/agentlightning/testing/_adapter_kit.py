@@ -65,10 +65,13 @@ class RunRecord:
 class KitHarness:
     """Model server + proxy + store; runs an agent inside rollout contexts."""
 
-    def __init__(self, server: ScriptedModelServer, proxy: LLMProxy, store: MemoryStore) -> None:
+    def __init__(
+        self, server: ScriptedModelServer, proxy: LLMProxy, store: MemoryStore, adapter: Adapter | None = None
+    ) -> None:
         self.server = server
         self.proxy = proxy
         self.store = store
+        self.adapter = adapter
 
     async def run(self, agent: AgentFn, task: str, *, reward: float | None = 1.0, stream: bool = False) -> RunRecord:
         """Run ``agent`` on ``task`` in a fresh rollout; emit ``reward`` as the final reward inside it."""
@@ -85,6 +88,8 @@ class KitHarness:
 
     async def collect(self, record: RunRecord, config: TransitionConfig | None = None) -> RunRecord:
         """Flush spans and proxy records, read them back and build transitions (response-id joins only)."""
+        if self.adapter is not None:
+            assert await self.adapter.adrain(), f"{self.adapter.NAME}: calls still unreported after 5 s"
         await aflush()
         await self.proxy.flush()
         record.spans = await self.store.query_spans(record.rollout_id, record.attempt_id)
@@ -150,7 +155,7 @@ class AdapterConformanceTests:
         await proxy.start()
         adapter.instrument()
         try:
-            yield KitHarness(server, proxy, store)
+            yield KitHarness(server, proxy, store, adapter)
         finally:
             adapter.uninstrument()
             await proxy.stop()

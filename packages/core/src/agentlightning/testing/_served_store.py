@@ -54,7 +54,7 @@ class ServedStoreProcess:
         self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[bytes] | None = None
         # A file, not a pipe: a chatty server must never block on a full pipe nobody reads.
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as this object; closed in __exit__
 
     def output(self) -> str:
         """Everything the server printed so far (all runs)."""

@@ -84,6 +84,10 @@ def _reward_value(span: Span) -> float | None:
 class TransitionBuilder:
     """Turns one attempt's spans and proxy records into transitions (see the module docstring for the rules).
 
+    For speed, per-call transitions share their token-id lists with the proxy records instead of copying
+    them, and are built without re-validating data that was validated when the records were made: treat
+    transitions and records as read-only.
+
     Example:
         ```python
         result = TransitionBuilder(TransitionConfig(mode="trajectory", agent_filter=["writer"])).build(

@@ -1,0 +1,190 @@
+"""The served store's plain-ASGI layer: bearer token, body limit, error mapping and the fast path for POSTs.
+
+FastAPI's routing, dependency solving and middleware stack cost about two thirds of a small request's server
+time. The POST endpoints that runners call in a loop are therefore answered here directly: the body is parsed
+and validated in one step with pydantic's ``model_validate_json`` and the answer is pre-serialised bytes. The
+FastAPI routes for the same paths stay in place; they describe the API in ``/openapi.json`` and behave the same.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from agentlightning.store._base import ConflictError, NotFoundError, StoreError
+from agentlightning.store._wire import ErrorResponse
+
+__all__ = ["OPEN_PATHS", "FastRoute", "GuardMiddleware", "classify_error", "describe_validation", "error_bytes"]
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz"})
+"""Paths served without a bearer token."""
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+FastRoute = tuple[type[BaseModel] | None, Callable[[Any], Awaitable[bytes]]]
+"""(body model or ``None`` for no body, handler returning the JSON answer) for one POST path."""
+
+
+def error_bytes(error: str, message: str) -> bytes:
+    """The JSON body of an error answer."""
+    return ErrorResponse(error=error, message=message).model_dump_json().encode()
+
+
+def describe_validation(errors: Any) -> str:
+    """One line naming each (of the first five) invalid fields, e.g. ``spans.2.span_id: String should match...``."""
+    parts: list[str] = []
+    for err in list(errors)[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx") or {}
+            parts.append(f"malformed JSON: {ctx.get('error', err.get('msg', ''))}")
+        else:
+            parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
+    """(HTTP status, error kind, message) for an exception caused by the request; ``None`` for a server bug."""
+    if isinstance(exc, NotFoundError):
+        return 404, "not_found", str(exc)
+    if isinstance(exc, ConflictError):
+        return 409, "conflict", str(exc)
+    if isinstance(exc, StoreError):
+        return 400, "invalid", str(exc)
+    if isinstance(exc, ValidationError):
+        return 422, "invalid", describe_validation(exc.errors())
+    if isinstance(exc, OverflowError):
+        return 422, "invalid", f"a number is too large to store (integers are limited to 64 bits): {exc}"
+    if isinstance(exc, KeyError):
+        # A backend lookup that missed without raising NotFoundError: still an unknown id, not a server failure.
+        logger.warning("store raised a bare KeyError: %r", exc)
+        return 404, "not_found", f"unknown id: {exc}"
+    if isinstance(exc, ValueError | TypeError):
+        return 400, "invalid", str(exc)
+    return None
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    """Send a complete JSON answer."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    """Bearer-token check, body-size limit and the fast path, as plain ASGI in front of the FastAPI app.
+
+    Args:
+        app: The FastAPI app (serves everything the fast path does not).
+        token: Required bearer token, or ``None``.
+        max_body_bytes: Larger bodies get 413 (checked on Content-Length and while reading chunked bodies).
+        fast: POST path -> `FastRoute` answered here.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int, fast: dict[str, FastRoute]) -> None:
+        self.app = app
+        self.expected = f"bearer {token}".encode() if token else None
+        self.max_body_bytes = max_body_bytes
+        self.fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length: int | None = None
+        authorization = b""
+        content_type = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    await send_json(send, 400, error_bytes("invalid", "Content-Length is not a number"))
+                    return
+            elif name == b"content-type":
+                content_type = value
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
+            given = authorization[:7].lower() + authorization[7:]
+            if not hmac.compare_digest(given, self.expected):
+                reason = "missing" if not authorization else "wrong"
+                message = f"{reason} bearer token: send 'Authorization: Bearer <token>'"
+                await send_json(send, 401, error_bytes("unauthorized", message))
+                return
+        if length is not None and length > self.max_body_bytes:
+            await send_json(send, 413, error_bytes("too_large", self._too_large(length)))
+            return
+        route = self.fast.get(scope["path"]) if scope["method"] == "POST" else None
+        if route is None and (length is not None or scope["method"] in ("GET", "HEAD")):
+            await self.app(scope, receive, send)
+            return
+        # Read the whole body, counting (a chunked body has no Content-Length to check up front).
+        chunks: list[bytes] = []
+        total = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk: bytes = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                await send_json(send, 413, error_bytes("too_large", self._too_large(total)))
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        if route is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        status, answer = await self._answer(route, body, content_type)
+        await send_json(send, status, answer)
+
+    async def _answer(self, route: FastRoute, body: bytes, content_type: bytes) -> tuple[int, bytes]:
+        model, handler = route
+        try:
+            if model is None:
+                return 200, await handler(None)
+            try:
+                parsed = model.model_validate_json(body)
+            except ValidationError as exc:
+                message = describe_validation(exc.errors())
+                if content_type and b"json" not in content_type:
+                    message = f"expected a JSON body (Content-Type: application/json), got {content_type.decode(errors='replace')!r}; {message}"  # noqa: E501
+                return 422, error_bytes("invalid", message)
+            return 200, await handler(parsed)
+        except Exception as exc:
+            kind = classify_error(exc)
+            if kind is None:
+                logger.exception("store request failed")
+                return 500, error_bytes("internal", f"internal error: {type(exc).__name__}")
+            return kind[0], error_bytes(kind[1], kind[2])
+
+    def _too_large(self, size: int) -> str:
+        return f"request body of {size} bytes is over the limit of {self.max_body_bytes} bytes; send smaller batches"
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,80 @@
+"""VerlTrainerConfig validation and its expansion into verl's own config dataclasses; import hygiene."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from agentlightning_verl import GPU_INSTALL_HINT, VerlAlgorithm, VerlTrainerConfig
+from pydantic import ValidationError
+from verl.utils.config import omega_conf_to_dataclass
+
+
+def test_expands_into_verl_dataclasses() -> None:
+    cfg = VerlTrainerConfig(
+        model_path="Qwen/Qwen2.5-0.5B-Instruct", algorithm="ppo", n_rollouts_per_task=4, tasks_per_step=16,
+        ppo_mini_batch_size=8, lr=2e-6, lora_rank=32, rollout_tensor_parallel_size=2, n_gpus_per_node=8, nnodes=2,
+        overrides={"trainer.save_freq": 10},
+    )
+    v = cfg.to_verl_config()
+    algo = omega_conf_to_dataclass(v.algorithm)
+    actor = omega_conf_to_dataclass(v.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(v.actor_rollout_ref.rollout)
+    assert algo.adv_estimator == "gae" and v.critic.enable is True
+    assert actor.optim.lr == 2e-6 and actor.ppo_mini_batch_size == 8
+    assert rollout.n == 4 and rollout.tensor_model_parallel_size == 2 and rollout.name == "vllm"
+    assert rollout.prompt_length == 2048  # resolved from data.max_prompt_length
+    assert v.actor_rollout_ref.model.lora_rank == 32
+    assert (v.trainer.nnodes, v.trainer.n_gpus_per_node, v.trainer.save_freq) == (2, 8, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"algorithm": "grpo", "n_rollouts_per_task": 1}, "needs n_rollouts_per_task >= 2"),
+        ({"tasks_per_step": 10, "ppo_mini_batch_size": 4}, "multiple of ppo_mini_batch_size"),
+        ({"n_gpus_per_node": 3, "tasks_per_step": 4, "ppo_mini_batch_size": 4, "n_rollouts_per_task": 2},
+         "divisible by the number of GPUs"),
+        ({"n_gpus_per_node": 2, "rollout_tensor_parallel_size": 4}, "must divide the number of GPUs"),
+        ({"use_remove_padding": True}, "flash_attention_2"),
+        ({"algorithm": "ppo", "advantages_from": "agentlightning"}, "use advantages_from='verl'"),
+        ({"lr": 0}, "greater than 0"),
+        ({"algorithm": "dpo"}, "algorithm"),
+        ({"unknown": 1}, "Extra inputs"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, message) -> None:
+    with pytest.raises(ValidationError, match=message):
+        VerlTrainerConfig(model_path="m", **kwargs)
+
+
+def test_unknown_override_key_is_refused() -> None:
+    with pytest.raises(KeyError, match="trainer.no_such_key"):
+        VerlTrainerConfig(model_path="m", overrides={"trainer.no_such_key": 1}).to_verl_config()
+
+
+def test_config_is_frozen() -> None:
+    cfg = VerlTrainerConfig(model_path="m")
+    with pytest.raises(ValidationError):
+        cfg.lr = 1.0  # type: ignore[misc]
+
+
+def test_gpu_path_without_vllm_names_the_install_command() -> None:
+    pytest.importorskip("verl")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    algorithm = VerlAlgorithm(VerlTrainerConfig(model_path="m"))
+    with pytest.raises(ImportError, match=r"vllm.*pip install 'agentlightning-verl\[gpu\]'"):
+        _ = algorithm.backend
+    assert GPU_INSTALL_HINT == "pip install 'agentlightning-verl[gpu]'"
+
+
+def test_importing_the_package_imports_neither_verl_nor_torch() -> None:
+    code = "import sys, agentlightning_verl; print(sorted(m for m in ('verl', 'torch', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
