@@ -39,8 +39,18 @@ def batch() -> TrainingBatch:
         samples=[
             sample([11, 12, 13], [21, 22], [1, 1], 1.0, "g1", logprobs=[-0.1, -0.2], advantage=0.7, rollout="ra"),
             # trajectory mode: 31 generated, 32 33 an observation, 34 generated, 35 observation at the end
-            sample([14], [31, 32, 33, 34, 35], [1, 0, 0, 1, 0], 0.5, "g2", logprobs=[-1.0, 0, 0, -2.0, 0],
-                   advantage=-0.3, rollout="rb", step=2, agent="coder"),
+            sample(
+                [14],
+                [31, 32, 33, 34, 35],
+                [1, 0, 0, 1, 0],
+                0.5,
+                "g2",
+                logprobs=[-1.0, 0, 0, -2.0, 0],
+                advantage=-0.3,
+                rollout="rb",
+                step=2,
+                agent="coder",
+            ),
         ]
     )
 
@@ -85,11 +95,19 @@ def test_logprobs_advantages_and_ids(batch: TrainingBatch) -> None:
 
 
 def test_options_pad_to_batch_and_leave_out_optional_keys(batch: TrainingBatch) -> None:
-    dp = to_data_proto(batch, max_prompt_length=64, max_response_length=64, pad_token_id=7, pad_to_max=False,
-                       include_old_log_probs=False, include_advantages=False, meta_info={"temperature": 0.7})
+    dp = to_data_proto(
+        batch,
+        max_prompt_length=64,
+        max_response_length=64,
+        pad_token_id=7,
+        pad_to_max=False,
+        include_old_log_probs=False,
+        include_advantages=False,
+        meta_info={"temperature": 0.7},
+    )
     assert dp.batch["prompts"].shape == (2, 3) and dp.batch["responses"].shape == (2, 5)
     assert dp.batch["prompts"][1].tolist() == [7, 7, 14]
-    keys = set(dp.batch.keys())
+    keys = set(dp.batch.keys())  # TensorDict refuses `in`; compare a set of keys
     assert "old_log_probs" not in keys and "advantages" not in keys and "rollout_log_probs" in keys
     assert dp.meta_info["temperature"] == 0.7
 
@@ -97,7 +115,8 @@ def test_options_pad_to_batch_and_leave_out_optional_keys(batch: TrainingBatch) 
 def test_without_logprobs_no_logprob_keys() -> None:
     b = TrainingBatch(samples=[sample([1], [2, 3], [1, 1], 1.0, "g")])
     dp = to_data_proto(b, max_prompt_length=2, max_response_length=2, pad_token_id=0)
-    assert "rollout_log_probs" not in dp.batch.keys() and "old_log_probs" not in dp.batch.keys()
+    keys = set(dp.batch.keys())
+    assert "rollout_log_probs" not in keys and "old_log_probs" not in keys
 
 
 def test_too_long_errors_by_default(batch: TrainingBatch) -> None:
@@ -120,7 +139,7 @@ def test_truncate_keeps_prompt_tail_and_response_head(batch: TrainingBatch, capl
 
 def test_truncation_that_removes_every_trained_token_is_an_error() -> None:
     b = TrainingBatch(samples=[sample([1], [2, 3, 4], [0, 0, 1], 1.0, "g", rollout="rz")])
-    with pytest.raises(ValueError, match="rollout 'rz'.*no trained token.*after truncation"):
+    with pytest.raises(ValueError, match=r"rollout 'rz'.*no trained token.*after truncation"):
         to_data_proto(b, max_prompt_length=2, max_response_length=2, pad_token_id=0, truncation="truncate")
 
 

@@ -50,9 +50,7 @@ def two_groups():
 
 def expected_grpo() -> torch.Tensor:
     # A: mean 0.5, std 0.7071 -> +-0.7071 ; B: mean 1, std 1 -> 1, -1, 0 ; broadcast over response_mask
-    return torch.tensor(
-        [[S, S, 0, 0], [1, 0, 1, 0], [-S, -S, -S, 0], [-1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32
-    )
+    return torch.tensor([[S, S, 0, 0], [1, 0, 1, 0], [-S, -S, -S, 0], [-1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
 
 
 def test_grpo_outcome_advantage_groups_by_uid(two_groups) -> None:

@@ -112,7 +112,8 @@ class LocalBackend:
         else:
             if tokenizer is None:
                 raise ValueError("a tokenizer is required when the backend is given a model instance")
-            self.model = copy.deepcopy(model).to(device)
+            self.model = copy.deepcopy(model)
+            torch.nn.Module.to(self.model, device)
         self.model.eval()
         self.tokenizer = tokenizer
         self.template: ChatTemplate = template or CalcChatTemplate(tokenizer)

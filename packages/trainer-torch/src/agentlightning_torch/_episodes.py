@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from agentlightning_torch._calc import CALCULATOR_TOOL, MALFORMED_REWARD, CalcTask, evaluate_expression, score_answer
-from agentlightning_torch._generate import SamplingParams, generate_batch
+from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
 from agentlightning_torch._template import CalcChatTemplate
 
 __all__ = ["CalcEpisode", "run_calc_episodes", "summarize_episodes"]
@@ -57,8 +57,18 @@ def run_calc_episodes(
     tools = [CALCULATOR_TOOL]
     conversations = [[{"role": "user", "content": task.question}] for task in tasks]
     prompts = [template.render(c, tools=tools) for c in conversations]
-    common = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "generator": generator}
-    first = generate_batch(model, prompts, [params] * len(prompts), **common)  # type: ignore[arg-type]
+
+    def sample(batch: list[list[int]]) -> list[GenerationResult]:
+        return generate_batch(
+            model,
+            batch,
+            [params] * len(batch),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
+
+    first = sample(prompts)
     episodes: list[CalcEpisode] = []
     second_prompts: list[list[int]] = []
     second_rows: list[int] = []
@@ -87,7 +97,7 @@ def run_calc_episodes(
         elif not parsed.tool_calls:
             episode.reward = score_answer(episode.final_text, task.answer)
     if second_prompts:
-        second = generate_batch(model, second_prompts, [params] * len(second_prompts), **common)  # type: ignore[arg-type]
+        second = sample(second_prompts)
         for row, result in zip(second_rows, second, strict=True):
             episode = episodes[row]
             episode.response_ids += result.token_ids

@@ -46,7 +46,6 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        attn_implementation="sdpa",
     )
     devices_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -85,7 +84,7 @@ def load_tiny(directory: str | Path, *, device: str | torch.device = "cpu") -> t
     if not (path / TOKENIZER_FILE).is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}: save the tokenizer next to the model")
     tokenizer = CharTokenizer.from_pretrained(path)
-    model = LlamaForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-    model.to(device)
+    model = LlamaForCausalLM.from_pretrained(path)
+    torch.nn.Module.to(model, device)
     model.eval()
     return model, tokenizer

@@ -41,7 +41,7 @@ class LoraSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     r: int = Field(default=8, ge=1)
-    alpha: float = Field(default=16.0, gt=0)
+    alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -8,6 +8,7 @@ vLLM returns them, so the LLM proxy records the same fields from either backend.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
@@ -24,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentlightning_torch._backend import LocalBackend
-from agentlightning_torch._generate import GenerationResult, SamplingParams
+from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._template import CalcChatTemplate
 from agentlightning_torch._tokenizer import CharTokenizer
 
@@ -98,6 +99,19 @@ def _sampling(request: _SamplingRequest, prompt_length: int, backend: LocalBacke
     )
 
 
+def _relay(
+    loop: asyncio.AbstractEventLoop,
+    events: asyncio.Queue[Any],
+    index: int,
+    _row: int,
+    token: int,
+    logprob: float,
+    top: Any,
+    end: Any,
+) -> None:
+    loop.call_soon_threadsafe(events.put_nowait, (index, token, logprob, top, end))
+
+
 def _submit(
     backend: LocalBackend, prompt: list[int], params: SamplingParams, count: int, events: asyncio.Queue[Any] | None
 ) -> list[Future[GenerationResult]]:
@@ -108,12 +122,9 @@ def _submit(
         choice_params = params
         if params.seed is not None and index:
             choice_params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
-        callback = None
+        callback: StepCallback | None = None
         if events is not None:
-
-            def callback(_row: int, token: int, lp: float, top: Any, end: Any, index: int = index) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, (index, token, lp, top, end))
-
+            callback = functools.partial(_relay, loop, events, index)
         futures.append(backend.submit(prompt, choice_params, callback))
     return futures
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from agentlightning_torch._calc import make_calc_tasks
 from agentlightning_torch._episodes import run_calc_episodes, summarize_episodes
@@ -29,7 +30,7 @@ EVAL_SEED = 1_000_003
 
 
 def evaluate_checkpoint(
-    model: torch.nn.Module, template: CalcChatTemplate, *, tasks: int = 256, seed: int = EVAL_SEED
+    model: PreTrainedModel, template: CalcChatTemplate, *, tasks: int = 256, seed: int = EVAL_SEED
 ) -> dict[str, float]:
     """Sampled (temperature 1) and greedy figures of ``model`` on ``tasks`` held-out questions."""
     held_out = make_calc_tasks(tasks, seed=seed)
@@ -37,10 +38,10 @@ def evaluate_checkpoint(
     sampled = summarize_episodes(
         run_calc_episodes(
             model, template, held_out, SamplingParams(temperature=1.0, max_tokens=24), generator=generator
-        )  # type: ignore[arg-type]
+        )
     )
     greedy = summarize_episodes(
-        run_calc_episodes(model, template, held_out, SamplingParams(temperature=0.0, max_tokens=24))  # type: ignore[arg-type]
+        run_calc_episodes(model, template, held_out, SamplingParams(temperature=0.0, max_tokens=24))
     )
     return {
         "sampled_reward": sampled["reward"],

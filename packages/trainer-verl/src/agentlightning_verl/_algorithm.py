@@ -112,9 +112,9 @@ class RayVerlBackend:
 
     def __init__(self, config: VerlTrainerConfig, verl_config: Any = None) -> None:
         _require_gpu_stack()
-        import ray
         from functools import partial
 
+        import ray
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
         from verl.single_controller.ray.base import create_colocated_worker_cls
@@ -333,7 +333,9 @@ class VerlAlgorithm(Algorithm):
         chunks = [list(tasks[i : i + per]) for i in range(0, len(tasks), per)]
         return itertools.cycle([c for c in chunks if len(c) == per] or chunks)
 
-    async def run(self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None) -> None:
+    async def run(
+        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
+    ) -> None:
         """Train for ``config.total_steps`` steps on ``train_tasks`` (cycled); ``val_tasks`` are not used yet.
 
         Raises:

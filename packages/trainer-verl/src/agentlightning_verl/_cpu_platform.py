@@ -192,9 +192,5 @@ def install_cpu_platform() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithLMHead
-    )
-    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithValueHead
-    )
+    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithValueHead)

@@ -155,7 +155,8 @@ class LocalVerlActor:
         """
         from verl.utils import tensordict_utils as tu
 
-        missing = [k for k in ("old_log_probs", "advantages", "response_mask") if k not in data.batch.keys()]
+        # TensorDict refuses `in` membership tests, hence .keys()
+        missing = [k for k in ("old_log_probs", "advantages", "response_mask") if k not in data.batch.keys()]  # noqa: SIM118
         if missing:
             raise ValueError(f"DataProto lacks {missing}; build it with to_data_proto(..., include_old_log_probs=True)")
         actor = self.config.actor_rollout_ref.actor

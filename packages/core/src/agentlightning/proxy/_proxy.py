@@ -161,7 +161,7 @@ class LLMProxy:
 
     @property
     def in_flight(self) -> int:
-        """Requests admitted and not yet answered."""
+        """Requests forwarded and not yet answered by their backend (streams: until the stream ends)."""
         return self._in_flight
 
     @property

@@ -1,0 +1,59 @@
+"""GRPO on ONE GPU with verl: a 0.5B model, vLLM colocated with the FSDP trainer (needs `agentlightning-verl[gpu]`).
+
+Start a store and runners first (they run your agent against the proxy URL printed below), then:
+
+    python packages/trainer-verl/examples/grpo_1gpu.py --store http://127.0.0.1:4747 --tasks tasks.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+
+from agentlightning.proxy import LLMProxy
+from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
+
+CONFIG = VerlTrainerConfig(
+    model_path="Qwen/Qwen2.5-0.5B-Instruct",
+    algorithm="grpo",
+    n_rollouts_per_task=8,
+    tasks_per_step=16,
+    ppo_mini_batch_size=8,
+    micro_batch_size_per_gpu=8,
+    lr=1e-6,
+    max_prompt_length=2048,
+    max_response_length=1024,
+    n_gpus_per_node=1,
+    nnodes=1,
+    rollout_tensor_parallel_size=1,
+    gpu_memory_utilization=0.4,  # vLLM shares the GPU with the trainer (verl sleeps it during updates)
+    lora_rank=0,
+    total_steps=200,
+)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True, help="URL of `agl store serve`")
+    parser.add_argument("--tasks", required=True, help="JSON lines, one task per line")
+    args = parser.parse_args()
+    from agentlightning.store import StoreClient
+
+    store = StoreClient(args.store)
+    with open(args.tasks, encoding="utf-8") as handle:
+        tasks = [json.loads(line) for line in handle if line.strip()]
+    # Backends are replaced by verl's vLLM servers when the run starts.
+    proxy = LLMProxy(store, backends=["http://127.0.0.1:1"], host="0.0.0.0", port=8765)
+    await proxy.start()
+    print("agents should call", proxy.url)
+    try:
+        await VerlAlgorithm(CONFIG, proxy=proxy).run(store, tasks)
+    finally:
+        await proxy.stop()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(main())
