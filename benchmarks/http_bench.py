@@ -47,6 +47,16 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
     n = int(2_000 * scale)
     try:
         await client.stats()  # warm the connection pool
+        # baseline: the cheapest request the server answers (read the other figures against it on a busy machine)
+        import aiohttp
+
+        async with aiohttp.ClientSession() as raw:
+
+            async def health(_: int) -> None:
+                async with raw.get(f"{url}/healthz") as resp:
+                    await resp.read()
+
+            figures["baseline_healthz_per_s_1_in_flight"] = await _timed(n, 1, health)
         # enqueue (batched, 500 per request)
         start = time.perf_counter()
         total = 0

@@ -120,7 +120,8 @@ class RayVerlBackend:
         from verl.single_controller.ray.base import create_colocated_worker_cls
         from verl.trainer.ppo.utils import Role
         from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker, TrainingWorkerConfig
+        from verl.workers.config import TrainingWorkerConfig
+        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
         from verl.workers.rollout.llm_server import LLMServerManager
         from verl.workers.utils.losses import value_loss
 
@@ -130,9 +131,9 @@ class RayVerlBackend:
             ray.init()  # joins RAY_ADDRESS when set (multi-node), else starts a local cluster
         pool = "global_pool"
         roles = [Role.ActorRollout] + ([Role.Critic] if config.use_critic else [])
+        mapping: dict[Any, str] = {role: pool for role in roles}  # verl keys it by Role (annotated as int)
         self.pools = ResourcePoolManager(
-            resource_pool_spec={pool: [config.n_gpus_per_node] * config.nnodes},
-            mapping={role: pool for role in roles},
+            resource_pool_spec={pool: [config.n_gpus_per_node] * config.nnodes}, mapping=mapping
         )
         self.pools.create_resource_pool()
         resource_pool = self.pools.get_resource_pool(Role.ActorRollout)
@@ -289,6 +290,7 @@ class VerlAlgorithm(Algorithm):
             ValueError: An empty batch or a sample that does not fit (see `to_data_proto`).
         """
         import torch
+        from verl.trainer.ppo.core_algos import AdvantageEstimator
         from verl.trainer.ppo.ray_trainer import compute_advantage
         from verl.utils.config import omega_conf_to_dataclass
 
@@ -313,7 +315,7 @@ class VerlAlgorithm(Algorithm):
             algo_cfg = omega_conf_to_dataclass(cfg.to_verl_config().algorithm)
             data = compute_advantage(
                 data,
-                adv_estimator=cfg.adv_estimator,
+                adv_estimator=AdvantageEstimator(cfg.adv_estimator),
                 gamma=cfg.gamma,
                 lam=cfg.lam,
                 num_repeat=cfg.n_rollouts_per_task,
@@ -387,9 +389,11 @@ class VerlAlgorithm(Algorithm):
             metrics["step"] = float(self.step)
             self.history.append(metrics)
             logger.info(
-                "step %d: %s",
+                "step %d: reward %.4f, pg_loss %.4f, grad_norm %.4f",
                 self.step,
-                {k: round(v, 4) for k, v in metrics.items() if math.isfinite(v) and "/" not in k[:6]},
+                metrics.get("batch/reward_mean", math.nan),
+                metrics.get("actor/pg_loss", math.nan),
+                metrics.get("actor/grad_norm", math.nan),
             )
 
     async def _publish(self, store: LightningStore) -> int:

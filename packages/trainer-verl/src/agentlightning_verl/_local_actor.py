@@ -79,7 +79,8 @@ class LocalVerlActor:
 
             from verl.utils.config import omega_conf_to_dataclass
             from verl.utils.device import get_device_name
-            from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+            from verl.workers.config import TrainingWorkerConfig
+            from verl.workers.engine_workers import TrainingWorker
             from verl.workers.utils.losses import ppo_loss
         except ImportError as exc:  # pragma: no cover - only without verl
             raise ImportError(f"LocalVerlActor needs verl: pip install 'agentlightning-verl' ({exc})") from exc

@@ -1,0 +1,176 @@
+"""Time each adapter adds per LLM call: the same agent call traced vs untraced against one local model server.
+
+Every adapter runs a one-LLM-call agent of its framework against the same `ScriptedModelServer` on 127.0.0.1
+(no proxy, so only the adapter's cost differs). Untraced: the adapter is not instrumented. Traced: instrumented,
+inside a rollout context writing to a MemoryStore. Blocks of untraced and traced calls alternate to cancel
+drift; AutoGen runs last because instrumenting it makes Agent Lightning's tracer provider global for good.
+
+Prints a table, then one JSON line with every figure (milliseconds).
+
+    .venv/bin/python benchmarks/tracing_bench.py [--calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from agentlightning.adapters import Adapter, OpenAIAdapter  # noqa: E402
+from agentlightning.store import MemoryStore  # noqa: E402
+from agentlightning.testing import ScriptedModelServer  # noqa: E402
+from agentlightning.tracing import aflush, rollout_context  # noqa: E402
+
+Call = Callable[[], Awaitable[Any]]
+
+
+def make_openai(url: str) -> tuple[Adapter, Call]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="b")
+    return OpenAIAdapter.default(), lambda: client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "hi"}]
+    )
+
+
+def make_langchain(url: str) -> tuple[Adapter, Call]:
+    from langchain_openai import ChatOpenAI
+
+    from agentlightning_langchain import LangChainAdapter
+
+    llm = ChatOpenAI(base_url=url, api_key="b", model="toy")
+    return LangChainAdapter.default(), lambda: llm.ainvoke("hi")
+
+
+def make_openai_agents(url: str) -> tuple[Adapter, Call]:
+    from agents import Agent, OpenAIChatCompletionsModel, Runner
+    from openai import AsyncOpenAI
+
+    from agentlightning_openai_agents import OpenAIAgentsAdapter
+
+    model = OpenAIChatCompletionsModel(model="toy", openai_client=AsyncOpenAI(base_url=url, api_key="b"))
+    agent = Agent(name="bench", instructions="answer", model=model)
+    adapter = OpenAIAgentsAdapter.default()
+    adapter.instrument()  # the processor replaces OpenAI's trace upload once; untraced runs then disable it
+    adapter.uninstrument()
+    return adapter, lambda: Runner.run(agent, "hi")
+
+
+def make_litellm(url: str) -> tuple[Adapter, Call]:
+    import litellm
+
+    from agentlightning.adapters import LiteLLMAdapter
+
+    return LiteLLMAdapter.default(), lambda: litellm.acompletion(
+        model="openai/toy", api_base=url, api_key="b", messages=[{"role": "user", "content": "hi"}]
+    )
+
+
+def make_autogen(url: str) -> tuple[Adapter, Call]:
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    from agentlightning_autogen import AutoGenAdapter
+
+    info: Any = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
+                 "structured_output": False}
+    client = OpenAIChatCompletionClient(model="toy", base_url=url, api_key="b", model_info=info)
+
+    async def call() -> Any:
+        return await AssistantAgent("bench", model_client=client).run(task="hi")
+
+    return AutoGenAdapter.default(), call
+
+
+async def timed(call: Call, n: int, traced: bool, store: MemoryStore, adapter: Adapter) -> list[tuple[float, float]]:
+    """(wall, cpu) seconds per call; cpu is this process's CPU time (server thread included, same both ways),
+    which other processes on a shared machine disturb far less than wall time. The span writer's batched
+    store writes happen after the timed call and are counted through the CPU time of the following calls."""
+    out: list[tuple[float, float]] = []
+    for i in range(n):
+        if traced:
+            with rollout_context(store, f"r{time.monotonic_ns()}-{i}", "a"):
+                t0, c0 = time.perf_counter(), time.process_time()
+                await call()
+                out.append((time.perf_counter() - t0, time.process_time() - c0))
+        else:
+            t0, c0 = time.perf_counter(), time.process_time()
+            await call()
+            out.append((time.perf_counter() - t0, time.process_time() - c0))
+    await adapter.adrain()
+    await aflush()
+    return out
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def bench(name: str, factory: Callable[[str], tuple[Adapter, Call]], url: str, calls: int, block: int) -> dict[str, float]:
+    adapter, call = factory(url)
+    store = MemoryStore()
+    for _ in range(10):  # warm up both paths
+        await call()
+    adapter.instrument()
+    await timed(call, 10, True, store, adapter)
+    adapter.uninstrument()
+    untraced: list[tuple[float, float]] = []
+    traced: list[tuple[float, float]] = []
+    while len(traced) < calls:
+        untraced += await timed(call, block, False, store, adapter)
+        adapter.instrument()
+        traced += await timed(call, block, True, store, adapter)
+        adapter.uninstrument()
+    out: dict[str, float] = {}
+    for which, index in (("wall", 0), ("cpu", 1)):
+        u = [x[index] for x in untraced]
+        t = [x[index] for x in traced]
+        out[f"{name}_{which}_untraced_median_ms"] = p(u, 0.5)
+        out[f"{name}_{which}_traced_median_ms"] = p(t, 0.5)
+        out[f"{name}_{which}_added_median_ms"] = p(t, 0.5) - p(u, 0.5)
+        out[f"{name}_{which}_added_p90_ms"] = p(t, 0.9) - p(u, 0.9)
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200, help="traced calls per adapter (and as many untraced)")
+    parser.add_argument("--block", type=int, default=25, help="calls per alternating block")
+    parser.add_argument("--only", nargs="*", default=None, help="adapters to run")
+    args = parser.parse_args()
+    factories = {
+        "openai": make_openai,
+        "langchain": make_langchain,
+        "openai_agents": make_openai_agents,
+        "litellm": make_litellm,
+        "autogen": make_autogen,  # last: instrumenting it makes our provider global
+    }
+    figures: dict[str, float] = {"calls_per_adapter": float(args.calls)}
+    rows: list[tuple[str, dict[str, float]]] = []
+    with ScriptedModelServer() as server:
+        for name, factory in factories.items():
+            if args.only and name not in args.only:
+                continue
+            result = await bench(name, factory, server.base_url, args.calls, args.block)
+            figures.update(result)
+            rows.append((name, result))
+    head = ["adapter", "cpu untraced", "cpu traced", "cpu added", "cpu add p90", "wall added", "wall add p90"]
+    print("".join(f"{h:>14}" for h in head))
+    for name, r in rows:
+        keys = ["cpu_untraced_median", "cpu_traced_median", "cpu_added_median", "cpu_added_p90", "wall_added_median",
+                "wall_added_p90"]
+        print(f"{name:>14}" + "".join(f"{r[f'{name}_{k}_ms']:>12.3f}ms" for k in keys))
+    print("(target: 0.1 ms added per call; peers report 1-2 ms. Shared 2-core machine: read as rough figures.)")
+    print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
