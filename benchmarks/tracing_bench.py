@@ -16,17 +16,16 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from agentlightning.adapters import Adapter, OpenAIAdapter  # noqa: E402
-from agentlightning.store import MemoryStore  # noqa: E402
-from agentlightning.testing import ScriptedModelServer  # noqa: E402
-from agentlightning.tracing import aflush, rollout_context  # noqa: E402
+from agentlightning.adapters import Adapter, OpenAIAdapter
+from agentlightning.store import MemoryStore
+from agentlightning.testing import ScriptedModelServer
+from agentlightning.tracing import aflush, rollout_context
 
 Call = Callable[[], Awaitable[Any]]
 
@@ -41,19 +40,17 @@ def make_openai(url: str) -> tuple[Adapter, Call]:
 
 
 def make_langchain(url: str) -> tuple[Adapter, Call]:
-    from langchain_openai import ChatOpenAI
-
     from agentlightning_langchain import LangChainAdapter
+    from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(base_url=url, api_key="b", model="toy")
     return LangChainAdapter.default(), lambda: llm.ainvoke("hi")
 
 
 def make_openai_agents(url: str) -> tuple[Adapter, Call]:
+    from agentlightning_openai_agents import OpenAIAgentsAdapter
     from agents import Agent, OpenAIChatCompletionsModel, Runner
     from openai import AsyncOpenAI
-
-    from agentlightning_openai_agents import OpenAIAgentsAdapter
 
     model = OpenAIChatCompletionsModel(model="toy", openai_client=AsyncOpenAI(base_url=url, api_key="b"))
     agent = Agent(name="bench", instructions="answer", model=model)
@@ -65,7 +62,6 @@ def make_openai_agents(url: str) -> tuple[Adapter, Call]:
 
 def make_litellm(url: str) -> tuple[Adapter, Call]:
     import litellm
-
     from agentlightning.adapters import LiteLLMAdapter
 
     return LiteLLMAdapter.default(), lambda: litellm.acompletion(
@@ -74,13 +70,17 @@ def make_litellm(url: str) -> tuple[Adapter, Call]:
 
 
 def make_autogen(url: str) -> tuple[Adapter, Call]:
+    from agentlightning_autogen import AutoGenAdapter
     from autogen_agentchat.agents import AssistantAgent
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-    from agentlightning_autogen import AutoGenAdapter
-
-    info: Any = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
-                 "structured_output": False}
+    info: Any = {
+        "vision": False,
+        "function_calling": True,
+        "json_output": False,
+        "family": "unknown",
+        "structured_output": False,
+    }
     client = OpenAIChatCompletionClient(model="toy", base_url=url, api_key="b", model_info=info)
 
     async def call() -> Any:
@@ -114,7 +114,9 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def bench(name: str, factory: Callable[[str], tuple[Adapter, Call]], url: str, calls: int, block: int) -> dict[str, float]:
+async def bench(
+    name: str, factory: Callable[[str], tuple[Adapter, Call]], url: str, calls: int, block: int
+) -> dict[str, float]:
     adapter, call = factory(url)
     store = MemoryStore()
     for _ in range(10):  # warm up both paths
@@ -165,8 +167,14 @@ async def main() -> None:
     head = ["adapter", "cpu untraced", "cpu traced", "cpu added", "cpu add p90", "wall added", "wall add p90"]
     print("".join(f"{h:>14}" for h in head))
     for name, r in rows:
-        keys = ["cpu_untraced_median", "cpu_traced_median", "cpu_added_median", "cpu_added_p90", "wall_added_median",
-                "wall_added_p90"]
+        keys = [
+            "cpu_untraced_median",
+            "cpu_traced_median",
+            "cpu_added_median",
+            "cpu_added_p90",
+            "wall_added_median",
+            "wall_added_p90",
+        ]
         print(f"{name:>14}" + "".join(f"{r[f'{name}_{k}_ms']:>12.3f}ms" for k in keys))
     print("(target: 0.1 ms added per call; peers report 1-2 ms. Shared 2-core machine: read as rough figures.)")
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))

@@ -6,7 +6,6 @@ from typing import Any
 
 import openai
 import pytest
-
 from agentlightning.adapters import (
     Adapter,
     OpenAIAdapter,
@@ -34,7 +33,10 @@ class TestOpenAIConformance(AdapterConformanceTests):
             client = openai.AsyncOpenAI(base_url=base_url, api_key="kit")
             messages: list[Any] = [{"role": "user", "content": task}]
             first = await client.chat.completions.create(model="toy", messages=messages)
-            messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": task}]
+            messages += [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": task},
+            ]
             second = await client.chat.completions.create(model="toy", messages=messages)
             return str(second.choices[0].message.content)
 
@@ -89,7 +91,9 @@ def test_missing_framework_message() -> None:
             raise AssertionError("never hooked")
 
     adapter = Missing()
-    with pytest.raises(UnsupportedVersionError, match=r"not installed.*pip install 'agentlightning-no-such-framework>=1,<2'"):
+    with pytest.raises(
+        UnsupportedVersionError, match=r"not installed.*pip install 'agentlightning-no-such-framework>=1,<2'"
+    ):
         adapter.instrument()
     assert not adapter.instrumented
     adapter.uninstrument()  # harmless when never instrumented

@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import schemathesis
 from agentlightning.store import SqliteStore
 from agentlightning.store._server import create_store_app
@@ -23,6 +24,7 @@ app = create_store_app(_STORE, token=TOKEN, max_body_bytes=1024 * 1024)
 schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH)
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(
     max_examples=15,

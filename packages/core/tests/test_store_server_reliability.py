@@ -56,6 +56,7 @@ async def test_restart_keeps_every_acknowledged_write(served: ServedStoreProcess
         await client.close()
 
 
+@pytest.mark.slow
 async def test_concurrent_clients_write_every_span_exactly_once(served: ServedStoreProcess) -> None:
     n_clients, per_client, batch = 32, 1_000, 100
     setup = StoreClient(served.url, token=TOKEN)

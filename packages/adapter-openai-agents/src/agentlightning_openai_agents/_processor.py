@@ -13,15 +13,14 @@ import logging
 import threading
 from typing import Any
 
+from agentlightning import semconv
+from agentlightning.adapters._otel import lightning_tracer
 from agents.tracing import Span as AgentsSpan
 from agents.tracing import Trace as AgentsTrace
 from agents.tracing import TracingProcessor
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
-
-from agentlightning import semconv
-from agentlightning.adapters._otel import lightning_tracer
 
 __all__ = ["LightningTracingProcessor"]
 
@@ -113,7 +112,10 @@ class LightningTracingProcessor(TracingProcessor):
             }
         elif kind == "handoff":
             name = f"handoff {data.from_agent} -> {data.to_agent}"
-            attributes = {"agentlightning.handoff.from_agent": data.from_agent, "agentlightning.handoff.to_agent": data.to_agent}
+            attributes = {
+                "agentlightning.handoff.from_agent": data.from_agent,
+                "agentlightning.handoff.to_agent": data.to_agent,
+            }
         else:
             name = str(getattr(data, "name", None) or kind)
         parent_key = span.parent_id if span.parent_id in self._open else span.trace_id

@@ -300,6 +300,7 @@ class VerlAlgorithm(Algorithm):
             batch,
             max_prompt_length=cfg.max_prompt_length,
             max_response_length=cfg.max_response_length,
+            # verl strips padding (left_right_2_no_padding) before the model sees it, so the id is irrelevant here.
             pad_token_id=0,
             truncation=cfg.truncation,
             include_old_log_probs=False,

@@ -78,7 +78,9 @@ class _LightningLiteLLMCallback:
                 attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] = getattr(usage, "prompt_tokens", None)
                 attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = getattr(usage, "completion_tokens", None)
         attributes = {k: v for k, v in attributes.items() if v is not None}
-        span = self._tracer.start_span(f"chat {model}" if model else "chat", attributes=attributes, start_time=_ns(start))
+        span = self._tracer.start_span(
+            f"chat {model}" if model else "chat", attributes=attributes, start_time=_ns(start)
+        )
         if error:
             span.set_status(Status(StatusCode.ERROR, str(kwargs.get("exception") or response)))
         span.end(end_time=_ns(end))

@@ -1,0 +1,250 @@
+"""Quickstart: teach a LangGraph calculator agent to use its tool, with RL, on a laptop CPU.
+
+    python examples/calc/train.py                 # ~5 minutes of RL, then a summary, a plot and a JSON line
+    python examples/calc/train.py --minutes 1     # shorter
+    python examples/calc/train.py --help
+
+What runs: this process serves the tiny model (local batched backend) behind the LLM proxy and trains it;
+a runner process (``run_agents.py``) runs the LangGraph agent on rollouts taken from the SQLite store. Every LLM
+call goes agent → proxy (records token ids) → backend; spans go to the store; each iteration turns spans +
+token records into transitions, LightningRL credit (GRPO), a PPO step, and a new model version served back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULTS = {
+    "model_dir": HERE / "checkpoint",
+    "train_tasks": HERE / "data" / "train.jsonl",
+    "val_tasks": HERE / "data" / "val.jsonl",
+    "output": Path("runs") / "calc",
+}
+_QUESTION = re.compile(r"^Q:[0-9+\-*]{3,40}=$")
+
+
+class UsageError(Exception):
+    """Bad input from the command line or a task file; printed as one clear line, exit code 2."""
+
+
+def load_tasks(path: Path) -> list[dict[str, Any]]:
+    """Tasks from a JSONL file of ``{"question": "Q:37*48+12=", "answer": 1788}`` lines."""
+    if not path.is_file():
+        raise UsageError(f"task file {str(path)!r} does not exist")
+    tasks: list[dict[str, Any]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(task, dict):
+            raise UsageError(f"{path}:{number}: expected a JSON object with 'question' and 'answer'")
+        question, answer = task.get("question"), task.get("answer")
+        if not isinstance(question, str) or not _QUESTION.match(question):
+            raise UsageError(f"{path}:{number}: 'question' must look like \"Q:37*48+12=\", got {question!r}")
+        if not isinstance(answer, int) or isinstance(answer, bool):
+            raise UsageError(f"{path}:{number}: 'answer' must be an integer, got {answer!r}")
+        tasks.append({"question": question, "answer": answer})
+    if not tasks:
+        raise UsageError(f"task file {str(path)!r} holds no tasks")
+    return tasks
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULTS["model_dir"], help="warm-started model folder")
+    parser.add_argument("--train-tasks", type=Path, default=DEFAULTS["train_tasks"], help="JSONL training tasks")
+    parser.add_argument("--val-tasks", type=Path, default=DEFAULTS["val_tasks"], help="JSONL held-out tasks")
+    parser.add_argument("--output", type=Path, default=DEFAULTS["output"], help="run folder (store, metrics, plot)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="RL time budget in minutes")
+    parser.add_argument("--iterations", type=int, default=1000, help="most RL iterations")
+    parser.add_argument("--tasks-per-iteration", type=int, default=16)
+    parser.add_argument("--samples-per-task", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-4, help="policy learning rate")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts in the runner process")
+    parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from agentlightning_torch import PPOConfig, TorchTrainerConfig
+
+    if args.minutes <= 0:
+        raise UsageError(f"--minutes must be positive, got {args.minutes}")
+    if args.workers < 1 or args.eval_size < 1:
+        raise UsageError("--workers and --eval-size must be at least 1")
+    try:
+        return TorchTrainerConfig(
+            model_dir=args.model_dir,
+            output_dir=args.output,
+            device=args.device,
+            num_threads=args.threads,
+            iterations=args.iterations,
+            time_budget_s=args.minutes * 60,
+            tasks_per_iteration=args.tasks_per_iteration,
+            samples_per_task=args.samples_per_task,
+            ppo=PPOConfig(lr=args.lr, num_threads=args.threads),
+            seed=args.seed,
+            checkpoint_every=0,
+        )
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+        raise UsageError(f"invalid setting: {problems}") from None
+
+
+def start_runner(db: Path, workers: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(workers)]
+    return subprocess.Popen(cmd, env=env)
+
+
+def plot(history: list[Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    elapsed, total = [], 0.0
+    for report in history:
+        total += report.seconds
+        elapsed.append(total / 60)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(elapsed, [r.reward_mean for r in history], label="mean sampled reward")
+    ax.plot(elapsed, [r.multi_call_rate for r in history], label="tool-call rate", linestyle="--")
+    ax.set_xlabel("RL time (minutes)")
+    ax.set_ylim(-0.15, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("Calculator agent (LangGraph) trained with Agent Lightning on CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import agentlightning as agl
+    from agentlightning_torch import TorchTrainer
+
+    console = Console(stderr=True)
+    train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
+    args.output.mkdir(parents=True, exist_ok=True)
+    db = args.output / "store.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    (args.output / "metrics.jsonl").unlink(missing_ok=True)
+    store = agl.SqliteStore(db)
+    runner = start_runner(db, args.workers)
+    progress = Progress(
+        TextColumn("[bold]RL"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.quiet,
+    )
+    bar = progress.add_task("rl", total=config.time_budget_s, status="starting")
+    started = time.monotonic()
+
+    def on_iteration(report: Any) -> None:
+        status = (
+            f"it {report.iteration:3d}  reward {report.reward_mean:+.2f}  tool rate {report.multi_call_rate:.2f}"
+            f"  {report.seconds:.1f}s/it"
+        )
+        progress.update(bar, completed=min(time.monotonic() - started, config.time_budget_s), status=status)
+
+    trainer = TorchTrainer(config, on_iteration=on_iteration)
+    try:
+        await trainer.start(store)
+        console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(val_tasks)} held-out tasks")
+        before = await trainer.evaluate(store, val_tasks)
+        console.print(f"greedy accuracy before RL: {before.reward_mean:.2f}")
+        started = time.monotonic()
+        with progress:
+            await trainer.run(store, train_tasks)
+        rl_seconds = time.monotonic() - started
+        after = await trainer.evaluate(store, val_tasks)
+    finally:
+        await trainer.stop()
+        runner.terminate()
+        runner.wait(timeout=30)
+        await store.close()
+    history = trainer.history
+    if not history:
+        raise UsageError("no RL iteration finished within the time budget; raise --minutes")
+    tail = history[-5:]
+    plot(history, args.output / "reward_curve.png")
+    return {
+        "reward_before": round(history[0].reward_mean, 4),
+        "reward_after": round(sum(r.reward_mean for r in tail) / len(tail), 4),
+        "greedy_before": round(_accuracy(before), 4),
+        "greedy_after": round(_accuracy(after), 4),
+        "tool_rate_before": round(history[0].multi_call_rate, 4),
+        "tool_rate_after": round(sum(r.multi_call_rate for r in tail) / len(tail), 4),
+        "rl_seconds": round(rl_seconds, 1),
+        "iterations": len(history),
+        "seconds_per_iteration": round(sum(r.seconds for r in history) / len(history), 3),
+        "plot": str(args.output / "reward_curve.png"),
+    }
+
+
+def _accuracy(report: Any) -> float:
+    # With rewards 1 (right), 0 (wrong), -0.1 (malformed), the mean is not the accuracy; the store knows better
+    return float(report.metrics.get("accuracy", max(report.reward_mean, 0.0)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        config = build_config(args)
+        load_tasks(args.train_tasks)
+        load_tasks(args.val_tasks)
+        summary = asyncio.run(train(args, config))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Calculator agent: before and after RL")
+    table.add_column("measure")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("mean sampled reward", f"{summary['reward_before']:.2f}", f"{summary['reward_after']:.2f}")
+    table.add_row("held-out greedy accuracy", f"{summary['greedy_before']:.2f}", f"{summary['greedy_after']:.2f}")
+    table.add_row("tool-call rate", f"{summary['tool_rate_before']:.2f}", f"{summary['tool_rate_after']:.2f}")
+    Console(stderr=True).print(table)
+    Console(stderr=True).print(
+        f"{summary['iterations']} iterations in {summary['rl_seconds']:.0f} s of RL; plot: {summary['plot']}"
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

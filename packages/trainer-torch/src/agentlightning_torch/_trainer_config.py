@@ -1,0 +1,82 @@
+"""The validated, frozen configuration of `TorchTrainer`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentlightning_torch._ppo import PPOConfig
+
+__all__ = ["TorchTrainerConfig"]
+
+
+class TorchTrainerConfig(BaseModel):
+    """Everything `TorchTrainer` needs; every field is checked when the config is built.
+
+    Attributes:
+        model_dir: A model folder saved by ``agentlightning_torch.save_tiny`` (e.g. ``examples/calc/checkpoint``).
+        output_dir: Where metrics (``metrics.jsonl``) and checkpoints go.
+        model_name: Name the model is served under (what the agent passes as ``model``).
+        device: ``cpu``, ``cuda`` or ``cuda:N``; the same code runs on either.
+        num_threads: ``torch.set_num_threads`` for the whole process; few threads on a small shared CPU.
+        iterations: Most RL iterations to run.
+        time_budget_s: Stop starting new iterations once this many seconds of RL have passed (``None``: no limit).
+        tasks_per_iteration: Distinct tasks per iteration.
+        samples_per_task: Rollouts per task (one GRPO group).
+        temperature: Sampling temperature of training rollouts.
+        max_tokens: Most tokens per LLM call.
+        credit: LightningRL credit strategy (``identical``, ``discounted``, ``per_step`` or a registered name).
+        estimator: Advantage estimator (``grpo``, ``rloo``, ``reinforce_pp``, ``passthrough``...).
+        transition_mode: ``per_call`` (one sample per LLM call) or ``trajectory`` (merge prefix-extending calls).
+        agent_filter: Agent names (or one regex) to train; ``None`` trains every agent.
+        drop_equal_groups: Drop groups whose rollouts all earned the same reward (they carry no signal).
+        ppo: The policy update settings.
+        rollout_timeout_s: How long an iteration waits for its rollouts before training on what finished.
+        checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
+        resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
+        max_batch_size: Most concurrent generations the local backend batches together.
+        batch_wait_ms: How long the backend waits for more requests before starting a batch.
+        seed: Seeds task sampling.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dir: Path
+    output_dir: Path = Path("runs/torch-trainer")
+    model_name: str = Field(default="tiny-calc", min_length=1)
+    device: str = "cpu"
+    num_threads: int = Field(default=1, ge=1, le=256)
+    iterations: int = Field(default=200, ge=1)
+    time_budget_s: float | None = Field(default=None, gt=0)
+    tasks_per_iteration: int = Field(default=16, ge=1)
+    samples_per_task: int = Field(default=8, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    max_tokens: int = Field(default=24, ge=1)
+    credit: str = "identical"
+    estimator: str = "grpo"
+    transition_mode: Literal["per_call", "trajectory"] = "per_call"
+    agent_filter: list[str] | str | None = None
+    drop_equal_groups: bool = True
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    rollout_timeout_s: float = Field(default=120.0, gt=0)
+    checkpoint_every: int = Field(default=25, ge=0)
+    resume: bool = False
+    max_batch_size: int = Field(default=256, ge=1)
+    batch_wait_ms: float = Field(default=5.0, ge=0)
+    seed: int = 0
+
+    @field_validator("model_dir")
+    @classmethod
+    def _model_dir_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model folder {str(value)!r} does not exist (expected a folder saved by save_tiny)")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if value != "cpu" and not value.startswith("cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+        return value
