@@ -19,6 +19,7 @@ from agentlightning._models import (
     Transition,
     ValueResource,
 )
+from agentlightning.adapters import instrument_all, uninstrument_all
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit import (
     CreditConfig,
@@ -108,10 +109,12 @@ __all__ = [
     "get_advantage_estimator",
     "get_credit_strategy",
     "get_tracer",
+    "instrument_all",
     "llm_base_url",
     "register_advantage_estimator",
     "register_credit_strategy",
     "rollout",
     "rollout_context",
     "transitions_from_store",
+    "uninstrument_all",
 ]

@@ -55,6 +55,10 @@ AttributeValue = Union[str, bool, int, float, list[str], list[bool], list[int], 
 """OpenTelemetry attribute values (scalars or homogeneous lists)."""
 
 
+_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+"""Client-assigned ids: any printable text (control characters such as NUL are rejected)."""
+
+
 def new_id(prefix: str) -> str:
     """Return a fresh random id such as ``ro-3f2a...`` (prefix + 32 hex chars)."""
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -85,7 +89,7 @@ class Rollout(_Model):
         metadata: Free-form user data.
     """
 
-    rollout_id: str = Field(min_length=1, max_length=256)
+    rollout_id: str = Field(min_length=1, max_length=256, pattern=_ID_PATTERN)
     input: Any = None
     status: RolloutStatus = "queuing"
     mode: RolloutMode | None = None

@@ -125,6 +125,12 @@ class Adapter(ABC):
         self._lock = threading.RLock()
         self._instrumented = False
 
+    @staticmethod
+    def instances() -> list[Adapter]:
+        """Every process-wide adapter instance created so far (through `default`)."""
+        with Adapter._defaults_lock:
+            return list(Adapter._defaults.values())
+
     @classmethod
     def default(cls) -> Adapter:
         """The process-wide instance of this adapter (what ``instrument_all`` and the one-liners use)."""
@@ -284,7 +290,5 @@ def instrument_all(*, include: list[str] | None = None, low_level: bool = False)
 
 def uninstrument_all() -> None:
     """Uninstrument every adapter's process-wide instance (those ``instrument_all`` and the one-liners use)."""
-    with Adapter._defaults_lock:
-        instances = list(Adapter._defaults.values())
-    for adapter in instances:
+    for adapter in Adapter.instances():
         adapter.uninstrument()

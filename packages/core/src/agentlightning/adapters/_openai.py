@@ -67,7 +67,7 @@ class _OpenAISpanMapper(GatedSpanProcessor):
         span.set_attribute(semconv.ADAPTER_NAME, "openai")
         framework_span = parent if is_llm_span(parent) else pending_llm_spans.claim()
         if isinstance(framework_span, SdkSpan):
-            self._nested[span.context.span_id] = framework_span
+            self._nested[span.get_span_context().span_id] = framework_span
             return
         if not self.standalone:
             return  # only framework adapters hold the hook: a stray client span is not a call to train on

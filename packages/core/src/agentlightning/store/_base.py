@@ -69,7 +69,7 @@ class RolloutRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input: Any = None
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
     mode: RolloutMode | None = None
     group_id: str | None = None
     resources_id: str | None = None

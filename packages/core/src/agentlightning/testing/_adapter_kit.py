@@ -170,7 +170,7 @@ class AdapterConformanceTests:
             Span.model_validate(span.model_dump())
             assert span.attributes.get(semconv.ROLLOUT_ID) == record.rollout_id
             assert span.attributes.get(semconv.ATTEMPT_ID) == record.attempt_id
-        names = {s.attributes.get(semconv.ADAPTER_NAME) for s in record.spans}
+        names = {str(s.attributes.get(semconv.ADAPTER_NAME)) for s in record.spans}
         assert adapter.NAME in names, f"no span has {semconv.ADAPTER_NAME}={adapter.NAME!r}; found {names}"
 
     async def test_llm_spans_carry_response_ids(self, harness: KitHarness, agent: AgentFn) -> None:
