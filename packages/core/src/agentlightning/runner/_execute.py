@@ -125,6 +125,7 @@ async def execute_async(
                 _record_failure(root, outcome, exc)
                 outcome.error = "the runner was cancelled while the agent ran"
                 raise
+        await _drain_adapters()
         try:
             await aflush(flush_timeout, attempt_id)
         except Exception as exc:
@@ -191,6 +192,7 @@ def execute_sync(
             if helper.is_alive():
                 outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
                 logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+        _drain_adapters_sync()
         try:
             flush(flush_timeout, attempt_id)
         except Exception as exc:
@@ -203,3 +205,30 @@ def execute_sync(
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+_DRAIN_TIMEOUT = 2.0
+"""Most seconds to wait for adapters whose framework reports calls after they return (e.g. LiteLLM)."""
+
+
+async def _drain_adapters() -> None:
+    """Let late-reporting adapters record the attempt's last calls before its spans are flushed."""
+    from agentlightning.adapters import Adapter
+
+    for adapter in Adapter.instances():
+        if adapter.pending() > 0 and not await adapter.adrain(_DRAIN_TIMEOUT):
+            logger.warning(
+                "adapter %s still had %d unreported calls after %.0fs", adapter.NAME, adapter.pending(), _DRAIN_TIMEOUT
+            )
+
+
+def _drain_adapters_sync() -> None:
+    """`_drain_adapters` for worker threads and processes (no event loop of their own)."""
+    import time
+
+    from agentlightning.adapters import Adapter
+
+    for adapter in Adapter.instances():
+        deadline = time.monotonic() + _DRAIN_TIMEOUT
+        while adapter.pending() > 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
