@@ -1,6 +1,6 @@
 """Regenerate the calculator tasks shipped in ``data/`` (deterministic; held-out tasks never appear in training).
 
-    python examples/calc/make_data.py
+python examples/calc/make_data.py
 """
 
 from __future__ import annotations

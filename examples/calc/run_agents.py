@@ -16,10 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agentlightning_langchain  # noqa: E402
-from agent import calc_agent  # noqa: E402
-
-import agentlightning as agl  # noqa: E402
+import agentlightning as agl
+import agentlightning_langchain
+from agent import calc_agent
 
 
 def main() -> int:
@@ -33,7 +32,9 @@ def main() -> int:
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     logging.basicConfig(level=logging.WARNING)
-    store: agl.LightningStore = agl.SqliteStore(args.db) if args.db else agl.StoreClient(args.store_url, token=args.token)
+    store: agl.LightningStore = (
+        agl.SqliteStore(args.db) if args.db else agl.StoreClient(args.store_url, token=args.token)
+    )
     agentlightning_langchain.instrument()  # the one line that traces every LangChain/LangGraph run
     agl.Runner(calc_agent, store=store, n_workers=args.workers, worker_mode="async", poll_interval=0.02).run()
     return 0

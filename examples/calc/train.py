@@ -84,9 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError
-
     from agentlightning_torch import PPOConfig, TorchTrainerConfig
+    from pydantic import ValidationError
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
@@ -141,11 +140,10 @@ def plot(history: list[Any], path: Path) -> None:
 
 
 async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     import agentlightning as agl
     from agentlightning_torch import TorchTrainer
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]

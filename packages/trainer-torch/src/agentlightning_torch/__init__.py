@@ -35,6 +35,8 @@ from agentlightning_torch._ppo import (
 from agentlightning_torch._server import BackendServer, create_app, serve_backend
 from agentlightning_torch._template import CalcChatTemplate, ChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._tokenizer import CALC_ALPHABET, CharTokenizer
+from agentlightning_torch._trainer import IterationReport, TorchTrainer
+from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._warmstart import WarmStartConfig, warm_start
 
 __version__ = "0.1.0"
@@ -51,12 +53,15 @@ __all__ = [
     "CharTokenizer",
     "ChatTemplate",
     "GenerationResult",
+    "IterationReport",
     "LocalBackend",
     "LoraSettings",
     "PPOConfig",
     "ParsedResponse",
     "SamplingParams",
     "TemplateError",
+    "TorchTrainer",
+    "TorchTrainerConfig",
     "WarmStartConfig",
     "__version__",
     "apply_lora",

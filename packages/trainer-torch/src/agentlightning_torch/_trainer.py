@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from agentlightning import (
     Algorithm,
     CreditConfig,
@@ -33,6 +32,7 @@ from agentlightning import (
 )
 from agentlightning.proxy import LLMProxy
 from agentlightning.transitions import TransitionDiagnostics, results_from_store
+
 from agentlightning_torch._backend import LocalBackend
 from agentlightning_torch._model import load_tiny, save_tiny
 from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
@@ -146,7 +146,9 @@ class TorchTrainer(Algorithm):
 
     # ----- the loop ------------------------------------------------------------------------------------------
 
-    async def run(self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None) -> None:
+    async def run(
+        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
+    ) -> None:
         """Train on ``train_tasks`` until ``iterations`` or ``time_budget_s`` is reached; serves while it runs."""
         if not train_tasks:
             raise ValueError("train_tasks is empty: there is nothing to train on")
@@ -169,12 +171,21 @@ class TorchTrainer(Algorithm):
         prefix = f"it{self.iteration}-{time.time_ns()}"
         rollout_ids = await self._enqueue(store, tasks, self.config.samples_per_task, "sample", "train", prefix)
         finished = await store.wait_for_rollouts(rollout_ids, timeout=self.config.rollout_timeout_s)
+        t_rollouts = time.monotonic()
         done_ids = [r.rollout_id for r in finished if r.status == "succeeded"]
         for rollout in await store.query_rollouts(status=["queuing", "running"], rollout_ids=rollout_ids):
             await store.cancel_rollout(rollout.rollout_id)  # late rollouts would train on a stale policy
         batch, summary = await self._build_batch(store, done_ids)
+        t_batch = time.monotonic()
         update_metrics = self.update(batch)
+        t_update = time.monotonic()
         await self._swap_weights(store)
+        timings = {
+            "time_rollouts": t_rollouts - t0,
+            "time_batch": t_batch - t_rollouts,
+            "time_update": t_update - t_batch,
+            "time_swap": time.monotonic() - t_update,
+        }
         self.iteration += 1
         report = IterationReport(
             iteration=self.iteration,
@@ -185,7 +196,7 @@ class TorchTrainer(Algorithm):
             calls_per_rollout=summary["calls_per_rollout"],
             multi_call_rate=summary["multi_call_rate"],
             seconds=time.monotonic() - t0,
-            metrics={**batch.metrics, **update_metrics},
+            metrics={**batch.metrics, **update_metrics, **timings},
         )
         self._record(report)
         if self.config.checkpoint_every and self.iteration % self.config.checkpoint_every == 0:
@@ -243,7 +254,9 @@ class TorchTrainer(Algorithm):
         results = await results_from_store(store, rollout_ids, self._transition_config())
         return _summary(results)
 
-    async def _build_batch(self, store: LightningStore, rollout_ids: Sequence[str]) -> tuple[TrainingBatch, dict[str, float]]:
+    async def _build_batch(
+        self, store: LightningStore, rollout_ids: Sequence[str]
+    ) -> tuple[TrainingBatch, dict[str, float]]:
         results = await results_from_store(store, rollout_ids, self._transition_config())
         diagnostics = TransitionDiagnostics()
         for result in results:
@@ -288,7 +301,11 @@ class TorchTrainer(Algorithm):
         model, _ = load_tiny(self.config.model_dir, device="cpu")
         model.load_state_dict(merged_state_dict(self.policy))
         save_tiny(model, self.tokenizer, directory)
-        state = {"iteration": self.iteration, "model_version": self.model_version, "optimizer": self.optimizer.state_dict()}
+        state = {
+            "iteration": self.iteration,
+            "model_version": self.model_version,
+            "optimizer": self.optimizer.state_dict(),
+        }
         torch.save(state, directory / "trainer_state.pt")
         logger.info("checkpoint saved to %s (iteration %d)", directory, self.iteration)
 

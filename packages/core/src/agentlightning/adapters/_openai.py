@@ -18,10 +18,13 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import sys
 import threading
+import traceback
 from typing import Any, ClassVar
 
 from opentelemetry import trace
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace import Span as SdkSpan
 
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 _SCOPE_PREFIX = "opentelemetry.instrumentation.openai"
 _CONTENT_ENV = "TRACELOOP_TRACE_CONTENT"
+_METRICS_ENV = "TRACELOOP_METRICS_ENABLED"
 _INSTALL = "pip install 'agentlightning-core[openai]'"
 
 
@@ -169,8 +173,20 @@ class _OpenAIHook:
         if self._instrumentor is None:
             # Wrapped once per process: the instrumentation's uninstrument() does not unwrap under wrapt 2, so a
             # second instrument() would wrap twice. Off means the gated provider hands out no-op spans.
+            # Lean: no trace header injection, no metrics (read once, at instrument time), no content.
             self._instrumentor = OpenAIInstrumentor(enable_trace_context_propagation=False)
-            self._instrumentor.instrument(tracer_provider=_GatedTracerProvider(provider, self._gate))
+            metrics_env = os.environ.get(_METRICS_ENV)
+            os.environ[_METRICS_ENV] = "false"
+            try:
+                self._instrumentor.instrument(
+                    tracer_provider=_GatedTracerProvider(provider, self._gate), meter_provider=NoOpMeterProvider()
+                )
+            finally:
+                if metrics_env is None:
+                    os.environ.pop(_METRICS_ENV, None)
+                else:
+                    os.environ[_METRICS_ENV] = metrics_env
+            _lean_instrumentation()
         self._gate.on = True
         self._mapper.enabled = True
 
@@ -180,6 +196,61 @@ class _OpenAIHook:
         if self._set_content_env:
             os.environ.pop(_CONTENT_ENV, None)
             self._set_content_env = False
+
+
+class _LazyTraceback:
+    """Stands in for the ``traceback`` module inside the instrumentation's ``dont_throw`` helper.
+
+    That helper logs every exception it swallows as ``logger.debug(..., traceback.format_exc())``, which formats
+    the traceback (tens of microseconds) even when debug logging is off. Some servers (vLLM without prompt token
+    details) make it swallow one exception on every call; here the traceback is formatted only if the record
+    is actually emitted.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    @staticmethod
+    def format_exc(limit: int | None = None, chain: bool = True) -> object:
+        return _FormatOnStr(sys.exc_info(), limit, chain)
+
+
+class _FormatOnStr:
+    __slots__ = ("_chain", "_exc_info", "_limit")
+
+    def __init__(self, exc_info: Any, limit: int | None, chain: bool) -> None:
+        self._exc_info = exc_info
+        self._limit = limit
+        self._chain = chain
+
+    def __str__(self) -> str:
+        return "".join(traceback.format_exception(*self._exc_info, limit=self._limit, chain=self._chain))
+
+
+def _lean_instrumentation() -> None:
+    """Take per-call costs out of the instrumentation that do not change a single recorded attribute.
+
+    - ``is_openai_v1()`` / ``is_reasoning_supported()`` parse two version strings on every call (five times per
+      chat request, once per streamed chunk); the installed openai version cannot change, so they become
+      constants.
+    - ``dont_throw`` formats a traceback for a debug line nobody reads (see `_LazyTraceback`).
+    """
+    from opentelemetry.instrumentation.openai import utils
+
+    for name in ("is_openai_v1", "is_reasoning_supported"):
+        original = getattr(utils, name, None)
+        if not callable(original):
+            continue
+        value = bool(original())
+
+        def constant(value: bool = value) -> bool:
+            return value
+
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith(_SCOPE_PREFIX) and getattr(module, name, None) is original:
+                setattr(module, name, constant)
+    if getattr(utils, "traceback", None) is traceback:
+        utils.traceback = _LazyTraceback()  # type: ignore[attr-defined]
 
 
 _HOOK = _OpenAIHook()

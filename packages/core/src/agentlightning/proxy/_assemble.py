@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal, cast
 
 try:  # orjson is faster when present; the stdlib is the fallback
@@ -61,7 +62,7 @@ class Extracted:
 
 
 def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) for v in cast(list[Any], value)):
+    if isinstance(value, list) and all(map(isinstance, cast(list[Any], value), repeat(int))):
         return cast(list[int], value)
     return None
 

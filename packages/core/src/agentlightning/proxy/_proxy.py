@@ -39,6 +39,7 @@ from agentlightning.proxy._assemble import (
     loads,
     without_token_fields,
 )
+from agentlightning.proxy._fast import ProxyApp, RawResponse, raw_headers
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 
@@ -253,8 +254,9 @@ class LLMProxy:
             finally:
                 await self._close()
 
-        app = FastAPI(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+        app = ProxyApp(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
         app.state.llm_proxy = self
+        app.completion_handler = self._complete  # the fast path; the routes below describe the same API
         for prefix in (_ROLLOUT_PREFIX, ""):
             app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
             app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
@@ -322,36 +324,45 @@ class LLMProxy:
                 self._sticky.popitem(last=False)
         return backend
 
-    def _backend_headers(self, request: Request) -> dict[str, str]:
+    def _backend_headers(self, authorization: str | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.backend_api_key:
             headers["Authorization"] = f"Bearer {self.backend_api_key}"
-        elif "authorization" in request.headers:
-            headers["Authorization"] = request.headers["authorization"]
+        elif authorization is not None:
+            headers["Authorization"] = authorization
         return headers
 
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request) -> Response:
-        return await self._complete(request, "chat")
+        return await self._complete_route(request, "chat")
 
     async def _completions(self, request: Request) -> Response:
-        return await self._complete(request, "completion")
+        return await self._complete_route(request, "completion")
+
+    async def _complete_route(self, request: Request, kind: Kind) -> Response:
+        params = request.path_params
+        body = await request.body()
+        return await self._complete(
+            kind, params.get("rollout_id"), params.get("attempt_id"), body, request.headers.get("authorization")
+        )
 
     async def _models(self, request: Request) -> Response:
         rollout_id = request.path_params.get("rollout_id")
         backend = self._pick_backend(rollout_id)
         assert self._session is not None
         try:
-            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(request)) as resp:
+            async with self._session.get(
+                f"{backend}/v1/models", headers=self._backend_headers(request.headers.get("authorization"))
+            ) as resp:
                 body = await resp.read()
                 return Response(body, resp.status, media_type=resp.content_type)
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
-    async def _complete(self, request: Request, kind: Kind) -> Response:
+    async def _complete(
+        self, kind: Kind, rollout_id: str | None, attempt_id: str | None, raw_body: bytes, authorization: str | None
+    ) -> Response:
         start = now()
-        rollout_id: str | None = request.path_params.get("rollout_id")
-        attempt_id: str | None = request.path_params.get("attempt_id")
         if rollout_id is None and not self.allow_unrecorded:
             path = "chat/completions" if kind == "chat" else "completions"
             return _error(
@@ -369,7 +380,7 @@ class LLMProxy:
                 headers={"Retry-After": str(self.retry_after)},
             )
         try:
-            body = loads(await request.body())
+            body = loads(raw_body)
         except ValueError as exc:
             return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         if not isinstance(body, dict):
@@ -380,7 +391,7 @@ class LLMProxy:
         streamed = False
         try:
             self._maybe_refresh()
-            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, request)
+            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
             return response
         finally:
             if not streamed:
@@ -398,7 +409,7 @@ class LLMProxy:
         rollout_id: str | None,
         attempt_id: str | None,
         start: float,
-        request: Request,
+        authorization: str | None,
     ) -> tuple[Response, bool]:
         forwarded = dict(agent_request)
         record = rollout_id is not None and attempt_id is not None
@@ -418,7 +429,9 @@ class LLMProxy:
         assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
         meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start)
         try:
-            resp = await session.post(backend + path, data=dumps(forwarded), headers=self._backend_headers(request))
+            resp = await session.post(
+                backend + path, data=dumps(forwarded), headers=self._backend_headers(authorization)
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             message = f"LLM proxy could not reach backend {backend}: {exc!r}"
             if record:
@@ -446,7 +459,7 @@ class LLMProxy:
             if record:
                 text = raw.decode("utf-8", errors="replace")[:4000]
                 await self._record(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
-            return Response(raw, resp.status, headers=headers, media_type=resp.content_type), False
+            return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
         if record:
             try:
                 data = loads(raw)
@@ -457,7 +470,7 @@ class LLMProxy:
                 await self._record(meta, data, extract(data, kind))
             else:
                 await self._record(meta, None, Extracted(), error="backend answered 200 with a body that is not JSON")
-        return Response(raw, resp.status, headers=headers, media_type=resp.content_type), False
+        return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
 
     def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""

@@ -342,7 +342,7 @@ class Runner:
         """Async `run`; the running loop must own the store (it is used from this loop only)."""
         if self.worker_mode == "async":
             loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
-            await asyncio.gather(*(self._async_worker(loop, i) for i in range(self.n_workers)))
+            await self._async_pool(loop)
         elif self.worker_mode == "process":
             await asyncio.to_thread(self._run_processes)
         else:
@@ -350,38 +350,66 @@ class Runner:
             await asyncio.to_thread(self._run_threads, running)
 
     # ------------------------------------------------------------------ worker kinds
-    async def _async_worker(self, loop: _Loop, index: int) -> None:
-        worker_id = _worker_id(index)
+    async def _async_pool(self, loop: _Loop) -> None:
+        """Run up to ``n_workers`` agents as tasks of this loop, fed by ONE claimer.
+
+        One claimer instead of ``n_workers`` polling loops: with 128 idle workers each polling an empty queue,
+        the store saw thousands of dequeue transactions a second, starving heartbeats and the trainer's writes.
+        """
         settings = self._settings
+        free_slots = list(range(self.n_workers - 1, -1, -1))
+        slot_freed = asyncio.Event()
+        running: set[asyncio.Task[None]] = set()
         while True:
+            if not free_slots:
+                slot_freed.clear()
+                await slot_freed.wait()
+                continue
+            index = free_slots[-1]
+            worker_id = _worker_id(index)
             try:
                 claim = await loop.claim(worker_id)
             except Exception:
                 logger.exception("worker %s could not claim a rollout; retrying", worker_id)
                 await self._async_sleep(settings.poll_interval)
                 continue
-            if claim == "stop" or claim == "idle":
-                return
-            if claim == "wait":
+            if claim == "stop" or (claim == "idle" and not running):
+                break
+            if claim == "wait" or claim == "idle":
                 await self._async_sleep(settings.poll_interval)
                 continue
             assert isinstance(claim, Claim)
-            try:
-                resources = await loop.resources(claim)
-                outcome, _ = await execute_async(
-                    self.agent,
-                    claim,
-                    self.store,
-                    resources,
-                    timeout=settings.rollout_timeout,
-                    heartbeat_interval=settings.heartbeat_interval,
-                    flush_timeout=settings.flush_timeout,
-                )
-                logger.info(
-                    "rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status
-                )
-            except Exception:
-                logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+            free_slots.pop()
+
+            async def run_one(claim: Claim, index: int, worker_id: str) -> None:
+                try:
+                    await self._run_claim(loop, claim, worker_id)
+                finally:
+                    free_slots.append(index)
+                    slot_freed.set()
+
+            task = asyncio.create_task(run_one(claim, index, worker_id), name=f"agentlightning-{worker_id}")
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _run_claim(self, loop: _Loop, claim: Claim, worker_id: str) -> None:
+        settings = self._settings
+        try:
+            resources = await loop.resources(claim)
+            outcome, _ = await execute_async(
+                self.agent,
+                claim,
+                self.store,
+                resources,
+                timeout=settings.rollout_timeout,
+                heartbeat_interval=settings.heartbeat_interval,
+                flush_timeout=settings.flush_timeout,
+            )
+            logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
+        except Exception:
+            logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
 
     async def _async_sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -11,8 +11,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Generator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -55,6 +54,7 @@ from agentlightning.store._common import (
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
+    ConnectionGuard,
     attempt_from_row,
     connect,
     dump_json,
@@ -64,6 +64,18 @@ from agentlightning.store._sqlite_schema import (
 __all__ = ["SqliteStore"]
 
 logger = logging.getLogger(__name__)
+
+# Hot statements as constants: one string object each, so sqlite3's statement cache finds them without rebuilding.
+_INSERT_ROLLOUT = (
+    f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {ROLLOUT_COLUMNS}"
+)
+_CLAIM_OLDEST = (
+    "UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = "
+    f"(SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1) RETURNING {ROLLOUT_COLUMNS}"
+)
+_INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_SPAN = "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
+_SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
 
 
 class SqliteStore:
@@ -101,6 +113,11 @@ class SqliteStore:
         # No running attempt (in any process) can time out before this moment; see `_expired`.
         self._no_timeout_before = 0.0
         self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
+        closed = f"SQLite store {self.path} is closed"
+        # `with self._read as conn`: the lock held; `with self._write as conn`: also one BEGIN IMMEDIATE
+        # transaction, committed before the block's result is handed back.
+        self._read = ConnectionGuard(self._lock, self._get_conn, closed, write=False)
+        self._write = ConnectionGuard(self._lock, self._get_conn, closed, write=True)
         logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
 
     def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
@@ -115,24 +132,9 @@ class SqliteStore:
 
     # ----------------------------------------------------------------- plumbing
 
-    @contextmanager
-    def _read(self) -> Generator[sqlite3.Connection]:
-        with self._lock:
-            if self._conn is None:
-                raise StoreError(f"SQLite store {self.path} is closed")
-            yield self._conn
+    def _get_conn(self) -> sqlite3.Connection | None:
+        return self._conn
 
-    @contextmanager
-    def _write(self) -> Generator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction, committed before the block's result is handed back."""
-        with self._read() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
     def _get_rollout(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout:
         row = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
@@ -234,18 +236,21 @@ class SqliteStore:
             )
             for req in reqs
         ]
-        with self._write() as conn:
-            conn.executemany(
-                f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
-            )
-            stored = {
-                r.rollout_id: r
-                for r in self._select_rollouts(
-                    conn,
-                    "rollout_id IN (SELECT value FROM json_each(?))",
-                    (dump_json([row[0] for row in rows], "ids"),),
-                )
-            }
+        stored: dict[str, Any] = {}
+        with self._write as conn:
+            # RETURNING hands back each new row in the same statement; only ids that were already stored
+            # (a repeated enqueue) need a second read.
+            for row in rows:
+                if row[0] not in stored:
+                    stored[row[0]] = conn.execute(_INSERT_ROLLOUT, row).fetchone()
+            known = [rollout_id for rollout_id, got in stored.items() if got is None]
+            if known:
+                where = "rollout_id IN (SELECT value FROM json_each(?))"
+                for rollout in self._select_rollouts(conn, where, (dump_json(known, "ids"),)):
+                    stored[rollout.rollout_id] = rollout
+        for rollout_id, got in stored.items():
+            if not isinstance(got, Rollout):
+                stored[rollout_id] = rollout_from_row(got)
         return [stored[row[0]] for row in rows]
 
     def _select_rollouts(self, conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[Rollout]:
@@ -263,15 +268,10 @@ class SqliteStore:
             check_id("worker_id", worker_id)
         finished = False
         claim: Claim | None = None
-        with self._write() as conn:
+        with self._write as conn:
             t = now()  # taken under the write lock, so start times are in commit order across processes
             _, finished = self._apply_timeouts(conn, t)
-            row = conn.execute(
-                "UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = "
-                "(SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1) "
-                f"RETURNING {ROLLOUT_COLUMNS}",
-                (t,),
-            ).fetchone()
+            row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
             if row is not None:
                 rollout = rollout_from_row(row)
                 sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
@@ -284,7 +284,7 @@ class SqliteStore:
                     last_heartbeat=t,
                 )
                 conn.execute(
-                    f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    _INSERT_ATTEMPT,
                     (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None),
                 )
                 claim = Claim(rollout=rollout, attempt=attempt)
@@ -296,7 +296,7 @@ class SqliteStore:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
         check_id("rollout_id", rollout_id)
         check_id("attempt_id", attempt_id)
-        with self._write() as conn:
+        with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
                 raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
@@ -313,7 +313,7 @@ class SqliteStore:
         check_finish_status(status)
         if error is not None and not isinstance(cast(Any, error), str):
             raise ValueError(f"error must be a string or None, got {type(error).__name__}")
-        with self._write() as conn:
+        with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
                 if attempt.status == status:
@@ -329,7 +329,7 @@ class SqliteStore:
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
         check_id("rollout_id", rollout_id)
-        with self._write() as conn:
+        with self._write as conn:
             rollout = self._get_rollout(conn, rollout_id)
             if rollout.status == "cancelled":
                 return rollout
@@ -349,10 +349,10 @@ class SqliteStore:
 
     async def check_timeouts(self) -> list[Attempt]:
         """Apply heartbeat/rollout timeouts now; returns the attempts that were ended."""
-        with self._read() as conn:
+        with self._read as conn:
             if not self._expired(conn, now()):  # the common case: nothing to do, no write lock taken
                 return []
-        with self._write() as conn:
+        with self._write as conn:
             ended, finished = self._apply_timeouts(conn, now())
         if finished:
             self._notifier.notify()
@@ -361,7 +361,7 @@ class SqliteStore:
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
         check_id("rollout_id", rollout_id)
-        with self._read() as conn:
+        with self._read as conn:
             return self._get_rollout(conn, rollout_id)
 
     async def query_rollouts(
@@ -378,13 +378,13 @@ class SqliteStore:
         if ids is not None:
             clauses.append("rollout_id IN (SELECT value FROM json_each(?))")
             params.append(dump_json(ids, "rollout_ids"))
-        with self._read() as conn:
+        with self._read as conn:
             return self._select_rollouts(conn, " AND ".join(clauses) or "1", params)
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
         check_id("rollout_id", rollout_id)
-        with self._read() as conn:
+        with self._read as conn:
             self._get_rollout(conn, rollout_id)
             cursor = conn.execute(
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence", (rollout_id,)
@@ -398,7 +398,7 @@ class SqliteStore:
         within ``poll_interval``.
         """
         ids = validate_ids(rollout_ids, "rollout_ids")
-        with self._read() as conn:
+        with self._read as conn:
             for rollout_id in ids:
                 self._get_rollout(conn, rollout_id)
 
@@ -415,16 +415,13 @@ class SqliteStore:
     async def add_spans(self, spans: Sequence[Span]) -> int:
         """Store spans in one transaction (idempotent on rollout, attempt and span id); returns how many were new."""
         batch = validate_spans(spans)
-        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.model_dump_json()) for s in batch]
-        if not rows:
+        if not batch:
             return 0
-        with self._write() as conn:
+        dump = _SPAN_JSON
+        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
+        with self._write as conn:
             before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) "
-                "VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
+            conn.executemany(_INSERT_SPAN, rows)
             return conn.total_changes - before
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -441,7 +438,7 @@ class SqliteStore:
             sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
         else:
             sql = sql.format("")
-        with self._read() as conn:
+        with self._read as conn:
             rows = conn.execute(sql, params).fetchall()
         return [Span.model_validate_json(row[0]) for row in rows]
 
@@ -451,7 +448,7 @@ class SqliteStore:
         rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
         if not rows:
             return 0
-        with self._write() as conn:
+        with self._write as conn:
             before = conn.total_changes
             conn.executemany(
                 "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
@@ -463,7 +460,7 @@ class SqliteStore:
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
         check_id("rollout_id", rollout_id)
-        with self._read() as conn:
+        with self._read as conn:
             if attempt_id is None:
                 rows = conn.execute(
                     "SELECT data FROM llm_calls WHERE rollout_id = ? ORDER BY start_time, rowid", (rollout_id,)
@@ -481,7 +478,7 @@ class SqliteStore:
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
         res = validate_resources(resources)
-        with self._write() as conn:
+        with self._write as conn:
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
             if row is not None:
                 return Resources.model_validate_json(row[0])
@@ -495,7 +492,7 @@ class SqliteStore:
 
     async def get_resources(self, resources_id: str | None = None) -> Resources | None:
         """Resources by id, or the latest version when ``resources_id`` is ``None``."""
-        with self._read() as conn:
+        with self._read as conn:
             if resources_id is None:
                 row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
                 return None if row is None else Resources.model_validate_json(row[0])
@@ -509,7 +506,7 @@ class SqliteStore:
 
     async def stats(self) -> StoreStats:
         """Counts of what is stored (one consistent snapshot)."""
-        with self._read() as conn:
+        with self._read as conn:
             conn.execute("BEGIN")
             try:
                 counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)

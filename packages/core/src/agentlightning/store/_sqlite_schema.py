@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
@@ -11,7 +14,15 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 from agentlightning._models import Attempt, Rollout
 from agentlightning.store._base import StoreError
 
-__all__ = ["ATTEMPT_COLUMNS", "ROLLOUT_COLUMNS", "attempt_from_row", "connect", "dump_json", "rollout_from_row"]
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "ROLLOUT_COLUMNS",
+    "ConnectionGuard",
+    "attempt_from_row",
+    "connect",
+    "dump_json",
+    "rollout_from_row",
+]
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -145,3 +156,68 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.close()
         raise
     return conn
+
+
+class ConnectionGuard:
+    """``with guard as conn``: the store lock held and, for writes, one ``BEGIN IMMEDIATE`` transaction.
+
+    A class rather than a generator context manager because it runs around every store call (a generator-based
+    one costs several microseconds per use). It keeps no per-use state, so nesting a read inside a write on the
+    same thread (the lock is re-entrant) and sharing it between threads are both safe.
+
+    Args:
+        lock: The store's re-entrant lock.
+        get_conn: Returns the open connection, or ``None`` once the store is closed.
+        closed_message: Message of the `StoreError` raised when the store is closed.
+        write: Wrap the block in ``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` if it raises).
+    """
+
+    __slots__ = ("_closed_message", "_get_conn", "_lock", "_write")
+
+    def __init__(
+        self,
+        lock: threading.RLock,
+        get_conn: Callable[[], sqlite3.Connection | None],
+        closed_message: str,
+        write: bool,
+    ) -> None:
+        self._lock = lock
+        self._get_conn = get_conn
+        self._closed_message = closed_message
+        self._write = write
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            conn = self._get_conn()
+            if conn is None:
+                raise StoreError(self._closed_message)
+            if self._write:
+                conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return conn
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            conn = self._get_conn()
+            if self._write and conn is not None:
+                if exc_type is None:
+                    try:
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        _rollback(conn)  # a failed COMMIT must not leave the transaction open for the next caller
+                        raise
+                else:
+                    _rollback(conn)
+        finally:
+            self._lock.release()
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite may already have rolled back by itself (e.g. on a full disk); a second ROLLBACK would raise.
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

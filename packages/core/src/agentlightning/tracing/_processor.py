@@ -1,9 +1,10 @@
 """The span processor: tags spans with the current rollout and writes them to its store in batches.
 
 Hot path (``on_start``/``on_end``, in the thread that runs the agent) does as little as it can: a context
-variable read, two attributes, a dict entry and a queue put. A writer thread converts finished spans to
-`agentlightning.Span` records and writes them with one ``add_spans`` call per store per batch; a batch is cut
-when it reaches ``max_batch_size`` spans or when its oldest span has waited ``max_delay`` seconds.
+variable read, two attributes, a dict entry and a deque append. The writer thread is woken only by the first
+span of a batch (not by every span: waking a thread costs more than the span itself), converts finished spans
+to `agentlightning.Span` records and writes them with one ``add_spans`` call per store per batch; a batch is
+cut when it reaches ``max_batch_size`` spans or when its oldest span has waited ``max_delay`` seconds.
 
 Stores are async. A store bound to an event loop (an aiohttp client) must only be awaited on that loop, so
 each rollout context remembers the loop that owns its store (``RolloutContext.store_loop``) and batches are
@@ -14,11 +15,11 @@ are written on the processor's own loop thread when no owner loop is known or it
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -49,18 +50,12 @@ class SpanWriteError(RuntimeError):
 
 
 @dataclass
-class _Flush:
-    done: concurrent.futures.Future[list[BaseException]]
-
-
-@dataclass
 class _Group:
     store: LightningStore
     loop: asyncio.AbstractEventLoop | None
     items: list[tuple[RolloutContext, int, ReadableSpan]] = field(default_factory=list)
 
 
-_STOP = object()
 _UNSET = SpanStatus()  # frozen, so every span without a status can share it
 _MAX_REMEMBERED_FAILURES = 10_000
 
@@ -169,7 +164,11 @@ class LightningSpanProcessor(SpanProcessor):
     def _init_state(self) -> None:
         # Also the fork handler: a forked child starts with no writer thread and nothing pending.
         self._active: dict[tuple[int, int], tuple[RolloutContext, int]] = {}
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: collections.deque[tuple[RolloutContext, int, ReadableSpan]] = collections.deque()
+        self._flushes: collections.deque[concurrent.futures.Future[list[BaseException]]] = collections.deque()
+        self._wake = threading.Event()
+        self._armed = False  # the writer was woken for the spans pending now (or is awake)
+        self._stop = False
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._own_loop = LoopThread("agentlightning-span-writer")
@@ -197,7 +196,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._active[(sc.trace_id, sc.span_id)] = (ctx, ctx.next_sequence_id())
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Queue the finished span for its store."""
+        """Queue the finished span for its store (waking the writer only for the first span of a batch)."""
         sc = span.context
         entry = self._active.pop((sc.trace_id, sc.span_id), None) if sc is not None else None
         if entry is None:
@@ -205,9 +204,13 @@ class LightningSpanProcessor(SpanProcessor):
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("span %r ended outside any rollout; dropped", span.name)
             return
-        self._queue.put((entry[0], entry[1], span))
-        if self._writer is None:
-            self._ensure_writer()
+        pending = self._pending
+        pending.append((entry[0], entry[1], span))
+        if not self._armed or len(pending) >= self.max_batch_size:
+            self._armed = True
+            if self._writer is None:
+                self._ensure_writer()
+            self._wake.set()
 
     # ------------------------------------------------------------------ writer thread
     def _ensure_writer(self) -> None:
@@ -219,37 +222,45 @@ class LightningSpanProcessor(SpanProcessor):
                 self._writer.start()
 
     def _writer_main(self) -> None:
-        groups: dict[tuple[int, int], _Group] = {}
-        count = 0
-        first = 0.0
+        wake, pending, flushes = self._wake, self._pending, self._flushes
         while True:
-            timeout = None if count == 0 else max(0.0, first + self.max_delay - time.monotonic())
-            try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                self._send(groups)
-                groups, count = {}, 0
-                continue
-            if isinstance(item, _Flush):
-                self._send(groups)
-                groups, count = {}, 0
-                self._resolve_after_inflight(item.done)
-                continue
-            if item is _STOP:
-                self._send(groups)
+            wake.wait()
+            wake.clear()
+            # Spans arrived: full batches go at once, the rest when the oldest waited max_delay (or on flush).
+            deadline = time.monotonic() + self.max_delay
+            while True:
+                while len(pending) >= self.max_batch_size:
+                    self._send(self._take_batch())
+                if not pending or flushes or self._stop:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wake.wait(left)
+                wake.clear()
+            # Disarm before draining: a span ended from now on wakes the writer again (at worst needlessly).
+            self._armed = False
+            waiting = [flushes.popleft() for _ in range(len(flushes))]
+            while pending:
+                self._send(self._take_batch())
+            for done in waiting:
+                self._resolve_after_inflight(done)
+            if self._stop:
                 return
-            ctx, _seq, _span = item
+
+    def _take_batch(self) -> dict[tuple[int, int], _Group]:
+        """Pop up to ``max_batch_size`` pending spans, grouped by store (and the loop that owns it)."""
+        pending = self._pending
+        groups: dict[tuple[int, int], _Group] = {}
+        for _ in range(min(len(pending), self.max_batch_size)):
+            item = pending.popleft()
+            ctx = item[0]
             key = (id(ctx.store), id(ctx.store_loop))
             group = groups.get(key)
             if group is None:
                 group = groups[key] = _Group(ctx.store, ctx.store_loop)
             group.items.append(item)
-            count += 1
-            if count == 1:
-                first = time.monotonic()
-            if count >= self.max_batch_size:
-                self._send(groups)
-                groups, count = {}, 0
+        return groups
 
     def _send(self, groups: dict[tuple[int, int], _Group]) -> None:
         for group in groups.values():
@@ -317,7 +328,8 @@ class LightningSpanProcessor(SpanProcessor):
     def _request_flush(self) -> concurrent.futures.Future[list[BaseException]]:
         done: concurrent.futures.Future[list[BaseException]] = concurrent.futures.Future()
         self._ensure_writer()
-        self._queue.put(_Flush(done))
+        self._flushes.append(done)
+        self._wake.set()
         return done
 
     def _raise_for(self, errors: list[BaseException], attempt_id: str | None) -> None:
@@ -375,7 +387,8 @@ class LightningSpanProcessor(SpanProcessor):
         self._shutdown = True
         if self._writer is not None and self._writer.is_alive():
             self.force_flush(5000)
-            self._queue.put(_STOP)
+            self._stop = True
+            self._wake.set()
             self._writer.join(5.0)
         self._own_loop.stop()
 

@@ -1,0 +1,115 @@
+"""The proxy's plain-ASGI fast path for its two hot routes (chat completions and completions).
+
+FastAPI's middleware stack, route matching and `Request` object cost more CPU per call than the proxy's own
+work. `ProxyApp` is the FastAPI app (admin routes, ``/v1/models``, OpenAPI and lifespan stay there) with one
+change: a POST to ``[/rollout/{rollout_id}/attempt/{attempt_id}]/v1/chat/completions`` or ``.../v1/completions``
+is matched by string splitting and handed to the proxy directly with the raw body bytes. The FastAPI routes for
+those paths stay registered and behave the same (they serve requests under a ``root_path``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.responses import Response
+
+from agentlightning.proxy._assemble import Kind
+
+__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+CompletionHandler = Callable[[Kind, str | None, str | None, bytes, str | None], Awaitable[Response]]
+"""(kind, rollout id, attempt id, request body, Authorization header) -> the answer."""
+
+_CHAT = "/v1/chat/completions"
+_COMPLETIONS = "/v1/completions"
+
+
+def match_completion(path: str) -> tuple[Kind, str | None, str | None] | None:
+    """``(kind, rollout_id, attempt_id)`` for a completion path (ids ``None`` on plain ``/v1``), else ``None``.
+
+    Matches exactly what the FastAPI routes ``{prefix}/v1/chat/completions`` and ``{prefix}/v1/completions``
+    match (a path parameter is one non-empty segment).
+    """
+    kind: Kind
+    if path.endswith(_CHAT):
+        kind, prefix = "chat", path[: -len(_CHAT)]
+    elif path.endswith(_COMPLETIONS):
+        kind, prefix = "completion", path[: -len(_COMPLETIONS)]
+    else:
+        return None
+    if not prefix:
+        return kind, None, None
+    parts = prefix.split("/")
+    if len(parts) == 5 and not parts[0] and parts[1] == "rollout" and parts[3] == "attempt" and parts[2] and parts[4]:
+        return kind, parts[2], parts[4]
+    return None
+
+
+def raw_headers(
+    body: bytes, status: int, media_type: str | None, headers: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    """Encoded response headers, built by the same rules as Starlette's `Response` (content length and type)."""
+    out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    if not (status < 200 or status in (204, 304)):
+        out.append((b"content-length", str(len(body)).encode("latin-1")))
+    if media_type is not None:
+        if media_type.startswith("text/") and "charset=" not in media_type.lower():
+            media_type += "; charset=utf-8"
+        out.append((b"content-type", media_type.encode("latin-1")))
+    return out
+
+
+class RawResponse(Response):
+    """A complete response whose headers are already encoded (skips Starlette's per-response header building)."""
+
+    def __init__(self, body: bytes, status_code: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.body = body
+        self.status_code = status_code
+        self.raw_headers = headers
+        self.background = None
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or ``None`` when the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ProxyApp(FastAPI):
+    """The proxy's FastAPI app with a plain-ASGI fast path for POSTs to the completion routes.
+
+    Set `completion_handler` to enable the fast path. Exceptions propagate to the server (uvicorn answers 500 and
+    logs them), as they would through FastAPI.
+    """
+
+    completion_handler: CompletionHandler | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.completion_handler
+        if handler is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            hit = match_completion(scope["path"])
+            if hit is not None:
+                authorization: str | None = None
+                for name, value in scope["headers"]:
+                    if name == b"authorization":
+                        authorization = value.decode("latin-1")
+                        break
+                body = await _read_body(receive)
+                if body is None:
+                    return  # the agent went away before sending its request
+                response = await handler(hit[0], hit[1], hit[2], body, authorization)
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
