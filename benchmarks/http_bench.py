@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -28,22 +29,49 @@ TOKEN = "bench-token"
 Section = Callable[[argparse.Namespace], dict[str, float]]
 
 
-async def _timed(total: int, in_flight: int, op: Callable[[int], Awaitable[Any]]) -> float:
-    """Run ``op(i)`` for i in range(total) with ``in_flight`` concurrent workers; returns ops per second."""
-    counter = iter(range(total))
-
-    async def worker() -> None:
-        for i in counter:
-            await op(i)
-
-    start = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(in_flight)])
-    return total / (time.perf_counter() - start)
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc (0.0 where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _store_figures(url: str, scale: float) -> dict[str, float]:
+class _Meter:
+    """Times runs of an operation: wall-clock rate plus client and server CPU µs per operation.
+
+    On a shared machine the rates swing with the load; CPU time per operation stays comparable between runs.
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.cpu: dict[str, float] = {}
+
+    async def timed(
+        self, name: str, total: int, in_flight: int, op: Callable[[int], Awaitable[Any]], per_op: int = 1
+    ) -> float:
+        """Run ``op(i)`` for i in range(total) with ``in_flight`` concurrent workers; returns ops per second."""
+        counter = iter(range(total))
+
+        async def worker() -> None:
+            for i in counter:
+                await op(i)
+
+        server0, client0, start = _cpu_seconds(self.server_pid), time.process_time(), time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(in_flight)])
+        wall = time.perf_counter() - start
+        n = total * per_op
+        self.cpu[f"{name}_client_cpu_us"] = (time.process_time() - client0) / n * 1e6
+        self.cpu[f"{name}_server_cpu_us"] = (_cpu_seconds(self.server_pid) - server0) / n * 1e6
+        return total / wall
+
+
+async def _store_figures(url: str, server_pid: int, scale: float) -> dict[str, float]:
     client = StoreClient(url, token=TOKEN)
     figures: dict[str, float] = {}
+    meter = _Meter(server_pid)
+    _timed = meter.timed
     n = int(2_000 * scale)
     try:
         await client.stats()  # warm the connection pool
@@ -56,7 +84,7 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
                 async with raw.get(f"{url}/healthz") as resp:
                     await resp.read()
 
-            figures["baseline_healthz_per_s_1_in_flight"] = await _timed(n, 1, health)
+            figures["baseline_healthz_per_s_1_in_flight"] = await _timed("healthz", n, 1, health)
         # enqueue (batched, 500 per request)
         start = time.perf_counter()
         total = 0
@@ -68,15 +96,15 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
         async def dequeue(_: int) -> None:
             assert await client.dequeue_rollout(worker_id="bench") is not None
 
-        figures["dequeue_per_s_1_in_flight"] = await _timed(n, 1, dequeue)
-        figures["dequeue_per_s_8_in_flight"] = await _timed(n, 8, dequeue)
+        figures["dequeue_per_s_1_in_flight"] = await _timed("dequeue_1", n, 1, dequeue)
+        figures["dequeue_per_s_8_in_flight"] = await _timed("dequeue_8", n, 8, dequeue)
 
         # enqueue + dequeue one at a time (the runner's hot loop without the agent)
         async def round_trip(i: int) -> None:
             await client.enqueue_rollout(i, rollout_id=f"rt-{i}")
             assert await client.dequeue_rollout(worker_id="bench") is not None
 
-        figures["enqueue_then_dequeue_pairs_per_s_1_in_flight"] = await _timed(n // 2, 1, round_trip)
+        figures["enqueue_then_dequeue_pairs_per_s_1_in_flight"] = await _timed("pair_1", n // 2, 1, round_trip)
 
         claim = await client.dequeue_rollout()
         assert claim is not None
@@ -86,12 +114,12 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
         async def add_one(i: int) -> None:
             await client.add_spans([spans[i]])
 
-        figures["single_span_adds_per_s_1_in_flight"] = await _timed(n, 1, add_one)
+        figures["single_span_adds_per_s_1_in_flight"] = await _timed("span_1", n, 1, add_one)
 
         async def add_one_more(i: int) -> None:
             await client.add_spans([spans[n + i]])
 
-        figures["single_span_adds_per_s_8_in_flight"] = await _timed(n, 8, add_one_more)
+        figures["single_span_adds_per_s_8_in_flight"] = await _timed("span_8", n, 8, add_one_more)
 
         batch = 500
         offset = 2 * n
@@ -100,14 +128,14 @@ async def _store_figures(url: str, scale: float) -> dict[str, float]:
         async def add_batch(i: int) -> None:
             await client.add_spans(spans[offset + i * batch : offset + (i + 1) * batch])
 
-        figures["batched_spans_per_s_1_in_flight"] = await _timed(n_batches, 1, add_batch) * batch
+        figures["batched_spans_per_s_1_in_flight"] = await _timed("batch_1", n_batches, 1, add_batch, batch) * batch
         offset += n_batches * batch
-        figures["batched_spans_per_s_4_in_flight"] = await _timed(n_batches, 4, add_batch) * batch
+        figures["batched_spans_per_s_4_in_flight"] = await _timed("batch_4", n_batches, 4, add_batch, batch) * batch
         stats = await client.stats()
         assert stats.spans == offset + n_batches * batch, "every span must be stored exactly once"
     finally:
         await client.close()
-    return figures
+    return figures | meter.cpu
 
 
 def store_section(args: argparse.Namespace) -> dict[str, float]:
@@ -116,7 +144,8 @@ def store_section(args: argparse.Namespace) -> dict[str, float]:
         tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
         ServedStoreProcess(Path(tmp) / "bench.db", token=TOKEN) as server,
     ):
-        return asyncio.run(_store_figures(server.url, 0.25 if args.quick else 1.0))
+        assert server.proc is not None
+        return asyncio.run(_store_figures(server.url, server.proc.pid, 0.25 if args.quick else 1.0))
 
 
 SECTIONS: list[tuple[str, Section]] = [("store", store_section)]
@@ -137,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}: {section.__doc__ or ''}".rstrip())
         width = max(len(k) for k in figures)
         for key, value in figures.items():
-            print(f"  {key:<{width}}  {value:>12,.0f}")
+            print(f"  {key:<{width}}  {value:>12,.0f}{'  (CPU µs per op)' if key.endswith('_cpu_us') else ''}")
             everything[f"{name}.{key}"] = round(value, 1)
     sys.stdout.flush()
     print(json.dumps(everything))

@@ -84,6 +84,11 @@ def _rate(n: int, seconds: float) -> float:
     return round(n / seconds, 1) if seconds > 0 else float("inf")
 
 
+def _cpu_us(cpu_seconds: float, n: int) -> float:
+    # CPU time per operation: steadier than rates on a shared machine (waiting for a core does not count).
+    return round(cpu_seconds / n * 1e6, 1)
+
+
 # ------------------------------------------------------------------ sections
 
 
@@ -98,13 +103,13 @@ async def store_throughput(args: argparse.Namespace) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         for backend, open_store in _backends(Path(tmp)).items():
             async with open_store() as store:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for i in range(n_rollouts):
                     await store.enqueue_rollout({"task": i})
-                t_enq = time.perf_counter() - t0
-                t0 = time.perf_counter()
+                t_enq, c_enq = time.perf_counter() - t0, time.process_time() - c0
+                t0, c0 = time.perf_counter(), time.process_time()
                 claims = [await store.dequeue_rollout(worker_id="bench") for _ in range(n_rollouts)]
-                t_deq = time.perf_counter() - t0
+                t_deq, c_deq = time.perf_counter() - t0, time.process_time() - c0
                 assert all(c is not None for c in claims)
                 t0 = time.perf_counter()
                 for claim in claims:
@@ -116,21 +121,23 @@ async def store_throughput(args: argparse.Namespace) -> list[Row]:
                     (backend, "dequeue_per_s", _rate(n_rollouts, t_deq), "claims/s, 1 per call"),
                     (backend, "enqueue_dequeue_per_s", _rate(n_rollouts, t_enq + t_deq), "rollouts/s, both"),
                     (backend, "finish_per_s", _rate(n_rollouts, t_fin), "attempts/s, 1 per call"),
+                    (backend, "enqueue_cpu_us", _cpu_us(c_enq, n_rollouts), "CPU µs per call"),
+                    (backend, "dequeue_cpu_us", _cpu_us(c_deq, n_rollouts), "CPU µs per call"),
                 ]
 
                 rid, aid = claims[0].rollout.rollout_id, claims[0].attempt.attempt_id  # type: ignore[union-attr]
                 spans = [_span(rid, aid, i) for i in range(n_single)]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for span in spans:
                     await store.add_spans([span])
-                t_single = time.perf_counter() - t0
+                t_single, c_single = time.perf_counter() - t0, time.process_time() - c0
                 rid2, aid2 = claims[1].rollout.rollout_id, claims[1].attempt.attempt_id  # type: ignore[union-attr]
                 spans = [_span(rid2, aid2, i) for i in range(n_batched)]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 added = 0
                 for start in range(0, n_batched, batch):
                     added += await store.add_spans(spans[start : start + batch])
-                t_batch = time.perf_counter() - t0
+                t_batch, c_batch = time.perf_counter() - t0, time.process_time() - c0
                 assert added == n_batched
                 t0 = time.perf_counter()
                 got = await store.query_spans(rid2)
@@ -140,6 +147,8 @@ async def store_throughput(args: argparse.Namespace) -> list[Row]:
                     (backend, "span_add_single_per_s", _rate(n_single, t_single), "spans/s, 1 per call"),
                     (backend, f"span_add_batch{batch}_per_s", _rate(n_batched, t_batch), f"spans/s, {batch} per call"),
                     (backend, "span_query_per_s", _rate(n_batched, t_query), "spans/s read back"),
+                    (backend, "span_add_single_cpu_us", _cpu_us(c_single, n_single), "CPU µs per call"),
+                    (backend, f"span_add_batch{batch}_cpu_us", _cpu_us(c_batch, n_batched), "CPU µs per span"),
                 ]
     span_bytes = len(_span("ro-" + "a" * 32, "at-" + "b" * 32, 7).model_dump_json())
     rows.append(("-", "span_json_bytes", float(span_bytes), "B"))
@@ -164,12 +173,12 @@ async def raw_sqlite(args: argparse.Namespace) -> list[Row]:
             conn.execute("CREATE TABLE t (a TEXT, b TEXT, c TEXT, d INTEGER, data TEXT, PRIMARY KEY (a, b, c))")
             sql = "INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?, ?)"
             n = n_single if sync == "NORMAL" else max(100, n_single // 10)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for i in range(n):
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute(sql, ("ro-" + "a" * 32, "at-" + "b" * 32, f"{i:016x}", i, payload))
                 conn.execute("COMMIT")
-            t_single = time.perf_counter() - t0
+            t_single, c_single = time.perf_counter() - t0, time.process_time() - c0
             data = [("ro-" + "a" * 32, "at-" + "c" * 32, f"{i:016x}", i, payload) for i in range(n_batched)]
             t0 = time.perf_counter()
             for start in range(0, n_batched, 500):
@@ -181,6 +190,7 @@ async def raw_sqlite(args: argparse.Namespace) -> list[Row]:
             backend = "sqlite3" if sync == "NORMAL" else "sqlite3_full"
             rows += [
                 (backend, "row_txn_single_per_s", _rate(n, t_single), "rows/s, 1 per txn"),
+                (backend, "row_txn_single_cpu_us", _cpu_us(c_single, n), "CPU µs per txn"),
                 (backend, "row_txn_batch500_per_s", _rate(n_batched, t_batch), "rows/s, 500 per txn"),
             ]
     return rows

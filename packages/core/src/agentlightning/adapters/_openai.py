@@ -1,13 +1,17 @@
 """Spans for raw ``openai`` client calls, through OpenLLMetry's ``opentelemetry-instrumentation-openai``.
 
 The instrumentation makes one ``openai.chat`` span per request, with ``gen_ai.response.id`` set from the
-response (streams included). A small span processor maps it to our conventions:
+response (streams included). The tracer we hand it maps that span to our conventions:
 
 - standalone (no framework LLM span encloses it): the span becomes an LLM span (``SPAN_KIND=llm``), which the
   transition builder joins to the proxy's ``LLMCall`` by response id;
-- nested under a live LLM span of a framework adapter (the Agents SDK's generation span, for instance): the
-  span stays a plain child and hands its response id and token usage up to that LLM span, so each call is
-  counted once and the framework's span becomes joinable.
+- under a live LLM span of a framework adapter (the Agents SDK's generation span, LangChain's chat model span):
+  no span is recorded; what the instrumentation would write on it only hands the response id, model and token
+  usage up to that LLM span, so each call is counted (and paid for) once and the framework's span becomes
+  joinable.
+
+The instrumentation runs lean: no message contents, no metrics, no trace header injection, no event per
+streamed chunk, and two per-call costs that change no recorded attribute are removed (`_lean_instrumentation`).
 
 Framework adapters whose own LLM spans lack the response id turn the hook on with
 :func:`acquire_openai_hook` (reference counted); users call :func:`instrument_openai`.
@@ -15,28 +19,24 @@ Framework adapters whose own LLM spans lack the response id turn the hook on wit
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
 import sys
 import threading
 import traceback
+from collections.abc import Generator, Mapping
 from typing import Any, ClassVar
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace import Span as SdkSpan
 
 from agentlightning import semconv
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError
-from agentlightning.adapters._otel import (
-    GatedSpanProcessor,
-    add_processor_once,
-    is_llm_span,
-    lightning_provider,
-    pending_llm_spans,
-)
+from agentlightning.adapters._otel import is_llm_span, lightning_provider, pending_llm_spans
 
 __all__ = [
     "OpenAIAdapter",
@@ -51,69 +51,196 @@ logger = logging.getLogger(__name__)
 _SCOPE_PREFIX = "opentelemetry.instrumentation.openai"
 _CONTENT_ENV = "TRACELOOP_TRACE_CONTENT"
 _METRICS_ENV = "TRACELOOP_METRICS_ENABLED"
+_CHUNK_EVENT = "gen_ai.content.completion.chunk"
 _INSTALL = "pip install 'agentlightning-core[openai]'"
 
 
-class _OpenAISpanMapper(GatedSpanProcessor):
-    """Maps OpenLLMetry's openai spans onto our attribute names (see the module docstring)."""
+_FORWARDED = frozenset(
+    {
+        semconv.GEN_AI_RESPONSE_ID,
+        semconv.GEN_AI_RESPONSE_MODEL,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+    }
+)
 
-    def __init__(self) -> None:
-        self._nested: dict[int, SdkSpan] = {}
-        self.standalone = False
 
-    def on_start(self, span: SdkSpan, parent_context: Any = None) -> None:
-        if not self.enabled:
-            return
-        scope = span.instrumentation_scope
-        if scope is None or not scope.name.startswith(_SCOPE_PREFIX):
-            return
-        parent = trace.get_current_span(parent_context)
-        span.set_attribute(semconv.ADAPTER_NAME, "openai")
-        framework_span = parent if is_llm_span(parent) else pending_llm_spans.claim()
-        if isinstance(framework_span, SdkSpan):
-            self._nested[span.get_span_context().span_id] = framework_span
-            return
-        if not self.standalone:
-            return  # only framework adapters hold the hook: a stray client span is not a call to train on
-        span.set_attribute(semconv.SPAN_KIND, semconv.KIND_LLM)
-        span.set_attribute(semconv.GEN_AI_OPERATION, "chat")
+class _RelaySpan(trace.Span):
+    """The client span of a call that a framework LLM span already records: it records nothing itself.
 
-    def on_end(self, span: ReadableSpan) -> None:
-        if not self._nested or span.context is None:
-            return
-        parent = self._nested.pop(span.context.span_id, None)
-        if parent is None or not parent.is_recording():
-            return
-        mine = span.attributes or {}
-        theirs = parent.attributes or {}
-        for key in (
-            semconv.GEN_AI_RESPONSE_ID,
-            semconv.GEN_AI_RESPONSE_MODEL,
-            semconv.GEN_AI_USAGE_INPUT_TOKENS,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-        ):
-            value = mine.get(key)
-            if value is not None and theirs.get(key) is None:
-                parent.set_attribute(key, value)
+    It only hands the response id, response model and token usage up to that framework span (when the span
+    lacks them), so no second span per call is built, processed and stored. Code running under it sees the
+    framework span as its parent.
+    """
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: SdkSpan) -> None:
+        self._target = target
+
+    def get_span_context(self) -> trace.SpanContext:
+        return self._target.get_span_context()
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if key in _FORWARDED and value is not None:
+            target = self._target
+            if target.is_recording():
+                attributes = target.attributes
+                if attributes is None or attributes.get(key) is None:
+                    target.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        return None
+
+    def update_name(self, name: str) -> None:
+        return None
+
+    def is_recording(self) -> bool:
+        return self._target.is_recording()
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        return None
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
+    ) -> None:
+        return None
+
+    def end(self, end_time: int | None = None) -> None:
+        return None
+
+
+class _ClientSpan(trace.Span):
+    """A recorded client span, minus the attribute-less event the instrumentation adds for every streamed chunk.
+
+    Hundreds of those per streamed call would each cost an event on the hot path and a record in the store.
+    """
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def __getattr__(self, name: str) -> Any:  # SDK extras (``attributes``, ``name``...) of the real span
+        return getattr(self._span, name)
+
+    def get_span_context(self) -> trace.SpanContext:
+        return self._span.get_span_context()
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._span.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self._span.set_attributes(attributes)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        if name != _CHUNK_EVENT:
+            self._span.add_event(name, attributes, timestamp)
+
+    def add_link(self, context: trace.SpanContext, attributes: Any = None) -> None:
+        self._span.add_link(context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self._span.update_name(name)
+
+    def is_recording(self) -> bool:
+        return self._span.is_recording()
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        self._span.set_status(status, description)
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
+    ) -> None:
+        self._span.record_exception(exception, attributes, timestamp, escaped)
+
+    def end(self, end_time: int | None = None) -> None:
+        self._span.end(end_time)
 
 
 class _Gate:
-    on = False
+    """What the hook's tracers do: nothing while off; standalone client spans become LLM spans."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.standalone = False
+
+
+_STANDALONE = {semconv.ADAPTER_NAME: "openai", semconv.SPAN_KIND: semconv.KIND_LLM, semconv.GEN_AI_OPERATION: "chat"}
+_STRAY = {semconv.ADAPTER_NAME: "openai"}
 
 
 class _GatedTracer(trace.Tracer):
-    """Delegates to the real tracer while the gate is on, to a no-op tracer otherwise."""
+    """The instrumentation's tracer: maps each client span onto our conventions (see the module docstring).
+
+    Off, it hands out the invalid span (no-op). Under a live framework LLM span (the current span, or one
+    registered in ``pending_llm_spans``) it hands out a `_RelaySpan`. Otherwise it starts a real span, an LLM
+    span when standalone client spans are wanted, a plain one (a stray call, not one to train on) when not.
+    """
 
     def __init__(self, real: trace.Tracer, gate: _Gate) -> None:
         self._real = real
         self._gate = gate
-        self._noop = trace.NoOpTracer()
 
-    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
-        return (self._real if self._gate.on else self._noop).start_span(*args, **kwargs)
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        gate = self._gate
+        if not gate.on:
+            return trace.INVALID_SPAN
+        parent = trace.get_current_span(context)
+        framework = parent if is_llm_span(parent) else pending_llm_spans.claim()
+        if framework is not None:
+            return _RelaySpan(framework)
+        extra = _STANDALONE if gate.standalone else _STRAY
+        return _ClientSpan(
+            self._real.start_span(
+                name,
+                context,
+                kind,
+                {**attributes, **extra} if attributes else extra,
+                links,
+                start_time,
+                record_exception,
+                set_status_on_exception,
+            )
+        )
 
-    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
-        return (self._real if self._gate.on else self._noop).start_as_current_span(*args, **kwargs)
+    @contextlib.contextmanager
+    def start_as_current_span(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Generator[trace.Span]:
+        span = self.start_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
+        with trace.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
+            yield current
 
 
 class _GatedTracerProvider(trace.TracerProvider):
@@ -134,7 +261,6 @@ class _OpenAIHook:
         self._lock = threading.Lock()
         self._count = 0
         self._standalone = 0
-        self._mapper = _OpenAISpanMapper()
         self._instrumentor: Any = None
         self._gate = _Gate()
         self._set_content_env = False
@@ -145,7 +271,7 @@ class _OpenAIHook:
                 self._start()
             self._count += 1
             self._standalone += int(standalone)
-            self._mapper.standalone = self._standalone > 0
+            self._gate.standalone = self._standalone > 0
 
     def release(self, standalone: bool) -> None:
         with self._lock:
@@ -153,7 +279,7 @@ class _OpenAIHook:
                 return
             self._count -= 1
             self._standalone = max(0, self._standalone - int(standalone))
-            self._mapper.standalone = self._standalone > 0
+            self._gate.standalone = self._standalone > 0
             if self._count == 0:
                 self._stop()
 
@@ -165,7 +291,6 @@ class _OpenAIHook:
                 f"OpenAI call tracing needs opentelemetry-instrumentation-openai ({exc}). Install it with: {_INSTALL}"
             ) from exc
         provider = lightning_provider()
-        add_processor_once(provider, self._mapper)
         # Message contents make spans large and slow; keep them off unless the user asked for them.
         if _CONTENT_ENV not in os.environ:
             os.environ[_CONTENT_ENV] = "false"
@@ -188,10 +313,8 @@ class _OpenAIHook:
                     os.environ[_METRICS_ENV] = metrics_env
             _lean_instrumentation()
         self._gate.on = True
-        self._mapper.enabled = True
 
     def _stop(self) -> None:
-        self._mapper.enabled = False
         self._gate.on = False
         if self._set_content_env:
             os.environ.pop(_CONTENT_ENV, None)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeGuard
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
 
 from agentlightning import semconv
+from agentlightning.tracing._context import _CURRENT  # pyright: ignore[reportPrivateUsage]
 
 __all__ = [
     "GatedSpanProcessor",
@@ -68,7 +69,7 @@ def add_processor_once(provider: TracerProvider, processor: SpanProcessor) -> No
         _added.add(key)
 
 
-def is_llm_span(span: Any) -> bool:
+def is_llm_span(span: Any) -> TypeGuard[SdkSpan]:
     """Whether ``span`` is a live, recording SDK span of kind ``llm`` (an enclosing framework LLM span)."""
     if not isinstance(span, SdkSpan) or not span.is_recording():
         return False
@@ -91,9 +92,7 @@ class _PendingLLMSpans:
 
     @staticmethod
     def _key() -> int:
-        from agentlightning.tracing import current_rollout
-
-        return id(current_rollout())
+        return id(_CURRENT.get())
 
     def add(self, span: Any) -> None:
         """Register a just-started framework LLM span of the current rollout."""

@@ -64,6 +64,7 @@ from agentlightning.store._wire import (
 
 if TYPE_CHECKING:
     import aiohttp
+    import yarl
 
 __all__ = ["InvalidRequestError", "StoreClient", "StoreUnavailableError", "UnauthorizedError"]
 
@@ -136,6 +137,9 @@ class StoreClient:
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._lock = threading.Lock()
         self._retry_policy: RetryPolicy | None = None
+        # Parsed once and reused: aiohttp would otherwise parse the URL string and build a timeout per request.
+        self._urls: dict[str, yarl.URL] = {}
+        self._timeout: aiohttp.ClientTimeout | None = None
 
     def __repr__(self) -> str:
         return f"StoreClient({self.url!r})"
@@ -358,9 +362,17 @@ class StoreClient:
     ) -> _M:
         import aiohttp
 
-        data = body.model_dump_json().encode() if body is not None else None
-        url = self._api + path
-        timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
+        data = body.__pydantic_serializer__.to_json(body) if body is not None else None
+        url = self._urls.get(path)
+        if url is None:
+            url = _url(self._api + path)
+            if method == "POST":  # POST paths are fixed; GET paths may carry an id and are not kept
+                self._urls[path] = url
+        timeout = self._timeout
+        if extra_timeout or timeout is None or timeout.total != self.timeout:
+            timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
+            if not extra_timeout:
+                self._timeout = timeout
         delay = self.backoff
         last: str = ""
         for attempt in range(self.retries + 1):
@@ -391,6 +403,12 @@ class StoreClient:
 
 class _RetriedConflict(ConflictError):
     """A conflict seen on a retry: an earlier try may have succeeded before its answer was lost."""
+
+
+def _url(text: str) -> yarl.URL:
+    import yarl  # comes with aiohttp, imported with it on first use
+
+    return yarl.URL(text)
 
 
 def _rebuild(kwargs: dict[str, Any]) -> StoreClient:

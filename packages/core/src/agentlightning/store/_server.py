@@ -168,7 +168,7 @@ def _claim_answer(claim: Claim | None) -> bytes:
 
 
 def _added_answer(added: int) -> bytes:
-    if type(added) is not int:  # noqa: E721 - exactly int: anything else goes through validation and its errors
+    if type(added) is not int:  # exactly int (not bool or a subclass): anything else is validated as before
         return _dump(AddedResponse(added=added))
     return b'{"added":%d}' % added
 

@@ -33,7 +33,6 @@ from agentlightning.store._base import (
     NotFoundError,
     RetryPolicy,
     RolloutRequest,
-    StoreError,
     StoreStats,
 )
 from agentlightning.store._common import (
@@ -67,7 +66,8 @@ logger = logging.getLogger(__name__)
 
 # Hot statements as constants: one string object each, so sqlite3's statement cache finds them without rebuilding.
 _INSERT_ROLLOUT = (
-    f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {ROLLOUT_COLUMNS}"
+    f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"RETURNING {ROLLOUT_COLUMNS}"
 )
 _CLAIM_OLDEST = (
     "UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = "
@@ -134,7 +134,6 @@ class SqliteStore:
 
     def _get_conn(self) -> sqlite3.Connection | None:
         return self._conn
-
 
     def _get_rollout(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout:
         row = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
