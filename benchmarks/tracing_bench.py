@@ -39,6 +39,23 @@ def make_openai(url: str) -> tuple[Adapter, Call]:
     )
 
 
+def make_openai_stream(url: str) -> tuple[Adapter, Call]:
+    """A streamed call: the echo server answers the 200-character prompt in 50 chunks."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="b")
+    prompt = "stream " * 28 + "end"
+
+    async def call() -> Any:
+        stream = await client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": prompt}], stream=True
+        )
+        async for _ in stream:
+            pass
+
+    return OpenAIAdapter.default(), call
+
+
 def make_langchain(url: str) -> tuple[Adapter, Call]:
     from agentlightning_langchain import LangChainAdapter
     from langchain_openai import ChatOpenAI
@@ -150,6 +167,7 @@ async def main() -> None:
     args = parser.parse_args()
     factories = {
         "openai": make_openai,
+        "openai_stream": make_openai_stream,
         "langchain": make_langchain,
         "openai_agents": make_openai_agents,
         "litellm": make_litellm,

@@ -1,8 +1,8 @@
 """The local inference backend: a model behind a request queue that generates concurrent requests together.
 
-At batch 128 a decoding step of the tiny model costs about what it costs at batch 1, so the backend waits up to
-``batch_wait_ms`` after the first queued request for others to arrive, then runs them all in one batched KV-cache
-loop (`generate_batch`). Weights are swapped between batches under a lock, so a batch never mixes two model
+At batch 128 a decoding step of the tiny model costs about what it costs at batch 1, so the backend waits for
+``batch_wait_ms`` of quiet (at most ``max_batch_wait_ms``) for others to arrive, then runs them all in one batched
+KV-cache loop (`generate_batch`). Weights are swapped between batches under a lock, so a batch never mixes two model
 versions.
 """
 
@@ -79,7 +79,8 @@ class LocalBackend:
         template: Chat template for chat requests; defaults to `CalcChatTemplate` over the tokenizer.
         device: Torch device for generation.
         max_batch_size: Most rows generated together.
-        batch_wait_ms: How long the first queued request waits for company before its batch starts.
+        batch_wait_ms: A batch starts once no new request has arrived for this long (ms).
+        max_batch_wait_ms: ...or this long after its first request, whichever comes first.
         model_name: Name reported by the OpenAI endpoints.
         num_threads: ``torch.set_num_threads`` applied at start (process-wide); ``None`` leaves it alone.
         seed: Seeds sampling of requests that carry no seed of their own.
@@ -97,6 +98,7 @@ class LocalBackend:
         device: str | torch.device = "cpu",
         max_batch_size: int = 128,
         batch_wait_ms: float = 5.0,
+        max_batch_wait_ms: float = 50.0,
         model_name: str = "tiny-calc",
         num_threads: int | None = 1,
         seed: int = 0,
@@ -120,6 +122,7 @@ class LocalBackend:
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.batch_wait_ms = batch_wait_ms
+        self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
         self.model_name = model_name
         self.num_threads = num_threads
         self.stats = BackendStats()
@@ -231,9 +234,12 @@ class LocalBackend:
                 self._condition.wait()
             if not self._running:
                 return None
-            deadline = self._queue[0].queued_at + self.batch_wait_ms / 1000.0
+            # Wait while requests keep coming: a batch closes once the queue has been quiet for batch_wait_ms
+            # (agents reach their LLM call spread over a few ms) or max_batch_wait_ms after its first request.
+            hard_deadline = self._queue[0].queued_at + self.max_batch_wait_ms / 1000.0
             while self._running and len(self._queue) < self.max_batch_size:
-                remaining = deadline - time.monotonic()
+                quiet_deadline = self._queue[-1].queued_at + self.batch_wait_ms / 1000.0
+                remaining = min(hard_deadline, quiet_deadline) - time.monotonic()
                 if remaining <= 0:
                     break
                 self._condition.wait(remaining)

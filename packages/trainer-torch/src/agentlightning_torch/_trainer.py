@@ -167,6 +167,9 @@ class TorchTrainer(Algorithm):
     async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
         """Run one iteration: rollouts → batch → update → serve the new weights."""
         t0 = time.monotonic()
+        assert self._backend is not None
+        stats = self._backend.stats
+        batches_before, requests_before = stats.batches, stats.requests
         tasks = [self._rng.choice(list(train_tasks)) for _ in range(self.config.tasks_per_iteration)]
         prefix = f"it{self.iteration}-{time.time_ns()}"
         rollout_ids = await self._enqueue(store, tasks, self.config.samples_per_task, "sample", "train", prefix)
@@ -180,7 +183,10 @@ class TorchTrainer(Algorithm):
         update_metrics = self.update(batch)
         t_update = time.monotonic()
         await self._swap_weights(store)
+        batches = stats.batches - batches_before
         timings = {
+            "backend_batches": float(batches),
+            "backend_mean_batch": (stats.requests - requests_before) / max(batches, 1),
             "time_rollouts": t_rollouts - t0,
             "time_batch": t_batch - t_rollouts,
             "time_update": t_update - t_batch,
