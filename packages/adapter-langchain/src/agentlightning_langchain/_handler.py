@@ -52,6 +52,23 @@ class LightningCallbackHandler(BaseCallbackHandler):
     run_inline = True  # called in the caller's context, so the rollout context variable is visible
     raise_error = False
 
+    # Events this handler records nothing for: LangChain then does not dispatch them to it at all. (Not
+    # ``ignore_agent``: LangChain files tool callbacks under it too.)
+    @property
+    def ignore_retriever(self) -> bool:
+        """Retriever runs are not recorded."""
+        return True
+
+    @property
+    def ignore_retry(self) -> bool:
+        """Retries are not recorded."""
+        return True
+
+    @property
+    def ignore_custom_event(self) -> bool:
+        """Custom events are not recorded."""
+        return True
+
     def __init__(self, tracer_name: str = "agentlightning_langchain") -> None:
         super().__init__()
         self._tracer = lightning_tracer(tracer_name)
@@ -192,7 +209,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         """End the LLM span with the response id (the join key to the proxy's record), model and usage."""
         self._forget_pending(run_id)
-        self._end(run_id, attributes=_response_attributes(response))
+        if run_id in self._runs:
+            self._end(run_id, attributes=_response_attributes(response))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         """End the LLM span with an error status."""

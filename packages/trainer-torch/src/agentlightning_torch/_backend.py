@@ -42,6 +42,7 @@ class BackendStats:
         last_batch_size: Rows in the most recent batch.
         max_batch_size: Largest batch so far.
         batch_sizes: Size of every batch, in order (capped at the last 10,000).
+        busy_seconds: Wall time spent generating (summed over batches).
     """
 
     requests: int = 0
@@ -50,6 +51,7 @@ class BackendStats:
     last_batch_size: int = 0
     max_batch_size: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    busy_seconds: float = 0.0
 
 
 @dataclass
@@ -273,6 +275,7 @@ class LocalBackend:
                 except Exception:  # a listener that went away must not fail the other rows
                     logger.debug("dropping a token event for a listener that failed", exc_info=True)
 
+            started = time.monotonic()
             try:
                 with self._weights_lock:
                     results = generate_batch(
@@ -289,6 +292,7 @@ class LocalBackend:
                 for job in jobs:
                     job.future.set_exception(error)
                 continue
+            self.stats.busy_seconds += time.monotonic() - started
             self.stats.batches += 1
             self.stats.requests += len(jobs)
             self.stats.tokens += sum(len(r.token_ids) for r in results)

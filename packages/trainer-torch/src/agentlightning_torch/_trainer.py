@@ -114,7 +114,9 @@ class TorchTrainer(Algorithm):
         backend.model_version = self.model_version
         self._backend = backend
         self._server = BackendServer(backend).start()
-        self._proxy = LLMProxy(store, [self._server.url], model_version=self.model_version)
+        # Background recording: LLM-call records are written in batches (fewer SQLite transactions competing
+        # with the runners'); the trainer owns the proxy, so it flushes them before it builds a batch.
+        self._proxy = LLMProxy(store, [self._server.url], model_version=self.model_version, record="background")
         await self._proxy.start()
         await self._publish(store)
 
@@ -169,7 +171,7 @@ class TorchTrainer(Algorithm):
         t0 = time.monotonic()
         assert self._backend is not None
         stats = self._backend.stats
-        batches_before, requests_before = stats.batches, stats.requests
+        batches_before, requests_before, busy_before = stats.batches, stats.requests, stats.busy_seconds
         tasks = [self._rng.choice(list(train_tasks)) for _ in range(self.config.tasks_per_iteration)]
         prefix = f"it{self.iteration}-{time.time_ns()}"
         rollout_ids = await self._enqueue(store, tasks, self.config.samples_per_task, "sample", "train", prefix)
@@ -187,6 +189,7 @@ class TorchTrainer(Algorithm):
         timings = {
             "backend_batches": float(batches),
             "backend_mean_batch": (stats.requests - requests_before) / max(batches, 1),
+            "time_generating": stats.busy_seconds - busy_before,
             "time_rollouts": t_rollouts - t0,
             "time_batch": t_batch - t_rollouts,
             "time_update": t_update - t_batch,
@@ -202,7 +205,7 @@ class TorchTrainer(Algorithm):
             calls_per_rollout=summary["calls_per_rollout"],
             multi_call_rate=summary["multi_call_rate"],
             seconds=time.monotonic() - t0,
-            metrics={**batch.metrics, **update_metrics, **timings},
+            metrics={**batch.metrics, **update_metrics, **timings, "accuracy": summary["success_rate"]},
         )
         self._record(report)
         if self.config.checkpoint_every and self.iteration % self.config.checkpoint_every == 0:
@@ -228,6 +231,7 @@ class TorchTrainer(Algorithm):
             calls_per_rollout=summary["calls_per_rollout"],
             multi_call_rate=summary["multi_call_rate"],
             seconds=time.monotonic() - t0,
+            metrics={"accuracy": summary["success_rate"]},
         )
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
@@ -257,12 +261,14 @@ class TorchTrainer(Algorithm):
         return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)
 
     async def _summarize(self, store: LightningStore, rollout_ids: Sequence[str]) -> dict[str, float]:
+        await self.proxy.flush()
         results = await results_from_store(store, rollout_ids, self._transition_config())
         return _summary(results)
 
     async def _build_batch(
         self, store: LightningStore, rollout_ids: Sequence[str]
     ) -> tuple[TrainingBatch, dict[str, float]]:
+        await self.proxy.flush()
         results = await results_from_store(store, rollout_ids, self._transition_config())
         diagnostics = TransitionDiagnostics()
         for result in results:
@@ -339,4 +345,5 @@ def _summary(results: Sequence[Any]) -> dict[str, float]:
         "reward_mean": sum(rewards) / n,
         "calls_per_rollout": sum(calls) / n,
         "multi_call_rate": sum(1 for c in calls if c > 1) / n,
+        "success_rate": sum(1 for r in rewards if r >= 1.0) / n,
     }
