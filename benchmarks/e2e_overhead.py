@@ -1,0 +1,76 @@
+"""Framework overhead per RL iteration: the quickstart through the full stack vs the same recipe as a bare loop.
+
+Runs, one after the other on the same machine, ``benchmarks/bare_loop_calc.py`` (model, batched sampling and
+``ppo_update`` in one process: no store, runner, proxy, HTTP or LangGraph) and ``examples/calc/train.py`` (LangGraph
+agent in a runner process → adapter spans → proxy → local backend → SQLite store → transitions → LightningRL →
+the same ``ppo_update``), each for ``--iterations`` iterations of 16 tasks × 8 samples, and prints seconds per
+iteration of each and their ratio. Ends with one JSON line of all figures.
+
+    .venv/bin/python benchmarks/e2e_overhead.py --iterations 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _last_json(output: str, what: str) -> dict[str, Any]:
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{what} printed no JSON summary; its output ended with:\n{output[-2000:]}")
+
+
+def run(cmd: list[str], what: str) -> dict[str, Any]:
+    print(f"running {what}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed with exit code {done.returncode}:\n{done.stderr[-3000:]}")
+    return _last_json(done.stdout, what)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    common = ["--threads", str(args.threads)]
+    bare = run(
+        [sys.executable, "benchmarks/bare_loop_calc.py", "--iterations", str(args.iterations), "--seconds", "3600",
+         "--eval-tasks", "8", *common],
+        "bare loop",
+    )
+    framework = run(
+        [sys.executable, "examples/calc/train.py", "--iterations", str(args.iterations), "--minutes", "60",
+         "--eval-size", "8", "--quiet", "--output", "runs/e2e-overhead", *common],
+        "framework (quickstart)",
+    )
+    bare_s = float(bare["seconds_per_iteration"])
+    framework_s = float(framework["seconds_per_iteration"])
+    figures = {
+        "iterations": args.iterations,
+        "bare_seconds_per_iteration": bare_s,
+        "bare_sample_seconds": bare.get("sample_seconds_per_iteration"),
+        "bare_update_seconds": bare.get("update_seconds_per_iteration"),
+        "framework_seconds_per_iteration": framework_s,
+        "ratio": round(framework_s / bare_s, 2),
+        "bare_reward_last5": bare.get("reward_last5"),
+        "framework_reward_after": framework.get("reward_after"),
+    }
+    print(f"{'':32}{'s/iteration':>12}")
+    print(f"{'bare loop':32}{bare_s:>12.3f}")
+    print(f"{'framework (LangGraph quickstart)':32}{framework_s:>12.3f}")
+    print(f"{'ratio (target <= 1.5)':32}{figures['ratio']:>12.2f}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
