@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
     CalcChatTemplate,

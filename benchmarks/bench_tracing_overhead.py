@@ -18,10 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agentlightning.store import MemoryStore, SqliteStore
-from agentlightning.tracing import flush, get_span_processor, get_tracer, rollout_context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from agentlightning.store import MemoryStore, SqliteStore
+from agentlightning.tracing import flush, get_span_processor, get_tracer, rollout_context
 
 
 class _NoopExporter(SpanExporter):

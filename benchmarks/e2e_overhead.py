@@ -43,13 +43,34 @@ def main() -> int:
     args = parser.parse_args()
     common = ["--threads", str(args.threads)]
     bare = run(
-        [sys.executable, "benchmarks/bare_loop_calc.py", "--iterations", str(args.iterations), "--seconds", "3600",
-         "--eval-tasks", "8", *common],
+        [
+            sys.executable,
+            "benchmarks/bare_loop_calc.py",
+            "--iterations",
+            str(args.iterations),
+            "--seconds",
+            "3600",
+            "--eval-tasks",
+            "8",
+            *common,
+        ],
         "bare loop",
     )
     framework = run(
-        [sys.executable, "examples/calc/train.py", "--iterations", str(args.iterations), "--minutes", "60",
-         "--eval-size", "8", "--quiet", "--output", "runs/e2e-overhead", *common],
+        [
+            sys.executable,
+            "examples/calc/train.py",
+            "--iterations",
+            str(args.iterations),
+            "--minutes",
+            "60",
+            "--eval-size",
+            "8",
+            "--quiet",
+            "--output",
+            "runs/e2e-overhead",
+            *common,
+        ],
         "framework (quickstart)",
     )
     bare_s = float(bare["seconds_per_iteration"])

@@ -52,6 +52,7 @@ def _serve_backend() -> None:
 
 def _serve_proxy(backend: str, port: int, record: str) -> None:
     import uvicorn
+
     from agentlightning.proxy import LLMProxy
     from agentlightning.store import MemoryStore
 

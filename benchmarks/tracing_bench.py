@@ -4,6 +4,10 @@ Every adapter runs a one-LLM-call agent of its framework against the same `Scrip
 (no proxy, so only the adapter's cost differs). Untraced: the adapter is not instrumented. Traced: instrumented,
 inside a rollout context writing to a MemoryStore. Blocks of untraced and traced calls alternate to cancel
 drift; AutoGen runs last because instrumenting it makes Agent Lightning's tracer provider global for good.
+``openai_stream`` is the plain openai client again, streaming a 50-chunk answer.
+
+CPU figures count the whole process (the in-process model server too, the same both ways): on a shared, loaded
+machine they are steadier than wall time, but still read them as rough figures and compare runs made together.
 
 Prints a table, then one JSON line with every figure (milliseconds).
 
@@ -57,17 +61,19 @@ def make_openai_stream(url: str) -> tuple[Adapter, Call]:
 
 
 def make_langchain(url: str) -> tuple[Adapter, Call]:
-    from agentlightning_langchain import LangChainAdapter
     from langchain_openai import ChatOpenAI
+
+    from agentlightning_langchain import LangChainAdapter
 
     llm = ChatOpenAI(base_url=url, api_key="b", model="toy")
     return LangChainAdapter.default(), lambda: llm.ainvoke("hi")
 
 
 def make_openai_agents(url: str) -> tuple[Adapter, Call]:
-    from agentlightning_openai_agents import OpenAIAgentsAdapter
     from agents import Agent, OpenAIChatCompletionsModel, Runner
     from openai import AsyncOpenAI
+
+    from agentlightning_openai_agents import OpenAIAgentsAdapter
 
     model = OpenAIChatCompletionsModel(model="toy", openai_client=AsyncOpenAI(base_url=url, api_key="b"))
     agent = Agent(name="bench", instructions="answer", model=model)
@@ -79,6 +85,7 @@ def make_openai_agents(url: str) -> tuple[Adapter, Call]:
 
 def make_litellm(url: str) -> tuple[Adapter, Call]:
     import litellm
+
     from agentlightning.adapters import LiteLLMAdapter
 
     return LiteLLMAdapter.default(), lambda: litellm.acompletion(
@@ -87,9 +94,10 @@ def make_litellm(url: str) -> tuple[Adapter, Call]:
 
 
 def make_autogen(url: str) -> tuple[Adapter, Call]:
-    from agentlightning_autogen import AutoGenAdapter
     from autogen_agentchat.agents import AssistantAgent
     from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    from agentlightning_autogen import AutoGenAdapter
 
     info: Any = {
         "vision": False,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up the project and run its two main jobs; needs only Python 3.11+ and pip.
 
-    python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train the calc agent
+    python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train
     python3 scripts/dev.py test         # make .venv, install every package + dev tools, run ruff, pyright and pytest
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_openai import ChatOpenAI
+from openai import AsyncOpenAI
+
 from agentlightning import semconv
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
@@ -11,10 +16,6 @@ from agentlightning.testing import ScriptedModelServer, ScriptedReply
 from agentlightning.testing._adapter_kit import KitHarness
 from agentlightning_langchain import LangChainAdapter
 from agentlightning_openai_agents import OpenAIAgentsAdapter
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
-from langchain_core.prompts import ChatPromptTemplate
-from langchain_openai import ChatOpenAI
-from openai import AsyncOpenAI
 
 
 def script(body: dict[str, Any]) -> ScriptedReply:

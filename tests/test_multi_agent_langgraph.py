@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypedDict
 
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
+
 from agentlightning.credit import build_training_batch
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
@@ -11,12 +18,6 @@ from agentlightning.testing import ScriptedModelServer, ScriptedReply
 from agentlightning.tracing import aflush, emit_reward, rollout_context
 from agentlightning.transitions import TransitionConfig, transitions_from_store
 from agentlightning_langchain import LangChainAdapter
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
-from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI
-from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
-from langgraph.prebuilt import ToolNode
 
 
 @tool

@@ -17,12 +17,12 @@ import pytest
 pytest.importorskip("agentlightning_torch")
 pytest.importorskip("langgraph")
 
-import torch  # noqa: E402
+import torch
 
-import agentlightning as agl  # noqa: E402
-import agentlightning_torch  # noqa: E402
-from agentlightning_torch import TorchTrainer, TorchTrainerConfig, load_tiny  # noqa: E402
-from agentlightning_torch import _backend as backend_module  # noqa: E402
+import agentlightning as agl
+import agentlightning_torch
+from agentlightning_torch import TorchTrainer, TorchTrainerConfig, load_tiny
+from agentlightning_torch import _backend as backend_module
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC = ROOT / "examples" / "calc"
@@ -42,16 +42,15 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(summary) >= {"reward_before", "reward_after", "greedy_before", "greedy_after", "rl_seconds", "iterations"}
+    expected = {"reward_before", "reward_after", "greedy_before", "greedy_after", "rl_seconds", "iterations"}
+    assert set(summary) >= expected
     assert summary["iterations"] == 2
     assert (out / "reward_curve.png").stat().st_size > 0
 
     # The trained weights differ from the warm start they began from.
     trained, _ = load_tiny(out / "checkpoint")
     original, _ = load_tiny(CHECKPOINT)
-    deltas = [
-        (p1 - p0).abs().max().item() for p1, p0 in zip(trained.parameters(), original.parameters(), strict=True)
-    ]
+    deltas = [(p1 - p0).abs().max().item() for p1, p0 in zip(trained.parameters(), original.parameters(), strict=True)]
     assert max(deltas) > 0
 
     # Every LLM call went through the proxy; after the updates, calls were served by newer model versions.
@@ -76,8 +75,9 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
 ) -> None:
     sys.path.insert(0, str(CALC))
     try:
-        import agentlightning_langchain
         from agent import calc_agent  # pyright: ignore[reportMissingImports]
+
+        import agentlightning_langchain
     finally:
         sys.path.remove(str(CALC))
 

@@ -12,13 +12,14 @@ import re
 from functools import cache
 from typing import Any
 
-import agentlightning as agl
 import openai
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+
+import agentlightning as agl
 
 MAX_LLM_CALLS = 2
 _ANSWER = re.compile(r"^A:(-?\d+)$")

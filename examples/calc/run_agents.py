@@ -16,9 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from agent import calc_agent
+
 import agentlightning as agl
 import agentlightning_langchain
-from agent import calc_agent
 
 
 def main() -> int:

@@ -85,8 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from agentlightning_torch import PPOConfig, TorchTrainerConfig
     from pydantic import ValidationError
+
+    from agentlightning_torch import PPOConfig, TorchTrainerConfig
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
@@ -118,6 +119,29 @@ def start_runner(db: Path, workers: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, env=env)
 
 
+class RunnerDied(Exception):
+    """The runner process exited while the trainer was waiting for rollouts."""
+
+
+async def _watch(runner: subprocess.Popen[bytes]) -> None:
+    while runner.poll() is None:
+        await asyncio.sleep(0.5)
+    raise RunnerDied(f"the runner process exited with code {runner.returncode}; its error is printed above")
+
+
+async def _guarded(runner: subprocess.Popen[bytes], work: Any) -> Any:
+    """Run ``work`` but stop at once, with a clear error, if the runner process dies (no silent 0-reward run)."""
+    watch = asyncio.ensure_future(_watch(runner))
+    job = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({watch, job}, return_when=asyncio.FIRST_COMPLETED)
+    if job not in done:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        watch.result()
+    watch.cancel()
+    return job.result()
+
+
 def plot(history: list[Any], path: Path) -> None:
     import matplotlib
 
@@ -142,10 +166,11 @@ def plot(history: list[Any], path: Path) -> None:
 
 
 async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    import agentlightning as agl
-    from agentlightning_torch import TorchTrainer
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import agentlightning as agl
+    from agentlightning_torch import TorchTrainer
 
     console = Console(stderr=True)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
@@ -178,13 +203,13 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     try:
         await trainer.start(store)
         console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(val_tasks)} held-out tasks")
-        before = await trainer.evaluate(store, val_tasks)
+        before = await _guarded(runner, trainer.evaluate(store, val_tasks))
         console.print(f"greedy accuracy before RL: {before.reward_mean:.2f}")
         started = time.monotonic()
         with progress:
-            await trainer.run(store, train_tasks)
+            await _guarded(runner, trainer.run(store, train_tasks))
         rl_seconds = time.monotonic() - started
-        after = await trainer.evaluate(store, val_tasks)
+        after = await _guarded(runner, trainer.evaluate(store, val_tasks))
     finally:
         await trainer.stop()
         runner.terminate()
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         load_tasks(args.train_tasks)
         load_tasks(args.val_tasks)
         summary = asyncio.run(train(args, config))
-    except UsageError as error:
+    except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agentlightning import semconv
-from agentlightning.testing import AdapterConformanceTests
-from agentlightning_autogen import AutoGenAdapter
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+from agentlightning import semconv
+from agentlightning.testing import AdapterConformanceTests
+from agentlightning_autogen import AutoGenAdapter
 
 MODEL_INFO: Any = {
     "vision": False,

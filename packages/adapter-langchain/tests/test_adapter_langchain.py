@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from agentlightning import semconv
-from agentlightning.testing import AdapterConformanceTests, ScriptedReply
-from agentlightning_langchain import SUPPORTED_RANGE, LangChainAdapter, LightningCallbackHandler
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+
+from agentlightning import semconv
+from agentlightning.testing import AdapterConformanceTests, ScriptedReply
+from agentlightning_langchain import SUPPORTED_RANGE, LangChainAdapter, LightningCallbackHandler
 
 
 @tool

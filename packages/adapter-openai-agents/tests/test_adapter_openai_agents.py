@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+from openai import AsyncOpenAI
+
 from agentlightning import semconv
 from agentlightning.testing import AdapterConformanceTests, ScriptedReply
 from agentlightning_openai_agents import OpenAIAgentsAdapter
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
-from openai import AsyncOpenAI
 
 
 @function_tool

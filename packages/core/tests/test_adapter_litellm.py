@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import pytest
+
 from agentlightning.adapters import Adapter, LiteLLMAdapter
 from agentlightning.testing import AdapterConformanceTests
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import openai
 import pytest
+
 from agentlightning.adapters import (
     Adapter,
     OpenAIAdapter,

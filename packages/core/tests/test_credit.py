@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from agentlightning import (
     CreditConfig,
     TrainingSample,
@@ -19,7 +21,6 @@ from agentlightning import (
 )
 from agentlightning.credit import advantage_estimator_names, credit_strategy_names
 from agentlightning.transitions import TransitionDiagnostics
-from pydantic import ValidationError
 
 
 def tr(

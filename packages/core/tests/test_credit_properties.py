@@ -6,9 +6,10 @@ import math
 from collections.abc import Sequence
 
 import pytest
-from agentlightning import CreditConfig, TrainingSample, Transition, build_training_batch, get_credit_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agentlightning import CreditConfig, TrainingSample, Transition, build_training_batch, get_credit_strategy
 
 rewards = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=False)
 maybe_reward = st.one_of(st.none(), rewards)

@@ -25,9 +25,7 @@ FORBIDDEN = (
 
 
 def _all_core_modules() -> list[str]:
-    return sorted(
-        info.name for info in pkgutil.walk_packages(agentlightning.__path__, prefix="agentlightning.")
-    )
+    return sorted(info.name for info in pkgutil.walk_packages(agentlightning.__path__, prefix="agentlightning."))
 
 
 def test_core_imports_no_framework() -> None:

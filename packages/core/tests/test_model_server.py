@@ -8,9 +8,10 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai import OpenAI
+
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
 from agentlightning.testing._model_server import pseudo_logprob
-from openai import OpenAI
 
 TOOLS = [
     {

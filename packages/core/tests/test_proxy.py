@@ -16,11 +16,12 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from openai import AsyncOpenAI
+
 from agentlightning import LLMResource, Resources
 from agentlightning.proxy import CALL_ID_HEADER, LLMProxy, create_proxy_app
 from agentlightning.store import MemoryStore, SqliteStore
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
-from openai import AsyncOpenAI
 
 TOOLS = [
     {

@@ -9,11 +9,12 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai import AsyncOpenAI
+
 from agentlightning.proxy import LLMProxy
 from agentlightning.proxy._assemble import SSEParser, StreamAssembler, extract
 from agentlightning.store import MemoryStore
 from agentlightning.testing import ScriptedModelServer, ScriptedReply
-from openai import AsyncOpenAI
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import pickle
 
-import agentlightning as agl
 import pytest
+
+import agentlightning as agl
 from agentlightning import semconv
 from agentlightning.runner import RolloutAgent, final_reward
 from agentlightning.store import MemoryStore

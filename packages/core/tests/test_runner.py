@@ -6,8 +6,9 @@ import asyncio
 import threading
 from pathlib import Path
 
-import agentlightning as agl
 import pytest
+
+import agentlightning as agl
 from agentlightning import semconv
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import MemoryStore, SqliteStore

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+
 from agentlightning.store import LightningStore, RetryPolicy, StoreClient
 from agentlightning.testing._served_store import ServedStoreProcess
 from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+
 from agentlightning import MemoryStore
 from agentlightning.store import LightningStore, RetryPolicy
 from agentlightning.testing import StoreConformanceTests

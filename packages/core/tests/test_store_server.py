@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 import uvicorn
+
 from agentlightning import StoreClient
 from agentlightning.cli import main as agl_main
 from agentlightning.store import ConflictError, MemoryStore, NotFoundError, RetryPolicy, StoreError

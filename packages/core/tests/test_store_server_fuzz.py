@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from agentlightning.store import SqliteStore
-from agentlightning.store._server import create_store_app
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+
+from agentlightning.store import SqliteStore
+from agentlightning.store._server import create_store_app
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from agentlightning.store import RolloutRequest, StoreClient
 from agentlightning.store._client import StoreUnavailableError, UnauthorizedError
 from agentlightning.testing._served_store import ServedStoreProcess

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+
 from agentlightning import SqliteStore
 from agentlightning.store import LightningStore, RetryPolicy, StoreError
 from agentlightning.testing import StoreConformanceTests

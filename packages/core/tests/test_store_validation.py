@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from agentlightning import MemoryStore, SqliteStore
 from agentlightning.store import ConflictError, LightningStore, NotFoundError, RolloutRequest, StoreStats
 from agentlightning.testing._store_kit import make_call, make_span
-from pydantic import ValidationError
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from agentlightning import Span, build_trace_tree
-from agentlightning.transitions import TraceTree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agentlightning import Span, build_trace_tree
+from agentlightning.transitions import TraceTree
 
 TRACE_ID = "ab" * 16
 

@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
 from agentlightning import semconv
 from agentlightning._models import Span
 from agentlightning.store import MemoryStore, SqliteStore, StoreError
@@ -22,9 +26,6 @@ from agentlightning.tracing import (
     get_tracer,
     rollout_context,
 )
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Status, StatusCode
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -6,13 +6,14 @@ import logging
 
 import openai
 import pytest
+from opentelemetry import trace
+
 from agentlightning import semconv
 from agentlightning.adapters import OpenAIAdapter, acquire_openai_hook, release_openai_hook
 from agentlightning.adapters._otel import lightning_tracer
 from agentlightning.store import MemoryStore
 from agentlightning.testing import ScriptedModelServer
 from agentlightning.tracing import aflush, rollout_context
-from opentelemetry import trace
 
 
 async def _attempt(store: MemoryStore) -> tuple[str, str]:

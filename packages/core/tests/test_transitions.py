@@ -7,6 +7,8 @@ import random
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from agentlightning import (
     LLMCall,
     MissingTokenIdsError,
@@ -17,7 +19,6 @@ from agentlightning import (
     TransitionResult,
 )
 from agentlightning import semconv as sc
-from pydantic import ValidationError
 
 TRACE_ID = "cd" * 16
 

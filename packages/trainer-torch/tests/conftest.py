@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from agentlightning_torch import CalcChatTemplate, CharTokenizer, build_tiny_model
 from transformers import LlamaForCausalLM
+
+from agentlightning_torch import CalcChatTemplate, CharTokenizer, build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 import torch
+from transformers import LlamaForCausalLM
+
 from agentlightning_torch import (
     CALCULATOR_TOOL,
     BackendServer,
@@ -20,7 +22,6 @@ from agentlightning_torch import (
     SamplingParams,
     serve_backend,
 )
-from transformers import LlamaForCausalLM
 
 USER = [{"role": "user", "content": "Q:2*3+4="}]
 TOKEN_IDS = {"return_token_ids": True}

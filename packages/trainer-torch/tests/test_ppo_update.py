@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
+
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
     CharTokenizer,
@@ -18,7 +20,6 @@ from agentlightning_torch import (
     prepare_policy,
     response_logprobs,
 )
-from transformers import LlamaForCausalLM
 
 SmallModel = Callable[..., LlamaForCausalLM]
 

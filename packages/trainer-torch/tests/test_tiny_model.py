@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
+
 from agentlightning_torch import (
     CALCULATOR_TOOL,
     CalcChatTemplate,
@@ -26,7 +28,6 @@ from agentlightning_torch import (
     warm_start,
 )
 from agentlightning_torch.tiny import main as tiny_main
-from transformers import LlamaForCausalLM
 
 SmallModel = Callable[..., LlamaForCausalLM]
 

@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from agentlightning_verl import GPU_INSTALL_HINT, VerlAlgorithm, VerlTrainerConfig
 from pydantic import ValidationError
 from verl.utils.config import omega_conf_to_dataclass
+
+from agentlightning_verl import GPU_INSTALL_HINT, VerlAlgorithm, VerlTrainerConfig
 
 
 def test_expands_into_verl_dataclasses() -> None:

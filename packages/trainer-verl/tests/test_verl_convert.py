@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_verl import SequenceTooLongError, to_data_proto
 

@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from agentlightning import TrainingBatch, TrainingSample
-from agentlightning_verl import VerlTrainerConfig, to_data_proto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.utils.config import omega_conf_to_dataclass
+
+from agentlightning import TrainingBatch, TrainingSample
+from agentlightning_verl import VerlTrainerConfig, to_data_proto
 
 torch.set_num_threads(1)
 S = 1 / math.sqrt(2)  # 0.5 / std([1, 0]) with torch's unbiased std

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from opentelemetry.sdk.trace import Span as SdkSpan
+
 from agentlightning import semconv
 from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook
 from agentlightning.adapters._otel import GatedSpanProcessor, add_processor_once
-from opentelemetry.sdk.trace import Span as SdkSpan
 
 __all__ = ["SUPPORTED_RANGE", "AutoGenAdapter", "instrument", "uninstrument"]
 

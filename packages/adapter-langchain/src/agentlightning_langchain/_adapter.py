@@ -7,7 +7,6 @@ import threading
 from typing import Any, ClassVar
 
 from agentlightning.adapters import Adapter, UnsupportedVersionError, acquire_openai_hook, release_openai_hook
-
 from agentlightning_langchain._handler import LightningCallbackHandler
 
 __all__ = ["SUPPORTED_RANGE", "LangChainAdapter", "instrument", "uninstrument"]

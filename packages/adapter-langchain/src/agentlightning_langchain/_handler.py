@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from agentlightning import semconv
-from agentlightning.adapters._otel import lightning_tracer, pending_llm_spans
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import ChatGeneration, LLMResult
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
+
+from agentlightning import semconv
+from agentlightning.adapters._otel import lightning_tracer, pending_llm_spans
 
 __all__ = ["LightningCallbackHandler"]
 

@@ -6,7 +6,6 @@ import logging
 from typing import ClassVar
 
 from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook
-
 from agentlightning_openai_agents._processor import LightningTracingProcessor
 
 __all__ = ["SUPPORTED_RANGE", "OpenAIAgentsAdapter", "instrument", "uninstrument"]

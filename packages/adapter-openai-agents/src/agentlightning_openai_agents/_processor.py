@@ -13,14 +13,15 @@ import logging
 import threading
 from typing import Any
 
-from agentlightning import semconv
-from agentlightning.adapters._otel import lightning_tracer
 from agents.tracing import Span as AgentsSpan
 from agents.tracing import Trace as AgentsTrace
 from agents.tracing import TracingProcessor
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
+
+from agentlightning import semconv
+from agentlightning.adapters._otel import lightning_tracer
 
 __all__ = ["LightningTracingProcessor"]
 

@@ -8,35 +8,35 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
-    "AttemptStatus",
-    "RolloutStatus",
-    "RolloutMode",
-    "SpanStatusCode",
-    "AttributeValue",
-    "Rollout",
+    "TERMINAL_ATTEMPT_STATUSES",
+    "TERMINAL_ROLLOUT_STATUSES",
     "Attempt",
+    "AttemptStatus",
+    "AttributeValue",
     "Claim",
-    "SpanEvent",
-    "SpanStatus",
-    "Span",
     "LLMCall",
     "LLMResource",
     "PromptTemplateResource",
-    "ValueResource",
     "Resource",
     "Resources",
-    "Transition",
-    "TrainingSample",
+    "Rollout",
+    "RolloutMode",
+    "RolloutStatus",
+    "Span",
+    "SpanEvent",
+    "SpanStatus",
+    "SpanStatusCode",
     "TrainingBatch",
+    "TrainingSample",
+    "Transition",
+    "ValueResource",
     "new_id",
     "now",
-    "TERMINAL_ROLLOUT_STATUSES",
-    "TERMINAL_ATTEMPT_STATUSES",
 ]
 
 RolloutStatus = Literal["queuing", "running", "succeeded", "failed", "cancelled"]
@@ -51,7 +51,7 @@ SpanStatusCode = Literal["unset", "ok", "error"]
 TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "unresponsive", "cancelled"})
 
-AttributeValue = Union[str, bool, int, float, list[str], list[bool], list[int], list[float], None]
+AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float] | None
 """OpenTelemetry attribute values (scalars or homogeneous lists)."""
 
 
@@ -263,7 +263,7 @@ class ValueResource(_Model):
     value: Any = None
 
 
-Resource = Annotated[Union[LLMResource, PromptTemplateResource, ValueResource], Field(discriminator="kind")]
+Resource = Annotated[LLMResource | PromptTemplateResource | ValueResource, Field(discriminator="kind")]
 
 
 class Resources(_Model):

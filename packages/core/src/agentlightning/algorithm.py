@@ -22,7 +22,9 @@ class Algorithm(ABC):
     """
 
     @abstractmethod
-    async def run(self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None) -> None:
+    async def run(
+        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
+    ) -> None:
         """Train until the algorithm's own stopping rule (iterations, time budget...) says stop."""
 
     @abstractmethod

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from agentlightning import TrainingBatch, TrainingSample
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentlightning import TrainingBatch, TrainingSample
 
 __all__ = [
     "LoraSettings",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from agentlightning import (
     Algorithm,
     CreditConfig,
@@ -32,7 +33,6 @@ from agentlightning import (
 )
 from agentlightning.proxy import LLMProxy
 from agentlightning.transitions import TransitionDiagnostics, results_from_store
-
 from agentlightning_torch._backend import LocalBackend
 from agentlightning_torch._model import load_tiny, save_tiny
 from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
@@ -102,7 +102,7 @@ class TorchTrainer(Algorithm):
         if self._proxy is not None:
             return
         backend = LocalBackend(
-            self.policy,
+            self.policy,  # pyright: ignore[reportArgumentType]  # a PreTrainedModel, or a PEFT model wrapping one
             self.tokenizer,
             device=self.config.device,
             max_batch_size=self.config.max_batch_size,

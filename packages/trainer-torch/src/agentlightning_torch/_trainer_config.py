@@ -57,7 +57,7 @@ class TorchTrainerConfig(BaseModel):
     credit: str = "identical"
     estimator: str = "grpo"
     transition_mode: Literal["per_call", "trajectory"] = "per_call"
-    agent_filter: list[str] | str | None = None
+    agent_filter: tuple[str, ...] | str | None = None
     drop_equal_groups: bool = True
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     rollout_timeout_s: float = Field(default=120.0, gt=0)

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agentlightning._models import LLMResource, Resources, TrainingBatch, new_id
 from agentlightning.algorithm import Algorithm
 from agentlightning.store._base import LightningStore, RolloutRequest
-
 from agentlightning_verl._config import VerlTrainerConfig
 from agentlightning_verl._convert import to_data_proto
 
 if TYPE_CHECKING:
-    from agentlightning.proxy import LLMProxy
     from verl import DataProto
+
+    from agentlightning.proxy import LLMProxy
 
 __all__ = ["GPU_INSTALL_HINT", "RayVerlBackend", "VerlAlgorithm", "VerlBackend"]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import inspect
 import logging
 import os
 import sys
@@ -255,7 +256,7 @@ class _GatedTracerProvider(trace.TracerProvider):
 
 
 class _OpenAIHook:
-    """Reference-counted switch for the OpenLLMetry instrumentation and our mapper."""
+    """Reference-counted switch for the OpenLLMetry instrumentation (and whether client spans stand alone)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -372,8 +373,17 @@ def _lean_instrumentation() -> None:
         for module_name, module in list(sys.modules.items()):
             if module_name.startswith(_SCOPE_PREFIX) and getattr(module, name, None) is original:
                 setattr(module, name, constant)
-    if getattr(utils, "traceback", None) is traceback:
+    # Only where the module's one use of ``traceback`` is that log argument (what this was checked against).
+    if getattr(utils, "traceback", None) is traceback and _only_logs_tracebacks(utils):
         utils.traceback = _LazyTraceback()  # type: ignore[attr-defined]
+
+
+def _only_logs_tracebacks(module: Any) -> bool:
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return False
+    return source.count("traceback.") == 1 and source.count("traceback.format_exc(),") == 1
 
 
 _HOOK = _OpenAIHook()

@@ -6,7 +6,12 @@ Names are loaded lazily so importing ``agentlightning.testing`` never pulls in p
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentlightning.testing._adapter_kit import AdapterConformanceTests
+    from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ToyTokenizer
+    from agentlightning.testing._store_kit import StoreConformanceTests
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
