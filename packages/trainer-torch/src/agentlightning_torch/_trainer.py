@@ -196,16 +196,8 @@ class TorchTrainer(Algorithm):
             "time_swap": time.monotonic() - t_update,
         }
         self.iteration += 1
-        report = IterationReport(
-            iteration=self.iteration,
-            model_version=self.model_version,
-            rollouts=len(rollout_ids),
-            finished=len(done_ids),
-            reward_mean=summary["reward_mean"],
-            calls_per_rollout=summary["calls_per_rollout"],
-            multi_call_rate=summary["multi_call_rate"],
-            seconds=time.monotonic() - t0,
-            metrics={**batch.metrics, **update_metrics, **timings, "accuracy": summary["success_rate"]},
+        report = self._report(
+            len(rollout_ids), len(done_ids), summary, t0, {**batch.metrics, **update_metrics, **timings}
         )
         self._record(report)
         if self.config.checkpoint_every and self.iteration % self.config.checkpoint_every == 0:
@@ -222,16 +214,25 @@ class TorchTrainer(Algorithm):
         finished = await store.wait_for_rollouts(rollout_ids, timeout=self.config.rollout_timeout_s)
         done_ids = [r.rollout_id for r in finished if r.status == "succeeded"]
         summary = await self._summarize(store, done_ids)
+        return self._report(len(rollout_ids), len(done_ids), summary, t0, {})
+
+    def _report(
+        self, rollouts: int, finished: int, summary: dict[str, float], t0: float, metrics: dict[str, float]
+    ) -> IterationReport:
+        if finished == 0 and rollouts:
+            logger.error(
+                "none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0
+            )
         return IterationReport(
             iteration=self.iteration,
             model_version=self.model_version,
-            rollouts=len(rollout_ids),
-            finished=len(done_ids),
+            rollouts=rollouts,
+            finished=finished,
             reward_mean=summary["reward_mean"],
             calls_per_rollout=summary["calls_per_rollout"],
             multi_call_rate=summary["multi_call_rate"],
             seconds=time.monotonic() - t0,
-            metrics={"accuracy": summary["success_rate"]},
+            metrics={**metrics, "accuracy": summary["success_rate"]},
         )
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
