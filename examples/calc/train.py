@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts in the runner process")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
+    parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -107,6 +108,7 @@ def build_config(args: argparse.Namespace) -> Any:
             seed=args.seed,
             checkpoint_every=0,
             batch_wait_ms=args.batch_wait_ms,
+            max_batch_wait_ms=args.max_batch_wait_ms,
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())

@@ -107,6 +107,7 @@ class TorchTrainer(Algorithm):
             device=self.config.device,
             max_batch_size=self.config.max_batch_size,
             batch_wait_ms=self.config.batch_wait_ms,
+            max_batch_wait_ms=self.config.max_batch_wait_ms,
             model_name=self.config.model_name,
             num_threads=self.config.num_threads,
             seed=self.config.seed,

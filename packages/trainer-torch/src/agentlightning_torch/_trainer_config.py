@@ -37,7 +37,8 @@ class TorchTrainerConfig(BaseModel):
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
         resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
         max_batch_size: Most concurrent generations the local backend batches together.
-        batch_wait_ms: How long the backend waits for more requests before starting a batch.
+        batch_wait_ms: The backend starts a batch once no request has arrived for this long.
+        max_batch_wait_ms: ...or this long after the batch's first request, whichever comes first.
         seed: Seeds task sampling.
     """
 
@@ -65,6 +66,7 @@ class TorchTrainerConfig(BaseModel):
     resume: bool = False
     max_batch_size: int = Field(default=256, ge=1)
     batch_wait_ms: float = Field(default=5.0, ge=0)
+    max_batch_wait_ms: float = Field(default=50.0, ge=0)
     seed: int = 0
 
     @field_validator("model_dir")
