@@ -24,6 +24,8 @@ VENV = Path(os.environ.get("AGL_VENV", ROOT / ".venv"))
 TORCH = "torch==2.13.0"
 
 QUICKSTART_PACKAGES = ["packages/core", "packages/adapter-langchain", "packages/trainer-torch[plot]"]
+# The example agent is an ordinary LangGraph app calling an OpenAI-compatible endpoint.
+QUICKSTART_AGENT = ["langgraph>=1.0", "langchain-openai>=0.3"]
 ALL_PACKAGES = [
     "packages/core[openai,litellm]",
     "packages/adapter-langchain",
@@ -73,7 +75,7 @@ def _install(packages: list[str], extra: list[str]) -> None:
 def quickstart(args: list[str]) -> int:
     """Install what the calc example needs and run it; extra args go to the example."""
     _ensure_venv()
-    _install(QUICKSTART_PACKAGES, [])
+    _install(QUICKSTART_PACKAGES, QUICKSTART_AGENT)
     return subprocess.call([_bin("python"), "examples/calc/train.py", *args], cwd=ROOT)
 
 
