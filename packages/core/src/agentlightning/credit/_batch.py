@@ -29,6 +29,10 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
+def _step_index(transition: Transition) -> int:
+    return transition.step_index
+
+
 def _raise_non_finite(steps: list[Transition], credits: list[float], advantages: list[float]) -> None:
     for step, credit_value, advantage in zip(steps, credits, advantages, strict=True):
         if not (math.isfinite(credit_value) and math.isfinite(advantage)):
@@ -82,7 +86,8 @@ def build_training_batch(
 
     rollouts: dict[tuple[str, str], list[Transition]] = {}
     for transition in transitions:
-        key = (transition.rollout_id, transition.attempt_id)
+        values = transition.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+        key = (values["rollout_id"], values["attempt_id"])
         bucket = rollouts.get(key)
         if bucket is None:
             rollouts[key] = [transition]
@@ -93,15 +98,28 @@ def build_training_batch(
     finals: list[float] = []
     without_reward: list[str] = []
     for (rollout_id, _), steps in rollouts.items():
-        if any(steps[i].step_index > steps[i + 1].step_index for i in range(len(steps) - 1)):
-            steps.sort(key=lambda t: t.step_index)
+        # One pass: are the steps in order, and do they agree on the final reward?
         final = steps[0].final_reward
+        previous = steps[0].step_index
+        unordered = disagree = False
         for step in steps:
-            if step.final_reward != final:
-                raise ValueError(
-                    f"transitions of rollout {rollout_id} disagree on the final reward ({final} vs "
-                    f"{step.final_reward}); they must come from one attempt"
-                )
+            values = step.__dict__
+            step_index = values["step_index"]
+            if step_index < previous:
+                unordered = True
+            previous = step_index
+            if values["final_reward"] != final:
+                disagree = True
+        if unordered:
+            steps.sort(key=_step_index)
+            final = steps[0].final_reward
+        if disagree:
+            for step in steps:
+                if step.final_reward != final:
+                    raise ValueError(
+                        f"transitions of rollout {rollout_id} disagree on the final reward ({final} vs "
+                        f"{step.final_reward}); they must come from one attempt"
+                    )
         if final is None:
             without_reward.append(rollout_id)
             if config.missing_final_reward == "drop":
@@ -158,38 +176,49 @@ def build_training_batch(
     response_tokens = 0
     trained_tokens = 0
     empty = 0
+    new_sample = _new_sample
+    add_sample = samples.append
+    isfinite = math.isfinite
     for key, group_adv in zip(kept_keys, advantages, strict=True):
         for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
-            if not math.isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
+            if not isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
                 _raise_non_finite(steps, credits, rollout_adv)
+            dropped = 0
             for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
-                response_ids = step.response_ids
+                values = step.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+                response_ids = values["response_ids"]
                 if not response_ids:
-                    empty += 1
+                    dropped += 1
                     continue
-                mask = step.response_mask
-                samples.append(
-                    _new_sample(
+                mask = values["response_mask"]
+                add_sample(
+                    new_sample(
                         {
-                            "prompt_ids": step.prompt_ids,
+                            "prompt_ids": values["prompt_ids"],
                             "response_ids": response_ids,
                             "response_mask": mask,
-                            "old_logprobs": step.logprobs,
+                            "old_logprobs": values["logprobs"],
                             "reward": credit_value,
                             "advantage": advantage,
                             "returns": credit_value,
                             "group_id": key,
-                            "rollout_id": step.rollout_id,
-                            "attempt_id": step.attempt_id,
-                            "step_index": step.step_index,
-                            "agent_name": step.agent_name,
+                            "rollout_id": values["rollout_id"],
+                            "attempt_id": values["attempt_id"],
+                            "step_index": values["step_index"],
+                            "agent_name": values["agent_name"],
                         }
                     )
                 )
-                all_advantages.append(advantage)
-                all_credits.append(credit_value)
                 response_tokens += len(response_ids)
                 trained_tokens += sum(mask)
+            if dropped:
+                empty += dropped
+                kept = [bool(step.response_ids) for step in steps]
+                all_advantages.extend(a for a, keep in zip(rollout_adv, kept, strict=True) if keep)
+                all_credits.extend(c for c, keep in zip(credits, kept, strict=True) if keep)
+            else:
+                all_advantages.extend(rollout_adv)
+                all_credits.extend(credits)
 
     n_groups = len(groups)
     if n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):

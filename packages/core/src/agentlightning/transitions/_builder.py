@@ -42,7 +42,7 @@ from agentlightning.transitions._config import (
     TransitionResult,
 )
 from agentlightning.transitions._fast import fast_factory
-from agentlightning.transitions._tree import build_trace_tree
+from agentlightning.transitions._tree import build_attempt_tree
 
 __all__ = ["TransitionBuilder"]
 
@@ -133,13 +133,8 @@ class TransitionBuilder:
         rollout_id = spans[0].rollout_id
         attempt_id = spans[0].attempt_id
 
-        for span in spans:  # every input span: a foreign one could share a span id with one of ours
-            if span.attempt_id != attempt_id or span.rollout_id != rollout_id:
-                raise ValueError(
-                    "TransitionBuilder.build converts one attempt at a time, but got spans of "
-                    f"{rollout_id}/{attempt_id} and {span.rollout_id}/{span.attempt_id}"
-                )
-        tree = build_trace_tree(spans)
+        # Checks every input span (a foreign one could share a span id with one of ours) before using any.
+        tree = build_attempt_tree(spans, rollout_id, attempt_id)
         diag.orphan_spans = len(tree.orphans)
         diag.duplicate_spans = len(tree.duplicates)
         diag.cycle_spans = len(tree.cycles)
@@ -188,10 +183,11 @@ class TransitionBuilder:
         unreferenced: list[LLMCall] = []
         foreign = 0
         for call in llm_calls:
-            if call.attempt_id != attempt_id or call.rollout_id != rollout_id:
+            values = call.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+            if values["attempt_id"] != attempt_id or values["rollout_id"] != rollout_id:
                 foreign += 1
                 continue
-            response_id = call.response_id
+            response_id = values["response_id"]
             if response_id is not None and response_id in referenced:
                 if response_id not in by_response:
                     by_response[response_id] = call
@@ -207,19 +203,24 @@ class TransitionBuilder:
         order_fallback = config.order_fallback
         no_filter = config.agent_filter is None
         trains = config.trains
-        # Each trained call becomes a dict that is the future Transition's __dict__ (see _fast.py).
+        per_call = config.mode != "trajectory"
+        # The final reward is known up front, so per-call transitions are made as soon as their call is read.
+        final_reward: float | None = events[final_index][1] if final_index is not None else None
+        # Each trained call becomes a dict that is the future Transition's __dict__ (see _fast.py); in per-call
+        # mode the Transition is made at once around the same dict, so later intermediate rewards still land.
         samples: list[dict[str, Any]] = []
+        transitions: list[Transition] = []
+        new_transition = _new_transition
         missing: list[MissingTokenIds] = []
         by_id = tree.by_id
         parent_ids = tree.parent_ids
         agent_cache: dict[str | None, str | None] = {}
-        final_reward: float | None = None
         joined: set[int] = set()
         joined_by_order = 0
         for index, (span, key, is_final) in enumerate(events):
             if is_final is not None:  # a reward
                 if index == final_index:
-                    final_reward = key
+                    pass
                 elif samples:
                     last = samples[-1]
                     last["reward"] = key if last["reward"] is None else last["reward"] + key
@@ -228,22 +229,41 @@ class TransitionBuilder:
                     problems.append(f"reward span {span.span_id} comes before any trained LLM call: not credited")
                 continue
 
-            attrs = span.attributes
+            values = span.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+            attrs = values["attributes"]
+            span_id = values["span_id"]
             agent = attrs.get(GEN_AI_AGENT_NAME)
             if not isinstance(agent, str) or not agent:
-                parent_id = parent_ids[span.span_id]
+                parent_id = parent_ids[span_id]
                 if parent_id in agent_cache:
                     agent = agent_cache[parent_id]
                 else:
                     agent = agent_cache[parent_id] = _agent_name(parent_id, by_id, parent_ids)
             # Join first (even for filtered agents) so the order fallback stays aligned with the proxy records.
             call = by_response.get(key) if key is not None else None
-            prompt: list[int] | None = None
-            response: list[int] | None = None
-            logprobs: list[float] | None = None
-            call_id: str | None = None
-            model_version: int | None = None
-            if call is None:
+            if call is not None:
+                joined.add(id(call))
+                if not (no_filter or trains(agent)):
+                    diag.calls_filtered += 1
+                    continue
+                values = call.__dict__
+                prompt = values["prompt_token_ids"]
+                response = values["response_token_ids"]
+                if not prompt or not response:
+                    reason = (
+                        f"proxy record {call.call_id} has no token ids "
+                        f"({len(prompt)} prompt, {len(response)} response ids)"
+                    )
+                    if call.error:
+                        reason += f"; the call failed: {call.error}"
+                    missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
+                    continue
+                logprobs = values["response_logprobs"]
+                call_id = values["call_id"]
+                model_version = values["model_version"]
+            else:
+                call_id = None
+                model_version = None
                 prompt = _int_list(attrs.get(PROMPT_TOKEN_IDS))
                 response = _int_list(attrs.get(RESPONSE_TOKEN_IDS))
                 if prompt is None or response is None:
@@ -256,58 +276,60 @@ class TransitionBuilder:
                             f"LLM span {span.span_id} ({span.name!r}) was joined to proxy record {call.call_id} by "
                             "order: the span has no matching gen_ai.response.id"
                         )
-            if call is not None:
-                joined.add(id(call))
-            if not (no_filter or trains(agent)):
-                diag.calls_filtered += 1
-                continue
+                if call is not None:
+                    joined.add(id(call))
+                if not (no_filter or trains(agent)):
+                    diag.calls_filtered += 1
+                    continue
 
-            if call is not None:
-                prompt, response, logprobs = call.prompt_token_ids, call.response_token_ids, call.response_logprobs
-                call_id, model_version = call.call_id, call.model_version
-                if not prompt or not response:
+                if call is not None:
+                    prompt = call.prompt_token_ids
+                    response = call.response_token_ids
+                    logprobs = call.response_logprobs
+                    call_id, model_version = call.call_id, call.model_version
+                    if not prompt or not response:
+                        reason = (
+                            f"proxy record {call.call_id} has no token ids "
+                            f"({len(prompt)} prompt, {len(response)} response ids)"
+                        )
+                        if call.error:
+                            reason += f"; the call failed: {call.error}"
+                        missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
+                        continue
+                elif prompt is not None and response is not None:
+                    logprobs = self._span_logprobs(span, response, problems)
+                    diag.joined_by_span_attributes += 1
+                else:
                     reason = (
-                        f"proxy record {call.call_id} has no token ids "
-                        f"({len(prompt)} prompt, {len(response)} response ids)"
+                        f"no proxy record has response id {key!r}"
+                        if key is not None
+                        else "the span has no gen_ai.response.id"
                     )
-                    if call.error:
-                        reason += f"; the call failed: {call.error}"
+                    reason += " and the span carries no token ids"
+                    if order_fallback:
+                        reason += " (no unreferenced proxy record was left to match by order)"
                     missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
                     continue
-            elif prompt is not None and response is not None:
-                logprobs = self._span_logprobs(span, response, problems)
-                diag.joined_by_span_attributes += 1
-            else:
-                reason = (
-                    f"no proxy record has response id {key!r}"
-                    if key is not None
-                    else "the span has no gen_ai.response.id"
-                )
-                reason += " and the span carries no token ids"
-                if order_fallback:
-                    reason += " (no unreferenced proxy record was left to match by order)"
-                missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
-                continue
-            metadata: dict[str, Any] = {"span_ids": [span.span_id]}
-            if model_version is not None:
-                metadata["model_version"] = model_version
-            samples.append(
-                {
-                    "rollout_id": rollout_id,
-                    "attempt_id": attempt_id,
-                    "group_id": group_id,
-                    "agent_name": agent,
-                    "step_index": len(samples),
-                    "prompt_ids": prompt,
-                    "response_ids": response,
-                    "response_mask": [1] * len(response),
-                    "logprobs": logprobs,
-                    "reward": None,
-                    "final_reward": None,
-                    "call_ids": [] if call_id is None else [call_id],
-                    "metadata": metadata,
-                }
-            )
+            sample: dict[str, Any] = {
+                "rollout_id": rollout_id,
+                "attempt_id": attempt_id,
+                "group_id": group_id,
+                "agent_name": agent,
+                "step_index": len(samples),
+                "prompt_ids": prompt,
+                "response_ids": response,
+                "response_mask": [1] * len(response),
+                "logprobs": logprobs,
+                "reward": None,
+                "final_reward": final_reward,
+                "call_ids": [] if call_id is None else [call_id],
+                "metadata": {"span_ids": [span_id]}
+                if model_version is None
+                else {"span_ids": [span_id], "model_version": model_version},
+            }
+            samples.append(sample)
+            if per_call:
+                transitions.append(new_transition(sample))
 
         diag.joined_by_order = joined_by_order
         diag.joined_by_response_id = len(joined) - joined_by_order
@@ -324,12 +346,8 @@ class TransitionBuilder:
                     logger.warning("skipping LLM call without token ids: %s", item)
         diag.calls_trained = len(samples)
 
-        if config.mode == "trajectory":
-            samples = _merge_trajectories(samples, diag, problems)
-        transitions: list[Transition] = []
-        for sample in samples:
-            sample["final_reward"] = final_reward
-            transitions.append(_new_transition(sample))
+        if not per_call:
+            transitions = [new_transition(sample) for sample in _merge_trajectories(samples, diag, problems)]
         diag.transitions = len(transitions)
         return TransitionResult(rollout_id, attempt_id, transitions, final_reward, diag, problems)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
@@ -175,12 +176,19 @@ class TransitionDiagnostics:
 
     def add(self, other: TransitionDiagnostics) -> None:
         """Add ``other``'s counts to this one."""
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        # Called once per attempt on the conversion hot path: most counts of one attempt are 0.
+        for name, value in zip(_DIAGNOSTIC_FIELDS, _get_counts(other), strict=True):
+            if value:
+                setattr(self, name, getattr(self, name) + value)
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
         """The counts as a flat metrics dict (``prefix`` + field name)."""
-        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+        counts = _get_counts(self)
+        return {prefix + name: float(value) for name, value in zip(_DIAGNOSTIC_FIELDS, counts, strict=True)}
+
+
+_DIAGNOSTIC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TransitionDiagnostics))
+_get_counts = attrgetter(*_DIAGNOSTIC_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,29 +122,52 @@ def build_trace_tree(spans: Sequence[Span]) -> TraceTree:
     Returns:
         The tree.
     """
+    return build_attempt_tree(spans, None, None)
+
+
+def build_attempt_tree(spans: Sequence[Span], rollout_id: str | None, attempt_id: str | None) -> TraceTree:
+    """`build_trace_tree`; with ``rollout_id``, first raise ``ValueError`` on a span of another attempt.
+
+    (The check is folded into the tree's first pass over the spans, so the builder reads every span once.)
+    """
     tree = TraceTree()
     by_id = tree.by_id
-    firsts: list[Span] = []
+    duplicates = tree.duplicates
+    # (start_time, sequence_id, arrival index, span): sorting these is the stable sort by span_order_key.
+    # Fields are read from __dict__: pydantic models define __getattr__, which makes attribute reads slow.
+    decorated: list[tuple[float, int, int, Span]] = []
+    append = decorated.append
+    check = rollout_id is not None
     for span in spans:  # duplicates are judged in input order: the first copy received wins
-        if span.span_id in by_id:
-            tree.duplicates.append(span.span_id)
+        values = span.__dict__
+        if check and (values["attempt_id"] != attempt_id or values["rollout_id"] != rollout_id):
+            raise ValueError(
+                "TransitionBuilder.build converts one attempt at a time, but got spans of "
+                f"{rollout_id}/{attempt_id} and {span.rollout_id}/{span.attempt_id}"
+            )
+        span_id = values["span_id"]
+        if span_id in by_id:
+            duplicates.append(span_id)
         else:
-            by_id[span.span_id] = span
-            firsts.append(span)
-    firsts.sort(key=_ORDER_KEY)
+            by_id[span_id] = span
+            append((values["start_time"], values["sequence_id"], len(decorated), span))
+    decorated.sort()
+    firsts = [item[3] for item in decorated]
     tree.ordered = firsts
     parent_ids = tree.parent_ids
     orphans = tree.orphans
     backward = 0  # links to a parent that sorts after its child: only these can close a cycle
     for span in firsts:
-        parent_id = span.parent_id
+        values = span.__dict__
+        parent_id = values["parent_id"]
+        span_id = values["span_id"]
         if parent_id is not None and parent_id not in parent_ids:
             if parent_id not in by_id:
-                orphans.append(span.span_id)
+                orphans.append(span_id)
                 parent_id = None
             else:
                 backward += 1
-        parent_ids[span.span_id] = parent_id
+        parent_ids[span_id] = parent_id
     if backward:
         _break_cycles(tree)
     return tree
