@@ -20,7 +20,9 @@ __all__ = [
     "LoraSettings",
     "PPOConfig",
     "apply_lora",
+    "is_lora",
     "make_optimizer",
+    "plan_micro_batches",
     "ppo_update",
     "prepare_policy",
     "response_logprobs",
@@ -37,6 +39,9 @@ class LoraSettings(BaseModel):
         alpha: Scaling numerator (``alpha / r`` scales the adapter).
         dropout: Dropout on the adapter input.
         target_modules: Module names that get adapters.
+        serve: How the trainer serves the policy: ``merged`` (adapters folded into a plain copy of the model: the
+            fastest generation) or ``adapter`` (the served copy keeps the adapters, and a weight sync copies only
+            them: cheaper syncs of a large model). Checkpoints hold both the merged model and the adapter.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +50,7 @@ class LoraSettings(BaseModel):
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    serve: Literal["merged", "adapter"] = "merged"
 
 
 class PPOConfig(BaseModel):
@@ -58,10 +64,15 @@ class PPOConfig(BaseModel):
         grad_clip: Max global gradient norm.
         kl_coef: Weight of the k3 KL penalty to a reference model (0 disables it; >0 needs ``ref_model``).
         loss_agg: ``token-mean`` over all trained tokens of a mini-batch, or ``seq-mean-token-mean``.
-        micro_batch_size: Samples per forward/backward pass (gradients accumulate across micro-batches).
+        micro_batch_size: Most samples per forward/backward pass (gradients accumulate across micro-batches).
+        micro_batch_tokens: Most padded tokens (rows x longest row) per forward/backward pass; a sample longer than
+            this goes alone. Bounds activation memory whatever the mix of short and long samples.
         mini_batch_size: Samples per optimizer step; ``None`` makes one step per epoch over the whole batch.
         epochs: Passes over the batch.
         lora: Train LoRA adapters instead of all weights (applied by `prepare_policy`).
+        gradient_checkpointing: Recompute activations in the backward pass (less memory, ~30% more compute;
+            applied by `prepare_policy`).
+        bf16: Run forward passes under bfloat16 autocast on CUDA (ignored on CPU).
         num_threads: ``torch.set_num_threads`` during the update; ``None`` leaves it alone. On a busy 2-core
             machine two threads were measured 25x slower than one.
     """
@@ -76,9 +87,12 @@ class PPOConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     micro_batch_size: int = Field(default=64, ge=1)
+    micro_batch_tokens: int = Field(default=16384, ge=1)
     mini_batch_size: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=1, ge=1)
     lora: LoraSettings | None = None
+    gradient_checkpointing: bool = False
+    bf16: bool = True
     num_threads: int | None = Field(default=1, ge=1)
 
 
@@ -103,8 +117,25 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
 
 
 def prepare_policy(model: torch.nn.Module, config: PPOConfig) -> torch.nn.Module:
-    """The module to train: ``model`` itself, or ``model`` wrapped with LoRA when ``config.lora`` is set."""
+    """The module to train: ``model`` itself, or wrapped with LoRA when ``config.lora`` is set.
+
+    Turns on gradient checkpointing when ``config.gradient_checkpointing`` is set (the non-reentrant kind, which
+    also works when only LoRA adapters need gradients).
+    """
+    if config.gradient_checkpointing:
+        enable: Any = getattr(model, "gradient_checkpointing_enable", None)
+        if enable is None:
+            raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model_config: Any = getattr(model, "config", None)
+        if model_config is not None and hasattr(model_config, "use_cache"):
+            model_config.use_cache = False  # a KV cache is useless (and warned about) while recomputing activations
     return apply_lora(model, config.lora) if config.lora is not None else model
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a PEFT model (LoRA adapters over a frozen base)."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
 def make_optimizer(model: torch.nn.Module, config: PPOConfig) -> torch.optim.AdamW:
@@ -132,12 +163,40 @@ def _validate(samples: Sequence[TrainingSample], vocab: int, max_positions: int)
             raise ValueError(f"sample {index}: old_logprobs must have one entry per response token")
 
 
+def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Group sample indices into micro-batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens.
+
+    Samples are taken longest first, so rows of similar length share a micro-batch (little padding); a sample
+    longer than ``max_tokens`` goes alone. Every index appears exactly once.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    width = 0
+    for index in order:
+        current = groups[-1] if groups else None
+        if current is not None and len(current) < max_rows and (len(current) + 1) * width <= max_tokens:
+            current.append(index)
+            continue
+        groups.append([index])
+        width = lengths[index]  # the first (longest) row of a group sets its width
+    return groups
+
+
+def _autocast(device: torch.device, bf16: bool) -> Any:
+    return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda")
+
+
 def _forward(
-    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device
+    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device, bf16: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log-probs and entropies of every response token (padded to the longest response) and the pad mask."""
+    """Per-token log-probs and entropies of every response token (padded to the longest response) and the pad mask.
+
+    Only the positions from the shortest prompt on get logits (``logits_to_keep``): with a large vocabulary the
+    prompt's logits would otherwise be most of the memory.
+    """
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     longest = max(len(s.response_ids) for s in samples)
+    first = min(len(s.prompt_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
     input_ids = torch.zeros((len(samples), width), dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     targets = torch.zeros((len(samples), longest), dtype=torch.long)
@@ -149,12 +208,17 @@ def _forward(
         attention[row, : len(ids)] = 1
         count = len(sample.response_ids)
         targets[row, :count] = torch.tensor(sample.response_ids)
-        # the logit at position p predicts token p + 1
-        index[row, :count] = torch.arange(len(sample.prompt_ids) - 1, len(sample.prompt_ids) - 1 + count)
+        start = len(sample.prompt_ids) - 1 - first
+        index[row, :count] = torch.arange(start, start + count)
         valid[row, :count] = True
     input_ids, attention, targets, index = (t.to(device) for t in (input_ids, attention, targets, index))
-    logits = model(input_ids=input_ids, attention_mask=attention).logits
+    with _autocast(device, bf16):
+        try:
+            logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=width - first).logits
+        except TypeError:  # a model class without logits_to_keep: compute all positions, keep the same ones
+            logits = model(input_ids=input_ids, attention_mask=attention).logits[:, first:]
     picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])).float()
+    del logits
     logprobs_all = torch.log_softmax(picked, dim=-1)
     logprobs = logprobs_all.gather(-1, targets[..., None]).squeeze(-1)
     with torch.no_grad():
@@ -168,16 +232,21 @@ def response_logprobs(
     samples: Sequence[TrainingSample],
     device: str | torch.device = "cpu",
     micro_batch_size: int = 64,
+    micro_batch_tokens: int = 16384,
+    *,
+    bf16: bool = True,
 ) -> list[list[float]]:
-    """Log-prob of every response token of every sample under ``model`` (no gradients)."""
+    """Log-prob of every response token of every sample under ``model`` (no gradients), in token-bounded chunks."""
     was_training = model.training
     model.eval()
-    out: list[list[float]] = []
+    out: list[list[float]] = [[] for _ in samples]
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     try:
-        for start in range(0, len(samples), micro_batch_size):
-            chunk = samples[start : start + micro_batch_size]
-            logprobs, _, _ = _forward(model, chunk, torch.device(device))
-            out += [logprobs[row, : len(s.response_ids)].tolist() for row, s in enumerate(chunk)]
+        for group in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
+            chunk = [samples[i] for i in group]
+            logprobs, _, _ = _forward(model, chunk, torch.device(device), bf16)
+            for row, i in enumerate(group):
+                out[i] = logprobs[row, : len(samples[i].response_ids)].tolist()
     finally:
         model.train(was_training)
     return out
@@ -191,6 +260,25 @@ def _padded(rows: Sequence[Sequence[float]], device: torch.device) -> torch.Tens
     return tensor.to(device)
 
 
+def _reference_logprobs(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    samples: Sequence[TrainingSample],
+    device: torch.device,
+    config: PPOConfig,
+) -> list[list[float]]:
+    if ref_model is not None:
+        return response_logprobs(
+            ref_model, samples, device, config.micro_batch_size, config.micro_batch_tokens, bf16=config.bf16
+        )
+    # A LoRA policy with its adapters switched off is the base model: no second copy of the weights needed.
+    peft_model: Any = model
+    with peft_model.disable_adapter():
+        return response_logprobs(
+            model, samples, device, config.micro_batch_size, config.micro_batch_tokens, bf16=config.bf16
+        )
+
+
 def ppo_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -202,27 +290,32 @@ def ppo_update(
 ) -> dict[str, float]:
     """Apply the clipped policy-gradient update of ``batch`` to ``model``.
 
+    Each mini-batch (``mini_batch_size`` samples, or the whole batch) is one optimizer step; its forward/backward
+    passes run in micro-batches bounded by ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens,
+    with gradients accumulated, so the step is the same whatever the micro-batching.
+
     Args:
         model: The policy (possibly LoRA-wrapped by `prepare_policy`), on ``device``.
         optimizer: Its optimizer (see `make_optimizer`).
         batch: Samples with prompt/response ids, response mask, advantage and (optionally) old log-probs.
         config: Update settings; defaults to `PPOConfig()`.
         device: Where the forward passes run.
-        ref_model: Frozen reference policy for the KL penalty (required when ``kl_coef > 0``).
+        ref_model: Frozen reference policy for the KL penalty. With ``kl_coef > 0`` and a LoRA policy it may be
+            left out: the base model (adapters disabled) is the reference.
 
     Returns:
         Metrics: ``loss``, ``pg_loss``, ``kl``, ``approx_kl``, ``clip_fraction``, ``entropy``, ``grad_norm``,
-        ``num_samples``, ``num_tokens``, ``optimizer_steps``, ``lr``. An empty batch (or one with no trained token)
-        makes no step and reports ``optimizer_steps = 0``.
+        ``num_samples``, ``num_tokens``, ``optimizer_steps``, ``micro_batches``, ``max_micro_batch_tokens``,
+        ``lr``. An empty batch (or one with no trained token) makes no step and reports ``optimizer_steps = 0``.
 
     Raises:
         ValueError: On a sample that does not fit the model (checked before anything changes), or ``kl_coef > 0``
-            without ``ref_model``.
+            without ``ref_model`` for a policy that is not LoRA.
     """
     config = config or PPOConfig()
     device = torch.device(device)
-    if config.kl_coef > 0 and ref_model is None:
-        raise ValueError("kl_coef > 0 needs a ref_model to compute the KL penalty against")
+    if config.kl_coef > 0 and ref_model is None and not is_lora(model):
+        raise ValueError("kl_coef > 0 needs a ref_model to compute the KL penalty against (or a LoRA policy)")
     samples = list(batch.samples)
     lr = float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else config.lr
     empty = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
@@ -235,27 +328,37 @@ def ppo_update(
             "num_samples": float(len(samples)),
             "num_tokens": 0.0,
             "optimizer_steps": 0.0,
+            "micro_batches": 0.0,
+            "max_micro_batch_tokens": 0.0,
             "lr": lr,
         }
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 1 << 62))
     _validate(samples, vocab, _max_positions(model))
-    if config.num_threads is not None:
+    if config.num_threads is not None and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
     missing = [i for i, s in enumerate(samples) if s.old_logprobs is None]
     old_rows: list[list[float]] = [list(s.old_logprobs) if s.old_logprobs is not None else [] for s in samples]
     if missing:
-        recomputed = response_logprobs(model, [samples[i] for i in missing], device, config.micro_batch_size)
+        recomputed = response_logprobs(
+            model,
+            [samples[i] for i in missing],
+            device,
+            config.micro_batch_size,
+            config.micro_batch_tokens,
+            bf16=config.bf16,
+        )
         for i, row in zip(missing, recomputed, strict=True):
             old_rows[i] = row
-    ref_rows: list[list[float]] | None = None
-    if config.kl_coef > 0 and ref_model is not None:
-        ref_rows = response_logprobs(ref_model, samples, device, config.micro_batch_size)
+    ref_rows = _reference_logprobs(model, ref_model, samples, device, config) if config.kl_coef > 0 else None
 
     was_training = model.training
     model.train()
     totals = {key: 0.0 for key in empty}
     grad_norms: list[float] = []
+    micro_batches = 0
+    max_micro_tokens = 0
     step_size = config.mini_batch_size or len(samples)
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     try:
         for _epoch in range(config.epochs):
             for start in range(0, len(samples), step_size):
@@ -265,11 +368,17 @@ def ppo_update(
                 if mini_tokens == 0:
                     continue
                 optimizer.zero_grad(set_to_none=True)
-                for micro_start in range(0, len(mini), config.micro_batch_size):
-                    rows = mini[micro_start : micro_start + config.micro_batch_size]
+                plan = plan_micro_batches(
+                    [lengths[i] for i in mini], config.micro_batch_size, config.micro_batch_tokens
+                )
+                for group in plan:
+                    rows = [mini[g] for g in group]
                     part = [samples[i] for i in rows]
-                    logprobs, entropy, valid = _forward(model, part, device)
+                    micro_batches += 1
+                    max_micro_tokens = max(max_micro_tokens, len(rows) * max(lengths[i] for i in rows))
+                    logprobs, entropy, valid = _forward(model, part, device, config.bf16)
                     mask = _padded([s.response_mask for s in part], device) * valid
+                    # Weights are normalised over the whole mini-batch, so accumulating micro-batches sums to it.
                     if config.loss_agg == "token-mean":
                         weights = mask / mini_tokens
                     else:
@@ -309,6 +418,8 @@ def ppo_update(
         num_samples=float(len(samples)),
         num_tokens=float(trained_tokens),
         optimizer_steps=float(len(grad_norms)),
+        micro_batches=float(micro_batches),
+        max_micro_batch_tokens=float(max_micro_tokens),
         lr=lr,
     )
     return metrics
