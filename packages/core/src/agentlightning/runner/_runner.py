@@ -22,7 +22,7 @@ from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_async, execute_sync
 from agentlightning.store._base import LightningStore
-from agentlightning.tracing import LoopThread, flush
+from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
 
@@ -87,6 +87,7 @@ class _Settings:
     rollout_timeout: float | None
     stop_when_idle: bool
     flush_timeout: float | None
+    otlp_endpoint: str | None = None
 
 
 def _worker_id(index: int) -> str:
@@ -217,6 +218,8 @@ def _process_main(
 ) -> None:
     """Entry point of a worker process: reopen the store, run one sync worker, close."""
     logging.basicConfig(level=logging.WARNING)
+    if settings.otlp_endpoint is not None:
+        export_to_otlp(settings.otlp_endpoint)
     agent = _resolve_agent(agent_ref)
     loop_thread = LoopThread("agentlightning-store")
     store: LightningStore = store_type(**store_kwargs)
@@ -224,6 +227,8 @@ def _process_main(
         loop = _Loop(store, settings, _ProcessBudget(budget_value, limited), stop_event.is_set)
         _sync_worker(agent, loop, loop_thread.loop, index, stop_event)
         flush(settings.flush_timeout)
+        if settings.otlp_endpoint is not None:
+            flush_otlp()
     finally:
         loop_thread.call(store.close())
         loop_thread.stop()
@@ -250,6 +255,9 @@ class Runner:
         stop_when_idle: Return once no rollout is queuing or running; otherwise wait for work until `stop`.
         flush_timeout: Seconds to wait for an attempt's spans to be stored before reporting its end.
         mp_start_method: ``multiprocessing`` start method for process workers (``spawn`` is safe with threads).
+        otlp_endpoint: Also send every span to this OpenTelemetry collector over OTLP/HTTP (e.g.
+            ``http://localhost:4318``), for Jaeger, Phoenix or Langfuse users; default: ``$AGL_OTLP_ENDPOINT``.
+            Needs ``pip install "agentlightning-core[otlp]"``.
     """
 
     def __init__(
@@ -266,8 +274,12 @@ class Runner:
         stop_when_idle: bool = False,
         flush_timeout: float | None = 30.0,
         mp_start_method: str = "spawn",
+        otlp_endpoint: str | None = None,
     ) -> None:
         self.agent = as_agent(agent)
+        otlp_endpoint = otlp_endpoint or otlp_endpoint_from_env()
+        if otlp_endpoint is not None:
+            export_to_otlp(otlp_endpoint)  # fails now, with the install command, if the exporter is missing
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if worker_mode not in ("auto", "process", "thread", "async"):
@@ -285,7 +297,9 @@ class Runner:
         self.n_workers = n_workers
         self.max_rollouts = max_rollouts
         self.mp_start_method = mp_start_method
-        self._settings = _Settings(heartbeat_interval, poll_interval, rollout_timeout, stop_when_idle, flush_timeout)
+        self._settings = _Settings(
+            heartbeat_interval, poll_interval, rollout_timeout, stop_when_idle, flush_timeout, otlp_endpoint
+        )
         self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
         self._stop = threading.Event()
         self.worker_pids: list[int | None] = []  # pids of worker processes (process mode), once started
@@ -337,6 +351,8 @@ class Runner:
                 self._run_threads(store_loop.loop)
             finally:
                 store_loop.stop()
+        if self._settings.otlp_endpoint is not None and self.worker_mode != "async":
+            flush_otlp()
 
     async def arun(self) -> None:
         """Async `run`; the running loop must own the store (it is used from this loop only)."""
@@ -348,6 +364,8 @@ class Runner:
         else:
             running = asyncio.get_running_loop()
             await asyncio.to_thread(self._run_threads, running)
+        if self._settings.otlp_endpoint is not None:
+            await asyncio.to_thread(flush_otlp)  # the collector sees this run's last spans before we return
 
     # ------------------------------------------------------------------ worker kinds
     async def _async_pool(self, loop: _Loop) -> None:

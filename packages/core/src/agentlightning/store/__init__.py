@@ -11,6 +11,15 @@ from agentlightning.store._base import (
 )
 from agentlightning.store._client import StoreClient
 from agentlightning.store._memory import MemoryStore
+from agentlightning.store._query import (
+    RolloutPage,
+    RolloutQuery,
+    RolloutSummary,
+    RunStats,
+    RunStatsQuery,
+    ThroughputBucket,
+    VersionStats,
+)
 from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
@@ -19,9 +28,16 @@ __all__ = [
     "MemoryStore",
     "NotFoundError",
     "RetryPolicy",
+    "RolloutPage",
+    "RolloutQuery",
     "RolloutRequest",
+    "RolloutSummary",
+    "RunStats",
+    "RunStatsQuery",
     "SqliteStore",
     "StoreClient",
     "StoreError",
     "StoreStats",
+    "ThroughputBucket",
+    "VersionStats",
 ]

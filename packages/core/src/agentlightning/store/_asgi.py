@@ -18,12 +18,30 @@ from pydantic import BaseModel, ValidationError
 from agentlightning.store._base import ConflictError, NotFoundError, StoreError
 from agentlightning.store._wire import ErrorResponse
 
-__all__ = ["OPEN_PATHS", "FastRoute", "GuardMiddleware", "classify_error", "describe_validation", "error_bytes"]
+__all__ = [
+    "OPEN_PATHS",
+    "OPEN_PREFIX",
+    "FastRoute",
+    "GuardMiddleware",
+    "classify_error",
+    "describe_validation",
+    "error_bytes",
+    "is_open",
+]
 
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz"})
 """Paths served without a bearer token."""
+OPEN_PREFIX = "/ui"
+"""The dashboard's static page and assets (``/ui``, ``/ui/...``) load without a token: they hold no data, and the
+page asks for the token in a login form before it calls the API."""
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` is served without a bearer token."""
+    return path in OPEN_PATHS or path == OPEN_PREFIX or path.startswith(OPEN_PREFIX + "/")
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -116,7 +134,7 @@ class GuardMiddleware:
                     return
             elif name == b"content-type":
                 content_type = value
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        if self.expected is not None and not is_open(scope["path"]):
             # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
             given = authorization[:7].lower() + authorization[7:]
             if not hmac.compare_digest(given, self.expected):

@@ -18,6 +18,7 @@ from agentlightning._models import (
     RolloutStatus,
     Span,
 )
+from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 
 __all__ = [
     "ConflictError",
@@ -104,6 +105,8 @@ class LightningStore(Protocol):
     * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
       new. A batch is validated as a whole first: one bad record rejects the batch and stores nothing.
     * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.
+    * Every attempt keeps its final reward (the last span of kind ``reward`` marked final, by sequence id) and
+      the newest ``model_version`` of its LLM calls; ``list_rollouts`` and ``run_stats`` report them.
     """
 
     retry_policy: RetryPolicy
@@ -178,6 +181,22 @@ class LightningStore(Protocol):
 
     async def get_resources(self, resources_id: str | None = None) -> Resources | None:
         """Resources by id, or the latest version when ``resources_id`` is ``None``."""
+        ...
+
+    async def query_resources(self) -> list[Resources]:
+        """Every stored resources version, oldest first (the last one is the current one)."""
+        ...
+
+    async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
+        """A page of rollout summaries matching ``query``, newest first, with the total number of matches.
+
+        Each row carries its latest attempt's status, final reward, serving model version, duration and error,
+        so a dashboard shows a table of any size without reading spans.
+        """
+        ...
+
+    async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
+        """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
         ...
 
     async def stats(self) -> StoreStats:

@@ -39,6 +39,7 @@ from agentlightning.store._common import (
     validate_resources,
     validate_spans,
 )
+from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._wire import (
     API_PREFIX,
     MAX_WAIT_SECONDS,
@@ -53,6 +54,7 @@ from agentlightning.store._wire import (
     LLMCallsResponse,
     QueryRolloutsRequest,
     RecordQuery,
+    ResourcesListResponse,
     ResourcesQuery,
     ResourcesResponse,
     RolloutRef,
@@ -310,6 +312,20 @@ class StoreClient:
         """Resources by id, or the latest version when ``resources_id`` is ``None``."""
         body = ResourcesQuery(resources_id=resources_id)
         return (await self._call("POST", "/resources/get", body, ResourcesResponse)).resources
+
+    async def query_resources(self) -> list[Resources]:
+        """Every stored resources version, oldest first (the last one is the current one)."""
+        return (await self._call("GET", "/resources/all", None, ResourcesListResponse)).resources
+
+    async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
+        """A page of rollout summaries matching ``query``, newest first, with the total number of matches."""
+        body = RolloutQuery.model_validate(query if query is not None else {})
+        return await self._call("POST", "/rollouts/list", body, RolloutPage)
+
+    async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
+        """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
+        body = RunStatsQuery.model_validate(query if query is not None else {})
+        return await self._call("POST", "/runs/stats", body, RunStats)
 
     async def stats(self) -> StoreStats:
         """Counts of what is stored."""

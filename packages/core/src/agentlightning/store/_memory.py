@@ -15,6 +15,7 @@ from agentlightning._models import (
     LLMCall,
     Resources,
     Rollout,
+    RolloutMode,
     RolloutStatus,
     Span,
     new_id,
@@ -35,6 +36,17 @@ from agentlightning.store._common import (
     validate_resources,
     validate_spans,
     wait_until_finished,
+)
+from agentlightning.store._query import (
+    AttemptFacts,
+    RolloutPage,
+    RolloutQuery,
+    RunStats,
+    RunStatsQuery,
+    final_reward_of,
+    matches,
+    run_stats_from,
+    summarize,
 )
 
 __all__ = ["MemoryStore"]
@@ -64,6 +76,9 @@ class MemoryStore:
         self._resources: dict[str, Resources] = {}
         self._latest: Resources | None = None
         self._running: dict[str, str] = {}  # running attempt id -> rollout id
+        # what an attempt's records say, for dashboards: (rollout, attempt) -> (span sequence_id, final reward)
+        self._rewards: dict[tuple[str, str], tuple[int, float]] = {}
+        self._versions: dict[tuple[str, str], int] = {}  # (rollout, attempt) -> newest model version of its calls
         # a lower bound of the earliest moment a running attempt can time out (heartbeats only push it later)
         self._next_deadline = float("inf")
         self._closed = False
@@ -313,6 +328,12 @@ class MemoryStore:
                 if key not in per_rollout:
                     per_rollout[key] = span
                     added += 1
+                    reward = final_reward_of(span)
+                    if reward is not None:
+                        facts_key = (span.rollout_id, span.attempt_id)
+                        known = self._rewards.get(facts_key)
+                        if known is None or known[0] <= span.sequence_id:
+                            self._rewards[facts_key] = (span.sequence_id, reward)
         return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -338,6 +359,9 @@ class MemoryStore:
                 if call.call_id not in self._calls:
                     self._calls[call.call_id] = call
                     added += 1
+                    if call.model_version is not None:
+                        facts_key = (call.rollout_id, call.attempt_id)
+                        self._versions[facts_key] = max(self._versions.get(facts_key, -1), call.model_version)
         return added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
@@ -379,6 +403,58 @@ class MemoryStore:
             if found is None:
                 raise NotFoundError(f"resources {resources_id!r} not found")
             return found
+
+    async def query_resources(self) -> list[Resources]:
+        """Every stored resources version, oldest first (the last one is the current one)."""
+        with self._lock:
+            return sorted(self._resources.values(), key=lambda r: r.version)
+
+    # ----------------------------------------------------------------- dashboards
+
+    def _facts_locked(self, rollout_id: str) -> list[AttemptFacts]:
+        facts: list[AttemptFacts] = []
+        for attempt in self._attempts.get(rollout_id, []):
+            key = (rollout_id, attempt.attempt_id)
+            reward = self._rewards.get(key)
+            facts.append(
+                AttemptFacts(
+                    attempt=attempt,
+                    reward=None if reward is None else reward[1],
+                    model_version=self._versions.get(key),
+                )
+            )
+        return facts
+
+    async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
+        """A page of rollout summaries matching ``query``, newest first, with the total number of matches."""
+        query = RolloutQuery.model_validate(query if query is not None else {})
+        at = now()
+        with self._lock:
+            served: dict[str, set[int]] = {}
+            if query.model_version is not None:
+                for (rollout_id, _), version in self._versions.items():
+                    served.setdefault(rollout_id, set()).add(version)
+            selected = [
+                rollout
+                for rollout in reversed(self._rollouts.values())  # newest first
+                if matches(query, rollout, served.get(rollout.rollout_id, ()))
+            ]
+            page = selected[query.offset : query.offset + query.limit]
+            rows = [summarize(r, self._facts_locked(r.rollout_id), at) for r in page]
+        return RolloutPage(total=len(selected), offset=query.offset, limit=query.limit, rollouts=rows)
+
+    async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
+        """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
+        query = RunStatsQuery.model_validate(query if query is not None else {})
+        at = now()
+        with self._lock:
+            counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)
+            for rollout in self._rollouts.values():
+                counts[rollout.status] += 1
+            facts: list[tuple[AttemptFacts, RolloutMode | None]] = [
+                (fact, r.mode) for r in self._rollouts.values() for fact in self._facts_locked(r.rollout_id)
+            ]
+        return run_stats_from(query, counts, facts, at)
 
     # ----------------------------------------------------------------- misc
 

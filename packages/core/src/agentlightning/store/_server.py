@@ -44,7 +44,6 @@ from starlette.responses import Response
 
 from agentlightning._models import Attempt, Claim, Resources, Rollout
 from agentlightning.store._asgi import (
-    OPEN_PATHS,
     ASGIApp,
     FastRoute,
     GuardMiddleware,
@@ -53,8 +52,10 @@ from agentlightning.store._asgi import (
     Send,
     classify_error,
     describe_validation,
+    is_open,
 )
 from agentlightning.store._base import LightningStore, RetryPolicy, StoreError, StoreStats
+from agentlightning.store._server_dashboard import add_dashboard_routes
 from agentlightning.store._wire import (
     API_PREFIX,
     AddedResponse,
@@ -177,6 +178,7 @@ def create_store_app(
     store: LightningStore,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ui: bool = True,
 ) -> FastAPI:
     """Build the ASGI app that serves ``store`` over HTTP.
 
@@ -186,6 +188,7 @@ def create_store_app(
             or gets 401. ``/healthz`` stays open so load balancers and process supervisors can probe it;
             it reveals nothing but liveness.
         max_body_bytes: Request bodies larger than this get 413 before they are read into memory.
+        ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and asks for it).
 
     Returns:
         A FastAPI app; run it with uvicorn (``agl store serve`` does).
@@ -292,6 +295,11 @@ def create_store_app(
         f"{p}/resources": (Resources, do_add_resources),
         f"{p}/resources/get": (ResourcesQuery, do_get_resources),
     }
+    fast.update(add_dashboard_routes(app, store))
+    if ui:
+        from agentlightning.ui import add_ui_routes  # the dashboard imports transitions and credit: only when served
+
+        add_ui_routes(app, store)
 
     # --- FastAPI routes: they document the API (and serve it if the fast path is bypassed) --------------------
 
@@ -436,7 +444,7 @@ def _add_bearer_scheme(app: FastAPI, required: bool) -> None:
         if required:
             schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             for path, ops in schema.get("paths", {}).items():
-                if path in OPEN_PATHS:
+                if is_open(path):
                     continue
                 for op in ops.values():
                     op["security"] = [{"bearer": []}]

@@ -50,6 +50,14 @@ from agentlightning.store._common import (
     validate_spans,
     wait_until_finished,
 )
+from agentlightning.store._query import (
+    RolloutPage,
+    RolloutQuery,
+    RunStats,
+    RunStatsQuery,
+    final_reward_of,
+)
+from agentlightning.store._sqlite_dashboard import DashboardReader
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -75,6 +83,14 @@ _CLAIM_OLDEST = (
 )
 _INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_SPAN = "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
+_SET_REWARD = (
+    "UPDATE attempts SET reward = ?, reward_seq = ? WHERE attempt_id = ? AND rollout_id = ? "
+    "AND (reward_seq IS NULL OR reward_seq <= ?)"
+)
+_SET_VERSION = (
+    "UPDATE attempts SET model_version = ? WHERE attempt_id = ? AND rollout_id = ? "
+    "AND (model_version IS NULL OR model_version < ?)"
+)
 _SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
 
 
@@ -118,6 +134,8 @@ class SqliteStore:
         # transaction, committed before the block's result is handed back.
         self._read = ConnectionGuard(self._lock, self._get_conn, closed, write=False)
         self._write = ConnectionGuard(self._lock, self._get_conn, closed, write=True)
+        # Dashboard reads use their own connection in a worker thread: WAL lets them run beside the writes.
+        self._dashboard = DashboardReader(self.path, busy_timeout, closed)
         logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
 
     def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
@@ -418,10 +436,18 @@ class SqliteStore:
             return 0
         dump = _SPAN_JSON
         rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
+        finals = [
+            (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
+            for s in batch
+            if (reward := final_reward_of(s)) is not None
+        ]
         with self._write as conn:
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
-            return conn.total_changes - before
+            added = conn.total_changes - before
+            if finals:
+                conn.executemany(_SET_REWARD, finals)
+            return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
@@ -447,6 +473,9 @@ class SqliteStore:
         rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
         if not rows:
             return 0
+        versions = [
+            (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
+        ]
         with self._write as conn:
             before = conn.total_changes
             conn.executemany(
@@ -454,7 +483,10 @@ class SqliteStore:
                 "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
-            return conn.total_changes - before
+            added = conn.total_changes - before
+            if versions:
+                conn.executemany(_SET_VERSION, versions)
+            return added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
@@ -501,6 +533,24 @@ class SqliteStore:
             raise NotFoundError(f"resources {resources_id!r} not found")
         return Resources.model_validate_json(row[0])
 
+    async def query_resources(self) -> list[Resources]:
+        """Every stored resources version, oldest first (the last one is the current one)."""
+        with self._read as conn:
+            rows = conn.execute("SELECT data FROM resources ORDER BY version").fetchall()
+        return [Resources.model_validate_json(row[0]) for row in rows]
+
+    # ----------------------------------------------------------------- dashboards
+
+    async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
+        """A page of rollout summaries matching ``query``, newest first (SQL, off the event loop)."""
+        query = RolloutQuery.model_validate(query if query is not None else {})
+        return await self._dashboard.run(self._dashboard.list_rollouts, query)
+
+    async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
+        """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
+        query = RunStatsQuery.model_validate(query if query is not None else {})
+        return await self._dashboard.run(self._dashboard.run_stats, query)
+
     # ----------------------------------------------------------------- misc
 
     async def stats(self) -> StoreStats:
@@ -527,3 +577,4 @@ class SqliteStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        self._dashboard.close()

@@ -24,7 +24,7 @@ __all__ = [
     "rollout_from_row",
 ]
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -50,7 +50,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     start_time REAL NOT NULL,
     end_time REAL,
     last_heartbeat REAL NOT NULL,
-    error TEXT
+    error TEXT,
+    reward REAL,
+    reward_seq INTEGER,
+    model_version INTEGER
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS ix_attempts_rollout ON attempts (rollout_id, sequence);
 -- only running attempts (about one per worker) are in it, so scanning it for start times is cheap
@@ -76,6 +79,26 @@ CREATE TABLE IF NOT EXISTS resources (
     resources_id TEXT NOT NULL UNIQUE,
     data TEXT NOT NULL
 );
+"""
+
+# Version 1 -> 2: attempts keep their final reward and serving model version (for dashboards); filled in from
+# the stored spans and LLM calls once, when a version-1 file is first opened.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE attempts ADD COLUMN reward REAL;
+ALTER TABLE attempts ADD COLUMN reward_seq INTEGER;
+ALTER TABLE attempts ADD COLUMN model_version INTEGER;
+UPDATE attempts SET model_version = (
+    SELECT MAX(json_extract(c.data, '$.model_version')) FROM llm_calls c
+    WHERE c.rollout_id = attempts.rollout_id AND c.attempt_id = attempts.attempt_id
+);
+UPDATE attempts SET (reward, reward_seq) = (
+    SELECT json_extract(s.data, '$.attributes."agentlightning.reward.value"'), s.sequence_id FROM spans s
+    WHERE s.rollout_id = attempts.rollout_id AND s.attempt_id = attempts.attempt_id
+      AND json_extract(s.data, '$.attributes."agentlightning.span.kind"') = 'reward'
+      AND json_extract(s.data, '$.attributes."agentlightning.reward.final"') = 1
+      AND json_type(s.data, '$.attributes."agentlightning.reward.value"') IN ('integer', 'real')
+    ORDER BY s.sequence_id DESC LIMIT 1
+)
 """
 
 ROLLOUT_COLUMNS = (
@@ -134,14 +157,17 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
+        if version not in (0, 1, _SCHEMA_VERSION):
             raise StoreError(
-                f"{path} has store schema version {version}; this agentlightning reads version {_SCHEMA_VERSION}"
+                f"{path} has store schema version {version}; this agentlightning reads versions 1 to {_SCHEMA_VERSION}"
             )
-        if version == 0:
+        if version != _SCHEMA_VERSION:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _SCHEMA.split(";"):
+                # Read again under the write lock: another process may have set the file up meanwhile.
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                script = {0: _SCHEMA, 1: _MIGRATE_1_TO_2}.get(version, "")
+                for statement in script.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")

@@ -29,6 +29,7 @@ __all__ = [
     "LLMCallsResponse",
     "QueryRolloutsRequest",
     "RecordQuery",
+    "ResourcesListResponse",
     "ResourcesQuery",
     "ResourcesResponse",
     "RolloutRef",
@@ -212,3 +213,9 @@ class ResourcesResponse(_Body):
     """Resources, or ``null`` when none are stored yet."""
 
     resources: Resources | None
+
+
+class ResourcesListResponse(_Body):
+    """Every stored resources version, oldest first."""
+
+    resources: list[Resources]

@@ -7,6 +7,13 @@ with `rollout_context(...)`; `flush()` / `aflush()` wait until every finished sp
 from agentlightning.tracing._context import RolloutContext, current_rollout, rollout_context
 from agentlightning.tracing._emit import emit_annotation, emit_reward, llm_base_url
 from agentlightning.tracing._loop import LoopThread
+from agentlightning.tracing._otlp import (
+    OTLP_ENDPOINT_ENV,
+    OTLP_INSTALL,
+    export_to_otlp,
+    flush_otlp,
+    otlp_endpoint_from_env,
+)
 from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError, to_span_model
 from agentlightning.tracing._provider import (
     aflush,
@@ -19,6 +26,8 @@ from agentlightning.tracing._provider import (
 )
 
 __all__ = [
+    "OTLP_ENDPOINT_ENV",
+    "OTLP_INSTALL",
     "LightningSpanProcessor",
     "LoopThread",
     "RolloutContext",
@@ -28,11 +37,14 @@ __all__ = [
     "current_rollout",
     "emit_annotation",
     "emit_reward",
+    "export_to_otlp",
     "flush",
+    "flush_otlp",
     "get_span_processor",
     "get_tracer",
     "get_tracer_provider",
     "llm_base_url",
+    "otlp_endpoint_from_env",
     "rollout_context",
     "set_as_global",
     "to_span_model",

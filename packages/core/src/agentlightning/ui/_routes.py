@@ -1,0 +1,86 @@
+"""The dashboard's routes on the served store: its static files at ``/ui`` and one derived read endpoint.
+
+==========================================  ==========================================
+``GET  /ui``, ``GET /ui/<asset>``           the page and its scripts/styles (no token: they hold no data)
+``POST /v1/ui/explain``                     `ExplainRequest` -> `ExplainResponse` (behind the token)
+==========================================  ==========================================
+
+The page keeps the token the user types in ``sessionStorage`` and sends it as a bearer header on every API
+call; it never goes into a URL. Everything else it shows comes from the store API itself.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import FastAPI
+from starlette.responses import RedirectResponse, Response
+
+from agentlightning.store import LightningStore
+from agentlightning.ui._explain import ExplainRequest, ExplainResponse, explain_attempt
+
+__all__ = ["UI_PATH", "add_ui_routes", "load_assets"]
+
+UI_PATH = "/ui"
+"""Where the dashboard is served."""
+
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+# Only this origin's own files run; nothing is fetched from elsewhere (the page works offline).
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def load_assets() -> dict[str, tuple[bytes, str]]:
+    """The dashboard's files shipped in the package: name -> (bytes, content type)."""
+    folder = resources.files("agentlightning.ui") / "static"
+    assets: dict[str, tuple[bytes, str]] = {}
+    for entry in folder.iterdir():
+        suffix = "." + entry.name.rsplit(".", 1)[-1] if "." in entry.name else ""
+        if entry.is_file() and suffix in _TYPES:
+            assets[entry.name] = (entry.read_bytes(), _TYPES[suffix])
+    if "index.html" not in assets:
+        raise RuntimeError(f"the dashboard's files are missing from {folder}; reinstall agentlightning-core")
+    return assets
+
+
+def add_ui_routes(app: FastAPI, store: LightningStore) -> None:
+    """Serve the dashboard on ``app`` (a store app from `create_store_app`)."""
+    assets = load_assets()
+
+    def answer(name: str) -> Response:
+        found = assets.get(name)
+        if found is None:
+            return Response(b'{"error":"not_found","message":"no such dashboard file"}', 404,
+                            media_type="application/json")  # fmt: skip
+        body, media_type = found
+        return Response(body, media_type=media_type, headers=_HEADERS)
+
+    @app.get(UI_PATH, include_in_schema=False)
+    async def index() -> Response:  # pyright: ignore[reportUnusedFunction]
+        return answer("index.html")
+
+    @app.get(UI_PATH + "/", include_in_schema=False)
+    async def index_slash() -> Response:  # pyright: ignore[reportUnusedFunction]
+        return RedirectResponse(UI_PATH)
+
+    @app.get(UI_PATH + "/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:  # pyright: ignore[reportUnusedFunction]
+        return answer(name)
+
+    @app.post("/v1/ui/explain", response_model=ExplainResponse, tags=["dashboard"])
+    async def explain(body: ExplainRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """An attempt's transitions with the credit and advantage LightningRL gives them within their group."""
+        result = await explain_attempt(store, body)
+        return Response(result.model_dump_json(), media_type="application/json")
