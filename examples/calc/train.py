@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
     parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
+    parser.add_argument(
+        "--rollout-timeout", type=float, default=120.0, help="seconds an iteration waits for its rollouts"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
@@ -109,6 +112,7 @@ def build_config(args: argparse.Namespace) -> Any:
             checkpoint_every=0,
             batch_wait_ms=args.batch_wait_ms,
             max_batch_wait_ms=args.max_batch_wait_ms,
+            rollout_timeout_s=args.rollout_timeout,
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())

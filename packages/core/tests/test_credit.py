@@ -171,6 +171,22 @@ def test_steps_are_sorted_and_samples_validate() -> None:
     assert batch.metrics["response_tokens"] == 8 and batch.metrics["trained_tokens"] == 8
 
 
+def test_samples_carry_their_model_version_and_the_batch_reports_staleness() -> None:
+    steps = [
+        t.model_copy(update={"model_version": v})
+        for t, v in zip(
+            rollout("a", 2, 1.0) + rollout("b", 1, 0.0) + rollout("c", 1, 0.5), [5, 3, 4, None], strict=True
+        )
+    ]
+    batch = build_training_batch(steps, current_version=5)
+    assert [s.model_version for s in batch.samples] == [5, 3, 4, None]
+    for sample in batch.samples:
+        assert TrainingSample.model_validate(sample.model_dump()) == sample
+    assert batch.metrics["staleness_mean"] == pytest.approx(1.0)  # lags 0, 2, 1 (one unknown)
+    assert batch.metrics["staleness_max"] == 2.0 and batch.metrics["samples_without_version"] == 1.0
+    assert "staleness_mean" not in build_training_batch(steps).metrics  # no current version: not measured
+
+
 def test_diagnostics_fold_into_metrics() -> None:
     diag = TransitionDiagnostics(trajectory_breaks=3, missing_token_ids=1)
     batch = build_training_batch(rollout("a", 1, 1.0), diagnostics=diag)

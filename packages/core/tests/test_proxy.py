@@ -277,19 +277,19 @@ async def test_rollouts_stick_to_one_backend_and_move_when_it_is_removed(store: 
             proxy.set_backends([])
 
 
-async def test_model_version_comes_from_the_store_and_background_recording_flushes(
+async def test_resources_versions_are_not_model_versions_and_background_recording_flushes(
     store: MemoryStore, backend: ScriptedModelServer
 ) -> None:
     llm = LLMResource(endpoint="http://proxy", model="toy")
     await store.add_resources(Resources(resources_id="res-1", items={"llm": llm}))
-    stored = await store.add_resources(Resources(resources_id="res-2", items={"llm": llm}))
-    async with LLMProxy(store, [backend.url + "/v1"], record="background") as proxy:
-        assert proxy.model_version == stored.version
+    await store.add_resources(Resources(resources_id="res-2", items={"llm": llm}))
+    async with LLMProxy(store, [backend.url + "/v1"], record="background", model_version=0) as proxy:
+        assert proxy.model_version == 0  # two resources versions published; the served weights are still version 0
         for i in range(5):
             await agent(proxy).chat.completions.create(model="toy", messages=[{"role": "user", "content": f"{i}"}])
         await proxy.flush()
         calls = await store.query_llm_calls("ro-1")
-        assert len(calls) == 5 and {c.model_version for c in calls} == {stored.version}
+        assert len(calls) == 5 and {c.model_version for c in calls} == {0}
         assert [c.response_token_ids for c in calls] == [s.token_ids for s in backend.served]
 
 

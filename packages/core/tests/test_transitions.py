@@ -67,6 +67,7 @@ class Trace:
         logprobs: list[float] | None = None,
         attributes: dict[str, Any] | None = None,
         response_id: str | None = "auto",
+        version: int | None = 3,
     ) -> Span:
         rid = f"chatcmpl-{len(self.spans) + 1}" if response_id == "auto" else response_id
         attrs = dict(attributes or {})
@@ -83,7 +84,7 @@ class Trace:
                     prompt_token_ids=prompt,
                     response_token_ids=response,
                     response_logprobs=logprobs if logprobs is not None else [-0.5] * len(response),
-                    model_version=3,
+                    model_version=version,
                     start_time=span.start_time,
                 )
             )
@@ -121,7 +122,8 @@ def test_per_call_joins_by_response_id_and_credits_rewards() -> None:
     assert first.reward == pytest.approx(0.75) and second.reward is None
     assert first.final_reward == second.final_reward == 1.0 == result.final_reward
     assert second.step_index == 1 and second.call_ids == [f"call-{t.spans[6].span_id}"]
-    assert first.metadata == {"span_ids": [t.spans[2].span_id], "model_version": 3}
+    assert first.metadata == {"span_ids": [t.spans[2].span_id]}
+    assert first.model_version == second.model_version == 3  # the served version, from the proxy's record
     d = result.diagnostics
     assert (d.llm_spans, d.calls_trained, d.joined_by_response_id, d.rewards, d.transitions) == (2, 2, 2, 3, 2)
     assert d.unused_llm_calls == 0 and result.problems == []
@@ -294,6 +296,21 @@ def test_trajectory_merges_exact_prefix_with_masked_observations() -> None:
     assert result.diagnostics.merged_calls == 2 and result.diagnostics.trajectory_breaks == 0
     assert Transition.model_validate(tr.model_dump()) == tr
     assert t.calls[0].response_token_ids == [3, 4]  # the proxy records were not mutated
+
+
+@pytest.mark.parametrize(("versions", "merged"), [((5, 4, 5), 4), ((5, None, 5), None)])
+def test_a_merged_trajectory_carries_its_oldest_model_version(
+    versions: tuple[int | None, ...], merged: int | None
+) -> None:
+    t = Trace()
+    agent = t.agent("solver")
+    t.llm([1], [2], agent, version=versions[0])
+    t.llm([1, 2, 3], [4], agent, version=versions[1])
+    t.llm([1, 2, 3, 4, 5], [6], agent, version=versions[2])
+    t.reward(1.0, final=True)
+    (tr,) = build(t, mode="trajectory").transitions
+    assert tr.model_version == merged and len(tr.call_ids) == 3
+    assert Transition.model_validate(tr.model_dump()) == tr
 
 
 def test_trajectory_non_append_history_starts_a_new_sample() -> None:

@@ -247,3 +247,41 @@ def test_backend_validates_input(calc_model: LlamaForCausalLM, tokenizer: CharTo
             backend.submit([], SamplingParams())
     finally:
         backend.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_each_answer_reports_the_version_of_the_weights_that_generated_it(
+    server: BackendServer, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer, stream: bool
+) -> None:
+    from agentlightning import MemoryStore
+    from agentlightning.proxy import LLMProxy
+
+    backend = server.backend
+    store = MemoryStore()
+    async with LLMProxy(store, [server.url], model_version=0) as proxy:
+        client = openai.AsyncOpenAI(base_url=proxy.base_url("ro-1", "at-1"), api_key="k", max_retries=0)
+
+        async def ask() -> list[Any]:
+            if not stream:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="tiny-calc",
+                    messages=USER,  # type: ignore[arg-type]
+                    max_tokens=8,
+                )
+                assert raw.headers["x-agentlightning-model-version"] == str(backend.model_version)
+                return [raw.parse().model_extra]
+            chunks = await client.chat.completions.create(model="tiny-calc", messages=USER, max_tokens=8, stream=True)  # type: ignore[arg-type]
+            # every chunk with a token says which weights generated it (the role chunk comes before any token)
+            return [chunk.model_extra async for chunk in chunks if "model_version" in (chunk.model_extra or {})]
+
+        assert {extra["model_version"] for extra in await ask()} == {0}
+        # A request that arrives at version 0 but is generated after the swap reports the new weights' version.
+        backend.pause()
+        late = asyncio.create_task(ask())
+        while backend.queue_depth == 0:
+            await asyncio.sleep(0.01)
+        backend.update_weights(make_small_model(tokenizer, seed=99), version=5)
+        backend.resume()
+        assert {extra["model_version"] for extra in await late} == {5}
+        await proxy.flush()
+    assert [call.model_version for call in await store.query_llm_calls("ro-1")] == [0, 5]

@@ -23,6 +23,7 @@ from agentlightning.adapters import instrument_all, uninstrument_all
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit import (
     CreditConfig,
+    build_batch_from_results,
     build_batch_from_store,
     build_training_batch,
     get_advantage_estimator,
@@ -30,6 +31,7 @@ from agentlightning.credit import (
     register_advantage_estimator,
     register_credit_strategy,
 )
+from agentlightning.loop import Engine, IterationReport, LoopConfig, ProxySettings, RLLoop
 from agentlightning.runner import RolloutAgent, Runner, rollout
 from agentlightning.store import (
     ConflictError,
@@ -75,13 +77,18 @@ __all__ = [
     "Claim",
     "ConflictError",
     "CreditConfig",
+    "Engine",
+    "IterationReport",
     "LLMCall",
     "LLMResource",
     "LightningStore",
+    "LoopConfig",
     "MemoryStore",
     "MissingTokenIdsError",
     "NotFoundError",
     "PromptTemplateResource",
+    "ProxySettings",
+    "RLLoop",
     "Resources",
     "RetryPolicy",
     "Rollout",
@@ -109,6 +116,7 @@ __all__ = [
     "ValueResource",
     "__version__",
     "aflush",
+    "build_batch_from_results",
     "build_batch_from_store",
     "build_trace_tree",
     "build_training_batch",

@@ -202,7 +202,9 @@ class LLMCall(_Model):
         response_token_ids: Token ids the backend generated.
         response_logprobs: Log-probability of each generated token (same length as ``response_token_ids``).
         model: Model name used by the backend.
-        model_version: Resources version served when the call was made.
+        model_version: Version of the weights that generated the response, as the backend reported it (or, for a
+            backend that reports none, the version the proxy was told when it admitted the request); ``None`` when
+            unknown. Never a resources version.
         backend: Which backend served it.
         start_time: When the proxy received the request.
         end_time: When the proxy finished answering.
@@ -309,7 +311,9 @@ class Transition(_Model):
         reward: Intermediate reward(s) attached to this step (sum), ``None`` if none.
         final_reward: The episode's final reward, ``None`` if the rollout gave none.
         call_ids: The LLM calls merged into this sample.
-        metadata: Free-form extras (model version, span ids, ...).
+        model_version: Version of the weights that generated the response (the oldest one when calls of several
+            versions were merged); ``None`` when any merged call's version is unknown.
+        metadata: Free-form extras (span ids, ...).
     """
 
     rollout_id: str
@@ -324,6 +328,7 @@ class Transition(_Model):
     reward: float | None = None
     final_reward: float | None = None
     call_ids: list[str] = Field(default_factory=list)
+    model_version: int | None = Field(default=None, ge=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -350,6 +355,8 @@ class TrainingSample(_Model):
         rollout_id: Source rollout.
         step_index: Step within the rollout.
         agent_name: Source agent.
+        model_version: Version of the weights that generated the response (see `Transition.model_version`); the
+            trainer's current version minus this is the sample's staleness.
     """
 
     prompt_ids: list[int]
@@ -364,6 +371,7 @@ class TrainingSample(_Model):
     attempt_id: str
     step_index: int
     agent_name: str | None = None
+    model_version: int | None = Field(default=None, ge=0)
 
     @field_validator("response_ids")
     @classmethod

@@ -278,6 +278,7 @@ class LocalBackend:
             started = time.monotonic()
             try:
                 with self._weights_lock:
+                    version = self.model_version  # weights only change under this lock: the batch's version
                     results = generate_batch(
                         self.model,
                         [job.prompt_ids for job in jobs],
@@ -300,4 +301,5 @@ class LocalBackend:
             self.stats.max_batch_size = max(self.stats.max_batch_size, len(jobs))
             self.stats.batch_sizes.append(len(jobs))
             for job, result in zip(jobs, results, strict=True):
+                result.model_version = version
                 job.future.set_result(result)

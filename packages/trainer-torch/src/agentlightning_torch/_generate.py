@@ -58,12 +58,14 @@ class GenerationResult:
             what the trainer recomputes; the sampling distribution itself may differ.
         top_logprobs: Per position, the ``top_logprobs`` most likely ``(token_id, logprob)`` pairs.
         finish_reason: ``stop`` on eos, ``length`` at ``max_tokens``.
+        model_version: Version of the weights that generated it (set by `LocalBackend`; ``None`` elsewhere).
     """
 
     token_ids: list[int] = field(default_factory=lambda: [])
     logprobs: list[float] = field(default_factory=lambda: [])
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=lambda: [])
     finish_reason: FinishReason = "length"
+    model_version: int | None = None
 
 
 StepCallback = Callable[[int, int, float, list[tuple[int, float]], FinishReason | None], None]

@@ -3,6 +3,10 @@
 With ``return_token_ids: true`` a chat response carries top-level ``prompt_token_ids`` and per choice
 ``token_ids`` (streams: ``prompt_token_ids`` in the first chunk, ``token_ids`` deltas per chunk), exactly as
 vLLM returns them, so the LLM proxy records the same fields from either backend.
+
+Every answer also says which weights produced it: a top-level ``model_version`` (the backend's version when the
+batch ran) in the response body and in every stream chunk that carries tokens, and the
+``x-agentlightning-model-version`` header on non-streamed answers. The LLM proxy records it on the `LLMCall`.
 """
 
 from __future__ import annotations
@@ -103,19 +107,25 @@ def _relay(
     loop: asyncio.AbstractEventLoop,
     events: asyncio.Queue[Any],
     index: int,
+    backend: LocalBackend,
     _row: int,
     token: int,
     logprob: float,
     top: Any,
     end: Any,
 ) -> None:
-    loop.call_soon_threadsafe(events.put_nowait, (index, token, logprob, top, end))
+    # Runs in the worker thread during the batch (weights locked), so this is the version generating the token.
+    version = backend.model_version
+    loop.call_soon_threadsafe(events.put_nowait, (index, token, logprob, top, end, version))
 
 
 def _submit(
     backend: LocalBackend, prompt: list[int], params: SamplingParams, count: int, events: asyncio.Queue[Any] | None
 ) -> list[Future[GenerationResult]]:
-    """Queue ``count`` choices; with ``events``, each token is pushed as ``(choice, token, logprob, top, end)``."""
+    """Queue ``count`` choices; with ``events``, each token is pushed as an event tuple.
+
+    The tuple is ``(choice, token, logprob, top, end, version)``, ``version`` being the weights generating it.
+    """
     loop = asyncio.get_running_loop()
     futures: list[Future[GenerationResult]] = []
     for index in range(count):
@@ -124,7 +134,7 @@ def _submit(
             choice_params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
         callback: StepCallback | None = None
         if events is not None:
-            callback = functools.partial(_relay, loop, events, index)
+            callback = functools.partial(_relay, loop, events, index, backend)
         futures.append(backend.submit(prompt, choice_params, callback))
     return futures
 
@@ -165,7 +175,6 @@ def create_app(backend: LocalBackend) -> FastAPI:
     """The FastAPI app serving ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for ``backend``."""
     app = FastAPI(title="agentlightning local backend")
     wire = _Wire(backend)
-    headers = lambda: {"x-agentlightning-model-version": str(backend.model_version)}  # noqa: E731
 
     @app.exception_handler(_BadRequest)
     async def _bad_request(_request: Request, error: _BadRequest) -> JSONResponse:  # pyright: ignore[reportUnusedFunction]
@@ -193,7 +202,7 @@ def create_app(backend: LocalBackend) -> FastAPI:
             events: asyncio.Queue[Any] = asyncio.Queue()
             futures = _submit(backend, prompt, params, body.n, events)
             stream = _chat_stream(wire, body, prompt, tools, futures, events)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers())
+            return StreamingResponse(stream, media_type="text/event-stream")
         results = [await asyncio.wrap_future(f) for f in _submit(backend, prompt, params, body.n, None)]
         choices: list[dict[str, Any]] = []
         for index, result in enumerate(results):
@@ -225,7 +234,7 @@ def create_app(backend: LocalBackend) -> FastAPI:
         }
         if body.return_token_ids:
             response["prompt_token_ids"] = prompt
-        return JSONResponse(response, headers=headers())
+        return _versioned(response, results)
 
     @app.post("/v1/completions")
     async def _complete(request: Request) -> Response:  # pyright: ignore[reportUnusedFunction]
@@ -275,9 +284,18 @@ def create_app(backend: LocalBackend) -> FastAPI:
             "choices": choices,
             "usage": wire.usage(prompt, results),
         }
-        return JSONResponse(response, headers=headers())
+        return _versioned(response, results)
 
     return app
+
+
+def _versioned(response: dict[str, Any], results: list[GenerationResult]) -> JSONResponse:
+    """The response with the version of the weights that generated it (the oldest, should choices differ)."""
+    versions = [r.model_version for r in results if r.model_version is not None]
+    if not versions:
+        return JSONResponse(response)
+    response["model_version"] = min(versions)
+    return JSONResponse(response, headers={"x-agentlightning-model-version": str(min(versions))})
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -317,7 +335,7 @@ async def _chat_stream(
     flushed = [False] * body.n
     open_choices = body.n
     while open_choices:
-        index, token, logprob, top, end = await events.get()
+        index, token, logprob, top, end, version = await events.get()
         generated[index].append(token)
         delta: dict[str, Any] = {}
         piece = wire.tokenizer.decode([token])
@@ -343,7 +361,7 @@ async def _chat_stream(
             choice["logprobs"] = {"content": [wire.logprob_entry(token, logprob, top)]}
         if body.return_token_ids:
             choice["token_ids"] = [token]
-        yield _sse({**head, "choices": [choice]})
+        yield _sse({**head, "choices": [choice], "model_version": version})
     if body.stream_options and body.stream_options.get("include_usage"):
         results = [f.result() for f in futures]
         yield _sse({**head, "choices": [], "usage": wire.usage(prompt, results)})

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentlightning import CreditConfig, LoopConfig, ProxySettings
 from agentlightning_torch._ppo import PPOConfig
 
 __all__ = ["TorchTrainerConfig"]
@@ -40,6 +41,7 @@ class TorchTrainerConfig(BaseModel):
         batch_wait_ms: The backend starts a batch once no request has arrived for this long.
         max_batch_wait_ms: ...or this long after the batch's first request, whichever comes first.
         seed: Seeds task sampling.
+        proxy: Where the LLM proxy listens and how agents reach it (loopback by default).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -68,6 +70,30 @@ class TorchTrainerConfig(BaseModel):
     batch_wait_ms: float = Field(default=5.0, ge=0)
     max_batch_wait_ms: float = Field(default=50.0, ge=0)
     seed: int = 0
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+
+    def loop_config(self) -> LoopConfig:
+        """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
+        return LoopConfig(
+            output_dir=self.output_dir,
+            model_name=self.model_name,
+            iterations=self.iterations,
+            time_budget_s=self.time_budget_s,
+            tasks_per_iteration=self.tasks_per_iteration,
+            samples_per_task=self.samples_per_task,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            credit=self.credit,
+            estimator=self.estimator,
+            credit_config=CreditConfig(drop_equal_groups=self.drop_equal_groups),
+            transition_mode=self.transition_mode,
+            agent_filter=self.agent_filter,
+            rollout_timeout_s=self.rollout_timeout_s,
+            checkpoint_every=self.checkpoint_every,
+            resume=self.resume,
+            seed=self.seed,
+            proxy=self.proxy,
+        )
 
     @field_validator("model_dir")
     @classmethod

@@ -7,7 +7,12 @@ from agentlightning.credit._advantages import (
     get_advantage_estimator,
     register_advantage_estimator,
 )
-from agentlightning.credit._batch import build_batch_from_store, build_training_batch
+from agentlightning.credit._batch import (
+    build_batch_from_results,
+    build_batch_from_store,
+    build_training_batch,
+    staleness_metrics,
+)
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import (
     CreditStrategy,
@@ -22,6 +27,7 @@ __all__ = [
     "CreditStrategy",
     "GroupedValues",
     "advantage_estimator_names",
+    "build_batch_from_results",
     "build_batch_from_store",
     "build_training_batch",
     "credit_strategy_names",
@@ -29,4 +35,5 @@ __all__ = [
     "get_credit_strategy",
     "register_advantage_estimator",
     "register_credit_strategy",
+    "staleness_metrics",
 ]

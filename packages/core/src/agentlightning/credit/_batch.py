@@ -11,11 +11,11 @@ from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
 from agentlightning.store._base import LightningStore
-from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics
+from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics, TransitionResult
 from agentlightning.transitions._fast import fast_factory, fast_model
 from agentlightning.transitions._store import results_from_store
 
-__all__ = ["build_batch_from_store", "build_training_batch"]
+__all__ = ["build_batch_from_results", "build_batch_from_store", "build_training_batch", "staleness_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,21 @@ def _raise_non_finite(steps: list[Transition], credits: list[float], advantages:
     raise ValueError(f"credits/advantages of rollout {steps[0].rollout_id} overflow to a non-finite sum")
 
 
+def staleness_metrics(samples: Sequence[TrainingSample], current_version: int) -> dict[str, float]:
+    """How many versions behind ``current_version`` the samples' generating weights are.
+
+    Returns:
+        ``staleness_mean`` and ``staleness_max`` over samples with a known `TrainingSample.model_version` (0.0 when
+        none is known) and ``samples_without_version``.
+    """
+    lags = [current_version - s.model_version for s in samples if s.model_version is not None]
+    return {
+        "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "staleness_max": float(max(lags)) if lags else 0.0,
+        "samples_without_version": float(len(samples) - len(lags)),
+    }
+
+
 def build_training_batch(
     transitions: Sequence[Transition],
     credit: str | CreditStrategy = "identical",
@@ -50,6 +65,7 @@ def build_training_batch(
     config: CreditConfig | None = None,
     *,
     diagnostics: TransitionDiagnostics | None = None,
+    current_version: int | None = None,
 ) -> TrainingBatch:
     """Assign credit to transitions and estimate advantages: the LightningRL step.
 
@@ -68,12 +84,16 @@ def build_training_batch(
             function.
         config: Credit settings.
         diagnostics: Conversion counts to fold into the batch metrics (trajectory breaks, missing ids...).
+        current_version: The model version the trainer is about to update; with it the metrics include the
+            samples' staleness (``current_version - sample.model_version``).
 
     Returns:
         Samples in input rollout order then step order, and metrics: ``n_samples``, ``n_rollouts``,
         ``n_groups``, ``reward_mean/std/min/max`` (final rewards per rollout), ``credit_mean``,
         ``advantage_mean/std``, ``zero_std_group_fraction``, ``dropped_groups``, ``dropped_samples``,
-        ``rollouts_without_reward``, ``response_tokens``, ``trained_tokens`` and the diagnostics' counts.
+        ``rollouts_without_reward``, ``response_tokens``, ``trained_tokens``, the diagnostics' counts and, with
+        ``current_version``, ``staleness_mean``, ``staleness_max`` (over samples whose version is known) and
+        ``samples_without_version``.
 
     Raises:
         ValueError: Unknown strategy/estimator, a rollout whose transitions disagree on the final reward, a
@@ -206,6 +226,7 @@ def build_training_batch(
                             "attempt_id": values["attempt_id"],
                             "step_index": values["step_index"],
                             "agent_name": values["agent_name"],
+                            "model_version": values["model_version"],
                         }
                     )
                 )
@@ -250,6 +271,8 @@ def build_training_batch(
         "response_tokens": float(response_tokens),
         "trained_tokens": float(trained_tokens),
     }
+    if current_version is not None:
+        metrics.update(staleness_metrics(samples, current_version))
     if diagnostics is not None:
         metrics.update(diagnostics.as_metrics())
     return fast_model(TrainingBatch, {"samples": samples, "metrics": metrics})
@@ -262,6 +285,8 @@ async def build_batch_from_store(
     credit: str | CreditStrategy = "identical",
     estimator: str | AdvantageEstimator = "grpo",
     config: CreditConfig | None = None,
+    *,
+    current_version: int | None = None,
 ) -> TrainingBatch:
     """Read the rollouts' last attempts from ``store`` and build a `TrainingBatch` (see `build_training_batch`).
 
@@ -272,14 +297,37 @@ async def build_batch_from_store(
         credit: Credit strategy name or function.
         estimator: Advantage estimator name or function.
         config: Credit settings.
+        current_version: The trainer's model version, for staleness metrics (see `build_training_batch`).
 
     Returns:
         The batch; its metrics include the conversion diagnostics (``trajectory_breaks``, ...).
     """
     results = await results_from_store(store, rollout_ids, transition_config)
+    return build_batch_from_results(results, credit, estimator, config, current_version=current_version)
+
+
+def build_batch_from_results(
+    results: Sequence[TransitionResult],
+    credit: str | CreditStrategy = "identical",
+    estimator: str | AdvantageEstimator = "grpo",
+    config: CreditConfig | None = None,
+    *,
+    current_version: int | None = None,
+) -> TrainingBatch:
+    """Build a `TrainingBatch` from already converted attempts (e.g. `results_from_store`), diagnostics included.
+
+    Args:
+        results: One `TransitionResult` per attempt.
+        credit: Credit strategy name or function.
+        estimator: Advantage estimator name or function.
+        config: Credit settings.
+        current_version: The trainer's model version, for staleness metrics (see `build_training_batch`).
+    """
     diagnostics = TransitionDiagnostics()
     transitions: list[Transition] = []
     for result in results:
         diagnostics.add(result.diagnostics)
         transitions.extend(result.transitions)
-    return build_training_batch(transitions, credit, estimator, config, diagnostics=diagnostics)
+    return build_training_batch(
+        transitions, credit, estimator, config, diagnostics=diagnostics, current_version=current_version
+    )

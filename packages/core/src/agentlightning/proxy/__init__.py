@@ -3,6 +3,12 @@
 See `LLMProxy` for routes, recording modes and pause/resume around weight updates.
 """
 
-from agentlightning.proxy._proxy import CALL_ID_HEADER, LLMProxy, create_proxy_app
+from agentlightning.proxy._proxy import (
+    CALL_ID_HEADER,
+    MODEL_VERSION_FIELD,
+    MODEL_VERSION_HEADER,
+    LLMProxy,
+    create_proxy_app,
+)
 
-__all__ = ["CALL_ID_HEADER", "LLMProxy", "create_proxy_app"]
+__all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]

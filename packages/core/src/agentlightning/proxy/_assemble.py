@@ -5,7 +5,10 @@ Liberal in what it accepts (vLLM-compatible wire format):
 * ``prompt_token_ids`` at the top level of the response / first chunk, or inside the choice (newer vLLM);
 * ``token_ids`` inside the choice (for streams: the ids of that chunk's delta);
 * logprobs in the OpenAI shape: ``choices[i].logprobs.content[j].logprob`` (chat) or
-  ``choices[i].logprobs.token_logprobs`` (completions).
+  ``choices[i].logprobs.token_logprobs`` (completions);
+* ``model_version`` (a non-negative integer) at the top level of the response or of any stream chunk: the version
+  of the weights that generated it, as the backend reports it (`MODEL_VERSION_FIELD`; our backends also send the
+  `MODEL_VERSION_HEADER` header on non-streamed answers).
 
 Only choice 0 is recorded (agents use ``n=1``).
 """
@@ -39,9 +42,36 @@ except ImportError:  # pragma: no cover - depends on the environment
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["Extracted", "SSEParser", "StreamAssembler", "dumps", "extract", "finalize", "loads", "without_token_fields"]
+__all__ = [
+    "MODEL_VERSION_FIELD",
+    "MODEL_VERSION_HEADER",
+    "Extracted",
+    "SSEParser",
+    "StreamAssembler",
+    "dumps",
+    "extract",
+    "finalize",
+    "loads",
+    "model_version_of",
+    "without_token_fields",
+]
 
 Kind = Literal["chat", "completion"]
+
+MODEL_VERSION_FIELD = "model_version"
+"""Top-level field of a response body (and of every stream chunk) naming the weights version that generated it."""
+
+MODEL_VERSION_HEADER = "x-agentlightning-model-version"
+"""HTTP header with the same meaning, for backends that cannot change the body; the body field wins."""
+
+
+def model_version_of(value: Any) -> int | None:
+    """A reported model version if ``value`` is a non-negative integer (or its decimal text), else ``None``."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 @dataclass
@@ -53,12 +83,14 @@ class Extracted:
         response_token_ids: Generated ids, or ``None`` when the backend sent none.
         response_logprobs: One logprob per generated id, or ``None``.
         note: Why something was dropped (e.g. logprobs whose count does not match the ids).
+        model_version: The weights version the backend reported in the body, or ``None``.
     """
 
     prompt_token_ids: list[int] | None = None
     response_token_ids: list[int] | None = None
     response_logprobs: list[float] | None = None
     note: str | None = None
+    model_version: int | None = None
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -108,7 +140,9 @@ def extract(data: dict[str, Any], kind: Kind) -> Extracted:
     prompt = _int_list(data.get("prompt_token_ids"))
     if prompt is None:
         prompt = _int_list(choice.get("prompt_token_ids"))
-    return finalize(prompt, _int_list(choice.get("token_ids")), _choice_logprobs(choice, kind))
+    extracted = finalize(prompt, _int_list(choice.get("token_ids")), _choice_logprobs(choice, kind))
+    extracted.model_version = model_version_of(data.get(MODEL_VERSION_FIELD))
+    return extracted
 
 
 class SSEParser:
@@ -179,6 +213,7 @@ class StreamAssembler:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.extra: dict[str, Any] = {}
+        self.model_version: int | None = None
 
     def feed(self, chunk: dict[str, Any]) -> None:
         """Take one parsed ``data:`` chunk."""
@@ -189,6 +224,8 @@ class StreamAssembler:
             self.prompt_token_ids = _int_list(chunk.get("prompt_token_ids"))
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        if self.model_version is None:
+            self.model_version = model_version_of(chunk.get(MODEL_VERSION_FIELD))
         for key in ("system_fingerprint", "service_tier"):
             if chunk.get(key) is not None:
                 self.extra[key] = chunk[key]
@@ -235,7 +272,9 @@ class StreamAssembler:
 
     def extracted(self) -> Extracted:
         """Token data of the whole stream."""
-        return finalize(self.prompt_token_ids, self.token_ids, self.logprobs)
+        extracted = finalize(self.prompt_token_ids, self.token_ids, self.logprobs)
+        extracted.model_version = self.model_version
+        return extracted
 
     def response(self) -> dict[str, Any]:
         """The stream as the equivalent non-streamed response (without token-id fields)."""
@@ -260,6 +299,8 @@ class StreamAssembler:
             obj = "chat.completion"
         data: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
         data.update(self.extra)
+        if self.model_version is not None:
+            data[MODEL_VERSION_FIELD] = self.model_version
         data["choices"] = [choice]
         if self.usage is not None:
             data["usage"] = self.usage

@@ -10,6 +10,14 @@ batches instead; call `LLMProxy.flush` before reading them.
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
 ``allow_unrecorded=True`` to forward them unrecorded instead. ``/v1/models`` is always forwarded.
+
+Model versions: each recorded call carries the version of the weights that generated it. A backend reports it on
+its answer: a top-level ``model_version`` integer in the response body or in any stream chunk (`MODEL_VERSION_FIELD`;
+the embedded torch backend and `agentlightning.testing.ScriptedModelServer` send it), or the
+``x-agentlightning-model-version`` header (`MODEL_VERSION_HEADER`). For a backend that reports nothing (vLLM), the
+version the proxy was told (``model_version=`` / ``resume(model_version=...)``, set by the trainer after each weight
+sync while the proxy is paused) *when it admitted the request* is recorded. The store's resources version is never
+used: one model version may be published as several resources.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Literal, cast
@@ -31,19 +38,22 @@ from starlette.responses import JSONResponse, Response
 from agentlightning._models import LLMCall, new_id, now
 from agentlightning.proxy._admin import add_admin_routes
 from agentlightning.proxy._assemble import (
+    MODEL_VERSION_FIELD,
+    MODEL_VERSION_HEADER,
     Extracted,
     Kind,
     StreamAssembler,
     dumps,
     extract,
     loads,
+    model_version_of,
     without_token_fields,
 )
 from agentlightning.proxy._fast import ProxyApp, RawResponse, raw_headers
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 
-__all__ = ["LLMProxy", "create_proxy_app"]
+__all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +81,14 @@ class LLMProxy:
         backends: OpenAI-compatible backend base URLs (with or without ``/v1``). A rollout sticks to the backend
             it was first sent to, so the backend's prefix cache is reused across its turns.
         admin_token: If set, the ``/admin/*`` routes require ``Authorization: Bearer <token>``.
-        model_version: Version recorded on calls; ``None`` reads the latest resources version from the store at
-            start and whenever the store has a newer one (checked at most every ``resources_refresh_s``).
+        model_version: Version recorded on calls whose backend does not report one (see the module docs); the
+            trainer updates it with ``resume(model_version=...)`` after each weight sync. ``None``: unknown.
         served_model: If set, replaces the ``model`` of every forwarded request (the name the backend serves).
         record: ``"sync"`` writes each record before answering; ``"background"`` batches writes (see `flush`).
         allow_unrecorded: Forward plain ``/v1/...`` completions unrecorded instead of rejecting them.
         backend_api_key: Sent to backends as a bearer token; by default the agent's ``Authorization`` is forwarded.
         request_timeout: Seconds a backend may take to answer one request.
         retry_after: Seconds advertised in ``Retry-After`` while paused.
-        resources_refresh_s: How often to look for a newer resources version in the store.
         host: Interface to bind in `start` / `start_in_thread`.
         port: Port to bind (0 = a free one).
     """
@@ -97,7 +106,6 @@ class LLMProxy:
         backend_api_key: str | None = None,
         request_timeout: float = 600.0,
         retry_after: int = 1,
-        resources_refresh_s: float = 5.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -114,7 +122,6 @@ class LLMProxy:
         self.backend_api_key = backend_api_key
         self.request_timeout = request_timeout
         self.retry_after = retry_after
-        self.resources_refresh_s = resources_refresh_s
         self.host = host
         self.port = port
         self._sticky: OrderedDict[str, str] = OrderedDict()
@@ -128,7 +135,6 @@ class LLMProxy:
         self._flush_wakeup: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[Any]] = set()
-        self._last_refresh = 0.0
         self._missing_ids_count: dict[str, int] = {}
         self._server: Any = None  # agentlightning.proxy._serve.ServerHandle while started
         self.app = self._build_app()
@@ -148,7 +154,7 @@ class LLMProxy:
 
     @property
     def model_version(self) -> int | None:
-        """The model version recorded on new calls."""
+        """The version recorded on calls admitted from now on whose backend reports none."""
         return self._model_version
 
     @model_version.setter
@@ -271,7 +277,6 @@ class LLMProxy:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True)
-        await self._refresh_model_version()
         if self.record == "background":
             self._flusher = asyncio.create_task(self._flush_loop())
 
@@ -291,21 +296,6 @@ class LLMProxy:
         if self._idle is None:
             self._idle = asyncio.Event()
         return self._idle
-
-    async def _refresh_model_version(self) -> None:
-        self._last_refresh = time.monotonic()
-        try:
-            resources = await self.store.get_resources()
-        except Exception as exc:  # a store hiccup must not fail an LLM call
-            logger.warning("LLM proxy could not read the latest resources version: %s", exc)
-            return
-        if resources is not None and (self._model_version is None or resources.version > self._model_version):
-            self._model_version = resources.version
-
-    def _maybe_refresh(self) -> None:
-        if self.resources_refresh_s > 0 and time.monotonic() - self._last_refresh > self.resources_refresh_s:
-            self._last_refresh = time.monotonic()
-            self._spawn(self._refresh_model_version())
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -390,7 +380,6 @@ class LLMProxy:
         self._idle_event().clear()
         streamed = False
         try:
-            self._maybe_refresh()
             response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
             return response
         finally:
@@ -427,7 +416,9 @@ class LLMProxy:
         headers = {CALL_ID_HEADER: call_id} if record else {}
         session = self._session
         assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
-        meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start)
+        # The version admitted with the request: what a backend that reports none was serving (the trainer
+        # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
+        meta: Meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, self._model_version)
         try:
             resp = await session.post(
                 backend + path, data=dumps(forwarded), headers=self._backend_headers(authorization)
@@ -437,6 +428,10 @@ class LLMProxy:
             if record:
                 await self._record(meta, None, Extracted(), error=message)
             return _error(502, message, "proxy_backend_error", headers=headers), False
+        header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
+        if header_version is not None:
+            meta = (*meta[:6], header_version)
+            headers[MODEL_VERSION_HEADER] = str(header_version)
         if agent_request.get("stream") and resp.status < 400:
             state = StreamState(StreamAssembler(kind), meta if record else None, backend)
             media = resp.headers.get("Content-Type", "text/event-stream")
@@ -490,7 +485,7 @@ class LLMProxy:
         extracted: Extracted,
         error: str | None = None,
     ) -> None:
-        call_id, rollout_id, attempt_id, agent_request, backend, start = meta
+        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
         if error is None and extracted.response_token_ids is None:
             self._warn_missing_ids(backend, call_id, rollout_id)
         if extracted.note:
@@ -506,7 +501,7 @@ class LLMProxy:
             response_token_ids=extracted.response_token_ids or [],
             response_logprobs=extracted.response_logprobs,
             model=(response.get("model") if response else None) or agent_request.get("model"),
-            model_version=self._model_version,
+            model_version=admitted_version if extracted.model_version is None else extracted.model_version,
             backend=backend,
             start_time=start,
             end_time=now(),

@@ -15,7 +15,8 @@ from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
 
-Meta = tuple[str, str, str, dict[str, Any], str, float]  # call id, rollout, attempt, request, backend, start
+Meta = tuple[str, str, str, dict[str, Any], str, float, int | None]
+"""call id, rollout, attempt, request, backend, start, model version known before the answer (header or admitted)"""
 
 
 RecordFn = Callable[[Meta, dict[str, Any] | None, Extracted], Awaitable[None]]

@@ -14,6 +14,11 @@ Chat prompt template (what ``prompt_token_ids`` encode)::
 
 The generated text of a reply is its content followed by one ``<tool_call>...</tool_call>`` per tool call;
 ``token_ids`` are the ids of that text. Pseudo-logprobs are a fixed function of (token id, position).
+
+Model versions: with ``model_version`` set (an int), every response body and every stream chunk carries a
+top-level ``model_version`` (the wire field the LLM proxy records, `agentlightning.proxy.MODEL_VERSION_FIELD`) and
+non-streamed answers the ``x-agentlightning-model-version`` header. The version is the server's ``model_version``
+*when the request arrived* (its "weights" at generation time), so a test can change it while a held request waits.
 """
 
 from __future__ import annotations
@@ -105,9 +110,11 @@ class ScriptedModelServer:
         emit_token_ids: ``False`` imitates a backend that ignores ``return_token_ids`` (plain OpenAI).
         latency: Seconds to wait before answering each request.
         stream_chunk_chars: Characters of content per streamed chunk.
+        model_version: Version reported on answers (see the module docs); ``None`` reports none (like vLLM).
 
     Use as a context manager (``with ScriptedModelServer() as server: server.url``) or ``start()``/``stop()``.
-    ``requests`` lists every JSON body received, ``served`` what was answered.
+    ``requests`` lists every JSON body received, ``served`` what was answered. `hold` / `release` make requests
+    wait (received, not answered) until released.
     """
 
     def __init__(
@@ -118,6 +125,7 @@ class ScriptedModelServer:
         emit_token_ids: bool = True,
         latency: float = 0.0,
         stream_chunk_chars: int = 4,
+        model_version: int | None = None,
     ) -> None:
         if stream_chunk_chars < 1:
             raise ValueError("stream_chunk_chars must be >= 1")
@@ -126,6 +134,7 @@ class ScriptedModelServer:
         self.emit_token_ids = emit_token_ids
         self.latency = latency
         self.stream_chunk_chars = stream_chunk_chars
+        self.model_version = model_version
         self.requests: list[dict[str, Any]] = []
         self.served: list[ServedCall] = []
         self._script = script
@@ -136,6 +145,8 @@ class ScriptedModelServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._released: asyncio.Event | None = None
+        self._held = False
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -202,6 +213,9 @@ class ScriptedModelServer:
         self.stop()
 
     async def _serve(self) -> None:
+        self._released = asyncio.Event()
+        if not self._held:
+            self._released.set()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
@@ -226,6 +240,20 @@ class ScriptedModelServer:
             raise ValueError(f"fail_next needs count >= 1 and a 4xx/5xx status, got count={count}, status={status}")
         with self._lock:
             self._failures.extend([(status, message)] * count)
+
+    def hold(self) -> None:
+        """Receive requests but answer none until `release` (the request is in `requests` meanwhile)."""
+        self._set_held(True)
+
+    def release(self) -> None:
+        """Answer the requests held since `hold`, and every later one at once."""
+        self._set_held(False)
+
+    def _set_held(self, held: bool) -> None:
+        self._held = held
+        released, loop = self._released, self._loop
+        if released is not None and loop is not None:
+            loop.call_soon_threadsafe(released.clear if held else released.set)
 
     def set_script(self, script: Script) -> None:
         """Replace the script (and restart it from its first reply)."""
@@ -281,34 +309,42 @@ class ScriptedModelServer:
         return out
 
     # ------------------------------------------------------------------ handlers
-    async def _pre(self, request: web.Request) -> tuple[dict[str, Any] | None, web.Response | None]:
+    async def _pre(self, request: web.Request) -> tuple[dict[str, Any] | None, web.Response | None, int | None]:
+        """The request body (or the error to answer) and the model version when it arrived."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return None, _error(400, "request body is not valid JSON")
+            return None, _error(400, "request body is not valid JSON"), None
         if not isinstance(body, dict):
-            return None, _error(400, "request body must be a JSON object")
+            return None, _error(400, "request body must be a JSON object"), None
         with self._lock:
+            version = self.model_version
             self.requests.append(body)
             failure = self._failures.pop(0) if self._failures else None
+        if self._released is not None:
+            await self._released.wait()
         if self.latency > 0:
             await asyncio.sleep(self.latency)
         if failure is not None:
             status, message = failure
             with self._lock:
                 self.served.append(ServedCall(request.path, body, status=status))
-            return None, _error(status, message or f"injected failure (HTTP {status})", headers={"Retry-After": "0"})
+            return (
+                None,
+                _error(status, message or f"injected failure (HTTP {status})", headers={"Retry-After": "0"}),
+                None,
+            )
         n = body.get("n", 1)
         if n != 1:
-            return None, _error(400, f"ScriptedModelServer supports only n=1, got n={n!r}")
-        return body, None
+            return None, _error(400, f"ScriptedModelServer supports only n=1, got n={n!r}"), None
+        return body, None, version
 
     async def _models(self, request: web.Request) -> web.Response:
         data = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "test"}]}
         return web.json_response(data)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body, err = await self._pre(request)
+        body, err, version = await self._pre(request)
         if err is not None or body is None:
             return err or _error(500, "unreachable")
         messages = body.get("messages")
@@ -332,7 +368,7 @@ class ScriptedModelServer:
             "total_tokens": len(prompt_ids) + len(ids),
         }
         if body.get("stream"):
-            return await self._stream_chat(request, body, gen, rid, model, finish, usage, want_ids, want_lp)
+            return await self._stream_chat(request, body, gen, rid, model, finish, usage, want_ids, want_lp, version)
         message: dict[str, Any] = {"role": "assistant", "content": gen.reply.content if gen.reply.content else None}
         if gen.tool_calls:
             message["tool_calls"] = gen.tool_calls
@@ -353,7 +389,7 @@ class ScriptedModelServer:
         }
         if want_ids:
             data["prompt_token_ids"] = prompt_ids
-        return web.json_response(data)
+        return _json(data, version)
 
     async def _stream_chat(
         self,
@@ -366,8 +402,9 @@ class ScriptedModelServer:
         usage: dict[str, int],
         want_ids: bool,
         want_lp: bool,
+        version: int | None,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = _stream_response(version)
         await resp.prepare(request)
         created = int(time.time())
         position = 0
@@ -428,7 +465,7 @@ class ScriptedModelServer:
         return resp
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        body, err = await self._pre(request)
+        body, err, version = await self._pre(request)
         if err is not None or body is None:
             return err or _error(500, "unreachable")
         prompt = body.get("prompt")
@@ -466,7 +503,7 @@ class ScriptedModelServer:
             }
 
         if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            resp = _stream_response(version)
             await resp.prepare(request)
             created = int(time.time())
             pos = 0
@@ -511,7 +548,7 @@ class ScriptedModelServer:
         }
         if want_ids:
             data["prompt_token_ids"] = prompt_ids
-        return web.json_response(data)
+        return _json(data, version)
 
     def _record(
         self, path: str, body: dict[str, Any], gen: _Generated, rid: str, ids_override: list[int] | None = None
@@ -533,7 +570,31 @@ class _ScriptExhausted(Exception):
     pass
 
 
+_VERSION_HEADER = "x-agentlightning-model-version"
+
+
+class _VersionedStream(web.StreamResponse):
+    """A stream whose every chunk carries the version of the weights generating it."""
+
+    model_version: int | None = None
+
+
+def _json(data: dict[str, Any], version: int | None) -> web.Response:
+    if version is None:
+        return web.json_response(data)
+    return web.json_response({**data, "model_version": version}, headers={_VERSION_HEADER: str(version)})
+
+
+def _stream_response(version: int | None) -> web.StreamResponse:
+    resp = _VersionedStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    resp.model_version = version
+    return resp
+
+
 async def _send(resp: web.StreamResponse, data: dict[str, Any]) -> None:
+    version = resp.model_version if isinstance(resp, _VersionedStream) else None
+    if version is not None:
+        data = {**data, "model_version": version}
     await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
 
 

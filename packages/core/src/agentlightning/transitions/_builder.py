@@ -323,9 +323,8 @@ class TransitionBuilder:
                 "reward": None,
                 "final_reward": final_reward,
                 "call_ids": [] if call_id is None else [call_id],
-                "metadata": {"span_ids": [span_id]}
-                if model_version is None
-                else {"span_ids": [span_id], "model_version": model_version},
+                "model_version": model_version,
+                "metadata": {"span_ids": [span_id]},
             }
             samples.append(sample)
             if per_call:
@@ -366,6 +365,11 @@ class TransitionBuilder:
         return None
 
 
+def _oldest(a: int | None, b: int | None) -> int | None:
+    """The older of two model versions; unknown (``None``) if either is unknown."""
+    return None if a is None or b is None else min(a, b)
+
+
 def _merge_trajectories(
     calls: list[dict[str, Any]], diag: TransitionDiagnostics, problems: list[str]
 ) -> list[dict[str, Any]]:
@@ -397,6 +401,7 @@ def _merge_trajectories(
                 if call["reward"] is not None:
                     current["reward"] = call["reward"] + (current["reward"] or 0.0)
                 current["call_ids"] += call["call_ids"]
+                current["model_version"] = _oldest(current["model_version"], call["model_version"])
                 current["metadata"]["span_ids"] += call["metadata"]["span_ids"]
                 diag.merged_calls += 1
                 continue

@@ -1,0 +1,112 @@
+"""The validated, frozen settings of `RLLoop` (shared by every engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentlightning.credit._config import CreditConfig
+
+__all__ = ["LoopConfig", "ProxySettings"]
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ProxySettings(BaseModel):
+    """Where the loop's LLM proxy listens and how agents reach it.
+
+    Attributes:
+        host: Interface to bind (``0.0.0.0`` for runners on other machines; then ``token`` is required).
+        port: Port to bind (0: a free one).
+        advertised_url: The URL published to agents in `LLMResource.endpoint` when it differs from
+            ``http://host:port`` (a bind address of ``0.0.0.0``, NAT, a load balancer); ``None``: ``http://host:port``.
+        token: Bearer token the proxy requires on its ``/admin/*`` routes; mandatory off loopback.
+        record: ``background`` batches the proxy's record writes (the loop flushes them before it reads them);
+            ``sync`` writes each before answering.
+        pause_timeout_s: Longest wait for in-flight requests when the proxy is paused for an update.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    advertised_url: str | None = None
+    token: str | None = Field(default=None, min_length=1)
+    record: Literal["sync", "background"] = "background"
+    pause_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("advertised_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"advertised_url must start with http:// or https://, got {value!r}")
+        return value.rstrip("/") if value is not None else None
+
+    def check_exposure(self) -> None:
+        """Refuse to bind off loopback without a token.
+
+        Raises:
+            ValueError: ``host`` is not a loopback address and ``token`` is not set.
+        """
+        if self.host not in _LOOPBACK and not self.token:
+            raise ValueError(
+                f"the LLM proxy would listen on {self.host} without a token: set ProxySettings.token so that "
+                "nobody else can pause it or redirect it"
+            )
+
+
+class LoopConfig(BaseModel):
+    """Everything `RLLoop` needs besides its engine; every field is checked when the config is built.
+
+    Attributes:
+        output_dir: Where ``metrics.jsonl`` and ``checkpoint/`` go.
+        model_name: Name the policy is published under (the ``model`` agents pass).
+        iterations: Most RL iterations to run.
+        time_budget_s: Stop starting new iterations once this many seconds of RL have passed (``None``: no limit).
+        tasks_per_iteration: Distinct tasks per iteration (one group each).
+        samples_per_task: Rollouts per task (the group size of GRPO-style estimators).
+        task_order: ``random`` draws tasks with replacement (seeded); ``cycle`` walks the task list in order.
+        temperature: Sampling temperature published for training rollouts (evaluation is greedy: 0).
+        max_tokens: Most tokens per LLM call published to agents (``None``: the agent's or backend's default).
+        credit: LightningRL credit strategy (``identical``, ``discounted``, ``per_step`` or a registered name).
+        estimator: Advantage estimator (``grpo``, ``rloo``, ``reinforce_pp``, ``passthrough``...).
+        credit_config: Credit settings (discount, dropping equal-reward groups...).
+        transition_mode: ``per_call`` (one sample per LLM call) or ``trajectory`` (merge prefix-extending calls).
+        agent_filter: Agent names (or one regex) to train; ``None`` trains every agent.
+        rollout_timeout_s: How long an iteration waits for its rollouts; later ones are cancelled (they would
+            train on a stale policy) and the iteration trains on what finished.
+        max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
+            down?) instead of spinning forever.
+        eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`).
+        checkpoint_every: Save a checkpoint every N iterations (0: only at the end of `run`).
+        resume: Continue from the checkpoint in ``output_dir`` when there is one (iteration, model version and
+            the engine's state).
+        seed: Seeds task sampling.
+        proxy: Where the LLM proxy listens and how agents reach it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output_dir: Path = Path("runs/rl")
+    model_name: str = Field(default="policy", min_length=1)
+    iterations: int = Field(default=200, ge=1)
+    time_budget_s: float | None = Field(default=None, gt=0)
+    tasks_per_iteration: int = Field(default=16, ge=1)
+    samples_per_task: int = Field(default=8, ge=1)
+    task_order: Literal["random", "cycle"] = "random"
+    temperature: float = Field(default=1.0, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    credit: str = "identical"
+    estimator: str = "grpo"
+    credit_config: CreditConfig = Field(default_factory=CreditConfig)
+    transition_mode: Literal["per_call", "trajectory"] = "per_call"
+    agent_filter: tuple[str, ...] | str | None = None
+    rollout_timeout_s: float = Field(default=120.0, gt=0)
+    max_idle_iterations: int = Field(default=3, ge=1)
+    eval_every: int = Field(default=0, ge=0)
+    checkpoint_every: int = Field(default=25, ge=0)
+    resume: bool = False
+    seed: int = 0
+    proxy: ProxySettings = Field(default_factory=ProxySettings)

@@ -1,0 +1,62 @@
+"""The engine contract: what `RLLoop` needs from a trainer package (trainer-torch, trainer-verl)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from agentlightning._models import TrainingBatch
+
+__all__ = ["Engine"]
+
+
+class Engine(ABC):
+    """A policy that can be trained and served: one RL engine behind `RLLoop`.
+
+    The loop owns everything else (tasks, rollouts, the LLM proxy, transitions and credit, versions, metrics,
+    checkpoints of its own state); an engine owns the model, its optimizer and its inference servers.
+
+    Call order: `load_state` (on resume) → `start_servers` → per iteration: `update` → `sync_weights` →
+    `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. The loop pauses the LLM proxy (no
+    request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
+    servers to sleep while it trains (colocated vLLM) and must not serve the new weights before `sync_weights`.
+    """
+
+    @abstractmethod
+    async def start_servers(self, model_version: int) -> list[str]:
+        """Start the inference servers, serving the current weights as ``model_version``.
+
+        Returns:
+            Their OpenAI-compatible base URLs (with or without ``/v1``): the LLM proxy's backends. A backend
+            should report the version of the weights behind each answer (a top-level ``model_version`` in
+            the body and in every stream chunk, see `agentlightning.proxy.MODEL_VERSION_FIELD`); for one that
+            does not, the proxy records the version the loop gave it when it admitted the request.
+        """
+
+    async def stop_servers(self) -> None:  # noqa: B027 - optional hook; engines without servers keep the default
+        """Stop the inference servers (default: nothing to stop)."""
+
+    @abstractmethod
+    def update(self, batch: TrainingBatch) -> dict[str, float]:
+        """One policy update from ``batch`` (not yet served); returns metrics (loss, kl, entropy...).
+
+        Runs in a worker thread; ``batch`` always holds at least one sample.
+        """
+
+    @abstractmethod
+    async def sync_weights(self, version: int) -> None:
+        """Make the inference servers serve the updated weights, reported as ``version`` from now on."""
+
+    def iteration_metrics(self) -> dict[str, float]:
+        """Serving metrics since the previous call (batch sizes, generation time...); default: none."""
+        return {}
+
+    def save_state(self, directory: Path) -> None:  # noqa: B027 - optional hook
+        """Write what resuming needs (weights, optimizer state...) into ``directory`` (it exists).
+
+        Default: nothing, for engines whose state lives elsewhere; then a resumed run starts from the
+        engine's initial weights with the loop's iteration and model version restored.
+        """
+
+    def load_state(self, directory: Path) -> None:  # noqa: B027 - optional hook
+        """Restore what `save_state` wrote in ``directory``; called before `start_servers`."""

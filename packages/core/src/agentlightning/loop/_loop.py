@@ -1,0 +1,390 @@
+"""`RLLoop`: the one RL step of Agent Lightning, driving any `Engine` (trainer-torch, trainer-verl).
+
+One iteration:
+
+1. enqueue ``tasks_per_iteration`` groups of ``samples_per_task`` rollouts, pinned to the resources version that
+   publishes the current model version;
+2. wait for the runners (at most ``rollout_timeout_s``), then cancel the rollouts still queued or running (they
+   would train on a stale policy);
+3. pause the LLM proxy (refuse new calls, drain those in flight) and flush its records;
+4. spans + the proxy's token records → transitions → LightningRL credit → advantages (`build_batch_from_results`,
+   with staleness metrics against the current model version);
+5. ``engine.update(batch)`` in a worker thread;
+6. ``engine.sync_weights(version + 1)``: the inference servers now serve the new weights as the new version;
+7. publish the new resources (sampling and greedy), resume the proxy with the new version recorded for backends
+   that do not report one;
+8. report: one `IterationReport` appended to ``metrics.jsonl``, passed to ``on_iteration``; checkpoint every
+   ``checkpoint_every`` iterations (the loop's iteration and model version plus the engine's state).
+
+The proxy is paused from step 3 to 7 rather than only around the weight sync: nothing served in between could be
+trained on (the late rollouts are cancelled), and a colocated inference engine (verl with vLLM) sleeps while the
+trainer uses the accelerator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentlightning._models import LLMResource, Resources, TrainingBatch
+from agentlightning.algorithm import Algorithm
+from agentlightning.credit._batch import build_batch_from_results
+from agentlightning.loop._config import LoopConfig
+from agentlightning.loop._engine import Engine
+from agentlightning.loop._report import IterationReport, summarize_results
+from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
+from agentlightning.transitions._config import TransitionConfig, TransitionResult
+from agentlightning.transitions._store import results_from_store
+
+if TYPE_CHECKING:
+    from agentlightning.proxy._proxy import LLMProxy
+
+__all__ = ["LOOP_STATE_FILE", "RLLoop"]
+
+logger = logging.getLogger(__name__)
+
+LOOP_STATE_FILE = "loop_state.json"
+"""The loop's own part of a checkpoint (iteration, model version), next to the engine's files."""
+
+
+class RLLoop(Algorithm):
+    """Train the policy of an `Engine` with rollouts from any runners, serving it through the LLM proxy.
+
+    Args:
+        config: Validated settings.
+        engine: The model, its optimizer and its inference servers.
+        on_iteration: Called with every training iteration's report (progress bars, early stopping).
+    """
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        engine: Engine,
+        *,
+        on_iteration: Callable[[IterationReport], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.on_iteration = on_iteration
+        self.iteration = 0
+        self.model_version = 0
+        self.history: list[IterationReport] = []
+        self._rng = random.Random(config.seed)
+        self._next_task = 0
+        self._proxy: LLMProxy | None = None
+        self._resources: dict[str, Resources] = {}
+        self._restored = False
+
+    # ----- serving ---------------------------------------------------------------------------------------
+
+    @property
+    def proxy(self) -> LLMProxy:
+        """The running LLM proxy (after `start`)."""
+        if self._proxy is None:
+            raise RuntimeError("the loop is not serving; call `await loop.start(store)` first")
+        return self._proxy
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy URL published to agents (`ProxySettings.advertised_url` or the bound address)."""
+        return self.config.proxy.advertised_url or self.proxy.url
+
+    def resources(self, mode: str = "sample") -> Resources:
+        """The resources last published for ``mode`` (``sample`` or ``greedy``)."""
+        if mode not in self._resources:
+            raise KeyError(f"no resources published for {mode!r} yet; call `await loop.start(store)` first")
+        return self._resources[mode]
+
+    async def start(self, store: LightningStore) -> None:
+        """Restore a checkpoint (``resume``), start the engine's servers and the proxy, publish the policy.
+
+        Raises:
+            ValueError: The proxy would listen off loopback without a token.
+        """
+        if self._proxy is not None:
+            return
+        settings = self.config.proxy
+        settings.check_exposure()
+        if self.config.resume and not self._restored:
+            self.restore()
+        from agentlightning.proxy._proxy import LLMProxy  # imported on use: `import agentlightning` stays light
+
+        backends = await self.engine.start_servers(self.model_version)
+        proxy = LLMProxy(
+            store,
+            backends,
+            model_version=self.model_version,
+            record=settings.record,
+            admin_token=settings.token,
+            host=settings.host,
+            port=settings.port,
+        )
+        await proxy.start()
+        self._proxy = proxy
+        await self._publish(store)
+
+    async def stop(self) -> None:
+        """Stop the proxy and the engine's servers."""
+        if self._proxy is not None:
+            proxy, self._proxy = self._proxy, None
+            await proxy.stop()
+            await self.engine.stop_servers()
+
+    async def _publish(self, store: LightningStore) -> None:
+        """Publish sampling and greedy resources for the current model version."""
+        common: dict[str, Any] = {} if self.config.max_tokens is None else {"max_tokens": self.config.max_tokens}
+        for mode, temperature in (("sample", self.config.temperature), ("greedy", 0.0)):
+            resources = Resources(
+                resources_id=f"policy-v{self.model_version}-{mode}-{time.time_ns()}",
+                items={
+                    "llm": LLMResource(
+                        endpoint=self.endpoint,
+                        model=self.config.model_name,
+                        sampling_parameters={"temperature": temperature, **common},
+                    ),
+                },
+            )
+            self._resources[mode] = await store.add_resources(resources)
+
+    # ----- the loop --------------------------------------------------------------------------------------
+
+    async def run(
+        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
+    ) -> None:
+        """Train until ``iterations`` or ``time_budget_s``; evaluates on ``val_tasks`` every ``eval_every``.
+
+        Raises:
+            ValueError: ``train_tasks`` is empty.
+            RuntimeError: No rollout finished in ``max_idle_iterations`` consecutive iterations.
+        """
+        if not train_tasks:
+            raise ValueError("train_tasks is empty: there is nothing to train on")
+        await self.start(store)
+        config = self.config
+        started = time.monotonic()
+        idle = 0
+        try:
+            while self.iteration < config.iterations:
+                if config.time_budget_s is not None and time.monotonic() - started >= config.time_budget_s:
+                    logger.info(
+                        "time budget of %.0f s reached after %d iterations", config.time_budget_s, self.iteration
+                    )
+                    break
+                report = await self.train_iteration(store, train_tasks)
+                idle = idle + 1 if report.finished == 0 else 0
+                if idle >= config.max_idle_iterations:
+                    raise RuntimeError(
+                        f"no rollout finished in {idle} consecutive iterations ({config.rollout_timeout_s:.0f} s "
+                        "each): are runners running and pointed at this store?"
+                    )
+                if val_tasks and config.eval_every and self.iteration % config.eval_every == 0:
+                    await self.evaluate(store, val_tasks)
+        finally:
+            self.save_checkpoint()
+
+    async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
+        """One iteration: rollouts → batch → ``engine.update`` → ``engine.sync_weights`` → publish.
+
+        An iteration whose rollouts give no training sample logs a warning and skips the update (the model
+        version stays); its report has ``metrics["skipped_update"] == 1``.
+        """
+        await self.start(store)
+        config = self.config
+        t0 = time.monotonic()
+        tasks = self._pick_tasks(train_tasks)
+        prefix = f"it{self.iteration}-{time.time_ns()}"
+        rollout_ids = await self._enqueue(store, tasks, config.samples_per_task, "sample", prefix)
+        done_ids = await self._wait(store, rollout_ids)
+        t_rollouts = time.monotonic()
+        proxy = self.proxy
+        await proxy.pause(timeout=config.proxy.pause_timeout_s)
+        try:
+            await proxy.flush()
+            results = await results_from_store(store, done_ids, self._transition_config())
+            batch = build_batch_from_results(
+                results, config.credit, config.estimator, config.credit_config, current_version=self.model_version
+            )
+            t_batch = time.monotonic()
+            metrics: dict[str, float] = dict(batch.metrics)
+            if batch.samples:
+                metrics.update(await asyncio.to_thread(self.engine.update, batch))
+                t_update = time.monotonic()
+                version = self.model_version + 1
+                await self.engine.sync_weights(version)
+                self.model_version = version
+                await self._publish(store)
+            else:
+                logger.warning(
+                    "iteration %d: %d of %d rollouts finished and gave no training sample; the update is skipped "
+                    "(batch metrics: %s)",
+                    self.iteration,
+                    len(done_ids),
+                    len(rollout_ids),
+                    {k: v for k, v in batch.metrics.items() if v},
+                )
+                metrics["skipped_update"] = 1.0
+                t_update = t_batch
+        finally:
+            proxy.resume(model_version=self.model_version)
+        metrics.update(
+            {
+                "time_rollouts": t_rollouts - t0,
+                "time_batch": t_batch - t_rollouts,
+                "time_update": t_update - t_batch,
+                "time_sync": time.monotonic() - t_update,
+            }
+        )
+        metrics.update(self.engine.iteration_metrics())
+        self.iteration += 1
+        report = self._report("train", len(rollout_ids), results, t0, metrics)
+        self._record(report)
+        if self.on_iteration is not None:
+            self.on_iteration(report)
+        if config.checkpoint_every and self.iteration % config.checkpoint_every == 0:
+            self.save_checkpoint()
+        return report
+
+    async def evaluate(self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True) -> IterationReport:
+        """Run each task once with the current policy (greedy by default) and report; nothing is trained.
+
+        The report (``kind="eval"``) is appended to ``metrics.jsonl`` but not to `history`.
+        """
+        await self.start(store)
+        t0 = time.monotonic()
+        prefix = f"eval{self.iteration}-{time.time_ns()}"
+        rollout_ids = await self._enqueue(store, list(tasks), 1, "greedy" if greedy else "sample", prefix, "val")
+        done_ids = await self._wait(store, rollout_ids)
+        await self.proxy.flush()
+        results = await results_from_store(store, done_ids, self._transition_config())
+        report = self._report("eval", len(rollout_ids), results, t0, {"greedy": float(greedy)})
+        self._write(report)
+        return report
+
+    def update(self, batch: TrainingBatch) -> dict[str, float]:
+        """The engine's update (the `Algorithm` contract); `train_iteration` calls it in a worker thread."""
+        return self.engine.update(batch)
+
+    # ----- helpers ---------------------------------------------------------------------------------------
+
+    def _pick_tasks(self, tasks: Sequence[Any]) -> list[Any]:
+        n = self.config.tasks_per_iteration
+        if self.config.task_order == "random":
+            return [self._rng.choice(tasks) for _ in range(n)]
+        picked = [tasks[(self._next_task + i) % len(tasks)] for i in range(n)]
+        self._next_task = (self._next_task + n) % len(tasks)
+        return picked
+
+    async def _enqueue(
+        self, store: LightningStore, tasks: Sequence[Any], n: int, resources: str, prefix: str, mode: str = "train"
+    ) -> list[str]:
+        resources_id = self.resources(resources).resources_id
+        requests = [
+            RolloutRequest(
+                input=task,
+                rollout_id=f"{prefix}-t{t}-s{s}",
+                group_id=f"{prefix}-t{t}",
+                mode="train" if mode == "train" else "val",
+                resources_id=resources_id,
+            )
+            for t, task in enumerate(tasks)
+            for s in range(n)
+        ]
+        return [r.rollout_id for r in await store.enqueue_rollouts(requests)]
+
+    async def _wait(self, store: LightningStore, rollout_ids: list[str]) -> list[str]:
+        """Wait for the rollouts, cancel the late ones; returns the ids of those that succeeded."""
+        finished = await store.wait_for_rollouts(rollout_ids, timeout=self.config.rollout_timeout_s)
+        done = [r.rollout_id for r in finished if r.status == "succeeded"]
+        late = await store.query_rollouts(status=["queuing", "running"], rollout_ids=rollout_ids)
+        for rollout in late:
+            try:
+                await store.cancel_rollout(rollout.rollout_id)
+            except ConflictError:  # it finished meanwhile; too late for this iteration either way
+                logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
+        if late:
+            logger.info(
+                "cancelled %d rollout(s) still queued or running after %.0f s", len(late), self.config.rollout_timeout_s
+            )
+        return done
+
+    def _transition_config(self) -> TransitionConfig:
+        return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)
+
+    def _report(
+        self, kind: str, rollouts: int, results: Sequence[TransitionResult], t0: float, metrics: dict[str, float]
+    ) -> IterationReport:
+        if not results and rollouts:
+            logger.error(
+                "none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0
+            )
+        summary = summarize_results(results)
+        return IterationReport(
+            iteration=self.iteration,
+            model_version=self.model_version,
+            rollouts=rollouts,
+            finished=len(results),
+            reward_mean=summary["reward_mean"],
+            calls_per_rollout=summary["calls_per_rollout"],
+            multi_call_rate=summary["multi_call_rate"],
+            seconds=time.monotonic() - t0,
+            metrics={**metrics, "accuracy": summary["success_rate"]},
+            kind="eval" if kind == "eval" else "train",
+        )
+
+    def _record(self, report: IterationReport) -> None:
+        self.history.append(report)
+        self._write(report)
+
+    def _write(self, report: IterationReport) -> None:
+        self.config.output_dir.mkdir(parents=True, exist_ok=True)
+        with (self.config.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
+            out.write(json.dumps(report.__dict__) + "\n")
+
+    # ----- checkpoints -----------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the latest checkpoint lives: ``output_dir/checkpoint``."""
+        return self.config.output_dir / "checkpoint"
+
+    def save_checkpoint(self) -> Path:
+        """Save the engine's state, then the loop's iteration and model version; returns the folder."""
+        directory = self.checkpoint_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        self.engine.save_state(directory)
+        state = {"iteration": self.iteration, "model_version": self.model_version}
+        partial = directory / f"{LOOP_STATE_FILE}.partial"
+        partial.write_text(json.dumps(state), encoding="utf-8")
+        partial.replace(directory / LOOP_STATE_FILE)  # the loop state is the checkpoint's commit mark
+        logger.info("checkpoint saved to %s (iteration %d, model version %d)", directory, *state.values())
+        return directory
+
+    def restore(self) -> bool:
+        """Load the checkpoint in ``output_dir`` if there is one (before `start`); returns whether one was loaded.
+
+        Raises:
+            ValueError: The checkpoint's loop state is unreadable.
+            RuntimeError: The loop is already serving.
+        """
+        if self._proxy is not None:
+            raise RuntimeError("restore a checkpoint before the loop starts serving")
+        self._restored = True
+        state_file = self.checkpoint_dir / LOOP_STATE_FILE
+        if not state_file.exists():
+            logger.info("no checkpoint in %s; starting from the engine's initial weights", self.checkpoint_dir)
+            return False
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            iteration, version = int(state["iteration"]), int(state["model_version"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"checkpoint state {state_file} is unreadable: {error!r}") from error
+        self.engine.load_state(self.checkpoint_dir)
+        self.iteration, self.model_version = iteration, version
+        logger.info("resumed from %s at iteration %d, model version %d", self.checkpoint_dir, iteration, version)
+        return True

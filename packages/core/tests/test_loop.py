@@ -1,0 +1,225 @@
+"""`RLLoop` end to end with a trivial engine: a real runner, the real proxy, a scripted model server as "weights".
+
+What must hold for every engine: late rollouts are cancelled and never trained on, the proxy's background records
+are flushed before the batch is built, each sample carries the version that generated it, the new version is
+synced, published and recorded, and a checkpoint resumes the iteration, the model version and the engine's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import agentlightning as agl
+from agentlightning import semconv
+from agentlightning.loop import LOOP_STATE_FILE, Engine, LoopConfig, ProxySettings, RLLoop
+from agentlightning.testing import ScriptedModelServer
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@agl.rollout
+async def chatty_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """One LLM call through the proxy (span joined by response id); a ``slow`` task then waits for the gate."""
+    llm = resources.llm
+    assert llm is not None
+    request = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}], **llm.sampling_parameters}
+    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{agl.llm_base_url()}/chat/completions", json=request) as resp,
+        ):
+            body = await resp.json()
+            assert resp.status == 200, body
+        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    if task.get("slow"):
+        await GATE["slow"].wait()
+    ctx = agl.current_rollout()
+    assert ctx is not None
+    return 1.0 if ctx.rollout_id.endswith("-s0") else 0.0
+
+
+class FakeEngine(Engine):
+    """Weights are a version number: the scripted server reports it on every answer, `update` only records."""
+
+    def __init__(self) -> None:
+        self.server = ScriptedModelServer()
+        self.batches: list[agl.TrainingBatch] = []
+        self.synced: list[int] = []
+        self.loaded: dict[str, Any] | None = None
+        self.stopped = False
+
+    async def start_servers(self, model_version: int) -> list[str]:
+        self.server.model_version = model_version
+        self.server.start()
+        return [self.server.url]
+
+    async def stop_servers(self) -> None:
+        self.server.stop()
+        self.stopped = True
+
+    def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
+        self.batches.append(batch)
+        return {"fake_loss": float(len(batch.samples))}
+
+    async def sync_weights(self, version: int) -> None:
+        self.server.model_version = version
+        self.synced.append(version)
+
+    def iteration_metrics(self) -> dict[str, float]:
+        return {"served": float(len(self.server.served))}
+
+    def save_state(self, directory: Path) -> None:
+        (directory / "fake.json").write_text(json.dumps({"updates": len(self.batches)}))
+
+    def load_state(self, directory: Path) -> None:
+        self.loaded = json.loads((directory / "fake.json").read_text())
+
+
+def _config(tmp_path: Path, **overrides: Any) -> LoopConfig:
+    settings: dict[str, Any] = {
+        "output_dir": tmp_path,
+        "model_name": "toy",
+        "iterations": 2,
+        "tasks_per_iteration": 3,
+        "samples_per_task": 2,
+        "task_order": "cycle",
+        "max_tokens": 16,
+        "checkpoint_every": 1,
+        "rollout_timeout_s": 600,
+    }
+    return LoopConfig(**{**settings, **overrides})
+
+
+TASKS = [{"q": "slow one", "slow": True}, {"q": "two"}, {"q": "three"}]
+
+
+async def _slow_ids(store: agl.LightningStore, ids: Sequence[str]) -> set[str]:
+    return {r.rollout_id for r in await store.query_rollouts(rollout_ids=list(ids)) if r.input.get("slow")}
+
+
+async def test_loop_cancels_late_rollouts_trains_on_served_versions_and_resumes(tmp_path: Path) -> None:
+    GATE["slow"] = asyncio.Event()
+    store = agl.MemoryStore()
+    real_wait = store.wait_for_rollouts
+    waited: list[set[str]] = []
+
+    async def wait_until_only_slow_ones_run(rollout_ids: Sequence[str], timeout: float | None = None) -> list[Any]:
+        # Stands in for the rollout timeout without a clock: "late" = the slow rollouts, blocked on the gate.
+        slow = await _slow_ids(store, rollout_ids)
+        waited.append(slow)
+        await real_wait([i for i in rollout_ids if i not in slow])
+        return await real_wait(rollout_ids, timeout=0)
+
+    store.wait_for_rollouts = wait_until_only_slow_ones_run  # type: ignore[method-assign]
+    engine = FakeEngine()
+    reports: list[agl.IterationReport] = []
+    loop = RLLoop(_config(tmp_path), engine, on_iteration=reports.append)
+    runner = agl.Runner(chatty_agent, store=store, n_workers=8, worker_mode="async", poll_interval=0.01)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        await loop.run(store, TASKS)
+        assert not loop.proxy.paused and loop.proxy.model_version == 2
+        published = loop.resources("sample")
+        assert published.llm is not None and published.llm.endpoint == loop.proxy.url
+        assert published.llm.sampling_parameters == {"temperature": 1.0, "max_tokens": 16}
+    finally:
+        GATE["slow"].set()
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await loop.stop()
+
+    # Two updates, each synced as the next version; the slow rollouts were cancelled and never trained on.
+    assert engine.synced == [1, 2] and loop.model_version == 2 and loop.iteration == 2
+    assert len(engine.batches) == 2 and [r.iteration for r in reports] == [1, 2]
+    slow = set().union(*waited)
+    assert len(slow) == 4
+    assert {r.status for r in await store.query_rollouts(rollout_ids=sorted(slow))} == {"cancelled"}
+    for version, batch in enumerate(engine.batches):
+        assert len(batch.samples) == 4 and not {s.rollout_id for s in batch.samples} & slow
+        # Each sample says which weights generated it: the version served during its iteration.
+        assert {s.model_version for s in batch.samples} == {version}
+        assert batch.metrics["staleness_mean"] == 0.0 and batch.metrics["staleness_max"] == 0.0
+        # Rollouts were pinned to the resources published for that version.
+        for sample in batch.samples:
+            rollout = await store.get_rollout(sample.rollout_id)
+            assert rollout.resources_id is not None and rollout.resources_id.startswith(f"policy-v{version}-sample-")
+    # Calls of the cancelled rollouts were recorded too (flushed), with the version that served them.
+    for rollout_id in slow:
+        [call] = await store.query_llm_calls(rollout_id)
+        assert call.model_version in (0, 1)
+
+    for report in reports:
+        assert report.finished == 4 and report.rollouts == 6 and report.kind == "train"
+        assert report.metrics["fake_loss"] == 4.0 and report.metrics["n_samples"] == 4.0
+        assert {"time_rollouts", "time_batch", "time_update", "time_sync", "served"} <= set(report.metrics)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["iteration"], line["model_version"], line["kind"]) for line in lines] == [
+        (1, 1, "train"),
+        (2, 2, "train"),
+    ]
+    assert json.loads((tmp_path / "checkpoint" / LOOP_STATE_FILE).read_text()) == {"iteration": 2, "model_version": 2}
+
+    # Resume: iteration, model version and engine state come back; the server reports the resumed version.
+    resumed_engine = FakeEngine()
+    resumed = RLLoop(_config(tmp_path, resume=True, iterations=3), resumed_engine)
+    store2 = agl.MemoryStore()
+    runner2 = agl.Runner(chatty_agent, store=store2, n_workers=4, worker_mode="async", poll_interval=0.01)
+    runner2_task = asyncio.create_task(runner2.arun())
+    try:
+        await resumed.start(store2)
+        assert (resumed.iteration, resumed.model_version) == (2, 2) and resumed_engine.loaded == {"updates": 2}
+        report = await resumed.evaluate(store2, [{"q": "a"}, {"q": "b"}])
+    finally:
+        runner2.stop()
+        await asyncio.wait_for(runner2_task, 60)
+        await resumed.stop()
+    assert report.kind == "eval" and report.finished == 2 and report.model_version == 2
+    assert resumed.history == [] and resumed_engine.batches == []
+    evaluated = await store2.query_rollouts(status=["succeeded"])
+    for rollout in evaluated:
+        assert rollout.resources_id is not None and rollout.resources_id.startswith("policy-v2-greedy-")
+        [call] = await store2.query_llm_calls(rollout.rollout_id)
+        assert call.model_version == 2 and call.request["temperature"] == 0.0
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "eval"
+
+
+async def test_an_iteration_without_samples_skips_the_update_and_keeps_the_version(tmp_path: Path) -> None:
+    store = agl.MemoryStore()
+    engine = FakeEngine()
+    # One sample per task: every group has a single reward, so every group is dropped as equal.
+    config = _config(tmp_path, samples_per_task=1, credit_config=agl.CreditConfig(drop_equal_groups=True))
+    loop = RLLoop(config, engine)
+    runner = agl.Runner(chatty_agent, store=store, n_workers=4, worker_mode="async", poll_interval=0.01)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        report = await loop.train_iteration(store, [{"q": "x"}])
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await loop.stop()
+    assert report.metrics["skipped_update"] == 1.0 and engine.batches == [] and engine.synced == []
+    assert loop.model_version == 0 and loop.iteration == 1
+
+
+def test_loop_config_is_frozen_and_checks_the_proxy_exposure(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with pytest.raises(ValueError, match="frozen"):
+        config.iterations = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="advertised_url"):
+        ProxySettings(advertised_url="proxy:8000")
+    with pytest.raises(ValueError, match="without a token"):
+        ProxySettings(host="0.0.0.0").check_exposure()
+    ProxySettings(host="0.0.0.0", token="t", advertised_url="http://trainer:9000/").check_exposure()
+    assert ProxySettings(advertised_url="http://trainer:9000/").advertised_url == "http://trainer:9000"
+
+
+async def test_an_empty_task_list_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="train_tasks is empty"):
+        await RLLoop(_config(tmp_path), FakeEngine()).run(agl.MemoryStore(), [])
