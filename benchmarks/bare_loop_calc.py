@@ -18,21 +18,14 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentlightning import TrainingBatch, TrainingSample
-from agentlightning_torch import (
-    CalcChatTemplate,
-    CharTokenizer,
-    PPOConfig,
-    SamplingParams,
-    build_tiny_model,
-    load_tiny,
-    make_calc_tasks,
-    make_optimizer,
-    ppo_update,
-    run_calc_episodes,
-    summarize_episodes,
-)
+from agentlightning_torch import PPOConfig, SamplingParams, make_optimizer, ppo_update
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "calc"))
+from calc_model import build_model, build_tokenizer, run_calc_episodes, summarize_episodes
+from calc_task import make_calc_tasks
 
 
 def grpo_batch(episodes: list, samples_per_prompt: int) -> tuple[list[TrainingSample], int]:
@@ -84,11 +77,11 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if str(args.model) == "random":
-        tokenizer = CharTokenizer()
-        model = build_tiny_model(tokenizer, seed=args.seed)
-    else:
-        model, tokenizer = load_tiny(args.model)
-    template = CalcChatTemplate(tokenizer)
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, seed=args.seed)
+    else:  # the same general path as any user model
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     config = PPOConfig(lr=args.lr, num_threads=args.threads, micro_batch_size=128)
     optimizer = make_optimizer(model, config)
     generator = torch.Generator().manual_seed(args.seed)
@@ -96,7 +89,7 @@ def main() -> int:
     held_out = make_calc_tasks(args.eval_tasks, seed=1_000_003)
 
     def greedy_accuracy() -> float:
-        episodes = run_calc_episodes(model, template, held_out, SamplingParams(temperature=0.0, max_tokens=24))
+        episodes = run_calc_episodes(model, tokenizer, held_out, SamplingParams(temperature=0.0, max_tokens=24))
         return summarize_episodes(episodes)["accuracy"]
 
     start_accuracy = greedy_accuracy()
@@ -112,7 +105,7 @@ def main() -> int:
         tick = time.perf_counter()
         tasks = make_calc_tasks(args.prompts, seed=args.seed * 1_000_000 + iteration)
         episodes = run_calc_episodes(
-            model, template, [t for t in tasks for _ in range(args.samples)], sampling, generator=generator
+            model, tokenizer, [t for t in tasks for _ in range(args.samples)], sampling, generator=generator
         )
         sampled = time.perf_counter()
         samples, groups = grpo_batch(episodes, args.samples)

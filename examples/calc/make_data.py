@@ -6,11 +6,13 @@ python examples/calc/make_data.py
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from agentlightning_torch import make_calc_tasks
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from calc_task import make_calc_tasks  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Tokenizer, calculator task, chat template, tiny model, batched sampling and warm start."""
+"""Character tokenizer, its chat template, tiny model and batched sampling (the calculator task: tests/)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,19 @@ import torch
 from transformers import LlamaForCausalLM
 
 from agentlightning_torch import (
-    CALCULATOR_TOOL,
     CalcChatTemplate,
     CharTokenizer,
     SamplingParams,
     TemplateError,
-    WarmStartConfig,
     build_tiny_model,
     count_parameters,
-    evaluate_expression,
     generate_batch,
     load_tiny,
-    make_calc_tasks,
     save_tiny,
-    score_answer,
-    warm_start,
 )
-from agentlightning_torch.tiny import main as tiny_main
 
 SmallModel = Callable[..., LlamaForCausalLM]
+CALCULATOR_TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 
 
 def test_tokenizer_round_trip_and_specials(tokenizer: CharTokenizer) -> None:
@@ -58,45 +52,6 @@ def test_tokenizer_save_and_load(tmp_path: Path, tokenizer: CharTokenizer) -> No
     assert CharTokenizer.from_pretrained(tmp_path) == tokenizer
     with pytest.raises(FileNotFoundError):
         CharTokenizer.from_pretrained(tmp_path / "missing")
-
-
-def test_calc_tasks_are_deterministic_and_well_formed() -> None:
-    tasks = make_calc_tasks(200, seed=7)
-    assert tasks == make_calc_tasks(200, seed=7)
-    assert tasks != make_calc_tasks(200, seed=8)
-    for task in tasks:
-        assert "*" in task.expression
-        operands = task.expression.replace("*", " ").replace("+", " ").replace("-", " ").split()
-        assert len(operands) == 3 and all(2 <= int(o) <= 99 for o in operands)
-        assert task.question == f"Q:{task.expression}="
-
-
-@pytest.mark.parametrize(
-    ("expression", "value"),
-    [
-        ("37*48+12", 1788),
-        ("2-3*4", -10),
-        ("(2+3)*4", 20),
-        ("-5*2", -10),
-        ("7", 7),
-        ("2*", None),
-        ("", None),
-        ("1+(2", None),
-        ("3)", None),
-        ("9" * 13, None),
-        ("99999999*99999999", None),
-    ],
-)
-def test_evaluate_expression(expression: str, value: int | None) -> None:
-    assert evaluate_expression(expression) == value
-
-
-def test_score_answer() -> None:
-    assert score_answer("A:1788", 1788) == 1.0
-    assert score_answer("A:1787", 1788) == 0.0
-    assert score_answer("A:-10", -10) == 1.0
-    assert score_answer("1788", 1788) == -0.1
-    assert score_answer("A:17A", 17) == -0.1
 
 
 def test_template_prefix_extends_across_a_tool_round(template: CalcChatTemplate, tokenizer: CharTokenizer) -> None:
@@ -215,24 +170,3 @@ def test_generation_rejects_prompts_that_do_not_fit(tokenizer: CharTokenizer, ma
         generate_batch(model, [[2] * 120], [SamplingParams(max_tokens=20)], **common)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
-
-
-def test_warm_start_is_deterministic_and_learns_the_format() -> None:
-    config = WarmStartConfig(steps=3, batch_size=8, warmup_steps=1, seed=5)
-    first, _, metrics = warm_start(config)
-    second, _, _ = warm_start(config)
-    for key, value in first.state_dict().items():
-        assert torch.equal(value, second.state_dict()[key]), key
-    assert metrics["steps"] == 3 and metrics["loss"] > 0
-    untrained = build_tiny_model(CharTokenizer(), seed=5)
-    assert not torch.equal(untrained.model.embed_tokens.weight, first.model.embed_tokens.weight)
-
-
-def test_tiny_cli_warmstart_writes_a_loadable_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        tiny_main(["warmstart", "--out", str(tmp_path), "--steps", "2", "--batch-size", "8", "--eval-tasks", "8"]) == 0
-    )
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"loss", "sampled_reward", "sampled_tool_use", "greedy_accuracy"} <= set(report)
-    model, tokenizer = load_tiny(tmp_path)
-    assert tokenizer.vocab_size == model.config.vocab_size

@@ -11,16 +11,7 @@ The pieces the torch trainer is built from:
 """
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
-from agentlightning_torch._calc import (
-    CALCULATOR_TOOL,
-    MALFORMED_REWARD,
-    CalcTask,
-    evaluate_expression,
-    make_calc_tasks,
-    parse_answer,
-    score_answer,
-)
-from agentlightning_torch._episodes import CalcEpisode, run_calc_episodes, summarize_episodes
+from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
 from agentlightning_torch._model import build_tiny_model, count_parameters, load_tiny, save_tiny
 from agentlightning_torch._ppo import (
@@ -39,19 +30,14 @@ from agentlightning_torch._template import CalcChatTemplate, ChatTemplate, Parse
 from agentlightning_torch._tokenizer import CALC_ALPHABET, CharTokenizer
 from agentlightning_torch._trainer import IterationReport, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
-from agentlightning_torch._warmstart import WarmStartConfig, warm_start
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CALCULATOR_TOOL",
     "CALC_ALPHABET",
-    "MALFORMED_REWARD",
     "BackendServer",
     "BackendStats",
     "CalcChatTemplate",
-    "CalcEpisode",
-    "CalcTask",
     "CharTokenizer",
     "ChatTemplate",
     "GenerationResult",
@@ -64,28 +50,24 @@ __all__ = [
     "TemplateError",
     "TorchTrainer",
     "TorchTrainerConfig",
-    "WarmStartConfig",
     "__version__",
     "apply_lora",
     "build_tiny_model",
     "count_parameters",
     "create_app",
-    "evaluate_expression",
     "generate_batch",
     "is_lora",
+    "load_adapter_weights",
     "load_tiny",
-    "make_calc_tasks",
+    "load_trainer_state",
     "make_optimizer",
+    "merged_model",
     "merged_state_dict",
-    "parse_answer",
     "plan_micro_batches",
     "ppo_update",
     "prepare_policy",
     "response_logprobs",
-    "run_calc_episodes",
+    "save_checkpoint",
     "save_tiny",
-    "score_answer",
     "serve_backend",
-    "summarize_episodes",
-    "warm_start",
 ]

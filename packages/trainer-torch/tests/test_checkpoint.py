@@ -1,0 +1,120 @@
+"""Checkpoints are plain save_pretrained folders; the trainer resumes weights, optimizer, iteration and version."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from agentlightning import TrainingBatch, TrainingSample
+from agentlightning_torch import (
+    LoraSettings,
+    PPOConfig,
+    load_trainer_state,
+    make_optimizer,
+    ppo_update,
+    prepare_policy,
+    save_checkpoint,
+)
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    specials = ["<pad>", "<eos>"]
+    vocab = {token: i for i, token in enumerate([*specials, *string.ascii_lowercase, *":\n "])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def tiny_model(vocab: int, seed: int = 0) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def batch() -> TrainingBatch:
+    def sample(response: list[int], advantage: float) -> TrainingSample:
+        return TrainingSample(
+            prompt_ids=[3, 4, 5, 6],
+            response_ids=response,
+            response_mask=[1] * len(response),
+            reward=advantage,
+            advantage=advantage,
+            returns=advantage,
+            group_id="g",
+            rollout_id="r",
+            attempt_id="a",
+            step_index=0,
+        )
+
+    return TrainingBatch(samples=[sample([7, 8, 1], 1.0), sample([9, 10, 1], -1.0)])
+
+
+def logits(model: Any, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits
+
+
+def test_checkpoint_is_a_folder_plain_transformers_loads_with_identical_logits(tmp_path: Path) -> None:
+    tokenizer = char_tokenizer()
+    model = tiny_model(len(tokenizer))
+    config = PPOConfig(lr=1e-2)
+    ppo_update(model, make_optimizer(model, config), batch(), config)  # trained weights, not the initial ones
+    folder = save_checkpoint(model.eval(), tokenizer, tmp_path / "ckpt", {"model_version": 1})
+    reloaded = AutoModelForCausalLM.from_pretrained(folder)
+    ids = [3, 4, 5, 6, 7, 8]
+    assert torch.equal(logits(model, ids), logits(reloaded, ids))
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert reloaded_tokenizer.chat_template == TEMPLATE
+    messages = [{"role": "user", "content": "hi"}]
+    assert reloaded_tokenizer.apply_chat_template(messages, tokenize=False) == "user:hi\n"
+    assert reloaded_tokenizer.encode("user:hi", add_special_tokens=False) == tokenizer.encode(
+        "user:hi", add_special_tokens=False
+    )
+    assert load_trainer_state(folder) == {"model_version": 1}
+    assert load_trainer_state(tmp_path) is None
+    # saving again replaces the folder in one step and leaves no staging folders behind
+    save_checkpoint(model, tokenizer, folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_trainer_state(folder) is None
+
+
+def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    tokenizer = char_tokenizer()
+    config = PPOConfig(lr=5e-2, lora=LoraSettings(r=4, alpha=8))
+    policy = prepare_policy(tiny_model(len(tokenizer)), config)
+    optimizer = make_optimizer(policy, config)
+    for _ in range(2):
+        ppo_update(policy, optimizer, batch(), config)
+    folder = save_checkpoint(policy.eval(), tokenizer, tmp_path / "ckpt")
+    ids = [3, 4, 5, 6, 7, 8]
+    merged = AutoModelForCausalLM.from_pretrained(folder)
+    torch.testing.assert_close(logits(merged, ids), logits(policy, ids), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits(merged, ids), logits(tiny_model(len(tokenizer)), ids))
+    adapted = peft.PeftModel.from_pretrained(tiny_model(len(tokenizer)), folder / "adapter")
+    torch.testing.assert_close(logits(adapted, ids), logits(policy, ids), atol=1e-5, rtol=1e-5)
