@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 from agentlightning import LLMResource, Resources
 from agentlightning.proxy import CALL_ID_HEADER, LLMProxy, create_proxy_app
 from agentlightning.store import MemoryStore, SqliteStore
-from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
+from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer, start_attempts
 
 TOOLS = [
     {
@@ -37,9 +37,17 @@ def backend() -> Iterator[ScriptedModelServer]:
         yield server
 
 
+# The store refuses records of attempts it never started: every rollout id the tests call under is started first.
+ROLLOUT_IDS = ["ro-1", "ro-t", *(f"ro-{i}" for i in range(16))]
+ATTEMPT: dict[str, str] = {}  # rollout id -> its attempt id in the current test's store
+
+
 @pytest.fixture
 def store() -> MemoryStore:
-    return MemoryStore()
+    memory = MemoryStore()
+    ATTEMPT.clear()
+    ATTEMPT.update(asyncio.run(start_attempts(memory, ROLLOUT_IDS)))
+    return memory
 
 
 @pytest.fixture
@@ -48,8 +56,8 @@ async def proxy(store: MemoryStore, backend: ScriptedModelServer) -> AsyncIterat
         yield running
 
 
-def agent(proxy: LLMProxy, rollout_id: str = "ro-1", attempt_id: str = "at-1") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=proxy.base_url(rollout_id, attempt_id), api_key="k", max_retries=0)
+def agent(proxy: LLMProxy, rollout_id: str = "ro-1") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=proxy.base_url(rollout_id, ATTEMPT[rollout_id]), api_key="k", max_retries=0)
 
 
 async def test_chat_call_is_recorded_with_the_backends_exact_ids(
@@ -66,7 +74,7 @@ async def test_chat_call_is_recorded_with_the_backends_exact_ids(
     assert call.response_logprobs == served.logprobs
     assert call.response_id == out.id == served.response_id
     assert call.call_id == raw.headers[CALL_ID_HEADER]
-    assert call.attempt_id == "at-1" and call.backend == backend.url and call.error is None
+    assert call.attempt_id == ATTEMPT["ro-1"] and call.backend == backend.url and call.error is None
     # the record keeps the agent's request; the backend got the token-id options added
     assert call.request == {"model": "toy", "messages": messages}
     assert backend.requests[0]["return_token_ids"] is True and backend.requests[0]["logprobs"] is True
@@ -108,7 +116,7 @@ async def test_sixteen_concurrent_rollouts_are_recorded_under_their_own_rollout(
     proxy: LLMProxy, store: MemoryStore
 ) -> None:
     async def rollout(i: int) -> None:
-        client = agent(proxy, f"ro-{i}", f"at-{i}")
+        client = agent(proxy, f"ro-{i}")
         for turn in range(3):
             await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": f"r{i} t{turn}"}])
 
@@ -117,7 +125,7 @@ async def test_sixteen_concurrent_rollouts_are_recorded_under_their_own_rollout(
         calls = await store.query_llm_calls(f"ro-{i}")
         assert len(calls) == 3
         for call in calls:
-            assert call.attempt_id == f"at-{i}"
+            assert call.attempt_id == ATTEMPT[f"ro-{i}"]
             assert call.response is not None
             text = call.response["choices"][0]["message"]["content"]
             assert text.startswith(f"r{i} t")
@@ -200,7 +208,7 @@ async def test_pause_refuses_new_requests_drains_in_flight_and_resume_readmits(
         async with (
             aiohttp.ClientSession() as http,
             http.post(
-                f"{proxy.base_url('ro-1', 'at-1')}/chat/completions",
+                f"{proxy.base_url('ro-1', ATTEMPT['ro-1'])}/chat/completions",
                 json={"model": "toy", "messages": [{"role": "user", "content": "x"}]},
             ) as resp,
         ):
@@ -308,7 +316,7 @@ async def test_create_proxy_app_exposes_the_proxy_and_rejects_bad_options(store:
 def test_proxy_started_in_a_thread_serves_sync_clients(store: MemoryStore, backend: ScriptedModelServer) -> None:
     proxy = LLMProxy(store, [backend.url]).start_in_thread()
     try:
-        client = openai.OpenAI(base_url=proxy.base_url("ro-t", "at-t"), api_key="k", max_retries=0)
+        client = openai.OpenAI(base_url=proxy.base_url("ro-t", ATTEMPT["ro-t"]), api_key="k", max_retries=0)
         assert (
             client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "sync"}])
             .choices[0]
@@ -335,6 +343,9 @@ def _free_port() -> int:
 
 def test_agl_proxy_serve_records_into_a_sqlite_file(tmp_path: Path, backend: ScriptedModelServer) -> None:
     db = tmp_path / "calls.db"
+    seeded = SqliteStore(db)
+    attempt_id = asyncio.run(start_attempts(seeded, ["ro-cli"]))["ro-cli"]
+    asyncio.run(seeded.close())
     port = _free_port()
     cmd = [*AGL, "proxy", "serve", "--db", str(db), "--backend", backend.url]
     proc = subprocess.Popen([*cmd, "--port", str(port)], stderr=subprocess.PIPE, text=True)
@@ -348,7 +359,7 @@ def test_agl_proxy_serve_records_into_a_sqlite_file(tmp_path: Path, backend: Scr
             except OSError:
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
                 time.sleep(0.05)
-        client = openai.OpenAI(base_url=f"{url}/rollout/ro-cli/attempt/at-cli/v1", api_key="k", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/rollout/ro-cli/attempt/{attempt_id}/v1", api_key="k", max_retries=0)
         client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "cli"}])
     finally:
         proc.terminate()

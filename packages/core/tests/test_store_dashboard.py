@@ -89,7 +89,7 @@ def test_version_1_file_is_migrated_and_backfilled(tmp_path: Path) -> None:
             assert stats.versions[0].model_version == 7 and stats.versions[0].reward_mean == 0.75
         finally:
             await store.close()
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
 
     asyncio.run(check())
 

@@ -148,7 +148,7 @@ def test_reward_problems_are_reported() -> None:
     t.reward(0.3)  # before any call: cannot be credited
     t.llm([1], [2])
     t.reward("high")  # not a number
-    t.reward(float("nan"))
+    t.reward(True)  # a bool is not a reward (NaN cannot reach a span: the model refuses it)
     t.reward(0.2, final=True)
     t.reward(0.9, final=True)
     result = build(t)
@@ -208,7 +208,7 @@ def test_token_ids_from_span_attributes_when_no_proxy_record() -> None:
     assert result.diagnostics.joined_by_span_attributes == 1
 
 
-def test_order_fallback_joins_unreferenced_proxy_records_and_reports_it() -> None:
+def test_order_fallback_joins_unreferenced_proxy_records_and_reports_it(caplog: pytest.LogCaptureFixture) -> None:
     t = Trace()
     t.llm([1], [2], record=False, response_id=None)
     t.llm([1, 2, 3], [4], record=False, response_id="not-recorded")
@@ -225,12 +225,51 @@ def test_order_fallback_joins_unreferenced_proxy_records_and_reports_it() -> Non
                 start_time=200.0 + n,
             )
         )
-    result = build(t)
+    with pytest.raises(MissingTokenIdsError, match=r"order_fallback=True\) would join them by order"):
+        build(t)  # joining by a guess is opt-in
+    with caplog.at_level(logging.WARNING, logger="agentlightning.transitions._builder"):
+        result = build(t, order_fallback=True)
     assert [tr.call_ids for tr in result.transitions] == [["px-0"], ["px-1"]]
     assert result.diagnostics.joined_by_order == 2
     assert sum("by order" in p for p in result.problems) == 2
-    with pytest.raises(MissingTokenIdsError):
-        build(t, order_fallback=False)
+    assert any("joined to proxy records by order" in r.getMessage() for r in caplog.records)
+
+
+def test_calls_without_llm_spans_train_from_proxy_records_alone(caplog: pytest.LogCaptureFixture) -> None:
+    # An agent run without its adapter: the runner's root and reward spans, the proxy's records, no LLM span.
+    t = Trace()
+    root = t.span("rollout", sc.KIND_ROLLOUT)
+    for n, (p, r) in enumerate([([1], [2]), ([1, 2, 3], [4, 5])]):
+        t.calls.append(
+            LLMCall(
+                call_id=f"px-{n}",
+                rollout_id="ro-1",
+                attempt_id="at-1",
+                response_id=f"resp-{n}",
+                prompt_token_ids=p,
+                response_token_ids=r,
+                response_logprobs=[-0.5] * len(r),
+                model_version=3,
+                start_time=t.clock + 0.5 + n,
+            )
+        )
+    t.clock += 5
+    t.reward(1.0, parent=root, final=True)
+    with caplog.at_level(logging.WARNING, logger="agentlightning.transitions._builder"):
+        result = build(t)
+        build(t)
+    assert [(tr.prompt_ids, tr.response_ids, tr.agent_name, tr.step_index) for tr in result.transitions] == [
+        ([1], [2], None, 0),
+        ([1, 2, 3], [4, 5], None, 1),
+    ]
+    assert [tr.call_ids for tr in result.transitions] == [["px-0"], ["px-1"]]
+    assert all(tr.final_reward == 1.0 and tr.metadata["model_version"] == 3 for tr in result.transitions)
+    assert result.diagnostics.proxy_only_calls == 2 and result.diagnostics.unused_llm_calls == 0
+    warnings = [r.getMessage() for r in caplog.records if "no LLM span" in r.getMessage()]
+    assert len(warnings) <= 1  # once per process (an earlier test may have used it up)
+    # the agent filter needs agent names, which only the adapter gives: nothing is trained, and it is said
+    filtered = build(t, agent_filter=["writer"])
+    assert filtered.transitions == [] and filtered.diagnostics.calls_filtered == 2
 
 
 def test_missing_token_ids_raise_naming_the_span() -> None:

@@ -6,11 +6,14 @@ that names the offending field instead of being stored half-right.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from agentlightning._urls import rollout_base_url
 
 __all__ = [
     "TERMINAL_ATTEMPT_STATUSES",
@@ -35,6 +38,7 @@ __all__ = [
     "TrainingSample",
     "Transition",
     "ValueResource",
+    "check_json_finite",
     "new_id",
     "now",
 ]
@@ -69,8 +73,54 @@ def now() -> float:
     return time.time()
 
 
+def _all_finite(value: Any) -> bool:
+    """Whether no float inside a JSON-like value (dicts, lists, tuples) is NaN or infinite (no paths: fast)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.values())  # pyright: ignore[reportUnknownArgumentType,reportUnknownMemberType]
+        elif isinstance(item, list | tuple):
+            stack.extend(item)  # pyright: ignore[reportUnknownArgumentType]
+    return True
+
+
+def _first_non_finite(value: Any, path: str) -> str:
+    """Path and value of the first NaN/infinite float inside ``value`` (called once `_all_finite` said there is one)."""
+    if isinstance(value, float):
+        return f"{path} = {value!r}"
+    items: Any = None
+    if isinstance(value, dict):
+        items = ((f"{path}[{key!r}]", item) for key, item in value.items())  # pyright: ignore[reportUnknownVariableType,reportUnknownMemberType]
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))  # pyright: ignore[reportUnknownArgumentType,reportUnknownVariableType]
+    for where, item in items or ():
+        if not _all_finite(item):
+            return _first_non_finite(item, where)
+    return path
+
+
+def check_json_finite(value: Any, name: str) -> Any:
+    """Return ``value`` unchanged if no number inside it is NaN or infinite, else raise a `ValueError` naming where.
+
+    JSON has no NaN or Infinity: stored, they would silently become ``null``. Every record entering a store is
+    checked at the validation boundary (typed float fields by pydantic, free-form JSON fields by this function).
+    """
+    if not _all_finite(value):
+        where = _first_non_finite(value, name)
+        raise ValueError(
+            f"non-finite number at {where}: JSON cannot hold NaN or Infinity (it would be stored as null); "
+            "replace it with a finite number, None or a string"
+        )
+    return value
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Non-finite floats are refused on every typed field: JSON would turn them into null (see check_json_finite).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Rollout(_Model):
@@ -99,6 +149,11 @@ class Rollout(_Model):
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("input", "metadata")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_json_finite(value, info.field_name or "value")
 
 
 class Attempt(_Model):
@@ -227,6 +282,11 @@ class LLMCall(_Model):
     end_time: float | None = None
     error: str | None = None
 
+    @field_validator("request", "response")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_json_finite(value, info.field_name or "value")
+
     @model_validator(mode="after")
     def _check_logprobs(self) -> LLMCall:
         if self.response_logprobs is not None and len(self.response_logprobs) != len(self.response_token_ids):
@@ -245,9 +305,18 @@ class LLMResource(_Model):
     model: str
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("sampling_parameters")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_json_finite(value, info.field_name or "value")
+
     def base_url(self, rollout_id: str, attempt_id: str) -> str:
-        """Per-rollout base URL on the proxy: ``{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1``."""
-        return f"{self.endpoint.rstrip('/')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+        """Per-rollout base URL on the proxy: ``{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1``.
+
+        Both ids are percent-encoded (see `agentlightning.proxy.rollout_base_url`), so any id the store accepts
+        gives a URL the proxy routes back to the same ids.
+        """
+        return rollout_base_url(self.endpoint, rollout_id, attempt_id)
 
 
 class PromptTemplateResource(_Model):
@@ -263,6 +332,11 @@ class ValueResource(_Model):
 
     kind: Literal["value"] = "value"
     value: Any = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_json_finite(value, info.field_name or "value")
 
 
 Resource = Annotated[LLMResource | PromptTemplateResource | ValueResource, Field(discriminator="kind")]

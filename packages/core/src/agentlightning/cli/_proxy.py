@@ -61,7 +61,10 @@ def serve(args: argparse.Namespace) -> int:
     """Run the proxy until interrupted; returns the exit code (2 for a refused configuration)."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    from agentlightning.cli._store import weak_token_message
+    from agentlightning.store._base import StoreError
+
+    console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
     if not 0 <= args.port <= 65535:
         console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
         return 2
@@ -72,10 +75,14 @@ def serve(args: argparse.Namespace) -> int:
             f"the proxy or redirect it to other backends. Pass --admin-token or set {ADMIN_TOKEN_ENV}."
         )
         return 2
+    weak = weak_token_message(admin_token, args.host, "--admin-token")
+    if weak is not None:
+        console.print(weak)
+        return 2
     try:
         asyncio.run(_run(args, admin_token, console))
-    except ValueError as exc:
-        console.print(f"[red]{exc}[/red]")
+    except (ValueError, StoreError) as exc:
+        console.print(f"[red]{' '.join(str(exc).split())}[/red]")
         return 2
     except KeyboardInterrupt:
         pass

@@ -9,7 +9,7 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["register", "serve"]
+__all__ = ["MIN_TOKEN_LENGTH", "register", "serve", "weak_token_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,27 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+MIN_TOKEN_LENGTH = 16
+"""Shortest bearer token accepted off loopback."""
+
+
+def weak_token_message(token: str | None, host: str, flag: str) -> str | None:
+    """Why ``token`` is refused on ``host`` (a token shorter than `MIN_TOKEN_LENGTH` off loopback), else ``None``."""
+    if token is None or _is_loopback(host) or len(token) >= MIN_TOKEN_LENGTH:
+        return None
+    return (
+        f"[red]refusing a {len(token)}-character {flag} off loopback[/red]: a token must have at least "
+        f'{MIN_TOKEN_LENGTH} characters. Make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit code (2 for a refused configuration)."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    from agentlightning.store._base import StoreError
+
+    console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
     token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
     if not _is_loopback(args.host) and not token:
         console.print(
@@ -74,12 +90,16 @@ def serve(args: argparse.Namespace) -> int:
             f"write the store. Pass --token or set {TOKEN_ENV}, or bind 127.0.0.1."
         )
         return 2
+    weak = weak_token_message(token, args.host, "--token")
+    if weak is not None:
+        console.print(weak)
+        return 2
     if not 0 <= args.port <= 65535:
         console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
         return 2
     try:
         store = _open_store(args)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StoreError) as exc:
         console.print(f"[red]cannot open the store:[/red] {exc}")
         return 2
 

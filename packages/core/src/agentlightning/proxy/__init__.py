@@ -1,8 +1,10 @@
 """The LLM proxy: forwards agents' OpenAI-style calls to inference backends and records exact token ids.
 
-See `LLMProxy` for routes, recording modes and pause/resume around weight updates.
+See `LLMProxy` for routes, recording modes and pause/resume around weight updates. `rollout_base_url` and
+`parse_rollout_prefix` build and parse the per-rollout URL (ids percent-encoded).
 """
 
+from agentlightning._urls import parse_rollout_prefix, rollout_base_url, rollout_prefix
 from agentlightning.proxy._proxy import (
     CALL_ID_HEADER,
     MODEL_VERSION_FIELD,
@@ -11,4 +13,13 @@ from agentlightning.proxy._proxy import (
     create_proxy_app,
 )
 
-__all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
+__all__ = [
+    "CALL_ID_HEADER",
+    "MODEL_VERSION_FIELD",
+    "MODEL_VERSION_HEADER",
+    "LLMProxy",
+    "create_proxy_app",
+    "parse_rollout_prefix",
+    "rollout_base_url",
+    "rollout_prefix",
+]

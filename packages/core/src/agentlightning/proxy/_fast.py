@@ -15,9 +15,10 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.responses import Response
 
+from agentlightning._urls import parse_rollout_prefix
 from agentlightning.proxy._assemble import Kind
 
-__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers"]
+__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers", "raw_path"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -33,8 +34,8 @@ _COMPLETIONS = "/v1/completions"
 def match_completion(path: str) -> tuple[Kind, str | None, str | None] | None:
     """``(kind, rollout_id, attempt_id)`` for a completion path (ids ``None`` on plain ``/v1``), else ``None``.
 
-    Matches exactly what the FastAPI routes ``{prefix}/v1/chat/completions`` and ``{prefix}/v1/completions``
-    match (a path parameter is one non-empty segment).
+    ``path`` is the raw request path (percent-encoded, as sent): ids are decoded here, after splitting, so an id
+    holding ``/`` or ``#`` (sent as ``%2F``, ``%23``) stays one id (see `agentlightning.proxy.rollout_base_url`).
     """
     kind: Kind
     if path.endswith(_CHAT):
@@ -45,10 +46,18 @@ def match_completion(path: str) -> tuple[Kind, str | None, str | None] | None:
         return None
     if not prefix:
         return kind, None, None
-    parts = prefix.split("/")
-    if len(parts) == 5 and not parts[0] and parts[1] == "rollout" and parts[3] == "attempt" and parts[2] and parts[4]:
-        return kind, parts[2], parts[4]
-    return None
+    ids = parse_rollout_prefix(prefix)
+    if ids is None:
+        return None
+    return kind, ids[0], ids[1]
+
+
+def raw_path(scope: Scope) -> str:
+    """The request path as sent (percent-encoded), falling back to the decoded path where the server gives none."""
+    raw: bytes | None = scope.get("raw_path")
+    if raw is None:
+        return str(scope["path"])
+    return raw.decode("latin-1").split("?", 1)[0]
 
 
 def raw_headers(
@@ -99,7 +108,7 @@ class ProxyApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self.completion_handler
         if handler is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            hit = match_completion(scope["path"])
+            hit = match_completion(raw_path(scope))
             if hit is not None:
                 authorization: str | None = None
                 for name, value in scope["headers"]:

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._models import LLMCall, new_id, now
+from agentlightning._urls import rollout_base_url
 from agentlightning.proxy._admin import add_admin_routes
 from agentlightning.proxy._assemble import (
     MODEL_VERSION_FIELD,
@@ -49,7 +50,7 @@ from agentlightning.proxy._assemble import (
     model_version_of,
     without_token_fields,
 )
-from agentlightning.proxy._fast import ProxyApp, RawResponse, raw_headers
+from agentlightning.proxy._fast import ProxyApp, RawResponse, match_completion, raw_headers, raw_path
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 
@@ -57,7 +58,8 @@ __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLM
 
 logger = logging.getLogger(__name__)
 
-_ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+# Matches any id (an encoded "/" is decoded before routing); the ids are re-read from the raw path by the handler.
+_ROLLOUT_PREFIX = "/rollout/{rollout_id:path}/attempt/{attempt_id}"
 _MAX_STICKY = 100_000
 CALL_ID_HEADER = "x-agentlightning-call-id"
 
@@ -180,7 +182,7 @@ class LLMProxy:
 
     def base_url(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL an agent uses for one attempt."""
-        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+        return rollout_base_url(self.url, rollout_id, attempt_id)
 
     async def pause(self, timeout: float | None = None) -> None:
         """Refuse new requests (503 + ``Retry-After``) and wait until in-flight ones are answered.
@@ -330,11 +332,16 @@ class LLMProxy:
         return await self._complete_route(request, "completion")
 
     async def _complete_route(self, request: Request, kind: Kind) -> Response:
-        params = request.path_params
+        rollout_id = attempt_id = None
+        if "rollout_id" in request.path_params:  # re-read from the raw path: ids are percent-encoded there
+            path = raw_path(request.scope)
+            root = request.scope.get("root_path") or ""
+            hit = match_completion(path[len(root) :] if root and path.startswith(root) else path)
+            if hit is None or hit[1] is None:
+                return _error(404, f"not a per-rollout completion path: {path}", "invalid_request_error")
+            rollout_id, attempt_id = hit[1], hit[2]
         body = await request.body()
-        return await self._complete(
-            kind, params.get("rollout_id"), params.get("attempt_id"), body, request.headers.get("authorization")
-        )
+        return await self._complete(kind, rollout_id, attempt_id, body, request.headers.get("authorization"))
 
     async def _models(self, request: Request) -> Response:
         rollout_id = request.path_params.get("rollout_id")

@@ -8,6 +8,8 @@ import contextvars
 import inspect
 import logging
 import threading
+import time
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,7 +23,7 @@ from agentlightning.runner._agent import RolloutAgent, final_reward
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
 
-__all__ = ["ROOT_SPAN_NAME", "Outcome", "execute_async", "execute_sync", "heartbeat_loop"]
+__all__ = ["ROOT_SPAN_NAME", "Outcome", "agent_failures", "execute_async", "execute_sync", "heartbeat_loop"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +58,49 @@ def _root_attributes(claim: Claim, agent: RolloutAgent) -> dict[str, Any]:
     return {semconv.SPAN_KIND: semconv.KIND_ROLLOUT, semconv.GEN_AI_AGENT_NAME: agent.name}
 
 
-def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException) -> None:
+class _FailureLog:
+    """Rate-limited warnings for agents that raise: the first few at once, then one per interval with a count."""
+
+    def __init__(self, first: int = 5, interval: float = 30.0) -> None:
+        self.first = first
+        self.interval = interval
+        self.count = 0
+        self._unreported = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def report(self, rollout_id: str, exc: BaseException) -> None:
+        """Count one failed agent run and warn with the exception's last line unless warned recently."""
+        with self._lock:
+            self.count += 1
+            self._unreported += 1
+            t = time.monotonic()
+            if self.count > self.first and t - self._last < self.interval:
+                return
+            self._last = t
+            unreported, self._unreported = self._unreported, 0
+            count = self.count
+        last_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        logger.warning(
+            "the agent raised in rollout %s: %s (%d agent failure(s) in this process%s)",
+            rollout_id,
+            last_line,
+            count,
+            f", {unreported - 1} not shown since the last warning" if unreported > 1 else "",
+        )
+
+
+agent_failures = _FailureLog()
+"""Counts and logs agent exceptions of this process (``agent_failures.count``)."""
+
+
+def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollout_id: str) -> None:
     outcome.status = "failed"
     outcome.error = f"{type(exc).__name__}: {exc}"
     root.record_exception(exc)
     root.set_status(Status(StatusCode.ERROR, outcome.error))
+    if not isinstance(exc, asyncio.CancelledError):
+        agent_failures.report(rollout_id, exc)
 
 
 def _accept_result(result: Any, outcome: Outcome) -> None:
@@ -118,11 +158,11 @@ async def execute_async(
                     outcome.error = f"the agent ran past the rollout timeout of {timeout}s"
                     root.set_status(Status(StatusCode.ERROR, outcome.error))
                 else:
-                    _record_failure(root, outcome, exc)
+                    _record_failure(root, outcome, exc, rollout_id)
             except Exception as exc:
-                _record_failure(root, outcome, exc)
+                _record_failure(root, outcome, exc, rollout_id)
             except asyncio.CancelledError as exc:
-                _record_failure(root, outcome, exc)
+                _record_failure(root, outcome, exc, rollout_id)
                 outcome.error = "the runner was cancelled while the agent ran"
                 raise
         await _drain_adapters()
@@ -175,7 +215,7 @@ def execute_sync(
                     result = asyncio.run(_await(result))
                 _accept_result(result, outcome)
             except Exception as exc:
-                _record_failure(root, outcome, exc)
+                _record_failure(root, outcome, exc, rollout_id)
 
     beat: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
         heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval), store_loop

@@ -21,7 +21,8 @@ from typing import Any, Literal, Protocol
 from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_async, execute_sync
-from agentlightning.store._base import LightningStore
+from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store._client import StoreClient
 from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
@@ -245,7 +246,9 @@ class Runner:
         worker_mode: ``async``: asyncio tasks in one loop (async agents); ``thread``: threads; ``process``:
             worker processes that reopen the store from ``store.reopen_spec()`` (sync agents, no GIL sharing);
             ``auto``: ``async`` for async agents, else ``process`` when the store can be reopened, the agent
-            can be imported by a child process and ``n_workers > 1``, else ``thread``.
+            can be imported by a child process and ``n_workers > 1``, else ``thread``. A worker process that
+            dies during an attempt (``os._exit``, a crash, the OOM killer) has that attempt failed at once (the
+            retry policy then applies) and is replaced by a new process.
         heartbeat_interval: Seconds between heartbeats of a running attempt (keep well under the store's
             ``RetryPolicy.heartbeat_timeout``). Async agents beat from the runner's loop: an async agent that
             blocks the loop for longer than the timeout is taken for dead.
@@ -253,7 +256,8 @@ class Runner:
         max_rollouts: Stop after claiming this many rollouts (``None``: no limit).
         rollout_timeout: Seconds an attempt may run before it is ended as ``timeout`` (``None``: no limit).
         stop_when_idle: Return once no rollout is queuing or running; otherwise wait for work until `stop`.
-        flush_timeout: Seconds to wait for an attempt's spans to be stored before reporting its end.
+        flush_timeout: Seconds to wait for an attempt's spans to be stored before reporting its end (longer than
+            the span writer's retry window, so a store restart does not fail the attempt).
         mp_start_method: ``multiprocessing`` start method for process workers (``spawn`` is safe with threads).
         otlp_endpoint: Also send every span to this OpenTelemetry collector over OTLP/HTTP (e.g.
             ``http://localhost:4318``), for Jaeger, Phoenix or Langfuse users; default: ``$AGL_OTLP_ENDPOINT``.
@@ -272,7 +276,7 @@ class Runner:
         max_rollouts: int | None = None,
         rollout_timeout: float | None = None,
         stop_when_idle: bool = False,
-        flush_timeout: float | None = 30.0,
+        flush_timeout: float | None = 90.0,
         mp_start_method: str = "spawn",
         otlp_endpoint: str | None = None,
     ) -> None:
@@ -303,6 +307,7 @@ class Runner:
         self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
         self._stop = threading.Event()
         self.worker_pids: list[int | None] = []  # pids of worker processes (process mode), once started
+        self.workers_replaced = 0  # worker processes that died in an attempt and were replaced
 
     def _reopen_spec(self) -> tuple[type[Any], dict[str, Any]] | None:
         reopen = getattr(self.store, "reopen_spec", None)
@@ -457,39 +462,86 @@ class Runner:
         ctx: Any = multiprocessing.get_context(self.mp_start_method)
         stop_event = ctx.Event()
         budget = ctx.Value("q", self.max_rollouts if self.max_rollouts is not None else 0)
-        processes = [
-            ctx.Process(
+
+        def start(index: int) -> Any:
+            process = ctx.Process(
                 target=_process_main,
                 args=(
                     _agent_ref(self.agent),
                     store_type,
                     store_kwargs,
                     self._settings,
-                    i,
+                    index,
                     stop_event,
                     budget,
                     self.max_rollouts is not None,
                 ),
-                name=f"agl-worker-{i}",
+                name=f"agl-worker-{index}",
             )
-            for i in range(self.n_workers)
-        ]
-        for process in processes:
             process.start()
+            return process
+
+        processes = [start(i) for i in range(self.n_workers)]
         self.worker_pids = [p.pid for p in processes]
+        ended: list[Any] = []  # processes that exited (replaced ones included)
+        store_loop = LoopThread("agentlightning-runner-watch")
         try:
             while any(p.is_alive() for p in processes):
                 if self._stop.is_set():
                     stop_event.set()
-                for p in processes:
+                for index, p in enumerate(processes):
                     p.join(0.1)
+                    if p.exitcode is None or p.exitcode == 0 or stop_event.is_set():
+                        continue
+                    # A worker died (os._exit, a segfault, the OOM killer): end its attempt now rather than after
+                    # the heartbeat timeout, and give the pool a new worker so the run goes on.
+                    ended.append(p)
+                    failed = store_loop.call(self._fail_attempts_of(p, index))
+                    if failed:
+                        processes[index] = start(index)
+                        self.worker_pids[index] = processes[index].pid
+                        self.workers_replaced += 1
+                        logger.warning(
+                            "worker process %s (pid %s) died with exit code %s while running %s; its attempt is "
+                            "failed and a new worker (pid %s) took its place",
+                            p.name,
+                            p.pid,
+                            p.exitcode,
+                            ", ".join(failed),
+                            processes[index].pid,
+                        )
         finally:
             stop_event.set()
             for p in processes:
                 p.join()
+            if ended and isinstance(self.store, StoreClient):
+                store_loop.call(self.store.close())  # only this loop's connection pool
+            store_loop.stop()
         failed = [p for p in processes if p.exitcode != 0]
         for p in failed:
-            logger.warning("worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
+            if p not in ended:
+                logger.warning("worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
         if failed and len(failed) == len(processes) and not self._stop.is_set():
             codes = ", ".join(str(p.exitcode) for p in failed)
             raise RuntimeError(f"all {len(processes)} worker processes failed (exit codes {codes}); see their stderr")
+
+    async def _fail_attempts_of(self, process: Any, index: int) -> list[str]:
+        """Fail the running attempts of a dead worker process; returns their rollout ids."""
+        worker_id = f"{socket.gethostname()}:{process.pid}:{index}"
+        failed: list[str] = []
+        try:
+            for rollout in await self.store.query_rollouts(status=["running"]):
+                for attempt in await self.store.query_attempts(rollout.rollout_id):
+                    if attempt.worker_id != worker_id or attempt.status != "running":
+                        continue
+                    await self.store.finish_attempt(
+                        rollout.rollout_id,
+                        attempt.attempt_id,
+                        "failed",
+                        f"worker process {process.name} (pid {process.pid}) died with exit code {process.exitcode} "
+                        "while running this attempt",
+                    )
+                    failed.append(rollout.rollout_id)
+        except StoreError as exc:
+            logger.warning("could not end the attempts of dead worker %s: %s", worker_id, exc)
+        return failed

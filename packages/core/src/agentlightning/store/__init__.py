@@ -6,10 +6,11 @@ from agentlightning.store._base import (
     NotFoundError,
     RetryPolicy,
     RolloutRequest,
+    StorageError,
     StoreError,
     StoreStats,
 )
-from agentlightning.store._client import StoreClient
+from agentlightning.store._client import InvalidRequestError, StoreClient, StoreUnavailableError, UnauthorizedError
 from agentlightning.store._memory import MemoryStore
 from agentlightning.store._query import (
     RolloutPage,
@@ -24,6 +25,7 @@ from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
     "ConflictError",
+    "InvalidRequestError",
     "LightningStore",
     "MemoryStore",
     "NotFoundError",
@@ -35,9 +37,12 @@ __all__ = [
     "RunStats",
     "RunStatsQuery",
     "SqliteStore",
+    "StorageError",
     "StoreClient",
     "StoreError",
     "StoreStats",
+    "StoreUnavailableError",
     "ThroughputBucket",
+    "UnauthorizedError",
     "VersionStats",
 ]

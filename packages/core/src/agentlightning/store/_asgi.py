@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from agentlightning.store._base import ConflictError, NotFoundError, StoreError
+from agentlightning.store._base import ConflictError, NotFoundError, StorageError, StoreError
 from agentlightning.store._wire import ErrorResponse
 
 __all__ = [
@@ -76,6 +76,8 @@ def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
         return 404, "not_found", str(exc)
     if isinstance(exc, ConflictError):
         return 409, "conflict", str(exc)
+    if isinstance(exc, StorageError):  # disk full / read-only: not the request's fault, and not transient
+        return 507, "storage", str(exc)
     if isinstance(exc, StoreError):
         return 400, "invalid", str(exc)
     if isinstance(exc, ValidationError):

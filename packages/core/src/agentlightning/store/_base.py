@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from agentlightning._models import (
     Attempt,
@@ -17,6 +17,7 @@ from agentlightning._models import (
     RolloutMode,
     RolloutStatus,
     Span,
+    check_json_finite,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 
@@ -26,6 +27,7 @@ __all__ = [
     "NotFoundError",
     "RetryPolicy",
     "RolloutRequest",
+    "StorageError",
     "StoreError",
     "StoreStats",
 ]
@@ -40,6 +42,13 @@ class NotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else "not found"
+
+
+class StorageError(StoreError):
+    """The store cannot write: its disk is full or its database is read-only. Retrying cannot help.
+
+    The message says which (``database or disk is full`` / ``database is read-only``) and where.
+    """
 
 
 class ConflictError(StoreError):
@@ -67,7 +76,7 @@ class RetryPolicy(BaseModel):
 class RolloutRequest(BaseModel):
     """What a caller asks to enqueue; the store fills in status and times."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     input: Any = None
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
@@ -75,6 +84,11 @@ class RolloutRequest(BaseModel):
     group_id: str | None = None
     resources_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("input", "metadata")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_json_finite(value, info.field_name or "value")
 
 
 class StoreStats(BaseModel):
@@ -103,7 +117,10 @@ class LightningStore(Protocol):
     * ``check_timeouts`` marks silent attempts ``unresponsive`` and over-long ones ``timeout`` and applies the
       retry policy; backends also run it at the start of ``dequeue_rollout``.
     * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
-      new. A batch is validated as a whole first: one bad record rejects the batch and stores nothing.
+      new. A batch is validated as a whole first: one bad record (a NaN or Infinity included, or an attempt the
+      store never started) rejects the batch and stores nothing.
+    * ``dequeue_rollout``, ``add_spans`` and ``add_llm_calls`` take an optional ``request_id``: a repeated
+      request returns the first answer (what a retry after a lost answer needs).
     * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.
     * Every attempt keeps its final reward (the last span of kind ``reward`` marked final, by sequence id) and
       the newest ``model_version`` of its LLM calls; ``list_rollouts`` and ``run_stats`` report them.
@@ -119,8 +136,12 @@ class LightningStore(Protocol):
         """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
         ...
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
-        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+    async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
+
+        ``request_id``: a client-chosen id; repeating a request with the same id returns the first answer (the
+        same claim) instead of claiming another rollout, so a retry after a lost answer leaves no orphan attempt.
+        """
         ...
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
@@ -159,16 +180,23 @@ class LightningStore(Protocol):
         """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones."""
         ...
 
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new."""
+    async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
+        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new.
+
+        Raises `NotFoundError` for a span of an attempt the store never started. A request repeated with the same
+        ``request_id`` returns the first answer's count (the spans it stored are new to the caller).
+        """
         ...
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
         ...
 
-    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
-        """Store proxy records (idempotent on call_id); returns how many were new."""
+    async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
+        """Store proxy records (idempotent on call_id); returns how many were new (``request_id``: see `add_spans`).
+
+        Raises `NotFoundError` for a call of an attempt the store never started.
+        """
         ...
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:

@@ -28,7 +28,15 @@ from agentlightning._models import (
     Span,
     new_id,
 )
-from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, RolloutRequest, StoreError, StoreStats
+from agentlightning.store._base import (
+    ConflictError,
+    NotFoundError,
+    RetryPolicy,
+    RolloutRequest,
+    StorageError,
+    StoreError,
+    StoreStats,
+)
 from agentlightning.store._common import (
     check_finish_status,
     check_id,
@@ -95,19 +103,23 @@ class StoreClient:
     exporter's background loop, say): each loop gets its own connection pool, created on first use.
     Call `close` from each loop that used the client (or let the process end); it only closes that loop's pool.
 
-    Failed requests are retried with exponential backoff on connection errors, timeouts and 5xx answers.
-    That is safe because every write is idempotent on a client id: rollouts without an id get one here before
-    the first try, and ``dequeue_rollout`` carries a request id the server remembers, so a retried dequeue
-    returns the same claim. 4xx answers are not retried; they raise `NotFoundError` (404), `ConflictError`
-    (409), `UnauthorizedError` (401) or `StoreError` (other 4xx) with the server's message.
+    Failed requests are retried with exponential backoff on connection errors, timeouts and 5xx answers for
+    ``retry_for`` seconds (a minute by default: long enough to ride out a store restart), then raise
+    `StoreUnavailableError`. That is safe because every write is idempotent on a client id: rollouts without an
+    id get one here before the first try, and ``dequeue_rollout`` / ``add_spans`` / ``add_llm_calls`` carry a
+    request id the store remembers, so a retried dequeue returns the same claim and a retried write the right
+    count. 4xx answers are not retried; they raise `NotFoundError` (404), `ConflictError` (409),
+    `UnauthorizedError` (401) or `StoreError` (other 4xx) with the server's message. A store whose disk is full or
+    read-only answers 507, raised at once as `StorageError` (retrying cannot help).
 
     Args:
         url: Base URL of the served store, e.g. ``http://127.0.0.1:4747``.
         token: Bearer token (``agl store serve --token``); ``None`` when the server has none.
         timeout: Seconds one request may take (long-polls of ``wait_for_rollouts`` get their wait added).
-        retries: Extra tries after a failed one (0 = never retry).
+        retries: Most extra tries after a failed one (0 = never retry; ``None``: as many as ``retry_for`` allows).
         backoff: First wait between tries, in seconds; doubled each try up to ``backoff_max``.
         backoff_max: Longest wait between two tries.
+        retry_for: Seconds after the first try during which failed tries are retried.
     """
 
     def __init__(
@@ -115,23 +127,27 @@ class StoreClient:
         url: str,
         token: str | None = None,
         timeout: float = 30.0,
-        retries: int = 6,
+        retries: int | None = None,
         backoff: float = 0.1,
         backoff_max: float = 3.0,
+        retry_for: float = 60.0,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"store url must look like http://host:port, got {url!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
+        if retries is not None and retries < 0:
+            raise ValueError(f"retries must be >= 0 or None, got {retries}")
+        if not retry_for >= 0:
+            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.backoff_max = backoff_max
+        self.retry_for = retry_for
         self._api = self.url + API_PREFIX
         self._headers = dict(_JSON_HEADERS)
         if token:
@@ -159,6 +175,7 @@ class StoreClient:
             "retries": self.retries,
             "backoff": self.backoff,
             "backoff_max": self.backoff_max,
+            "retry_for": self.retry_for,
         }
 
     # --- retry policy -------------------------------------------------------------------------------------------
@@ -206,9 +223,13 @@ class StoreClient:
         """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
         return (await self.enqueue_rollouts([RolloutRequest(input=input, **fields)]))[0]
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
-        """Claim the oldest queuing rollout, or ``None`` when the queue is empty."""
-        body = DequeueRequest(worker_id=worker_id, request_id=uuid.uuid4().hex)
+    async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout, or ``None`` when the queue is empty.
+
+        Every try of one call carries the same request id (``request_id`` or a fresh one), so a retry after a lost
+        answer gets the same claim.
+        """
+        body = DequeueRequest(worker_id=worker_id, request_id=request_id or uuid.uuid4().hex)
         return (await self._call("POST", "/rollouts/dequeue", body, DequeueResponse)).claim
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
@@ -278,12 +299,15 @@ class StoreClient:
             if finished.issuperset(ids) or (deadline is not None and loop.time() >= deadline):
                 return done
 
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new."""
+    async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
+        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new.
+
+        Every try carries the same request id, so a retry after a lost answer still reports the right count.
+        """
         checked = validate_spans(spans)
         if not checked:
             return 0
-        body = SpansRequest.model_construct(spans=checked)
+        body = SpansRequest.model_construct(spans=checked, request_id=request_id or uuid.uuid4().hex)
         return (await self._call("POST", "/spans", body, AddedResponse)).added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -291,12 +315,12 @@ class StoreClient:
         body = RecordQuery(rollout_id=rollout_id, attempt_id=attempt_id)
         return (await self._call("POST", "/spans/query", body, SpansResponse)).spans
 
-    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
-        """Store proxy records (idempotent on call_id); returns how many were new."""
+    async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
+        """Store proxy records (idempotent on call_id); returns how many were new (request ids as in `add_spans`)."""
         checked = validate_calls(calls)
         if not checked:
             return 0
-        body = LLMCallsRequest.model_construct(calls=checked)
+        body = LLMCallsRequest.model_construct(calls=checked, request_id=request_id or uuid.uuid4().hex)
         return (await self._call("POST", "/llm_calls", body, AddedResponse)).added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
@@ -391,29 +415,48 @@ class StoreClient:
                 self._timeout = timeout
         delay = self.backoff
         last: str = ""
-        for attempt in range(self.retries + 1):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_for
+        max_tries = None if self.retries is None else self.retries + 1
+        attempt = 0
+        while True:
             if attempt:
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                if (max_tries is not None and attempt >= max_tries) or loop.time() >= give_up:
+                    break
+                if attempt == 1:
+                    logger.warning(
+                        "store at %s: %s %s failed (%s); retrying for up to %.0f s",
+                        self.url,
+                        method,
+                        path,
+                        last,
+                        self.retry_for,
+                    )
+                await asyncio.sleep(min(delay * (0.5 + random.random()), max(0.0, give_up - loop.time())))
                 delay = min(delay * 2, self.backoff_max)
+            attempt += 1
             try:
                 async with self._session().request(method, url, data=data, timeout=timeout) as resp:
                     payload = await resp.read()
                     status = resp.status
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-                logger.debug("store %s %s failed (%s); try %d of %d", method, path, last, attempt + 1, self.retries + 1)
+                logger.debug("store %s %s failed (%s); try %d", method, path, last, attempt)
                 continue
             if status < 300:
+                if attempt > 1:
+                    logger.warning("store at %s answered %s %s again after %d tries", self.url, method, path, attempt)
                 return model.model_validate_json(payload)
-            if status >= 500:
+            if status >= 500 and status != 507:
                 last = f"HTTP {status}: {_message(payload)}"
-                logger.debug("store %s %s answered %s; try %d", method, path, last, attempt + 1)
+                logger.debug("store %s %s answered %s; try %d", method, path, last, attempt)
                 continue
-            if status == 409 and attempt:
+            if status == 409 and attempt > 1:
                 raise _RetriedConflict(_message(payload))
             _raise_for(status, payload)
         raise StoreUnavailableError(
-            f"store at {self.url} did not answer {method} {path} after {self.retries + 1} tries: {last}"
+            f"store at {self.url} did not answer {method} {path} after {attempt} tries in "
+            f"{self.retry_for:.0f} s: {last}"
         )
 
 
@@ -451,4 +494,6 @@ def _raise_for(status: int, payload: bytes) -> None:
         raise UnauthorizedError(message)
     if status in (400, 413, 422):
         raise InvalidRequestError(message)
+    if status == 507:
+        raise StorageError(message)
     raise StoreError(f"store rejected the request (HTTP {status}): {message}")

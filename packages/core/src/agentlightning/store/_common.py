@@ -11,7 +11,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, get_args
 
 from pydantic import BaseModel, TypeAdapter
@@ -23,6 +23,7 @@ from agentlightning._models import (
     Resources,
     RolloutStatus,
     Span,
+    check_json_finite,
 )
 from agentlightning.store._base import RetryPolicy, RolloutRequest
 
@@ -31,6 +32,7 @@ __all__ = [
     "ChangeNotifier",
     "check_finish_status",
     "check_id",
+    "check_spans_finite",
     "check_statuses",
     "rollout_status_after",
     "timed_out_status",
@@ -60,14 +62,76 @@ def _as_list(value: Any, what: str) -> Any:
     return list(value)
 
 
+def _attributes_finite(attributes: dict[str, Any]) -> bool:
+    isfinite = math.isfinite
+    for value in attributes.values():
+        if type(value) is float:
+            if not isfinite(value):
+                return False
+        elif (
+            type(value) is list
+            and value
+            and type(value[0]) is float  # pyright: ignore[reportUnknownArgumentType]
+            and not all(isfinite(x) for x in value)  # pyright: ignore[reportUnknownVariableType,reportUnknownArgumentType]
+        ):
+            return False
+    return True
+
+
+def _span_finite(values: Mapping[str, Any]) -> bool:
+    isfinite = math.isfinite
+    if not (isfinite(values["start_time"]) and isfinite(values["end_time"])):
+        return False
+    if values["attributes"] and not _attributes_finite(values["attributes"]):
+        return False
+    return all(isfinite(e.timestamp) and _attributes_finite(e.attributes) for e in values["events"])
+
+
+def check_spans_finite(spans: Sequence[Span]) -> None:
+    """Raise a `ValueError` naming the first span field that holds NaN or Infinity.
+
+    Validated spans cannot hold one (their models refuse non-finite floats); this catches spans built without
+    validation (``model_construct``) before JSON would turn the number into ``null``.
+    """
+    for index, span in enumerate(spans):
+        values = span.__dict__
+        if _span_finite(values):
+            continue
+        fields: dict[str, Any] = {
+            "start_time": values["start_time"],
+            "end_time": values["end_time"],
+            "attributes": values["attributes"],
+            "events": [{"timestamp": e.timestamp, "attributes": e.attributes} for e in values["events"]],
+        }
+        for name, value in fields.items():
+            check_json_finite(value, f"spans.{index}.{name}")
+
+
 def validate_spans(spans: Sequence[Span] | Any) -> list[Span]:
-    """Validate a batch of spans (models or dicts) as a whole; raises `pydantic.ValidationError`."""
-    return _SPANS.validate_python(_as_list(spans, "spans"))
+    """Validate a batch of spans (models or dicts) as a whole.
+
+    Raises:
+        pydantic.ValidationError: A span is malformed (the location names its index and field).
+        ValueError: A span built without validation holds NaN or Infinity.
+    """
+    batch = _SPANS.validate_python(_as_list(spans, "spans"))
+    check_spans_finite(batch)
+    return batch
 
 
 def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
     """Validate a batch of LLM calls (models or dicts) as a whole; raises `pydantic.ValidationError`."""
-    return _CALLS.validate_python(_as_list(calls, "calls"))
+    batch = _CALLS.validate_python(_as_list(calls, "calls"))
+    for index, call in enumerate(batch):
+        values = call.__dict__
+        logprobs = values["response_logprobs"]
+        if not (
+            math.isfinite(values["start_time"]) and (values["end_time"] is None or math.isfinite(values["end_time"]))
+        ):
+            check_json_finite([values["start_time"], values["end_time"]], f"calls.{index}.start_time/end_time")
+        if logprobs and not all(math.isfinite(x) for x in logprobs):
+            check_json_finite(logprobs, f"calls.{index}.response_logprobs")
+    return batch
 
 
 def validate_requests(requests: Sequence[RolloutRequest] | Any) -> list[RolloutRequest]:

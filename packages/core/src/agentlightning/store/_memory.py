@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -51,6 +52,8 @@ from agentlightning.store._query import (
 
 __all__ = ["MemoryStore"]
 
+_REQUEST_MEMORY_SIZE = 100_000
+
 
 class MemoryStore:
     """A `LightningStore` that keeps everything in this process's memory.
@@ -79,6 +82,8 @@ class MemoryStore:
         # what an attempt's records say, for dashboards: (rollout, attempt) -> (span sequence_id, final reward)
         self._rewards: dict[tuple[str, str], tuple[int, float]] = {}
         self._versions: dict[tuple[str, str], int] = {}  # (rollout, attempt) -> newest model version of its calls
+        self._attempt_rollout: dict[str, str] = {}  # every attempt id -> its rollout id
+        self._requests: OrderedDict[str, Any] = OrderedDict()  # client request id -> answer, for retries
         # a lower bound of the earliest moment a running attempt can time out (heartbeats only push it later)
         self._next_deadline = float("inf")
         self._closed = False
@@ -127,33 +132,57 @@ class MemoryStore:
         (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
         return rollout
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
-        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+    async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
+
+        A retried request with the same ``request_id`` gets the same claim back (answers are kept in memory).
+        """
         if worker_id is not None:
             check_id("worker_id", worker_id)
+        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
         with self._lock:
-            self._check_timeouts_locked()
-            while self._queue:
-                _, rollout_id = heapq.heappop(self._queue)
-                rollout = self._rollouts[rollout_id]
-                if rollout.status != "queuing":
-                    continue
-                t = now()
-                attempts = self._attempts[rollout_id]
-                attempt = Attempt(
-                    rollout_id=rollout_id,
-                    attempt_id=new_id("at"),
-                    sequence=len(attempts) + 1,
-                    worker_id=worker_id,
-                    start_time=t,
-                    last_heartbeat=t,
+            if key is not None and key in self._requests:
+                ids = self._requests[key]
+                if ids is None:
+                    return None
+                rollout_id, attempt_id = ids
+                return Claim(
+                    rollout=self._rollouts[rollout_id], attempt=self._get_attempt_locked(rollout_id, attempt_id)[1]
                 )
-                attempts.append(attempt)
-                self._running[attempt.attempt_id] = rollout_id
-                self._next_deadline = min(self._next_deadline, self._deadline(attempt))
-                rollout = rollout.model_copy(update={"status": "running", "updated_at": t})
-                self._rollouts[rollout_id] = rollout
-                return Claim(rollout=rollout, attempt=attempt)
+            claim = self._dequeue_locked(worker_id)
+            if key is not None:
+                self._remember(key, None if claim is None else (claim.rollout.rollout_id, claim.attempt.attempt_id))
+            return claim
+
+    def _remember(self, key: str, answer: Any) -> None:
+        self._requests[key] = answer
+        if len(self._requests) > _REQUEST_MEMORY_SIZE:
+            self._requests.popitem(last=False)
+
+    def _dequeue_locked(self, worker_id: str | None) -> Claim | None:
+        self._check_timeouts_locked()
+        while self._queue:
+            _, rollout_id = heapq.heappop(self._queue)
+            rollout = self._rollouts[rollout_id]
+            if rollout.status != "queuing":
+                continue
+            t = now()
+            attempts = self._attempts[rollout_id]
+            attempt = Attempt(
+                rollout_id=rollout_id,
+                attempt_id=new_id("at"),
+                sequence=len(attempts) + 1,
+                worker_id=worker_id,
+                start_time=t,
+                last_heartbeat=t,
+            )
+            attempts.append(attempt)
+            self._attempt_rollout[attempt.attempt_id] = rollout_id
+            self._running[attempt.attempt_id] = rollout_id
+            self._next_deadline = min(self._next_deadline, self._deadline(attempt))
+            rollout = rollout.model_copy(update={"status": "running", "updated_at": t})
+            self._rollouts[rollout_id] = rollout
+            return Claim(rollout=rollout, attempt=attempt)
         return None
 
     def _get_rollout_locked(self, rollout_id: str) -> Rollout:
@@ -317,16 +346,33 @@ class MemoryStore:
 
     # ----------------------------------------------------------------- spans and calls
 
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new."""
+    def _check_attempts_locked(self, pairs: set[tuple[str, str]], what: str) -> None:
+        for rollout_id, attempt_id in pairs:
+            if self._attempt_rollout.get(attempt_id) != rollout_id:
+                self._get_rollout_locked(rollout_id)
+                raise NotFoundError(
+                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
+                    "attempt the store started (dequeue_rollout)"
+                )
+
+    async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
+        """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new.
+
+        Raises `NotFoundError` for a span of an attempt the store did not start. A retried request with the same
+        ``request_id`` gets the count of the first one.
+        """
         batch = validate_spans(spans)
+        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
         added = 0
         with self._lock:
+            if key is not None and key in self._requests:
+                return self._requests[key]
+            self._check_attempts_locked({(s.rollout_id, s.attempt_id) for s in batch}, "spans")
             for span in batch:
                 per_rollout = self._spans.setdefault(span.rollout_id, {})
-                key = (span.attempt_id, span.span_id)
-                if key not in per_rollout:
-                    per_rollout[key] = span
+                span_key = (span.attempt_id, span.span_id)
+                if span_key not in per_rollout:
+                    per_rollout[span_key] = span
                     added += 1
                     reward = final_reward_of(span)
                     if reward is not None:
@@ -334,6 +380,8 @@ class MemoryStore:
                         known = self._rewards.get(facts_key)
                         if known is None or known[0] <= span.sequence_id:
                             self._rewards[facts_key] = (span.sequence_id, reward)
+            if key is not None:
+                self._remember(key, added)
         return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -350,11 +398,18 @@ class MemoryStore:
         spans.sort(key=lambda s: (order.get(s.attempt_id, 1 << 62), s.attempt_id, s.sequence_id, s.span_id))
         return spans
 
-    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
-        """Store proxy records (idempotent on call_id); returns how many were new."""
+    async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
+        """Store proxy records (idempotent on call_id); returns how many were new.
+
+        Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
+        """
         batch = validate_calls(calls)
+        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
         added = 0
         with self._lock:
+            if key is not None and key in self._requests:
+                return self._requests[key]
+            self._check_attempts_locked({(c.rollout_id, c.attempt_id) for c in batch}, "LLM calls")
             for call in batch:
                 if call.call_id not in self._calls:
                     self._calls[call.call_id] = call
@@ -362,6 +417,8 @@ class MemoryStore:
                     if call.model_version is not None:
                         facts_key = (call.rollout_id, call.attempt_id)
                         self._versions[facts_key] = max(self._versions.get(facts_key, -1), call.model_version)
+            if key is not None:
+                self._remember(key, added)
         return added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:

@@ -3,7 +3,7 @@
 Endpoints (JSON bodies, see ``/openapi.json``):
 
 ==========================================  ==========================================
-``GET  /healthz``                           liveness; the only endpoint open without a token
+``GET  /healthz``                           liveness (503 while writes fail); open without a token
 ``GET  /v1/retry_policy``                   the store's `RetryPolicy`
 ``POST /v1/rollouts/enqueue``               `EnqueueRequest` -> `RolloutsResponse`
 ``POST /v1/rollouts/dequeue``               `DequeueRequest` -> `DequeueResponse`
@@ -23,7 +23,8 @@ Endpoints (JSON bodies, see ``/openapi.json``):
 
 Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 404 (unknown id or route),
 409 (conflict with the stored state), 413 (body over ``max_body_bytes``), 422 (malformed JSON, wrong types,
-a record that fails validation) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
+a record that fails validation, NaN or Infinity anywhere), 507 (the disk is full or the database read-only; also
+reported by ``/healthz`` as 503) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
 a body is validated as a whole before the store is called.
 """
 
@@ -218,10 +219,11 @@ def create_store_app(
     async def do_dequeue(body: DequeueRequest) -> bytes:
         if body.request_id is None:
             return _claim_answer(await store.dequeue_rollout(body.worker_id))
+        # In flight: concurrent tries share one answer here; done: the store answers from its durable memory.
         fut, first = dequeues.get_or_start(body.request_id)
         if first:
             try:
-                claim = await store.dequeue_rollout(body.worker_id)
+                claim = await store.dequeue_rollout(body.worker_id, request_id=body.request_id)
             except BaseException as exc:
                 dequeues.forget(body.request_id)
                 if isinstance(exc, asyncio.CancelledError):
@@ -257,13 +259,17 @@ def create_store_app(
         return _dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
 
     async def do_add_spans(body: SpansRequest) -> bytes:
-        return _added_answer(await store.add_spans(body.spans))
+        if body.request_id is None:
+            return _added_answer(await store.add_spans(body.spans))
+        return _added_answer(await store.add_spans(body.spans, request_id=body.request_id))
 
     async def do_query_spans(body: RecordQuery) -> bytes:
         return _dump(SpansResponse.model_construct(spans=await store.query_spans(body.rollout_id, body.attempt_id)))
 
     async def do_add_calls(body: LLMCallsRequest) -> bytes:
-        return _added_answer(await store.add_llm_calls(body.calls))
+        if body.request_id is None:
+            return _added_answer(await store.add_llm_calls(body.calls))
+        return _added_answer(await store.add_llm_calls(body.calls, request_id=body.request_id))
 
     async def do_query_calls(body: RecordQuery) -> bytes:
         calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
@@ -305,8 +311,11 @@ def create_store_app(
 
     @app.get("/healthz", response_model=HealthResponse, tags=["health"])
     async def healthz() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Liveness probe (open without a token)."""
-        return _json(HealthResponse())
+        """Liveness probe (open without a token); 503 with the reason while the store cannot write."""
+        error: str | None = getattr(store, "storage_error", None)
+        if error is None:
+            return _Json(b'{"status":"ok"}')
+        return _json(HealthResponse(status="failing", message=error), 503)
 
     @app.get(f"{p}/retry_policy", response_model=RetryPolicy, tags=["store"])
     async def retry_policy() -> Response:  # pyright: ignore[reportUnusedFunction]

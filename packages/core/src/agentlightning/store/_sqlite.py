@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from pydantic_core import from_json
+
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -62,13 +64,15 @@ from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
     ConnectionGuard,
+    StorageHealth,
     attempt_from_row,
     connect,
     dump_json,
+    readable_rows,
     rollout_from_row,
 )
 
-__all__ = ["SqliteStore"]
+__all__ = ["REQUEST_MEMORY_SECONDS", "SqliteStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +96,11 @@ _SET_VERSION = (
     "AND (model_version IS NULL OR model_version < ?)"
 )
 _SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
+_KNOWN_ATTEMPTS_MAX = 100_000
+_PURGE_EVERY = 1_000
+
+REQUEST_MEMORY_SECONDS = 24 * 3600.0
+"""How long the answer to a request with a client request id is kept for retries of that request."""
 
 
 class SqliteStore:
@@ -128,14 +137,17 @@ class SqliteStore:
         self._notifier = ChangeNotifier()
         # No running attempt (in any process) can time out before this moment; see `_expired`.
         self._no_timeout_before = 0.0
+        self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) seen in the attempts table
+        self._requests_since_purge = 0
         self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
         closed = f"SQLite store {self.path} is closed"
         # `with self._read as conn`: the lock held; `with self._write as conn`: also one BEGIN IMMEDIATE
         # transaction, committed before the block's result is handed back.
+        self._health = StorageHealth(self.path)
         self._read = ConnectionGuard(self._lock, self._get_conn, closed, write=False)
-        self._write = ConnectionGuard(self._lock, self._get_conn, closed, write=True)
         # Dashboard reads use their own connection in a worker thread: WAL lets them run beside the writes.
         self._dashboard = DashboardReader(self.path, busy_timeout, closed)
+        self._write = ConnectionGuard(self._lock, self._get_conn, closed, write=True, health=self._health)
         logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
 
     def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
@@ -147,6 +159,12 @@ class SqliteStore:
             "busy_timeout": self._busy_timeout,
             "poll_interval": self._poll_interval,
         }
+
+    @property
+    def storage_error(self) -> str | None:
+        """Why the last write could not reach the disk (``database or disk is full`` / ``database is read-only``),
+        or ``None`` when the last write succeeded."""
+        return self._health.error
 
     # ----------------------------------------------------------------- plumbing
 
@@ -168,6 +186,44 @@ class SqliteStore:
             self._get_rollout(conn, rollout_id)
             raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
         return attempt_from_row(row)
+
+    def _seen_request(self, conn: sqlite3.Connection, key: str) -> str | None:
+        row = conn.execute("SELECT result FROM requests WHERE request_id = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def _remember_request(self, conn: sqlite3.Connection, key: str, result: str, t: float) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO requests (request_id, result, created_at) VALUES (?, ?, ?)", (key, result, t)
+        )
+        self._requests_since_purge += 1
+        if self._requests_since_purge >= _PURGE_EVERY:
+            self._requests_since_purge = 0
+            conn.execute("DELETE FROM requests WHERE created_at < ?", (t - REQUEST_MEMORY_SECONDS,))
+
+    def _replay_claim(self, conn: sqlite3.Connection, result: str) -> Claim | None:
+        ids = from_json(result)
+        if ids is None:
+            return None
+        return Claim(rollout=self._get_rollout(conn, ids[0]), attempt=self._get_attempt(conn, ids[0], ids[1]))
+
+    def _check_attempts(self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], what: str) -> None:
+        """Raise `NotFoundError` unless every (rollout id, attempt id) names an attempt this store started."""
+        known = self._known_attempts
+        for rollout_id, attempt_id in pairs:
+            if (rollout_id, attempt_id) in known:
+                continue
+            row = conn.execute(
+                "SELECT 1 FROM attempts WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
+            ).fetchone()
+            if row is None:
+                self._get_rollout(conn, rollout_id)  # names the rollout when it is the rollout that is unknown
+                raise NotFoundError(
+                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
+                    "attempt the store started (dequeue_rollout)"
+                )
+            if len(known) >= _KNOWN_ATTEMPTS_MAX:
+                known.clear()
+            known.add((rollout_id, attempt_id))
 
     def _end_attempt(
         self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
@@ -279,17 +335,29 @@ class SqliteStore:
         (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
         return rollout
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> Claim | None:
-        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty."""
+    async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
+        """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
+
+        With a ``request_id``, the claim is remembered in the database in the same transaction: a retried
+        request (same id) gets the same rollout and attempt back, even after the server restarted.
+        """
         if worker_id is not None:
             check_id("worker_id", worker_id)
+        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
         finished = False
         claim: Claim | None = None
         with self._write as conn:
+            if key is not None:
+                seen = self._seen_request(conn, key)
+                if seen is not None:
+                    return self._replay_claim(conn, seen)
             t = now()  # taken under the write lock, so start times are in commit order across processes
             _, finished = self._apply_timeouts(conn, t)
             row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
-            if row is not None:
+            if row is None:
+                if key is not None:
+                    self._remember_request(conn, key, "null", t)
+            else:
                 rollout = rollout_from_row(row)
                 sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
                 attempt = Attempt(
@@ -305,6 +373,8 @@ class SqliteStore:
                     (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None),
                 )
                 claim = Claim(rollout=rollout, attempt=attempt)
+                if key is not None:
+                    self._remember_request(conn, key, dump_json([rollout.rollout_id, attempt.attempt_id], "claim"), t)
         if finished:
             self._notifier.notify()
         return claim
@@ -429,11 +499,16 @@ class SqliteStore:
 
     # ----------------------------------------------------------------- spans and calls
 
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        """Store spans in one transaction (idempotent on rollout, attempt and span id); returns how many were new."""
+    async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
+        """Store spans in one transaction (idempotent on rollout, attempt and span id); returns how many were new.
+
+        Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
+        is remembered: a retried request (same id) gets the count of the first one, not 0.
+        """
         batch = validate_spans(spans)
         if not batch:
             return 0
+        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
         dump = _SPAN_JSON
         rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
         finals = [
@@ -441,12 +516,20 @@ class SqliteStore:
             for s in batch
             if (reward := final_reward_of(s)) is not None
         ]
+        pairs = {(row[0], row[1]) for row in rows}
         with self._write as conn:
+            if key is not None:
+                seen = self._seen_request(conn, key)
+                if seen is not None:
+                    return int(seen)
+            self._check_attempts(conn, pairs, "spans")
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
             added = conn.total_changes - before
             if finals:
                 conn.executemany(_SET_REWARD, finals)
+            if key is not None:
+                self._remember_request(conn, key, str(added), now())
             return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -465,10 +548,16 @@ class SqliteStore:
             sql = sql.format("")
         with self._read as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [Span.model_validate_json(row[0]) for row in rows]
+        try:
+            return [Span.model_validate_json(row[0]) for row in rows]
+        except ValueError:  # one unreadable row (written by an older version, say) must not hide the others
+            return readable_rows(rows, Span, f"span of rollout {rollout_id!r}")
 
-    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> int:
-        """Store proxy records in one transaction (idempotent on call_id); returns how many were new."""
+    async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
+        """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
+
+        Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
+        """
         batch = validate_calls(calls)
         rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
         if not rows:
@@ -476,7 +565,14 @@ class SqliteStore:
         versions = [
             (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
         ]
+        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
+            if key is not None:
+                seen = self._seen_request(conn, key)
+                if seen is not None:
+                    return int(seen)
+            self._check_attempts(conn, pairs, "LLM calls")
             before = conn.total_changes
             conn.executemany(
                 "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
@@ -486,6 +582,8 @@ class SqliteStore:
             added = conn.total_changes - before
             if versions:
                 conn.executemany(_SET_VERSION, versions)
+            if key is not None:
+                self._remember_request(conn, key, str(added), now())
             return added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
@@ -502,7 +600,10 @@ class SqliteStore:
                     "SELECT data FROM llm_calls WHERE rollout_id = ? AND attempt_id = ? ORDER BY start_time, rowid",
                     (rollout_id, attempt_id),
                 ).fetchall()
-        return [LLMCall.model_validate_json(row[0]) for row in rows]
+        try:
+            return [LLMCall.model_validate_json(row[0]) for row in rows]
+        except ValueError:
+            return readable_rows(rows, LLMCall, f"LLM call of rollout {rollout_id!r}")
 
     # ----------------------------------------------------------------- resources
 

@@ -2,30 +2,49 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
 from agentlightning._models import Attempt, Rollout
-from agentlightning.store._base import StoreError
+from agentlightning.store._base import StorageError, StoreError
 
 __all__ = [
     "ATTEMPT_COLUMNS",
     "ROLLOUT_COLUMNS",
     "ConnectionGuard",
+    "StorageHealth",
     "attempt_from_row",
     "connect",
     "dump_json",
+    "readable_rows",
     "rollout_from_row",
 ]
 
-_SCHEMA_VERSION = 2
-_SCHEMA = """
+logger = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+_SCHEMA_VERSION = 3
+# Version 3 added the requests table (answers of retried requests, by client request id).
+_REQUESTS_TABLE = """
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    result TEXT NOT NULL,
+    created_at REAL NOT NULL
+) WITHOUT ROWID
+"""
+_SCHEMA = (
+    _REQUESTS_TABLE
+    + ";"
+    + """
 CREATE TABLE IF NOT EXISTS rollouts (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     rollout_id TEXT NOT NULL UNIQUE,
@@ -80,6 +99,7 @@ CREATE TABLE IF NOT EXISTS resources (
     data TEXT NOT NULL
 );
 """
+)
 
 # Version 1 -> 2: attempts keep their final reward and serving model version (for dashboards); filled in from
 # the stored spans and LLM calls once, when a version-1 file is first opened.
@@ -138,6 +158,21 @@ def attempt_from_row(row: Any) -> Attempt:
     )
 
 
+def readable_rows(rows: Sequence[Any], model: type[_M], what: str) -> list[_M]:
+    """Models of the rows (``row[0]`` is JSON) that still validate; each row that does not is logged and skipped.
+
+    Reads of a rollout must not fail because of one bad row: earlier versions stored NaN as ``null``, which the
+    model now refuses. Losing that one record is logged as an error; the rest of the trace stays readable.
+    """
+    out: list[_M] = []
+    for row in rows:
+        try:
+            out.append(model.model_validate_json(row[0]))
+        except ValueError as exc:
+            logger.error("skipped an unreadable %s in the SQLite store: %s", what, str(exc).replace("\n", " "))
+    return out
+
+
 def dump_json(value: Any, what: str) -> str:
     """JSON text of ``value``; a `ValueError` naming ``what`` if it cannot be serialised."""
     try:
@@ -157,7 +192,7 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, _SCHEMA_VERSION):
             raise StoreError(
                 f"{path} has store schema version {version}; this agentlightning reads versions 1 to {_SCHEMA_VERSION}"
             )
@@ -166,14 +201,18 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
             try:
                 # Read again under the write lock: another process may have set the file up meanwhile.
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
-                script = {0: _SCHEMA, 1: _MIGRATE_1_TO_2}.get(version, "")
+                script = {
+                    0: _SCHEMA,
+                    1: _MIGRATE_1_TO_2 + ";" + _REQUESTS_TABLE,
+                    2: _REQUESTS_TABLE,
+                }.get(version, "")
                 for statement in script.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
     except sqlite3.DatabaseError as exc:
         conn.close()
@@ -184,21 +223,54 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
     return conn
 
 
+class StorageHealth:
+    """Whether the last write could reach the disk: ``error`` holds the last storage failure, ``None`` once a
+    write succeeds again. Read by the served store's ``/healthz``."""
+
+    __slots__ = ("error", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None
+
+    def failed(self, exc: sqlite3.Error) -> StorageError | None:
+        """The `StorageError` for a disk-full or read-only failure (recorded and logged once), else ``None``."""
+        text = str(exc).lower()
+        if "database or disk is full" in text:
+            message = (
+                f"database or disk is full: the SQLite store {self.path} cannot grow; free disk space (nothing "
+                "was written by this request)"
+            )
+        elif "readonly database" in text or "read-only" in text:
+            message = (
+                f"database is read-only: the SQLite store {self.path} cannot be written; check the permissions "
+                "of the file and its directory and that the disk is mounted read-write"
+            )
+        else:
+            return None
+        if message != self.error:
+            logger.error("%s (%s)", message, exc)
+        self.error = message
+        return StorageError(message)
+
+
 class ConnectionGuard:
     """``with guard as conn``: the store lock held and, for writes, one ``BEGIN IMMEDIATE`` transaction.
 
     A class rather than a generator context manager because it runs around every store call (a generator-based
     one costs several microseconds per use). It keeps no per-use state, so nesting a read inside a write on the
-    same thread (the lock is re-entrant) and sharing it between threads are both safe.
+    same thread (the lock is re-entrant) and sharing it between threads are both safe. A write that fails because
+    the disk is full or the database is read-only raises `StorageError` and is recorded in ``health``.
 
     Args:
         lock: The store's re-entrant lock.
         get_conn: Returns the open connection, or ``None`` once the store is closed.
         closed_message: Message of the `StoreError` raised when the store is closed.
         write: Wrap the block in ``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` if it raises).
+        health: Where storage failures of writes are recorded.
     """
 
-    __slots__ = ("_closed_message", "_get_conn", "_lock", "_write")
+    __slots__ = ("_closed_message", "_get_conn", "_health", "_lock", "_write")
 
     def __init__(
         self,
@@ -206,11 +278,13 @@ class ConnectionGuard:
         get_conn: Callable[[], sqlite3.Connection | None],
         closed_message: str,
         write: bool,
+        health: StorageHealth | None = None,
     ) -> None:
         self._lock = lock
         self._get_conn = get_conn
         self._closed_message = closed_message
         self._write = write
+        self._health = health
 
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
@@ -220,6 +294,10 @@ class ConnectionGuard:
                 raise StoreError(self._closed_message)
             if self._write:
                 conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._lock.release()
+            self._raise_storage(exc)
+            raise
         except BaseException:
             self._lock.release()
             raise
@@ -234,13 +312,29 @@ class ConnectionGuard:
                 if exc_type is None:
                     try:
                         conn.execute("COMMIT")
-                    except BaseException:
+                    except sqlite3.Error as commit_exc:
                         _rollback(conn)  # a failed COMMIT must not leave the transaction open for the next caller
+                        self._raise_storage(commit_exc)
                         raise
+                    except BaseException:
+                        _rollback(conn)
+                        raise
+                    health = self._health
+                    if health is not None and health.error is not None:
+                        logger.warning("SQLite store %s accepts writes again", health.path)
+                        health.error = None
                 else:
                     _rollback(conn)
+                    if isinstance(exc, sqlite3.Error):
+                        self._raise_storage(exc)
         finally:
             self._lock.release()
+
+    def _raise_storage(self, exc: sqlite3.Error) -> None:
+        if self._write and self._health is not None:
+            error = self._health.failed(exc)
+            if error is not None:
+                raise error from exc
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -64,7 +64,8 @@ class ErrorResponse(_Body):
 
     Attributes:
         error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``too_large``,
-            ``not_allowed`` or ``internal``.
+            ``not_allowed``, ``storage`` (disk full or read-only database: HTTP 507, not worth retrying) or
+            ``internal``.
         message: What was wrong, naming the offending field or id.
     """
 
@@ -73,9 +74,16 @@ class ErrorResponse(_Body):
 
 
 class HealthResponse(_Body):
-    """Body of ``GET /healthz``."""
+    """Body of ``GET /healthz``: ``ok`` (HTTP 200), or ``failing`` (HTTP 503) with why writes fail.
 
-    status: Literal["ok"] = "ok"
+    Attributes:
+        status: ``ok`` while the store can write; ``failing`` after a write failed because the disk is full or
+            the database is read-only (until a write succeeds again).
+        message: What is wrong (``database or disk is full: ...`` / ``database is read-only: ...``).
+    """
+
+    status: Literal["ok", "failing"] = "ok"
+    message: str | None = None
 
 
 class EnqueueRequest(_Body):
@@ -101,7 +109,8 @@ class DequeueRequest(_Body):
     Attributes:
         worker_id: Who claims it.
         request_id: Client-generated id; a retried request with the same id gets the same claim back
-            (the server remembers recent ids for a few minutes), so a lost answer never loses a claim.
+            (a SQLite store keeps the answer in the database for a day, across restarts), so a lost answer never
+            loses a claim.
     """
 
     worker_id: str | None = Field(default=None, max_length=256)
@@ -157,9 +166,15 @@ class WaitRequest(_Body):
 
 
 class SpansRequest(_Body):
-    """A batch of spans, validated as a whole (one bad span rejects the batch)."""
+    """A batch of spans, validated as a whole (one bad span rejects the batch).
+
+    Attributes:
+        spans: The spans.
+        request_id: Client-generated id; a retried request with the same id gets the first answer's count.
+    """
 
     spans: list[Span] = Field(max_length=100_000)
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
 
     @model_validator(mode="after")
     def _check_ids(self) -> SpansRequest:
@@ -174,9 +189,10 @@ class SpansResponse(_Body):
 
 
 class LLMCallsRequest(_Body):
-    """A batch of LLM-proxy records, validated as a whole."""
+    """A batch of LLM-proxy records, validated as a whole (``request_id`` as in `SpansRequest`)."""
 
     calls: list[LLMCall] = Field(max_length=100_000)
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
 
     @model_validator(mode="after")
     def _check_ids(self) -> LLMCallsRequest:

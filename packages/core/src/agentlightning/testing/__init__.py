@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentlightning.testing._adapter_kit import AdapterConformanceTests
+    from agentlightning.testing._attempts import start_attempts
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ToyTokenizer
     from agentlightning.testing._store_kit import StoreConformanceTests
 
@@ -20,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "ScriptedModelServer": "agentlightning.testing._model_server",
     "ScriptedReply": "agentlightning.testing._model_server",
     "ToyTokenizer": "agentlightning.testing._model_server",
+    "start_attempts": "agentlightning.testing._attempts",
 }
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "ScriptedReply",
     "StoreConformanceTests",
     "ToyTokenizer",
+    "start_attempts",
 ]
 
 

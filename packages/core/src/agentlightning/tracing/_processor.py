@@ -35,6 +35,7 @@ from opentelemetry.trace import StatusCode
 from agentlightning import semconv
 from agentlightning._models import AttributeValue, Span, SpanEvent, SpanStatus
 from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store._client import StoreUnavailableError
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
 from agentlightning.tracing._loop import LoopThread
 
@@ -70,10 +71,26 @@ def _attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
             if None in items:  # OpenTelemetry lets None into lists; our model does not
                 logger.debug("attribute %r holds None in a list; left out", key)
                 continue
+            if items and type(items[0]) is float and not all(math.isfinite(x) for x in items):
+                items = [x if math.isfinite(x) else repr(x) for x in items]
+                items = [str(x) for x in items]  # one type per list: OpenTelemetry lists are homogeneous
+                _warn_non_finite(key)
             out[key] = items
+        elif type(value) is float and not math.isfinite(value):
+            out[key] = repr(value)  # JSON cannot hold NaN/Infinity and the store refuses them: keep it as text
+            _warn_non_finite(key)
         else:
             out[key] = value
     return out
+
+
+_warned_non_finite: set[str] = set()
+
+
+def _warn_non_finite(key: str) -> None:
+    if key not in _warned_non_finite and len(_warned_non_finite) < 1000:
+        _warned_non_finite.add(key)
+        logger.warning("span attribute %r holds NaN or Infinity; stored as text ('nan', 'inf')", key)
 
 
 def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> Span:
@@ -112,20 +129,44 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
     )
 
 
-async def _write_batch(store: LightningStore, spans: Sequence[Span], tries: int) -> int:
+async def _write_batch(store: LightningStore, spans: Sequence[Span], tries: int, retry_for: float) -> int:
+    """Write one batch: while the store is unreachable, keep the spans and retry for ``retry_for`` seconds."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + retry_for
     delay = 0.05
-    for attempt in range(1, tries + 1):
+    attempt = 0
+    warned = False
+    while True:
+        attempt += 1
         try:
-            return await store.add_spans(spans)
+            written = await store.add_spans(spans)
+        except StoreUnavailableError as exc:  # the store is down or restarting: wait for it
+            left = give_up - loop.time()
+            if left <= 0:
+                raise
+            if not warned:
+                warned = True
+                logger.warning(
+                    "store unavailable; keeping %d span(s) in memory and retrying for up to %.0f s more: %s",
+                    len(spans),
+                    left,
+                    exc,
+                )
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+            continue
         except StoreError:
             raise  # the store refused the batch: trying again cannot help
         except Exception as exc:
-            if attempt == tries:
+            if attempt >= tries:
                 raise
             logger.warning("add_spans failed (try %d of %d): %r; retrying in %.2fs", attempt, tries, exc, delay)
             await asyncio.sleep(delay)
             delay *= 4
-    raise AssertionError("unreachable")
+            continue
+        if warned:
+            logger.warning("store reachable again: wrote %d buffered span(s)", len(spans))
+        return written
 
 
 def _error_of(future: concurrent.futures.Future[int]) -> BaseException | None:
@@ -140,20 +181,41 @@ class LightningSpanProcessor(SpanProcessor):
     Spans started outside any rollout (and not under a span of one) are dropped and counted in
     ``dropped_outside_rollout``.
 
+    While the store is unreachable (`StoreUnavailableError`, e.g. a served store restarting) spans stay in memory
+    and their batches are retried for ``retry_for`` seconds. At most ``max_buffered_spans`` spans wait at once;
+    past that bound new spans are dropped with a warning, counted in ``spans_dropped_buffer_full``, and the flush
+    of their attempt raises `SpanWriteError` (so the attempt is not reported as complete).
+
     Args:
         max_batch_size: Cut a batch at this many spans.
         max_delay: Cut a batch when its oldest span has waited this long (seconds).
-        write_tries: Tries per batch when the store call fails with a transport error.
+        write_tries: Tries per batch when the store call fails with an unexpected (non-store) error.
+        retry_for: Seconds a batch is retried while the store is unavailable (a minute by default).
+        max_buffered_spans: Most spans kept in memory, waiting to be written.
     """
 
-    def __init__(self, max_batch_size: int = 256, max_delay: float = 0.05, write_tries: int = 3) -> None:
+    def __init__(
+        self,
+        max_batch_size: int = 256,
+        max_delay: float = 0.05,
+        write_tries: int = 3,
+        retry_for: float = 60.0,
+        max_buffered_spans: int = 100_000,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not (max_delay >= 0 and math.isfinite(max_delay)):
             raise ValueError(f"max_delay must be a finite number >= 0, got {max_delay}")
+        if not retry_for >= 0:
+            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
+        if max_buffered_spans < 1:
+            raise ValueError(f"max_buffered_spans must be >= 1, got {max_buffered_spans}")
         self.max_batch_size = max_batch_size
         self.max_delay = max_delay
         self.write_tries = write_tries
+        self.retry_for = retry_for
+        self.max_buffered_spans = max_buffered_spans
+        self.spans_dropped_buffer_full = 0
         self.dropped_outside_rollout = 0
         self.spans_written = 0
         self.spans_failed = 0
@@ -175,6 +237,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._inflight: set[concurrent.futures.Future[int]] = set()
         self._inflight_lock = threading.Lock()
         self._failed: dict[str, BaseException] = {}  # attempt id -> first write error, until flushed
+        self._inflight_spans = 0  # spans handed to a store call and not yet acknowledged or failed
         self._shutdown = False
 
     # ------------------------------------------------------------------ hot path
@@ -205,12 +268,33 @@ class LightningSpanProcessor(SpanProcessor):
                 logger.debug("span %r ended outside any rollout; dropped", span.name)
             return
         pending = self._pending
+        if len(pending) + self._inflight_spans >= self.max_buffered_spans:
+            self._drop_buffer_full(entry[0], span)
+            return
         pending.append((entry[0], entry[1], span))
         if not self._armed or len(pending) >= self.max_batch_size:
             self._armed = True
             if self._writer is None:
                 self._ensure_writer()
             self._wake.set()
+
+    def _drop_buffer_full(self, ctx: RolloutContext, span: ReadableSpan) -> None:
+        self.spans_dropped_buffer_full += 1
+        dropped = self.spans_dropped_buffer_full
+        error = SpanWriteError(
+            f"{self.max_buffered_spans} spans were already waiting for the store; span {span.name!r} was dropped"
+        )
+        with self._inflight_lock:
+            if len(self._failed) < _MAX_REMEMBERED_FAILURES:
+                self._failed.setdefault(ctx.attempt_id, error)
+        if dropped == 1 or dropped % 1000 == 0:
+            logger.warning(
+                "span buffer full: %d spans are waiting for the store (max_buffered_spans); dropped %d span(s) so "
+                "far, the latest of rollout %s. Their attempts will report a failed flush.",
+                self.max_buffered_spans,
+                dropped,
+                ctx.rollout_id,
+            )
 
     # ------------------------------------------------------------------ writer thread
     def _ensure_writer(self) -> None:
@@ -275,7 +359,7 @@ class LightningSpanProcessor(SpanProcessor):
                     )
             if not spans:
                 continue
-            coro = _write_batch(group.store, spans, self.write_tries)
+            coro = _write_batch(group.store, spans, self.write_tries, self.retry_for)
             loop = group.loop
             if loop is not None and loop.is_running() and not loop.is_closed():
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
@@ -287,12 +371,14 @@ class LightningSpanProcessor(SpanProcessor):
             attempts = frozenset(span.attempt_id for span in spans)
             with self._inflight_lock:
                 self._inflight.add(future)
+                self._inflight_spans += n
             future.add_done_callback(lambda f, n=n, a=attempts: self._on_written(f, n, a))
 
     def _on_written(self, future: concurrent.futures.Future[int], n: int, attempts: frozenset[str]) -> None:
         exc = _error_of(future)
         with self._inflight_lock:
             self._inflight.discard(future)
+            self._inflight_spans -= n
             if exc is None:
                 self.spans_written += n
                 self.batches_written += 1
@@ -393,11 +479,12 @@ class LightningSpanProcessor(SpanProcessor):
         self._own_loop.stop()
 
     def stats(self) -> dict[str, int]:
-        """Counters: spans written, failed, dropped outside a rollout, batches written, spans open."""
+        """Counters: spans written, failed, dropped outside a rollout or with a full buffer, batches written, open."""
         return {
             "spans_written": self.spans_written,
             "spans_failed": self.spans_failed,
             "dropped_outside_rollout": self.dropped_outside_rollout,
+            "spans_dropped_buffer_full": self.spans_dropped_buffer_full,
             "batches_written": self.batches_written,
             "open_spans": len(self._active),
         }

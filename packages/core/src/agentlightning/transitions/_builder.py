@@ -4,8 +4,10 @@ The join rules (see `agentlightning.semconv`):
 
 1. An LLM call is a span whose ``agentlightning.span.kind`` is ``llm``. Its token ids come from the proxy's
    `LLMCall` whose ``response_id`` equals the span's ``gen_ai.response.id``; failing that, from the token-id
-   attributes on the span itself; failing that (``order_fallback``), from the next proxy record that no span
-   references, in time order. Text is never re-tokenised: a trained call without ids is reported.
+   attributes on the span itself; failing that, only with ``order_fallback=True`` (opt-in, counted and warned), from
+   the next proxy record that no span references, in time order. Text is never re-tokenised: a trained call
+   without ids is reported. An attempt with proxy records but no LLM span at all (an agent run without its
+   adapter) gets one transition per record, in time order, without agent names (warned once).
 2. The agent of a call is the span's own ``gen_ai.agent.name``, else the nearest enclosing ``agent`` span
    (its ``gen_ai.agent.name``, else its name).
 3. Rewards are spans of kind ``reward``. The final reward is the last one marked ``final``; when none is
@@ -81,6 +83,69 @@ def _reward_value(span: Span) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _sample(
+    rollout_id: str,
+    attempt_id: str,
+    group_id: str | None,
+    agent: str | None,
+    step_index: int,
+    call: LLMCall,
+    span_id: str | None,
+    final_reward: float | None,
+) -> dict[str, Any]:
+    """The ``__dict__`` of a per-call transition made from a proxy record."""
+    metadata: dict[str, Any] = {"span_ids": [] if span_id is None else [span_id]}
+    if call.model_version is not None:
+        metadata["model_version"] = call.model_version
+    return {
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "group_id": group_id,
+        "agent_name": agent,
+        "step_index": step_index,
+        "prompt_ids": call.prompt_token_ids,
+        "response_ids": call.response_token_ids,
+        "response_mask": [1] * len(call.response_token_ids),
+        "logprobs": call.response_logprobs,
+        "reward": None,
+        "final_reward": final_reward,
+        "call_ids": [call.call_id],
+        "metadata": metadata,
+    }
+
+
+_warned_proxy_only = False
+_order_warnings = 0
+
+
+def _warn_proxy_only(rollout_id: str, calls: int, filtered: bool) -> None:
+    global _warned_proxy_only
+    if _warned_proxy_only:
+        return
+    _warned_proxy_only = True
+    logger.warning(
+        "rollout %s has %d LLM call(s) recorded by the proxy but no LLM span: training on the proxy's records "
+        "alone, one transition per call. Agent names%s need the framework's adapter (e.g. "
+        "agentlightning_langchain.instrument() or agl.instrument_all()). Shown once.",
+        rollout_id,
+        calls,
+        " and the agent_filter (which now trains none of these calls)" if filtered else " and agent_filter",
+    )
+
+
+def _warn_order(rollout_id: str, joined: int) -> None:
+    global _order_warnings
+    _order_warnings += 1
+    if _order_warnings <= 5 or _order_warnings % 100 == 0:
+        logger.warning(
+            "rollout %s: %d LLM span(s) joined to proxy records by order, a guess (order_fallback=True): the spans "
+            "carry no gen_ai.response.id matching a record; check the adapter (%d attempt(s) so far)",
+            rollout_id,
+            joined,
+            _order_warnings,
+        )
+
+
 class TransitionBuilder:
     """Turns one attempt's spans and proxy records into transitions (see the module docstring for the rules).
 
@@ -124,14 +189,12 @@ class TransitionBuilder:
         """
         diag = TransitionDiagnostics(attempts=1, spans=len(spans))
         problems: list[str] = []
-        if not spans:
-            if llm_calls:
-                diag.unused_llm_calls = len(llm_calls)
-                problems.append(f"{len(llm_calls)} proxy record(s) but no spans: nothing to join them to")
+        if not spans and not llm_calls:
             diag.attempts_without_reward = 1
             return TransitionResult(None, None, [], None, diag, problems)
-        rollout_id = spans[0].rollout_id
-        attempt_id = spans[0].attempt_id
+        first = spans[0] if spans else llm_calls[0]
+        rollout_id = first.rollout_id
+        attempt_id = first.attempt_id
 
         # Checks every input span (a foreign one could share a span id with one of ours) before using any.
         tree = build_attempt_tree(spans, rollout_id, attempt_id)
@@ -143,7 +206,7 @@ class TransitionBuilder:
 
         # One pass in (start_time, sequence_id) order: LLM spans and reward spans are the only events.
         # An event is (span, response id, None) for a call or (span, reward value, is final) for a reward.
-        events: list[tuple[Span, Any, bool | None]] = []
+        events: list[tuple[Span | None, Any, bool | None]] = []  # None: a proxy record without an LLM span
         referenced: set[Any] = set()
         final_index: int | None = None
         last_final: int | None = None
@@ -198,6 +261,22 @@ class TransitionBuilder:
         if len(unreferenced) > 1:
             unreferenced.sort(key=_call_start)
         next_unreferenced = 0
+        proxy_only = 0
+        if not diag.llm_spans and unreferenced:
+            # Calls but no LLM span: the agent ran without its adapter. The proxy's records alone still make one
+            # transition per call (in time order, no agent name), so a plain OpenAI-compatible agent trains as is.
+            proxy_only = len(unreferenced)
+            _warn_proxy_only(rollout_id, proxy_only, self.config.agent_filter is not None)
+            problems.append(
+                f"{proxy_only} proxy record(s) and no LLM span: one transition per record, without agent names"
+            )
+            rewards = [(event[0].start_time if event[0] else 0.0, i, event) for i, event in enumerate(events)]
+            calls = [(call.start_time, len(events) + i, (None, call, None)) for i, call in enumerate(unreferenced)]
+            merged = sorted(rewards + calls, key=lambda item: (item[0], item[1]))
+            final_event = events[final_index] if final_index is not None else None
+            events = [item[2] for item in merged]
+            final_index = next((i for i, e in enumerate(events) if e is final_event), None)
+            unreferenced = []
 
         config = self.config
         order_fallback = config.order_fallback
@@ -226,9 +305,30 @@ class TransitionBuilder:
                     last["reward"] = key if last["reward"] is None else last["reward"] + key
                 else:
                     diag.unattached_rewards += 1
-                    problems.append(f"reward span {span.span_id} comes before any trained LLM call: not credited")
+                    where = span.span_id if span is not None else "?"
+                    problems.append(f"reward span {where} comes before any trained LLM call: not credited")
                 continue
 
+            if span is None:  # a proxy record without an LLM span (see proxy_only above)
+                call = key
+                if not (no_filter or trains(None)):
+                    diag.calls_filtered += 1
+                    continue
+                joined.add(id(call))
+                prompt, response = call.prompt_token_ids, call.response_token_ids
+                if not prompt or not response:
+                    reason = (
+                        f"proxy record {call.call_id} has no token ids "
+                        f"({len(prompt)} prompt, {len(response)} response ids)"
+                    )
+                    if call.error:
+                        reason += f"; the call failed: {call.error}"
+                    missing.append(MissingTokenIds("-", "(no LLM span)", rollout_id, attempt_id, reason))
+                    continue
+                samples.append(_sample(rollout_id, attempt_id, group_id, None, len(samples), call, None, final_reward))
+                if per_call:
+                    transitions.append(new_transition(samples[-1]))
+                continue
             values = span.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
             attrs = values["attributes"]
             span_id = values["span_id"]
@@ -308,6 +408,11 @@ class TransitionBuilder:
                     reason += " and the span carries no token ids"
                     if order_fallback:
                         reason += " (no unreferenced proxy record was left to match by order)"
+                    elif unreferenced:
+                        reason += (
+                            f" ({len(unreferenced)} proxy record(s) are referenced by no span; "
+                            "TransitionConfig(order_fallback=True) would join them by order, a guess)"
+                        )
                     missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
                     continue
             sample: dict[str, Any] = {
@@ -331,7 +436,10 @@ class TransitionBuilder:
                 transitions.append(new_transition(sample))
 
         diag.joined_by_order = joined_by_order
-        diag.joined_by_response_id = len(joined) - joined_by_order
+        diag.proxy_only_calls = proxy_only
+        diag.joined_by_response_id = len(joined) - joined_by_order - proxy_only
+        if joined_by_order:
+            _warn_order(rollout_id, joined_by_order)
         diag.unused_llm_calls = len(llm_calls) - foreign - len(joined)
         if final_reward is None:
             diag.attempts_without_reward = 1

@@ -36,9 +36,10 @@ class TransitionConfig(BaseModel):
         on_missing: What to do with a trained call that has no token ids: ``raise`` a `MissingTokenIdsError`
             (default: fail early instead of training on nothing), ``warn`` (log a warning, skip the call) or
             ``skip`` (skip it, count it in the diagnostics).
-        order_fallback: Join an LLM span that neither matches a proxy record by response id nor carries token
-            ids itself to the next proxy record that no span references, in time order (reported as
-            ``joined_by_order``).
+        order_fallback: Opt-in guess: join an LLM span that neither matches a proxy record by response id nor
+            carries token ids itself to the next proxy record that no span references, in time order. Counted
+            in ``joined_by_order`` and warned about; off by default because a wrong guess trains a response
+            on another call's prompt.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,7 +47,7 @@ class TransitionConfig(BaseModel):
     mode: Literal["per_call", "trajectory"] = "per_call"
     agent_filter: tuple[str, ...] | str | None = None
     on_missing: Literal["raise", "warn", "skip"] = "raise"
-    order_fallback: bool = True
+    order_fallback: bool = False
 
     _pattern: re.Pattern[str] | None = PrivateAttr(default=None)
     _names: frozenset[str] | None = PrivateAttr(default=None)
@@ -138,6 +139,7 @@ class TransitionDiagnostics:
         joined_by_response_id: Calls joined to a proxy record through ``gen_ai.response.id``.
         joined_by_span_attributes: Calls whose token ids were taken from the span itself.
         joined_by_order: Calls joined to an unreferenced proxy record by order (a guess; check your adapter).
+        proxy_only_calls: Calls trained from proxy records alone (the attempt had no LLM span).
         unused_llm_calls: Proxy records no LLM span was joined to.
         transitions: Transitions produced.
         trajectory_breaks: Calls that could not be appended to their agent's sample (non-append history).
@@ -161,6 +163,7 @@ class TransitionDiagnostics:
     joined_by_response_id: int = 0
     joined_by_span_attributes: int = 0
     joined_by_order: int = 0
+    proxy_only_calls: int = 0
     unused_llm_calls: int = 0
     transitions: int = 0
     trajectory_breaks: int = 0

@@ -1,0 +1,37 @@
+"""The LLM proxy's per-rollout URL, built and parsed in this one place.
+
+Agents reach the proxy at ``{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1``. Rollout and attempt ids
+may hold any printable character (``task/7#2`` included), so each id is percent-encoded as one path segment when
+the URL is built and decoded from the raw (still encoded) request path when it is parsed.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote
+
+__all__ = ["parse_rollout_prefix", "rollout_base_url", "rollout_prefix"]
+
+
+def rollout_prefix(rollout_id: str, attempt_id: str) -> str:
+    """The path prefix ``/rollout/{rollout_id}/attempt/{attempt_id}`` with both ids percent-encoded."""
+    return f"/rollout/{quote(rollout_id, safe='')}/attempt/{quote(attempt_id, safe='')}"
+
+
+def rollout_base_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
+    """The OpenAI base URL of one attempt on the proxy at ``endpoint``: ``{endpoint}/rollout/.../attempt/.../v1``."""
+    return f"{endpoint.rstrip('/')}{rollout_prefix(rollout_id, attempt_id)}/v1"
+
+
+def parse_rollout_prefix(raw_prefix: str) -> tuple[str, str] | None:
+    """``(rollout_id, attempt_id)`` of a raw (percent-encoded) path prefix built by `rollout_prefix`, else ``None``.
+
+    Args:
+        raw_prefix: The request path before ``/v1/...`` exactly as sent (ASGI ``raw_path``, not the decoded path:
+            an encoded ``/`` inside an id must not split it).
+    """
+    parts = raw_prefix.split("/")
+    if len(parts) == 5 and not parts[0] and parts[1] == "rollout" and parts[3] == "attempt" and parts[2] and parts[4]:
+        rollout_id, attempt_id = unquote(parts[2]), unquote(parts[4])
+        if rollout_id and attempt_id:
+            return rollout_id, attempt_id
+    return None
