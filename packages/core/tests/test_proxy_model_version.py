@@ -15,7 +15,15 @@ from openai import AsyncOpenAI
 from agentlightning import LLMResource, Resources
 from agentlightning.proxy import MODEL_VERSION_FIELD, LLMProxy
 from agentlightning.store import MemoryStore
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.testing import ScriptedModelServer, start_attempts
+
+ATTEMPT: dict[str, str] = {}  # the store refuses calls of attempts it never started: "ro-1" is started first
+
+
+async def _seeded() -> MemoryStore:
+    store = MemoryStore()
+    ATTEMPT.update(await start_attempts(store, ["ro-1"]))
+    return store
 
 
 @pytest.fixture
@@ -26,12 +34,12 @@ def backend() -> Iterator[ScriptedModelServer]:
 
 @pytest.fixture
 async def proxy(backend: ScriptedModelServer) -> AsyncIterator[LLMProxy]:
-    async with LLMProxy(MemoryStore(), [backend.url], model_version=0) as running:
+    async with LLMProxy(await _seeded(), [backend.url], model_version=0) as running:
         yield running
 
 
 def _client(proxy: LLMProxy) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=proxy.base_url("ro-1", "at-1"), api_key="k", max_retries=0)
+    return AsyncOpenAI(base_url=proxy.base_url("ro-1", ATTEMPT["ro-1"]), api_key="k", max_retries=0)
 
 
 async def _call(proxy: LLMProxy, kind: str, stream: bool) -> None:
@@ -85,7 +93,7 @@ async def test_a_call_served_before_a_weight_swap_keeps_the_old_version_when_rec
 
 
 async def test_resources_versions_never_become_model_versions(backend: ScriptedModelServer) -> None:
-    store = MemoryStore()
+    store = await _seeded()
     llm = LLMResource(endpoint="http://proxy", model="toy")
     for i in range(3):  # e.g. sampling + greedy resources for one model version, and a prompt change
         await store.add_resources(Resources(resources_id=f"res-{i}", items={"llm": llm}))
