@@ -12,6 +12,7 @@ workspace and its committed ``uv.lock`` remain the source of truth for ``uv sync
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -27,7 +28,7 @@ QUICKSTART_PACKAGES = ["packages/core", "packages/adapter-langchain", "packages/
 # The example agent is an ordinary LangGraph app calling an OpenAI-compatible endpoint.
 QUICKSTART_AGENT = ["langgraph>=1.0", "langchain-openai>=0.3"]
 ALL_PACKAGES = [
-    "packages/core[openai,litellm]",
+    "packages/core[openai,litellm,otlp]",
     "packages/adapter-langchain",
     "packages/adapter-openai-agents",
     "packages/adapter-autogen",
@@ -46,7 +47,12 @@ DEV_TOOLS = [
     "langgraph>=1.0",
     "langchain-openai>=0.3",
     "autogen-ext[openai]>=0.7",
+    # drives Debian's chromium in the dashboard's browser tests (no browser download: the system one is used)
+    "playwright>=1.45",
 ]
+
+# System packages the tests need; installed with apt when the job runs as root (CI does).
+APT_PACKAGES = ["chromium"]
 
 
 def _bin(name: str) -> str:
@@ -79,8 +85,24 @@ def quickstart(args: list[str]) -> int:
     return subprocess.call([_bin("python"), "examples/calc/train.py", *args], cwd=ROOT)
 
 
+def _install_system_packages() -> None:
+    """Install the browser the dashboard tests drive (Debian's chromium) when it is missing and apt can run."""
+    missing = [pkg for pkg in APT_PACKAGES if shutil.which(pkg) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        print(f"note: {', '.join(missing)} not installed and apt-get cannot run here (needs root on Debian); "
+              "the browser tests will be skipped", flush=True)  # fmt: skip
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    print("+ apt-get update && apt-get install -y " + " ".join(missing), flush=True)
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
+
+
 def test(args: list[str]) -> int:
     """Install everything, then lint, type-check and run the whole test suite; extra args go to pytest."""
+    _install_system_packages()
     _ensure_venv()
     _install(ALL_PACKAGES, DEV_TOOLS)
     _run(_bin("ruff"), "check", ".")

@@ -50,6 +50,7 @@ async function route() {
   cleanup = null;
   const mine = ++generation;
   const view = clear($("view"));
+  delete view.dataset.loaded; // set again by the view once it has drawn (tests and benchmarks wait on it)
   view.dataset.view = name;
   try {
     cleanup = (await VIEWS[name](view, path.slice(1), params, () => mine !== generation)) || null;

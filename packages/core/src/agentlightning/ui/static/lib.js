@@ -17,6 +17,8 @@ export function h(tag, attrs, ...children) {
     if (value === undefined || value === null || value === false) continue;
     if (key.startsWith("on") && typeof value === "function") el.addEventListener(key.slice(2), value);
     else if (key === "dataset") Object.assign(el.dataset, value);
+    // through CSSOM: the page's Content-Security-Policy refuses inline style attributes
+    else if (key === "style") el.style.cssText = value;
     else el.setAttribute(key, value === true ? "" : String(value));
   }
   append(el, children);

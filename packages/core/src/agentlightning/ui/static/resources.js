@@ -11,8 +11,9 @@ function describe(item) {
   return h("pre", {}, pretty(item.value));
 }
 
-export async function renderResources(view) {
+export async function renderResources(view, _path, _params, isStale) {
   const { resources } = await get("/v1/resources/all");
+  if (isStale()) return;
   const newest = resources.length ? resources[resources.length - 1].version : null;
   const rows = [...resources].reverse().map((r) => h("tr", { dataset: { version: r.version } },
     h("td", { class: "num" }, r.version, " ", r.version === newest ? badge("current", "current") : null),

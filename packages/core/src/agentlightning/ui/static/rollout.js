@@ -183,6 +183,7 @@ export async function renderRollout(view, path, params, isStale) {
     get("/v1/rollouts/" + encodeURIComponent(rolloutId)),
     post("/v1/attempts/query", { rollout_id: rolloutId }),
   ]);
+  if (isStale()) return;
   const attempts = attemptsResp.attempts;
   const chosen = attempts.find((a) => a.attempt_id === params.get("attempt")) || attempts[attempts.length - 1];
   view.append(
@@ -234,6 +235,7 @@ export async function renderRollout(view, path, params, isStale) {
     for (const t of result.transitions) for (const id of t.call_ids) verdicts.set(id, { agent_name: t.agent_name, trained: t.in_batch });
     clear(chatBox).append(chat(calls.calls, verdicts));
     clear(explainBox).append(explainControls(settings, result, (next) => { settings = next; explain(); }), transitionsTable(result));
+    explainBox.dataset.credit = settings.credit;
     view.dataset.loaded = "1";
   }
   clear(chatBox).append(chat(calls.calls, new Map()));

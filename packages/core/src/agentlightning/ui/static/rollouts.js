@@ -62,13 +62,14 @@ function row(r) {
     h("td", {}, fmtTime(r.created_at)));
 }
 
-export async function renderRollouts(view, _path, params) {
+export async function renderRollouts(view, _path, params, isStale) {
   performance.clearMarks("rollouts-start");
   performance.clearMeasures("rollouts-render");
   performance.mark("rollouts-start");
   const query = queryFrom(params);
   view.append(h("h1", {}, "Rollouts"), filterForm(params));
   const page = await post("/v1/rollouts/list", query);
+  if (isStale()) return;
   performance.mark("rollouts-fetched");
   const pages = Math.max(1, Math.ceil(page.total / page.limit));
   const current = Math.floor(page.offset / page.limit);

@@ -1,0 +1,270 @@
+"""The dashboard in a real headless Chromium, against a store filled by a real run of a LangGraph agent.
+
+A real ``agl store serve`` process (SQLite, bearer token) is filled by `agl.Runner` running an ordinary LangGraph
+agent (LangChain adapter) whose LLM calls go through the real `LLMProxy` to core's `ScriptedModelServer`; some
+rollouts raise after their LLM calls, so they fail with a traceback and are retried once. Chromium (Debian's
+``chromium``, driven by Playwright) then logs in, is refused with a wrong token, filters the rollout table to
+failed rollouts, opens one and sees its span tree, the traceback, the chat and the transitions. Every view is
+saved as a screenshot under ``runs/test-artifacts/dashboard`` (or ``$AGL_TEST_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
+
+import agentlightning as agl
+from agentlightning.proxy import LLMProxy
+from agentlightning.testing import ScriptedModelServer, ScriptedReply
+from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning_langchain import LangChainAdapter
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "dashboard-test-token"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _chromium() -> str:
+    """Debian's chromium, or a skip that says why (CI installs it: ``scripts/dev.py test`` runs apt as root)."""
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    missing = None
+    if not os.path.exists(path):
+        missing = "Debian's chromium is not installed (apt-get install chromium; scripts/dev.py test does it as root)"
+    try:
+        import playwright.sync_api  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    except ImportError:
+        missing = "the playwright Python package is not installed (pip install playwright)"
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests must run in CI: {missing}")
+        pytest.skip(missing)
+    return path
+
+
+@tool
+def lookup(city: str) -> str:
+    """Look up a fact about a city."""
+    return f"{city} has a river."
+
+
+class State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def _graph(base_url: str) -> Any:
+    """researcher (LLM + tool) -> writer (LLM)."""
+    llm = ChatOpenAI(base_url=base_url, api_key="unused", model="toy")
+    researcher_llm = llm.bind_tools([lookup])
+
+    async def researcher(state: State) -> dict[str, Any]:
+        return {"messages": [await researcher_llm.ainvoke(state["messages"])]}
+
+    async def writer(state: State) -> dict[str, Any]:
+        reply = await llm.ainvoke([SystemMessage("writer: answer in one sentence"), *state["messages"][-1:]])
+        return {"messages": [AIMessage(content=reply.content, name="writer")]}
+
+    def route(state: State) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else "writer"
+
+    g = StateGraph(State)
+    g.add_node("researcher", researcher)
+    g.add_node("writer", writer)
+    g.add_node("tools", ToolNode([lookup]))
+    g.add_edge(START, "researcher")
+    g.add_conditional_edges("researcher", route, {"tools": "tools", "writer": "writer"})
+    g.add_edge("tools", "researcher")
+    g.add_edge("writer", END)
+    return g.compile()
+
+
+def _script(body: dict[str, Any]) -> ScriptedReply:
+    messages = body.get("messages") or []
+    if messages and messages[0].get("role") == "system":
+        return ScriptedReply(content="It has a river." if "Paris" in str(messages[-1]) else "No idea.")
+    if body.get("tools") and not any(m.get("role") == "tool" for m in messages):
+        city = "Paris" if "Paris" in str(messages) else "Oslo"
+        return ScriptedReply(tool_calls=[{"name": "lookup", "arguments": {"city": city}}])
+    return ScriptedReply(content="Paris has a river." if "Paris" in str(messages) else "Oslo, maybe.")
+
+
+@agl.rollout
+async def city_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """An ordinary LangGraph agent; tasks marked ``explode`` raise after their LLM calls."""
+    result = await _graph(agl.llm_base_url()).ainvoke({"messages": [HumanMessage(task["question"])]})
+    if task.get("explode"):
+        raise RuntimeError("the agent lost its way after the LLM calls")
+    return 1.0 if "river" in str(result["messages"][-1].content) else 0.0
+
+
+async def _fill(url: str) -> None:
+    """Two model versions of rollouts through the real runner, proxy and scripted model."""
+    store = agl.StoreClient(url, token=TOKEN)
+    adapter = LangChainAdapter.default()
+    with ScriptedModelServer(_script) as model:
+        async with LLMProxy(store, [model.base_url], model_version=1) as proxy:
+            adapter.instrument()
+            try:
+                for version in (1, 2):
+                    proxy.model_version = version
+                    llm = agl.LLMResource(endpoint=proxy.url, model="toy")
+                    await store.add_resources(agl.Resources(resources_id=f"policy-v{version}", items={"llm": llm}))
+                    requests = [
+                        agl.RolloutRequest(
+                            rollout_id=f"v{version}-{city}-{i}",
+                            input={"question": f"{city}?", "explode": city == "Rome"},
+                            group_id=f"v{version}-g{i}",  # Paris (reward 1), Oslo (0), Rome (fails)
+                            mode="train",
+                            resources_id=f"policy-v{version}",
+                        )
+                        for city in ("Paris", "Oslo", "Rome")
+                        for i in range(2)
+                    ]
+                    await store.enqueue_rollouts(requests)
+                    runner = agl.Runner(city_agent, store, n_workers=3, stop_when_idle=True, poll_interval=0.05)
+                    await runner.arun()
+                await proxy.flush()
+            finally:
+                adapter.uninstrument()
+        stats = await store.stats()
+        await store.close()
+    assert stats.rollouts["succeeded"] == 8 and stats.rollouts["failed"] == 4, stats
+    assert stats.llm_calls >= 12 * 3
+
+
+def _artifacts() -> Path:
+    folder = Path(os.environ.get("AGL_TEST_ARTIFACTS", ROOT / "runs" / "test-artifacts")) / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_dashboard_in_chromium(tmp_path: Path) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    policy = agl.RetryPolicy(max_attempts=2, retry_on=frozenset({"failed"}))
+    shots = _artifacts()
+    with ServedStoreProcess(tmp_path / "store.db", token=TOKEN, retry_policy=policy) as server:
+        asyncio.run(_fill(server.url))
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                # CSP refusals and failed loads are console errors; the expected 401s of the wrong token are not
+                page.on(
+                    "console",
+                    lambda msg: errors.append(msg.text) if msg.type == "error" and "401" not in msg.text else None,
+                )
+                _walk(page, server.url, shots)
+                assert errors == [], f"JavaScript errors in the page: {errors}"
+            finally:
+                browser.close()
+    print(f"dashboard screenshots: {shots}")
+
+
+def _walk(page: Any, url: str, shots: Path) -> None:
+    view = "main#view"
+    page.goto(url + "/ui")
+    page.wait_for_selector("#login-form", state="visible")
+
+    # a wrong token is refused and forgotten
+    page.fill("#token", "not-the-token")
+    page.click("#login-submit")
+    page.wait_for_selector("#login-error", state="visible")
+    assert "Wrong token" in page.inner_text("#login-error")
+    assert page.evaluate("sessionStorage.length") == 0 and page.is_hidden("#nav")
+    page.screenshot(path=str(shots / "login-refused.png"))
+
+    # the right token opens the runs view; it lives in sessionStorage only, never in the URL
+    page.fill("#token", TOKEN)
+    page.click("#login-submit")
+    page.wait_for_selector(f"{view}[data-view=runs][data-loaded]")
+    assert page.is_hidden("#login") and page.is_visible("#nav")
+    assert TOKEN not in page.url and page.evaluate("localStorage.length") == 0
+    assert TOKEN in page.evaluate("Object.values(sessionStorage)")
+    assert page.inner_text("#card-failed .n") == "4" and page.inner_text("#card-succeeded .n") == "8"
+    assert page.inner_text("#card-failed-attempts .n") == "8"
+    assert page.locator("#chart-reward circle.point").count() == 2  # one point per model version
+    assert page.locator("#versions-table tbody tr").count() == 2
+    page.screenshot(path=str(shots / "runs.png"), full_page=True)
+
+    # rollouts: filter to the failed ones
+    page.click("#nav a[data-view=rollouts]")
+    page.wait_for_selector(f"{view}[data-view=rollouts][data-loaded]")
+    assert page.get_attribute("#rollouts-table", "data-total") == "12"
+    page.check(".status-filter input[value=failed]")
+    page.wait_for_function(
+        "() => location.hash.includes('status=failed') && document.querySelector('main#view').dataset.loaded"
+    )
+    rows = page.locator("#rollouts-table tbody tr")
+    assert rows.count() == 4 and page.get_attribute("#rollouts-table", "data-total") == "4"
+    assert all(s == "failed" for s in page.eval_on_selector_all("#rollouts-table tbody tr", "rs => rs.map(r => r.dataset.status)"))
+    assert "lost its way" in page.inner_text("#rollouts-table tbody tr:first-child .err-cell")
+    page.screenshot(path=str(shots / "rollouts-failed.png"), full_page=True)
+
+    # one failed rollout: attempts, span tree with the error's traceback, the chat, its transitions
+    page.click("#rollouts-table tbody tr:first-child a")
+    page.wait_for_selector(f"{view}[data-view=rollout][data-loaded]")
+    assert page.locator("#attempts-table tbody tr").count() == 2
+    kinds = page.eval_on_selector_all("#span-tree .span-row", "rs => rs.map(r => r.dataset.kind)")
+    assert {"rollout", "agent", "llm", "tool"} <= set(kinds), kinds
+    assert page.locator("#span-tree .span-row.error").count() >= 1
+    # the timeline draws each span's bar to scale: the root spans the whole attempt
+    root_bar = page.locator("#span-tree .span-row[data-kind=rollout] .bar").bounding_box()
+    track = page.locator("#span-tree .span-row[data-kind=rollout] .track").bounding_box()
+    assert root_bar is not None and track is not None and root_bar["width"] > 0.9 * track["width"]
+    traceback = page.inner_text("#span-detail .traceback")
+    assert "Traceback" in traceback and "lost its way" in traceback
+    assert page.locator("#chat .call").count() == 3  # researcher (tool call), researcher, writer
+    assert page.locator("#chat .msg.response").count() == 3
+    assert "model version" in page.inner_text("#chat .call:first-child .meta")
+    assert page.locator("#transitions-table tbody tr").count() == 3
+    assert "failed" in page.inner_text("#batch-note")
+    page.screenshot(path=str(shots / "rollout-failed.png"), full_page=True)
+
+    # a succeeded rollout: its transitions are in the batch with credit and advantage
+    page.goto(url + "/ui#/rollouts?status=succeeded&search=Paris")
+    page.wait_for_selector(f"{view}[data-view=rollouts][data-loaded]")
+    page.click("#rollouts-table tbody tr:first-child a")
+    page.wait_for_selector(f"{view}[data-view=rollout][data-loaded]")
+    cells = page.eval_on_selector_all(
+        "#transitions-table tbody tr", "rs => rs.map(r => [r.children[2].innerText, r.children[8].innerText])"
+    )
+    assert cells and all(trained == "trained" and float(adv) > 0 for trained, adv in cells), cells
+    page.select_option("#explain-credit", "discounted")
+    page.click("#explain-form button[type=submit]")
+    page.wait_for_selector("#transitions-box[data-credit=discounted]")
+    page.screenshot(path=str(shots / "rollout-succeeded.png"), full_page=True)
+
+    # resources: both versions, the newest current
+    page.click("#nav a[data-view=resources]")
+    page.wait_for_selector(f"{view}[data-view=resources][data-loaded]")
+    assert page.locator("#resources-table tbody tr").count() == 2
+    assert "policy-v2" in page.inner_text("#resources-table tbody tr:first-child")
+    assert page.locator("#resources-table .badge.current").count() == 1
+    page.screenshot(path=str(shots / "resources.png"), full_page=True)
