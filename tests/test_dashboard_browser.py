@@ -223,7 +223,10 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     )
     rows = page.locator("#rollouts-table tbody tr")
     assert rows.count() == 4 and page.get_attribute("#rollouts-table", "data-total") == "4"
-    assert all(s == "failed" for s in page.eval_on_selector_all("#rollouts-table tbody tr", "rs => rs.map(r => r.dataset.status)"))
+    assert all(
+        s == "failed"
+        for s in page.eval_on_selector_all("#rollouts-table tbody tr", "rs => rs.map(r => r.dataset.status)")
+    )
     assert "lost its way" in page.inner_text("#rollouts-table tbody tr:first-child .err-cell")
     page.screenshot(path=str(shots / "rollouts-failed.png"), full_page=True)
 
