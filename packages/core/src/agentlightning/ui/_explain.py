@@ -183,14 +183,13 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
         note = batch_note
         if in_batch and sample is None:
             note = "dropped: every rollout of its group earned the same credit (drop_equal_groups)"
-        version = t.metadata.get("model_version")
         rows.append(
             TransitionRow(
                 step_index=t.step_index,
                 agent_name=t.agent_name,
                 span_ids=span_ids,
                 call_ids=list(t.call_ids),
-                model_version=version if isinstance(version, int) else None,
+                model_version=t.model_version,
                 prompt_tokens=len(t.prompt_ids),
                 response_tokens=len(t.response_ids),
                 trained_tokens=sum(t.response_mask),
