@@ -84,6 +84,8 @@ class LoopConfig(BaseModel):
         resume: Continue from the checkpoint in ``output_dir`` when there is one (iteration, model version and
             the engine's state).
         seed: Seeds task sampling.
+        success_reward: A finished rollout whose final reward reaches this counts as a success (the reports'
+            ``accuracy``).
         proxy: Where the LLM proxy listens and how agents reach it.
     """
 
@@ -109,4 +111,5 @@ class LoopConfig(BaseModel):
     checkpoint_every: int = Field(default=25, ge=0)
     resume: bool = False
     seed: int = 0
+    success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)

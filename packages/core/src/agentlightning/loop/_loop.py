@@ -323,7 +323,7 @@ class RLLoop(Algorithm):
             logger.error(
                 "none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0
             )
-        summary = summarize_results(results)
+        summary = summarize_results(results, self.config.success_reward)
         return IterationReport(
             iteration=self.iteration,
             model_version=self.model_version,

@@ -24,7 +24,8 @@ class IterationReport:
         calls_per_rollout: Trained LLM calls per finished rollout.
         multi_call_rate: Fraction of finished rollouts with more than one trained call.
         seconds: Wall time of the iteration.
-        metrics: Everything else: ``accuracy`` (reward >= 1), the batch's metrics (rewards, advantages,
+        metrics: Everything else: ``accuracy`` (the fraction of finished rollouts whose reward reaches
+            `LoopConfig.success_reward`), the batch's metrics (rewards, advantages,
             ``staleness_mean``/``staleness_max``...), the engine's update metrics, ``time_*`` phases and the
             engine's serving metrics.
         kind: ``train`` or ``eval``.
@@ -42,9 +43,13 @@ class IterationReport:
     kind: Literal["train", "eval"] = "train"
 
 
-def summarize_results(results: Sequence[TransitionResult]) -> dict[str, float]:
-    """Rollout-level figures of converted attempts: ``reward_mean``, ``calls_per_rollout``, ``multi_call_rate``,
-    ``success_rate`` (reward >= 1)."""
+def summarize_results(results: Sequence[TransitionResult], success_reward: float = 1.0) -> dict[str, float]:
+    """Rollout-level figures of converted attempts.
+
+    Returns:
+        ``reward_mean``, ``calls_per_rollout``, ``multi_call_rate`` and ``success_rate`` (the fraction whose final
+        reward is at least ``success_reward``).
+    """
     rewards = [r.final_reward if r.final_reward is not None else 0.0 for r in results]
     calls = [len(r.transitions) for r in results]
     n = max(len(results), 1)
@@ -52,5 +57,5 @@ def summarize_results(results: Sequence[TransitionResult]) -> dict[str, float]:
         "reward_mean": sum(rewards) / n,
         "calls_per_rollout": sum(calls) / n,
         "multi_call_rate": sum(1 for c in calls if c > 1) / n,
-        "success_rate": sum(1 for r in rewards if r >= 1.0) / n,
+        "success_rate": sum(1 for r in rewards if r >= success_reward) / n,
     }

@@ -1,0 +1,59 @@
+"""`TorchTrainer` as an engine behind `agl.RLLoop`: checkpoint/resume of weights, optimizer, iteration, version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import torch
+from transformers import LlamaForCausalLM
+
+import agentlightning as agl
+from agentlightning_torch import CharTokenizer, TorchTrainer, TorchTrainerConfig, save_tiny
+
+
+def _batch(tokenizer: CharTokenizer) -> agl.TrainingBatch:
+    prompt, response = tokenizer.encode("Q:2*3+4=\n", add_bos=True), tokenizer.encode("A:10")
+    sample = agl.TrainingSample(
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=[1] * len(response),
+        reward=1.0,
+        advantage=1.0,
+        returns=1.0,
+        group_id="g",
+        rollout_id="r",
+        attempt_id="a",
+        step_index=0,
+        model_version=0,
+    )
+    return agl.TrainingBatch(samples=[sample])
+
+
+async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_version(
+    tmp_path: Path, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer
+) -> None:
+    save_tiny(make_small_model(tokenizer), tokenizer, tmp_path / "model")
+    config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small")
+    trainer = TorchTrainer(config)
+    assert isinstance(trainer, agl.Engine) and trainer.loop.engine is trainer
+    trainer.update(_batch(tokenizer))  # weights and optimizer state move
+    trainer.loop.iteration, trainer.loop.model_version = 3, 4
+    trainer.loop.save_checkpoint()
+
+    resumed = TorchTrainer(config.model_copy(update={"resume": True}))
+    assert (resumed.iteration, resumed.model_version) == (3, 4)
+    for saved, loaded in zip(trainer.policy.parameters(), resumed.policy.parameters(), strict=True):
+        assert torch.equal(saved.detach(), loaded.detach())
+    steps = [state["step"] for state in resumed.optimizer.state_dict()["state"].values()]
+    assert steps and all(float(step) == 1.0 for step in steps)
+    store = agl.MemoryStore()
+    try:
+        await resumed.start(store)
+        [backend_url] = resumed.proxy.backends
+        assert httpx.get(f"{backend_url}/health").json()["model_version"] == 4  # served as the resumed version
+        published = await store.get_resources()
+        assert published is not None and published.resources_id.startswith("policy-v4-")
+    finally:
+        await resumed.stop()
