@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.store import RolloutRequest, StoreClient
-from agentlightning.testing._served_store import ServedStoreProcess
-from agentlightning.testing._store_kit import make_span
+from agentlightning.testing import ServedStoreProcess, make_span
 
 TOKEN = "bench-token"
 Section = Callable[[argparse.Namespace], dict[str, float]]

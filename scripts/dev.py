@@ -3,6 +3,7 @@
 
     python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train
     python3 scripts/dev.py test         # make .venv, install every package + dev tools, run ruff, pyright and pytest
+    python3 scripts/dev.py build        # build a wheel of every package into dist/ (pip install them anywhere)
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
 CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The uv
@@ -110,8 +111,32 @@ def test(args: list[str]) -> int:
     return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
 
 
+PUBLISHED = ["core", "adapter-langchain", "adapter-openai-agents", "adapter-autogen", "trainer-torch", "trainer-verl"]
+
+
+def build(args: list[str]) -> int:
+    """Build wheels: ``build [--out DIR] [PACKAGE ...]`` (default: every published package into dist/)."""
+    out = ROOT / "dist"
+    if args[:1] == ["--out"]:
+        if len(args) < 2:
+            print("error: --out needs a directory", file=sys.stderr)
+            return 2
+        out, args = Path(args[1]).resolve(), args[2:]
+    unknown = [name for name in args if name not in PUBLISHED]
+    if unknown:
+        print(f"error: unknown package(s) {unknown}; choose from {PUBLISHED}", file=sys.stderr)
+        return 2
+    folders = [str(ROOT / "packages" / name) for name in (args or PUBLISHED)]
+    # Any Python with pip builds them: the build backend (hatchling) is fetched into an isolated build env.
+    _run(
+        sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps", "-w", str(out), *folders
+    )
+    print(f"wheels in {out}: pip install {out}/agentlightning_core-*.whl {out}/agentlightning_langchain-*.whl")
+    return 0
+
+
 def main() -> int:
-    jobs = {"quickstart": quickstart, "test": test}
+    jobs = {"quickstart": quickstart, "test": test, "build": build}
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)
         return 2

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
 from agentlightning import semconv
-from agentlightning.proxy import LLMProxy
-from agentlightning.store import MemoryStore
-from agentlightning.testing import ScriptedModelServer, ScriptedReply
-from agentlightning.testing._adapter_kit import KitHarness
+from agentlightning.testing import KitHarness, ScriptedReply
 from agentlightning_langchain import LangChainAdapter
 from agentlightning_openai_agents import OpenAIAgentsAdapter
+
+
+@pytest.fixture
+def agl_script() -> Any:
+    """What the core pytest plugin's model server answers."""
+    return script
 
 
 def script(body: dict[str, Any]) -> ScriptedReply:
@@ -43,21 +47,11 @@ def build_agent(base_url: str) -> Agent[Any]:
     return Agent(name="teacher", instructions="Use explain.", model=model, tools=[explain])
 
 
-async def test_agents_sdk_tool_running_langchain_chain() -> None:
-    agents_adapter, lc_adapter = OpenAIAgentsAdapter.default(), LangChainAdapter.default()
-    with ScriptedModelServer(script) as server:
-        store = MemoryStore()
-        async with LLMProxy(store, [server.base_url]) as proxy:
-            agents_adapter.instrument()
-            lc_adapter.instrument()
-            try:
-                harness = KitHarness(server, proxy, store)
-                record = await harness.collect(
-                    await harness.run(lambda url, task: Runner.run(build_agent(url), task), "teach me")
-                )
-            finally:
-                lc_adapter.uninstrument()
-                agents_adapter.uninstrument()
+async def test_agents_sdk_tool_running_langchain_chain(agl_harness: KitHarness) -> None:
+    with agl_harness.instrumented(OpenAIAgentsAdapter.default(), LangChainAdapter.default()):
+        record = await agl_harness.collect(
+            await agl_harness.run(lambda url, task: Runner.run(build_agent(url), task), "teach me")
+        )
 
     by_id = {s.span_id: s for s in record.spans}
     llm = record.of_kind(semconv.KIND_LLM)
@@ -78,7 +72,7 @@ async def test_agents_sdk_tool_running_langchain_chain() -> None:
     transitions = record.transitions.transitions
     assert len(transitions) == 3
     assert [t.agent_name for t in transitions] == ["teacher"] * 3
-    served = {c.response_id: c for c in server.served}
+    served = {c.response_id: c for c in agl_harness.server.served}
     by_call = {c.call_id: c for c in record.calls}
     for t in transitions:
         assert t.response_ids == served[by_call[t.call_ids[0]].response_id].token_ids

@@ -15,9 +15,7 @@ class TestTemplateConformance(AdapterConformanceTests):
 
     @pytest.fixture
     def adapter(self) -> TemplateAdapter:
-        adapter = TemplateAdapter.default()
-        assert isinstance(adapter, TemplateAdapter)
-        return adapter
+        return TemplateAdapter.default()
 
     @pytest.fixture
     def agent(self) -> Any:

@@ -10,7 +10,7 @@ from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 from agentlightning import semconv
-from agentlightning.testing import AdapterConformanceTests
+from agentlightning.testing import AdapterConformanceTests, KitHarness
 from agentlightning_autogen import AutoGenAdapter
 
 MODEL_INFO: Any = {
@@ -41,33 +41,23 @@ async def run_team(base_url: str, task: str) -> str:
 class TestAutoGenConformance(AdapterConformanceTests):
     @pytest.fixture
     def adapter(self) -> AutoGenAdapter:
-        adapter = AutoGenAdapter.default()
-        assert isinstance(adapter, AutoGenAdapter)
-        return adapter
+        return AutoGenAdapter.default()
 
     @pytest.fixture
     def agent(self) -> Any:
         return run_team
 
 
-async def test_agent_name_on_transitions() -> None:
-    """Both model calls (tool call + reflection) are attributed to the AutoGen agent."""
-    from agentlightning.proxy import LLMProxy
-    from agentlightning.store import MemoryStore
-    from agentlightning.testing import ScriptedModelServer
-    from agentlightning.testing._adapter_kit import KitHarness
+@pytest.fixture
+def agl_script() -> Any:
+    """The core's pytest plugin serves the same script as the conformance suite."""
+    return TestAutoGenConformance().script
 
-    kit = TestAutoGenConformance()
-    with ScriptedModelServer(kit.script) as server:
-        store = MemoryStore()
-        async with LLMProxy(store, [server.base_url]) as proxy:
-            adapter = AutoGenAdapter.default()
-            adapter.instrument()
-            try:
-                harness = KitHarness(server, proxy, store)
-                record = await harness.collect(await harness.run(run_team, "2+3?"))
-            finally:
-                adapter.uninstrument()
+
+async def test_agent_name_on_transitions(agl_harness: KitHarness) -> None:
+    """Both model calls (tool call + reflection) are attributed to the AutoGen agent."""
+    with agl_harness.instrumented(AutoGenAdapter.default()):
+        record = await agl_harness.collect(await agl_harness.run(run_team, "2+3?"))
     assert record.transitions is not None
     assert [t.agent_name for t in record.transitions.transitions] == ["solver", "solver"]
     assert [s.attributes.get(semconv.GEN_AI_TOOL_NAME) for s in record.of_kind(semconv.KIND_TOOL)] == ["add"]

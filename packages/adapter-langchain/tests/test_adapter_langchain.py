@@ -13,8 +13,8 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
 from agentlightning import semconv
-from agentlightning.testing import AdapterConformanceTests, ScriptedReply
-from agentlightning_langchain import SUPPORTED_RANGE, LangChainAdapter, LightningCallbackHandler
+from agentlightning.testing import AdapterConformanceTests, KitHarness, ScriptedReply
+from agentlightning_langchain import LangChainAdapter, LightningCallbackHandler
 
 
 @tool
@@ -66,9 +66,7 @@ class TestLangGraphConformance(AdapterConformanceTests):
 
     @pytest.fixture
     def adapter(self) -> LangChainAdapter:
-        adapter = LangChainAdapter.default()
-        assert isinstance(adapter, LangChainAdapter)
-        return adapter
+        return LangChainAdapter.default()
 
     @pytest.fixture
     def agent(self) -> Any:
@@ -87,26 +85,17 @@ class TestLangGraphConformance(AdapterConformanceTests):
         return run
 
 
-async def test_graph_nodes_become_agents(tmp_path: Any) -> None:
+@pytest.fixture
+def agl_script() -> Any:
+    """The core's pytest plugin serves the same script as the conformance suite."""
+    return TestLangGraphConformance().script
+
+
+async def test_graph_nodes_become_agents(agl_harness: KitHarness) -> None:
     """Both LLM nodes are agent spans named after the node; the tool span sits under the tools node."""
-    from agentlightning.testing._adapter_kit import KitHarness
-
-    kit = TestLangGraphConformance()
-    from agentlightning.proxy import LLMProxy
-    from agentlightning.store import MemoryStore
-    from agentlightning.testing import ScriptedModelServer
-
-    with ScriptedModelServer(kit.script) as server:
-        store = MemoryStore()
-        async with LLMProxy(store, [server.base_url]) as proxy:
-            adapter = LangChainAdapter.default()
-            adapter.instrument()
-            try:
-                harness = KitHarness(server, proxy, store)
-                graph_agent = lambda url, task: build_graph(url).ainvoke({"messages": [HumanMessage(task)]})  # noqa: E731
-                record = await harness.collect(await harness.run(graph_agent, "what is 2+3?"))
-            finally:
-                adapter.uninstrument()
+    with agl_harness.instrumented(LangChainAdapter.default()):
+        graph_agent = lambda url, task: build_graph(url).ainvoke({"messages": [HumanMessage(task)]})  # noqa: E731
+        record = await agl_harness.collect(await agl_harness.run(graph_agent, "what is 2+3?"))
     assert record.transitions is not None
     agents = [t.agent_name for t in record.transitions.transitions]
     assert agents == ["planner", "planner", "reviewer"]
@@ -114,8 +103,21 @@ async def test_graph_nodes_become_agents(tmp_path: Any) -> None:
     assert names == {"planner", "tools", "reviewer"}
 
 
-def test_explicit_handler_needs_no_instrument() -> None:
-    """The one-liner handler is a plain BaseCallbackHandler that runs inline (sees the rollout context)."""
-    handler = LightningCallbackHandler()
-    assert handler.run_inline is True
-    assert LangChainAdapter.SUPPORTED_RANGE == SUPPORTED_RANGE
+async def test_explicit_handler_needs_no_instrument(agl_harness: KitHarness) -> None:
+    """The one-line handler alone (no instrument()) records the call as an LLM span joined to its token ids."""
+    adapter = LangChainAdapter.default()
+    adapter.uninstrument()
+    assert not adapter.instrumented
+
+    async def agent(base_url: str, task: str) -> str:
+        llm = ChatOpenAI(base_url=base_url, api_key="kit", model="toy")
+        reply = await llm.ainvoke(task, config={"callbacks": [LightningCallbackHandler()]})
+        return str(reply.content)
+
+    record = await agl_harness.collect(await agl_harness.run(agent, "explain rivers"))
+    (span,) = record.of_kind(semconv.KIND_LLM)
+    assert span.attributes[semconv.ADAPTER_NAME] == "langchain"
+    assert record.transitions is not None
+    (transition,) = record.transitions.transitions
+    (served,) = agl_harness.server.served
+    assert transition.response_ids == served.token_ids and transition.final_reward == 1.0

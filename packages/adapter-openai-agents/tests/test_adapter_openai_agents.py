@@ -9,7 +9,7 @@ from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
 from openai import AsyncOpenAI
 
 from agentlightning import semconv
-from agentlightning.testing import AdapterConformanceTests, ScriptedReply
+from agentlightning.testing import AdapterConformanceTests, KitHarness, ScriptedReply
 from agentlightning_openai_agents import OpenAIAgentsAdapter
 
 
@@ -48,9 +48,7 @@ class TestAgentsSdkConformance(AdapterConformanceTests):
 
     @pytest.fixture
     def adapter(self) -> OpenAIAgentsAdapter:
-        adapter = OpenAIAgentsAdapter.default()
-        assert isinstance(adapter, OpenAIAgentsAdapter)
-        return adapter
+        return OpenAIAgentsAdapter.default()
 
     @pytest.fixture
     def agent(self) -> Any:
@@ -61,26 +59,18 @@ class TestAgentsSdkConformance(AdapterConformanceTests):
         return run
 
 
-async def test_handoff_and_agents_recorded() -> None:
-    """Calls are attributed to the agent that made them, and the handoff is a span between them."""
-    from agentlightning.proxy import LLMProxy
-    from agentlightning.store import MemoryStore
-    from agentlightning.testing import ScriptedModelServer
-    from agentlightning.testing._adapter_kit import KitHarness
+@pytest.fixture
+def agl_script() -> Any:
+    """The core's pytest plugin serves the same script as the conformance suite."""
+    return TestAgentsSdkConformance().script
 
-    kit = TestAgentsSdkConformance()
-    with ScriptedModelServer(kit.script) as server:
-        store = MemoryStore()
-        async with LLMProxy(store, [server.base_url]) as proxy:
-            adapter = OpenAIAgentsAdapter.default()
-            adapter.instrument()
-            try:
-                harness = KitHarness(server, proxy, store)
-                record = await harness.collect(
-                    await harness.run(lambda url, task: Runner.run(build_agent(url), task), "2+3?")
-                )
-            finally:
-                adapter.uninstrument()
+
+async def test_handoff_and_agents_recorded(agl_harness: KitHarness) -> None:
+    """Calls are attributed to the agent that made them, and the handoff is a span between them."""
+    with agl_harness.instrumented(OpenAIAgentsAdapter.default()):
+        record = await agl_harness.collect(
+            await agl_harness.run(lambda url, task: Runner.run(build_agent(url), task), "2+3?")
+        )
     assert record.transitions is not None
     assert [t.agent_name for t in record.transitions.transitions] == ["triage", "math", "math"]
     handoffs = [s for s in record.spans if s.name.startswith("handoff")]

@@ -13,6 +13,7 @@ from agentlightning.adapters import (
     UnsupportedVersionError,
     get_adapter,
     instrument_all,
+    supported_range,
     uninstrument_all,
     version_in_range,
 )
@@ -60,7 +61,9 @@ class TestOpenAIConformance(AdapterConformanceTests):
     [
         ("1.2.3", ">=1.2,<2", True),
         ("2.0.0", ">=1.2,<2", False),
-        ("2.0.0rc1", "<2", True),
+        ("2.0.0rc1", "<2", False),  # PEP 440: a pre-release of 2 is not below 2
+        ("1.0rc1", ">=0.3,<2", True),  # an installed pre-release inside the range is accepted
+        ("0.3.0.dev1", ">=0.3", False),
         ("0.7.5", ">=0.6,<0.8", True),
         ("0.8.0", ">=0.6,<0.8", False),
         ("1.4.2", "~=1.4", True),
@@ -77,6 +80,19 @@ def test_version_in_range(version: str, spec: str, expected: bool) -> None:
 def test_bad_specifier_is_named() -> None:
     with pytest.raises(ValueError, match="bogus"):
         version_in_range("1.0", ">=1,bogus")
+    with pytest.raises(ValueError, match="not-a-version"):
+        version_in_range("not-a-version", ">=1")
+
+
+def test_supported_range_is_read_from_the_package_metadata() -> None:
+    """The range lives in pyproject.toml only; the adapter reads it back from the installed metadata."""
+    assert supported_range("agentlightning-core", "openai") == OpenAIAdapter.SUPPORTED_RANGE
+    assert version_in_range("1.50.0", OpenAIAdapter.SUPPORTED_RANGE)
+    assert not version_in_range("4.0.0", OpenAIAdapter.SUPPORTED_RANGE)
+    with pytest.raises(LookupError, match="declares no version range for torch"):
+        supported_range("agentlightning-core", "torch")
+    with pytest.raises(LookupError, match="agentlightning-no-such-dist is not installed"):
+        supported_range("agentlightning-no-such-dist", "openai")
 
 
 def test_missing_framework_message() -> None:

@@ -8,8 +8,7 @@ import pytest
 
 from agentlightning import MemoryStore
 from agentlightning.store import LightningStore, RetryPolicy
-from agentlightning.testing import StoreConformanceTests
-from agentlightning.testing._store_kit import StoreFactory
+from agentlightning.testing import StoreConformanceTests, StoreFactory
 
 
 class TestMemoryStore(StoreConformanceTests):
@@ -32,5 +31,13 @@ def test_memory_store_cannot_cross_processes() -> None:
         MemoryStore().reopen_spec()
 
 
-def test_default_retry_policy() -> None:
-    assert MemoryStore().retry_policy == RetryPolicy()
+async def test_a_store_without_a_policy_retries_a_failed_attempt_twice() -> None:
+    """The documented default (3 attempts, failures retried) is what a plain ``MemoryStore()`` does."""
+    store = MemoryStore()
+    rollout = await store.enqueue_rollout("flaky")
+    statuses: list[str] = []
+    while (claim := await store.dequeue_rollout()) is not None:
+        after = await store.finish_attempt(rollout.rollout_id, claim.attempt.attempt_id, "failed", error="boom")
+        statuses.append(after.status)
+    assert statuses == ["queuing", "queuing", "failed"]
+    assert len(await store.query_attempts(rollout.rollout_id)) == RetryPolicy().max_attempts

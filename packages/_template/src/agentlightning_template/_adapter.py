@@ -2,7 +2,7 @@
 
 Fill in `_instrument` / `_uninstrument` with the framework's PUBLIC hook (a callback registry, a tracing
 processor, an OpenTelemetry tracer provider argument). In each hook, start spans with
-``agentlightning.adapters._otel.lightning_tracer(...)`` and set the attributes of `agentlightning.semconv`:
+``agentlightning.adapters.lightning_tracer(...)`` and set the attributes of `agentlightning.semconv`:
 
 - agent turn:  SPAN_KIND=KIND_AGENT, GEN_AI_AGENT_NAME=<agent name>
 - model call:  SPAN_KIND=KIND_LLM, GEN_AI_RESPONSE_ID=<the OpenAI response "id"> (the join key to token ids),
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agentlightning.adapters import Adapter
+from agentlightning.adapters import Adapter, supported_range
 
 __all__ = ["SUPPORTED_RANGE", "TemplateAdapter", "instrument", "uninstrument"]
 
-SUPPORTED_RANGE = ">=1.0,<2"
-"""TEMPLATE_DIST versions this adapter supports (keep equal to the range in pyproject.toml)."""
+SUPPORTED_RANGE = supported_range("agentlightning-template", "TEMPLATE_DIST")
+"""TEMPLATE_DIST versions this adapter supports: read from this package's dependency in pyproject.toml."""
 
 
 class TemplateAdapter(Adapter):
@@ -46,7 +46,6 @@ def instrument() -> TemplateAdapter:
     """Record TEMPLATE_FRAMEWORK runs inside rollouts (idempotent)."""
     adapter = TemplateAdapter.default()
     adapter.instrument()
-    assert isinstance(adapter, TemplateAdapter)
     return adapter
 
 

@@ -16,13 +16,19 @@ from typing import Any, ClassVar
 from opentelemetry.sdk.trace import Span as SdkSpan
 
 from agentlightning import semconv
-from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook
-from agentlightning.adapters._otel import GatedSpanProcessor, add_processor_once
+from agentlightning.adapters import (
+    Adapter,
+    GatedSpanProcessor,
+    acquire_openai_hook,
+    add_processor_once,
+    release_openai_hook,
+    supported_range,
+)
 
 __all__ = ["SUPPORTED_RANGE", "AutoGenAdapter", "instrument", "uninstrument"]
 
-SUPPORTED_RANGE = ">=0.6,<0.8"
-"""autogen-agentchat versions this adapter supports (the same range as in pyproject.toml)."""
+SUPPORTED_RANGE = supported_range("agentlightning-autogen", "autogen-agentchat")
+"""autogen-agentchat versions this adapter supports (read from this package's dependency in pyproject.toml)."""
 
 ADAPTER = "autogen"
 _KINDS = {"invoke_agent": semconv.KIND_AGENT, "execute_tool": semconv.KIND_TOOL}
@@ -77,7 +83,6 @@ def instrument() -> AutoGenAdapter:
     """
     adapter = AutoGenAdapter.default()
     adapter.instrument()
-    assert isinstance(adapter, AutoGenAdapter)
     return adapter
 
 

@@ -6,15 +6,21 @@ import logging
 import threading
 from typing import Any, ClassVar
 
-from agentlightning.adapters import Adapter, UnsupportedVersionError, acquire_openai_hook, release_openai_hook
+from agentlightning.adapters import (
+    Adapter,
+    UnsupportedVersionError,
+    acquire_openai_hook,
+    release_openai_hook,
+    supported_range,
+)
 from agentlightning_langchain._handler import LightningCallbackHandler
 
 __all__ = ["SUPPORTED_RANGE", "LangChainAdapter", "instrument", "uninstrument"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_RANGE = ">=0.3,<2"
-"""langchain-core versions this adapter supports (the same range as in pyproject.toml)."""
+SUPPORTED_RANGE = supported_range("agentlightning-langchain", "langchain-core")
+"""langchain-core versions this adapter supports (read from this package's dependency in pyproject.toml)."""
 
 
 class _ProcessWideHandler:
@@ -90,7 +96,6 @@ def instrument() -> LangChainAdapter:
     """
     adapter = LangChainAdapter.default()
     adapter.instrument()
-    assert isinstance(adapter, LangChainAdapter)
     return adapter
 
 

@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from agentlightning import semconv
-from agentlightning.adapters._otel import lightning_tracer, pending_llm_spans
+from agentlightning.adapters import lightning_tracer, pending_llm_spans
 
 __all__ = ["LightningCallbackHandler"]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook
+from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook, supported_range
 from agentlightning_openai_agents._processor import LightningTracingProcessor
 
 __all__ = ["SUPPORTED_RANGE", "OpenAIAgentsAdapter", "instrument", "uninstrument"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_RANGE = ">=0.2,<1"
-"""openai-agents versions this adapter supports (the same range as in pyproject.toml)."""
+SUPPORTED_RANGE = supported_range("agentlightning-openai-agents", "openai-agents")
+"""openai-agents versions this adapter supports (read from this package's dependency in pyproject.toml)."""
 
 
 class OpenAIAgentsAdapter(Adapter):
@@ -72,7 +72,6 @@ def instrument(keep_openai_export: bool = False) -> OpenAIAgentsAdapter:
         UnsupportedVersionError: openai-agents is missing or outside `SUPPORTED_RANGE`.
     """
     adapter = OpenAIAgentsAdapter.default()
-    assert isinstance(adapter, OpenAIAgentsAdapter)
     if adapter.processor is None:
         adapter.keep_openai_export = keep_openai_export
     adapter.instrument()

@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from agentlightning import semconv
-from agentlightning.adapters._otel import lightning_tracer
+from agentlightning.adapters import lightning_tracer
 
 __all__ = ["LightningTracingProcessor"]
 

@@ -3,6 +3,7 @@
 The public API is re-exported here; see the README for the five-line tour.
 """
 
+from agentlightning._distribution import ForeignDistributionWarning, installed_version, warn_if_foreign
 from agentlightning._models import (
     Attempt,
     Claim,
@@ -18,8 +19,9 @@ from agentlightning._models import (
     TrainingSample,
     Transition,
     ValueResource,
+    new_id,
 )
-from agentlightning.adapters import instrument_all, uninstrument_all
+from agentlightning.adapters import instrument_all, instrument_openai, uninstrument_all, uninstrument_openai
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit import (
     CreditConfig,
@@ -69,7 +71,9 @@ from agentlightning.transitions import (
     transitions_from_store,
 )
 
-__version__ = "0.1.0"
+__version__ = installed_version("0.1.0")
+
+warn_if_foreign()
 
 __all__ = [
     "Algorithm",
@@ -78,6 +82,7 @@ __all__ = [
     "ConflictError",
     "CreditConfig",
     "Engine",
+    "ForeignDistributionWarning",
     "IterationReport",
     "LLMCall",
     "LLMResource",
@@ -128,11 +133,14 @@ __all__ = [
     "get_credit_strategy",
     "get_tracer",
     "instrument_all",
+    "instrument_openai",
     "llm_base_url",
+    "new_id",
     "register_advantage_estimator",
     "register_credit_strategy",
     "rollout",
     "rollout_context",
     "transitions_from_store",
     "uninstrument_all",
+    "uninstrument_openai",
 ]

@@ -22,9 +22,9 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentlightning._models import LLMResource, Resources, TrainingBatch, new_id
+from agentlightning import LLMResource, Resources, TrainingBatch, new_id
 from agentlightning.algorithm import Algorithm
-from agentlightning.store._base import LightningStore, RolloutRequest
+from agentlightning.store import LightningStore, RolloutRequest
 from agentlightning_verl._config import VerlTrainerConfig
 from agentlightning_verl._convert import to_data_proto
 

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentlightning._models import TrainingBatch, TrainingSample
+from agentlightning import TrainingBatch, TrainingSample
 
 if TYPE_CHECKING:
     from verl import DataProto

@@ -2,6 +2,15 @@
 
 Core ships the contract (:class:`Adapter`, :func:`instrument_all`) and the raw-client adapters (``openai``,
 ``litellm``); framework adapters live in their own packages (``agentlightning-langchain``, ...).
+
+Everything an adapter package needs is public here (see the core README, "Write an adapter"):
+
+- the contract: :class:`Adapter`, :class:`UnsupportedVersionError`, :func:`supported_range` (read the
+  framework range from the adapter's own package metadata), :func:`version_in_range`;
+- spans: :func:`lightning_tracer` / :func:`lightning_provider` (spans land in the current rollout's store),
+  :class:`GatedSpanProcessor` + :func:`add_processor_once` (a processor that can be switched off),
+  :func:`is_llm_span`, :data:`pending_llm_spans` (framework LLM spans waiting for the client span's response id);
+- the ``openai`` client hook: :func:`acquire_openai_hook` / :func:`release_openai_hook`.
 """
 
 from agentlightning.adapters._base import (
@@ -10,6 +19,7 @@ from agentlightning.adapters._base import (
     UnsupportedVersionError,
     get_adapter,
     instrument_all,
+    supported_range,
     uninstrument_all,
     version_in_range,
 )
@@ -21,19 +31,36 @@ from agentlightning.adapters._openai import (
     release_openai_hook,
     uninstrument_openai,
 )
+from agentlightning.adapters._otel import (
+    GatedSpanProcessor,
+    PendingLLMSpans,
+    add_processor_once,
+    is_llm_span,
+    lightning_provider,
+    lightning_tracer,
+    pending_llm_spans,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Adapter",
+    "GatedSpanProcessor",
     "LiteLLMAdapter",
     "OpenAIAdapter",
+    "PendingLLMSpans",
     "UnsupportedVersionError",
     "acquire_openai_hook",
+    "add_processor_once",
     "get_adapter",
     "instrument_all",
     "instrument_litellm",
     "instrument_openai",
+    "is_llm_span",
+    "lightning_provider",
+    "lightning_tracer",
+    "pending_llm_spans",
     "release_openai_hook",
+    "supported_range",
     "uninstrument_all",
     "uninstrument_litellm",
     "uninstrument_openai",

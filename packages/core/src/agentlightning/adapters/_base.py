@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import re
 import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Self, cast
+
+from packaging.requirements import Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -24,6 +28,7 @@ __all__ = [
     "UnsupportedVersionError",
     "get_adapter",
     "instrument_all",
+    "supported_range",
     "uninstrument_all",
     "version_in_range",
 ]
@@ -37,64 +42,41 @@ class UnsupportedVersionError(RuntimeError):
     """The installed framework is missing or outside the adapter's supported range; nothing was hooked."""
 
 
-_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|rc|alpha|beta|c|pre|preview|dev)[-_.]?(\d*))?")
-_SPEC_RE = re.compile(r"^\s*(>=|<=|==|!=|~=|>|<)\s*([0-9][0-9a-zA-Z.\-_+*]*)\s*$")
-
-
-def _parse_version(text: str) -> tuple[tuple[int, ...], int]:
-    """Parse ``1.2.3``, ``1.2.3rc1``, ``0.7.5.dev0`` into (release, pre) where pre < 0 marks a pre-release."""
-    match = _VERSION_RE.match(text)
-    if match is None:
-        raise ValueError(f"cannot parse version {text!r}")
-    release = tuple(int(part) for part in match.group(1).split("."))
-    return release, (-1 if match.group(2) else 0)
-
-
-def _cmp(left: str, right: str) -> int:
-    (lrel, lpre), (rrel, rpre) = _parse_version(left), _parse_version(right)
-    width = max(len(lrel), len(rrel))
-    lpad, rpad = lrel + (0,) * (width - len(lrel)), rrel + (0,) * (width - len(rrel))
-    if lpad != rpad:
-        return -1 if lpad < rpad else 1
-    return (lpre > rpre) - (lpre < rpre)
-
-
 def version_in_range(version: str, spec: str) -> bool:
-    """Whether ``version`` satisfies a comma-separated specifier such as ``">=0.3,<2"``.
+    """Whether ``version`` satisfies a PEP 440 specifier set such as ``">=0.3,<2"``.
 
-    Supports ``>= > <= < == != ~=`` on dotted numeric versions; a pre-release (``1.0rc1``) sorts before its
-    release. ``==1.2.*`` matches any ``1.2.x``.
+    Pre-releases count as installed versions (``1.0rc1`` is inside ``>=0.3,<2``), and PEP 440's ordering holds:
+    ``2.0.0rc1`` is outside ``<2``.
 
     Raises:
         ValueError: ``spec`` or ``version`` cannot be parsed.
     """
-    for clause in (part for part in spec.split(",") if part.strip()):
-        match = _SPEC_RE.match(clause)
-        if match is None:
-            raise ValueError(f"cannot parse version specifier clause {clause!r} in {spec!r}")
-        op, bound = match.groups()
-        if bound.endswith(".*"):
-            prefix = _parse_version(bound[:-2])[0]
-            same = _parse_version(version)[0][: len(prefix)] == prefix
-            if (op == "==" and not same) or (op == "!=" and same):
-                return False
-            continue
-        c = _cmp(version, bound)
-        ok = {
-            ">=": c >= 0,
-            ">": c > 0,
-            "<=": c <= 0,
-            "<": c < 0,
-            "==": c == 0,
-            "!=": c != 0,
-        }.get(op)
-        if op == "~=":
-            release = _parse_version(bound)[0]
-            upper = ".".join(str(p) for p in (*release[:-2], release[-2] + 1)) if len(release) > 1 else None
-            ok = c >= 0 and (upper is None or _cmp(version, upper) < 0)
-        if not ok:
-            return False
-    return True
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion) as exc:
+        raise ValueError(f"cannot check version {version!r} against {spec!r}: {exc}") from exc
+
+
+def supported_range(distribution: str, framework: str) -> str:
+    """The version range of ``framework`` that the installed ``distribution`` declares in its dependencies.
+
+    An adapter keeps its supported range in one place, its ``pyproject.toml``, and reads it back here::
+
+        SUPPORTED_RANGE = supported_range("agentlightning-langchain", "langchain-core")  # e.g. "<2,>=0.3"
+
+    Raises:
+        LookupError: ``distribution`` is not installed, or declares no dependency on ``framework``.
+    """
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise LookupError(f"{distribution} is not installed, so its supported {framework} range is unknown") from exc
+    wanted = canonicalize_name(framework)
+    for line in requirements:
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) == wanted and requirement.specifier:
+            return str(requirement.specifier)
+    raise LookupError(f"{distribution} declares no version range for {framework} in its dependencies")
 
 
 class Adapter(ABC):
@@ -106,7 +88,8 @@ class Adapter(ABC):
     Attributes:
         NAME: Short adapter name written on every span as ``agentlightning.adapter`` (e.g. ``"langchain"``).
         FRAMEWORK: Distribution name of the framework whose version is checked (e.g. ``"langchain-core"``).
-        SUPPORTED_RANGE: Supported framework versions, the same specifier as in the adapter's pyproject.
+        SUPPORTED_RANGE: Supported framework versions (a PEP 440 specifier), read from the adapter's own
+            package metadata with `supported_range` so that pyproject.toml is the one place it is written.
         INSTALL: What to install to get a supported framework (shown when refusing).
         LOW_LEVEL: ``True`` for adapters of a raw client library (openai, litellm); :func:`instrument_all`
             skips them by default because framework adapters already record those calls.
@@ -132,13 +115,13 @@ class Adapter(ABC):
             return list(Adapter._defaults.values())
 
     @classmethod
-    def default(cls) -> Adapter:
+    def default(cls) -> Self:
         """The process-wide instance of this adapter (what ``instrument_all`` and the one-liners use)."""
         with Adapter._defaults_lock:
             instance = Adapter._defaults.get(cls)
             if instance is None:
                 instance = Adapter._defaults[cls] = cls()
-            return instance
+            return cast(Self, instance)  # stored under its own class, so it is an instance of ``cls``
 
     @property
     def instrumented(self) -> bool:

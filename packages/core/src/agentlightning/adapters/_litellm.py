@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from opentelemetry.trace import Status, StatusCode
 
 from agentlightning import semconv
-from agentlightning.adapters._base import Adapter
+from agentlightning.adapters._base import Adapter, supported_range
 from agentlightning.adapters._otel import lightning_tracer
 
 __all__ = ["LiteLLMAdapter", "instrument_litellm", "uninstrument_litellm"]
@@ -110,7 +110,7 @@ class LiteLLMAdapter(Adapter):
 
     NAME: ClassVar[str] = "litellm"
     FRAMEWORK: ClassVar[str] = "litellm"
-    SUPPORTED_RANGE: ClassVar[str] = ">=1.50,<2"
+    SUPPORTED_RANGE: ClassVar[str] = supported_range("agentlightning-core", "litellm")
     INSTALL: ClassVar[str] = "pip install 'agentlightning-core[litellm]'"
     LOW_LEVEL: ClassVar[bool] = True
 
@@ -145,7 +145,6 @@ def instrument_litellm() -> LiteLLMAdapter:
     """Record every LiteLLM call made inside a rollout as an LLM span (idempotent)."""
     adapter = LiteLLMAdapter.default()
     adapter.instrument()
-    assert isinstance(adapter, LiteLLMAdapter)
     return adapter
 
 

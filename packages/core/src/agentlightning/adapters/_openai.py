@@ -1,43 +1,42 @@
-"""Spans for raw ``openai`` client calls, through OpenLLMetry's ``opentelemetry-instrumentation-openai``.
+"""Spans for raw ``openai`` client calls: a small instrumentation of the client's public request methods.
 
-The instrumentation makes one ``openai.chat`` span per request, with ``gen_ai.response.id`` set from the
-response (streams included). The tracer we hand it maps that span to our conventions:
+While the hook is held, ``chat.completions.create`` / ``chat.completions.parse`` and ``completions.create`` of the
+sync and async clients (the classes ``openai.resources.chat.Completions`` ... as exported by ``openai``) are
+wrapped. Inside a rollout each call maps onto our conventions:
 
-- standalone (no framework LLM span encloses it): the span becomes an LLM span (``SPAN_KIND=llm``), which the
-  transition builder joins to the proxy's ``LLMCall`` by response id;
-- under a live LLM span of a framework adapter (the Agents SDK's generation span, LangChain's chat model span):
-  no span is recorded; what the instrumentation would write on it only hands the response id, model and token
-  usage up to that LLM span, so each call is counted (and paid for) once and the framework's span becomes
+- standalone (no framework LLM span encloses it): one span per call, an LLM span (``SPAN_KIND=llm``) carrying
+  ``gen_ai.response.id``, which the transition builder joins to the proxy's ``LLMCall``;
+- under a live LLM span of a framework adapter (the Agents SDK's generation span, LangChain's chat model span,
+  found as the current span or in `pending_llm_spans`): no span is recorded; the response id, response model
+  and token usage are handed up to that span, so each call is counted once and the framework's span becomes
   joinable.
 
-The instrumentation runs lean: no message contents, no metrics, no trace header injection, no event per
-streamed chunk, and two per-call costs that change no recorded attribute are removed (`_lean_instrumentation`).
+Streams (``stream=True``) are handed back wrapped: the id comes from the first chunk, usage from the chunk that
+carries it, and the span ends when the stream is exhausted or closed. Nothing else is recorded: no message
+contents, no metrics, no trace headers, no per-chunk events. Outside a rollout, or with the hook off, the
+wrapper calls straight through. The original methods are put back when nobody holds the hook.
 
-Framework adapters whose own LLM spans lack the response id turn the hook on with
-:func:`acquire_openai_hook` (reference counted); users call :func:`instrument_openai`.
+Framework adapters whose own LLM spans lack the response id turn the hook on with :func:`acquire_openai_hook`
+(reference counted); users call :func:`instrument_openai`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
+import functools
+import importlib
 import inspect
 import logging
-import os
-import sys
 import threading
-import traceback
-from collections.abc import Generator, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.trace import Status, StatusCode, Tracer, get_current_span
 
 from agentlightning import semconv
-from agentlightning.adapters._base import Adapter, UnsupportedVersionError
-from agentlightning.adapters._otel import is_llm_span, lightning_provider, pending_llm_spans
+from agentlightning.adapters._base import Adapter, UnsupportedVersionError, supported_range
+from agentlightning.adapters._otel import is_llm_span, lightning_tracer, pending_llm_spans
+from agentlightning.tracing import current_rollout
 
 __all__ = [
     "OpenAIAdapter",
@@ -49,230 +48,97 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_SCOPE_PREFIX = "opentelemetry.instrumentation.openai"
-_CONTENT_ENV = "TRACELOOP_TRACE_CONTENT"
-_METRICS_ENV = "TRACELOOP_METRICS_ENABLED"
-_CHUNK_EVENT = "gen_ai.content.completion.chunk"
 _INSTALL = "pip install 'agentlightning-core[openai]'"
 
-
-_FORWARDED = frozenset(
-    {
-        semconv.GEN_AI_RESPONSE_ID,
-        semconv.GEN_AI_RESPONSE_MODEL,
-        semconv.GEN_AI_USAGE_INPUT_TOKENS,
-        semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-    }
+# (module, class, method, gen_ai.operation.name): the public request methods that are wrapped.
+_TARGETS = (
+    ("openai.resources.chat", "Completions", "create", "chat"),
+    ("openai.resources.chat", "AsyncCompletions", "create", "chat"),
+    ("openai.resources.chat", "Completions", "parse", "chat"),
+    ("openai.resources.chat", "AsyncCompletions", "parse", "chat"),
+    ("openai.resources", "Completions", "create", "text_completion"),
+    ("openai.resources", "AsyncCompletions", "create", "text_completion"),
 )
 
 
-class _RelaySpan(trace.Span):
-    """The client span of a call that a framework LLM span already records: it records nothing itself.
+class _Sink:
+    """Where what a call returns is written: our own span (`_SpanSink`) or a framework span (`_RelaySink`)."""
 
-    It only hands the response id, response model and token usage up to that framework span (when the span
-    lacks them), so no second span per call is built, processed and stored. Code running under it sees the
-    framework span as its parent.
-    """
+    __slots__ = ("done", "seen_id", "span")
 
-    __slots__ = ("_target",)
+    def __init__(self, span: SdkSpan) -> None:
+        self.span = span
+        self.seen_id = False
+        self.done = False
 
-    def __init__(self, target: SdkSpan) -> None:
-        self._target = target
+    def _set(self, key: str, value: Any) -> None:
+        self.span.set_attribute(key, value)
 
-    def get_span_context(self) -> trace.SpanContext:
-        return self._target.get_span_context()
+    def record(self, obj: Any) -> None:
+        """Take the response id, model and usage from a response or a streamed chunk."""
+        if not self.seen_id:
+            response_id = getattr(obj, "id", None)
+            if response_id:
+                self.seen_id = True
+                self._set(semconv.GEN_AI_RESPONSE_ID, str(response_id))
+                model = getattr(obj, "model", None)
+                if model:
+                    self._set(semconv.GEN_AI_RESPONSE_MODEL, str(model))
+        usage = getattr(obj, "usage", None)
+        if usage is not None:
+            prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+            if prompt is not None:
+                self._set(semconv.GEN_AI_USAGE_INPUT_TOKENS, prompt)
+            if completion is not None:
+                self._set(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, completion)
 
-    def set_attribute(self, key: str, value: Any) -> None:
-        if key in _FORWARDED and value is not None:
-            target = self._target
-            if target.is_recording():
-                attributes = target.attributes
-                if attributes is None or attributes.get(key) is None:
-                    target.set_attribute(key, value)
-
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
-
-    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        return None
-
-    def update_name(self, name: str) -> None:
-        return None
-
-    def is_recording(self) -> bool:
-        return self._target.is_recording()
-
-    def set_status(self, status: Any, description: str | None = None) -> None:
-        return None
-
-    def record_exception(
-        self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
-    ) -> None:
-        return None
-
-    def end(self, end_time: int | None = None) -> None:
-        return None
+    def end(self, error: BaseException | None = None) -> None:
+        """The call is over (the response arrived, or the stream ended or was closed)."""
+        if self.done:
+            return
+        self.done = True
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        self.span.end()
 
 
-class _ClientSpan(trace.Span):
-    """A recorded client span, minus the attribute-less event the instrumentation adds for every streamed chunk.
+class _RelaySink(_Sink):
+    """Hands the call's ids up to an enclosing framework LLM span, where that span lacks them; records nothing."""
 
-    Hundreds of those per streamed call would each cost an event on the hot path and a record in the store.
-    """
+    __slots__ = ()
 
-    __slots__ = ("_span",)
+    def _set(self, key: str, value: Any) -> None:
+        span = self.span
+        if span.is_recording():
+            attributes = span.attributes
+            if attributes is None or attributes.get(key) is None:
+                span.set_attribute(key, value)
 
-    def __init__(self, span: trace.Span) -> None:
-        self._span = span
-
-    def __getattr__(self, name: str) -> Any:  # SDK extras (``attributes``, ``name``...) of the real span
-        return getattr(self._span, name)
-
-    def get_span_context(self) -> trace.SpanContext:
-        return self._span.get_span_context()
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        self._span.set_attribute(key, value)
-
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        self._span.set_attributes(attributes)
-
-    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        if name != _CHUNK_EVENT:
-            self._span.add_event(name, attributes, timestamp)
-
-    def add_link(self, context: trace.SpanContext, attributes: Any = None) -> None:
-        self._span.add_link(context, attributes)
-
-    def update_name(self, name: str) -> None:
-        self._span.update_name(name)
-
-    def is_recording(self) -> bool:
-        return self._span.is_recording()
-
-    def set_status(self, status: Any, description: str | None = None) -> None:
-        self._span.set_status(status, description)
-
-    def record_exception(
-        self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
-    ) -> None:
-        self._span.record_exception(exception, attributes, timestamp, escaped)
-
-    def end(self, end_time: int | None = None) -> None:
-        self._span.end(end_time)
+    def end(self, error: BaseException | None = None) -> None:
+        self.done = True
 
 
-class _Gate:
-    """What the hook's tracers do: nothing while off; standalone client spans become LLM spans."""
-
-    def __init__(self) -> None:
-        self.on = False
-        self.standalone = False
-
-
-_STANDALONE = {semconv.ADAPTER_NAME: "openai", semconv.SPAN_KIND: semconv.KIND_LLM, semconv.GEN_AI_OPERATION: "chat"}
-_STRAY = {semconv.ADAPTER_NAME: "openai"}
-
-
-class _GatedTracer(trace.Tracer):
-    """The instrumentation's tracer: maps each client span onto our conventions (see the module docstring).
-
-    Off, it hands out the invalid span (no-op). Under a live framework LLM span (the current span, or one
-    registered in ``pending_llm_spans``) it hands out a `_RelaySpan`. Otherwise it starts a real span, an LLM
-    span when standalone client spans are wanted, a plain one (a stray call, not one to train on) when not.
-    """
-
-    def __init__(self, real: trace.Tracer, gate: _Gate) -> None:
-        self._real = real
-        self._gate = gate
-
-    def start_span(
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-        attributes: Any = None,
-        links: Any = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-    ) -> trace.Span:
-        gate = self._gate
-        if not gate.on:
-            return trace.INVALID_SPAN
-        parent = trace.get_current_span(context)
-        framework = parent if is_llm_span(parent) else pending_llm_spans.claim()
-        if framework is not None:
-            return _RelaySpan(framework)
-        extra = _STANDALONE if gate.standalone else _STRAY
-        return _ClientSpan(
-            self._real.start_span(
-                name,
-                context,
-                kind,
-                {**attributes, **extra} if attributes else extra,
-                links,
-                start_time,
-                record_exception,
-                set_status_on_exception,
-            )
-        )
-
-    @contextlib.contextmanager
-    def start_as_current_span(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-        attributes: Any = None,
-        links: Any = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-        end_on_exit: bool = True,
-    ) -> Generator[trace.Span]:
-        span = self.start_span(
-            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-        )
-        with trace.use_span(
-            span,
-            end_on_exit=end_on_exit,
-            record_exception=record_exception,
-            set_status_on_exception=set_status_on_exception,
-        ) as current:
-            yield current
-
-
-class _GatedTracerProvider(trace.TracerProvider):
-    """Hands out `_GatedTracer`s over ``provider``."""
-
-    def __init__(self, provider: trace.TracerProvider, gate: _Gate) -> None:
-        self._provider = provider
-        self._gate = gate
-
-    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
-        return _GatedTracer(self._provider.get_tracer(*args, **kwargs), self._gate)
-
-
-class _OpenAIHook:
-    """Reference-counted switch for the OpenLLMetry instrumentation (and whether client spans stand alone)."""
+class _Hook:
+    """Reference-counted switch of the client wrapping (and whether client spans stand alone)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count = 0
         self._standalone = 0
-        self._instrumentor: Any = None
-        self._gate = _Gate()
-        self._set_content_env = False
+        self.standalone = False
+        self._tracer: Tracer | None = None
+        self._originals: list[tuple[type, str, Any, Any]] = []  # (class, method, original, wrapper)
+        self._stream_types: tuple[type, type] | None = None
 
+    # ------------------------------------------------------------------ reference counting
     def acquire(self, standalone: bool) -> None:
         with self._lock:
             if self._count == 0:
-                self._start()
+                self._patch()
             self._count += 1
             self._standalone += int(standalone)
-            self._gate.standalone = self._standalone > 0
+            self.standalone = self._standalone > 0
 
     def release(self, standalone: bool) -> None:
         with self._lock:
@@ -280,132 +146,223 @@ class _OpenAIHook:
                 return
             self._count -= 1
             self._standalone = max(0, self._standalone - int(standalone))
-            self._gate.standalone = self._standalone > 0
+            self.standalone = self._standalone > 0
             if self._count == 0:
-                self._stop()
+                self._unpatch()
 
-    def _start(self) -> None:
+    # ------------------------------------------------------------------ wrapping
+    def _patch(self) -> None:
         try:
-            from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+            import openai
         except ImportError as exc:
             raise UnsupportedVersionError(
-                f"OpenAI call tracing needs opentelemetry-instrumentation-openai ({exc}). Install it with: {_INSTALL}"
+                f"OpenAI call tracing needs openai ({exc}). Install it with: {_INSTALL}"
             ) from exc
-        provider = lightning_provider()
-        # Message contents make spans large and slow; keep them off unless the user asked for them.
-        if _CONTENT_ENV not in os.environ:
-            os.environ[_CONTENT_ENV] = "false"
-            self._set_content_env = True
-        if self._instrumentor is None:
-            # Wrapped once per process: the instrumentation's uninstrument() does not unwrap under wrapt 2, so a
-            # second instrument() would wrap twice. Off means the gated provider hands out no-op spans.
-            # Lean: no trace header injection, no metrics (read once, at instrument time), no content.
-            self._instrumentor = OpenAIInstrumentor(enable_trace_context_propagation=False)
-            metrics_env = os.environ.get(_METRICS_ENV)
-            os.environ[_METRICS_ENV] = "false"
-            try:
-                self._instrumentor.instrument(
-                    tracer_provider=_GatedTracerProvider(provider, self._gate), meter_provider=NoOpMeterProvider()
-                )
-            finally:
-                if metrics_env is None:
-                    os.environ.pop(_METRICS_ENV, None)
+        if self._tracer is None:
+            self._tracer = lightning_tracer("agentlightning.openai")
+        if self._stream_types is None:
+            self._stream_types = (openai.Stream, openai.AsyncStream)
+        installed = {(cls, method) for cls, method, _, _ in self._originals}
+        for module_name, class_name, method, operation in _TARGETS:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+            original = getattr(cls, method, None) if isinstance(cls, type) else None
+            if cls is None or original is None or (cls, method) in installed:
+                continue  # an older client without this method, or our wrapper left in place under another one
+            # by class: the async methods are wrapped by a sync decorator in the client, so they do not look async
+            if class_name.startswith("Async"):
+                wrapper = self._wrap_async(original, operation)
+            else:
+                wrapper = self._wrap_sync(original, operation)
+            setattr(cls, method, wrapper)
+            self._originals.append((cls, method, original, wrapper))
+
+    def _unpatch(self) -> None:
+        for cls, method, original, wrapper in reversed(self._originals):
+            if cls.__dict__.get(method) is wrapper:
+                setattr(cls, method, original)
+            else:  # someone wrapped over us: leave the chain intact; our wrapper calls straight through while off
+                logger.debug("%s.%s was wrapped again after us; left in place", cls.__name__, method)
+        self._originals = [entry for entry in self._originals if entry[0].__dict__.get(entry[1]) is entry[3]]
+
+    def _begin(self, operation: str, kwargs: dict[str, Any]) -> _Sink | None:
+        """The sink of a call starting now, or ``None`` when it is not traced (off, or outside a rollout)."""
+        if self._count == 0 or current_rollout() is None:
+            return None
+        parent = get_current_span()
+        framework = parent if is_llm_span(parent) else pending_llm_spans.claim()
+        if framework is not None:
+            return _RelaySink(framework)
+        tracer = self._tracer
+        assert tracer is not None
+        model = kwargs.get("model")
+        attributes: dict[str, Any] = {
+            semconv.ADAPTER_NAME: "openai",
+            semconv.GEN_AI_SYSTEM: "openai",
+            semconv.GEN_AI_OPERATION: operation,
+        }
+        if self.standalone:
+            attributes[semconv.SPAN_KIND] = semconv.KIND_LLM
+        if isinstance(model, str):
+            attributes[semconv.GEN_AI_REQUEST_MODEL] = model
+        span = tracer.start_span(f"{operation} {model}" if isinstance(model, str) else operation, attributes=attributes)
+        if not isinstance(span, SdkSpan):  # pragma: no cover - our provider is always the SDK's
+            return None
+        return _Sink(span)
+
+    def _finish(self, sink: _Sink, result: Any) -> Any:
+        """Record a returned response (or wrap a returned stream so it records as it is read)."""
+        stream_types = self._stream_types
+        assert stream_types is not None
+        if isinstance(result, stream_types[0]):
+            return _traced_stream_types()[0](result, sink)
+        if isinstance(result, stream_types[1]):
+            return _traced_stream_types()[1](result, sink)
+        if getattr(result, "id", None) is None:
+            parse = getattr(result, "parse", None)  # ``with_raw_response``: the parsed body is cached, parse it now
+            if callable(parse) and not inspect.iscoroutinefunction(parse):
+                parsed = parse()
+                if isinstance(parsed, stream_types):
+                    logger.debug("a raw-response stream is not traced: no response id recorded")
                 else:
-                    os.environ[_METRICS_ENV] = metrics_env
-            _lean_instrumentation()
-        self._gate.on = True
+                    sink.record(parsed)
+        else:
+            sink.record(result)
+        sink.end()
+        return result
 
-    def _stop(self) -> None:
-        self._gate.on = False
-        if self._set_content_env:
-            os.environ.pop(_CONTENT_ENV, None)
-            self._set_content_env = False
+    def _wrap_sync(self, original: Callable[..., Any], operation: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def traced(resource: Any, *args: Any, **kwargs: Any) -> Any:
+            sink = self._begin(operation, kwargs)
+            if sink is None:
+                return original(resource, *args, **kwargs)
+            try:
+                result = original(resource, *args, **kwargs)
+            except BaseException as exc:
+                sink.end(exc)
+                raise
+            return self._finish(sink, result)
+
+        return traced
+
+    def _wrap_async(self, original: Callable[..., Any], operation: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def traced(resource: Any, *args: Any, **kwargs: Any) -> Any:
+            sink = self._begin(operation, kwargs)
+            if sink is None:
+                return await original(resource, *args, **kwargs)
+            try:
+                result = await original(resource, *args, **kwargs)
+            except BaseException as exc:
+                sink.end(exc)
+                raise
+            return self._finish(sink, result)
+
+        return traced
 
 
-class _LazyTraceback:
-    """Stands in for the ``traceback`` module inside the instrumentation's ``dont_throw`` helper.
+@functools.cache
+def _traced_stream_types() -> tuple[type, type]:
+    """Subclasses of ``openai.Stream`` / ``openai.AsyncStream`` that record chunks (built once openai is there).
 
-    That helper logs every exception it swallows as ``logger.debug(..., traceback.format_exc())``, which formats
-    the traceback (tens of microseconds) even when debug logging is off. Some servers (vLLM without prompt token
-    details) make it swallow one exception on every call; here the traceback is formatted only if the record
-    is actually emitted.
+    They subclass the client's own stream types so ``isinstance`` checks in frameworks still hold; everything
+    but iteration and closing is delegated to the wrapped stream.
     """
+    import openai
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(traceback, name)
+    class TracedStream(openai.Stream[Any]):
+        def __init__(self, inner: Any, sink: _Sink) -> None:  # no super().__init__: it would open the body
+            self._agl_inner = inner
+            self._agl_sink = sink
 
-    @staticmethod
-    def format_exc(limit: int | None = None, chain: bool = True) -> object:
-        return _FormatOnStr(sys.exc_info(), limit, chain)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.__dict__["_agl_inner"], name)
+
+        def __iter__(self) -> Any:
+            return self
+
+        def __next__(self) -> Any:
+            try:
+                chunk = next(self._agl_inner)
+            except StopIteration:
+                self._agl_sink.end()
+                raise
+            except BaseException as exc:
+                self._agl_sink.end(exc)
+                raise
+            self._agl_sink.record(chunk)
+            return chunk
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc_info: Any) -> None:
+            self.close()
+
+        def close(self) -> None:
+            try:
+                self._agl_inner.close()
+            finally:
+                self._agl_sink.end()
+
+    class AsyncTracedStream(openai.AsyncStream[Any]):
+        def __init__(self, inner: Any, sink: _Sink) -> None:  # no super().__init__: it would open the body
+            self._agl_inner = inner
+            self._agl_sink = sink
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.__dict__["_agl_inner"], name)
+
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Any:
+            try:
+                chunk = await self._agl_inner.__anext__()
+            except StopAsyncIteration:
+                self._agl_sink.end()
+                raise
+            except BaseException as exc:
+                self._agl_sink.end(exc)
+                raise
+            self._agl_sink.record(chunk)
+            return chunk
+
+        async def __aenter__(self) -> Any:
+            return self
+
+        async def __aexit__(self, *exc_info: Any) -> None:
+            await self.close()
+
+        async def close(self) -> None:
+            try:
+                await self._agl_inner.close()
+            finally:
+                self._agl_sink.end()
+
+    return TracedStream, AsyncTracedStream
 
 
-class _FormatOnStr:
-    __slots__ = ("_chain", "_exc_info", "_limit")
-
-    def __init__(self, exc_info: Any, limit: int | None, chain: bool) -> None:
-        self._exc_info = exc_info
-        self._limit = limit
-        self._chain = chain
-
-    def __str__(self) -> str:
-        return "".join(traceback.format_exception(*self._exc_info, limit=self._limit, chain=self._chain))
-
-
-def _lean_instrumentation() -> None:
-    """Take per-call costs out of the instrumentation that do not change a single recorded attribute.
-
-    - ``is_openai_v1()`` / ``is_reasoning_supported()`` parse two version strings on every call (five times per
-      chat request, once per streamed chunk); the installed openai version cannot change, so they become
-      constants.
-    - ``dont_throw`` formats a traceback for a debug line nobody reads (see `_LazyTraceback`).
-    """
-    from opentelemetry.instrumentation.openai import utils
-
-    for name in ("is_openai_v1", "is_reasoning_supported"):
-        original = getattr(utils, name, None)
-        if not callable(original):
-            continue
-        value = bool(original())
-
-        def constant(value: bool = value) -> bool:
-            return value
-
-        for module_name, module in list(sys.modules.items()):
-            if module_name.startswith(_SCOPE_PREFIX) and getattr(module, name, None) is original:
-                setattr(module, name, constant)
-    # Only where the module's one use of ``traceback`` is that log argument (what this was checked against).
-    if getattr(utils, "traceback", None) is traceback and _only_logs_tracebacks(utils):
-        utils.traceback = _LazyTraceback()  # type: ignore[attr-defined]
-
-
-def _only_logs_tracebacks(module: Any) -> bool:
-    try:
-        source = inspect.getsource(module)
-    except (OSError, TypeError):
-        return False
-    return source.count("traceback.") == 1 and source.count("traceback.format_exc(),") == 1
-
-
-_HOOK = _OpenAIHook()
+_HOOK = _Hook()
 
 
 def acquire_openai_hook(*, standalone: bool = False) -> None:
-    """Turn on openai client spans; pair every call with :func:`release_openai_hook` (same ``standalone``).
+    """Turn on openai client tracing; pair every call with :func:`release_openai_hook` (same ``standalone``).
 
     Args:
-        standalone: Client spans that no framework LLM span encloses become LLM spans themselves (for
+        standalone: Client calls that no framework LLM span encloses become LLM spans themselves (for
             frameworks that make no LLM span of their own, e.g. AutoGen). Without it (and without
-            :func:`instrument_openai`), client spans only hand their response id to the enclosing framework
+            :func:`instrument_openai`), client calls only hand their response id to the enclosing framework
             LLM span (the current span, or the oldest live one registered in ``pending_llm_spans``).
 
     Raises:
-        UnsupportedVersionError: ``opentelemetry-instrumentation-openai`` is not installed.
+        UnsupportedVersionError: ``openai`` is not installed.
     """
     _HOOK.acquire(standalone)
 
 
 def release_openai_hook(*, standalone: bool = False) -> None:
-    """Undo one :func:`acquire_openai_hook`; the instrumentation goes off when nobody holds it."""
+    """Undo one :func:`acquire_openai_hook`; the client methods are restored when nobody holds the hook."""
     _HOOK.release(standalone)
 
 
@@ -414,22 +371,9 @@ class OpenAIAdapter(Adapter):
 
     NAME: ClassVar[str] = "openai"
     FRAMEWORK: ClassVar[str] = "openai"
-    SUPPORTED_RANGE: ClassVar[str] = ">=1.50,<4"
-    INSTALL: ClassVar[str] = "pip install 'agentlightning-core[openai]' 'openai>=1.50,<4'"
+    SUPPORTED_RANGE: ClassVar[str] = supported_range("agentlightning-core", "openai")
+    INSTALL: ClassVar[str] = _INSTALL
     LOW_LEVEL: ClassVar[bool] = True
-
-    @classmethod
-    def check_version(cls, version: str | None = None) -> str:
-        """Check openai's version and that the OpenLLMetry instrumentation is installed."""
-        found = super().check_version(version)
-        try:
-            importlib.metadata.version("opentelemetry-instrumentation-openai")
-        except importlib.metadata.PackageNotFoundError as exc:
-            raise UnsupportedVersionError(
-                f"The openai adapter needs opentelemetry-instrumentation-openai, which is not installed. "
-                f"Install it with: {_INSTALL}"
-            ) from exc
-        return found
 
     def _instrument(self) -> None:
         acquire_openai_hook(standalone=True)
@@ -446,7 +390,6 @@ def instrument_openai() -> OpenAIAdapter:
     """
     adapter = OpenAIAdapter.default()
     adapter.instrument()
-    assert isinstance(adapter, OpenAIAdapter)
     return adapter
 
 

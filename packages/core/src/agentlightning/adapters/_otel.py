@@ -1,4 +1,7 @@
-"""Small OpenTelemetry helpers shared by adapters: our tracer provider, one-time processors, span lookups."""
+"""OpenTelemetry helpers for adapter authors: our tracer provider, switchable processors, LLM-span lookups.
+
+Public through :mod:`agentlightning.adapters`; an adapter package imports them from there.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from agentlightning.tracing._context import _CURRENT  # pyright: ignore[reportPr
 
 __all__ = [
     "GatedSpanProcessor",
+    "PendingLLMSpans",
     "add_processor_once",
     "is_llm_span",
     "lightning_provider",
@@ -77,7 +81,7 @@ def is_llm_span(span: Any) -> TypeGuard[SdkSpan]:
     return attributes.get(semconv.SPAN_KIND) == semconv.KIND_LLM
 
 
-class _PendingLLMSpans:
+class PendingLLMSpans:
     """Framework LLM spans waiting for the client span of the same call (to learn its response id).
 
     A callback-based framework (LangChain) cannot make its LLM span the current OpenTelemetry span, because its
@@ -129,4 +133,5 @@ class _PendingLLMSpans:
         return None
 
 
-pending_llm_spans = _PendingLLMSpans()
+pending_llm_spans = PendingLLMSpans()
+"""The process-wide registry of framework LLM spans waiting for their client span (see `PendingLLMSpans`)."""

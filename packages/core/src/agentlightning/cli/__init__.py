@@ -18,7 +18,10 @@ _COMMAND_MODULES = ("agentlightning.cli._store", "agentlightning.cli._proxy")
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``agl`` argument parser."""
+    from agentlightning import __version__
+
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning command line")
+    parser.add_argument("--version", action="version", version=f"agl (agentlightning-core) {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in _COMMAND_MODULES:
         try:
@@ -32,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``agl``; returns the process exit code."""
+    """Entry point of ``agl``; returns the process exit code (2 when a foreign ``agentlightning`` is installed)."""
+    from agentlightning._distribution import foreign_message
+
+    foreign = foreign_message()
+    if foreign is not None:
+        print(f"agl: error: {foreign}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -1,6 +1,8 @@
 """Test kits and test doubles shipped with the core, for every package's tests.
 
 Names are loaded lazily so importing ``agentlightning.testing`` never pulls in pytest unless a kit is used.
+The fixtures (``agl_harness``, ``agl_proxy``, ``agl_model_server``, ``agl_store``, ``agl_tracer``) come from the
+pytest plugin `agentlightning.testing.pytest_plugin`, registered through the ``pytest11`` entry point.
 """
 
 from __future__ import annotations
@@ -9,27 +11,49 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentlightning.testing._adapter_kit import AdapterConformanceTests
+    from agentlightning.testing._adapter_kit import AdapterConformanceTests, KitHarness, RunRecord
     from agentlightning.testing._attempts import start_attempts
-    from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ToyTokenizer
-    from agentlightning.testing._store_kit import StoreConformanceTests
+    from agentlightning.testing._guard import KitGuard, silent_overrides
+    from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
+    from agentlightning.testing._served_store import ServedStoreProcess, free_port
+    from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "StoreConformanceTests": "agentlightning.testing._store_kit",
     "AdapterConformanceTests": "agentlightning.testing._adapter_kit",
+    "KitHarness": "agentlightning.testing._adapter_kit",
+    "RunRecord": "agentlightning.testing._adapter_kit",
     "ScriptedModelServer": "agentlightning.testing._model_server",
     "ScriptedReply": "agentlightning.testing._model_server",
     "ToyTokenizer": "agentlightning.testing._model_server",
     "start_attempts": "agentlightning.testing._attempts",
+    "ServedCall": "agentlightning.testing._model_server",
+    "ServedStoreProcess": "agentlightning.testing._served_store",
+    "free_port": "agentlightning.testing._served_store",
+    "StoreFactory": "agentlightning.testing._store_kit",
+    "make_call": "agentlightning.testing._store_kit",
+    "make_span": "agentlightning.testing._store_kit",
+    "KitGuard": "agentlightning.testing._guard",
+    "silent_overrides": "agentlightning.testing._guard",
 }
 
 __all__ = [
     "AdapterConformanceTests",
+    "KitGuard",
+    "KitHarness",
+    "RunRecord",
     "ScriptedModelServer",
     "ScriptedReply",
+    "ServedCall",
+    "ServedStoreProcess",
     "StoreConformanceTests",
+    "StoreFactory",
     "ToyTokenizer",
+    "free_port",
+    "make_call",
+    "make_span",
+    "silent_overrides",
     "start_attempts",
 ]
 

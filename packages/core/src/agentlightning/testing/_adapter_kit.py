@@ -24,8 +24,9 @@ apply. pytest is imported only here, so importing ``agentlightning.testing`` doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -36,6 +37,7 @@ from agentlightning._models import LLMCall, Span, Transition
 from agentlightning.adapters import Adapter, UnsupportedVersionError
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
+from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply
 from agentlightning.tracing import aflush, emit_reward, rollout_context
 from agentlightning.transitions import TransitionBuilder, TransitionConfig, TransitionResult
@@ -63,15 +65,35 @@ class RunRecord:
 
 
 class KitHarness:
-    """Model server + proxy + store; runs an agent inside rollout contexts."""
+    """Model server + proxy + store; runs an agent inside rollout contexts (the ``agl_harness`` fixture).
 
-    def __init__(
-        self, server: ScriptedModelServer, proxy: LLMProxy, store: MemoryStore, adapter: Adapter | None = None
-    ) -> None:
+    Args:
+        server: The scripted model server the proxy forwards to.
+        proxy: The running proxy; agents get its per-rollout base URL.
+        store: Where rollouts, spans and the proxy's calls go.
+        adapters: Adapters whose late-reported calls `collect` waits for (see `instrumented`).
+    """
+
+    def __init__(self, server: ScriptedModelServer, proxy: LLMProxy, store: MemoryStore, *adapters: Adapter) -> None:
         self.server = server
         self.proxy = proxy
         self.store = store
-        self.adapter = adapter
+        self.adapters: list[Adapter] = list(adapters)
+
+    @contextlib.contextmanager
+    def instrumented(self, *adapters: Adapter) -> Generator[KitHarness]:
+        """Instrument ``adapters`` for a ``with`` block (uninstrumented after it, in reverse order)."""
+        done: list[Adapter] = []
+        try:
+            for adapter in adapters:
+                adapter.instrument()
+                done.append(adapter)
+                self.adapters.append(adapter)
+            yield self
+        finally:
+            for adapter in reversed(done):
+                adapter.uninstrument()
+                self.adapters.remove(adapter)
 
     async def run(self, agent: AgentFn, task: str, *, reward: float | None = 1.0, stream: bool = False) -> RunRecord:
         """Run ``agent`` on ``task`` in a fresh rollout; emit ``reward`` as the final reward inside it."""
@@ -88,8 +110,8 @@ class KitHarness:
 
     async def collect(self, record: RunRecord, config: TransitionConfig | None = None) -> RunRecord:
         """Flush spans and proxy records, read them back and build transitions (response-id joins only)."""
-        if self.adapter is not None:
-            assert await self.adapter.adrain(), f"{self.adapter.NAME}: calls still unreported after 5 s"
+        for adapter in self.adapters:
+            assert await adapter.adrain(), f"{adapter.NAME}: calls still unreported after 5 s"
         await aflush()
         await self.proxy.flush()
         record.spans = await self.store.query_spans(record.rollout_id, record.attempt_id)
@@ -99,7 +121,7 @@ class KitHarness:
         return record
 
 
-class AdapterConformanceTests:
+class AdapterConformanceTests(KitGuard):
     """Checks every adapter must pass; subclass it and provide the ``adapter`` and ``agent`` fixtures.
 
     Attributes:
@@ -145,21 +167,17 @@ class AdapterConformanceTests:
             return ScriptedReply(tool_calls=[{"name": self.tool_name, "arguments": dict(self.tool_arguments)}])
         return ScriptedReply(content=f"{self.final_answer} [{task}]")
 
-    # ------------------------------------------------------------------ harness
+    # ------------------------------------------------------------------ harness (the core's pytest plugin)
     @pytest.fixture
-    async def harness(self, adapter: Adapter) -> AsyncIterator[KitHarness]:
-        """Server + proxy + store, with the adapter instrumented for the test and uninstrumented after."""
-        server = ScriptedModelServer(self.script).start()
-        store = MemoryStore()
-        proxy = LLMProxy(store, [server.base_url])
-        await proxy.start()
-        adapter.instrument()
-        try:
-            yield KitHarness(server, proxy, store, adapter)
-        finally:
-            adapter.uninstrument()
-            await proxy.stop()
-            server.stop()
+    def agl_script(self) -> Callable[[dict[str, Any]], ScriptedReply]:
+        """The plugin's model server answers with `script`."""
+        return self.script
+
+    @pytest.fixture
+    def harness(self, agl_harness: KitHarness, adapter: Adapter) -> Iterator[KitHarness]:
+        """The plugin's ``agl_harness`` with the adapter instrumented for the test and uninstrumented after."""
+        with agl_harness.instrumented(adapter):
+            yield agl_harness
 
     # ------------------------------------------------------------------ checks
     async def test_spans_are_valid(self, harness: KitHarness, agent: AgentFn, adapter: Adapter) -> None:

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from agentlightning._models import LLMCall, Resources, Span, ValueResource
 from agentlightning.store._base import ConflictError, LightningStore, NotFoundError, RetryPolicy, RolloutRequest
+from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
 
 __all__ = ["StoreConformanceTests", "StoreFactory", "make_call", "make_span"]
@@ -100,7 +101,7 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
     results.put(asyncio.run(main()))
 
 
-class StoreConformanceTests(DashboardConformanceTests):
+class StoreConformanceTests(DashboardConformanceTests, KitGuard):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
     supports_reopen: ClassVar[bool] = False

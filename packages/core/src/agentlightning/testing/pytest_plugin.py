@@ -1,0 +1,103 @@
+"""pytest fixtures for adapter and agent tests, registered through the ``pytest11`` entry point of the core.
+
+Installing ``agentlightning-core[test]`` (pytest, pytest-asyncio) makes these fixtures available to every test,
+with no import and no conftest:
+
+- ``agl_script``: what the scripted model answers (override it in a test module or class; default: the
+  server's echo reply);
+- ``agl_model_server``: a running `ScriptedModelServer` on 127.0.0.1 answering with ``agl_script``;
+- ``agl_store``: a fresh `MemoryStore`;
+- ``agl_proxy``: a started `LLMProxy` in front of ``agl_model_server`` writing to ``agl_store``;
+- ``agl_harness``: a `KitHarness` over the three: ``run(agent, task)`` runs ``agent(base_url, task)`` inside a
+  fresh rollout with its per-rollout proxy URL, ``collect(record)`` reads back spans, calls and transitions,
+  ``instrumented(adapter, ...)`` instruments adapters for a ``with`` block;
+- ``agl_tracer``: a tracer whose spans, started inside a rollout, are stored in that rollout's store.
+
+Async fixtures need pytest-asyncio (an async test is collected in its ``auto`` mode, or marked
+``@pytest.mark.asyncio`` in ``strict`` mode). Heavy imports happen inside the fixtures, so a pytest run that
+uses none of them pays nothing for this plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.store import MemoryStore
+    from agentlightning.testing._adapter_kit import KitHarness
+    from agentlightning.testing._model_server import Script, ScriptedModelServer
+
+__all__ = [
+    "agl_harness",
+    "agl_model_server",
+    "agl_proxy",
+    "agl_script",
+    "agl_store",
+    "agl_tracer",
+]
+
+_NEEDS_ASYNCIO = "agentlightning's async pytest fixtures need pytest-asyncio: pip install 'agentlightning-core[test]'"
+
+try:
+    import pytest_asyncio
+
+    _async_fixture: Any = pytest_asyncio.fixture
+except ImportError:  # the sync fixtures still work; the async ones say what to install
+    pytest_asyncio = None
+    _async_fixture = pytest.fixture
+
+
+@pytest.fixture
+def agl_script() -> Script:
+    """The scripted model's reply to each request body; ``None`` keeps the server's default echo reply."""
+    return None
+
+
+@pytest.fixture
+def agl_model_server(agl_script: Script) -> Iterator[ScriptedModelServer]:
+    """A `ScriptedModelServer` on 127.0.0.1, running for the test and stopped after it."""
+    from agentlightning.testing._model_server import ScriptedModelServer
+
+    with ScriptedModelServer(agl_script) as server:
+        yield server
+
+
+@pytest.fixture
+def agl_store() -> MemoryStore:
+    """A fresh in-memory store."""
+    from agentlightning.store import MemoryStore
+
+    return MemoryStore()
+
+
+@_async_fixture
+async def agl_proxy(agl_store: MemoryStore, agl_model_server: ScriptedModelServer) -> AsyncIterator[LLMProxy]:
+    """A started `LLMProxy` forwarding to ``agl_model_server`` and recording calls into ``agl_store``."""
+    if pytest_asyncio is None:
+        pytest.fail(_NEEDS_ASYNCIO)
+    from agentlightning.proxy import LLMProxy
+
+    async with LLMProxy(agl_store, [agl_model_server.base_url]) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def agl_harness(agl_model_server: ScriptedModelServer, agl_proxy: LLMProxy, agl_store: MemoryStore) -> KitHarness:
+    """Runs agents inside rollouts against the proxy and builds their transitions (see `KitHarness`)."""
+    from agentlightning.testing._adapter_kit import KitHarness
+
+    return KitHarness(agl_model_server, agl_proxy, agl_store)
+
+
+@pytest.fixture
+def agl_tracer() -> Tracer:
+    """A tracer of Agent Lightning's provider: spans started inside a rollout land in that rollout's store."""
+    from agentlightning.adapters import lightning_tracer
+
+    return lightning_tracer("agentlightning.pytest")
