@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import pytest
@@ -22,3 +23,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# The core's pytest plugin comes in through its ``pytest11`` entry point; an editable install made before that
+# entry point existed lacks it (reinstall with `.venv/bin/python -m pip install --no-deps -e packages/core`).
+if not any(
+    ep.value == "agentlightning.testing.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11")
+):
+    pytest_plugins = ["agentlightning.testing.pytest_plugin"]
