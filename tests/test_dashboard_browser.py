@@ -29,8 +29,7 @@ from langgraph.prebuilt import ToolNode
 
 import agentlightning as agl
 from agentlightning.proxy import LLMProxy
-from agentlightning.testing import ScriptedModelServer, ScriptedReply
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import ScriptedModelServer, ScriptedReply, ServedStoreProcess
 from agentlightning_langchain import LangChainAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
