@@ -194,7 +194,12 @@ async def test_an_iteration_without_samples_skips_the_update_and_keeps_the_versi
     store = agl.MemoryStore()
     engine = FakeEngine()
     # One sample per task: every group has a single reward, so every group is dropped as equal.
-    config = _config(tmp_path, samples_per_task=1, credit_config=agl.CreditConfig(drop_equal_groups=True))
+    config = _config(
+        tmp_path,
+        samples_per_task=1,
+        estimator="reinforce_pp",  # grpo/rloo with one sample per task are refused by LoopConfig
+        credit_config=agl.CreditConfig(drop_equal_groups=True),
+    )
     loop = RLLoop(config, engine)
     runner = agl.Runner(chatty_agent, store=store, n_workers=4, worker_mode="async", poll_interval=0.01)
     runner_task = asyncio.create_task(runner.arun())

@@ -254,7 +254,8 @@ def instrument_all(*, include: list[str] | None = None, low_level: bool = False)
 
     Returns:
         Names of the adapters that are instrumented after the call. Adapters whose framework is missing or out
-        of range are skipped with a log line (use ``get_adapter(name).instrument()`` to get the error).
+        of range are skipped: a missing framework with an INFO line, an installed one outside the supported range
+        with a WARNING naming its version and the range (``get_adapter(name).instrument()`` raises instead).
     """
     names = include if include is not None else sorted(_entry_points())
     done: list[str] = []
@@ -265,7 +266,20 @@ def instrument_all(*, include: list[str] | None = None, low_level: bool = False)
         try:
             adapter.instrument()
         except UnsupportedVersionError as exc:
-            logger.info("skipping adapter %s: %s", name, exc)
+            version = adapter.installed_version()
+            if version is None:  # the framework is not installed: nothing to instrument, nothing wrong
+                logger.info("skipping adapter %s: %s", name, exc)
+            else:
+                logger.warning(
+                    "adapter %s NOT instrumented: %s %s is installed but the adapter supports %s %s, so its calls "
+                    "will not be traced. %s",
+                    name,
+                    adapter.FRAMEWORK,
+                    version,
+                    adapter.FRAMEWORK,
+                    adapter.SUPPORTED_RANGE,
+                    exc,
+                )
             continue
         done.append(name)
     return done

@@ -242,7 +242,20 @@ def build_training_batch(
                 all_credits.extend(credits)
 
     n_groups = len(groups)
-    if n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):
+    single = sum(1 for members in groups.values() if len(members) == 1)
+    group_estimator = (estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "")) in (
+        "grpo",
+        "rloo",
+    )
+    if n_groups and single == n_groups and group_estimator and all(abs(a) <= tol for a in all_advantages):
+        logger.warning(
+            "no learning signal: every one of the %d group(s) holds ONE rollout, and the %s estimator compares "
+            "rollouts within a group, so every advantage is 0. Run each task several times under one group_id "
+            "(e.g. enqueue it N times with the same group_id) or use estimator='reinforce_pp'.",
+            n_groups,
+            estimator if isinstance(estimator, str) else "group",
+        )
+    elif n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):
         logger.warning(
             "learning has stalled: every one of the %d group(s) in the batch has equal rewards, so no sample has a "
             "non-zero advantage (all successes or all failures; try easier/harder tasks, more samples per task, "
@@ -264,6 +277,7 @@ def build_training_batch(
         "advantage_mean": adv_mean,
         "advantage_std": adv_std,
         "zero_std_group_fraction": equal_groups / n_groups if n_groups else 0.0,
+        "single_rollout_groups": float(single),
         "dropped_groups": float(equal_groups if config.drop_equal_groups else 0),
         "dropped_samples": float(dropped_samples),
         "empty_responses_dropped": float(empty),

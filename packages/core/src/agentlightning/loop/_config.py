@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning.credit._config import CreditConfig
 
@@ -113,3 +113,13 @@ class LoopConfig(BaseModel):
     seed: int = 0
     success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+
+    @model_validator(mode="after")
+    def _group_estimator_needs_groups(self) -> LoopConfig:
+        if self.samples_per_task == 1 and self.estimator in ("grpo", "rloo"):
+            raise ValueError(
+                f"samples_per_task=1 with estimator={self.estimator!r} gives every sample advantage 0 "
+                f"({self.estimator} compares the rollouts of one task); use samples_per_task >= 2 or "
+                "estimator='reinforce_pp'"
+            )
+        return self

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from agentlightning._urls import parse_rollout_prefix
 from agentlightning.proxy._assemble import Kind
 
-__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers", "raw_path"]
+__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers", "raw_path", "too_large"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -84,16 +84,30 @@ class RawResponse(Response):
         self.background = None
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or ``None`` when the client disconnected first."""
+async def _read_body(receive: Receive, limit: int) -> bytes | int | None:
+    """The whole request body, its size so far once it passes ``limit`` bytes, or ``None`` on a disconnect."""
     chunks: list[bytes] = []
+    total = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return None
-        chunks.append(message.get("body", b""))
+        chunk: bytes = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            return total
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def too_large(size: int, limit: int) -> Response:
+    """The 413 answer for a request body of ``size`` bytes over ``limit`` (OpenAI's error shape)."""
+    message = (
+        f"request body of {size} bytes is over the LLM proxy's limit of {limit} bytes (max_body_bytes; half the "
+        "store's request limit, so that the call's record always fits in the store); send a shorter prompt"
+    )
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 413}}, 413)
 
 
 class ProxyApp(FastAPI):
@@ -104,6 +118,7 @@ class ProxyApp(FastAPI):
     """
 
     completion_handler: CompletionHandler | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self.completion_handler
@@ -111,13 +126,19 @@ class ProxyApp(FastAPI):
             hit = match_completion(raw_path(scope))
             if hit is not None:
                 authorization: str | None = None
+                limit = self.max_body_bytes
                 for name, value in scope["headers"]:
                     if name == b"authorization":
                         authorization = value.decode("latin-1")
-                        break
-                body = await _read_body(receive)
+                    elif name == b"content-length" and value.isdigit() and int(value) > limit:
+                        await too_large(int(value), limit)(scope, receive, send)
+                        return
+                body = await _read_body(receive, limit)
                 if body is None:
                     return  # the agent went away before sending its request
+                if isinstance(body, int):
+                    await too_large(body, limit)(scope, receive, send)
+                    return
                 response = await handler(hit[0], hit[1], hit[2], body, authorization)
                 await response(scope, receive, send)
                 return

@@ -50,9 +50,10 @@ from agentlightning.proxy._assemble import (
     model_version_of,
     without_token_fields,
 )
-from agentlightning.proxy._fast import ProxyApp, RawResponse, match_completion, raw_headers, raw_path
+from agentlightning.proxy._fast import ProxyApp, RawResponse, match_completion, raw_headers, raw_path, too_large
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
+from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 
@@ -90,6 +91,8 @@ class LLMProxy:
         allow_unrecorded: Forward plain ``/v1/...`` completions unrecorded instead of rejecting them.
         backend_api_key: Sent to backends as a bearer token; by default the agent's ``Authorization`` is forwarded.
         request_timeout: Seconds a backend may take to answer one request.
+        max_body_bytes: Larger requests get 413 (default: half the store's request limit, so that the record of
+            any accepted call, request and response together, fits in the store).
         retry_after: Seconds advertised in ``Retry-After`` while paused.
         host: Interface to bind in `start` / `start_in_thread`.
         port: Port to bind (0 = a free one).
@@ -107,6 +110,7 @@ class LLMProxy:
         allow_unrecorded: bool = False,
         backend_api_key: str | None = None,
         request_timeout: float = 600.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES // 2,
         retry_after: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -123,6 +127,9 @@ class LLMProxy:
         self.allow_unrecorded = allow_unrecorded
         self.backend_api_key = backend_api_key
         self.request_timeout = request_timeout
+        if max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
+        self.max_body_bytes = max_body_bytes
         self.retry_after = retry_after
         self.host = host
         self.port = port
@@ -265,6 +272,7 @@ class LLMProxy:
         app = ProxyApp(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
         app.state.llm_proxy = self
         app.completion_handler = self._complete  # the fast path; the routes below describe the same API
+        app.max_body_bytes = self.max_body_bytes
         for prefix in (_ROLLOUT_PREFIX, ""):
             app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
             app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
@@ -341,6 +349,8 @@ class LLMProxy:
                 return _error(404, f"not a per-rollout completion path: {path}", "invalid_request_error")
             rollout_id, attempt_id = hit[1], hit[2]
         body = await request.body()
+        if len(body) > self.max_body_bytes:
+            return too_large(len(body), self.max_body_bytes)
         return await self._complete(kind, rollout_id, attempt_id, body, request.headers.get("authorization"))
 
     async def _models(self, request: Request) -> Response:
@@ -469,9 +479,13 @@ class LLMProxy:
                 data = None
             if isinstance(data, dict):
                 data = cast(dict[str, Any], data)
-                await self._record(meta, data, extract(data, kind))
+                failure = await self._record(meta, data, extract(data, kind))
             else:
-                await self._record(meta, None, Extracted(), error="backend answered 200 with a body that is not JSON")
+                failure = await self._record(
+                    meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
+                )
+            if failure is not None:  # never 200 for a call whose training data was not stored
+                return _unrecorded(failure, headers), False
         return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
 
     def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
@@ -491,13 +505,35 @@ class LLMProxy:
         response: dict[str, Any] | None,
         extracted: Extracted,
         error: str | None = None,
-    ) -> None:
-        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
+    ) -> str | None:
+        """Record one call; returns why it could not be stored (``None`` once stored or queued)."""
+        call_id, rollout_id, backend = meta[0], meta[1], meta[4]
         if error is None and extracted.response_token_ids is None:
             self._warn_missing_ids(backend, call_id, rollout_id)
         if extracted.note:
             logger.warning("LLM call %s from backend %s: %s", call_id, backend, extracted.note)
-        call = LLMCall(
+        try:
+            call = self._call_record(meta, response, extracted, error)
+        except ValueError as exc:  # e.g. NaN logprobs from the backend: the store would refuse them too
+            logger.error("LLM proxy cannot record call %s of rollout %s: %s", call_id, rollout_id, exc)
+            return f"the call's record is invalid: {' '.join(str(exc).split())}"
+        if self.record == "background":
+            self._pending.append(call)
+            if self._flush_wakeup is not None:
+                self._flush_wakeup.set()
+            return None
+        try:
+            await self.store.add_llm_calls([call])
+        except Exception as exc:
+            logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _call_record(
+        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None
+    ) -> LLMCall:
+        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
+        return LLMCall(
             call_id=call_id,
             rollout_id=rollout_id,
             attempt_id=attempt_id,
@@ -514,15 +550,6 @@ class LLMProxy:
             end_time=now(),
             error=error,
         )
-        if self.record == "background":
-            self._pending.append(call)
-            if self._flush_wakeup is not None:
-                self._flush_wakeup.set()
-            return
-        try:
-            await self.store.add_llm_calls([call])
-        except Exception:
-            logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
 
     def _warn_missing_ids(self, backend: str, call_id: str, rollout_id: str) -> None:
         count = self._missing_ids_count.get(backend, 0) + 1
@@ -553,6 +580,17 @@ class LLMProxy:
             await self._flush_wakeup.wait()
             self._flush_wakeup.clear()
             await self._write_batch()
+
+
+def _unrecorded(failure: str, headers: dict[str, str]) -> Response:
+    status = 404 if failure.startswith("NotFoundError") else 502
+    return _error(
+        status,
+        f"the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
+        f"{failure}",
+        "proxy_record_error",
+        headers=headers,
+    )
 
 
 def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> FastAPI:

@@ -11,7 +11,7 @@ from typing import Any, cast
 import aiohttp
 from starlette.responses import StreamingResponse
 
-from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler, loads
+from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler, dumps, loads
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
 
@@ -19,7 +19,8 @@ Meta = tuple[str, str, str, dict[str, Any], str, float, int | None]
 """call id, rollout, attempt, request, backend, start, model version known before the answer (header or admitted)"""
 
 
-RecordFn = Callable[[Meta, dict[str, Any] | None, Extracted], Awaitable[None]]
+RecordFn = Callable[[Meta, dict[str, Any] | None, Extracted], Awaitable[str | None]]
+"""Records a call; returns why it could not be stored, or ``None``."""
 
 
 @dataclass
@@ -59,7 +60,12 @@ async def relay(resp: aiohttp.ClientResponse, state: StreamState, record: Record
                     # record before the agent sees the end, so the record exists when its span ends
                     if state.meta is not None and not state.recorded:
                         state.recorded = True
-                        await record(state.meta, assembler.response(), assembler.extracted())
+                        failure = await record(state.meta, assembler.response(), assembler.extracted())
+                        if failure is not None:  # end with an error event, not [DONE]: the agent must not see success
+                            message = f"the LLM proxy could not record this call: {failure}"
+                            error = {"error": {"message": message, "type": "proxy_record_error", "code": 502}}
+                            yield b"data: " + dumps(error) + b"\n\n"
+                            return
                 elif data is not None:
                     with contextlib.suppress(ValueError):
                         parsed = loads(data)

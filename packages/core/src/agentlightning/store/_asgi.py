@@ -8,9 +8,13 @@ FastAPI routes for the same paths stay in place; they describe the API in ``/ope
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import ctypes.util
+import gc
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -30,6 +34,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+OFFLOAD_BYTES = 1024 * 1024
+"""Request bodies from this size on are parsed and stored in a worker thread, off the event loop."""
+BIG_REQUESTS_AT_ONCE = 2
+"""How many such big requests are worked on at once (each holds its body and its parsed records in memory)."""
 
 OPEN_PATHS = frozenset({"/healthz"})
 """Paths served without a bearer token."""
@@ -117,6 +126,7 @@ class GuardMiddleware:
         self.expected = f"bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
         self.fast = fast
+        self._big_requests = asyncio.Semaphore(BIG_REQUESTS_AT_ONCE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,7 +180,14 @@ class GuardMiddleware:
         if route is None:
             await self.app(scope, _replay(body, receive), send)
             return
-        status, answer = await self._answer(route, body, content_type)
+        if len(body) < OFFLOAD_BYTES:
+            status, answer = await self._answer(route, body, content_type)
+        else:
+            # Parsing, validating and storing a batch of megabytes takes seconds of CPU: do it in a worker thread
+            # so /healthz and other clients are answered meanwhile, and few at a time so memory stays bounded.
+            async with self._big_requests:
+                status, answer = await asyncio.to_thread(_answer_in_thread, self._answer, route, body, content_type)
+            del body
         await send_json(send, status, answer)
 
     async def _answer(self, route: FastRoute, body: bytes, content_type: bytes) -> tuple[int, bytes]:
@@ -195,6 +212,34 @@ class GuardMiddleware:
 
     def _too_large(self, size: int) -> str:
         return f"request body of {size} bytes is over the limit of {self.max_body_bytes} bytes; send smaller batches"
+
+
+def _answer_in_thread(
+    answer: Callable[[FastRoute, bytes, bytes], Coroutine[Any, Any, tuple[int, bytes]]],
+    route: FastRoute,
+    body: bytes,
+    content_type: bytes,
+) -> tuple[int, bytes]:
+    try:
+        return asyncio.run(answer(route, body, content_type))
+    finally:
+        _give_memory_back()
+
+
+def _give_memory_back() -> None:
+    """Return freed heap to the OS after a big request (glibc keeps it otherwise: RSS would only grow)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        gc.collect()
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
