@@ -203,6 +203,8 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
             f"it {report.iteration:3d}  reward {report.reward_mean:+.2f}  tool rate {report.multi_call_rate:.2f}"
             f"  {report.seconds:.1f}s/it"
         )
+        if report.metrics.get("rollouts_failed"):  # agents that raised: the runner's log has the exception
+            status += f"  [red]{report.metrics['rollouts_failed']:.0f} failed[/]"
         progress.update(bar, completed=min(time.monotonic() - started, config.time_budget_s), status=status)
 
     trainer = TorchTrainer(config, on_iteration=on_iteration)

@@ -75,6 +75,7 @@ class RLLoop(Algorithm):
         self.iteration = 0
         self.model_version = 0
         self.history: list[IterationReport] = []
+        self.rollouts_failed = 0  # of the last iteration (also metrics["rollouts_failed"])
         self._rng = random.Random(config.seed)
         self._next_task = 0
         self._proxy: LLMProxy | None = None
@@ -212,6 +213,7 @@ class RLLoop(Algorithm):
             )
             t_batch = time.monotonic()
             metrics: dict[str, float] = dict(batch.metrics)
+            metrics["rollouts_failed"] = float(self.rollouts_failed)
             if batch.samples:
                 metrics.update(await asyncio.to_thread(self.engine.update, batch))
                 t_update = time.monotonic()
@@ -301,6 +303,13 @@ class RLLoop(Algorithm):
         """Wait for the rollouts, cancel the late ones; returns the ids of those that succeeded."""
         finished = await store.wait_for_rollouts(rollout_ids, timeout=self.config.rollout_timeout_s)
         done = [r.rollout_id for r in finished if r.status == "succeeded"]
+        self.rollouts_failed = sum(1 for r in finished if r.status == "failed")
+        if self.rollouts_failed:
+            logger.warning(
+                "%d of %d rollout(s) failed (the agent raised, or its worker died): see the runner's log",
+                self.rollouts_failed,
+                len(rollout_ids),
+            )
         late = await store.query_rollouts(status=["queuing", "running"], rollout_ids=rollout_ids)
         for rollout in late:
             try:

@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,9 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
     )
 
 
-async def _write_batch(store: LightningStore, spans: Sequence[Span], tries: int, retry_for: float) -> int:
+async def _write_batch(
+    store: LightningStore, spans: Sequence[Span], tries: int, retry_for: float, on_retry: Callable[[], None]
+) -> int:
     """Write one batch: while the store is unreachable, keep the spans and retry for ``retry_for`` seconds."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + retry_for
@@ -152,6 +154,7 @@ async def _write_batch(store: LightningStore, spans: Sequence[Span], tries: int,
                     left,
                     exc,
                 )
+            on_retry()
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, 2.0)
             continue
@@ -216,6 +219,7 @@ class LightningSpanProcessor(SpanProcessor):
         self.retry_for = retry_for
         self.max_buffered_spans = max_buffered_spans
         self.spans_dropped_buffer_full = 0
+        self.write_retries = 0  # batch writes retried because the store was unavailable
         self.dropped_outside_rollout = 0
         self.spans_written = 0
         self.spans_failed = 0
@@ -277,6 +281,9 @@ class LightningSpanProcessor(SpanProcessor):
             if self._writer is None:
                 self._ensure_writer()
             self._wake.set()
+
+    def _count_retry(self) -> None:
+        self.write_retries += 1
 
     def _drop_buffer_full(self, ctx: RolloutContext, span: ReadableSpan) -> None:
         self.spans_dropped_buffer_full += 1
@@ -359,7 +366,7 @@ class LightningSpanProcessor(SpanProcessor):
                     )
             if not spans:
                 continue
-            coro = _write_batch(group.store, spans, self.write_tries, self.retry_for)
+            coro = _write_batch(group.store, spans, self.write_tries, self.retry_for, self._count_retry)
             loop = group.loop
             if loop is not None and loop.is_running() and not loop.is_closed():
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
@@ -485,6 +492,7 @@ class LightningSpanProcessor(SpanProcessor):
             "spans_failed": self.spans_failed,
             "dropped_outside_rollout": self.dropped_outside_rollout,
             "spans_dropped_buffer_full": self.spans_dropped_buffer_full,
+            "write_retries": self.write_retries,
             "batches_written": self.batches_written,
             "open_spans": len(self._active),
         }
