@@ -227,3 +227,22 @@ def test_one_rollout_per_task_with_a_group_estimator_is_refused_or_warned(caplog
     assert all(sample.advantage == 0.0 for sample in batch.samples)
     assert batch.metrics["single_rollout_groups"] == 4
     assert any("holds ONE rollout" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------------------- adapters
+
+
+def test_instrument_all_warns_about_an_unsupported_framework_version(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning.adapters import get_adapter
+
+    adapter_class = type(get_adapter("openai"))
+    monkeypatch.setattr(adapter_class, "SUPPORTED_RANGE", ">=999")  # the installed openai is now "too old"
+    installed = adapter_class.installed_version()
+    assert installed is not None
+    with caplog.at_level(logging.INFO, logger="agentlightning.adapters._base"):
+        assert agl.instrument_all(include=["openai"]) == []
+    [record] = [r for r in caplog.records if "NOT instrumented" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert f"openai {installed}" in record.getMessage() and ">=999" in record.getMessage()
