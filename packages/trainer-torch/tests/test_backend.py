@@ -14,7 +14,6 @@ import torch
 from transformers import LlamaForCausalLM
 
 from agentlightning_torch import (
-    CALCULATOR_TOOL,
     BackendServer,
     CalcChatTemplate,
     CharTokenizer,
@@ -24,6 +23,7 @@ from agentlightning_torch import (
 )
 
 USER = [{"role": "user", "content": "Q:2*3+4="}]
+CALCULATOR_TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 TOKEN_IDS = {"return_token_ids": True}
 
 
@@ -255,11 +255,13 @@ async def test_each_answer_reports_the_version_of_the_weights_that_generated_it(
 ) -> None:
     from agentlightning import MemoryStore
     from agentlightning.proxy import LLMProxy
+    from agentlightning.testing import start_attempts
 
     backend = server.backend
     store = MemoryStore()
+    attempt = (await start_attempts(store, ["ro-1"]))["ro-1"]  # the store records calls of started attempts only
     async with LLMProxy(store, [server.url], model_version=0) as proxy:
-        client = openai.AsyncOpenAI(base_url=proxy.base_url("ro-1", "at-1"), api_key="k", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=proxy.base_url("ro-1", attempt), api_key="k", max_retries=0)
 
         async def ask() -> list[Any]:
             if not stream:
