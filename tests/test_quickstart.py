@@ -85,14 +85,14 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
         sys.path.remove(str(CALC))
 
     generated: list[tuple[list[int], list[int]]] = []
-    real_generate = backend_module.generate_batch
+    real_submit = backend_module.LocalBackend.submit
 
-    def spying_generate(model: Any, prompts: list[list[int]], *args: Any, **kwargs: Any) -> Any:
-        results = real_generate(model, prompts, *args, **kwargs)
-        generated.extend((list(p), list(r.token_ids)) for p, r in zip(prompts, results, strict=True))
-        return results
+    def spying_submit(backend: Any, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        future = real_submit(backend, prompt_ids, *args, **kwargs)
+        future.add_done_callback(lambda done: generated.append((list(prompt_ids), list(done.result().token_ids))))
+        return future
 
-    monkeypatch.setattr(backend_module, "generate_batch", spying_generate)
+    monkeypatch.setattr(backend_module.LocalBackend, "submit", spying_submit)
     config = TorchTrainerConfig(
         model_dir=CHECKPOINT,
         output_dir=tmp_path,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from agentlightning_torch import CalcChatTemplate, CharTokenizer, build_tiny_model
+from agentlightning_torch.testing import make_tiny_chat_model
 
 torch.set_num_threads(1)
 
@@ -65,3 +67,9 @@ def calc_model(tokenizer: CharTokenizer, template: CalcChatTemplate) -> LlamaFor
     answer = [*tokenizer.encode("A:10"), tokenizer.eos_token_id]
     memorize(model, [(first_prompt, call), (second_prompt, answer)])
     return model
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 chat model with a byte-level BPE tokenizer and the hermes chat template."""
+    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"), seed=0)

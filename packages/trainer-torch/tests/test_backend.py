@@ -26,6 +26,14 @@ USER = [{"role": "user", "content": "Q:2*3+4="}]
 CALCULATOR_TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 TOKEN_IDS = {"return_token_ids": True}
 
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
 
 @pytest.fixture
 def server(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> Iterator[BackendServer]:
@@ -187,7 +195,7 @@ def test_n_choices(client: openai.OpenAI) -> None:
     ("body", "match"),
     [
         ({"messages": [{"role": "user", "content": "hello"}]}, "'h'"),
-        ({"messages": USER, "stop": ["\n"]}, "stop sequences"),
+        ({"messages": USER, "stop": [""]}, "stop strings must not be empty"),
         ({"messages": USER, "max_tokens": 500}, "context"),
         ({"messages": USER, "temperature": -1}, "temperature"),
         ({"messages": []}, "messages"),

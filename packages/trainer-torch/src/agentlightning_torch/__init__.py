@@ -5,14 +5,20 @@ The pieces the torch trainer is built from:
 - `CharTokenizer`, `build_tiny_model`, `save_tiny`/`load_tiny`: the CPU quickstart's ~1M-parameter Llama.
 - `CalcChatTemplate`: renders chat messages to token ids (prefix-extending across tool rounds) and parses
   ``CALC(<expr>)`` into OpenAI tool calls.
-- `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and dynamic
+- `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
+- `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
+  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template.
+- `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and continuous
   batching of concurrent requests.
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
 """
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
+from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
+from agentlightning_torch._loading import LoadedModel, MissingChatTemplateError, eos_token_ids, load_model
 from agentlightning_torch._model import build_tiny_model, count_parameters, load_tiny, save_tiny
 from agentlightning_torch._ppo import (
     LoraSettings,
@@ -28,6 +34,18 @@ from agentlightning_torch._ppo import (
 from agentlightning_torch._server import BackendServer, create_app, serve_backend
 from agentlightning_torch._template import CalcChatTemplate, ChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._tokenizer import CALC_ALPHABET, CharTokenizer
+from agentlightning_torch._tool_parsers import (
+    CalcToolParser,
+    HermesToolParser,
+    Llama3JsonToolParser,
+    ToolParser,
+    get_tool_parser,
+    guess_tool_parser,
+    make_tool_call,
+    register_tool_parser,
+    split_reasoning,
+    tool_parser_names,
+)
 from agentlightning_torch._trainer import IterationReport, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 
@@ -35,19 +53,27 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CALC_ALPHABET",
+    "HERMES_CHAT_TEMPLATE",
     "BackendServer",
     "BackendStats",
     "CalcChatTemplate",
+    "CalcToolParser",
     "CharTokenizer",
     "ChatTemplate",
     "GenerationResult",
+    "HFChatTemplate",
+    "HermesToolParser",
     "IterationReport",
+    "Llama3JsonToolParser",
+    "LoadedModel",
     "LocalBackend",
     "LoraSettings",
+    "MissingChatTemplateError",
     "PPOConfig",
     "ParsedResponse",
     "SamplingParams",
     "TemplateError",
+    "ToolParser",
     "TorchTrainer",
     "TorchTrainerConfig",
     "__version__",
@@ -55,19 +81,27 @@ __all__ = [
     "build_tiny_model",
     "count_parameters",
     "create_app",
+    "eos_token_ids",
     "generate_batch",
+    "get_tool_parser",
+    "guess_tool_parser",
     "is_lora",
     "load_adapter_weights",
+    "load_model",
     "load_tiny",
     "load_trainer_state",
     "make_optimizer",
+    "make_tool_call",
     "merged_model",
     "merged_state_dict",
     "plan_micro_batches",
     "ppo_update",
     "prepare_policy",
+    "register_tool_parser",
     "response_logprobs",
     "save_checkpoint",
     "save_tiny",
     "serve_backend",
+    "split_reasoning",
+    "tool_parser_names",
 ]

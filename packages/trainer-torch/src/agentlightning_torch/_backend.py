@@ -1,14 +1,21 @@
-"""The local inference backend: a model behind a request queue that generates concurrent requests together.
+"""The local inference backend: any Hugging Face causal LM behind a request queue, with continuous batching.
 
-At batch 128 a decoding step of the tiny model costs about what it costs at batch 1, so the backend waits for
-``batch_wait_ms`` of quiet (at most ``max_batch_wait_ms``) for others to arrive, then runs them all in one batched
-KV-cache loop (`generate_batch`). Weights are swapped between batches under a lock, so a batch never mixes two model
-versions.
+A worker thread drives one `DecodeBatch`. Between two decode steps it admits waiting requests (they join the
+running batch at the next step), so a request never waits for a batch to end; rows leave as soon as they finish.
+Two bounds keep memory flat: ``max_batch_size`` concurrent sequences and ``max_kv_tokens`` token slots in the KV
+cache (rows x longest row, padding included). When the running rows would outgrow the cache bound, the most recently
+joined rows are evicted and resume later by re-prefilling what they already generated (vLLM's recompute preemption).
+
+Weights are swapped only between sequences: `load_state_dict` stops admitting new requests, lets the in-flight ones
+finish on the old weights, swaps, and admits again. Every `GenerationResult` carries the ``model_version`` that
+generated all of its tokens. (The trainer pauses and drains the LLM proxy before a swap, so normally nothing is in
+flight then.)
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -17,14 +24,19 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback, generate_batch
+from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCallback
+from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
+from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
 from agentlightning_torch._model import load_tiny
 from agentlightning_torch._template import CalcChatTemplate, ChatTemplate
-from agentlightning_torch._tokenizer import CharTokenizer
+from agentlightning_torch._tokenizer import TOKENIZER_FILE, CharTokenizer
 
 __all__ = ["BackendStats", "LocalBackend", "merged_state_dict"]
 
@@ -37,12 +49,17 @@ class BackendStats:
 
     Attributes:
         requests: Generation requests completed (one per choice).
-        batches: Batched generation loops run.
+        batches: Admission groups: sets of requests prefilled together and joined to the running batch.
         tokens: Tokens generated.
-        last_batch_size: Rows in the most recent batch.
-        max_batch_size: Largest batch so far.
-        batch_sizes: Size of every batch, in order (capped at the last 10,000).
-        busy_seconds: Wall time spent generating (summed over batches).
+        last_batch_size: Requests in the most recent admission group.
+        max_batch_size: Most sequences decoded together so far.
+        batch_sizes: Size of every admission group, in order (capped at the last 10,000).
+        busy_seconds: Wall time spent prefilling and decoding.
+        steps: Decode steps run.
+        row_steps: Sequences summed over decode steps (``row_steps / steps`` is the mean decode batch).
+        kv_tokens: Token slots the KV cache holds now (read from the cache tensors).
+        peak_kv_tokens: The most token slots the KV cache has held.
+        preemptions: Sequences evicted to keep the KV cache under its bound (they resumed later).
     """
 
     requests: int = 0
@@ -52,6 +69,11 @@ class BackendStats:
     max_batch_size: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     busy_seconds: float = 0.0
+    steps: int = 0
+    row_steps: int = 0
+    kv_tokens: int = 0
+    peak_kv_tokens: int = 0
+    preemptions: int = 0
 
 
 @dataclass
@@ -63,6 +85,13 @@ class _Job:
     queued_at: float
 
 
+def _forward_token(on_step: StepCallback, token: int, logprob: float, top: list[tuple[int, float]], end: Any) -> None:
+    try:
+        on_step(0, token, logprob, top, end)
+    except Exception:  # a listener that went away must not fail the other rows
+        logger.debug("dropping a token event for a listener that failed", exc_info=True)
+
+
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The plain (non-LoRA) state dict of ``model``: a PEFT model's adapters are merged into a copy first."""
     if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
@@ -72,20 +101,30 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class LocalBackend:
-    """A causal LM serving generation requests with dynamic batching, on CPU or one GPU.
+    """A causal LM serving generation requests with continuous batching, on CPU or one GPU.
 
     Args:
-        model: A model directory saved by `save_tiny` (or ``tiny warmstart``), or a model instance (deep-copied so
-            training the original never races with generation; push new weights with `update_weights`).
-        tokenizer: Required with a model instance; loaded from the directory otherwise.
-        template: Chat template for chat requests; defaults to `CalcChatTemplate` over the tokenizer.
+        model: A model folder or hub id (loaded with `load_model`; a folder saved by ``tiny warmstart`` with the
+            character tokenizer also works), a `LoadedModel`, or a model instance (deep-copied so training the
+            original never races with generation; push new weights with `update_weights`).
+        tokenizer: Required with a model instance: a transformers tokenizer with a chat template, or the
+            calculator's `CharTokenizer`.
+        template: Chat template for chat requests; defaults to `HFChatTemplate` over a transformers tokenizer and
+            `CalcChatTemplate` over a `CharTokenizer`.
         device: Torch device for generation.
-        max_batch_size: Most rows generated together.
-        batch_wait_ms: A batch starts once no new request has arrived for this long (ms).
-        max_batch_wait_ms: ...or this long after its first request, whichever comes first.
-        model_name: Name reported by the OpenAI endpoints.
+        dtype: Weight dtype when loading from a folder (see `load_model`).
+        max_batch_size: Most sequences decoded together.
+        max_kv_tokens: Most token slots the KV cache may hold (rows x longest row); ``None`` means
+            ``max_batch_size x`` the context length. A request whose prompt plus ``max_tokens`` exceeds it is refused.
+        batch_wait_ms: When idle, generation starts once no new request has arrived for this long (ms), so a burst
+            is prefilled together; requests arriving while it runs join at the next step without waiting.
+        max_batch_wait_ms: ...or this long after the first request, whichever comes first.
+        model_name: Name reported by the OpenAI endpoints (default: the folder or hub id, or ``tiny-calc``).
         num_threads: ``torch.set_num_threads`` applied at start (process-wide); ``None`` leaves it alone.
         seed: Seeds sampling of requests that carry no seed of their own.
+        tool_parser: Tool-call parser name for the default template (``None``: guessed from the chat template).
+        reasoning: Split ``<think>`` blocks into ``reasoning_content`` (default template only).
+        generation_config: Eos ids come from it (default: the model's own ``generation_config``).
 
     Raises:
         ValueError: If a model instance comes without a tokenizer, or a size is not positive.
@@ -93,44 +132,76 @@ class LocalBackend:
 
     def __init__(
         self,
-        model: str | Path | PreTrainedModel,
-        tokenizer: CharTokenizer | None = None,
+        model: str | Path | PreTrainedModel | LoadedModel,
+        tokenizer: CharTokenizer | PreTrainedTokenizerBase | None = None,
         template: ChatTemplate | None = None,
         *,
         device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
         max_batch_size: int = 128,
+        max_kv_tokens: int | None = None,
         batch_wait_ms: float = 5.0,
         max_batch_wait_ms: float = 50.0,
-        model_name: str = "tiny-calc",
+        model_name: str | None = None,
         num_threads: int | None = 1,
         seed: int = 0,
+        tool_parser: str | None = None,
+        reasoning: bool = False,
+        generation_config: GenerationConfig | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+        if max_kv_tokens is not None and max_kv_tokens < 2:
+            raise ValueError(f"max_kv_tokens must be >= 2, got {max_kv_tokens}")
+        source: str | None = None
         if isinstance(model, (str, Path)):
-            loaded, saved_tokenizer = load_tiny(model, device=device)
-            self.model: PreTrainedModel = loaded
-            tokenizer = tokenizer or saved_tokenizer
+            source = str(model)
+            folder = Path(model)
+            if (folder / TOKENIZER_FILE).is_file() and not (folder / "tokenizer.json").is_file():
+                loaded_tiny, char_tokenizer = load_tiny(folder, device=device)
+                model, tokenizer = loaded_tiny, tokenizer or char_tokenizer
+            else:
+                model = load_model(folder if folder.exists() else source, device=device, dtype=dtype)
+        if isinstance(model, LoadedModel):
+            self.model: PreTrainedModel = model.model if source else copy.deepcopy(model.model)
+            tokenizer = tokenizer or model.tokenizer
+            generation_config = generation_config or model.generation_config
+            source = source or model.source
+        elif source is not None:
+            self.model = model
         else:
             if tokenizer is None:
                 raise ValueError("a tokenizer is required when the backend is given a model instance")
             self.model = copy.deepcopy(model)
-            torch.nn.Module.to(self.model, device)
+        torch.nn.Module.to(self.model, device)
         self.model.eval()
-        self.tokenizer = tokenizer
-        self.template: ChatTemplate = template or CalcChatTemplate(tokenizer)
+        assert tokenizer is not None
+        self.tokenizer: CharTokenizer | PreTrainedTokenizerBase = tokenizer
+        if isinstance(tokenizer, CharTokenizer):
+            self.template: ChatTemplate = template or CalcChatTemplate(tokenizer)
+            self.eos_token_ids = frozenset({tokenizer.eos_token_id})
+            self.pad_token_id = tokenizer.pad_token_id
+        else:
+            self.template = template or HFChatTemplate(tokenizer, tool_parser=tool_parser, reasoning=reasoning)
+            self.eos_token_ids = eos_token_ids(tokenizer, generation_config or self.model.generation_config)
+            pad: Any = tokenizer.pad_token_id
+            self.pad_token_id = int(pad) if isinstance(pad, int) else min(self.eos_token_ids, default=0)
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.max_kv_tokens = max_kv_tokens or max_batch_size * self.max_context
         self.batch_wait_ms = batch_wait_ms
         self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
-        self.model_name = model_name
+        self.model_name = model_name or source or ("tiny-calc" if isinstance(tokenizer, CharTokenizer) else "local")
         self.num_threads = num_threads
         self.stats = BackendStats()
         self.model_version = 0
         self._generator = torch.Generator().manual_seed(seed)
         self._queue: deque[_Job] = deque()
+        self._resumed: deque[RunningSequence] = deque()  # evicted sequences, admitted before new requests
+        self._inflight = 0  # sequences admitted and not finished (the worker's count)
+        self._swaps_waiting = 0
         self._condition = threading.Condition()
         self._weights_lock = threading.Lock()
         self._paused = False
@@ -144,9 +215,15 @@ class LocalBackend:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for a batch."""
+        """Requests waiting to join the batch."""
         with self._condition:
             return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Sequences admitted and not yet finished (evicted ones waiting to resume included)."""
+        with self._condition:
+            return self._inflight
 
     def start(self) -> LocalBackend:
         """Start the generation worker thread (idempotent); returns ``self``."""
@@ -161,7 +238,7 @@ class LocalBackend:
         return self
 
     def stop(self) -> None:
-        """Stop the worker; queued requests fail with `RuntimeError`."""
+        """Stop the worker; queued and running requests fail with `RuntimeError`."""
         with self._condition:
             self._running = False
             pending = list(self._queue)
@@ -174,12 +251,12 @@ class LocalBackend:
             self._worker = None
 
     def pause(self) -> None:
-        """Hold new batches (the running one finishes); requests keep queueing until `resume`."""
+        """Admit no new requests (running sequences finish); requests keep queueing until `resume`."""
         with self._condition:
             self._paused = True
 
     def resume(self) -> None:
-        """Let batches start again after `pause`."""
+        """Admit requests again after `pause`."""
         with self._condition:
             self._paused = False
             self._condition.notify_all()
@@ -187,12 +264,13 @@ class LocalBackend:
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, on_step: StepCallback | None = None
     ) -> Future[GenerationResult]:
-        """Queue one generation; the future resolves when its batch finishes.
+        """Queue one generation; it joins the running batch at the next decode step (bounds permitting).
 
         ``on_step`` is called from the worker thread for every token (``row`` is always 0 for the caller).
 
         Raises:
-            ValueError: If the prompt is empty, holds an id outside the vocabulary, or does not fit the context.
+            ValueError: If the prompt is empty, holds an id outside the vocabulary, or with ``max_tokens`` does not
+                fit the context or the KV-cache bound.
             RuntimeError: If the backend is not started.
         """
         if not prompt_ids:
@@ -205,6 +283,11 @@ class LocalBackend:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens; with max_tokens={params.max_tokens} it exceeds the "
                 f"model's context of {self.max_context} tokens"
+            )
+        if len(prompt_ids) + params.max_tokens >= self.max_kv_tokens:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; with max_tokens={params.max_tokens} it needs more than the "
+                f"backend's KV-cache bound of {self.max_kv_tokens} tokens"
             )
         job = _Job(list(prompt_ids), params, Future(), on_step, time.monotonic())
         with self._condition:
@@ -219,87 +302,146 @@ class LocalBackend:
         return self.submit(prompt_ids, params).result()
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
-        """Swap in new weights between batches; returns the new `model_version` (``version`` or the old one + 1)."""
-        with self._weights_lock:
-            self.model.load_state_dict(dict(state_dict), strict=True)
-            self.model_version = self.model_version + 1 if version is None else version
-            logger.info("backend now serves model version %d", self.model_version)
-            return self.model_version
+        """Swap in new weights; returns the new `model_version` (``version`` or the old one + 1).
+
+        New requests are held while the sequences in flight finish on the old weights (each result is labelled
+        with the version that generated it); then the weights change and held requests run on the new ones.
+
+        Raises:
+            RuntimeError: If the state dict does not match the model (nothing changes then).
+        """
+        with self._condition:
+            self._swaps_waiting += 1
+            try:
+                while self._running and self._worker is not None and self._inflight:
+                    self._condition.wait()
+                with self._weights_lock:
+                    self.model.load_state_dict(dict(state_dict), strict=True)
+                    self.model_version = self.model_version + 1 if version is None else version
+            finally:
+                self._swaps_waiting -= 1
+                self._condition.notify_all()
+        logger.info("backend now serves model version %d", self.model_version)
+        return self.model_version
 
     def update_weights(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Copy the weights of ``model`` (LoRA adapters merged) into the served model; returns the new version."""
         return self.load_state_dict(merged_state_dict(model), version)
 
-    def _take_batch(self) -> list[_Job] | None:
+    # ----- the worker ----------------------------------------------------------------------------------------
+
+    def _sequence(self, job: _Job) -> RunningSequence:
+        params = job.params
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        callback: TokenCallback | None = None
+        if job.on_step is not None:
+            callback = functools.partial(_forward_token, job.on_step)
+        sequence = RunningSequence(job.prompt_ids, params, stop_ids, self.max_context, callback, tag=job)
+        sequence.result.model_version = self.model_version
+        return sequence
+
+    def _admissible(self, batch: DecodeBatch) -> list[RunningSequence]:
+        """Sequences that join now: evicted ones first, then queued requests (unless paused or a swap waits)."""
+        taken: list[RunningSequence] = []
+        lengths: list[int] = []
+
+        def fits(length: int) -> bool:
+            if len(batch.rows) + len(taken) >= self.max_batch_size:
+                return False
+            return batch.kv_tokens_after_admitting([*lengths, length]) <= self.max_kv_tokens
+
+        while self._resumed and fits(self._resumed[0].length):
+            taken.append(self._resumed.popleft())
+            lengths.append(taken[-1].length)
+        if self._paused or self._swaps_waiting or self._resumed:
+            return taken
+        while self._queue and fits(len(self._queue[0].prompt_ids)):
+            job = self._queue.popleft()
+            if job.future.set_running_or_notify_cancel():
+                taken.append(self._sequence(job))
+                lengths.append(len(job.prompt_ids))
+        return taken
+
+    def _wait_for_work(self, batch: DecodeBatch) -> list[RunningSequence] | None:
+        """Under the condition: block until there is something to do; ``None`` when stopping."""
         with self._condition:
-            while self._running and (self._paused or not self._queue):
-                self._condition.wait()
-            if not self._running:
-                return None
-            # Wait while requests keep coming: a batch closes once the queue has been quiet for batch_wait_ms
-            # (agents reach their LLM call spread over a few ms) or max_batch_wait_ms after its first request.
-            hard_deadline = self._queue[0].queued_at + self.max_batch_wait_ms / 1000.0
-            while self._running and len(self._queue) < self.max_batch_size:
-                quiet_deadline = self._queue[-1].queued_at + self.batch_wait_ms / 1000.0
-                remaining = min(hard_deadline, quiet_deadline) - time.monotonic()
-                if remaining <= 0:
+            while True:
+                self._inflight = len(batch.rows) + len(self._resumed)
+                if not self._running:
+                    return None
+                admitting = bool(self._queue) and not (self._paused or self._swaps_waiting)
+                if batch.rows or self._resumed or admitting:
                     break
-                self._condition.wait(remaining)
-            if not self._running:
-                return None
-            count = min(len(self._queue), self.max_batch_size)
-            return [self._queue.popleft() for _ in range(count)]
+                self._condition.notify_all()  # a swap may be waiting for the batch to drain
+                self._condition.wait()
+            if not batch.rows and not self._resumed:
+                self._gather_burst()
+            taken = self._admissible(batch)
+            self._inflight += len(taken)
+            return taken
+
+    def _gather_burst(self) -> None:
+        """When idle, wait while requests keep coming (agents reach their call spread over a few ms)."""
+        hard_deadline = self._queue[0].queued_at + self.max_batch_wait_ms / 1000.0
+        while self._running and len(self._queue) < self.max_batch_size:
+            quiet_deadline = self._queue[-1].queued_at + self.batch_wait_ms / 1000.0
+            remaining = min(hard_deadline, quiet_deadline) - time.monotonic()
+            if remaining <= 0:
+                break
+            self._condition.wait(remaining)
 
     def _work(self) -> None:
+        batch = DecodeBatch(
+            self.model, pad_token_id=self.pad_token_id, decode=self.template.decode, generator=self._generator
+        )
         while True:
-            jobs = self._take_batch()
-            if jobs is None:
-                return
-            jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]
-            if not jobs:
-                continue
-
-            def relay(
-                row: int,
-                token: int,
-                logprob: float,
-                top: list[tuple[int, float]],
-                finish: object,
-                jobs: list[_Job] = jobs,
-            ) -> None:
-                callback = jobs[row].on_step
-                if callback is None:
-                    return
-                try:
-                    callback(0, token, logprob, top, finish)  # type: ignore[arg-type]
-                except Exception:  # a listener that went away must not fail the other rows
-                    logger.debug("dropping a token event for a listener that failed", exc_info=True)
-
+            taken = self._wait_for_work(batch)
+            if taken is None:
+                break
             started = time.monotonic()
+            finished: list[RunningSequence] = []
             try:
                 with self._weights_lock:
-                    version = self.model_version  # weights only change under this lock: the batch's version
-                    results = generate_batch(
-                        self.model,
-                        [job.prompt_ids for job in jobs],
-                        [job.params for job in jobs],
-                        eos_token_id=self.tokenizer.eos_token_id,
-                        pad_token_id=self.tokenizer.pad_token_id,
-                        generator=self._generator,
-                        on_step=relay if any(job.on_step for job in jobs) else None,
-                    )
-            except Exception as error:  # a failed batch must not kill the worker
-                logger.exception("batched generation failed")
-                for job in jobs:
-                    job.future.set_exception(error)
+                    if taken:
+                        finished += batch.admit(taken)
+                        self.stats.batches += 1
+                        self.stats.last_batch_size = len(taken)
+                        self.stats.batch_sizes.append(len(taken))
+                    self._note_cache(batch)
+                    self._keep_under_bound(batch)
+                    if batch.rows:
+                        self.stats.steps += 1
+                        self.stats.row_steps += len(batch.rows)
+                        self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch.rows))
+                        finished += batch.step()
+                    self._note_cache(batch)
+            except Exception as error:  # a failed step must not kill the worker
+                logger.exception("generation failed")
+                failed = [*taken, *batch.clear()]
+                for sequence in {id(s): s for s in failed}.values():
+                    sequence.tag.future.set_exception(error)
                 continue
-            self.stats.busy_seconds += time.monotonic() - started
-            self.stats.batches += 1
-            self.stats.requests += len(jobs)
-            self.stats.tokens += sum(len(r.token_ids) for r in results)
-            self.stats.last_batch_size = len(jobs)
-            self.stats.max_batch_size = max(self.stats.max_batch_size, len(jobs))
-            self.stats.batch_sizes.append(len(jobs))
-            for job, result in zip(jobs, results, strict=True):
-                result.model_version = version
-                job.future.set_result(result)
+            finally:
+                self.stats.busy_seconds += time.monotonic() - started
+            for sequence in finished:
+                self.stats.requests += 1
+                self.stats.tokens += len(sequence.result.token_ids)
+                sequence.tag.future.set_result(sequence.result)
+        stopped = RuntimeError("the backend was stopped")
+        for sequence in [*batch.clear(), *self._resumed]:
+            sequence.tag.future.set_exception(stopped)
+        self._resumed.clear()
+
+    def _keep_under_bound(self, batch: DecodeBatch) -> None:
+        """Evict the newest rows while the next step would take the cache past ``max_kv_tokens``."""
+        evicted: list[RunningSequence] = []
+        while len(batch.rows) > 1 and len(batch.rows) * (batch.width + 1) > self.max_kv_tokens:
+            evicted += batch.evict(1)
+        if evicted:
+            self.stats.preemptions += len(evicted)
+            with self._condition:
+                self._resumed.extendleft(reversed(evicted))
+
+    def _note_cache(self, batch: DecodeBatch) -> None:
+        self.stats.kv_tokens = batch.kv_tokens
+        self.stats.peak_kv_tokens = max(self.stats.peak_kv_tokens, self.stats.kv_tokens)

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-__all__ = ["GenerationResult", "SamplingParams", "StepCallback", "generate_batch"]
+__all__ = ["FinishReason", "GenerationResult", "SamplingParams", "StepCallback", "generate_batch"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -29,6 +29,9 @@ class SamplingParams:
         max_tokens: Most tokens to generate.
         seed: Per-request seed (reproducible samples); ``None`` draws from the backend's generator.
         top_logprobs: How many most likely alternatives to report per position (0 for none).
+        stop: Strings that end the response once generated (the local backend; `generate_batch` ignores them).
+        stop_token_ids: Token ids that end the response besides the eos ids.
+        ignore_eos: Keep generating past eos ids (benchmarks; ``stop_token_ids`` still apply).
     """
 
     temperature: float = 1.0
@@ -36,6 +39,9 @@ class SamplingParams:
     max_tokens: int = 32
     seed: int | None = None
     top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -46,6 +52,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
 
 
 @dataclass
@@ -57,14 +65,17 @@ class GenerationResult:
         logprobs: Log-probability of each generated token under the model (temperature 1, no top-p), which is
             what the trainer recomputes; the sampling distribution itself may differ.
         top_logprobs: Per position, the ``top_logprobs`` most likely ``(token_id, logprob)`` pairs.
-        finish_reason: ``stop`` on eos, ``length`` at ``max_tokens``.
-        model_version: Version of the weights that generated it (set by `LocalBackend`; ``None`` elsewhere).
+        finish_reason: ``stop`` on eos (or a stop string / stop token), ``length`` at ``max_tokens`` or the context.
+        stop_reason: The stop string or stop token id that ended it (``None`` for eos or length).
+        model_version: Version of the weights that generated every token of it (set by `LocalBackend`; ``None``
+            elsewhere).
     """
 
     token_ids: list[int] = field(default_factory=lambda: [])
     logprobs: list[float] = field(default_factory=lambda: [])
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=lambda: [])
     finish_reason: FinishReason = "length"
+    stop_reason: str | int | None = None
     model_version: int | None = None
 
 

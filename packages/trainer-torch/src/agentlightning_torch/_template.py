@@ -9,15 +9,14 @@ merge the turns of one episode into a single trajectory sample.
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from agentlightning_torch._tokenizer import CharTokenizer
+from agentlightning_torch._tool_parsers import CalcToolParser
 
-__all__ = ["CalcChatTemplate", "ChatTemplate", "ParsedResponse", "TemplateError"]
+__all__ = ["CalcChatTemplate", "ChatTemplate", "ParsedResponse", "TemplateError", "text_of"]
 
 
 class TemplateError(ValueError):
@@ -31,15 +30,17 @@ class ParsedResponse:
     Attributes:
         content: Assistant text, or ``None`` when the response is a tool call.
         tool_calls: OpenAI ``tool_calls`` entries (empty for plain content).
+        reasoning_content: The ``<think>`` block's text, when the template splits reasoning out.
     """
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=lambda: [])
+    reasoning_content: str | None = None
 
 
 @runtime_checkable
 class ChatTemplate(Protocol):
-    """What a backend needs from a chat template."""
+    """What a backend needs from a chat template: prompts to ids, ids back to text, content and tool calls."""
 
     def render(
         self,
@@ -47,22 +48,46 @@ class ChatTemplate(Protocol):
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the conversation, ready for the model to continue as the assistant."""
         ...
 
     def parse_response(
-        self, token_ids: Sequence[int], *, tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_ids: Sequence[int] = (),
+        text: str | None = None,
     ) -> ParsedResponse:
-        """Interpret generated ids (without the prompt) as content or tool calls."""
+        """Interpret generated ids (without the prompt) as content or tool calls (``text``: the decoded ids)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ids, special tokens skipped."""
+        ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own text (for logprobs entries)."""
+        ...
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of plain text (completion prompts)."""
+        ...
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Strings that may begin a tool call or reasoning block (a streaming server holds text from there)."""
         ...
 
 
-_CALL = re.compile(r"CALC\((.*)\)", re.DOTALL)
+def text_of(content: Any, where: str) -> str:
+    """Message content as text: a string, ``None``, or a list of ``{"type": "text", "text": ...}`` parts.
 
-
-def _text_of(content: Any, where: str) -> str:
-    """Message content as text: a string, ``None``, or a list of ``{"type": "text", "text": ...}`` parts."""
+    Raises:
+        TemplateError: On any other content (``where`` names the message).
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -97,6 +122,7 @@ class CalcChatTemplate:
     def __init__(self, tokenizer: CharTokenizer, tool_name: str = "calculator") -> None:
         self.tokenizer = tokenizer
         self.tool_name = tool_name
+        self._parser = CalcToolParser(tool_name=tool_name)
 
     def _encode(self, text: str, where: str) -> list[int]:
         try:
@@ -110,16 +136,18 @@ class CalcChatTemplate:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of ``messages``.
 
-        ``tools`` and ``add_generation_prompt`` are accepted for interface compatibility; neither changes the ids.
+        ``tools``, ``add_generation_prompt`` and ``template_kwargs`` are accepted for interface compatibility; none
+        changes the ids.
 
         Raises:
             TemplateError: On an unknown role, a tool call to another function, arguments that are not JSON with
                 an ``expression`` string, or a character outside the tokenizer's alphabet.
         """
-        del tools, add_generation_prompt
+        del tools, add_generation_prompt, template_kwargs
         if not messages:
             raise TemplateError("the conversation has no messages")
         eos = self.tokenizer.eos_token_id
@@ -128,16 +156,16 @@ class CalcChatTemplate:
             role = message.get("role")
             where = f"messages[{index}] ({role})"
             if role in ("system", "developer", "user"):
-                ids += self._encode(_text_of(message.get("content"), where) + "\n", where)
+                ids += self._encode(text_of(message.get("content"), where) + "\n", where)
             elif role == "assistant":
                 calls = message.get("tool_calls") or []
-                text = _text_of(message.get("content"), where)
+                text = text_of(message.get("content"), where)
                 if text or not calls:
                     ids += [*self._encode(text, where), eos]
                 for call in calls:
                     ids += [*self._encode(f"CALC({self._expression_of(call, where)})", where), eos]
             elif role == "tool":
-                ids += self._encode("R:" + _text_of(message.get("content"), where) + "\n", where)
+                ids += self._encode("R:" + text_of(message.get("content"), where) + "\n", where)
             else:
                 raise TemplateError(f"{where}: unsupported role {role!r}")
         return ids
@@ -172,19 +200,41 @@ class CalcChatTemplate:
         return False
 
     def parse_response(
-        self, token_ids: Sequence[int], *, tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_ids: Sequence[int] = (),
+        text: str | None = None,
     ) -> ParsedResponse:
         """``CALC(<expr>)`` becomes a calculator tool call when the request declared the tool; anything else is text.
 
-        The text is the decoded ids without special tokens; a trailing eos is the normal end of a turn.
+        The text is the decoded ids without special tokens; a trailing eos is the normal end of a turn. Parsing is
+        the registered ``calc`` tool parser's.
         """
-        text = self.tokenizer.decode(token_ids)
-        match = _CALL.fullmatch(text)
-        if match is None or not self.declares_tool(tools):
-            return ParsedResponse(content=text)
-        call = {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": self.tool_name, "arguments": json.dumps({"expression": match.group(1)})},
-        }
-        return ParsedResponse(content=None, tool_calls=[call])
+        del prompt_ids
+        body = self.tokenizer.decode(token_ids) if text is None else text
+        content, calls = self._parser.parse(body, tools or [])
+        return ParsedResponse(content=content, tool_calls=calls)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ids, special tokens skipped."""
+        return self.tokenizer.decode(token_ids)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's token (special tokens by name, e.g. ``<eos>``)."""
+        return self.tokenizer.convert_ids_to_tokens(token_ids)
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, after ``<bos>`` when ``add_special_tokens``.
+
+        Raises:
+            TemplateError: If a character is outside the tokenizer's alphabet.
+        """
+        ids = self._encode(text, "prompt")
+        return [self.tokenizer.bos_token_id, *ids] if add_special_tokens else ids
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """``CALC(``: where a streaming server starts holding text back."""
+        return self._parser.markers

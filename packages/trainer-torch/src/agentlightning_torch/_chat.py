@@ -1,0 +1,172 @@
+"""`HFChatTemplate`: a Hugging Face tokenizer's own chat template for prompts, a named tool parser for responses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jinja2 import TemplateError as JinjaTemplateError
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from agentlightning_torch._template import ParsedResponse, TemplateError, text_of
+from agentlightning_torch._tool_parsers import ToolParser, get_tool_parser, guess_tool_parser, split_reasoning
+
+__all__ = ["HFChatTemplate"]
+
+
+def _normalise_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """An OpenAI message as chat templates expect it: text content, tool-call arguments as objects (like vLLM)."""
+    role = message.get("role")
+    where = f"messages[{index}] ({role})"
+    if not isinstance(role, str):
+        raise TemplateError(f"{where}: a message needs a string 'role'")
+    out: dict[str, Any] = {k: v for k, v in message.items() if v is not None}
+    out["content"] = text_of(message.get("content"), where)
+    calls: list[dict[str, Any]] = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            raise TemplateError(f"{where}: a tool call needs a 'function' object, got {call!r}")
+        raw = function.get("arguments")  # type: ignore[reportUnknownMemberType]
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else (raw or {})
+        except json.JSONDecodeError as error:
+            raise TemplateError(f"{where}: tool call arguments are not JSON: {raw!r}") from error
+        calls.append({**call, "function": {**function, "arguments": arguments}})  # type: ignore[reportUnknownArgumentType]
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+class HFChatTemplate:
+    """Renders chat requests with the tokenizer's chat template and parses responses with a named tool parser.
+
+    Args:
+        tokenizer: A transformers tokenizer with a chat template.
+        tool_parser: A registered parser name (``hermes``, ``llama3_json``, ``calc``, ...), a parser, or ``None``
+            to pick one from the chat template's own tool-call format.
+        reasoning: Split a leading ``<think>...</think>`` block into ``reasoning_content``.
+
+    Raises:
+        TemplateError: If the tokenizer has no chat template.
+        ValueError: If ``tool_parser`` names no registered parser.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tool_parser: str | ToolParser | None = None,
+        reasoning: bool = False,
+    ) -> None:
+        template = tokenizer.chat_template
+        if not template:
+            raise TemplateError("the tokenizer has no chat template; set tokenizer.chat_template first")
+        self.tokenizer = tokenizer
+        text = template if isinstance(template, str) else json.dumps(template)
+        if tool_parser is None:
+            tool_parser = guess_tool_parser(text)
+        self.tool_parser: ToolParser = get_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
+        self.reasoning = reasoning
+
+    # ----- prompts ------------------------------------------------------------------------------------------
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text the chat template renders.
+
+        Raises:
+            TemplateError: If the conversation is empty or malformed, or the template refuses it.
+        """
+        if not messages:
+            raise TemplateError("the conversation has no messages")
+        normalised = [_normalise_message(m, i) for i, m in enumerate(messages)]
+        try:
+            text = self.tokenizer.apply_chat_template(  # pyright: ignore[reportUnknownMemberType]
+                normalised,  # pyright: ignore[reportArgumentType]
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **dict(template_kwargs or {}),
+            )
+        except JinjaTemplateError as error:
+            raise TemplateError(f"the chat template refused the conversation: {error}") from error
+        if not isinstance(text, str):
+            raise TemplateError(f"the chat template rendered {type(text).__name__}, not text")
+        return text
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the rendered prompt (tokenised as ``apply_chat_template`` does: no extra special tokens).
+
+        Raises:
+            TemplateError: See `render_text`.
+        """
+        text = self.render_text(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs
+        )
+        return self.encode_text(text, add_special_tokens=False)
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of plain text (``/v1/completions`` prompts add the tokenizer's special tokens, as vLLM does)."""
+        ids: Any = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        return [int(i) for i in ids]
+
+    # ----- responses ----------------------------------------------------------------------------------------
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ids, special tokens skipped (vLLM's default)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))  # pyright: ignore[reportUnknownMemberType]
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own text (for logprobs entries)."""
+        return [str(self.tokenizer.decode([t])) for t in token_ids]  # pyright: ignore[reportUnknownMemberType]
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Strings from which a streaming server holds text back (tool calls, reasoning)."""
+        return (*self.tool_parser.markers, *(("<think>",) if self.reasoning else ()))
+
+    def opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt itself ends inside an open ``<think>`` block."""
+        if not self.reasoning:
+            return False
+        tail = str(self.tokenizer.decode(list(prompt_ids[-8:])))  # pyright: ignore[reportUnknownMemberType]
+        return tail.rstrip().endswith("<think>")
+
+    def parse_response(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_ids: Sequence[int] = (),
+        text: str | None = None,
+    ) -> ParsedResponse:
+        """Content, tool calls (only when the request declared tools) and reasoning of generated ids.
+
+        ``text`` replaces the decoded ids (a server cuts the text at a stop string first).
+        """
+        body = self.decode(token_ids) if text is None else text
+        reasoning: str | None = None
+        content: str | None = body
+        if self.reasoning:
+            reasoning, content = split_reasoning(body, opened=self.opens_reasoning(prompt_ids))
+        calls: list[dict[str, Any]] = []
+        if tools and content:
+            content, calls = self.tool_parser.parse(content, tools)
+        if content is None and not calls and reasoning is None:
+            content = ""
+        return ParsedResponse(content=content, tool_calls=calls, reasoning_content=reasoning)
