@@ -26,14 +26,6 @@ USER = [{"role": "user", "content": "Q:2*3+4="}]
 CALCULATOR_TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 TOKEN_IDS = {"return_token_ids": True}
 
-CALCULATOR_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
-
 
 @pytest.fixture
 def server(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> Iterator[BackendServer]:
