@@ -204,8 +204,11 @@ class RLLoop(Algorithm):
         done_ids = await self._wait(store, rollout_ids)
         t_rollouts = time.monotonic()
         proxy = self.proxy
-        await proxy.pause(timeout=config.proxy.pause_timeout_s)
         try:
+            try:
+                await proxy.pause(timeout=config.proxy.pause_timeout_s)
+            except TimeoutError as error:  # a straggler of a cancelled rollout; new calls are refused meanwhile
+                logger.warning("iteration %d: %s; training anyway", self.iteration, error)
             await proxy.flush()
             results = await results_from_store(store, done_ids, self._transition_config())
             batch = build_batch_from_results(
