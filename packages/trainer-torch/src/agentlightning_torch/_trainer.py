@@ -86,6 +86,10 @@ class TorchTrainer(Engine, Algorithm):
         """Where the latest checkpoint lives."""
         return self.loop.checkpoint_dir
 
+    def save_checkpoint(self) -> Path:
+        """Save a checkpoint now (`save_state` + the loop's iteration and model version); returns the folder."""
+        return self.loop.save_checkpoint()
+
     async def start(self, store: LightningStore) -> None:
         """Start the local backend and the LLM proxy in front of it, and publish the current model version."""
         await self.loop.start(store)
