@@ -85,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-dashboard", action="store_true", help="do not serve the browser dashboard")
     return parser.parse_args(argv)
 
 
@@ -186,6 +187,12 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     (args.output / "metrics.jsonl").unlink(missing_ok=True)
     store = agl.SqliteStore(db)
+    dashboard = None
+    if not args.no_dashboard:
+        from agentlightning.ui import DashboardServer
+
+        dashboard = DashboardServer(db).start()
+        console.print(f"[bold]dashboard[/]: {dashboard.url} (live while training; later: agl store serve --db {db})")
     runner = start_runner(db, args.workers)
     progress = Progress(
         TextColumn("[bold]RL"),
@@ -223,6 +230,8 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         runner.terminate()
         runner.wait(timeout=30)
         await store.close()
+        if dashboard is not None:
+            dashboard.stop()
     history = trainer.history
     if not history:
         raise UsageError("no RL iteration finished within the time budget; raise --minutes")

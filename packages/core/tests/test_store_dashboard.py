@@ -132,6 +132,7 @@ def test_ui_files_open_api_behind_the_token(tmp_path: Path) -> None:
         status, _, body = _http(server.url + "/v1/ui/explain", token="sesame", body={"rollout_id": "nope"})
         assert status == 404 and "nope" in json.loads(body)["message"]
         assert _http(server.url + "/v1/resources/all", token="sesame")[0] == 200
+        assert f"dashboard: {server.url}/ui" in server.output()
 
 
 async def _episode(store: MemoryStore, reward: float | None, fail: bool = False) -> str:
@@ -188,3 +189,23 @@ async def test_explain_gives_group_credit_and_says_what_was_not_trained() -> Non
 
     with pytest.raises((ValueError, KeyError), match="nonsense"):
         await explain_attempt(store, ExplainRequest(rollout_id=winner, credit="nonsense"))
+
+
+async def test_dashboard_server_in_a_thread_reads_a_live_sqlite_file(tmp_path: Path) -> None:
+    from agentlightning.ui import DashboardServer
+
+    store = SqliteStore(tmp_path / "run.db")
+    await store.enqueue_rollout("first", rollout_id="live-1")
+    with DashboardServer(tmp_path / "run.db") as dashboard:
+        assert dashboard.url.endswith("/ui") and dashboard.port > 0
+        status, _, body = await asyncio.to_thread(_http, dashboard.url)
+        assert status == 200 and b"login-form" in body
+        base = dashboard.url.removesuffix("/ui")
+        await store.enqueue_rollout("second", rollout_id="live-2")  # written by the run while it serves
+        status, _, body = await asyncio.to_thread(_http, base + "/v1/rollouts/list", None, {})
+        assert status == 200 and [r["rollout_id"] for r in json.loads(body)["rollouts"]] == ["live-2", "live-1"]
+    with pytest.raises(OSError):
+        await asyncio.to_thread(urllib.request.urlopen, dashboard.url, None, 2)
+    await store.close()
+    with pytest.raises(ValueError, match="token"):
+        DashboardServer(tmp_path / "run.db", host="0.0.0.0")

@@ -50,6 +50,7 @@ def register(subparsers: Any) -> None:
     )
     serve_parser.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body in MiB")
     serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+    serve_parser.add_argument("--no-ui", action="store_true", help="do not serve the browser dashboard at /ui")
     serve_parser.set_defaults(func=serve)
 
 
@@ -107,13 +108,17 @@ def serve(args: argparse.Namespace) -> int:
 
     from agentlightning.store._server import create_store_app
 
-    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), ui=not args.no_ui)
     where = "memory" if args.memory else os.path.abspath(args.db)
     host = f"[{args.host}]" if ":" in args.host else args.host
     console.print(
         f"[bold green]Agent Lightning store[/bold green] serving {where} at [bold]http://{host}:{args.port}[/bold]"
         f" ({'bearer token required' if token else 'no token'})"
     )
+    if not args.no_ui:
+        console.print(
+            f"dashboard: [bold]http://{host}:{args.port}/ui[/bold]" + (" (log in with the token)" if token else "")
+        )
     config = uvicorn.Config(
         app,
         host=args.host,

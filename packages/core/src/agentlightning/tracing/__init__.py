@@ -13,6 +13,7 @@ from agentlightning.tracing._otlp import (
     export_to_otlp,
     flush_otlp,
     otlp_endpoint_from_env,
+    stop_otlp_export,
 )
 from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError, to_span_model
 from agentlightning.tracing._provider import (
@@ -47,5 +48,6 @@ __all__ = [
     "otlp_endpoint_from_env",
     "rollout_context",
     "set_as_global",
+    "stop_otlp_export",
     "to_span_model",
 ]

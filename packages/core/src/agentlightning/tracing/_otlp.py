@@ -13,9 +13,18 @@ import os
 import threading
 from typing import Any
 
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
 from agentlightning.tracing._provider import get_tracer_provider
 
-__all__ = ["OTLP_ENDPOINT_ENV", "OTLP_INSTALL", "export_to_otlp", "flush_otlp", "otlp_endpoint_from_env"]
+__all__ = [
+    "OTLP_ENDPOINT_ENV",
+    "OTLP_INSTALL",
+    "export_to_otlp",
+    "flush_otlp",
+    "otlp_endpoint_from_env",
+    "stop_otlp_export",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +35,30 @@ OTLP_INSTALL = 'pip install "agentlightning-core[otlp]"'
 """How to install the optional exporter (it brings ``opentelemetry-exporter-otlp-proto-http``)."""
 
 _lock = threading.Lock()
-_processors: dict[str, Any] = {}  # traces URL -> its BatchSpanProcessor
+_processors: dict[str, _Switchable] = {}  # traces URL -> its processor
+
+
+class _Switchable(SpanProcessor):
+    """A span processor that can be switched off for good (the SDK provider cannot remove a processor)."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self.inner = inner
+        self.active = True
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.active:
+            self.inner.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.active:
+            self.inner.on_end(span)
+
+    def shutdown(self) -> None:
+        self.active = False
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis) if self.active else True
 
 
 def otlp_endpoint_from_env() -> str | None:
@@ -69,7 +101,7 @@ def export_to_otlp(endpoint: str, headers: dict[str, str] | None = None, timeout
             ) from exc
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=url, headers=headers, timeout=timeout))
+        processor = _Switchable(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, headers=headers, timeout=timeout)))
         get_tracer_provider().add_span_processor(processor)
         _processors[url] = processor
     logger.info("spans are also exported to the OTLP collector at %s", url)
@@ -81,3 +113,12 @@ def flush_otlp(timeout: float = 30.0) -> bool:
     with _lock:
         processors = list(_processors.values())
     return all(processor.force_flush(int(timeout * 1000)) for processor in processors)
+
+
+def stop_otlp_export(endpoint: str | None = None) -> None:
+    """Send what is pending and stop exporting to ``endpoint`` (``None``: to every collector)."""
+    with _lock:
+        urls = list(_processors) if endpoint is None else [_traces_url(endpoint)]
+        stopped = [_processors.pop(url) for url in urls if url in _processors]
+    for processor in stopped:
+        processor.shutdown()

@@ -1,0 +1,108 @@
+"""Serve the dashboard (and the store API it reads) from a background thread of a training script."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Generator
+from pathlib import Path
+from types import TracebackType
+
+import uvicorn
+
+from agentlightning.store import LightningStore, SqliteStore
+
+__all__ = ["DashboardServer"]
+
+logger = logging.getLogger(__name__)
+
+
+class _QuietServer(uvicorn.Server):
+    """Leaves the host program's signal handlers alone (Ctrl-C stays the training script's)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class DashboardServer:
+    """The store API and the ``/ui`` dashboard on a port of this process, served from a daemon thread.
+
+    Give it the SQLite file the run writes to: it opens its own `SqliteStore` on it (WAL lets it read while the
+    run writes), so the dashboard shows the run live. The quickstart starts one and prints its `url`.
+
+    Args:
+        store: A SQLite file, or any store object safe to use from another thread's event loop.
+        host: Interface to bind (loopback by default; anything else needs a ``token``).
+        port: Port to bind (0: a free one).
+        token: Bearer token the API requires (the page asks for it).
+    """
+
+    def __init__(
+        self, store: str | Path | LightningStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
+        if host not in ("127.0.0.1", "localhost", "::1") and not token:
+            raise ValueError(f"refusing to serve the store on {host} without a token; pass token=... or bind loopback")
+        self._owns_store = isinstance(store, str | Path)
+        self.store: LightningStore = SqliteStore(store) if isinstance(store, str | Path) else store
+        self.host = host
+        self.port = port
+        self.token = token
+        self._server: _QuietServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The dashboard's address, e.g. ``http://127.0.0.1:4747/ui``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/ui"
+
+    def start(self, timeout: float = 30.0) -> DashboardServer:
+        """Start serving; returns once the port listens (raises `RuntimeError` if it cannot bind)."""
+        from agentlightning.store._server import create_store_app
+
+        app = create_store_app(self.store, token=self.token, ui=True)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
+                                lifespan="off")  # fmt: skip
+        server = _QuietServer(config)
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                server.run()
+            except BaseException as exc:  # e.g. the port is taken: reported below
+                failure.append(exc)
+            finally:
+                if self._owns_store:
+                    asyncio.run(self.store.close())  # the file stays; this handle on it is released
+
+        thread = threading.Thread(target=run, name="agl-dashboard", daemon=True)
+        thread.start()
+        waited = 0.0
+        while not server.started:
+            if not thread.is_alive() or waited > timeout:
+                reason = failure[0] if failure else "it did not start in time"
+                raise RuntimeError(f"dashboard could not serve on {self.host}:{self.port}: {reason!r}")
+            thread.join(0.02)
+            waited += 0.02
+        self.port = int(server.servers[0].sockets[0].getsockname()[1])
+        self._server, self._thread = server, thread
+        logger.info("dashboard at %s", self.url)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the store it opened (idempotent)."""
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(30)
+        self._server = self._thread = None
+
+    def __enter__(self) -> DashboardServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
