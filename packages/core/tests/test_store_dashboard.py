@@ -87,9 +87,13 @@ def test_version_1_file_is_migrated_and_backfilled(tmp_path: Path) -> None:
             assert (await store.list_rollouts(RolloutQuery(model_version=7))).total == 1
             stats = await store.run_stats()
             assert stats.versions[0].model_version == 7 and stats.versions[0].reward_mean == 0.75
+            assert stats.versions[0].mode == "train"
         finally:
             await store.close()
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+        conn = sqlite3.connect(path)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert conn.execute("SELECT mode FROM attempts").fetchall() == [("train",)]
+        conn.close()
 
     asyncio.run(check())
 

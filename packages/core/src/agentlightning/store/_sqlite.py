@@ -85,7 +85,8 @@ _CLAIM_OLDEST = (
     "UPDATE rollouts SET status = 'running', updated_at = ? WHERE seq = "
     f"(SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1) RETURNING {ROLLOUT_COLUMNS}"
 )
-_INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# an attempt keeps its rollout's mode, so dashboard statistics read one table
+_INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_SPAN = "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
 _SET_REWARD = (
     "UPDATE attempts SET reward = ?, reward_seq = ? WHERE attempt_id = ? AND rollout_id = ? "
@@ -370,7 +371,18 @@ class SqliteStore:
                 )
                 conn.execute(
                     _INSERT_ATTEMPT,
-                    (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None),
+                    (
+                        attempt.rollout_id,
+                        attempt.attempt_id,
+                        sequence,
+                        worker_id,
+                        "running",
+                        t,
+                        None,
+                        t,
+                        None,
+                        rollout.mode,
+                    ),
                 )
                 claim = Claim(rollout=rollout, attempt=attempt)
                 if key is not None:

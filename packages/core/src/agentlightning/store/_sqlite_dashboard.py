@@ -131,16 +131,19 @@ class DashboardReader:
         rollouts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)
         for status, count in conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status"):
             rollouts[status] = count
-        attempts = dict(conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall())
+        # finished attempts come from the covering index ix_attempts_finished, running ones from ix_attempts_running
+        running = conn.execute("SELECT COUNT(*) FROM attempts WHERE status = 'running'").fetchone()[0]
+        attempts: dict[str, int] = {"running": running} if running else {}
         groups: dict[tuple[Any, Any], list[Any]] = {}
         for version, mode, status, count, rewarded, reward_sum, successes, first, last in conn.execute(
-            "SELECT a.model_version, r.mode, a.status, COUNT(*), COUNT(a.reward), TOTAL(a.reward), "
-            "TOTAL(a.reward >= ?), MIN(a.end_time), MAX(a.end_time) "
-            "FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id "
-            "WHERE a.status != 'running' AND a.end_time IS NOT NULL "
-            "GROUP BY a.model_version, r.mode, a.status",
+            "SELECT model_version, mode, status, COUNT(*), COUNT(reward), TOTAL(reward), TOTAL(reward >= ?), "
+            "MIN(end_time), MAX(end_time) FROM attempts WHERE status != 'running' "
+            "GROUP BY model_version, mode, status",
             (query.success_reward,),
         ):
+            attempts[status] = attempts.get(status, 0) + count
+            if first is None:  # no end time recorded: not reported as finished
+                continue
             entry = groups.setdefault((version, mode), [{}, 0, 0.0, 0, first, last])
             entry[0][status] = count
             entry[1] += rewarded

@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 # Version 3 added the requests table (answers of retried requests, by client request id).
+# Version 4: attempts keep their rollout's mode, and finished attempts are indexed for dashboard statistics.
 _REQUESTS_TABLE = """
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
@@ -72,11 +73,16 @@ CREATE TABLE IF NOT EXISTS attempts (
     error TEXT,
     reward REAL,
     reward_seq INTEGER,
-    model_version INTEGER
+    model_version INTEGER,
+    mode TEXT
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS ix_attempts_rollout ON attempts (rollout_id, sequence);
 -- only running attempts (about one per worker) are in it, so scanning it for start times is cheap
 CREATE INDEX IF NOT EXISTS ix_attempts_running ON attempts (last_heartbeat, start_time) WHERE status = 'running';
+-- statistics per (model version, mode) read only this index. Running attempts stay out of it, so starting an
+-- attempt and its heartbeats never touch it (no semicolons in comments: the schema is split on them)
+CREATE INDEX IF NOT EXISTS ix_attempts_finished ON attempts (model_version, mode, status, reward, end_time)
+    WHERE status != 'running';
 CREATE TABLE IF NOT EXISTS spans (
     rollout_id TEXT NOT NULL,
     attempt_id TEXT NOT NULL,
@@ -119,6 +125,13 @@ UPDATE attempts SET (reward, reward_seq) = (
       AND json_type(s.data, '$.attributes."agentlightning.reward.value"') IN ('integer', 'real')
     ORDER BY s.sequence_id DESC LIMIT 1
 )
+"""
+
+_MIGRATE_3_TO_4 = """
+ALTER TABLE attempts ADD COLUMN mode TEXT;
+UPDATE attempts SET mode = (SELECT r.mode FROM rollouts r WHERE r.rollout_id = attempts.rollout_id);
+CREATE INDEX IF NOT EXISTS ix_attempts_finished ON attempts (model_version, mode, status, reward, end_time)
+    WHERE status != 'running'
 """
 
 ROLLOUT_COLUMNS = (
@@ -192,7 +205,7 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, _SCHEMA_VERSION):
             raise StoreError(
                 f"{path} has store schema version {version}; this agentlightning reads versions 1 to {_SCHEMA_VERSION}"
             )
@@ -203,8 +216,9 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 script = {
                     0: _SCHEMA,
-                    1: _MIGRATE_1_TO_2 + ";" + _REQUESTS_TABLE,
-                    2: _REQUESTS_TABLE,
+                    1: _MIGRATE_1_TO_2 + ";" + _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4,
+                    2: _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4,
+                    3: _MIGRATE_3_TO_4,
                 }.get(version, "")
                 for statement in script.split(";"):
                     if statement.strip():

@@ -4,7 +4,7 @@
 import { COLORS, barChart, lineChart } from "./chart.js";
 import { clear, fmtNum, fmtPct, fmtTime, h, post } from "./lib.js";
 
-const REFRESH_MS = 2000;
+const REFRESH_MS = 3000;
 
 function legend(names) {
   return h("div", { class: "legend" }, names.map((n, i) => h("span", {}, h("i", { style: `background:${COLORS[i]}` }), n)));
