@@ -50,6 +50,8 @@ DEV_TOOLS = [
     "autogen-ext[openai]>=0.7",
     # drives Debian's chromium in the dashboard's browser tests (no browser download: the system one is used)
     "playwright>=1.45",
+    # builds the core wheel in a test that checks the dashboard's files ship inside it
+    "hatchling>=1.24",
 ]
 
 # System packages the tests need; installed with apt when the job runs as root (CI does).

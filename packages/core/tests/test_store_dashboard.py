@@ -213,3 +213,32 @@ async def test_dashboard_server_in_a_thread_reads_a_live_sqlite_file(tmp_path: P
     await store.close()
     with pytest.raises(ValueError, match="token"):
         DashboardServer(tmp_path / "run.db", host="0.0.0.0")
+
+
+def test_core_wheel_ships_the_dashboard_files(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling", reason="hatchling builds the wheel (scripts/dev.py test installs it)")
+    import subprocess
+    import sys
+    import zipfile
+
+    core = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(core),
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("agentlightning_core-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"agentlightning/ui/static/{name}" for name in load_assets()}
+    assert shipped <= names, sorted(shipped - names)
