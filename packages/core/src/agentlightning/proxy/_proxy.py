@@ -7,6 +7,10 @@ Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMRe
 record exists by the time the agent's LLM span ends. ``record="background"`` queues records and writes them in
 batches instead; call `LLMProxy.flush` before reading them.
 
+A call whose record the store refuses (an attempt it never started, say) is not answered 200: the agent gets
+the error (a stream ends with an error event instead of ``[DONE]``). Request bodies over ``max_body_bytes`` get
+413 before they reach a backend.
+
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
 ``allow_unrecorded=True`` to forward them unrecorded instead. ``/v1/models`` is always forwarded.
