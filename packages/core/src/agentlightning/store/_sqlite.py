@@ -100,7 +100,7 @@ _SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: mode
 _KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
 
-REQUEST_MEMORY_SECONDS = 24 * 3600.0
+REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 

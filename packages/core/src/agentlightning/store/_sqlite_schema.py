@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
     result TEXT NOT NULL,
     created_at REAL NOT NULL
-) WITHOUT ROWID
+) WITHOUT ROWID;
+-- old answers are purged by age in batches: the index keeps that a range delete, not a table scan
+CREATE INDEX IF NOT EXISTS ix_requests_created ON requests (created_at)
 """
 _SCHEMA = (
     _REQUESTS_TABLE

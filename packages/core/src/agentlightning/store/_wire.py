@@ -109,7 +109,7 @@ class DequeueRequest(_Body):
     Attributes:
         worker_id: Who claims it.
         request_id: Client-generated id; a retried request with the same id gets the same claim back
-            (a SQLite store keeps the answer in the database for a day, across restarts), so a lost answer never
+            (a SQLite store keeps the answer in the database for an hour, across restarts), so a lost answer never
             loses a claim.
     """
 
