@@ -120,7 +120,9 @@ def check_json_finite(value: Any, name: str) -> Any:
 
 class _Model(BaseModel):
     # Non-finite floats are refused on every typed field: JSON would turn them into null (see check_json_finite).
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # Serialised as the constants NaN / Infinity rather than null, so that one that slipped past validation
+    # (``model_construct``) is refused by the next validation instead of silently becoming null.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="constants")
 
 
 class Rollout(_Model):

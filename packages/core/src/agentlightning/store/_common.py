@@ -11,7 +11,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_args
 
 from pydantic import BaseModel, TypeAdapter
@@ -34,6 +34,7 @@ __all__ = [
     "check_id",
     "check_spans_finite",
     "check_statuses",
+    "json_has_non_finite",
     "rollout_status_after",
     "timed_out_status",
     "validate_calls",
@@ -62,61 +63,55 @@ def _as_list(value: Any, what: str) -> Any:
     return list(value)
 
 
-def _attributes_finite(attributes: dict[str, Any]) -> bool:
-    isfinite = math.isfinite
-    for value in attributes.values():
-        if type(value) is float:
-            if not isfinite(value):
-                return False
-        elif (
-            type(value) is list
-            and value
-            and type(value[0]) is float  # pyright: ignore[reportUnknownArgumentType]
-            and not all(isfinite(x) for x in value)  # pyright: ignore[reportUnknownVariableType,reportUnknownArgumentType]
-        ):
-            return False
-    return True
-
-
-def _span_finite(values: Mapping[str, Any]) -> bool:
-    isfinite = math.isfinite
-    if not (isfinite(values["start_time"]) and isfinite(values["end_time"])):
-        return False
-    if values["attributes"] and not _attributes_finite(values["attributes"]):
-        return False
-    return all(isfinite(e.timestamp) and _attributes_finite(e.attributes) for e in values["events"])
-
-
 def check_spans_finite(spans: Sequence[Span]) -> None:
     """Raise a `ValueError` naming the first span field that holds NaN or Infinity.
 
     Validated spans cannot hold one (their models refuse non-finite floats); this catches spans built without
-    validation (``model_construct``) before JSON would turn the number into ``null``.
+    validation (``model_construct``) before they are stored.
     """
+    isfinite = math.isfinite
     for index, span in enumerate(spans):
         values = span.__dict__
-        if _span_finite(values):
-            continue
-        fields: dict[str, Any] = {
-            "start_time": values["start_time"],
-            "end_time": values["end_time"],
-            "attributes": values["attributes"],
-            "events": [{"timestamp": e.timestamp, "attributes": e.attributes} for e in values["events"]],
-        }
-        for name, value in fields.items():
-            check_json_finite(value, f"spans.{index}.{name}")
+        # Fast path for the usual span (finite times, scalar attributes, no events); anything else is checked
+        # exactly by check_json_finite, which raises naming the field.
+        if isfinite(values["start_time"]) and isfinite(values["end_time"]) and not values["events"]:
+            for value in values["attributes"].values():
+                if (type(value) is float and not isfinite(value)) or type(value) is list:
+                    break
+            else:
+                continue
+        check_json_finite(values["start_time"], f"spans.{index}.start_time")
+        check_json_finite(values["end_time"], f"spans.{index}.end_time")
+        check_json_finite(values["attributes"], f"spans.{index}.attributes")
+        events = [{"timestamp": e.timestamp, "attributes": e.attributes} for e in values["events"]]
+        check_json_finite(events, f"spans.{index}.events")
 
 
-def validate_spans(spans: Sequence[Span] | Any) -> list[Span]:
+def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> list[Span]:
     """Validate a batch of spans (models or dicts) as a whole.
+
+    Args:
+        spans: The batch.
+        check_finite: Also check spans built without validation for NaN / Infinity (`check_spans_finite`).
+            Callers that serialise the spans anyway check the JSON instead (`json_has_non_finite`), which is faster.
 
     Raises:
         pydantic.ValidationError: A span is malformed (the location names its index and field).
         ValueError: A span built without validation holds NaN or Infinity.
     """
     batch = _SPANS.validate_python(_as_list(spans, "spans"))
-    check_spans_finite(batch)
+    if check_finite:
+        check_spans_finite(batch)
     return batch
+
+
+def json_has_non_finite(data: str) -> bool:
+    """Whether JSON written by our models may hold NaN / Infinity (they serialise them as those constants).
+
+    A substring test, so text that merely contains the word also answers ``True``; confirm with
+    `check_spans_finite` before refusing anything.
+    """
+    return "NaN" in data or "Infinity" in data
 
 
 def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:

@@ -42,7 +42,9 @@ from agentlightning.store._common import (
     ChangeNotifier,
     check_finish_status,
     check_id,
+    check_spans_finite,
     check_statuses,
+    json_has_non_finite,
     rollout_status_after,
     timed_out_status,
     validate_calls,
@@ -517,12 +519,14 @@ class SqliteStore:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id) gets the count of the first one, not 0.
         """
-        batch = validate_spans(spans)
+        batch = validate_spans(spans, check_finite=False)  # checked on the JSON below, at C speed
         if not batch:
             return 0
         key = None if request_id is None else "spans:" + check_id("request_id", request_id)
         dump = _SPAN_JSON
         rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
+        if any(json_has_non_finite(row[4]) for row in rows):
+            check_spans_finite(batch)
         finals = [
             (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
             for s in batch
