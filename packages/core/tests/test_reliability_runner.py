@@ -22,7 +22,7 @@ import agentlightning as agl
 from agentlightning.credit import build_training_batch
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import SqliteStore, StoreClient
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import ServedStoreProcess
 from agentlightning.tracing import get_span_processor
 
 TOKEN = "runner-reliability-token-42"

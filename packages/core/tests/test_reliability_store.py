@@ -30,8 +30,7 @@ from agentlightning.store import (
     StorageError,
     StoreClient,
 )
-from agentlightning.testing._served_store import ServedStoreProcess
-from agentlightning.testing._store_kit import make_call, make_span
+from agentlightning.testing import ServedStoreProcess, make_call, make_span
 
 TOKEN = "reliability-token-0123456789"
 AGL = [sys.executable, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
