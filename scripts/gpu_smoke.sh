@@ -1,47 +1,101 @@
 #!/usr/bin/env bash
-# GPU smoke check for a single-GPU machine with torch + transformers + verl installed; no Ray cluster, no vLLM,
-# no network. Builds a tiny Llama locally, runs verl's actor update (TrainingWorker + FSDP2 + ppo_loss) on CUDA
-# from a DataProto made by agentlightning_verl.to_data_proto, prints step time and tokens/s. Under 5 minutes.
+# GPU smoke check for ONE CUDA GPU with `pip install 'agentlightning-verl[gpu]'` (verl 0.9.1 + vLLM 0.24.0) done.
+# No network: the tiny models are built here. Two parts, both must pass; exits non-zero on any mismatch.
+#
+# 1. verl's actor update alone (TrainingWorker + FSDP2 + ppo_loss on CUDA, no Ray, no vLLM): step time, tokens/s.
+# 2. The two-step loop with real vLLM: VerlAlgorithm.run on a local Ray cluster, verl's actor (+ critic for PPO)
+#    colocated with a vLLM replica built by verl, runners with a plain OpenAI agent through the LLM proxy, weights
+#    synced by verl's CheckpointEngineManager. GRPO 2 steps; PPO 1 step + checkpoint + resume into step 2.
+#    Checks: every step's calls were served by the version of the step before; vLLM's log-probs of the sampled
+#    tokens agree with the actor's (it serves the synced weights); the resumed actor holds the checkpoint's weights.
+#    Prints one JSON line: step times, generated tokens/s, rollouts/s, versions served.
 #
 #   bash scripts/gpu_smoke.sh            # uses .venv/bin/python when present, else python3
 #   PYTHON=/path/to/python bash scripts/gpu_smoke.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
+LOG=/tmp/agl_verl_gpu_smoke.log
+LOOP_LOG=/tmp/agl_verl_gpu_loop.log
 
 "$PY" - <<'PY'
 import torch
 assert torch.cuda.is_available(), "no CUDA device visible to torch"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, device {torch.cuda.get_device_name(0)}")
-import verl, transformers
-print(f"verl {verl.__version__}, transformers {transformers.__version__}")
+import ray, transformers, verl, vllm
+print(f"verl {verl.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")
 PY
 
-echo "== verl actor update on CUDA (tiny Llama: hidden 256, 4 layers; 16 samples, 128+256 tokens; 3 steps) =="
+echo "== 1. verl actor update on CUDA (tiny Llama: hidden 256, 4 layers; 16 samples, 128+256 tokens; 3 steps) =="
 timeout 280 "$PY" packages/trainer-verl/tests/verl_actor_step.py --device cuda \
   --hidden 256 --layers 4 --groups 4 --per-group 4 --prompt-len 128 --response-len 256 --steps 3 \
-  > /tmp/agl_verl_gpu_smoke.log 2>&1 || { tail -50 /tmp/agl_verl_gpu_smoke.log; exit 1; }
+  > "$LOG" 2>&1 || { tail -50 "$LOG"; exit 1; }
 
-"$PY" - <<'PY'
+"$PY" - "$LOG" <<'PY'
 import json
 import sys
 
-line = [x for x in open("/tmp/agl_verl_gpu_smoke.log") if x.startswith("RESULT ")][-1]
+line = [x for x in open(sys.argv[1]) if x.startswith("RESULT ")][-1]
 r = json.loads(line[len("RESULT "):])
 m = r["metrics"]
-print(f"samples {r['n_samples']}, tokens/step {r['tokens_per_step']}")
 print("step times (s): " + ", ".join(f"{t:.3f}" for t in r["step_s"]) + " (the first includes warm-up)")
-print(f"best step {min(r['step_s']):.3f} s -> {r['tokens_per_s']:.0f} tokens/s")
-print(f"last pg_loss {m['actor/pg_loss']:.4f} (step 1 expected {r['expected_pg_loss']:.4f}), grad_norm {m['grad_norm']:.3f}")
+print(f"best step {min(r['step_s']):.3f} s -> {r['tokens_per_s']:.0f} tokens/s; grad_norm {m['grad_norm']:.3f}")
 print(f"max |verl logp - transformers logp| {r['max_abs_logprob_diff_vs_hf']:.2e}")
 ok = r["objective_after"] > r["objective_before"] and r["max_abs_logprob_diff_vs_hf"] < 1e-3
-print("verl GPU smoke:", "OK" if ok else "FAILED")
-print(json.dumps({"verl_step_s": min(r["step_s"]), "verl_tokens_per_s": r["tokens_per_s"], "ok": ok}))
+print("verl actor step:", "OK" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY
 
-# ---------------------------------------------------------------------------------------------------------------
-# HOOK (lead): trainer-torch CUDA run goes here, e.g.
-#   timeout 120 "$PY" -m agentlightning_torch.<smoke module> --device cuda
-# ---------------------------------------------------------------------------------------------------------------
+echo "== 2. VerlAlgorithm.run with vLLM: GRPO 2 steps, PPO 1 step + checkpoint + resume into step 2 =="
+timeout 590 "$PY" packages/trainer-verl/tests/verl_ray_loop.py --device cuda > "$LOOP_LOG" 2>&1 \
+  || { tail -80 "$LOOP_LOG"; exit 1; }
+
+"$PY" - "$LOOP_LOG" <<'PY'
+import json
+import sys
+
+line = [x for x in open(sys.argv[1]) if x.startswith("RESULT ")][-1]
+r = json.loads(line[len("RESULT "):])
+problems: list[str] = []
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        problems.append(message)
+
+
+grpo, first, resumed = r["grpo"], r["ppo_first"], r["ppo_resumed"]
+check(grpo["call_versions"] == {"step0": [0], "step1": [1]}, f"GRPO versions served per step: {grpo['call_versions']}")
+check(resumed["call_versions"].get("step1") == [1], f"resumed PPO step 2 served by {resumed['call_versions']}")
+for name, phase, versions in (("grpo", grpo, [0, 1, 2]), ("ppo", first, [0, 1]), ("ppo-resumed", resumed, [1, 2])):
+    syncs = phase["syncs"]
+    check([s["version"] for s in syncs] == versions, f"{name}: synced versions {[s['version'] for s in syncs]}")
+    check(len({s["actor"] for s in syncs}) == len(syncs), f"{name}: an update left the actor's weights unchanged")
+    for m in phase["history"]:
+        for key in ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"):
+            check(key in m, f"{name}: no {key}")
+        if name != "grpo":
+            check("critic/vf_loss" in m, f"{name}: no critic/vf_loss")
+        # vLLM (bf16) vs the FSDP actor on the same tokens: they agree only if vLLM serves the synced weights
+        check(m["rollout/logprob_diff_mean"] < 0.1, f"{name}: vLLM/actor log-prob gap {m['rollout/logprob_diff_mean']:.4f}")
+check(r["after_reset_checksum"] == r["initial_checksum"], "the rebuilt actor does not hold the initial weights")
+check(resumed["syncs"][0]["actor"] == first["syncs"][-1]["actor"], "the resumed actor does not hold the checkpoint")
+
+steps = grpo["history"] + first["history"] + resumed["history"]
+rollouts = [m["batch/n_rollouts"] for m in steps]
+summary = {
+    "step_s": [round(m["time/step_s"], 3) for m in steps],
+    "update_s": [round(m["time/update_s"], 3) for m in steps],
+    "generated_tokens_per_s": round(sum(m["batch/response_tokens"] for m in steps) / sum(m["time/rollouts_s"] for m in steps), 1),
+    "rollouts_per_s": round(sum(rollouts) / sum(m["time/rollouts_s"] for m in steps), 2),
+    "versions_served": {"grpo": grpo["call_versions"], "ppo": first["call_versions"], "ppo_resumed": resumed["call_versions"]},
+    "vllm_actor_logprob_gap_max": round(max(m["rollout/logprob_diff_max"] for m in steps), 4),
+    "startup_s": {k: round(v, 1) for k, v in r["timings"].items()},
+    "ok": not problems,
+}
+for p in problems:
+    print("MISMATCH:", p)
+print(json.dumps(summary))
+sys.exit(0 if not problems else 1)
+PY

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from verl.utils.config import omega_conf_to_dataclass
 
-from agentlightning_verl import GPU_INSTALL_HINT, VerlAlgorithm, VerlTrainerConfig
+from agentlightning_verl import RayVerlBackend, VerlAlgorithm, VerlTrainerConfig, named_tensors_checksum
 
 
 def test_expands_into_verl_dataclasses() -> None:
@@ -65,14 +65,27 @@ def test_unknown_override_key_is_refused() -> None:
         VerlTrainerConfig(model_path="m", overrides={"trainer.no_such_key": 1}).to_verl_config()
 
 
-def test_config_is_frozen() -> None:
-    cfg = VerlTrainerConfig(model_path="m")
-    with pytest.raises(ValidationError):
-        cfg.lr = 1.0  # type: ignore[misc]
+def test_dtype_attention_and_padding_reach_actor_and_critic() -> None:
+    cfg = VerlTrainerConfig(model_path="m", algorithm="ppo", dtype="float32", attn_implementation="eager")
+    v = cfg.to_verl_config()
+    assert v.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
+    assert v.critic.fsdp.mixed_precision.param_dtype == "fp32"
+    # verl's critic defaults to packed sequences (needs flash-attn); ours follows the actor's settings
+    assert v.critic.model.use_remove_padding is False
+    assert v.critic.model.override_config.attn_implementation == "eager"
+    assert v.critic.strategy == "fsdp2" and v.critic.fsdp.strategy == "fsdp2"
+    engine = omega_conf_to_dataclass(v.critic.fsdp)  # verl's FSDPEngineConfig accepts what we set
+    assert engine.mixed_precision["param_dtype"] == "fp32" and engine.strategy == "fsdp2"
+    bf16 = VerlTrainerConfig(model_path="m").to_verl_config()
+    assert bf16.critic.fsdp.mixed_precision.param_dtype == "bf16"
 
 
-def test_gpu_path_without_vllm_names_the_install_command() -> None:
-    pytest.importorskip("verl")
+def test_cpu_backend_without_a_local_server_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a local_server"):
+        RayVerlBackend(VerlTrainerConfig(model_path="m"), device="cpu")
+
+
+def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> None:
     try:
         import vllm  # noqa: F401
 
@@ -80,9 +93,29 @@ def test_gpu_path_without_vllm_names_the_install_command() -> None:
     except ImportError:
         pass
     algorithm = VerlAlgorithm(VerlTrainerConfig(model_path="m"))
-    with pytest.raises(ImportError, match=r"vllm.*pip install 'agentlightning-verl\[gpu\]'"):
+    with pytest.raises(ImportError, match=r"needs vllm; install it with: pip install 'agentlightning-verl\[gpu\]'"):
         _ = algorithm.backend
-    assert GPU_INSTALL_HINT == "pip install 'agentlightning-verl[gpu]'"
+
+
+def test_resume_without_a_checkpoint_dir_is_refused() -> None:
+    with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
+        VerlAlgorithm(VerlTrainerConfig(model_path="m"), resume=True)
+    with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
+        VerlAlgorithm(VerlTrainerConfig(model_path="m"), checkpoint_every=-1)
+
+
+def test_checksum_sees_every_bit_name_and_dtype() -> None:
+    import torch
+
+    weights = {"a.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b.bias": torch.ones(3)}
+    base = named_tensors_checksum(weights.items())
+    assert named_tensors_checksum(reversed(list(weights.items()))) == base  # order-free
+    flipped = dict(
+        weights, **{"b.bias": torch.tensor([1.0, 1.0, torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))])}
+    )
+    assert named_tensors_checksum(flipped.items()) != base
+    assert named_tensors_checksum({"a.weight": weights["a.weight"], "c.bias": weights["b.bias"]}.items()) != base
+    assert named_tensors_checksum({**weights, "b.bias": weights["b.bias"].double()}.items()) != base
 
 
 def test_importing_the_package_imports_neither_verl_nor_torch() -> None:

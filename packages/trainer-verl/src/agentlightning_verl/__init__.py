@@ -3,27 +3,48 @@
 Importing this package imports neither verl nor torch; each entry point imports them when called.
 """
 
-from agentlightning_verl._algorithm import GPU_INSTALL_HINT, RayVerlBackend, VerlAlgorithm, VerlBackend
+from agentlightning_verl._algorithm import CHECKPOINT_STATE_FILE, VerlAlgorithm, VerlBackend
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
 from agentlightning_verl._cpu_platform import install_cpu_platform
 from agentlightning_verl._local_actor import LocalVerlActor, LocalVerlBackend
+from agentlightning_verl._ray_backend import (
+    CPU_WORKER_SETUP_HOOK,
+    GPU_INSTALL_HINT,
+    RayVerlBackend,
+    cpu_ray_init_kwargs,
+)
+from agentlightning_verl._serving import (
+    LocalServer,
+    LocalServing,
+    RolloutServing,
+    VllmServing,
+    named_tensors_checksum,
+)
 
 VERL_VERSION = "0.9.1"
 """The verl release this package is written and tested against (pinned in pyproject)."""
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "CHECKPOINT_STATE_FILE",
+    "CPU_WORKER_SETUP_HOOK",
     "GPU_INSTALL_HINT",
     "VERL_VERSION",
+    "LocalServer",
+    "LocalServing",
     "LocalVerlActor",
     "LocalVerlBackend",
     "RayVerlBackend",
+    "RolloutServing",
     "SequenceTooLongError",
     "TruncationPolicy",
     "VerlAlgorithm",
     "VerlBackend",
     "VerlTrainerConfig",
+    "VllmServing",
+    "cpu_ray_init_kwargs",
     "install_cpu_platform",
+    "named_tensors_checksum",
     "to_data_proto",
 ]

@@ -172,6 +172,12 @@ class VerlTrainerConfig(BaseModel):
         base = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
         cfg = OmegaConf.load(base)
         world = self.nnodes * self.n_gpus_per_node
+        # FSDP's MixedPrecision param dtype is what the forward/backward run in (verl's default: bf16).
+        mixed_precision = {
+            "param_dtype": "bf16" if self.dtype == "bfloat16" else "fp32",
+            "reduce_dtype": "fp32",
+            "buffer_dtype": "fp32",
+        }
         settings: dict[str, Any] = {
             "data.train_batch_size": self.tasks_per_step,
             "data.max_prompt_length": self.max_prompt_length,
@@ -189,12 +195,7 @@ class VerlTrainerConfig(BaseModel):
             "actor_rollout_ref.model.lora_alpha": self.lora_alpha,
             "actor_rollout_ref.actor.strategy": self.strategy,
             "actor_rollout_ref.actor.fsdp_config.strategy": self.strategy,
-            # FSDP's MixedPrecision param dtype is what the forward/backward run in (verl's default: bf16).
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision": {
-                "param_dtype": "bf16" if self.dtype == "bfloat16" else "fp32",
-                "reduce_dtype": "fp32",
-                "buffer_dtype": "fp32",
-            },
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision": mixed_precision,
             "actor_rollout_ref.actor.optim.lr": self.lr,
             "actor_rollout_ref.actor.optim.total_training_steps": self.total_steps,
             "actor_rollout_ref.actor.ppo_mini_batch_size": self.ppo_mini_batch_size,
@@ -216,6 +217,12 @@ class VerlTrainerConfig(BaseModel):
             "critic.enable": self.use_critic,
             "critic.optim.lr": self.critic_lr,
             "critic.model.path": self.model_path,
+            "critic.model.use_remove_padding": self.use_remove_padding,
+            "critic.model.enable_gradient_checkpointing": self.gradient_checkpointing,
+            "critic.model.override_config": {"attn_implementation": self.attn_implementation},
+            "critic.strategy": self.strategy,
+            "critic.fsdp.strategy": self.strategy,
+            "critic.fsdp.mixed_precision": mixed_precision,
             "critic.ppo_micro_batch_size_per_gpu": self.micro_batch_size_per_gpu,
             "trainer.nnodes": self.nnodes,
             "trainer.n_gpus_per_node": self.n_gpus_per_node,
@@ -226,6 +233,7 @@ class VerlTrainerConfig(BaseModel):
         }
         if world == 1:
             settings["actor_rollout_ref.actor.fsdp_config.fsdp_size"] = 1
+            settings["critic.fsdp.fsdp_size"] = 1
         for key, value in {**settings, **self.overrides}.items():
             if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and key not in settings:
                 raise KeyError(f"override {key!r} is not a key of verl 0.9.1's PPO trainer config")

@@ -39,6 +39,18 @@ class _CpuDeviceModule(types.ModuleType):
     def empty_cache(self) -> None:
         """Nothing to free on the CPU."""
 
+    def get_rng_state(self, device: Any = None) -> Any:
+        """The CPU generator's state (verl's checkpoints save the device RNG next to the CPU one)."""
+        import torch
+
+        return torch.get_rng_state()
+
+    def set_rng_state(self, new_state: Any, device: Any = None) -> None:
+        """Restore the CPU generator's state (verl's checkpoint loading)."""
+        import torch
+
+        torch.set_rng_state(new_state)
+
     def max_memory_allocated(self, device: Any = None) -> int:
         """verl logs it as a metric; the CPU allocator does not track it."""
         return 0
@@ -191,4 +203,40 @@ def install_cpu_platform() -> None:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
-    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithValueHead)
+    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(
+        _value_engine_class(FSDPEngineWithValueHead)
+    )
+
+
+def _value_engine_class(base: type[Any]) -> type[Any]:
+    class CpuFSDPEngineWithValueHead(base):  # type: ignore[misc,valid-type]
+        """verl's critic engine, building its value model with the configured attention kernel.
+
+        verl 0.9.1 builds value models with ``verl.utils.model.load_valuehead_model``, which hard-codes
+        ``attn_implementation="flash_attention_2"`` (flash-attn needs CUDA). verl's language-model branch of
+        ``_build_module`` loads ``AutoModelForTokenClassification`` itself when the config's architecture ends in
+        ``ForTokenClassification`` (``get_hf_auto_model_class``), with the attention kernel of the model config, so
+        the value model is built there: the same head (``num_labels=1``, new score layer), FSDP wrapping and loss.
+        """
+
+        def _build_module(self) -> Any:
+            model_config = self.model_config
+            if model_config.model_type != "value_model":
+                return super()._build_module()
+            hf_config = model_config.hf_config
+            # the settings verl's value-model branch applies before loading
+            hf_config.num_labels = 1
+            hf_config.classifier_dropout = 0.0
+            hf_config.hidden_dropout = "0"
+            hf_config.summary_dropout_prob = 0.0
+            architectures = list(hf_config.architectures or [])
+            stem = architectures[0].removesuffix("ForCausalLM") if architectures else type(hf_config).__name__
+            hf_config.architectures = [f"{stem.removesuffix('Config')}ForTokenClassification"]
+            model_config.model_type = "language_model"
+            try:
+                return super()._build_module()
+            finally:
+                model_config.model_type = "value_model"
+                hf_config.architectures = architectures
+
+    return CpuFSDPEngineWithValueHead

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -135,14 +136,20 @@ class LocalVerlActor:
         Args:
             data: A `DataProto` from `to_data_proto` (needs ``prompts``, ``responses``, masks and position ids).
         """
+        return self.compute_log_prob_and_entropy(data)[0]
+
+    def compute_log_prob_and_entropy(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+        """`compute_log_prob` and the policy's entropy at each response position (both ``(B, R)``, 0 on padding)."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         td = self._prepare(data)
-        tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
+        tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
         output = self.worker.infer_batch(td)
-        log_probs = no_padding_2_padding(tu.get(output, "log_probs"), td)
-        return log_probs.float().cpu() * data.batch["response_mask"].float()
+        mask = data.batch["response_mask"].float()
+        log_probs = no_padding_2_padding(tu.get(output, "log_probs"), td).float().cpu() * mask
+        entropy = no_padding_2_padding(tu.get(output, "entropy"), td).float().cpu() * mask
+        return log_probs, entropy
 
     def update(self, data: DataProto) -> dict[str, float]:
         """One PPO/GRPO policy update on ``data`` (needs ``old_log_probs`` and ``advantages``); returns metrics.
@@ -185,21 +192,22 @@ class LocalVerlActor:
 class LocalVerlBackend:
     """`VerlAlgorithm` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
 
-    It trains but serves nothing: there is no vLLM server to sync weights into, so `rollout_addresses` is empty and
-    `sync_weights` only counts. Use it to run `VerlAlgorithm.update` on one device (tests, debugging, offline data).
+    It trains but serves nothing: there is no inference server to sync weights into, so `rollout_addresses` is
+    empty and `sync_weights` only records the version. Use it to run `VerlAlgorithm.update` on one device (tests,
+    debugging, offline data); `RayVerlBackend` serves rollouts.
     """
 
     def __init__(self, actor: LocalVerlActor) -> None:
         self.actor = actor
-        self.synced_steps: list[int] = []
+        self.synced_versions: list[int] = []
 
     def rollout_addresses(self) -> list[str]:
         """No inference server in this backend."""
         return []
 
-    def compute_log_prob(self, data: DataProto) -> torch.Tensor:
-        """See `LocalVerlActor.compute_log_prob`."""
-        return self.actor.compute_log_prob(data)
+    def compute_log_prob(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `LocalVerlActor.compute_log_prob_and_entropy`."""
+        return self.actor.compute_log_prob_and_entropy(data)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """No critic here: PPO needs `RayVerlBackend`."""
@@ -213,6 +221,24 @@ class LocalVerlBackend:
         """See `LocalVerlActor.update`."""
         return {k if k.startswith("actor/") else f"actor/{k}": v for k, v in self.actor.update(data).items()}
 
-    async def sync_weights(self, step: int) -> None:
-        """Nothing to sync to; records the step."""
-        self.synced_steps.append(step)
+    async def release_rollout(self) -> None:
+        """Nothing to release."""
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """Nothing to sync to; records the version."""
+        self.synced_versions.append(version)
+        return {}
+
+    def save_checkpoint(self, directory: Path, step: int) -> None:
+        """verl's checkpoint of the actor (model, optimizer, scheduler) into ``directory/actor``."""
+        self.actor.worker.save_checkpoint(str(directory / "actor"), None, step, None)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore what `save_checkpoint` wrote.
+
+        Raises:
+            FileNotFoundError: ``directory`` holds no actor checkpoint.
+        """
+        if not (directory / "actor").is_dir():
+            raise FileNotFoundError(f"no verl actor checkpoint in {directory}")
+        self.actor.worker.load_checkpoint(str(directory / "actor"), None, False)

@@ -1,0 +1,320 @@
+"""`RayVerlBackend`: verl 0.9.1's worker groups on a Ray cluster, assembled as ``RayPPOTrainer.init_workers`` does.
+
+On GPUs (``device="cuda"``, the default): the actor worker group is verl's ``ActorRolloutRefWorker`` in role
+``actor_rollout`` (FSDP actor colocated with vLLM replicas built by verl's ``LLMServerManager``), a
+``TrainingWorker`` critic for PPO in the same processes, weights synced by `VllmServing`.
+
+On CPUs (``device="cpu"``, tests and debugging): the same worker classes in role ``actor`` (no vLLM), each Ray
+worker process running `install_cpu_platform` first (Ray's ``worker_process_setup_hook``), placement groups without
+GPUs, and rollouts served by a `LocalServer` (the embedded torch backend) synced by `LocalServing`.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentlightning_verl._config import VerlTrainerConfig
+from agentlightning_verl._serving import LocalServer, LocalServing, RolloutServing, VllmServing
+
+if TYPE_CHECKING:
+    from verl import DataProto
+
+__all__ = ["CPU_WORKER_SETUP_HOOK", "GPU_INSTALL_HINT", "RayVerlBackend", "cpu_ray_init_kwargs"]
+
+logger = logging.getLogger(__name__)
+
+GPU_INSTALL_HINT = "pip install 'agentlightning-verl[gpu]'"
+"""The command that installs the GPU stack (verl 0.9.1 with vLLM, Ray) this path needs."""
+
+CPU_WORKER_SETUP_HOOK = "agentlightning_verl._cpu_platform.install_cpu_platform"
+"""Ray ``worker_process_setup_hook`` that makes every Ray worker process run verl on the CPU platform."""
+
+
+def cpu_ray_init_kwargs(num_cpus: int = 4, object_store_mb: int = 256) -> dict[str, Any]:
+    """Arguments for ``ray.init`` that start a local Ray cluster whose workers run verl on the CPU platform.
+
+    Args:
+        num_cpus: Logical CPUs Ray may schedule (each verl worker takes one placement-group bundle of one CPU).
+        object_store_mb: Plasma store size in MiB (weights and batches of a toy model need little).
+    """
+    return {
+        "num_cpus": num_cpus,
+        "include_dashboard": False,
+        "object_store_memory": object_store_mb << 20,
+        "runtime_env": {"worker_process_setup_hook": CPU_WORKER_SETUP_HOOK},
+    }
+
+
+def _require_gpu_stack() -> None:
+    missing: list[str] = []
+    for module in ("ray", "vllm", "verl"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ImportError(f"the verl GPU path needs {', '.join(missing)}; install it with: {GPU_INSTALL_HINT}")
+
+
+def _metrics_of(output: Any) -> dict[str, float]:
+    from verl.utils import tensordict_utils as tu
+
+    raw = tu.get(output, "metrics") or {}
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list) else [value]
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        if numbers:
+            out[key] = sum(numbers) / len(numbers)
+    return out
+
+
+def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {k if k.startswith(prefix) else f"{prefix}{k}": v for k, v in metrics.items()}
+
+
+def _ensure_ray(device: str, world: int) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        if device == "cpu":
+            ray.init(**cpu_ray_init_kwargs(num_cpus=world + 1))
+        else:
+            ray.init()  # joins RAY_ADDRESS when set (multi-node), else starts a local cluster
+        return
+    if device == "cpu":
+        hook = (ray.get_runtime_context().runtime_env or {}).get("worker_process_setup_hook")
+        if hook != CPU_WORKER_SETUP_HOOK:
+            raise RuntimeError(
+                "Ray is already initialized without the CPU platform hook; start it with "
+                "ray.init(**agentlightning_verl.cpu_ray_init_kwargs()) so verl's workers run on the CPU"
+            )
+
+
+class RayVerlBackend:
+    """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
+
+    Args:
+        config: Our settings.
+        verl_config: verl's full config; defaults to ``config.to_verl_config()``.
+        device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; needs ``local_server``).
+        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`); required on ``cpu``.
+
+    Raises:
+        ImportError: The GPU stack is missing (message gives `GPU_INSTALL_HINT`).
+        ValueError: ``device="cpu"`` without a ``local_server``.
+    """
+
+    def __init__(
+        self,
+        config: VerlTrainerConfig,
+        verl_config: Any = None,
+        *,
+        device: Literal["cuda", "cpu"] = "cuda",
+        local_server: LocalServer | None = None,
+    ) -> None:
+        if device == "cpu" and local_server is None:
+            raise ValueError("RayVerlBackend(device='cpu') needs a local_server: vLLM does not run on the CPU")
+        if local_server is None:
+            _require_gpu_stack()
+        if device == "cpu":
+            from agentlightning_verl._cpu_platform import install_cpu_platform
+
+            install_cpu_platform()
+        import ray
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import TrainingWorkerConfig
+        from verl.workers.utils.losses import value_loss
+
+        from agentlightning_verl._workers import ActorWorker, CriticWorker
+
+        self.config = config
+        self.device = device
+        self.cfg = verl_config if verl_config is not None else config.to_verl_config()
+        world = config.nnodes * config.n_gpus_per_node
+        _ensure_ray(device, world)
+        use_vllm = local_server is None
+        actor_role = "actor_rollout" if use_vllm else "actor"
+        # verl's ResourcePoolManager always asks for GPUs; on CPU the pool is built directly without them
+        self.pool = RayResourcePool(
+            process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
+            use_gpu=device != "cpu",
+            max_colocate_count=1 if device == "cpu" else 3,
+            name_prefix="agentlightning_verl",
+        )
+        classes: dict[str, Any] = {
+            "actor": RayClassWithInitArgs(
+                cls=ray.remote(ActorWorker), config=self.cfg.actor_rollout_ref, role=actor_role
+            )
+        }
+        critic_cfg = None
+        if config.use_critic:
+            critic_cfg = omega_conf_to_dataclass(self.cfg.critic)
+            engine = critic_cfg.engine
+            engine.infer_max_token_len_per_gpu = critic_cfg.ppo_infer_max_token_len_per_gpu
+            engine.max_token_len_per_gpu = critic_cfg.ppo_max_token_len_per_gpu
+            classes["critic"] = RayClassWithInitArgs(
+                cls=ray.remote(CriticWorker),
+                config=TrainingWorkerConfig(
+                    model_type="value_model",
+                    model_config=critic_cfg.model,
+                    engine_config=engine,
+                    optimizer_config=critic_cfg.optim,
+                    checkpoint_config=critic_cfg.checkpoint,
+                ),
+            )
+        group = RayWorkerGroup(
+            resource_pool=self.pool,
+            ray_cls_with_init=create_colocated_worker_cls(class_dict=classes),
+            device_name=device,
+        )
+        self._group = group
+        spawned = group.spawn(prefix_set=classes.keys())
+        self.critic_wg: Any = None
+        if critic_cfg is not None:
+            self.critic_wg = spawned["critic"]
+            self.critic_wg.reset()
+            self.critic_wg.set_loss_fn(partial(value_loss, config=critic_cfg))
+        self.actor_wg: Any = spawned["actor"]
+        self.actor_wg.init_model()
+        self.serving: RolloutServing
+        if local_server is not None:
+            self.serving = LocalServing(self.actor_wg, local_server)
+        else:
+            from verl.checkpoint_engine import CheckpointEngineManager
+            from verl.workers.rollout.llm_server import LLMServerManager
+
+            # verl's @auto_await: called from synchronous code these return results, not coroutines
+            server_manager: Any = LLMServerManager
+            llm_servers = server_manager.create(
+                config=self.cfg, worker_group=self.actor_wg, rollout_resource_pool=self.pool
+            )
+            checkpoints: Any = CheckpointEngineManager(
+                config=omega_conf_to_dataclass(self.cfg.actor_rollout_ref.rollout.checkpoint_engine),
+                actor_wg=self.actor_wg,
+                replicas=llm_servers.get_replicas(),
+            )
+            checkpoints.sleep_replicas()  # as RayPPOTrainer.init_workers; the first sync_weights wakes them
+            self.serving = VllmServing(llm_servers, checkpoints)
+        logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
+
+    # ----- serving ---------------------------------------------------------------------------------------------
+
+    def rollout_addresses(self) -> list[str]:
+        """OpenAI-compatible base URLs of the rollout servers."""
+        return self.serving.addresses()
+
+    async def release_rollout(self) -> None:
+        """See `RolloutServing.release`."""
+        await self.serving.release()
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """See `RolloutServing.sync_weights`."""
+        return await self.serving.sync_weights(version)
+
+    def actor_checksum(self) -> str:
+        """`named_tensors_checksum` of the actor's full weights (rank 0)."""
+        return str(self.actor_wg.weights_checksum()[0])
+
+    # ----- training --------------------------------------------------------------------------------------------
+
+    def _td(self, data: DataProto, **meta: Any) -> Any:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        data.meta_info.setdefault("temperature", self.config.temperature)
+        td = left_right_2_no_padding(data.to_tensordict())
+        tu.assign_non_tensor(td, **meta)
+        return td
+
+    def compute_log_prob(self, data: DataProto) -> tuple[Any, Any]:
+        """Log-probs and entropies ``(B, R)``, as ``RayPPOTrainer._compute_old_log_prob``."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        td = self._td(data, calculate_entropy=True, compute_loss=False)
+        output = self.actor_wg.compute_log_prob(td)
+        log_probs = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+        return log_probs, no_padding_2_padding(tu.get(output, "entropy"), td).float()
+
+    def compute_values(self, data: DataProto) -> Any:
+        """As ``RayPPOTrainer._compute_values``."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        td = self._td(data, compute_loss=False)
+        output = self.critic_wg.infer_batch(td).get()
+        return no_padding_2_padding(tu.get(output, "values"), td).float()
+
+    def _mini_batch_meta(self, section: Any, size: int) -> dict[str, Any]:
+        # verl counts mini-batches in tasks; a short batch (failed rollouts) still makes one optimizer step
+        mini = min(int(section.ppo_mini_batch_size) * self.config.n_rollouts_per_task, size)
+        return {
+            "global_batch_size": mini,
+            "mini_batch_size": mini,
+            "epochs": int(section.ppo_epochs),
+            "seed": int(section.data_loader_seed),
+            "dataloader_kwargs": {"shuffle": bool(section.shuffle)},
+        }
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """As ``RayPPOTrainer._update_critic``; metrics prefixed ``critic/``."""
+        td = self._td(data, **self._mini_batch_meta(self.cfg.critic, len(data)))
+        return _prefixed("critic/", _metrics_of(self.critic_wg.train_mini_batch(td).get()))
+
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """As ``RayPPOTrainer._update_actor``; metrics prefixed ``actor/``."""
+        actor = self.cfg.actor_rollout_ref.actor
+        td = self._td(
+            data,
+            calculate_entropy=bool(actor.calculate_entropy) or float(actor.entropy_coeff) != 0.0,
+            distillation_use_topk=False,
+            distillation_only=False,
+            compute_loss=True,
+            **self._mini_batch_meta(actor, len(data)),
+        )
+        return _prefixed("actor/", _metrics_of(self.actor_wg.update_actor(td)))
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: Path, step: int) -> None:
+        """verl's own checkpoints (model, optimizer, scheduler, RNG per rank) into ``directory/actor|critic``."""
+        self.actor_wg.save_checkpoint(str(directory / "actor"), None, step, None)
+        if self.critic_wg is not None:
+            self.critic_wg.save_checkpoint(str(directory / "critic"), None, step, None)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore what `save_checkpoint` wrote (keeps the files).
+
+        Raises:
+            FileNotFoundError: ``directory`` lacks the actor's (or, for PPO, the critic's) checkpoint.
+        """
+        parts = ["actor"] + (["critic"] if self.critic_wg is not None else [])
+        missing = [p for p in parts if not (directory / p).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"no verl checkpoint for {', '.join(missing)} in {directory}")
+        self.actor_wg.load_checkpoint(str(directory / "actor"), None, False)
+        if self.critic_wg is not None:
+            self.critic_wg.load_checkpoint(str(directory / "critic"), None, False)
+
+    def reset(self) -> None:
+        """Rebuild actor (and critic) with their optimizers from the model folder, as fresh workers would."""
+        self.actor_wg.reset_actor()
+        if self.critic_wg is not None:
+            self.critic_wg.reset()
+
+    def shutdown(self) -> None:
+        """Kill the worker processes and free their placement groups (the Ray cluster keeps running)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for worker in self._group.workers:
+            ray.kill(worker)
+        for pg in self.pool.pgs or []:
+            remove_placement_group(pg)
+        self.pool.pgs = None
