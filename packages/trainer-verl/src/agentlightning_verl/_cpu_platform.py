@@ -6,11 +6,13 @@ to ``nvidia`` (``verl.plugin.platform.platform_manager._detect_platform_name``),
 FSDP engines are registered for ``device=["cuda", "npu"]`` only, so ``EngineRegistry.get_engine_cls`` finds nothing for
 ``cpu``. `install_cpu_platform` fills both gaps with verl's public extension points
 (``PlatformRegistry.register`` + ``set_platform``, ``EngineRegistry.register``): a ``cpu`` platform whose collective
-backend is ``gloo``, and verl's own ``FSDPEngineWithLMHead`` registered for ``device="cpu"``. Nothing in verl is
-patched; the model, FSDP2 wrapping, loss (``ppo_loss``), optimizer and scheduler are verl's.
+backend is ``gloo``, and verl's own ``FSDPEngineWithLMHead`` registered for ``device="cpu"``, plus, for the critic,
+a subclass of ``FSDPEngineWithValueHead`` that does not insist on flash-attn (see `_value_engine_class`). Nothing in
+verl is patched; the model, FSDP2 wrapping, losses (``ppo_loss``, ``value_loss``), optimizer and scheduler are verl's.
 
 It must run before anything calls ``verl.utils.device.get_device_name()`` (verl caches the platform on first use and
-some engine modules read it at import time), i.e. in a fresh process before importing ``verl.workers``. Meant for
+some engine modules read it at import time), i.e. in a fresh process before importing ``verl.workers``; in Ray worker
+processes it runs as Ray's ``worker_process_setup_hook`` (`agentlightning_verl.cpu_ray_init_kwargs`). Meant for
 tests and for debugging the training step on a laptop; it is slow and not a training setup.
 """
 
