@@ -66,8 +66,8 @@ def check(condition: bool, message: str) -> None:
 
 
 grpo, first, resumed = r["grpo"], r["ppo_first"], r["ppo_resumed"]
-check(grpo["call_versions"] == {"step0": [0], "step1": [1]}, f"GRPO versions served per step: {grpo['call_versions']}")
-check(resumed["call_versions"].get("step1") == [1], f"resumed PPO step 2 served by {resumed['call_versions']}")
+check(grpo["call_versions"] == {"it0": [0], "it1": [1]}, f"GRPO versions served per step: {grpo['call_versions']}")
+check(resumed["call_versions"].get("it1") == [1], f"resumed PPO step 2 served by {resumed['call_versions']}")
 for name, phase, versions in (("grpo", grpo, [0, 1, 2]), ("ppo", first, [0, 1]), ("ppo-resumed", resumed, [1, 2])):
     syncs = phase["syncs"]
     check([s["version"] for s in syncs] == versions, f"{name}: synced versions {[s['version'] for s in syncs]}")
@@ -83,12 +83,13 @@ check(r["after_reset_checksum"] == r["initial_checksum"], "the rebuilt actor doe
 check(resumed["syncs"][0]["actor"] == first["syncs"][-1]["actor"], "the resumed actor does not hold the checkpoint")
 
 steps = grpo["history"] + first["history"] + resumed["history"]
-rollouts = [m["batch/n_rollouts"] for m in steps]
+rollout_s = sum(m["time_rollouts"] for m in steps)
 summary = {
-    "step_s": [round(m["time/step_s"], 3) for m in steps],
-    "update_s": [round(m["time/update_s"], 3) for m in steps],
-    "generated_tokens_per_s": round(sum(m["batch/response_tokens"] for m in steps) / sum(m["time/rollouts_s"] for m in steps), 1),
-    "rollouts_per_s": round(sum(rollouts) / sum(m["time/rollouts_s"] for m in steps), 2),
+    "step_s": [round(m["seconds"], 3) for m in steps],
+    "update_s": [round(m["time_update"], 3) for m in steps],
+    "sync_s": [round(m["time_sync"], 3) for m in steps],
+    "generated_tokens_per_s": round(sum(m["batch/response_tokens"] for m in steps) / rollout_s, 1),
+    "rollouts_per_s": round(sum(m["finished"] for m in steps) / rollout_s, 2),
     "versions_served": {"grpo": grpo["call_versions"], "ppo": first["call_versions"], "ppo_resumed": resumed["call_versions"]},
     "vllm_actor_logprob_gap_max": round(max(m["rollout/logprob_diff_max"] for m in steps), 4),
     "startup_s": {k: round(v, 1) for k, v in r["timings"].items()},

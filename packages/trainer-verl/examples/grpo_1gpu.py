@@ -1,8 +1,9 @@
 """GRPO on ONE GPU with verl: a 0.5B model, vLLM colocated with the FSDP trainer (needs `agentlightning-verl[gpu]`).
 
-Start a store and runners first (they run your agent against the proxy URL printed below), then:
+Start a store and runners first (their agents call the LLM proxy the run publishes in the store), then:
 
-    python packages/trainer-verl/examples/grpo_1gpu.py --store http://127.0.0.1:4747 --tasks tasks.jsonl
+    python packages/trainer-verl/examples/grpo_1gpu.py --store http://127.0.0.1:4747 --tasks tasks.jsonl \
+        --proxy-token <a long random token>
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import json
 import logging
 
-from agentlightning.proxy import LLMProxy
+from agentlightning import ProxySettings
 from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
 
 CONFIG = VerlTrainerConfig(
@@ -38,21 +39,24 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True, help="URL of `agl store serve`")
     parser.add_argument("--tasks", required=True, help="JSON lines, one task per line")
+    parser.add_argument("--proxy-token", required=True, help="bearer token of the LLM proxy's admin routes")
     args = parser.parse_args()
     from agentlightning.store import StoreClient
 
     store = StoreClient(args.store)
     with open(args.tasks, encoding="utf-8") as handle:
         tasks = [json.loads(line) for line in handle if line.strip()]
-    # Backends are replaced by verl's vLLM servers when the run starts.
-    proxy = LLMProxy(store, backends=["http://127.0.0.1:1"], host="0.0.0.0", port=8765)
-    await proxy.start()
-    print("agents should call", proxy.url)
+    # The loop starts the LLM proxy in front of verl's vLLM servers and publishes its URL to the runners.
+    loop = CONFIG.loop_config(
+        output_dir="runs/verl-grpo",
+        checkpoint_every=20,
+        proxy=ProxySettings(host="0.0.0.0", port=8765, token=args.proxy_token),
+    )
+    algorithm = VerlAlgorithm(CONFIG, loop=loop)
     try:
-        await VerlAlgorithm(CONFIG, proxy=proxy).run(store, tasks)
+        await algorithm.run(store, tasks)
     finally:
-        await proxy.stop()
-
+        await algorithm.stop()
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)

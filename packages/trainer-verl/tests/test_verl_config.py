@@ -97,11 +97,28 @@ def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> No
         _ = algorithm.backend
 
 
-def test_resume_without_a_checkpoint_dir_is_refused() -> None:
-    with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
-        VerlAlgorithm(VerlTrainerConfig(model_path="m"), resume=True)
-    with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
-        VerlAlgorithm(VerlTrainerConfig(model_path="m"), checkpoint_every=-1)
+def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> None:
+    cfg = VerlTrainerConfig(
+        model_path="/models/m",
+        algorithm="ppo",
+        n_rollouts_per_task=4,
+        tasks_per_step=6,
+        ppo_mini_batch_size=3,
+        total_steps=7,
+        temperature=0.7,
+        credit_strategy="discounted",
+        rollout_timeout_s=30.0,
+    )
+    loop = cfg.loop_config(output_dir=tmp_path, checkpoint_every=2, resume=True)
+    assert (loop.iterations, loop.tasks_per_iteration, loop.samples_per_task) == (7, 6, 4)
+    assert (loop.temperature, loop.credit, loop.rollout_timeout_s) == (0.7, "discounted", 30.0)
+    assert loop.estimator == "passthrough"  # PPO: verl's GAE sets the advantages from the critic
+    assert loop.model_name == "/models/m"  # the name vLLM serves the model under
+    assert (loop.output_dir, loop.checkpoint_every, loop.resume) == (tmp_path, 2, True)
+    assert VerlTrainerConfig(model_path="m", algorithm="rloo").loop_config().estimator == "rloo"
+    assert VerlAlgorithm(cfg, loop=loop).loop.config is loop
+    with pytest.raises(ValueError, match=r"\['iterations'\] come from VerlTrainerConfig"):
+        cfg.loop_config(iterations=3)
 
 
 def test_checksum_sees_every_bit_name_and_dtype() -> None:

@@ -74,8 +74,8 @@ def test_grpo_two_steps_serve_the_new_version(result: dict[str, Any]) -> None:
     _check_syncs(grpo, [0, 1, 2])
     assert grpo["syncs"][0]["actor"] == result["initial_checksum"]  # version 0 = the model folder's weights
     # step 1's calls were served by version 0, step 2's by version 1
-    assert grpo["call_versions"] == {"step0": [0], "step1": [1]}
-    assert grpo["calls_per_step"] == {"step0": 4, "step1": 4}
+    assert grpo["call_versions"] == {"it0": [0], "it1": [1]}
+    assert grpo["calls_per_step"] == {"it0": 4, "it1": 4}
     for metrics in grpo["history"]:
         _check_step_metrics(metrics, critic=False)
 
@@ -92,11 +92,11 @@ def test_ppo_with_critic_checkpoint_resumes_into_step_two(result: dict[str, Any]
     _check_syncs(resumed, [1, 2])
     assert resumed["syncs"][0]["actor"] == first["syncs"][1]["actor"]
     assert resumed["steps"] == 2 and resumed["model_version"] == 2 and len(resumed["history"]) == 1
-    assert resumed["history"][0]["step"] == 2.0
+    assert resumed["history"][0]["iteration"] == 2
     _check_step_metrics(resumed["history"][0], critic=True)
-    assert resumed["call_versions"]["step1"] == [1]  # the resumed step's rollouts: version 1
+    assert resumed["call_versions"]["it1"] == [1]  # the resumed step's rollouts: version 1
     files = set(result["checkpoint_files"])
-    assert "agentlightning_state.json" in files
+    assert "loop_state.json" in files
     for part in ("actor", "critic"):
         assert f"verl/{part}/model_world_size_1_rank_0.pt" in files
         assert f"verl/{part}/optim_world_size_1_rank_0.pt" in files

@@ -293,67 +293,60 @@ async def _phases(
     out: dict[str, Any] = {}
 
     t = time.monotonic()
-    name = "tiny" if local is not None else None  # vLLM serves the model under its path (the default)
-    grpo = Observed(grpo_cfg, backend=backend, served_model=name)
-    urls = backend.rollout_addresses()
-    out["grpo"] = await _run_phase(grpo, urls, tasks)
+    grpo = Observed(grpo_cfg, backend=backend, loop=grpo_cfg.loop_config(output_dir=workdir / "grpo"))
+    out["grpo"] = await _run_phase(grpo, tasks)
     timings["grpo_s"] = time.monotonic() - t
 
-    checkpoint = workdir / "checkpoint"
+    ppo_dir = workdir / "ppo"
     t = time.monotonic()
     backend.reset()  # fresh actor and critic for PPO
-    first = Observed(
-        ppo_cfg.model_copy(update={"total_steps": 1}),
-        backend=backend,
-        served_model=name,
-        checkpoint_dir=checkpoint,
-        checkpoint_every=1,
-    )
+    first_cfg = ppo_cfg.model_copy(update={"total_steps": 1})
+    first = Observed(first_cfg, backend=backend, loop=first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1))
     from agentlightning import MemoryStore
 
     ppo_store = MemoryStore()
-    out["ppo_first"] = await _run_phase(first, urls, tasks, ppo_store)
+    out["ppo_first"] = await _run_phase(first, tasks, ppo_store)
     timings["ppo_first_s"] = time.monotonic() - t
 
     t = time.monotonic()
     backend.reset()  # as a new process would: the initial weights, fresh optimizers
     out["after_reset_checksum"] = backend.actor_checksum()
-    resumed = Observed(ppo_cfg, backend=backend, served_model=name, checkpoint_dir=checkpoint, resume=True)
-    out["ppo_resumed"] = await _run_phase(resumed, urls, tasks, ppo_store)
+    resumed = Observed(ppo_cfg, backend=backend, loop=ppo_cfg.loop_config(output_dir=ppo_dir, resume=True))
+    out["ppo_resumed"] = await _run_phase(resumed, tasks, ppo_store)
     timings["ppo_resumed_s"] = time.monotonic() - t
+    checkpoint = ppo_dir / "checkpoint"
     out["checkpoint_files"] = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file())
     return out
 
 
-async def _run_phase(algorithm: Any, urls: list[str], tasks: list[dict[str, Any]], store: Any = None) -> dict[str, Any]:
+async def _run_phase(algorithm: Any, tasks: list[dict[str, Any]], store: Any = None) -> dict[str, Any]:
     import agentlightning as agl
     from agentlightning.adapters import instrument_openai, uninstrument_openai
-    from agentlightning.proxy import LLMProxy
 
     store = store or agl.MemoryStore()
-    # the version recorded on calls is the one the loop sets on resume (no refresh from the store's resources)
-    proxy = LLMProxy(store, urls, model_version=0, resources_refresh_s=0)
-    await proxy.start()
-    algorithm.proxy = proxy
     instrument_openai()
     runner = agl.Runner(make_agent(), store=store, n_workers=4, worker_mode="async", poll_interval=0.02)
     runner_task = asyncio.create_task(runner.arun())
     try:
-        await algorithm.run(store, tasks)
+        await algorithm.run(store, tasks)  # the RLLoop: it starts the LLM proxy in front of the rollout servers
     finally:
+        await algorithm.stop()
         runner.stop()
         await asyncio.wait_for(runner_task, 60)
         uninstrument_openai()
-        await proxy.stop()
     versions: dict[str, list[int | None]] = {}
     for rollout in await store.query_rollouts():
-        step = (rollout.group_id or "?").split("-")[0]
+        step = (rollout.group_id or "?").split("-")[0]  # the loop's groups: it<iteration>-<time>-t<task>
         calls = await store.query_llm_calls(rollout.rollout_id)
         versions.setdefault(step, []).extend(call.model_version for call in calls)
+    history = [
+        {**r.metrics, "iteration": r.iteration, "seconds": r.seconds, "rollouts": r.rollouts, "finished": r.finished}
+        for r in algorithm.history
+    ]
     return {
-        "steps": algorithm.step,
+        "steps": algorithm.iteration,
         "model_version": algorithm.model_version,
-        "history": algorithm.history,
+        "history": history,
         "syncs": algorithm.syncs,
         "call_versions": {k: sorted(set(v), key=lambda x: -1 if x is None else x) for k, v in versions.items()},
         "calls_per_step": {k: len(v) for k, v in versions.items()},

@@ -3,7 +3,7 @@
 Importing this package imports neither verl nor torch; each entry point imports them when called.
 """
 
-from agentlightning_verl._algorithm import CHECKPOINT_STATE_FILE, VerlAlgorithm, VerlBackend
+from agentlightning_verl._algorithm import VerlAlgorithm, VerlBackend
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
 from agentlightning_verl._cpu_platform import install_cpu_platform
@@ -27,7 +27,6 @@ VERL_VERSION = "0.9.1"
 
 __all__ = [
     "ADV_ESTIMATORS",
-    "CHECKPOINT_STATE_FILE",
     "CPU_WORKER_SETUP_HOOK",
     "GPU_INSTALL_HINT",
     "VERL_VERSION",

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentlightning import LoopConfig
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -23,6 +25,9 @@ ADV_ESTIMATORS: dict[str, str] = {
 """Our algorithm name -> verl's ``algorithm.adv_estimator`` (``verl.trainer.ppo.core_algos.AdvantageEstimator``)."""
 
 _GROUP_ESTIMATORS = {"grpo", "rloo"}
+
+_OUR_ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp", "ppo": "passthrough"}
+"""Agent Lightning's advantage estimator per algorithm: what the batch carries before verl's own estimator runs."""
 
 
 class VerlTrainerConfig(BaseModel):
@@ -152,6 +157,36 @@ class VerlTrainerConfig(BaseModel):
     def use_critic(self) -> bool:
         """Whether the algorithm trains a value model (only ``ppo``)."""
         return self.algorithm == "ppo"
+
+    def loop_config(self, **settings: Any) -> LoopConfig:
+        """The `LoopConfig` of `VerlAlgorithm`'s `RLLoop`: the loop's share of these settings, plus ``settings``.
+
+        Maps ``total_steps`` → ``iterations``, ``tasks_per_step`` → ``tasks_per_iteration``,
+        ``n_rollouts_per_task`` → ``samples_per_task``, ``credit_strategy`` → ``credit``, the algorithm to our
+        estimator (``passthrough`` for PPO: verl's GAE sets the advantages), ``temperature`` and
+        ``rollout_timeout_s``; the model is published under ``model_path`` (the name vLLM serves it under).
+        Tasks are taken in order (``task_order="cycle"``).
+
+        Args:
+            settings: Other `LoopConfig` fields (``output_dir``, ``checkpoint_every``, ``resume``, ``proxy``...).
+
+        Raises:
+            ValueError: ``settings`` sets a field this config owns, or an invalid `LoopConfig`.
+        """
+        owned: dict[str, Any] = {
+            "iterations": self.total_steps,
+            "tasks_per_iteration": self.tasks_per_step,
+            "samples_per_task": self.n_rollouts_per_task,
+            "credit": self.credit_strategy,
+            "estimator": _OUR_ESTIMATOR[self.algorithm],
+            "temperature": self.temperature,
+            "rollout_timeout_s": self.rollout_timeout_s,
+        }
+        clash = sorted(set(owned) & set(settings))
+        if clash:
+            raise ValueError(f"{clash} come from VerlTrainerConfig; set them there, not in loop_config()")
+        fields: dict[str, Any] = {"model_name": self.model_path, "task_order": "cycle", **owned, **settings}
+        return LoopConfig(**fields)
 
     def to_verl_config(self) -> DictConfig:
         """verl's full PPO trainer config (``verl/trainer/config/_generated_ppo_trainer.yaml``) with ours applied.
