@@ -58,6 +58,7 @@ async def main() -> None:
     finally:
         await algorithm.stop()
 
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     asyncio.run(main())
