@@ -2,8 +2,8 @@
 
 verl's actor and critic worker groups run as Ray actors on the CPU platform; rollouts are served by the embedded
 torch backend (loaded from the same model folder) behind the LLM proxy, to runners with a plain OpenAI agent.
-The run happens in a fresh process (`verl_ray_loop.py`); 3-6 minutes on two cores shared with other jobs, most of it Ray and
-the worker process starting.
+The run happens in a fresh process (`verl_ray_loop.py`); 3-6 minutes on two cores shared with other jobs, most of
+it Ray and the worker process starting.
 """
 
 from __future__ import annotations
