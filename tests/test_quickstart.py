@@ -38,8 +38,10 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     out = tmp_path / "run"
     done = _run_quickstart(
         "--iterations", "2", "--tasks-per-iteration", "4", "--samples-per-task", "4", "--eval-size", "4",
-        "--workers", "16", "--minutes", "10", "--output", str(out),
-        "--rollout-timeout", "3600",  # however slow the machine, every rollout finishes; nothing is cancelled
+        "--workers", "16", "--minutes", "600", "--output", str(out),
+        # however slow the machine: the run ends after 2 iterations (not a time budget), and every rollout
+        # finishes (none is cancelled as late); the subprocess timeout is only a safety net
+        "--rollout-timeout", "3600", timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
