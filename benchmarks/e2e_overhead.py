@@ -40,6 +40,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
     args = parser.parse_args()
     common = ["--threads", str(args.threads)]
     bare = run(
@@ -69,6 +70,8 @@ def main() -> int:
             "--quiet",
             "--output",
             "runs/e2e-overhead",
+            "--runners",
+            str(args.runners),
             *common,
         ],
         "framework (quickstart)",
@@ -84,6 +87,7 @@ def main() -> int:
         "ratio": round(framework_s / bare_s, 2),
         "bare_reward_last5": bare.get("reward_last5"),
         "framework_reward_after": framework.get("reward_after"),
+        "runners": args.runners,
     }
     print(f"{'':32}{'s/iteration':>12}")
     print(f"{'bare loop':32}{bare_s:>12.3f}")

@@ -5,9 +5,10 @@
     python examples/calc/train.py --help
 
 What runs: this process serves the tiny model (local batched backend) behind the LLM proxy and trains it;
-a runner process (``run_agents.py``) runs the LangGraph agent on rollouts taken from the SQLite store. Every LLM
-call goes agent → proxy (records token ids) → backend; spans go to the store; each iteration turns spans +
-token records into transitions, LightningRL credit (GRPO), a PPO step, and a new model version served back.
+runner processes (``run_agents.py``, ``--runners``) run the LangGraph agent on rollouts taken from the SQLite
+store. Every LLM call goes agent → proxy (records token ids) → backend; spans go to the store; each iteration
+turns spans + token records into transitions, LightningRL credit (GRPO), a PPO step, and a new model version
+served back.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-4, help="policy learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts in the runner process")
+    parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts, over all runner processes")
+    parser.add_argument("--runners", type=int, default=2, help="runner processes (they share --workers)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
     parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
@@ -96,11 +98,12 @@ def build_config(args: argparse.Namespace) -> Any:
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
-    if args.workers < 1 or args.eval_size < 1:
-        raise UsageError("--workers and --eval-size must be at least 1")
+    if args.workers < 1 or args.eval_size < 1 or args.runners < 1:
+        raise UsageError("--workers, --runners and --eval-size must be at least 1")
     try:
         return TorchTrainerConfig(
             model_dir=args.model_dir,
+            tool_parser="calc",  # CALC(<expr>) -> an OpenAI tool call; any HF model folder goes the same path
             output_dir=args.output,
             device=args.device,
             num_threads=args.threads,
@@ -120,25 +123,31 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UsageError(f"invalid setting: {problems}") from None
 
 
-def start_runner(db: Path, workers: int) -> subprocess.Popen[bytes]:
+def start_runners(db: Path, workers: int, runners: int) -> list[subprocess.Popen[bytes]]:
+    """``runners`` runner processes sharing ``workers`` concurrent rollouts (one process emits spans too slowly)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(workers)]
-    return subprocess.Popen(cmd, env=env)
+    processes = []
+    for index in range(runners):
+        share = workers // runners + (1 if index < workers % runners else 0)
+        cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))]
+        processes.append(subprocess.Popen(cmd, env=env))
+    return processes
 
 
 class RunnerDied(Exception):
     """The runner process exited while the trainer was waiting for rollouts."""
 
 
-async def _watch(runner: subprocess.Popen[bytes]) -> None:
-    while runner.poll() is None:
+async def _watch(runners: list[subprocess.Popen[bytes]]) -> None:
+    while all(runner.poll() is None for runner in runners):
         await asyncio.sleep(0.5)
-    raise RunnerDied(f"the runner process exited with code {runner.returncode}; its error is printed above")
+    code = next(runner.returncode for runner in runners if runner.poll() is not None)
+    raise RunnerDied(f"a runner process exited with code {code}; its error is printed above")
 
 
-async def _guarded(runner: subprocess.Popen[bytes], work: Any) -> Any:
-    """Run ``work`` but stop at once, with a clear error, if the runner process dies (no silent 0-reward run)."""
-    watch = asyncio.ensure_future(_watch(runner))
+async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
+    """Run ``work`` but stop at once, with a clear error, if a runner process dies (no silent 0-reward run)."""
+    watch = asyncio.ensure_future(_watch(runners))
     job = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({watch, job}, return_when=asyncio.FIRST_COMPLETED)
     if job not in done:
@@ -193,7 +202,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
 
         dashboard = DashboardServer(db).start()
         console.print(f"[bold]dashboard[/]: {dashboard.url} (live while training; later: agl store serve --db {db})")
-    runner = start_runner(db, args.workers)
+    runners = start_runners(db, args.workers, args.runners)
     progress = Progress(
         TextColumn("[bold]RL"),
         BarColumn(),
@@ -218,17 +227,19 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     try:
         await trainer.start(store)
         console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(val_tasks)} held-out tasks")
-        before = await _guarded(runner, trainer.evaluate(store, val_tasks))
+        before = await _guarded(runners, trainer.evaluate(store, val_tasks))
         console.print(f"greedy accuracy before RL: {before.reward_mean:.2f}")
         started = time.monotonic()
         with progress:
-            await _guarded(runner, trainer.run(store, train_tasks))
+            await _guarded(runners, trainer.run(store, train_tasks))
         rl_seconds = time.monotonic() - started
-        after = await _guarded(runner, trainer.evaluate(store, val_tasks))
+        after = await _guarded(runners, trainer.evaluate(store, val_tasks))
     finally:
         await trainer.stop()
-        runner.terminate()
-        runner.wait(timeout=30)
+        for runner in runners:
+            runner.terminate()
+        for runner in runners:
+            runner.wait(timeout=30)
         await store.close()
         if dashboard is not None:
             dashboard.stop()

@@ -15,6 +15,8 @@ from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
     LoraSettings,
     PPOConfig,
+    TorchTrainer,
+    TorchTrainerConfig,
     load_trainer_state,
     make_optimizer,
     ppo_update,
@@ -54,6 +56,15 @@ def tiny_model(vocab: int, seed: int = 0) -> Qwen2ForCausalLM:
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture
+def model_folder(tmp_path: Path) -> Path:
+    tokenizer = char_tokenizer()
+    folder = tmp_path / "base"
+    tiny_model(len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def batch() -> TrainingBatch:
@@ -118,3 +129,48 @@ def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) 
     assert not torch.allclose(logits(merged, ids), logits(tiny_model(len(tokenizer)), ids))
     adapted = peft.PeftModel.from_pretrained(tiny_model(len(tokenizer)), folder / "adapter")
     torch.testing.assert_close(logits(adapted, ids), logits(policy, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+def test_resume_continues_weights_optimizer_iteration_and_version(
+    model_folder: Path, tmp_path: Path, lora: LoraSettings | None
+) -> None:
+    if lora is not None:
+        pytest.importorskip("peft")
+    settings = {"model_dir": model_folder, "output_dir": tmp_path / "run", "ppo": PPOConfig(lr=1e-2, lora=lora)}
+    first = TorchTrainer(TorchTrainerConfig(**settings))
+    first.update(batch())
+    first.loop.iteration, first.loop.model_version = 3, 7  # as after 3 iterations and 7 weight syncs
+    folder = first.loop.save_checkpoint()
+    assert AutoModelForCausalLM.from_pretrained(folder) is not None  # the checkpoint is a plain model folder
+
+    resumed = TorchTrainer(TorchTrainerConfig(**settings, resume=True))
+    assert (resumed.iteration, resumed.model_version) == (3, 7)
+    ids = [3, 4, 5, 6, 7, 8]
+    torch.testing.assert_close(logits(resumed.policy, ids), logits(first.policy, ids), atol=1e-6, rtol=1e-6)
+    before, after = first.optimizer.state_dict(), resumed.optimizer.state_dict()
+    assert len(before["state"]) == len(after["state"]) > 0
+    for key, value in before["state"].items():
+        assert torch.equal(value["exp_avg"], after["state"][key]["exp_avg"])
+    # the next update continues Adam (same step count), so both trainers make the same step
+    first.update(batch())
+    resumed.update(batch())
+    torch.testing.assert_close(logits(resumed.policy, ids), logits(first.policy, ids), atol=1e-5, rtol=1e-5)
+
+    fresh = TorchTrainer(TorchTrainerConfig(**{**settings, "output_dir": tmp_path / "other"}, resume=True))
+    assert (fresh.iteration, fresh.model_version) == (0, 0)  # nothing to resume from: starts from the base
+
+
+def test_reference_model_only_with_a_kl_coefficient(model_folder: Path, tmp_path: Path) -> None:
+    without = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path))
+    assert without.ref_model is None
+    with_kl = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path, ppo=PPOConfig(kl_coef=0.1)))
+    assert with_kl.ref_model is not None
+    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert with_kl.update(batch())["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy starts at the reference
+
+
+def test_missing_model_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        TorchTrainerConfig(model_dir=tmp_path / "nowhere")
+    assert TorchTrainerConfig(model_dir="Qwen/Qwen2.5-0.5B-Instruct").model_dir == "Qwen/Qwen2.5-0.5B-Instruct"

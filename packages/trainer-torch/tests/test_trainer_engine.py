@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 import agentlightning as agl
-from agentlightning_torch import CharTokenizer, TorchTrainer, TorchTrainerConfig, save_tiny
+from agentlightning_torch import TorchTrainer, TorchTrainerConfig
+from agentlightning_torch.testing import make_tiny_chat_model
 
 
-def _batch(tokenizer: CharTokenizer) -> agl.TrainingBatch:
-    prompt, response = tokenizer.encode("Q:2*3+4=\n", add_bos=True), tokenizer.encode("A:10")
+def _batch() -> agl.TrainingBatch:
+    prompt, response = [5, 6, 7, 8], [9, 10, 11]
     sample = agl.TrainingSample(
         prompt_ids=prompt,
         response_ids=response,
@@ -31,16 +31,18 @@ def _batch(tokenizer: CharTokenizer) -> agl.TrainingBatch:
     return agl.TrainingBatch(samples=[sample])
 
 
-async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_version(
-    tmp_path: Path, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer
-) -> None:
-    save_tiny(make_small_model(tokenizer), tokenizer, tmp_path / "model")
+async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_version(tmp_path: Path) -> None:
+    make_tiny_chat_model(tmp_path / "model")
     config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small")
     trainer = TorchTrainer(config)
     assert isinstance(trainer, agl.Engine) and trainer.loop.engine is trainer
-    trainer.update(_batch(tokenizer))  # weights and optimizer state move
+    trainer.update(_batch())  # weights and optimizer state move
     trainer.loop.iteration, trainer.loop.model_version = 3, 4
-    trainer.loop.save_checkpoint()
+    folder = trainer.loop.save_checkpoint()
+    reloaded = AutoModelForCausalLM.from_pretrained(folder)  # a plain transformers folder, identical logits
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, trainer.policy(input_ids=ids).logits)
 
     resumed = TorchTrainer(config.model_copy(update={"resume": True}))
     assert (resumed.iteration, resumed.model_version) == (3, 4)

@@ -20,16 +20,15 @@ import torch
 from agentlightning import Algorithm, Engine, IterationReport, LightningStore, RLLoop, TrainingBatch
 from agentlightning.proxy import LLMProxy
 from agentlightning_torch._backend import LocalBackend, merged_state_dict
-from agentlightning_torch._model import load_tiny, save_tiny
-from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
+from agentlightning_torch._loading import load_model
+from agentlightning_torch._ppo import is_lora, make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 
 __all__ = ["IterationReport", "TorchTrainer"]
 
 logger = logging.getLogger(__name__)
-
-_STATE_FILE = "trainer_state.pt"
 
 
 class TorchTrainer(Engine, Algorithm):
@@ -48,10 +47,16 @@ class TorchTrainer(Engine, Algorithm):
     ) -> None:
         self.config = config
         torch.set_num_threads(config.num_threads)
-        model, tokenizer = load_tiny(config.model_dir, device=config.device)
-        self.tokenizer = tokenizer
-        self.policy = prepare_policy(model, config.ppo)
+        loaded = load_model(config.model_dir, device=config.device)
+        self.tokenizer = loaded.tokenizer
+        self.generation_config = loaded.generation_config
+        self.policy = prepare_policy(loaded.model, config.ppo)
         self.optimizer = make_optimizer(self.policy, config.ppo)
+        # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
+        # with the adapters switched off (no copy at all).
+        self.ref_model: torch.nn.Module | None = None
+        if config.ppo.kl_coef > 0 and not is_lora(self.policy):
+            self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
         self._backend: LocalBackend | None = None
         self._server: BackendServer | None = None
         self._seen = (0, 0, 0.0)  # backend batches, requests, busy seconds at the last iteration_metrics
@@ -117,8 +122,9 @@ class TorchTrainer(Engine, Algorithm):
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``) and its HTTP server."""
         if self._server is None:
+            served: Any = self.policy if self.serves_adapter else merged_model(self.policy)
             backend = LocalBackend(
-                self.policy,  # pyright: ignore[reportArgumentType]  # a PreTrainedModel, or a PEFT model wrapping one
+                served,
                 self.tokenizer,
                 device=self.config.device,
                 max_batch_size=self.config.max_batch_size,
@@ -127,6 +133,8 @@ class TorchTrainer(Engine, Algorithm):
                 model_name=self.config.model_name,
                 num_threads=self.config.num_threads,
                 seed=self.config.seed,
+                tool_parser=self.config.tool_parser,
+                generation_config=self.generation_config,
             )
             backend.model_version = model_version
             self._backend = backend
@@ -141,13 +149,27 @@ class TorchTrainer(Engine, Algorithm):
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the Engine and Algorithm contract)."""
-        return ppo_update(self.policy, self.optimizer, batch, self.config.ppo, self.config.device)
+        return ppo_update(
+            self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
+        )
+
+    @property
+    def serves_adapter(self) -> bool:
+        """Whether the backend serves the LoRA adapter on its base (else a plain model with the adapter merged)."""
+        lora = self.config.ppo.lora
+        return lora is not None and lora.serve == "adapter"
+
+    def served_weights(self) -> dict[str, torch.Tensor]:
+        """The state dict the backend loads at a sync: the PEFT model's own, or the merged plain model's."""
+        if self.serves_adapter:
+            return {k: v.detach() for k, v in self.policy.state_dict().items()}
+        return merged_state_dict(self.policy)
 
     async def sync_weights(self, version: int) -> None:
-        """Copy the policy's weights (LoRA merged) into the backend, which reports ``version`` from now on."""
+        """Copy the policy's weights (see `served_weights`) into the backend, which reports ``version`` from now on."""
         if self._backend is None:
             raise RuntimeError("the backend is not started; call `await trainer.start(store)` first")
-        await asyncio.to_thread(self._backend.update_weights, self.policy, version)
+        await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
     def iteration_metrics(self) -> dict[str, float]:
         """Backend batches, mean batch size and generation time since the previous call."""
@@ -164,16 +186,17 @@ class TorchTrainer(Engine, Algorithm):
         }
 
     def save_state(self, directory: Path) -> None:
-        """The merged policy as a model folder (`load_tiny` reads it) plus the optimizer state."""
-        model, _ = load_tiny(self.config.model_dir, device="cpu")
-        model.load_state_dict(merged_state_dict(self.policy))
-        save_tiny(model, self.tokenizer, directory)
-        torch.save({"optimizer": self.optimizer.state_dict()}, directory / _STATE_FILE)
+        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state."""
+        save_checkpoint(self.policy, self.tokenizer, directory, {"optimizer": self.optimizer.state_dict()})
 
     def load_state(self, directory: Path) -> None:
-        """Load the weights and optimizer state `save_state` wrote."""
-        model, _ = load_tiny(directory, device=self.config.device)
-        target = self.policy.get_base_model() if hasattr(self.policy, "get_base_model") else self.policy  # type: ignore[operator]
-        target.load_state_dict(model.state_dict(), strict=False)  # type: ignore[union-attr]
-        state = torch.load(directory / _STATE_FILE, map_location=self.config.device, weights_only=False)
+        """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote."""
+        if is_lora(self.policy):
+            load_adapter_weights(self.policy, directory)
+        else:
+            saved: Any = load_model(directory, device=self.config.device).model
+            self.policy.load_state_dict(saved.state_dict())
+        state = load_trainer_state(directory, self.config.device)
+        if state is None:
+            raise FileNotFoundError(f"{directory} has no trainer state: not a checkpoint written by TorchTrainer")
         self.optimizer.load_state_dict(state["optimizer"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -12,14 +13,19 @@ from agentlightning_torch._ppo import PPOConfig
 
 __all__ = ["TorchTrainerConfig"]
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
 
 class TorchTrainerConfig(BaseModel):
     """Everything `TorchTrainer` needs; every field is checked when the config is built.
 
     Attributes:
-        model_dir: A model folder saved by ``agentlightning_torch.save_tiny`` (e.g. ``examples/calc/checkpoint``).
+        model_dir: A Hugging Face model folder (config, weights, tokenizer with a chat template; e.g.
+            ``examples/calc/checkpoint``) or a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``.
         output_dir: Where metrics (``metrics.jsonl``) and checkpoints go.
         model_name: Name the model is served under (what the agent passes as ``model``).
+        tool_parser: Tool-call parser of the served model (``hermes``, ``llama3_json``, ``calc``...); ``None``
+            lets the backend pick one from the chat template.
         device: ``cpu``, ``cuda`` or ``cuda:N``; the same code runs on either.
         num_threads: ``torch.set_num_threads`` for the whole process; few threads on a small shared CPU.
         iterations: Most RL iterations to run.
@@ -36,7 +42,8 @@ class TorchTrainerConfig(BaseModel):
         ppo: The policy update settings.
         rollout_timeout_s: How long an iteration waits for its rollouts before training on what finished.
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
-        resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
+        resume: Continue from the latest checkpoint in ``output_dir`` when there is one (weights or LoRA adapter,
+            optimizer state, iteration and model version).
         max_batch_size: Most concurrent generations the local backend batches together.
         batch_wait_ms: The backend starts a batch once no request has arrived for this long.
         max_batch_wait_ms: ...or this long after the batch's first request, whichever comes first.
@@ -46,9 +53,10 @@ class TorchTrainerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_dir: Path
+    model_dir: Path | str
     output_dir: Path = Path("runs/torch-trainer")
     model_name: str = Field(default="tiny-calc", min_length=1)
+    tool_parser: str | None = None
     device: str = "cpu"
     num_threads: int = Field(default=1, ge=1, le=256)
     iterations: int = Field(default=200, ge=1)
@@ -97,10 +105,14 @@ class TorchTrainerConfig(BaseModel):
 
     @field_validator("model_dir")
     @classmethod
-    def _model_dir_exists(cls, value: Path) -> Path:
-        if not value.is_dir():
-            raise ValueError(f"model folder {str(value)!r} does not exist (expected a folder saved by save_tiny)")
-        return value
+    def _model_dir_exists(cls, value: Path | str) -> Path | str:
+        path = Path(value)
+        if path.is_dir():
+            return path
+        text = str(value)
+        if _HUB_ID.fullmatch(text) and not text.startswith((".", "~")):
+            return text  # a hub id, downloaded by transformers when the trainer loads it
+        raise ValueError(f"model folder {text!r} does not exist (expected a Hugging Face model folder or hub id)")
 
     @field_validator("device")
     @classmethod

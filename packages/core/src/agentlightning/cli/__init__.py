@@ -13,7 +13,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
-_COMMAND_MODULES = ("agentlightning.cli._store", "agentlightning.cli._proxy")
+_COMMAND_MODULES = ("agentlightning.cli._store", "agentlightning.cli._proxy", "agentlightning.cli._train")
 
 
 def build_parser() -> argparse.ArgumentParser:

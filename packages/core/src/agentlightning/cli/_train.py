@@ -1,0 +1,75 @@
+"""``agl train``: the options are defined here, the work is done by ``agentlightning-torch``.
+
+The core never imports torch: ``agentlightning_torch.cli`` is imported only when ``agl train`` runs, and without
+that package the command says how to install it (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+__all__ = ["add_train_arguments", "register"]
+
+INSTALL_HINT = "agl train needs the torch trainer: pip install agentlightning-torch"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``agl train`` to the ``agl`` parser."""
+    parser = subparsers.add_parser(
+        "train",
+        help="train an @agl.rollout agent on a Hugging Face model (needs agentlightning-torch)",
+        description=(
+            "Run the agent (module:function decorated with @agl.rollout) on the tasks in runner processes, serve "
+            "the model behind the LLM proxy and train it with PPO/GRPO; writes the store, metrics.jsonl, a reward "
+            "plot and checkpoints into --output."
+        ),
+    )
+    add_train_arguments(parser)
+    parser.set_defaults(func=_run)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``agl train`` (the core CLI registers them without importing torch)."""
+    parser.add_argument("--agent", required=True, help="the @agl.rollout function as module:function")
+    parser.add_argument("--model", required=True, help="a Hugging Face model folder or hub id")
+    parser.add_argument("--tasks", required=True, help="JSONL training tasks, one task dict per line")
+    parser.add_argument("--val-tasks", default=None, help="JSONL held-out tasks, evaluated before and after")
+    parser.add_argument("--minutes", type=float, default=10.0, help="RL time budget (default: 10)")
+    parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--runners", type=int, default=1, help="runner processes (default: 1)")
+    parser.add_argument("--workers", type=int, default=32, help="concurrent rollouts per runner (default: 32)")
+    parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
+    parser.add_argument("--output", default="runs/agl-train", help="run folder (default: runs/agl-train)")
+    parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent")
+    parser.add_argument("--tasks-per-iteration", type=int, default=16)
+    parser.add_argument("--samples-per-task", type=int, default=8, help="rollouts per task (one GRPO group)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens per LLM call")
+    parser.add_argument(
+        "--rollout-timeout",
+        type=float,
+        default=600.0,
+        help="seconds an iteration waits for rollouts",
+    )
+    parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
+    parser.add_argument("--model-name", default="policy", help="name the model is served under")
+    parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--log-level", default="warning")
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cli = importlib.import_module("agentlightning_torch.cli")
+    except ModuleNotFoundError as error:
+        if error.name is None or not error.name.startswith("agentlightning_torch"):
+            raise
+        print(f"error: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    return int(cli.train(args))

@@ -1,0 +1,360 @@
+"""``agl train``: train an existing ``@agl.rollout`` agent on a Hugging Face model without writing a trainer.
+
+    agl train --agent my_pkg.my_module:my_rollout --model Qwen/Qwen2.5-0.5B-Instruct --tasks train.jsonl \\
+        [--val-tasks val.jsonl] [--minutes 30] [--device cuda] [--runners 2] [--lora-rank 16]
+
+The trainer process loads the model, serves it (local backend behind the LLM proxy) and trains it with
+`TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts (each JSONL line is one task dict,
+passed to the function as it is). The run folder gets the SQLite store, ``metrics.jsonl``, ``reward_curve.png``
+and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served for the dashboard while it runs.
+Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, a rollout
+that never calls the LLM) is reported in one line with exit code 2, and a run folder it created is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["UsageError", "load_tasks", "resolve_agent", "train"]
+
+logger = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _RunnerDied(Exception):
+    pass
+
+
+def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
+    """The agent function named by ``module:function`` (``app_dir`` first on ``sys.path``).
+
+    Raises:
+        UsageError: With a one-line reason when the spec is malformed or names nothing callable.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"--agent must look like module:function (e.g. my_pkg.agent:solve), got {spec!r}")
+    path = str(Path(app_dir).resolve())
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"cannot import module {module_name!r} for --agent (from {path}): {error}") from None
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise UsageError(f"module {module_name!r} has no function {attribute!r} (--agent {spec})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise UsageError(f"--agent {spec} is not a function")
+    return target
+
+
+def load_tasks(path: Path, flag: str) -> list[dict[str, Any]]:
+    """Tasks from a JSONL file, one JSON object per line (blank lines skipped).
+
+    Raises:
+        UsageError: If the file is missing, a line is not a JSON object, or there is no task.
+    """
+    if not path.is_file():
+        raise UsageError(f"{flag} file {str(path)!r} does not exist")
+    tasks: list[dict[str, Any]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(task, dict):
+            raise UsageError(f"{path}:{number}: each line must be a JSON object (one task), got {type(task).__name__}")
+        tasks.append(task)  # pyright: ignore[reportUnknownArgumentType]
+    if not tasks:
+        raise UsageError(f"{flag} file {str(path)!r} holds no tasks")
+    return tasks
+
+
+def _check_model(model: str) -> None:
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"model folder {model!r} has no config.json: not a Hugging Face model folder")
+        return
+    looks_local = model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1)
+    if path.exists() or looks_local or model.count("/") != 1:
+        raise UsageError(f"model folder {model!r} does not exist (give a Hugging Face model folder or hub id)")
+
+
+@dataclass
+class _Plan:
+    args: argparse.Namespace
+    train_tasks: list[dict[str, Any]]
+    val_tasks: list[dict[str, Any]]
+    output: Path
+
+
+def _validate(args: argparse.Namespace) -> _Plan:
+    if args.minutes <= 0:
+        raise UsageError(f"--minutes must be positive, got {args.minutes}")
+    for flag, value in (("--runners", args.runners), ("--workers", args.workers), ("--iterations", args.iterations)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.lora_rank is not None and args.lora_rank < 1:
+        raise UsageError(f"--lora-rank must be at least 1, got {args.lora_rank}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    _check_model(args.model)
+    train_tasks = load_tasks(Path(args.tasks), "--tasks")
+    val_tasks = load_tasks(Path(args.val_tasks), "--val-tasks") if args.val_tasks else []
+    agent = resolve_agent(args.agent, args.app_dir)
+    from agentlightning.runner import as_agent
+
+    try:
+        as_agent(agent)
+    except TypeError as error:
+        raise UsageError(f"--agent {args.agent}: {error}") from None
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {str(output)!r} exists and is not a folder")
+    return _Plan(args, train_tasks, val_tasks, output)
+
+
+def _free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise UsageError("no free port for the dashboard")
+
+
+def _start_runners(plan: _Plan, db: Path) -> list[subprocess.Popen[bytes]]:
+    args = plan.args
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The runners import only the core and the user's agent (never torch): they start fast and stay small.
+    cmd = [sys.executable, "-m", "agentlightning.runner", "--agent", args.agent, "--db", str(db)]
+    cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
+    return [subprocess.Popen(cmd, env=env) for _ in range(args.runners)]
+
+
+async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
+    """Run ``work``, but stop at once with a clear error if a runner process dies (no silent zero-reward run)."""
+
+    async def watch() -> None:
+        while all(r.poll() is None for r in runners):
+            await asyncio.sleep(0.5)
+        dead = next(r for r in runners if r.poll() is not None)
+        raise _RunnerDied(f"a runner process exited with code {dead.returncode}; its error is printed above")
+
+    watcher, job = asyncio.ensure_future(watch()), asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
+    if job not in done:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        watcher.result()
+    watcher.cancel()
+    return job.result()
+
+
+def _check_llm_used(report: Any) -> None:
+    if report.finished == 0:
+        raise UsageError(
+            f"none of the {report.rollouts} rollouts succeeded: see the agent's errors above (or the runners did not "
+            "start in time: raise --rollout-timeout)"
+        )
+    if report.calls_per_rollout == 0:
+        raise UsageError(
+            "the agent's rollouts finished without calling the LLM: point its client at agl.llm_base_url() and use "
+            "the model name in resources.llm.model"
+        )
+
+
+def _plot(history: list[Any], path: Path) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        logger.warning("no reward plot: pip install 'agentlightning-torch[plot]' (matplotlib)")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    elapsed: list[float] = []
+    total = 0.0
+    for report in history:
+        total += report.seconds
+        elapsed.append(total / 60)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(elapsed, [r.reward_mean for r in history], label="mean sampled reward")
+    ax.set_xlabel("RL time (minutes)")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _trainer_config(plan: _Plan) -> Any:
+    from pydantic import ValidationError
+
+    from agentlightning_torch._ppo import LoraSettings, PPOConfig
+    from agentlightning_torch._trainer_config import TorchTrainerConfig
+
+    args = plan.args
+    try:
+        lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
+        return TorchTrainerConfig(
+            model_dir=args.model,
+            output_dir=plan.output,
+            model_name=args.model_name,
+            tool_parser=args.tool_parser,
+            device=args.device,
+            num_threads=args.threads,
+            iterations=args.iterations,
+            time_budget_s=args.minutes * 60,
+            tasks_per_iteration=args.tasks_per_iteration,
+            samples_per_task=args.samples_per_task,
+            max_tokens=args.max_tokens,
+            rollout_timeout_s=args.rollout_timeout,
+            ppo=PPOConfig(lr=args.lr, lora=lora, num_threads=args.threads),
+            seed=args.seed,
+        )
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+        raise UsageError(f"invalid setting: {problems}") from None
+
+
+async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import agentlightning as agl
+    from agentlightning_torch._trainer import TorchTrainer
+
+    args = plan.args
+    config = _trainer_config(plan)
+    plan.output.mkdir(parents=True, exist_ok=True)
+    db = plan.output / "store.db"
+    for stale in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), plan.output / "metrics.jsonl"):
+        stale.unlink(missing_ok=True)
+    store = agl.SqliteStore(db)
+    try:
+        trainer = TorchTrainer(config)
+    except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
+        await store.close()
+        raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
+    port = _free_port(args.dashboard_port)
+    dashboard = subprocess.Popen(
+        [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
+    runners = _start_runners(plan, db)
+    budget = args.minutes * 60
+    progress = Progress(
+        TextColumn("[bold]RL"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.quiet,
+    )
+    bar = progress.add_task("rl", total=budget, status="starting")
+    started = time.monotonic()
+    first: list[Any] = []
+
+    def on_iteration(report: Any) -> None:
+        if not first:
+            first.append(report)
+            _check_llm_used(report)
+        status = f"it {report.iteration:3d}  reward {report.reward_mean:+.3f}  {report.seconds:.1f}s/it"
+        progress.update(bar, completed=min(time.monotonic() - started, budget), status=status)
+
+    trainer.loop.on_iteration = on_iteration
+    before = after = None
+    try:
+        await trainer.start(store)
+        if plan.val_tasks:
+            before = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+            _check_llm_used(before)
+            console.print(f"validation reward before RL: {before.reward_mean:.3f}")
+        started = time.monotonic()
+        with progress:
+            await _guarded(runners, trainer.run(store, plan.train_tasks))
+        rl_seconds = time.monotonic() - started
+        if plan.val_tasks:
+            after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+    finally:
+        await trainer.stop()
+        for process in [*runners, dashboard]:
+            process.terminate()
+        for process in [*runners, dashboard]:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        await store.close()
+    history = trainer.history
+    if not history:
+        raise UsageError("no RL iteration finished within the time budget; raise --minutes")
+    plot = plan.output / "reward_curve.png"
+    tail = history[-5:]
+    return {
+        "reward_first": round(history[0].reward_mean, 4),
+        "reward_last5": round(sum(r.reward_mean for r in tail) / len(tail), 4),
+        "val_before": None if before is None else round(before.reward_mean, 4),
+        "val_after": None if after is None else round(after.reward_mean, 4),
+        "iterations": len(history),
+        "rl_seconds": round(rl_seconds, 1),
+        "model_version": trainer.model_version,
+        "checkpoint": str(trainer.checkpoint_dir),
+        "metrics": str(plan.output / "metrics.jsonl"),
+        "plot": str(plot) if _plot(history, plot) else None,
+    }
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run ``agl train`` with the arguments the core CLI parsed (``agl train --help``); returns the exit code."""
+    from rich.console import Console
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True, soft_wrap=True)
+    output = Path(args.output)
+    existed = output.exists()
+    try:
+        plan = _validate(args)
+        summary = asyncio.run(_train(plan, console))
+    except (UsageError, _RunnerDied) as error:
+        if not existed:
+            shutil.rmtree(output, ignore_errors=True)  # nothing half-written
+        console.print(f"[red]error:[/red] {error}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    console.print(
+        f"{summary['iterations']} iterations in {summary['rl_seconds']:.0f} s; reward {summary['reward_first']:+.3f}"
+        f" -> {summary['reward_last5']:+.3f}; checkpoint: {summary['checkpoint']}"
+    )
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0

@@ -1,0 +1,118 @@
+"""``agl train``: the calculator agent trained end to end by the CLI, and every kind of bad input refused cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("agentlightning_torch")
+pytest.importorskip("langgraph")
+
+ROOT = Path(__file__).resolve().parent.parent
+CALC = ROOT / "examples" / "calc"
+CHECKPOINT = CALC / "checkpoint"
+TASKS = CALC / "data" / "train.jsonl"
+SMALL = ["--tasks-per-iteration", "4", "--samples-per-task", "4", "--workers", "8", "--max-tokens", "24", "--quiet"]
+
+
+def agl_train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "agentlightning.cli", "train", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    done = agl_train(
+        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--iterations", "2", "--runners", "2", "--lr", "3e-4", "--tool-parser", "calc", "--output", str(out), *SMALL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["iterations"] == 2 and summary["model_version"] == 2
+    assert "dashboard: http://127.0.0.1:" in done.stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
+    assert (out / "reward_curve.png").stat().st_size > 0
+    trained = AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # a plain transformers folder
+    original = AutoModelForCausalLM.from_pretrained(CHECKPOINT)
+    deltas = [(a - b).abs().max().item() for a, b in zip(trained.parameters(), original.parameters(), strict=True)]
+    assert max(deltas) > 0
+
+
+def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert not out.exists()  # nothing half-written
+
+
+def agl_train_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`agl train` in this process (the same entry point, without paying a fresh interpreter per bad input)."""
+    from agentlightning.cli import main
+
+    code = main(["train", *args])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["agl", "train", *args], code, captured.out, captured.err)
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ("no_such_module:solve", "cannot import module 'no_such_module'"),
+        ("agent:no_such_function", "has no function 'no_such_function'"),
+        ("agent", "must look like module:function"),
+    ],
+)
+def test_agent_that_cannot_be_found_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], agent: str, message: str
+) -> None:
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", agent, "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out),
+    )  # fmt: skip
+    _refused(done, message, out)
+
+
+def test_missing_model_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(tmp_path / "no-model"),
+        "--tasks", str(TASKS), "--output", str(out),
+    )  # fmt: skip
+    _refused(done, "does not exist", out)
+
+
+def test_task_file_that_does_not_parse_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"question": "Q:2*3+4=", "answer": 10}\n{"question": oops}\n')
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(bad),
+        "--output", str(out),
+    )  # fmt: skip
+    _refused(done, f"{bad}:2: not valid JSON", out)
+    bad.write_text("[1, 2]\n")
+    _refused(agl_train_here(capsys, "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT),
+                       "--tasks", str(bad), "--output", str(out)), "must be a JSON object", out)  # fmt: skip
+
+
+def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "lazy_agent.py").write_text(
+        "import agentlightning as agl\n\n\n@agl.rollout\nasync def solve(task, resources):\n    return 1.0\n"
+    )
+    out = tmp_path / "run"
+    done = agl_train(
+        "--agent", "lazy_agent:solve", "--app-dir", str(tmp_path), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--iterations", "3", "--output", str(out), *SMALL,
+    )  # fmt: skip
+    _refused(done, "without calling the LLM", out)
