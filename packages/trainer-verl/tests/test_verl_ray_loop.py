@@ -68,6 +68,7 @@ def _check_step_metrics(metrics: dict[str, float], *, critic: bool) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the module fixture (one Ray run, up to 900 s on a busy machine) counts against this test
 def test_grpo_two_steps_serve_the_new_version(result: dict[str, Any]) -> None:
     grpo = result["grpo"]
     assert grpo["steps"] == 2 and grpo["model_version"] == 2
@@ -81,6 +82,7 @@ def test_grpo_two_steps_serve_the_new_version(result: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_ppo_with_critic_checkpoint_resumes_into_step_two(result: dict[str, Any]) -> None:
     first, resumed = result["ppo_first"], result["ppo_resumed"]
     assert first["steps"] == 1 and first["model_version"] == 1
