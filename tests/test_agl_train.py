@@ -24,6 +24,7 @@ def agl_train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.timeout(900)  # runner processes import LangGraph, the trainer torch: minutes on a loaded 2-core machine
 def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -106,6 +107,7 @@ def test_task_file_that_does_not_parse_is_refused(tmp_path: Path, capsys: pytest
                        "--tasks", str(bad), "--output", str(out)), "must be a JSON object", out)  # fmt: skip
 
 
+@pytest.mark.timeout(900)
 def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
     (tmp_path / "lazy_agent.py").write_text(
         "import agentlightning as agl\n\n\n@agl.rollout\nasync def solve(task, resources):\n    return 1.0\n"
