@@ -55,7 +55,8 @@ DEV_TOOLS = [
 ]
 
 # System packages the tests need; installed with apt when the job runs as root (CI does).
-APT_PACKAGES = ["chromium"]
+APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2"}
+"""Command -> Debian package: the browser the dashboard tests drive, `ip` for the network-namespace tests."""
 
 
 def _bin(name: str) -> str:
@@ -89,13 +90,13 @@ def quickstart(args: list[str]) -> int:
 
 
 def _install_system_packages() -> None:
-    """Install the browser the dashboard tests drive (Debian's chromium) when it is missing and apt can run."""
-    missing = [pkg for pkg in APT_PACKAGES if shutil.which(pkg) is None]
+    """Install `APT_PACKAGES` that are missing when apt can run (root on Debian, as in CI)."""
+    missing = [pkg for cmd, pkg in APT_PACKAGES.items() if shutil.which(cmd) is None]
     if not missing:
         return
     if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         print(f"note: {', '.join(missing)} not installed and apt-get cannot run here (needs root on Debian); "
-              "the browser tests will be skipped", flush=True)  # fmt: skip
+              "the tests that need them (browser, network namespaces) will be skipped", flush=True)  # fmt: skip
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     print("+ apt-get update && apt-get install -y " + " ".join(missing), flush=True)

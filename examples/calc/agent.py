@@ -89,7 +89,7 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
     llm = ChatOpenAI(
         model=llm_resource.model,
         base_url=agl.llm_base_url(),
-        api_key="not-needed",  # pyright: ignore[reportArgumentType]
+        api_key=llm_resource.api_key or "not-needed",  # pyright: ignore[reportArgumentType]  # the proxy's token
         max_retries=2,
         http_client=_http_clients()[0],
         http_async_client=_http_clients()[1],

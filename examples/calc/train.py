@@ -4,11 +4,15 @@
     python examples/calc/train.py --minutes 1     # shorter
     python examples/calc/train.py --help
 
+    # runners on other machines (see the README): serve the store and the proxy on this machine's address
+    python examples/calc/train.py --serve-store 0.0.0.0:4747 --proxy-host 0.0.0.0 --proxy-port 4748 \
+        --advertise-url http://trainer:4748 --runners 0      # tokens: $AGL_STORE_TOKEN and $AGL_PROXY_TOKEN
+
 What runs: this process serves the tiny model (local batched backend) behind the LLM proxy and trains it;
-runner processes (``run_agents.py``, ``--runners``) run the LangGraph agent on rollouts taken from the SQLite
-store. Every LLM call goes agent → proxy (records token ids) → backend; spans go to the store; each iteration
-turns spans + token records into transitions, LightningRL credit (GRPO), a PPO step, and a new model version
-served back.
+runner processes (``run_agents.py``, i.e. ``agl runner``; ``--runners``) run the LangGraph agent on rollouts taken
+from the SQLite store, and runners on other machines can join through the served store. Every LLM call goes agent →
+proxy (records token ids) → backend; spans go to the store; each iteration turns spans + token records into
+transitions, LightningRL credit (GRPO), a PPO step, and a new model version served back.
 """
 
 from __future__ import annotations
@@ -77,8 +81,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-4, help="policy learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts, over all runner processes")
-    parser.add_argument("--runners", type=int, default=2, help="runner processes (they share --workers)")
+    parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts, over all local runner processes")
+    net = parser.add_argument_group("runners on other machines")
+    net.add_argument("--runners", type=int, default=2, help="local runner processes (0: wait for remote runners)")
+    where = net.add_mutually_exclusive_group()
+    where.add_argument("--serve-store", metavar="HOST:PORT", help="serve this run's store to runners elsewhere")
+    where.add_argument("--store-url", help="use a store already served by `agl store serve` instead of a local file")
+    net.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN") or None, help="($AGL_STORE_TOKEN)")
+    net.add_argument("--proxy-host", default="127.0.0.1", help="interface the LLM proxy binds (default: 127.0.0.1)")
+    net.add_argument("--proxy-port", type=int, default=0, help="port of the LLM proxy (default: a free one)")
+    net.add_argument("--advertise-url", help="the proxy's URL as runners reach it (NAT, load balancer, 0.0.0.0)")
+    net.add_argument("--proxy-token", default=os.environ.get("AGL_PROXY_TOKEN") or None, help="($AGL_PROXY_TOKEN)")
+    net.add_argument(
+        "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent runner's rollout is retried"
+    )
+    net.add_argument("--access-log", action="store_true", help="served store: log each request's client address")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
     parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
@@ -94,13 +111,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
+    import agentlightning as agl
     from agentlightning_torch import PPOConfig, TorchTrainerConfig
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
-    if args.workers < 1 or args.eval_size < 1 or args.runners < 1:
-        raise UsageError("--workers, --runners and --eval-size must be at least 1")
+    if args.workers < 1 or args.eval_size < 1:
+        raise UsageError("--workers and --eval-size must be at least 1")
+    if args.runners < 0:
+        raise UsageError(f"--runners must be 0 or more, got {args.runners}")
     try:
+        proxy = agl.ProxySettings(
+            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
+        )
+        proxy.check_exposure()
         return TorchTrainerConfig(
             model_dir=args.model_dir,
             tool_parser="calc",  # CALC(<expr>) -> an OpenAI tool call; any HF model folder goes the same path
@@ -117,36 +141,60 @@ def build_config(args: argparse.Namespace) -> Any:
             batch_wait_ms=args.batch_wait_ms,
             max_batch_wait_ms=args.max_batch_wait_ms,
             rollout_timeout_s=args.rollout_timeout,
+            proxy=proxy,
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
         raise UsageError(f"invalid setting: {problems}") from None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
-def start_runners(db: Path, workers: int, runners: int) -> list[subprocess.Popen[bytes]]:
-    """``runners`` runner processes sharing ``workers`` concurrent rollouts (one process emits spans too slowly)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def store_serving(args: argparse.Namespace) -> Any:
+    """Where this run's store lives and who can reach it (`agl.StoreServing`), from the command line."""
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        return agl.StoreServing(
+            serve=args.serve_store,
+            url=args.store_url,
+            token=args.store_token,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            access_log=args.access_log,
+        )
+    except ValidationError as error:
+        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
+
+
+def start_runners(where: list[str], workers: int, runners: int, token: str | None) -> list[subprocess.Popen[bytes]]:
+    """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
     processes = []
     for index in range(runners):
         share = workers // runners + (1 if index < workers % runners else 0)
-        cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))]
+        cmd = [sys.executable, str(HERE / "run_agents.py"), *where, "--workers", str(max(share, 1))]
         processes.append(subprocess.Popen(cmd, env=env))
     return processes
 
 
 class RunnerDied(Exception):
-    """The runner process exited while the trainer was waiting for rollouts."""
+    """A local runner process exited while the trainer was waiting for rollouts."""
 
 
 async def _watch(runners: list[subprocess.Popen[bytes]]) -> None:
-    while all(runner.poll() is None for runner in runners):
+    while True:
+        for runner in runners:
+            if runner.poll() is not None:
+                raise RunnerDied(f"a runner process exited with code {runner.returncode}; its error is printed above")
         await asyncio.sleep(0.5)
-    code = next(runner.returncode for runner in runners if runner.poll() is not None)
-    raise RunnerDied(f"a runner process exited with code {code}; its error is printed above")
 
 
 async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work`` but stop at once, with a clear error, if a runner process dies (no silent 0-reward run)."""
+    """Run ``work`` but stop at once, with a clear error, if a local runner dies (no silent 0-reward run)."""
+    if not runners:
+        return await work
     watch = asyncio.ensure_future(_watch(runners))
     job = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({watch, job}, return_when=asyncio.FIRST_COMPLETED)
@@ -185,24 +233,25 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import agentlightning as agl
     from agentlightning_torch import TorchTrainer
 
     console = Console(stderr=True)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
     args.output.mkdir(parents=True, exist_ok=True)
-    db = args.output / "store.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
     (args.output / "metrics.jsonl").unlink(missing_ok=True)
-    store = agl.SqliteStore(db)
+    db = args.output / "store.db"
+    serving = store_serving(args)
+    opened = await serving.open(db, fresh=True)
+    store = opened.store
+    if serving.serve is not None:
+        console.print(f"serving the store at {serving.serve} for runners on other machines")
     dashboard = None
-    if not args.no_dashboard:
+    if not args.no_dashboard and serving.url is None:
         from agentlightning.ui import DashboardServer
 
         dashboard = DashboardServer(db).start()
         console.print(f"[bold]dashboard[/]: {dashboard.url} (live while training; later: agl store serve --db {db})")
-    runners = start_runners(db, args.workers, args.runners)
+    runners = start_runners(opened.runner_args, args.workers, args.runners, serving.token)
     progress = Progress(
         TextColumn("[bold]RL"),
         BarColumn(),
@@ -226,6 +275,9 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     trainer = TorchTrainer(config, on_iteration=on_iteration)
     try:
         await trainer.start(store)
+        console.print(f"LLM proxy for the agents: {trainer.proxy.url}")
+        if not runners:
+            console.print("no local runner (--runners 0): waiting for runners on other machines")
         console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(val_tasks)} held-out tasks")
         before = await _guarded(runners, trainer.evaluate(store, val_tasks))
         console.print(f"greedy accuracy before RL: {before.reward_mean:.2f}")
@@ -240,7 +292,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
             runner.terminate()
         for runner in runners:
             runner.wait(timeout=30)
-        await store.close()
+        await opened.close()
         if dashboard is not None:
             dashboard.stop()
     history = trainer.history
@@ -272,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = build_config(args)
+        store_serving(args)
         load_tasks(args.train_tasks)
         load_tasks(args.val_tasks)
         summary = asyncio.run(train(args, config))

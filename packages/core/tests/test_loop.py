@@ -221,7 +221,11 @@ def test_loop_config_is_frozen_and_checks_the_proxy_exposure(tmp_path: Path) -> 
         ProxySettings(advertised_url="proxy:8000")
     with pytest.raises(ValueError, match="without a token"):
         ProxySettings(host="0.0.0.0").check_exposure()
-    ProxySettings(host="0.0.0.0", token="t", advertised_url="http://trainer:9000/").check_exposure()
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        ProxySettings(host="0.0.0.0", token="t", advertised_url="http://trainer:9000/").check_exposure()
+    with pytest.raises(ValueError, match="advertised_url"):
+        ProxySettings(host="0.0.0.0", token="t" * 16).check_exposure()
+    ProxySettings(host="0.0.0.0", token="t" * 16, advertised_url="http://trainer:9000/").check_exposure()
     assert ProxySettings(advertised_url="http://trainer:9000/").advertised_url == "http://trainer:9000"
 
 

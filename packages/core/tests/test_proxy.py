@@ -347,13 +347,16 @@ def test_agl_proxy_serve_records_into_a_sqlite_file(tmp_path: Path, backend: Scr
     attempt_id = asyncio.run(start_attempts(seeded, ["ro-cli"]))["ro-cli"]
     asyncio.run(seeded.close())
     port = _free_port()
-    cmd = [*AGL, "proxy", "serve", "--db", str(db), "--backend", backend.url]
+    cmd = [*AGL, "proxy", "serve", "--db", str(db), "--backend", backend.url, "--admin-token", "admin-0123456789abcdef"]
     proc = subprocess.Popen([*cmd, "--port", str(port)], stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
+        status = urllib.request.Request(
+            f"{url}/admin/status", headers={"Authorization": "Bearer admin-0123456789abcdef"}
+        )
         for _ in range(300):
             try:
-                with urllib.request.urlopen(f"{url}/admin/status") as resp:
+                with urllib.request.urlopen(status) as resp:
                     assert json.load(resp)["backends"] == [backend.url]
                     break
             except OSError:

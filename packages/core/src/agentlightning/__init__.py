@@ -34,7 +34,7 @@ from agentlightning.credit import (
     register_credit_strategy,
 )
 from agentlightning.loop import Engine, IterationReport, LoopConfig, ProxySettings, RLLoop
-from agentlightning.runner import RolloutAgent, Runner, rollout
+from agentlightning.runner import RolloutAgent, Runner, load_agent, rollout
 from agentlightning.store import (
     ConflictError,
     LightningStore,
@@ -50,6 +50,8 @@ from agentlightning.store import (
     SqliteStore,
     StoreClient,
     StoreError,
+    StoreServer,
+    StoreServing,
 )
 from agentlightning.tracing import (
     aflush,
@@ -111,6 +113,8 @@ __all__ = [
     "SqliteStore",
     "StoreClient",
     "StoreError",
+    "StoreServer",
+    "StoreServing",
     "TraceTree",
     "TrainingBatch",
     "TrainingSample",
@@ -135,6 +139,7 @@ __all__ = [
     "instrument_all",
     "instrument_openai",
     "llm_base_url",
+    "load_agent",
     "new_id",
     "register_advantage_estimator",
     "register_credit_strategy",

@@ -300,12 +300,21 @@ class LLMCall(_Model):
 
 
 class LLMResource(_Model):
-    """The model endpoint agents call (normally the LLM proxy) and the model version it serves."""
+    """The model endpoint agents call (normally the LLM proxy) and the model version it serves.
+
+    Attributes:
+        endpoint: The proxy's address as agents reach it (``http://trainer:4748``).
+        model: The model name to request.
+        sampling_parameters: Keyword arguments for the agent's model client (temperature, max_tokens...).
+        api_key: The bearer token the endpoint needs (a proxy started with a token); agents pass it as their
+            OpenAI ``api_key``. ``None`` when the endpoint needs none.
+    """
 
     kind: Literal["llm"] = "llm"
     endpoint: str
     model: str
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    api_key: str | None = None
 
     @field_validator("sampling_parameters")
     @classmethod

@@ -1,4 +1,4 @@
-"""The ``agl`` command line: ``agl store serve``, ``agl proxy serve``.
+"""The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``.
 
 Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
 """
@@ -10,10 +10,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
-_COMMAND_MODULES = ("agentlightning.cli._store", "agentlightning.cli._proxy", "agentlightning.cli._train")
+_COMMAND_MODULES = (
+    "agentlightning.cli._store",
+    "agentlightning.cli._proxy",
+    "agentlightning.cli._train",
+    "agentlightning.cli._runner",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ from typing import Any
 
 __all__ = ["register", "serve"]
 
+TOKEN_ENV = "AGL_PROXY_TOKEN"
+"""Environment variable read for the agents' bearer token when ``--token`` is not given."""
 ADMIN_TOKEN_ENV = "AGL_PROXY_ADMIN_TOKEN"
 """Environment variable read for the admin token when ``--admin-token`` is not given."""
 STORE_TOKEN_ENV = "AGL_STORE_TOKEN"
@@ -40,7 +42,19 @@ def register(subparsers: Any) -> None:
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=4748, help="port to bind (default: 4748)")
     serve_parser.add_argument(
-        "--admin-token", default=None, help=f"token for /admin/* routes (default: ${ADMIN_TOKEN_ENV})"
+        "--token",
+        default=None,
+        help=f"bearer token agents must send as their api_key (default: ${TOKEN_ENV}); required off loopback",
+    )
+    serve_parser.add_argument(
+        "--admin-token",
+        default=None,
+        help=f"token for the /admin/* routes (default: ${ADMIN_TOKEN_ENV}); without one they are disabled",
+    )
+    serve_parser.add_argument(
+        "--advertise-url",
+        default=None,
+        help="the URL agents reach this proxy at (behind NAT or a load balancer, or with --host 0.0.0.0)",
     )
     serve_parser.add_argument("--served-model", default=None, help="replace each request's model with this name")
     serve_parser.add_argument(
@@ -61,7 +75,7 @@ def serve(args: argparse.Namespace) -> int:
     """Run the proxy until interrupted; returns the exit code (2 for a refused configuration)."""
     from rich.console import Console
 
-    from agentlightning.cli._store import weak_token_message
+    from agentlightning._netauth import check_bind_token
     from agentlightning.store._base import StoreError
 
     console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
@@ -69,18 +83,16 @@ def serve(args: argparse.Namespace) -> int:
         console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
         return 2
     admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
-        console.print(
-            f"[red]refusing to serve on {args.host} without an admin token[/red]: anyone who can reach it could pause "
-            f"the proxy or redirect it to other backends. Pass --admin-token or set {ADMIN_TOKEN_ENV}."
-        )
-        return 2
-    weak = weak_token_message(admin_token, args.host, "--admin-token")
-    if weak is not None:
-        console.print(weak)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind_token(args.host, token, "the LLM proxy", f"--token or set ${TOKEN_ENV}")
+        if admin_token is not None:
+            check_bind_token(args.host, admin_token, "the proxy's admin routes", "a longer --admin-token")
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
         return 2
     try:
-        asyncio.run(_run(args, admin_token, console))
+        asyncio.run(_run(args, token, admin_token, console))
     except (ValueError, StoreError) as exc:
         console.print(f"[red]{' '.join(str(exc).split())}[/red]")
         return 2
@@ -89,7 +101,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(args: argparse.Namespace, admin_token: str | None, console: Any) -> None:
+async def _run(args: argparse.Namespace, token: str | None, admin_token: str | None, console: Any) -> None:
     import uvicorn
 
     from agentlightning.proxy import LLMProxy
@@ -103,6 +115,7 @@ async def _run(args: argparse.Namespace, admin_token: str | None, console: Any) 
     proxy = LLMProxy(
         store,
         args.backend,
+        token=token,
         admin_token=admin_token,
         served_model=args.served_model,
         record=args.record,
@@ -110,10 +123,14 @@ async def _run(args: argparse.Namespace, admin_token: str | None, console: Any) 
         request_timeout=args.request_timeout,
         host=args.host,
         port=args.port,
+        advertise_url=args.advertise_url,
     )
+    public = args.advertise_url or f"http://{args.host}:{args.port}"
     console.print(
         f"LLM proxy on http://{args.host}:{args.port} -> {', '.join(proxy.backends)}; agents use "
-        f"http://{args.host}:{args.port}/rollout/<rollout_id>/attempt/<attempt_id>/v1"
+        f"{public}/rollout/<rollout_id>/attempt/<attempt_id>/v1"
+        f"{' with their api_key set to the token' if token else ''}"
+        f"{'' if admin_token else ' (admin routes disabled: no --admin-token)'}"
     )
     config = uvicorn.Config(proxy.app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     try:

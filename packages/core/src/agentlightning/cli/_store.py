@@ -51,6 +51,9 @@ def register(subparsers: Any) -> None:
     serve_parser.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body in MiB")
     serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
     serve_parser.add_argument("--no-ui", action="store_true", help="do not serve the browser dashboard at /ui")
+    serve_parser.add_argument(
+        "--access-log", action="store_true", help="log every request with the client's address (to stdout)"
+    )
     serve_parser.set_defaults(func=serve)
 
 
@@ -124,10 +127,12 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         http="httptools",
-        access_log=False,
+        access_log=args.access_log,
         log_level=args.log_level,
         lifespan="off",
     )
+    if args.access_log:  # uvicorn set the access logger to --log-level; the lines are INFO
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     server = uvicorn.Server(config)
     try:
         import uvloop

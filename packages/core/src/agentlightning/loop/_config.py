@@ -7,11 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentlightning._netauth import check_bind_token, is_wildcard
 from agentlightning.credit._config import CreditConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
-
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class ProxySettings(BaseModel):
@@ -22,7 +21,10 @@ class ProxySettings(BaseModel):
         port: Port to bind (0: a free one).
         advertised_url: The URL published to agents in `LLMResource.endpoint` when it differs from
             ``http://host:port`` (a bind address of ``0.0.0.0``, NAT, a load balancer); ``None``: ``http://host:port``.
-        token: Bearer token the proxy requires on its ``/admin/*`` routes; mandatory off loopback.
+        token: Bearer token agents must send on every route (published to them as `LLMResource.api_key`);
+            mandatory, 16+ characters, off loopback.
+        admin_token: Bearer token of the proxy's ``/admin/*`` routes (pause, backends); without one they are
+            closed. The loop itself controls the proxy in-process and needs none.
         record: ``background`` batches the proxy's record writes (the loop flushes them before it reads them);
             ``sync`` writes each before answering.
         pause_timeout_s: Longest wait for in-flight requests when the proxy is paused for an update.
@@ -34,6 +36,7 @@ class ProxySettings(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)
     advertised_url: str | None = None
     token: str | None = Field(default=None, min_length=1)
+    admin_token: str | None = Field(default=None, min_length=1)
     record: Literal["sync", "background"] = "background"
     pause_timeout_s: float = Field(default=300.0, gt=0)
 
@@ -45,15 +48,19 @@ class ProxySettings(BaseModel):
         return value.rstrip("/") if value is not None else None
 
     def check_exposure(self) -> None:
-        """Refuse to bind off loopback without a token.
+        """Refuse to bind off loopback without a long enough token, or every interface without an advertised URL.
 
         Raises:
-            ValueError: ``host`` is not a loopback address and ``token`` is not set.
+            ValueError: ``host`` is not a loopback address and ``token`` is missing or shorter than 16
+                characters, or ``host`` is a wildcard (``0.0.0.0``) and ``advertised_url`` is not set.
         """
-        if self.host not in _LOOPBACK and not self.token:
+        check_bind_token(self.host, self.token, "the LLM proxy", "ProxySettings.token (--proxy-token)")
+        if self.admin_token is not None:
+            check_bind_token(self.host, self.admin_token, "the LLM proxy's admin routes", "a longer admin token")
+        if is_wildcard(self.host) and self.advertised_url is None:
             raise ValueError(
-                f"the LLM proxy would listen on {self.host} without a token: set ProxySettings.token so that "
-                "nobody else can pause it or redirect it"
+                f"the LLM proxy binds {self.host!r} (every interface): set advertised_url (--advertise-url) to the "
+                "address runners reach it at"
             )
 
 

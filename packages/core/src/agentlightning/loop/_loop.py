@@ -122,9 +122,11 @@ class RLLoop(Algorithm):
             backends,
             model_version=self.model_version,
             record=settings.record,
-            admin_token=settings.token,
+            token=settings.token,
+            admin_token=settings.admin_token,
             host=settings.host,
             port=settings.port,
+            advertise_url=settings.advertised_url,
         )
         await proxy.start()
         self._proxy = proxy
@@ -148,6 +150,7 @@ class RLLoop(Algorithm):
                         endpoint=self.endpoint,
                         model=self.config.model_name,
                         sampling_parameters={"temperature": temperature, **common},
+                        api_key=self.config.proxy.token,
                     ),
                 },
             )

@@ -1,14 +1,14 @@
-"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (bearer-token protected)."""
+"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (admin-token protected)."""
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agentlightning._netauth import bearer_matches
 from agentlightning.proxy._assemble import loads
 
 if TYPE_CHECKING:
@@ -38,16 +38,23 @@ def add_admin_routes(app: FastAPI, proxy: LLMProxy) -> None:
         app.add_route(path, endpoint, methods=[method])
 
 
-def _authorized(proxy: LLMProxy, request: Request) -> bool:
+def _refusal(proxy: LLMProxy, request: Request) -> Response | None:
+    """Admin routes always need the admin token: without one configured they are closed, even on loopback."""
     if not proxy.admin_token:
-        return True
-    given = request.headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {proxy.admin_token}".encode())
+        return _error(
+            403,
+            "the proxy's admin routes are disabled: start it with an admin token (agl proxy serve --admin-token)",
+            "forbidden",
+        )
+    if not bearer_matches(request.headers.get("authorization"), proxy.admin_token):
+        return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+    return None
 
 
 async def _admin_json(proxy: LLMProxy, request: Request) -> dict[str, Any] | Response:
-    if not _authorized(proxy, request):
-        return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+    refusal = _refusal(proxy, request)
+    if refusal is not None:
+        return refusal
     raw = await request.body()
     try:
         data = loads(raw) if raw.strip() else {}
@@ -118,6 +125,7 @@ async def _admin_model_version(proxy: LLMProxy, request: Request) -> Response:
 
 
 async def _admin_status(proxy: LLMProxy, request: Request) -> Response:
-    if not _authorized(proxy, request):
-        return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+    refusal = _refusal(proxy, request)
+    if refusal is not None:
+        return refusal
     return JSONResponse(_status(proxy))

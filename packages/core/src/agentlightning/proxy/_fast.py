@@ -18,7 +18,16 @@ from starlette.responses import JSONResponse, Response
 from agentlightning._urls import parse_rollout_prefix
 from agentlightning.proxy._assemble import Kind
 
-__all__ = ["CompletionHandler", "ProxyApp", "RawResponse", "match_completion", "raw_headers", "raw_path", "too_large"]
+__all__ = [
+    "Authorizer",
+    "CompletionHandler",
+    "ProxyApp",
+    "RawResponse",
+    "match_completion",
+    "raw_headers",
+    "raw_path",
+    "too_large",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,6 +35,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 CompletionHandler = Callable[[Kind, str | None, str | None, bytes, str | None], Awaitable[Response]]
 """(kind, rollout id, attempt id, request body, Authorization header) -> the answer."""
+Authorizer = Callable[[str, str | None], Response | None]
+"""(path, Authorization header) -> a refusal, or ``None`` to let the request through."""
 
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
@@ -113,24 +124,36 @@ def too_large(size: int, limit: int) -> Response:
 class ProxyApp(FastAPI):
     """The proxy's FastAPI app with a plain-ASGI fast path for POSTs to the completion routes.
 
-    Set `completion_handler` to enable the fast path. Exceptions propagate to the server (uvicorn answers 500 and
-    logs them), as they would through FastAPI.
+    Set `completion_handler` to enable the fast path, and `authorize` to check every HTTP request first (fast path
+    or not). Exceptions propagate to the server (uvicorn answers 500 and logs them), as they would through FastAPI.
     """
 
     completion_handler: CompletionHandler | None = None
     max_body_bytes: int = 16 * 1024 * 1024
+    authorize: Authorizer | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        authorization: str | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        authorize = self.authorize
+        if authorize is not None:
+            refusal = authorize(scope["path"], authorization)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
         handler = self.completion_handler
-        if handler is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+        if handler is not None and scope["method"] == "POST" and not scope.get("root_path"):
             hit = match_completion(raw_path(scope))
             if hit is not None:
-                authorization: str | None = None
                 limit = self.max_body_bytes
                 for name, value in scope["headers"]:
-                    if name == b"authorization":
-                        authorization = value.decode("latin-1")
-                    elif name == b"content-length" and value.isdigit() and int(value) > limit:
+                    if name == b"content-length" and value.isdigit() and int(value) > limit:
                         await too_large(int(value), limit)(scope, receive, send)
                         return
                 body = await _read_body(receive, limit)

@@ -22,6 +22,11 @@ the embedded torch backend and `agentlightning.testing.ScriptedModelServer` send
 version the proxy was told (``model_version=`` / ``resume(model_version=...)``, set by the trainer after each weight
 sync while the proxy is paused) *when it admitted the request* is recorded. The store's resources version is never
 used: one model version may be published as several resources.
+
+Who may call it: with a ``token`` every route needs ``Authorization: Bearer <token>`` (agents send it as their
+OpenAI ``api_key``; the trainer publishes it as `LLMResource.api_key`). Off loopback a token of at least 16
+characters is required. The ``/admin/*`` routes (pause, backends...) need the separate ``admin_token`` and are
+refused (403) when the proxy has none, wherever it is bound.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._models import LLMCall, new_id, now
+from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
 from agentlightning._urls import rollout_base_url
 from agentlightning.proxy._admin import add_admin_routes
 from agentlightning.proxy._assemble import (
@@ -87,7 +93,10 @@ class LLMProxy:
         store: Where `LLMCall` records go.
         backends: OpenAI-compatible backend base URLs (with or without ``/v1``). A rollout sticks to the backend
             it was first sent to, so the backend's prefix cache is reused across its turns.
-        admin_token: If set, the ``/admin/*`` routes require ``Authorization: Bearer <token>``.
+        token: If set, every route except ``/admin/*`` requires ``Authorization: Bearer <token>`` (the agents'
+            ``api_key``); required, with at least 16 characters, when ``host`` is not a loopback address.
+        admin_token: The ``/admin/*`` routes require ``Authorization: Bearer <admin_token>``; without one they
+            are refused (403). Use a different value than ``token``: agents know ``token``.
         model_version: Version recorded on calls whose backend does not report one (see the module docs); the
             trainer updates it with ``resume(model_version=...)`` after each weight sync. ``None``: unknown.
         served_model: If set, replaces the ``model`` of every forwarded request (the name the backend serves).
@@ -98,8 +107,11 @@ class LLMProxy:
         max_body_bytes: Larger requests get 413 (default: half the store's request limit, so that the record of
             any accepted call, request and response together, fits in the store).
         retry_after: Seconds advertised in ``Retry-After`` while paused.
-        host: Interface to bind in `start` / `start_in_thread`.
+        host: Interface to bind in `start` / `start_in_thread` (``0.0.0.0`` for every interface).
         port: Port to bind (0 = a free one).
+        advertise_url: The address agents use to reach the proxy (``http://trainer.example:4748``), published
+            as `url`; needed when ``host`` is a wildcard or the proxy sits behind NAT or a load balancer.
+            Default: ``http://{host}:{port}``.
     """
 
     def __init__(
@@ -107,6 +119,7 @@ class LLMProxy:
         store: LightningStore,
         backends: Sequence[str],
         *,
+        token: str | None = None,
         admin_token: str | None = None,
         model_version: int | None = None,
         served_model: str | None = None,
@@ -118,13 +131,18 @@ class LLMProxy:
         retry_after: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,
+        advertise_url: str | None = None,
     ) -> None:
         if record not in ("sync", "background"):
             raise ValueError(f"record must be 'sync' or 'background', got {record!r}")
+        if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
+            raise ValueError(f"advertise_url must start with http:// or https://, got {advertise_url!r}")
+        self.token = token or None
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self.store = store
         self._backends: list[str] = []
         self.set_backends(backends)
-        self.admin_token = admin_token
+        self.admin_token = admin_token or None
         self._model_version = model_version
         self.served_model = served_model
         self.record = record
@@ -186,10 +204,34 @@ class LLMProxy:
 
     @property
     def url(self) -> str:
-        """``http://host:port`` once started (the `LLMResource.endpoint` to publish)."""
+        """The address agents use (the `LLMResource.endpoint` to publish): ``advertise_url`` or ``http://host:port``."""
         if self._server is None:
             raise RuntimeError("LLMProxy is not started; call start() or start_in_thread()")
-        return f"http://{self.host}:{self._server.port}"
+        if self.advertise_url is not None:
+            return self.advertise_url
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._server.port}"
+
+    @property
+    def bound_port(self) -> int:
+        """The port the proxy listens on (useful with ``port=0``)."""
+        if self._server is None:
+            raise RuntimeError("LLMProxy is not started; call start() or start_in_thread()")
+        return int(self._server.port)
+
+    def _check_bind(self) -> None:
+        check_bind_token(self.host, self.token, "the LLM proxy", "token=... (agl proxy serve --token)")
+        if self.admin_token is not None:
+            check_bind_token(self.host, self.admin_token, "the LLM proxy's admin routes", "a longer admin token")
+        if is_wildcard(self.host) and self.advertise_url is None:
+            raise ValueError(
+                f"the LLM proxy binds {self.host!r} (every interface): pass advertise_url (e.g. "
+                "http://<this machine's address>:<port>) so agents are told an address they can reach"
+            )
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header may use the non-admin routes."""
+        return self.token is None or bearer_matches(authorization, self.token)
 
     def base_url(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL an agent uses for one attempt."""
@@ -240,6 +282,7 @@ class LLMProxy:
         from agentlightning.proxy._serve import ServerHandle
 
         if self._server is None:
+            self._check_bind()
             self._server = await ServerHandle.start_in_loop(self.app, self.host, self.port)
         return self
 
@@ -248,6 +291,7 @@ class LLMProxy:
         from agentlightning.proxy._serve import ServerHandle
 
         if self._server is None:
+            self._check_bind()
             self._server = ServerHandle.start_in_thread(self.app, self.host, self.port)
         return self
 
@@ -277,6 +321,7 @@ class LLMProxy:
         app.state.llm_proxy = self
         app.completion_handler = self._complete  # the fast path; the routes below describe the same API
         app.max_body_bytes = self.max_body_bytes
+        app.authorize = self._authorize
         for prefix in (_ROLLOUT_PREFIX, ""):
             app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
             app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
@@ -332,9 +377,21 @@ class LLMProxy:
         headers = {"Content-Type": "application/json"}
         if self.backend_api_key:
             headers["Authorization"] = f"Bearer {self.backend_api_key}"
-        elif authorization is not None:
+        elif authorization is not None and self.token is None:  # never hand the proxy's own token on
             headers["Authorization"] = authorization
         return headers
+
+    def _authorize(self, path: str, authorization: str | None) -> Response | None:
+        """The refusal for a request that lacks the token, or ``None`` (``/admin/*`` checks its own token)."""
+        if path.startswith("/admin/") or self.authorized(authorization):
+            return None
+        return _error(
+            401,
+            "this LLM proxy needs 'Authorization: Bearer <token>' (the agent's api_key; the trainer publishes it "
+            "as the LLM resource's api_key)",
+            "unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request) -> Response:

@@ -2,6 +2,17 @@
 
 from agentlightning.runner._agent import RolloutAgent, as_agent, final_reward, rollout
 from agentlightning.runner._execute import ROOT_SPAN_NAME, Outcome
+from agentlightning.runner._load import load_agent
 from agentlightning.runner._runner import Runner, WorkerMode
 
-__all__ = ["ROOT_SPAN_NAME", "Outcome", "RolloutAgent", "Runner", "WorkerMode", "as_agent", "final_reward", "rollout"]
+__all__ = [
+    "ROOT_SPAN_NAME",
+    "Outcome",
+    "RolloutAgent",
+    "Runner",
+    "WorkerMode",
+    "as_agent",
+    "final_reward",
+    "load_agent",
+    "rollout",
+]

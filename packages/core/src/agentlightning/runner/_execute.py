@@ -23,7 +23,7 @@ from agentlightning.runner._agent import RolloutAgent, final_reward
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
 
-__all__ = ["ROOT_SPAN_NAME", "Outcome", "agent_failures", "execute_async", "execute_sync", "heartbeat_loop"]
+__all__ = ["ROOT_SPAN_NAME", "Outcome", "agent_failures", "execute_async", "execute_sync", "heartbeat_loop", "release"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,18 @@ def _accept_result(result: Any, outcome: Outcome) -> None:
         emit_reward(reward, final=True)
 
 
+async def release(store: LightningStore, claim: Claim) -> Rollout | None:
+    """Give a claim back to the store (the runner is going away); logs instead of raising."""
+    rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+    try:
+        rollout = await store.release_claim(rollout_id, attempt_id)
+    except Exception as exc:  # the store's heartbeat timeout will requeue it instead
+        logger.warning("could not release attempt %s of rollout %s: %r", attempt_id, rollout_id, exc)
+        return None
+    logger.info("released rollout %s (attempt %s) back to the queue", rollout_id, attempt_id)
+    return rollout
+
+
 async def _finish(store: LightningStore, claim: Claim, outcome: Outcome) -> Rollout | None:
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     try:
@@ -163,7 +175,7 @@ async def execute_async(
                 _record_failure(root, outcome, exc, rollout_id)
             except asyncio.CancelledError as exc:
                 _record_failure(root, outcome, exc, rollout_id)
-                outcome.error = "the runner was cancelled while the agent ran"
+                outcome.error = "the runner was cancelled while the agent ran; the rollout was released"
                 raise
         await _drain_adapters()
         try:
@@ -172,7 +184,8 @@ async def execute_async(
             if outcome.status == "succeeded":
                 outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
     except asyncio.CancelledError:
-        await asyncio.shield(_finish(store, claim, outcome))
+        # The agent did not fail, its runner went away (shutdown, drain): hand the rollout to another runner now.
+        await asyncio.shield(release(store, claim))
         raise
     finally:
         beat.cancel()

@@ -10,6 +10,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -20,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
-from agentlightning.runner._execute import execute_async, execute_sync
+from agentlightning.runner._execute import execute_async, execute_sync, release
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreClient
 from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
@@ -95,6 +96,40 @@ def _worker_id(index: int) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{index}"
 
 
+_MAX_BACKOFF = 5.0
+"""Longest wait between tries while the store cannot be reached."""
+_CLAIM_GRACE = 2.0
+"""Seconds a stopping runner still waits for a claim request in flight before it abandons it."""
+
+
+class _Outage:
+    """While the store cannot be reached (its trainer restarting, a network cut): back off, warn once, recover."""
+
+    def __init__(self, poll_interval: float) -> None:
+        self._poll = poll_interval
+        self._failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self, exc: BaseException) -> float:
+        """Count one failed try; returns the seconds to wait before the next."""
+        with self._lock:
+            self._failures += 1
+            failures = self._failures
+        if failures == 1:
+            logger.warning("cannot reach the store (%r); retrying until it is back", exc)
+        else:
+            logger.debug("store still unreachable after %d tries: %r", failures, exc)
+        return min(self._poll * 2 ** min(failures, 10), _MAX_BACKOFF)
+
+    def succeeded(self) -> None:
+        """The store answered: reset the backoff."""
+        if self._failures:
+            with self._lock:
+                failures, self._failures = self._failures, 0
+            if failures:
+                logger.warning("the store is reachable again (after %d failed tries)", failures)
+
+
 class _Loop:
     """The claim loop shared by every worker kind; ``call`` runs a store coroutine and returns its result."""
 
@@ -103,12 +138,19 @@ class _Loop:
         self.settings = settings
         self.budget = budget
         self.stopped = stopped
+        self.outage = _Outage(settings.poll_interval)
+        self.active: dict[str, Claim] = {}  # worker id -> the claim it runs (thread and process workers)
         self._resources: dict[str, Resources | None] = {}
 
     async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
         if self.stopped() or not self.budget.take():
             return "stop"
-        claim = await self.store.dequeue_rollout(worker_id)
+        try:
+            claim = await self.store.dequeue_rollout(worker_id)
+        except BaseException:
+            self.budget.give_back()
+            raise
+        self.outage.succeeded()
         if claim is not None:
             return claim
         self.budget.give_back()
@@ -142,12 +184,11 @@ def _sync_worker(
 
     worker_id = _worker_id(index)
     settings = loop.settings
-    while True:
+    while not stop_event.is_set():
         try:
             claim = call(loop.claim(worker_id))
-        except Exception:
-            logger.exception("worker %s could not claim a rollout; retrying", worker_id)
-            stop_event.wait(settings.poll_interval)
+        except Exception as exc:
+            stop_event.wait(loop.outage.failed(exc))
             continue
         if claim == "stop" or claim == "idle":
             return
@@ -155,6 +196,7 @@ def _sync_worker(
             stop_event.wait(settings.poll_interval)
             continue
         assert isinstance(claim, Claim)
+        loop.active[worker_id] = claim
         try:
             resources = call(loop.resources(claim))
             outcome, _ = execute_sync(
@@ -171,6 +213,16 @@ def _sync_worker(
             logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
         except Exception:
             logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+        finally:
+            loop.active.pop(worker_id, None)
+
+
+def _release_active(loop: _Loop, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> int:
+    """Release every claim still held by a sync worker (they are being abandoned); returns how many."""
+    claims = list(loop.active.values())
+    for claim in claims:
+        call(release(loop.store, claim))
+    return len(claims)
 
 
 def _agent_ref(agent: RolloutAgent) -> tuple[str, str, str | None] | RolloutAgent:
@@ -226,6 +278,14 @@ def _process_main(
     store: LightningStore = store_type(**store_kwargs)
     try:
         loop = _Loop(store, settings, _ProcessBudget(budget_value, limited), stop_event.is_set)
+
+        def on_terminate(signum: int, frame: Any) -> None:
+            # The parent's drain ran out of grace (or someone sent SIGTERM): give the claim back, then go.
+            released = _release_active(loop, loop_thread.call)
+            logger.info("worker process %d: SIGTERM, released %d claim(s)", os.getpid(), released)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_terminate)
         _sync_worker(agent, loop, loop_thread.loop, index, stop_event)
         flush(settings.flush_timeout)
         if settings.otlp_endpoint is not None:
@@ -306,6 +366,8 @@ class Runner:
         )
         self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
         self._stop = threading.Event()
+        self._drain_deadline: float | None = None
+        self._wake: Callable[[], None] | None = None  # wakes the async pool's loop (set while it runs)
         self.worker_pids: list[int | None] = []  # pids of worker processes (process mode), once started
         self.workers_replaced = 0  # worker processes that died in an attempt and were replaced
 
@@ -342,6 +404,27 @@ class Runner:
     def stop(self) -> None:
         """Ask every worker to stop after its current rollout."""
         self._stop.set()
+        if self._wake is not None:
+            self._wake()
+
+    def drain(self, grace: float = 0.0) -> None:
+        """Stop claiming; give running rollouts ``grace`` seconds to finish, then release the rest to the store.
+
+        A released rollout goes back to the queue at once (``release_claim``), so another runner takes it without
+        waiting for a heartbeat timeout. Safe to call from a signal handler or another thread, and again with a
+        shorter ``grace``. Async workers are cancelled; sync agents in threads cannot be interrupted and are
+        abandoned (their claims released); worker processes are sent SIGTERM, release their claim and exit.
+        """
+        if not (math.isfinite(grace) and grace >= 0):
+            raise ValueError(f"grace must be a non-negative number of seconds, got {grace!r}")
+        deadline = time.monotonic() + grace
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+        self.stop()
+
+    def _drain_due(self) -> bool:
+        deadline = self._drain_deadline
+        return deadline is not None and time.monotonic() >= deadline
 
     # ------------------------------------------------------------------ sync entry point
     def run(self) -> None:
@@ -383,7 +466,30 @@ class Runner:
         free_slots = list(range(self.n_workers - 1, -1, -1))
         slot_freed = asyncio.Event()
         running: set[asyncio.Task[None]] = set()
-        while True:
+        event_loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+
+        def wake() -> None:
+            event_loop.call_soon_threadsafe(slot_freed.set)
+            event_loop.call_soon_threadsafe(stopping.set)
+
+        self._wake = wake
+        try:
+            await self._claim_loop(loop, settings, free_slots, slot_freed, running, stopping)
+            await self._finish_running(running, slot_freed)
+        finally:
+            self._wake = None
+
+    async def _claim_loop(
+        self,
+        loop: _Loop,
+        settings: _Settings,
+        free_slots: list[int],
+        slot_freed: asyncio.Event,
+        running: set[asyncio.Task[None]],
+        stopping: asyncio.Event,
+    ) -> None:
+        while not self._stop.is_set():
             if not free_slots:
                 slot_freed.clear()
                 await slot_freed.wait()
@@ -391,10 +497,9 @@ class Runner:
             index = free_slots[-1]
             worker_id = _worker_id(index)
             try:
-                claim = await loop.claim(worker_id)
-            except Exception:
-                logger.exception("worker %s could not claim a rollout; retrying", worker_id)
-                await self._async_sleep(settings.poll_interval)
+                claim = await self._claim_unless_stopped(loop, worker_id, stopping)
+            except Exception as exc:
+                await self._async_sleep(loop.outage.failed(exc))
                 continue
             if claim == "stop" or (claim == "idle" and not running):
                 break
@@ -414,13 +519,52 @@ class Runner:
             task = asyncio.create_task(run_one(claim, index, worker_id), name=f"agentlightning-{worker_id}")
             running.add(task)
             task.add_done_callback(running.discard)
+
+    async def _claim_unless_stopped(
+        self, loop: _Loop, worker_id: str, stopping: asyncio.Event
+    ) -> Claim | Literal["idle", "stop", "wait"]:
+        """`_Loop.claim`, abandoned when the runner stops while the store does not answer (it may be down)."""
+        claiming = asyncio.ensure_future(loop.claim(worker_id))
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({claiming, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not claiming.done():  # give an answer on its way a moment, then stop waiting for it
+                await asyncio.wait({claiming}, timeout=_CLAIM_GRACE)
+        finally:
+            stop.cancel()
+        if not claiming.done():
+            claiming.cancel()
+            await asyncio.gather(claiming, return_exceptions=True)
+            return "stop"
+        claim = claiming.result()
+        if isinstance(claim, Claim) and self._stop.is_set():
+            await release(self.store, claim)  # claimed as the runner stopped: hand it straight back
+            return "stop"
+        return claim
+
+    async def _finish_running(self, running: set[asyncio.Task[None]], wakeup: asyncio.Event) -> None:
+        """Let running rollouts finish; once a drain's grace is over, cancel them (which releases their claims)."""
+        while running and not self._drain_due():
+            deadline = self._drain_deadline
+            wakeup.clear()
+            waker = asyncio.ensure_future(wakeup.wait())
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({*running, waker}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
         if running:
+            logger.warning("draining: releasing %d running rollout(s) back to the store", len(running))
+            for task in running:
+                task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _run_claim(self, loop: _Loop, claim: Claim, worker_id: str) -> None:
         settings = self._settings
         try:
-            resources = await loop.resources(claim)
+            try:
+                resources = await loop.resources(claim)
+            except asyncio.CancelledError:  # drained before the agent started: the claim goes back all the same
+                await asyncio.shield(release(self.store, claim))
+                raise
             outcome, _ = await execute_async(
                 self.agent,
                 claim,
@@ -441,19 +585,28 @@ class Runner:
 
     def _run_threads(self, store_loop: asyncio.AbstractEventLoop) -> None:
         loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
-        if self.n_workers == 1:
-            _sync_worker(self.agent, loop, store_loop, 0, self._stop)
-            return
+        # Daemon threads: a drain may abandon a sync agent that cannot be interrupted.
         threads = [
             threading.Thread(
-                target=_sync_worker, args=(self.agent, loop, store_loop, i, self._stop), name=f"agl-worker-{i}"
+                target=_sync_worker,
+                args=(self.agent, loop, store_loop, i, self._stop),
+                name=f"agl-worker-{i}",
+                daemon=True,
             )
             for i in range(self.n_workers)
         ]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        while any(thread.is_alive() for thread in threads) and not self._drain_due():
+            for thread in threads:
+                thread.join(0.05)
+        if any(thread.is_alive() for thread in threads):
+
+            def call(coro: Coroutine[Any, Any, Any]) -> Any:
+                return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
+
+            released = _release_active(loop, call)
+            logger.warning("draining: released %d rollout(s); their agents' threads are abandoned", released)
 
     def _run_processes(self) -> None:
         spec = self._reopen_spec()
@@ -489,6 +642,10 @@ class Runner:
             while any(p.is_alive() for p in processes):
                 if self._stop.is_set():
                     stop_event.set()
+                if self._drain_due():
+                    for p in processes:
+                        if p.is_alive():
+                            p.terminate()  # the worker releases its claim and exits
                 for index, p in enumerate(processes):
                     p.join(0.1)
                     if p.exitcode is None or p.exitcode == 0 or stop_event.is_set():

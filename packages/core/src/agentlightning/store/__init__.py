@@ -1,6 +1,7 @@
 """Store protocol and backends."""
 
 from agentlightning.store._base import (
+    RELEASED,
     ConflictError,
     LightningStore,
     NotFoundError,
@@ -12,6 +13,7 @@ from agentlightning.store._base import (
 )
 from agentlightning.store._client import InvalidRequestError, StoreClient, StoreUnavailableError, UnauthorizedError
 from agentlightning.store._memory import MemoryStore
+from agentlightning.store._process import StoreServer
 from agentlightning.store._query import (
     RolloutPage,
     RolloutQuery,
@@ -21,14 +23,17 @@ from agentlightning.store._query import (
     ThroughputBucket,
     VersionStats,
 )
+from agentlightning.store._serving import OpenedStore, StoreServing
 from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
+    "RELEASED",
     "ConflictError",
     "InvalidRequestError",
     "LightningStore",
     "MemoryStore",
     "NotFoundError",
+    "OpenedStore",
     "RetryPolicy",
     "RolloutPage",
     "RolloutQuery",
@@ -40,6 +45,8 @@ __all__ = [
     "StorageError",
     "StoreClient",
     "StoreError",
+    "StoreServer",
+    "StoreServing",
     "StoreStats",
     "StoreUnavailableError",
     "ThroughputBucket",

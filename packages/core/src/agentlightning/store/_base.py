@@ -22,6 +22,7 @@ from agentlightning._models import (
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 
 __all__ = [
+    "RELEASED",
     "ConflictError",
     "LightningStore",
     "NotFoundError",
@@ -31,6 +32,10 @@ __all__ = [
     "StoreError",
     "StoreStats",
 ]
+
+
+RELEASED = "released by its worker before it finished (the runner was shutting down)"
+"""The ``error`` of an attempt given back with ``release_claim``."""
 
 
 class StoreError(Exception):
@@ -116,6 +121,9 @@ class LightningStore(Protocol):
       Finishing an already finished attempt with the same status is a no-op; with another status a conflict.
     * ``check_timeouts`` marks silent attempts ``unresponsive`` and over-long ones ``timeout`` and applies the
       retry policy; backends also run it at the start of ``dequeue_rollout``.
+    * ``release_claim`` gives a running attempt back at once (a runner shutting down): the attempt ends
+      ``cancelled`` with the error `RELEASED`, and the rollout goes back to ``queuing`` whatever the retry
+      policy says (it still counts as an attempt). Releasing an attempt that no longer runs changes nothing.
     * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
       new. A batch is validated as a whole first: one bad record (a NaN or Infinity included, or an attempt the
       store never started) rejects the batch and stores nothing.
@@ -152,6 +160,10 @@ class LightningStore(Protocol):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
+        ...
+
+    async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
+        """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
         ...
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:

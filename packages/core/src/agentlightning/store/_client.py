@@ -249,6 +249,11 @@ class StoreClient:
         )
         return await self._call("POST", "/attempts/finish", body, Rollout)
 
+    async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
+        """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
+        body = AttemptRef(rollout_id=check_id("rollout_id", rollout_id), attempt_id=check_id("attempt_id", attempt_id))
+        return await self._call("POST", "/attempts/release", body, Rollout)
+
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished."""
         body = RolloutRef(rollout_id=rollout_id)

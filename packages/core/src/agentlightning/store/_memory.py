@@ -22,7 +22,14 @@ from agentlightning._models import (
     new_id,
     now,
 )
-from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, RolloutRequest, StoreStats
+from agentlightning.store._base import (
+    RELEASED,
+    ConflictError,
+    NotFoundError,
+    RetryPolicy,
+    RolloutRequest,
+    StoreStats,
+)
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
@@ -247,6 +254,27 @@ class MemoryStore:
         if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
         return rollout
+
+    async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
+        """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        with self._lock:
+            index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
+            rollout = self._rollouts[rollout_id]
+            if attempt.status != "running":
+                return rollout
+            t = now()
+            self._attempts[rollout_id][index] = attempt.model_copy(
+                update={"status": "cancelled", "end_time": t, "error": RELEASED}
+            )
+            self._running.pop(attempt_id, None)
+            rollout = rollout.model_copy(
+                update={"status": "queuing", "updated_at": t, "retry_count": rollout.retry_count + 1}
+            )
+            self._rollouts[rollout_id] = rollout
+            heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
+            return rollout
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""

@@ -13,6 +13,7 @@ Endpoints (JSON bodies, see ``/openapi.json``):
 ``GET  /v1/rollouts/{rollout_id}``          `Rollout`
 ``POST /v1/attempts/heartbeat``             `AttemptRef` -> `Attempt`
 ``POST /v1/attempts/finish``                `FinishRequest` -> `Rollout`
+``POST /v1/attempts/release``               `AttemptRef` -> `Rollout` (a worker gives its claim back)
 ``POST /v1/attempts/query``                 `RolloutRef` -> `AttemptsResponse`
 ``POST /v1/attempts/check_timeouts``        -> `AttemptsResponse`
 ``POST /v1/spans`` / ``/v1/spans/query``    `SpansRequest` -> `AddedResponse` / `RecordQuery` -> `SpansResponse`
@@ -252,6 +253,9 @@ def create_store_app(
     async def do_finish(body: FinishRequest) -> bytes:
         return _dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
 
+    async def do_release(body: AttemptRef) -> bytes:
+        return _dump(await store.release_claim(body.rollout_id, body.attempt_id))
+
     async def do_query_attempts(body: RolloutRef) -> bytes:
         return _dump(AttemptsResponse.model_construct(attempts=await store.query_attempts(body.rollout_id)))
 
@@ -292,6 +296,7 @@ def create_store_app(
         f"{p}/rollouts/wait": (WaitRequest, do_wait),
         f"{p}/attempts/heartbeat": (AttemptRef, do_heartbeat),
         f"{p}/attempts/finish": (FinishRequest, do_finish),
+        f"{p}/attempts/release": (AttemptRef, do_release),
         f"{p}/attempts/query": (RolloutRef, do_query_attempts),
         f"{p}/attempts/check_timeouts": (None, do_check_timeouts),
         f"{p}/spans": (SpansRequest, do_add_spans),
@@ -366,6 +371,11 @@ def create_store_app(
     async def finish(body: FinishRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
         """End an attempt; the rollout moves on according to the retry policy."""
         return _Json(await do_finish(body))
+
+    @app.post(f"{p}/attempts/release", response_model=Rollout, responses=not_found, tags=["attempts"])
+    async def release(body: AttemptRef) -> Response:  # pyright: ignore[reportUnusedFunction]
+        """Give a running attempt back (a runner shutting down): its rollout is queued again at once."""
+        return _Json(await do_release(body))
 
     @app.post(f"{p}/attempts/query", response_model=AttemptsResponse, responses=not_found, tags=["attempts"])
     async def query_attempts(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]

@@ -31,6 +31,7 @@ from agentlightning._models import (
     now,
 )
 from agentlightning.store._base import (
+    RELEASED,
     ConflictError,
     NotFoundError,
     RetryPolicy,
@@ -426,6 +427,26 @@ class SqliteStore:
         if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
         return rollout
+
+    async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
+        """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
+        check_id("rollout_id", rollout_id)
+        check_id("attempt_id", attempt_id)
+        with self._write as conn:
+            attempt = self._get_attempt(conn, rollout_id, attempt_id)
+            if attempt.status != "running":
+                return self._get_rollout(conn, rollout_id)
+            t = now()
+            conn.execute(
+                "UPDATE attempts SET status = 'cancelled', end_time = ?, error = ? WHERE attempt_id = ?",
+                (t, RELEASED, attempt_id),
+            )
+            row = conn.execute(
+                "UPDATE rollouts SET status = 'queuing', updated_at = ?, retry_count = retry_count + 1 "
+                f"WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
+                (t, rollout_id),
+            ).fetchone()
+        return rollout_from_row(row)
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""

@@ -136,6 +136,7 @@ class ScriptedModelServer:
         self.stream_chunk_chars = stream_chunk_chars
         self.model_version = model_version
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []  # the Authorization header of each request, in order
         self.served: list[ServedCall] = []
         self._script = script
         self._script_index = 0
@@ -320,6 +321,7 @@ class ScriptedModelServer:
         with self._lock:
             version = self.model_version
             self.requests.append(body)
+            self.authorizations.append(request.headers.get("Authorization"))
             failure = self._failures.pop(0) if self._failures else None
         if self._released is not None:
             await self._released.wait()

@@ -39,7 +39,14 @@ import pytest
 from pydantic import ValidationError
 
 from agentlightning._models import LLMCall, Resources, Span, ValueResource
-from agentlightning.store._base import ConflictError, LightningStore, NotFoundError, RetryPolicy, RolloutRequest
+from agentlightning.store._base import (
+    RELEASED,
+    ConflictError,
+    LightningStore,
+    NotFoundError,
+    RetryPolicy,
+    RolloutRequest,
+)
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
 
@@ -315,6 +322,32 @@ class StoreConformanceTests(DashboardConformanceTests, KitGuard):
         assert [a.status for a in ended] == ["timeout"]
         assert (await store.get_rollout(rollout.rollout_id)).status == "failed"
         assert await store.check_timeouts() == []
+
+    async def test_release_claim_requeues_at_once(self, store_factory: StoreFactory) -> None:
+        # max_attempts=1: a release sends the rollout back even where a failure would not be retried
+        store = await store_factory(RetryPolicy(max_attempts=1))
+        first = await store.enqueue_rollout("first")
+        second = await store.enqueue_rollout("second")
+        claim = await store.dequeue_rollout(worker_id="leaving")
+        assert claim is not None and claim.rollout.rollout_id == first.rollout_id
+        released = await store.release_claim(first.rollout_id, claim.attempt.attempt_id)
+        assert released.status == "queuing" and released.retry_count == 1
+        (attempt,) = await store.query_attempts(first.rollout_id)
+        assert attempt.status == "cancelled" and attempt.error == RELEASED and attempt.end_time is not None
+        # idempotent, and the attempt is over for its old worker
+        assert (await store.release_claim(first.rollout_id, claim.attempt.attempt_id)).status == "queuing"
+        with pytest.raises(ConflictError):
+            await store.heartbeat(first.rollout_id, claim.attempt.attempt_id)
+        retry = await store.dequeue_rollout(worker_id="staying")  # keeps its place ahead of `second`
+        assert retry is not None and retry.rollout.rollout_id == first.rollout_id and retry.attempt.sequence == 2
+        await store.finish_attempt(first.rollout_id, retry.attempt.attempt_id, "succeeded")
+        assert (await store.get_rollout(first.rollout_id)).status == "succeeded"
+        # releasing an attempt that already ended changes nothing
+        assert (await store.release_claim(first.rollout_id, claim.attempt.attempt_id)).status == "succeeded"
+        nxt = await store.dequeue_rollout()
+        assert nxt is not None and nxt.rollout.rollout_id == second.rollout_id
+        with pytest.raises(NotFoundError):
+            await store.release_claim(second.rollout_id, "at-unknown")
 
     async def test_cancel(self, store: LightningStore) -> None:
         queued = await store.enqueue_rollout("queued")

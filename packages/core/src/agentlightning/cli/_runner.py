@@ -1,0 +1,137 @@
+"""``agl runner``: run an agent on a store's rollouts, on this machine or any other that reaches the store.
+
+    agl runner --store-url http://trainer:4747 --token "$AGL_STORE_TOKEN" --agent my_pkg.agent:solve --workers 64
+
+It keeps running across store outages (a trainer restarting: it backs off and reconnects) and drains on SIGTERM or
+Ctrl-C: no new claims, running rollouts get ``--drain-timeout`` seconds, the rest are released to the store at once
+so other runners take them. A second signal releases at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from typing import Any
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "AGL_STORE_TOKEN"
+"""Environment variable read for the store's bearer token when ``--token`` is not given."""
+
+
+def register(subparsers: Any) -> None:
+    """Add ``agl runner`` to the ``agl`` parser."""
+    parser = subparsers.add_parser(
+        "runner",
+        help="run an agent on the store's rollouts (any machine)",
+        description=(
+            "Take rollouts from a store (served by `agl store serve` or a trainer's --serve-store, or a local SQLite "
+            "file), run the agent on each and report spans and rewards. Drains on SIGTERM."
+        ),
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store-url", help="URL of a served store, e.g. http://trainer:4747")
+    where.add_argument("--db", help="a SQLite store file on this machine")
+    parser.add_argument("--token", default=None, help=f"the served store's bearer token (default: ${TOKEN_ENV})")
+    parser.add_argument(
+        "--agent", required=True, help="the agent function as module:function (e.g. my_pkg.agent:solve)"
+    )
+    parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent (default: .)")
+    parser.add_argument("--workers", type=int, default=8, help="concurrent rollouts (default: 8)")
+    parser.add_argument(
+        "--worker-mode",
+        choices=("auto", "async", "thread", "process"),
+        default="auto",
+        help="async tasks, threads or processes (default: auto = async for async agents)",
+    )
+    tracing = parser.add_mutually_exclusive_group()
+    tracing.add_argument(
+        "--instrument",
+        default=None,
+        help="comma-separated adapters to instrument, e.g. langchain (default: every installed framework adapter)",
+    )
+    tracing.add_argument("--no-instrument", action="store_true", help="instrument no adapter (the agent traces itself)")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        help="on SIGTERM, seconds running rollouts may finish before they are released (default: 0, release at once)",
+    )
+    parser.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
+    parser.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls of an empty queue")
+    parser.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until drained by a signal; returns the exit code (2 for a refused configuration)."""
+    from rich.console import Console
+
+    import agentlightning as agl
+    from agentlightning.adapters import get_adapter
+
+    console = Console(stderr=True)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.workers < 1:
+        console.print(f"[red]--workers must be at least 1, got {args.workers}[/red]")
+        return 2
+    if args.drain_timeout < 0:
+        console.print(f"[red]--drain-timeout must not be negative, got {args.drain_timeout}[/red]")
+        return 2
+    try:
+        agent = agl.load_agent(args.agent, args.app_dir)
+        store: Any
+        if args.store_url:
+            store = agl.StoreClient(args.store_url, token=args.token or os.environ.get(TOKEN_ENV) or None)
+        else:
+            store = agl.SqliteStore(args.db)
+        if args.instrument:
+            names = [name.strip() for name in args.instrument.split(",") if name.strip()]
+            for name in names:
+                get_adapter(name).instrument()  # a missing or unsupported framework is an error here
+        elif not args.no_instrument:
+            agl.instrument_all()
+        runner = agl.Runner(
+            agent,
+            store=store,
+            n_workers=args.workers,
+            worker_mode=args.worker_mode,
+            heartbeat_interval=args.heartbeat_interval,
+            poll_interval=args.poll_interval,
+        )
+    except (ValueError, OSError, KeyError, ImportError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    signals = {"count": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signals["count"] += 1
+        grace = args.drain_timeout if signals["count"] == 1 else 0.0
+        logger.warning("%s: draining (running rollouts released after %.0f s)", signal.Signals(signum).name, grace)
+        runner.drain(grace)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    where = args.store_url or os.path.abspath(args.db)
+    console.print(
+        f"runner: {args.workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
+        f"(pid {os.getpid()})"
+    )
+    if runner.worker_mode == "async":
+        asyncio.run(_run_async(runner, store))  # one loop for the workers and the store's connections
+    else:
+        runner.run()
+        asyncio.run(store.close())
+    return 0
+
+
+async def _run_async(runner: Any, store: Any) -> None:
+    try:
+        await runner.arun()
+    finally:
+        await store.close()

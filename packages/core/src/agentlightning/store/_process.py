@@ -1,0 +1,136 @@
+"""`StoreServer`: a trainer's SQLite store served to other machines by an ``agl store serve`` child process.
+
+A separate process, not a thread of the trainer: the trainer's own work (a PPO step holds the GIL for seconds)
+never delays the runners' requests, and SQLite lets both processes use the file at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from agentlightning._netauth import check_bind_token, is_wildcard
+from agentlightning.store._base import RetryPolicy
+
+__all__ = ["StoreServer"]
+
+logger = logging.getLogger(__name__)
+
+
+class StoreServer:
+    """Serve a SQLite store file over HTTP from a child process (``agl store serve``) until `stop`.
+
+    Args:
+        db: The SQLite file (the trainer keeps using it directly).
+        host: Interface to bind (``0.0.0.0``: every interface).
+        port: Port to bind.
+        token: Bearer token clients must send; required, at least 16 characters, off loopback. It reaches
+            the child through its environment, never its command line.
+        retry_policy: The served store's retry policy (heartbeat timeout, attempts); ``None``: the default.
+        access_log: Log every request with the client's address (``uvicorn.access`` lines) to ``log_file``.
+        log_file: Where the server's output goes (default: inherited stderr).
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str],
+        host: str,
+        port: int,
+        *,
+        token: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        access_log: bool = False,
+        log_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        check_bind_token(host, token, "the store", "a store token")
+        self.db = Path(db)
+        self.host = host
+        self.port = port
+        self.token = token
+        self.retry_policy = retry_policy
+        self.access_log = access_log
+        self.log_file = None if log_file is None else Path(log_file)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Where this machine reaches the server (``127.0.0.1`` when it binds every interface)."""
+        host = "127.0.0.1" if is_wildcard(self.host) else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The child's command line (without the token)."""
+        cmd = [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(self.db)]
+        cmd += ["--host", self.host, "--port", str(self.port)]
+        policy = self.retry_policy
+        if policy is not None:
+            cmd += ["--max-attempts", str(policy.max_attempts), "--heartbeat-timeout", repr(policy.heartbeat_timeout)]
+            cmd += ["--retry-on", ",".join(sorted(policy.retry_on)) or ","]
+            if policy.rollout_timeout is not None:
+                cmd += ["--rollout-timeout", repr(policy.rollout_timeout)]
+        if self.access_log:
+            cmd += ["--access-log"]
+        return cmd
+
+    def start(self, timeout: float = 60.0) -> StoreServer:
+        """Start the child and wait until it answers ``/healthz``.
+
+        Raises:
+            RuntimeError: If the child exits first (its output says why) or does not answer in ``timeout`` s.
+        """
+        if self._proc is not None:
+            return self
+        env = {**os.environ, "AGL_STORE_TOKEN": self.token or ""}
+        if self.log_file is not None:
+            self._log = self.log_file.open("ab")
+        self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._proc = None
+                where = f"; see {self.log_file}" if self.log_file is not None else ""
+                raise RuntimeError(f"`agl store serve` on {self.host}:{self.port} exited with code {code}{where}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the store server did not answer on {self.url} within {timeout} s") from None
+                time.sleep(0.05)
+        logger.info("serving store %s at http://%s:%d", self.db, self.host, self.port)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the child (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> StoreServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
