@@ -381,13 +381,9 @@ def test_the_trainer_command_is_a_valid_configuration(monkeypatch: pytest.Monkey
     args = train.parse_args(train_cmd[2:])  # type: ignore[attr-defined]
     config = train.build_config(args)  # type: ignore[attr-defined]
     assert args.runners == 0
-    assert config.network.store_bind == (README_HOST, 4747)
-    assert config.network.proxy_options() == {
-        "host": README_HOST,
-        "port": 4748,
-        "token": "p" * 32,
-        "advertise_url": None,
-    }
+    assert train.store_serving(args).bind == (README_HOST, 4747)  # type: ignore[attr-defined]
+    proxy = config.proxy
+    assert (proxy.host, proxy.port, proxy.token, proxy.advertised_url) == (README_HOST, 4748, "p" * 32, None)
     monkeypatch.delenv("AGL_PROXY_TOKEN")
     with pytest.raises(train.UsageError, match="without a token"):  # type: ignore[attr-defined]
         train.build_config(train.parse_args(train_cmd[2:]))  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.testing import ScriptedModelServer, start_attempts
 
 TOKEN = "agents-token-0123456789"
 ADMIN = "admin-token-0123456789ab"
@@ -91,13 +91,15 @@ async def test_off_loopback_needs_a_long_token_and_an_advertised_address(
 
 
 async def test_bound_to_every_interface_it_publishes_the_advertised_url(backend: ScriptedModelServer) -> None:
-    proxy = LLMProxy(
-        MemoryStore(), [backend.url], token=TOKEN, host="0.0.0.0", advertise_url="http://trainer.example:9/"
-    )
+    store = MemoryStore()
+    attempt = (await start_attempts(store, ["r"]))["r"]
+    proxy = LLMProxy(store, [backend.url], token=TOKEN, host="0.0.0.0", advertise_url="http://trainer.example:9/")
     async with proxy:
         assert proxy.url == "http://trainer.example:9"
         assert proxy.base_url("r", "a") == "http://trainer.example:9/rollout/r/attempt/a/v1"
-        local = AsyncOpenAI(base_url=f"http://127.0.0.1:{proxy.bound_port}/rollout/r/attempt/a/v1", api_key=TOKEN)
+        local = AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{proxy.bound_port}/rollout/r/attempt/{attempt}/v1", api_key=TOKEN
+        )
         await local.completions.create(model="toy", prompt="p")
 
 
