@@ -27,8 +27,8 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from agentlightning.adapters import Adapter, OpenAIAdapter
-from agentlightning.store import MemoryStore
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.store import MemoryStore, RetryPolicy
+from agentlightning.testing import ScriptedModelServer, start_attempts
 from agentlightning.tracing import aflush, rollout_context
 
 Call = Callable[[], Awaitable[Any]]
@@ -119,9 +119,10 @@ async def timed(call: Call, n: int, traced: bool, store: MemoryStore, adapter: A
     which other processes on a shared machine disturb far less than wall time. The span writer's batched
     store writes happen after the timed call and are counted through the CPU time of the following calls."""
     out: list[tuple[float, float]] = []
-    for i in range(n):
+    attempts = await start_attempts(store, [f"r{time.monotonic_ns()}-{i}" for i in range(n)]) if traced else {}
+    for rollout_id, attempt_id in attempts.items() if traced else [("", "")] * n:
         if traced:
-            with rollout_context(store, f"r{time.monotonic_ns()}-{i}", "a"):
+            with rollout_context(store, rollout_id, attempt_id):
                 t0, c0 = time.perf_counter(), time.process_time()
                 await call()
                 out.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -143,7 +144,7 @@ async def bench(
     name: str, factory: Callable[[str], tuple[Adapter, Call]], url: str, calls: int, block: int
 ) -> dict[str, float]:
     adapter, call = factory(url)
-    store = MemoryStore()
+    store = MemoryStore(RetryPolicy(heartbeat_timeout=24 * 3600))  # attempts left running are never retried
     for _ in range(10):  # warm up both paths
         await call()
     adapter.instrument()

@@ -21,10 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dist", required=True, help="the framework's distribution name on PyPI")
     parser.add_argument("--range", default=">=1.0,<2", help="supported framework versions (specifier)")
     parser.add_argument("--title", default=None, help="human-readable framework name")
+    parser.add_argument("--out", type=Path, default=ROOT / "packages", help="folder to create the package in")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[a-z][a-z0-9_]*", args.name):
         parser.error(f"name {args.name!r} must be lowercase letters, digits and underscores, starting with a letter")
-    target = ROOT / "packages" / f"adapter-{args.name.replace('_', '-')}"
+    target = args.out.resolve() / f"adapter-{args.name.replace('_', '-')}"
     if target.exists():
         parser.error(f"{target} already exists; nothing was changed")
     title = args.title or args.name
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     (target / "tests" / "test_adapter_template.py").rename(target / "tests" / f"test_adapter_{args.name}.py")
     readme = (
         f"# agentlightning-{args.name}\n\nAgent Lightning adapter for {title}.\n\n"
-        f"```bash\npip install agentlightning-{args.name}\n```\n"
+        f"```bash\npip install agentlightning-{args.name}\n```\n\n"
+        f"Its tests run the shared adapter kit: `pip install -e '.[test]' && pytest`.\n"
     )
     (target / "README.md").write_text(readme)
     for path in target.rglob("*"):
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             for old, new in replacements:
                 text = text.replace(old, new)
             path.write_text(text)
-    print(f"created {target.relative_to(ROOT)}; implement _instrument/_uninstrument, then run its tests")
+    print(f"created {target}; implement _instrument/_uninstrument, then run its tests: pip install -e '.[test]'; pytest")
     return 0
 
 

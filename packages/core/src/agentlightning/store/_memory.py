@@ -22,6 +22,7 @@ from agentlightning._models import (
     new_id,
     now,
 )
+from agentlightning.store import _common as boundary
 from agentlightning.store._base import (
     RELEASED,
     ConflictError,
@@ -38,11 +39,6 @@ from agentlightning.store._common import (
     check_statuses,
     rollout_status_after,
     timed_out_status,
-    validate_calls,
-    validate_ids,
-    validate_requests,
-    validate_resources,
-    validate_spans,
     wait_until_finished,
 )
 from agentlightning.store._query import (
@@ -106,7 +102,7 @@ class MemoryStore:
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched); returns them in request order."""
-        reqs = validate_requests(requests)
+        reqs = boundary.validate_requests(requests)
         out: list[Rollout] = []
         with self._lock:
             for req in reqs:
@@ -339,7 +335,7 @@ class MemoryStore:
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
         statuses = check_statuses(status)
-        ids = None if rollout_ids is None else set(validate_ids(rollout_ids, "rollout_ids"))
+        ids = None if rollout_ids is None else set(boundary.validate_ids(rollout_ids, "rollout_ids"))
         with self._lock:
             rollouts = [
                 r
@@ -357,7 +353,7 @@ class MemoryStore:
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
         """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones."""
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = boundary.validate_ids(rollout_ids, "rollout_ids")
         with self._lock:
             for rollout_id in ids:
                 self._get_rollout_locked(rollout_id)
@@ -389,7 +385,7 @@ class MemoryStore:
         Raises `NotFoundError` for a span of an attempt the store did not start. A retried request with the same
         ``request_id`` gets the count of the first one.
         """
-        batch = validate_spans(spans)
+        batch = boundary.validate_spans(spans)
         key = None if request_id is None else "spans:" + check_id("request_id", request_id)
         added = 0
         with self._lock:
@@ -431,7 +427,7 @@ class MemoryStore:
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
+        batch = boundary.validate_calls(calls)
         key = None if request_id is None else "calls:" + check_id("request_id", request_id)
         added = 0
         with self._lock:
@@ -467,7 +463,7 @@ class MemoryStore:
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        res = validate_resources(resources)
+        res = boundary.validate_resources(resources)
         with self._lock:
             existing = self._resources.get(res.resources_id)
             if existing is not None:
