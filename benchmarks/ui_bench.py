@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.store import SqliteStore
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import ServedStoreProcess
 
 TOKEN = "bench-token"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             for old, new in replacements:
                 text = text.replace(old, new)
             path.write_text(text)
-    print(f"created {target}; implement _instrument/_uninstrument, then run its tests: pip install -e '.[test]'; pytest")
+    print(f"created {target}; implement _instrument/_uninstrument, then: pip install -e '.[test]' && pytest")
     return 0
 
 
