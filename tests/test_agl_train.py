@@ -107,6 +107,35 @@ def test_task_file_that_does_not_parse_is_refused(tmp_path: Path, capsys: pytest
                        "--tasks", str(bad), "--output", str(out)), "must be a JSON object", out)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--serve-store", "0.0.0.0:4799"], "token"),  # a store served off loopback needs a token
+        (["--serve-store", "0.0.0.0:4799", "--store-token", "short"], "16"),
+        (["--serve-store", "nowhere"], "HOST:PORT"),
+        (["--store-url", "trainer:4747"], "http://"),
+        (["--proxy-host", "0.0.0.0", "--advertise-url", "http://10.1.2.3:4748"], "token"),  # proxy off loopback
+        (["--runners", "-1"], "--runners must be 0 or more"),
+    ],
+)
+def test_network_options_are_checked_before_anything_starts(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    message: str,
+) -> None:
+    monkeypatch.delenv("AGL_STORE_TOKEN", raising=False)
+    monkeypatch.delenv("AGL_PROXY_TOKEN", raising=False)
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out), *options,
+    )  # fmt: skip
+    _refused(done, message, out)
+
+
 @pytest.mark.timeout(900)
 def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
     (tmp_path / "lazy_agent.py").write_text(

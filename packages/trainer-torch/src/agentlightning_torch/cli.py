@@ -113,7 +113,9 @@ class _Plan:
 def _validate(args: argparse.Namespace) -> _Plan:
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
-    for flag, value in (("--runners", args.runners), ("--workers", args.workers), ("--iterations", args.iterations)):
+    if args.runners < 0:
+        raise UsageError(f"--runners must be 0 or more, got {args.runners}")
+    for flag, value in (("--workers", args.workers), ("--iterations", args.iterations)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     if args.lora_rank is not None and args.lora_rank < 1:
@@ -147,13 +149,52 @@ def _free_port(preferred: int) -> int:
     raise UsageError("no free port for the dashboard")
 
 
-def _start_runners(plan: _Plan, db: Path) -> list[subprocess.Popen[bytes]]:
+def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[subprocess.Popen[bytes]]:
+    """``--runners`` local runner processes reaching the store by ``where`` (``--db FILE`` or ``--store-url URL``)."""
     args = plan.args
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
     # The runners import only the core and the user's agent (never torch): they start fast and stay small.
-    cmd = [sys.executable, "-m", "agentlightning.runner", "--agent", args.agent, "--db", str(db)]
+    if where[0] == "--db":
+        cmd = [sys.executable, "-m", "agentlightning.runner", "--agent", args.agent, *where]
+    else:  # a served store: `agl runner` (token from the environment, reconnects, drains on SIGTERM)
+        cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
     cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
     return [subprocess.Popen(cmd, env=env) for _ in range(args.runners)]
+
+
+def _store_serving(args: argparse.Namespace) -> Any:
+    """Where this run's store lives and who can reach it (`agl.StoreServing`), from the command line."""
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        return agl.StoreServing(
+            serve=args.serve_store,
+            url=args.store_url,
+            token=args.store_token,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+        )
+    except ValidationError as error:
+        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
+
+
+def _proxy_settings(args: argparse.Namespace) -> Any:
+    """Where the LLM proxy listens and how runners reach it (`agl.ProxySettings`), checked before anything starts."""
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        proxy = agl.ProxySettings(
+            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
+        )
+        proxy.check_exposure()
+    except ValidationError as error:
+        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
+    except ValueError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+    return proxy
 
 
 async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
@@ -238,6 +279,7 @@ def _trainer_config(plan: _Plan) -> Any:
             rollout_timeout_s=args.rollout_timeout,
             ppo=PPOConfig(lr=args.lr, lora=lora, num_threads=args.threads),
             seed=args.seed,
+            proxy=_proxy_settings(args),
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
@@ -247,29 +289,35 @@ def _trainer_config(plan: _Plan) -> Any:
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import agentlightning as agl
     from agentlightning_torch._trainer import TorchTrainer
 
     args = plan.args
     config = _trainer_config(plan)
+    serving = _store_serving(args)  # refused here, before anything is written
     plan.output.mkdir(parents=True, exist_ok=True)
     db = plan.output / "store.db"
-    for stale in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), plan.output / "metrics.jsonl"):
-        stale.unlink(missing_ok=True)
-    store = agl.SqliteStore(db)
+    (plan.output / "metrics.jsonl").unlink(missing_ok=True)
     try:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
-        await store.close()
         raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
-    port = _free_port(args.dashboard_port)
-    dashboard = subprocess.Popen(
-        [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
-    runners = _start_runners(plan, db)
+    opened = await serving.open(db, fresh=True)
+    store = opened.store
+    dashboard: subprocess.Popen[bytes] | None = None
+    if serving.serve is not None:
+        console.print(f"store served at {serving.serve} for runners on other machines (dashboard: /ui there)")
+    elif serving.url is not None:
+        console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
+    else:
+        port = _free_port(args.dashboard_port)
+        dashboard = subprocess.Popen(
+            [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
+    runners = _start_runners(plan, opened.runner_args, serving.token)
+    children = [*runners, *([dashboard] if dashboard is not None else [])]
     budget = args.minutes * 60
     progress = Progress(
         TextColumn("[bold]RL"),
@@ -306,14 +354,14 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
             after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
     finally:
         await trainer.stop()
-        for process in [*runners, dashboard]:
+        for process in children:
             process.terminate()
-        for process in [*runners, dashboard]:
+        for process in children:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        await store.close()
+        await opened.close()
     history = trainer.history
     if not history:
         raise UsageError("no RL iteration finished within the time budget; raise --minutes")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -40,7 +41,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="RL time budget (default: 10)")
     parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    parser.add_argument("--runners", type=int, default=1, help="runner processes (default: 1)")
+    parser.add_argument(
+        "--runners", type=int, default=1, help="local runner processes (default: 1; 0: wait for remote runners)"
+    )
     parser.add_argument("--workers", type=int, default=32, help="concurrent rollouts per runner (default: 32)")
     parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
     parser.add_argument("--output", default="runs/agl-train", help="run folder (default: runs/agl-train)")
@@ -60,6 +63,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)
+    net = parser.add_argument_group("runners on other machines")
+    where = net.add_mutually_exclusive_group()
+    where.add_argument("--serve-store", metavar="HOST:PORT", help="serve this run's store to runners elsewhere")
+    where.add_argument("--store-url", help="use a store already served by `agl store serve` instead of a local file")
+    net.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN") or None, help="($AGL_STORE_TOKEN)")
+    net.add_argument("--proxy-host", default="127.0.0.1", help="interface the LLM proxy binds (default: 127.0.0.1)")
+    net.add_argument("--proxy-port", type=int, default=0, help="port of the LLM proxy (default: a free one)")
+    net.add_argument("--advertise-url", help="the proxy's URL as runners reach it (NAT, load balancer, 0.0.0.0)")
+    net.add_argument("--proxy-token", default=os.environ.get("AGL_PROXY_TOKEN") or None, help="($AGL_PROXY_TOKEN)")
+    net.add_argument(
+        "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent runner's rollout is retried"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--log-level", default="warning")
 
