@@ -82,19 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=128, help="concurrent rollouts, over all local runner processes")
-    net = parser.add_argument_group("runners on other machines")
+    from agentlightning.cli import add_network_arguments
+
+    net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...
     net.add_argument("--runners", type=int, default=2, help="local runner processes (0: wait for remote runners)")
-    where = net.add_mutually_exclusive_group()
-    where.add_argument("--serve-store", metavar="HOST:PORT", help="serve this run's store to runners elsewhere")
-    where.add_argument("--store-url", help="use a store already served by `agl store serve` instead of a local file")
-    net.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN") or None, help="($AGL_STORE_TOKEN)")
-    net.add_argument("--proxy-host", default="127.0.0.1", help="interface the LLM proxy binds (default: 127.0.0.1)")
-    net.add_argument("--proxy-port", type=int, default=0, help="port of the LLM proxy (default: a free one)")
-    net.add_argument("--advertise-url", help="the proxy's URL as runners reach it (NAT, load balancer, 0.0.0.0)")
-    net.add_argument("--proxy-token", default=os.environ.get("AGL_PROXY_TOKEN") or None, help="($AGL_PROXY_TOKEN)")
-    net.add_argument(
-        "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent runner's rollout is retried"
-    )
     net.add_argument("--access-log", action="store_true", help="served store: log each request's client address")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
     parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")

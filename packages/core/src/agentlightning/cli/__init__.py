@@ -10,7 +10,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+from agentlightning.cli._train import add_network_arguments
+
+__all__ = ["add_network_arguments", "build_parser", "main"]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
 _COMMAND_MODULES = (

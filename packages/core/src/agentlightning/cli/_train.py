@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_train_arguments", "register"]
+__all__ = ["add_network_arguments", "add_train_arguments", "register"]
 
 INSTALL_HINT = "agl train needs the torch trainer: pip install agentlightning-torch"
 
@@ -63,6 +63,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)
+    add_network_arguments(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--log-level", default="warning")
+
+
+def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:  # pyright: ignore[reportPrivateUsage]
+    """Options of a trainer whose runners may be on other machines (``agl train`` and the examples' trainers).
+
+    ``--serve-store HOST:PORT`` / ``--store-url URL`` + ``--store-token`` (`agentlightning.StoreServing`),
+    ``--proxy-host`` / ``--proxy-port`` / ``--advertise-url`` / ``--proxy-token`` (`agentlightning.ProxySettings`)
+    and ``--heartbeat-timeout``. Tokens default to ``$AGL_STORE_TOKEN`` / ``$AGL_PROXY_TOKEN``.
+
+    Returns:
+        The argument group, for a caller's own options of the same kind.
+    """
     net = parser.add_argument_group("runners on other machines")
     where = net.add_mutually_exclusive_group()
     where.add_argument("--serve-store", metavar="HOST:PORT", help="serve this run's store to runners elsewhere")
@@ -75,8 +90,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--heartbeat-timeout", type=float, default=30.0, help="seconds before a silent runner's rollout is retried"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--log-level", default="warning")
+    return net
 
 
 def _run(args: argparse.Namespace) -> int:
