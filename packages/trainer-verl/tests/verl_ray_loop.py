@@ -232,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
         local = LocalBackend(
             LlamaForCausalLM.from_pretrained(model_dir),
-            HFTokenizer(hf_tokenizer),  # pyright: ignore[reportArgumentType]
-            HFChatTemplate(hf_tokenizer),
+            hf_tokenizer,  # the general HF path: the tokenizer's own chat template renders the prompts
             model_name="tiny",
             num_threads=1,
             batch_wait_ms=2.0,
