@@ -47,7 +47,7 @@ def grpo_batch(episodes: list, samples_per_prompt: int) -> tuple[list[TrainingSa
                     response_ids=episode.response_ids,
                     response_mask=episode.response_mask,
                     old_logprobs=episode.logprobs,
-                    reward=episode.reward,
+                    credit=episode.reward,
                     advantage=advantage,
                     returns=episode.reward,
                     group_id=f"g{start}",

@@ -105,8 +105,8 @@ async def test_only_selected_agent_is_trained() -> None:
     assert {s.agent_name for s in batch.samples} == {"writer"}
     assert {s.group_id for s in batch.samples} == {"g1"}
     # rewards 0,1,0,1 in one group: GRPO gives opposite advantages to winners and losers
-    by_reward = {s.reward: s.advantage for s in batch.samples}
-    assert by_reward[1.0] > 0 > by_reward[0.0]
+    by_credit = {s.credit: s.advantage for s in batch.samples}
+    assert by_credit[1.0] > 0 > by_credit[0.0]
     # the trained prompts are exactly what the writer node sent (its system message is in the prompt ids)
     tok = server.tokenizer
     assert all("writer" in tok.decode(s.prompt_ids) and "critic" not in tok.decode(s.prompt_ids) for s in batch.samples)

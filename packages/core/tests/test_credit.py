@@ -83,8 +83,8 @@ def test_grpo_without_std_only_centres() -> None:
         rollout("a", 2, 3.0) + rollout("b", 1, 1.0), config=CreditConfig(normalize_by_std=False)
     )
     assert by_rollout(batch.samples, "advantage") == {"a": [1.0, 1.0], "b": [-1.0]}
-    assert by_rollout(batch.samples, "reward") == {"a": [3.0, 3.0], "b": [1.0]}
-    assert all(s.returns == s.reward for s in batch.samples)
+    assert by_rollout(batch.samples, "credit") == {"a": [3.0, 3.0], "b": [1.0]}
+    assert all(s.returns == s.credit for s in batch.samples)
 
 
 def test_grpo_per_step_uses_rollout_weighted_group_statistics() -> None:
@@ -143,7 +143,7 @@ def test_missing_final_reward_policies(caplog: pytest.LogCaptureFixture) -> None
     steps = rollout("a", 1, 1.0) + rollout("b", 1, None)
     with caplog.at_level(logging.WARNING, logger="agentlightning"):
         zero = build_training_batch(steps)
-    assert by_rollout(zero.samples, "reward") == {"a": [1.0], "b": [0.0]}
+    assert by_rollout(zero.samples, "credit") == {"a": [1.0], "b": [0.0]}
     assert zero.metrics["rollouts_without_reward"] == 1
     assert any("no final reward" in r.getMessage() for r in caplog.records)
     dropped = build_training_batch(steps, config=CreditConfig(missing_final_reward="drop"))
@@ -160,7 +160,7 @@ def test_inconsistent_final_rewards_are_rejected() -> None:
 def test_steps_are_sorted_and_samples_validate() -> None:
     steps = rollout("a", 3, 1.0, [0.5, 0.0, 0.0]) + rollout("b", 1, 0.0)
     batch = build_training_batch(list(reversed(steps)), credit="per_step", estimator="passthrough")
-    assert [(s.rollout_id, s.step_index, s.reward) for s in batch.samples] == [
+    assert [(s.rollout_id, s.step_index, s.credit) for s in batch.samples] == [
         ("b", 0, 0.0),
         ("a", 0, 1.5),
         ("a", 1, 1.0),

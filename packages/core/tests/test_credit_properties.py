@@ -62,7 +62,7 @@ def test_grpo_rollout_means_sum_to_zero_in_every_group(spec, credit: str, gamma:
     for samples in per_rollout(batch.samples).values():
         mean_adv = sum(s.advantage for s in samples) / len(samples)
         sums[samples[0].group_id] = sums.get(samples[0].group_id, 0.0) + mean_adv
-    scale = max([1.0] + [abs(s.reward) for s in batch.samples])
+    scale = max([1.0] + [abs(s.credit) for s in batch.samples])
     assert all(abs(total) <= 1e-6 * scale * (1 if by_std else 10) + 1e-9 for total in sums.values())
     assert len(batch.samples) == sum(len(steps) for group in spec for _, steps in group)
 
@@ -107,12 +107,12 @@ def test_rloo_baseline_is_the_mean_of_the_other_rollouts(spec, credit: str) -> N
     for samples in rollouts.values():
         groups.setdefault(samples[0].group_id, []).append(samples)
     for members in groups.values():
-        scores = [sum(s.reward for s in m) / len(m) for m in members]
+        scores = [sum(s.credit for s in m) / len(m) for m in members]
         for i, m in enumerate(members):
             others = scores[:i] + scores[i + 1 :]
             baseline = sum(others) / len(others) if others else None
             for s in m:
-                expected = 0.0 if baseline is None else s.reward - baseline
+                expected = 0.0 if baseline is None else s.credit - baseline
                 assert s.advantage == pytest.approx(expected, abs=1e-9)
         if len(members) > 1:  # leave-one-out advantages of the rollout scores sum to zero
             total = sum(sum(s.advantage for s in m) / len(m) for m in members)
@@ -124,7 +124,7 @@ def test_rloo_baseline_is_the_mean_of_the_other_rollouts(spec, credit: str) -> N
 def test_reinforce_pp_whitens_the_whole_batch(spec) -> None:
     batch = build_training_batch(make_batch(spec), credit="per_step", estimator="reinforce_pp")
     advs = [s.advantage for s in batch.samples]
-    assert abs(sum(advs) / len(advs)) <= 1e-9 * max([1.0] + [abs(s.reward) for s in batch.samples])
+    assert abs(sum(advs) / len(advs)) <= 1e-9 * max([1.0] + [abs(s.credit) for s in batch.samples])
     std = math.sqrt(sum(a * a for a in advs) / len(advs))
     assert std <= 1.0 + 1e-9  # (x - mean) / (std + eps) has std just under 1 (0 when all credits are equal)
 
@@ -134,7 +134,7 @@ def test_reinforce_pp_whitens_the_whole_batch(spec) -> None:
 def test_identical_credit_gives_every_transition_the_final_reward(spec) -> None:
     batch = build_training_batch(make_batch(spec), credit="identical", estimator="passthrough")
     finals = {f"r{g}-{r}": final for g, group in enumerate(spec) for r, (final, _) in enumerate(group)}
-    assert all(s.reward == finals[s.rollout_id] == s.advantage == s.returns for s in batch.samples)
+    assert all(s.credit == finals[s.rollout_id] == s.advantage == s.returns for s in batch.samples)
 
 
 @settings(max_examples=40, deadline=None)

@@ -73,7 +73,7 @@ def batch() -> TrainingBatch:
             prompt_ids=[3, 4, 5, 6],
             response_ids=response,
             response_mask=[1] * len(response),
-            reward=advantage,
+            credit=advantage,
             advantage=advantage,
             returns=advantage,
             group_id="g",

@@ -44,7 +44,7 @@ def sample(response: list[int], advantage: float, prompt: list[int] = PROMPT, **
         "prompt_ids": prompt,
         "response_ids": response,
         "response_mask": [1] * len(response),
-        "reward": advantage,
+        "credit": advantage,
         "advantage": advantage,
         "returns": advantage,
         "group_id": "g",

@@ -19,7 +19,7 @@ def _batch() -> agl.TrainingBatch:
         prompt_ids=prompt,
         response_ids=response,
         response_mask=[1] * len(response),
-        reward=1.0,
+        credit=1.0,
         advantage=1.0,
         returns=1.0,
         group_id="g",

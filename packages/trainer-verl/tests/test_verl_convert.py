@@ -17,15 +17,15 @@ def close(actual: torch.Tensor, expected: list[list[float]]) -> None:
     torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32))
 
 
-def sample(prompt, response, mask, reward, group, *, logprobs=None, advantage=0.0, rollout="r", step=0, agent=None):
+def sample(prompt, response, mask, credit, group, *, logprobs=None, advantage=0.0, rollout="r", step=0, agent=None):
     return TrainingSample(
         prompt_ids=prompt,
         response_ids=response,
         response_mask=mask,
         old_logprobs=logprobs,
-        reward=reward,
+        credit=credit,
         advantage=advantage,
-        returns=reward,
+        returns=credit,
         group_id=group,
         rollout_id=rollout,
         attempt_id=f"{rollout}-a1",
@@ -73,7 +73,7 @@ def test_layout_is_left_padded_prompts_and_right_padded_responses(batch: Trainin
 
 def test_score_lands_on_last_trained_token(batch: TrainingBatch) -> None:
     dp = to_data_proto(batch, max_prompt_length=4, max_response_length=6, pad_token_id=0)
-    # sample 2 ends on an observation token (index 4): the reward goes to index 3, the last generated token
+    # sample 2 ends on an observation token (index 4): the credit goes to index 3, the last generated token
     expected = [[0, 1.0, 0, 0, 0, 0], [0, 0, 0, 0.5, 0, 0]]
     assert dp.batch["token_level_scores"].tolist() == expected
     assert dp.batch["token_level_rewards"].tolist() == expected

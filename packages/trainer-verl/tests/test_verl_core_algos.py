@@ -18,15 +18,15 @@ torch.set_num_threads(1)
 S = 1 / math.sqrt(2)  # 0.5 / std([1, 0]) with torch's unbiased std
 
 
-def sample(group: str, reward: float, mask: list[int], rollout: str) -> TrainingSample:
+def sample(group: str, credit: float, mask: list[int], rollout: str) -> TrainingSample:
     return TrainingSample(
         prompt_ids=[5, 6],
         response_ids=list(range(10, 10 + len(mask))),
         response_mask=mask,
         old_logprobs=[-1.0] * len(mask),
-        reward=reward,
+        credit=credit,
         advantage=0.0,
-        returns=reward,
+        returns=credit,
         group_id=group,
         rollout_id=rollout,
         attempt_id=rollout + "-a",
@@ -98,7 +98,7 @@ def test_reinforce_plus_plus_returns_skip_observations_and_whiten() -> None:
         VerlTrainerConfig(model_path="unused", algorithm="reinforce_plus_plus").to_verl_config().algorithm
     )
     out = compute_advantage(dp, adv_estimator="reinforce_plus_plus", config=cfg)
-    # gamma 1: every trained token's return is the sample's reward; 0 on the observation and padding
+    # gamma 1: every trained token's return is the sample's credit; 0 on the observation and padding
     torch.testing.assert_close(out.batch["returns"], torch.tensor([[1.0, 0, 1], [0, 0, 0]]))
     # whiten over the 4 trained tokens [1, 1, 0, 0]: mean 0.5, unbiased std sqrt(1/3)
     a = 0.5 / math.sqrt(1 / 3)

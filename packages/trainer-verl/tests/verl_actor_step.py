@@ -63,16 +63,16 @@ def build_batch(n_groups: int, n_per_group: int, prompt_len: int, response_len: 
             mask = [1] * r
             if r >= 6:  # a tool observation in the middle (trajectory mode)
                 mask[r // 2 : r // 2 + 2] = [0, 0]
-            reward = float(k % 2)
+            credit = float(k % 2)
             samples.append(
                 TrainingSample(
                     prompt_ids=[rng.randint(2, VOCAB - 1) for _ in range(p)],
                     response_ids=[rng.randint(2, VOCAB - 1) for _ in range(r)],
                     response_mask=mask,
                     old_logprobs=[0.0] * r,  # replaced by the policy's own log-probs below
-                    reward=reward,
-                    advantage=1.0 if reward else -0.5,
-                    returns=reward,
+                    credit=credit,
+                    advantage=1.0 if credit else -0.5,
+                    returns=credit,
                     group_id=f"task-{g}",
                     rollout_id=f"ro-{g}-{k}",
                     attempt_id=f"at-{g}-{k}",

@@ -10,9 +10,9 @@ Layout (matches ``verl.experimental.agent_loop.AgentLoopManager._postprocess`` a
   verl derives each response's length from it (``no_padding_2_padding``), so observation tokens must stay 1 here.
 * ``position_ids``: ``clip(cumsum(attention_mask) - 1, min=0)`` (verl's ``compute_position_id_with_mask``).
 * ``response_mask``: the sample's ``response_mask`` (0 on observation tokens) and 0 on padding: what is trained.
-* ``token_level_scores`` / ``token_level_rewards``: float32 ``(B, R)``, zero except the sample's ``reward`` on its
+* ``token_level_scores`` / ``token_level_rewards``: float32 ``(B, R)``, zero except the sample's ``credit`` on its
   LAST TRAINED token (last position with ``response_mask == 1``). Outcome estimators (GRPO, RLOO) sum the row, so
-  the position only matters for GAE and REINFORCE++; those skip masked-out positions, and a reward sitting on an
+  the position only matters for GAE and REINFORCE++; those skip masked-out positions, and a credit sitting on an
   observation token would be dropped by GAE, hence the last trained token rather than the last token.
 * ``rollout_log_probs``: behaviour log-probs from the rollout engine (0.0 on padding), when every sample has them.
 * ``old_log_probs``: the same values, when ``include_old_log_probs`` (verl's "bypass mode": the rollout policy is the
@@ -24,7 +24,7 @@ Layout (matches ``verl.experimental.agent_loop.AgentLoopManager._postprocess`` a
 
 Truncation policy (``truncation=``): ``"error"`` (default) raises `SequenceTooLongError` naming the sample; with
 ``"truncate"`` a prompt keeps its LAST ``max_prompt_length`` tokens (the most recent context) and a response keeps its
-FIRST ``max_response_length`` tokens (what the policy generated first; the reward then lands on the last kept trained
+FIRST ``max_response_length`` tokens (what the policy generated first; the credit then lands on the last kept trained
 token). Counts go to ``meta_info["agentlightning/num_prompts_truncated"]`` and ``".../num_responses_truncated"`` and
 a warning is logged. A sample left with no trained token after truncation is an error in both modes.
 """
@@ -187,7 +187,7 @@ def to_data_proto(
         mask_row = torch.tensor(r_mask, dtype=torch.long)
         response_mask[row, :n] = mask_row
         last_trained = max(i for i, m in enumerate(r_mask) if m == 1)
-        scores[row, last_trained] = sample.reward
+        scores[row, last_trained] = sample.credit
         if r_logp is not None:
             logprobs[row, :n] = torch.tensor(r_logp, dtype=torch.float32)
         advantages[row, :n] = sample.advantage * mask_row.float()

@@ -71,7 +71,7 @@ def build_training_batch(
 
     Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
     ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
-    final and intermediate rewards into one credit per transition (``TrainingSample.reward`` and
+    final and intermediate rewards into one credit per transition (``TrainingSample.credit`` and
     ``returns``); the estimator turns credits into advantages.
 
     Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
@@ -218,7 +218,7 @@ def build_training_batch(
                             "response_ids": response_ids,
                             "response_mask": mask,
                             "old_logprobs": values["logprobs"],
-                            "reward": credit_value,
+                            "credit": credit_value,
                             "advantage": advantage,
                             "returns": credit_value,
                             "group_id": key,

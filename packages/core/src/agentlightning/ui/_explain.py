@@ -196,7 +196,7 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
                 reward=t.reward,
                 final_reward=t.final_reward,
                 in_batch=sample is not None,
-                credit=None if sample is None else sample.reward,
+                credit=None if sample is None else sample.credit,
                 advantage=None if sample is None else sample.advantage,
                 note=note,
             )
