@@ -8,12 +8,9 @@ version) run in ``BEGIN IMMEDIATE`` transactions, which take SQLite's single wri
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from pydantic_core import from_json
 
@@ -22,56 +19,32 @@ from agentlightning._models import (
     Attempt,
     AttemptStatus,
     Claim,
-    LLMCall,
-    Resources,
     Rollout,
     RolloutStatus,
-    Span,
     new_id,
     now,
 )
 from agentlightning.store._base import (
     RELEASED,
     ConflictError,
-    NotFoundError,
-    RetryPolicy,
     RolloutRequest,
-    StoreStats,
 )
 from agentlightning.store._common import (
-    ALL_ROLLOUT_STATUSES,
-    ChangeNotifier,
     check_finish_status,
     check_id,
-    check_spans_finite,
     check_statuses,
-    json_has_non_finite,
     rollout_status_after,
     timed_out_status,
-    validate_calls,
     validate_ids,
     validate_requests,
-    validate_resources,
-    validate_spans,
     wait_until_finished,
 )
-from agentlightning.store._query import (
-    RolloutPage,
-    RolloutQuery,
-    RunStats,
-    RunStatsQuery,
-    final_reward_of,
-)
-from agentlightning.store._sqlite_dashboard import DashboardReader
+from agentlightning.store._sqlite_records import REQUEST_MEMORY_SECONDS, SqliteRecords
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
-    ConnectionGuard,
-    StorageHealth,
     attempt_from_row,
-    connect,
     dump_json,
-    readable_rows,
     rollout_from_row,
 )
 
@@ -90,24 +63,9 @@ _CLAIM_OLDEST = (
 )
 # an attempt keeps its rollout's mode, so dashboard statistics read one table
 _INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_INSERT_SPAN = "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
-_SET_REWARD = (
-    "UPDATE attempts SET reward = ?, reward_seq = ? WHERE attempt_id = ? AND rollout_id = ? "
-    "AND (reward_seq IS NULL OR reward_seq <= ?)"
-)
-_SET_VERSION = (
-    "UPDATE attempts SET model_version = ? WHERE attempt_id = ? AND rollout_id = ? "
-    "AND (model_version IS NULL OR model_version < ?)"
-)
-_SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
-_KNOWN_ATTEMPTS_MAX = 100_000
-_PURGE_EVERY = 1_000
-
-REQUEST_MEMORY_SECONDS = 3600.0
-"""How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class SqliteStore:
+class SqliteStore(SqliteRecords):
     """A `LightningStore` in one SQLite file (WAL mode); several processes may open the same file.
 
     Args:
@@ -120,40 +78,6 @@ class SqliteStore:
         poll_interval: Seconds between checks in `wait_for_rollouts` for changes made by other processes.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        retry_policy: RetryPolicy | None = None,
-        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
-        busy_timeout: float = 30.0,
-        poll_interval: float = 0.05,
-    ) -> None:
-        if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
-        if busy_timeout <= 0 or poll_interval <= 0:
-            raise ValueError("busy_timeout and poll_interval must be positive numbers of seconds")
-        self.path = Path(path)
-        self.retry_policy: RetryPolicy = retry_policy or RetryPolicy()
-        self.synchronous: Literal["NORMAL", "FULL"] = synchronous
-        self._busy_timeout = busy_timeout
-        self._poll_interval = poll_interval
-        self._lock = threading.RLock()
-        self._notifier = ChangeNotifier()
-        # No running attempt (in any process) can time out before this moment; see `_expired`.
-        self._no_timeout_before = 0.0
-        self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) seen in the attempts table
-        self._requests_since_purge = 0
-        self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
-        closed = f"SQLite store {self.path} is closed"
-        # `with self._read as conn`: the lock held; `with self._write as conn`: also one BEGIN IMMEDIATE
-        # transaction, committed before the block's result is handed back.
-        self._health = StorageHealth(self.path)
-        self._read = ConnectionGuard(self._lock, self._get_conn, closed, write=False)
-        # Dashboard reads use their own connection in a worker thread: WAL lets them run beside the writes.
-        self._dashboard = DashboardReader(self.path, busy_timeout, closed)
-        self._write = ConnectionGuard(self._lock, self._get_conn, closed, write=True, health=self._health)
-        logger.debug("opened SQLite store %s (synchronous=%s)", self.path, synchronous)
-
     def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
         """A picklable ``(cls, kwargs)`` with which another process opens this store: ``cls(**kwargs)``."""
         return SqliteStore, {
@@ -164,70 +88,11 @@ class SqliteStore:
             "poll_interval": self._poll_interval,
         }
 
-    @property
-    def storage_error(self) -> str | None:
-        """Why the last write could not reach the disk (``database or disk is full`` / ``database is read-only``),
-        or ``None`` when the last write succeeded."""
-        return self._health.error
-
-    # ----------------------------------------------------------------- plumbing
-
-    def _get_conn(self) -> sqlite3.Connection | None:
-        return self._conn
-
-    def _get_rollout(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout:
-        row = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        if row is None:
-            raise NotFoundError(f"rollout {rollout_id!r} not found")
-        return rollout_from_row(row)
-
-    def _get_attempt(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Attempt:
-        row = conn.execute(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
-            (attempt_id, rollout_id),
-        ).fetchone()
-        if row is None:
-            self._get_rollout(conn, rollout_id)
-            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-        return attempt_from_row(row)
-
-    def _seen_request(self, conn: sqlite3.Connection, key: str) -> str | None:
-        row = conn.execute("SELECT result FROM requests WHERE request_id = ?", (key,)).fetchone()
-        return None if row is None else row[0]
-
-    def _remember_request(self, conn: sqlite3.Connection, key: str, result: str, t: float) -> None:
-        conn.execute(
-            "INSERT OR REPLACE INTO requests (request_id, result, created_at) VALUES (?, ?, ?)", (key, result, t)
-        )
-        self._requests_since_purge += 1
-        if self._requests_since_purge >= _PURGE_EVERY:
-            self._requests_since_purge = 0
-            conn.execute("DELETE FROM requests WHERE created_at < ?", (t - REQUEST_MEMORY_SECONDS,))
-
     def _replay_claim(self, conn: sqlite3.Connection, result: str) -> Claim | None:
         ids = from_json(result)
         if ids is None:
             return None
         return Claim(rollout=self._get_rollout(conn, ids[0]), attempt=self._get_attempt(conn, ids[0], ids[1]))
-
-    def _check_attempts(self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], what: str) -> None:
-        """Raise `NotFoundError` unless every (rollout id, attempt id) names an attempt this store started."""
-        known = self._known_attempts
-        for rollout_id, attempt_id in pairs:
-            if (rollout_id, attempt_id) in known:
-                continue
-            row = conn.execute(
-                "SELECT 1 FROM attempts WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
-            ).fetchone()
-            if row is None:
-                self._get_rollout(conn, rollout_id)  # names the rollout when it is the rollout that is unknown
-                raise NotFoundError(
-                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
-                    "attempt the store started (dequeue_rollout)"
-                )
-            if len(known) >= _KNOWN_ATTEMPTS_MAX:
-                known.clear()
-            known.add((rollout_id, attempt_id))
 
     def _end_attempt(
         self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
@@ -531,188 +396,3 @@ class SqliteStore:
             return finished, len(finished) == len(ids)
 
         return await wait_until_finished(self._notifier, poll, timeout, self._poll_interval)
-
-    # ----------------------------------------------------------------- spans and calls
-
-    async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
-        """Store spans in one transaction (idempotent on rollout, attempt and span id); returns how many were new.
-
-        Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
-        is remembered: a retried request (same id) gets the count of the first one, not 0.
-        """
-        batch = validate_spans(spans, check_finite=False)  # checked on the JSON below, at C speed
-        if not batch:
-            return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
-        dump = _SPAN_JSON
-        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
-        if any(json_has_non_finite(row[4]) for row in rows):
-            check_spans_finite(batch)
-        finals = [
-            (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
-            for s in batch
-            if (reward := final_reward_of(s)) is not None
-        ]
-        pairs = {(row[0], row[1]) for row in rows}
-        with self._write as conn:
-            if key is not None:
-                seen = self._seen_request(conn, key)
-                if seen is not None:
-                    return int(seen)
-            self._check_attempts(conn, pairs, "spans")
-            before = conn.total_changes
-            conn.executemany(_INSERT_SPAN, rows)
-            added = conn.total_changes - before
-            if finals:
-                conn.executemany(_SET_REWARD, finals)
-            if key is not None:
-                self._remember_request(conn, key, str(added), now())
-            return added
-
-    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        check_id("rollout_id", rollout_id)
-        sql = (
-            "SELECT s.data FROM spans s LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
-            "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
-            "s.sequence_id, s.span_id"
-        )
-        params: tuple[str, ...] = (rollout_id,)
-        if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
-            sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
-        else:
-            sql = sql.format("")
-        with self._read as conn:
-            rows = conn.execute(sql, params).fetchall()
-        try:
-            return [Span.model_validate_json(row[0]) for row in rows]
-        except ValueError:  # one unreadable row (written by an older version, say) must not hide the others
-            return readable_rows(rows, Span, f"span of rollout {rollout_id!r}")
-
-    async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
-        """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
-
-        Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
-        """
-        batch = validate_calls(calls)
-        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
-        if not rows:
-            return 0
-        versions = [
-            (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
-        ]
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
-        pairs = {(row[1], row[2]) for row in rows}
-        with self._write as conn:
-            if key is not None:
-                seen = self._seen_request(conn, key)
-                if seen is not None:
-                    return int(seen)
-            self._check_attempts(conn, pairs, "LLM calls")
-            before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
-                "VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
-            added = conn.total_changes - before
-            if versions:
-                conn.executemany(_SET_VERSION, versions)
-            if key is not None:
-                self._remember_request(conn, key, str(added), now())
-            return added
-
-    async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
-        """LLM calls of a rollout (or one attempt) in start order."""
-        check_id("rollout_id", rollout_id)
-        with self._read as conn:
-            if attempt_id is None:
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? ORDER BY start_time, rowid", (rollout_id,)
-                ).fetchall()
-            else:
-                check_id("attempt_id", attempt_id)
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? AND attempt_id = ? ORDER BY start_time, rowid",
-                    (rollout_id, attempt_id),
-                ).fetchall()
-        try:
-            return [LLMCall.model_validate_json(row[0]) for row in rows]
-        except ValueError:
-            return readable_rows(rows, LLMCall, f"LLM call of rollout {rollout_id!r}")
-
-    # ----------------------------------------------------------------- resources
-
-    async def add_resources(self, resources: Resources) -> Resources:
-        """Store a new resources version; returns it with its assigned version."""
-        res = validate_resources(resources)
-        with self._write as conn:
-            row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
-            if row is not None:
-                return Resources.model_validate_json(row[0])
-            version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
-            stored = res.model_copy(update={"version": version})
-            conn.execute(
-                "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
-                (version, stored.resources_id, stored.model_dump_json()),
-            )
-        return stored
-
-    async def get_resources(self, resources_id: str | None = None) -> Resources | None:
-        """Resources by id, or the latest version when ``resources_id`` is ``None``."""
-        with self._read as conn:
-            if resources_id is None:
-                row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
-                return None if row is None else Resources.model_validate_json(row[0])
-            check_id("resources_id", resources_id)
-            row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
-        if row is None:
-            raise NotFoundError(f"resources {resources_id!r} not found")
-        return Resources.model_validate_json(row[0])
-
-    async def query_resources(self) -> list[Resources]:
-        """Every stored resources version, oldest first (the last one is the current one)."""
-        with self._read as conn:
-            rows = conn.execute("SELECT data FROM resources ORDER BY version").fetchall()
-        return [Resources.model_validate_json(row[0]) for row in rows]
-
-    # ----------------------------------------------------------------- dashboards
-
-    async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
-        """A page of rollout summaries matching ``query``, newest first (SQL, off the event loop)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
-        return await self._dashboard.run(self._dashboard.list_rollouts, query)
-
-    async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
-        """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
-        return await self._dashboard.run(self._dashboard.run_stats, query)
-
-    # ----------------------------------------------------------------- misc
-
-    async def stats(self) -> StoreStats:
-        """Counts of what is stored (one consistent snapshot)."""
-        with self._read as conn:
-            conn.execute("BEGIN")
-            try:
-                counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)
-                for status, count in conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status"):
-                    counts[status] = count
-                totals = conn.execute(
-                    "SELECT (SELECT COUNT(*) FROM attempts), (SELECT COUNT(*) FROM spans), "
-                    "(SELECT COUNT(*) FROM llm_calls), (SELECT COUNT(*) FROM resources)"
-                ).fetchone()
-            finally:
-                conn.execute("COMMIT")
-        return StoreStats(
-            rollouts=counts, attempts=totals[0], spans=totals[1], llm_calls=totals[2], resources=totals[3]
-        )
-
-    async def close(self) -> None:
-        """Close the connection (idempotent); the file keeps everything that was acknowledged."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-        self._dashboard.close()
