@@ -225,14 +225,14 @@ async def test_conflicts_are_409_and_map_back(client: StoreClient) -> None:
 
 async def test_invalid_request_error_is_a_value_error(http: aiohttp.ClientSession) -> None:
     # The client validates locally, so send a finish with a non-terminal status through raw HTTP and map it.
-    from agentlightning.store._client import _raise_for  # pyright: ignore[reportPrivateUsage]
+    from agentlightning.store._client_transport import raise_for
 
     async with http.post(
         "/v1/attempts/finish", json={"rollout_id": "r", "attempt_id": "a", "status": "running"}, headers=AUTH
     ) as resp:
         status, payload = resp.status, await resp.read()
     with pytest.raises(InvalidRequestError, match="running") as info:
-        _raise_for(status, payload)
+        raise_for(status, payload)
     assert isinstance(info.value, ValueError) and isinstance(info.value, StoreError)
 
 

@@ -1,0 +1,229 @@
+"""The HTTP side of `StoreClient`: one aiohttp session per event loop, retries with backoff, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import urllib.parse
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel
+
+from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, StorageError, StoreError
+from agentlightning.store._wire import API_PREFIX
+
+if TYPE_CHECKING:
+    import aiohttp
+    import yarl
+
+__all__ = [
+    "InvalidRequestError",
+    "RetriedConflict",
+    "StoreTransport",
+    "StoreUnavailableError",
+    "UnauthorizedError",
+    "raise_for",
+]
+
+logger = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class StoreUnavailableError(StoreError):
+    """The server could not be reached (or kept answering 5xx) after every retry."""
+
+
+class UnauthorizedError(StoreError):
+    """The server refused the bearer token (HTTP 401)."""
+
+
+class InvalidRequestError(StoreError, ValueError):
+    """The server rejected the request as invalid (HTTP 400/413/422); the message names the problem."""
+
+
+class StoreTransport:
+    """Connection pools, retries and error mapping of a `StoreClient` (its base class; use `StoreClient`).
+
+    Args: as `StoreClient`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int | None = None,
+        backoff: float = 0.1,
+        backoff_max: float = 3.0,
+        retry_for: float = 60.0,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"store url must look like http://host:port, got {url!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if retries is not None and retries < 0:
+            raise ValueError(f"retries must be >= 0 or None, got {retries}")
+        if not retry_for >= 0:
+            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.retry_for = retry_for
+        self._api = self.url + API_PREFIX
+        self._headers = dict(_JSON_HEADERS)
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._lock = threading.Lock()
+        self._retry_policy: RetryPolicy | None = None
+        # Parsed once and reused: aiohttp would otherwise parse the URL string and build a timeout per request.
+        self._urls: dict[str, yarl.URL] = {}
+        self._timeout: aiohttp.ClientTimeout | None = None
+
+    async def close(self) -> None:
+        """Close the running loop's connection pool (and forget pools of loops that have ended).
+
+        Pools of other loops that are still running are left alone (they may be mid-request); each loop that
+        used the client closes its own. The client stays usable: a later call opens a new pool.
+        """
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        with self._lock:
+            mine = self._sessions.pop(current, None) if current is not None else None
+            for stale in [lp for lp in self._sessions if lp.is_closed()]:
+                self._sessions.pop(stale).detach()  # its loop is gone: nothing left to await on
+        if mine is not None:
+            await mine.close()
+
+    # --- transport ----------------------------------------------------------------------------------------------
+
+    def _session(self) -> aiohttp.ClientSession:
+        import aiohttp  # imported on first use: the server side and most importers never need it
+
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is not None and not session.closed:
+            return session
+        with self._lock:
+            for stale in [lp for lp in self._sessions if lp.is_closed()]:
+                self._sessions.pop(stale).detach()
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30.0),
+                headers=self._headers,
+                skip_auto_headers=("User-Agent",),
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        model: type[_M],
+        extra_timeout: float = 0.0,
+    ) -> _M:
+        import aiohttp
+
+        data = body.__pydantic_serializer__.to_json(body) if body is not None else None
+        url = self._urls.get(path)
+        if url is None:
+            url = _url(self._api + path)
+            if method == "POST":  # POST paths are fixed; GET paths may carry an id and are not kept
+                self._urls[path] = url
+        timeout = self._timeout
+        if extra_timeout or timeout is None or timeout.total != self.timeout:
+            timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
+            if not extra_timeout:
+                self._timeout = timeout
+        delay = self.backoff
+        last: str = ""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_for
+        max_tries = None if self.retries is None else self.retries + 1
+        attempt = 0
+        while True:
+            if attempt:
+                if (max_tries is not None and attempt >= max_tries) or loop.time() >= give_up:
+                    break
+                if attempt == 1:
+                    logger.warning(
+                        "store at %s: %s %s failed (%s); retrying for up to %.0f s",
+                        self.url,
+                        method,
+                        path,
+                        last,
+                        self.retry_for,
+                    )
+                await asyncio.sleep(min(delay * (0.5 + random.random()), max(0.0, give_up - loop.time())))
+                delay = min(delay * 2, self.backoff_max)
+            attempt += 1
+            try:
+                async with self._session().request(method, url, data=data, timeout=timeout) as resp:
+                    payload = await resp.read()
+                    status = resp.status
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                logger.debug("store %s %s failed (%s); try %d", method, path, last, attempt)
+                continue
+            if status < 300:
+                if attempt > 1:
+                    logger.warning("store at %s answered %s %s again after %d tries", self.url, method, path, attempt)
+                return model.model_validate_json(payload)
+            if status >= 500 and status != 507:
+                last = f"HTTP {status}: {_message(payload)}"
+                logger.debug("store %s %s answered %s; try %d", method, path, last, attempt)
+                continue
+            if status == 409 and attempt > 1:
+                raise RetriedConflict(_message(payload))
+            raise_for(status, payload)
+        raise StoreUnavailableError(
+            f"store at {self.url} did not answer {method} {path} after {attempt} tries in "
+            f"{self.retry_for:.0f} s: {last}"
+        )
+
+
+class RetriedConflict(ConflictError):
+    """A conflict seen on a retry: an earlier try may have succeeded before its answer was lost."""
+
+
+def _url(text: str) -> yarl.URL:
+    import yarl  # comes with aiohttp, imported with it on first use
+
+    return yarl.URL(text)
+
+
+def _message(payload: bytes) -> str:
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return payload[:500].decode(errors="replace")
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return str(data["message"])  # pyright: ignore[reportUnknownArgumentType]
+    return str(data)[:500]
+
+
+def raise_for(status: int, payload: bytes) -> None:
+    message = _message(payload)
+    if status == 404:
+        raise NotFoundError(message)
+    if status == 409:
+        raise ConflictError(message)
+    if status == 401:
+        raise UnauthorizedError(message)
+    if status in (400, 413, 422):
+        raise InvalidRequestError(message)
+    if status == 507:
+        raise StorageError(message)
+    raise StoreError(f"store rejected the request (HTTP {status}): {message}")
