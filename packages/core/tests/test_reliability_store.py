@@ -178,6 +178,11 @@ async def test_a_retried_add_spans_reports_the_count_of_the_first_try(
     assert await store.add_spans(spans, request_id="batch-1") == 3
     assert await store.add_spans(spans, request_id="batch-1") == 3  # the retry: those 3 are new to the caller
     assert await store.add_spans(spans, request_id="batch-2") == 0  # a different request: nothing new
+    # partly new: the first try stores the two new spans; its retry (nothing new to store) is answered from memory
+    overlapping = [make_span(rid, aid, i) for i in range(1, 5)]
+    assert await store.add_spans(overlapping, request_id="batch-3") == 2
+    assert await store.add_spans(overlapping, request_id="batch-3") == 2
+    assert len(await store.query_spans(rid)) == 5
     call = make_call(rid, aid, 0, 1.0)
     assert await store.add_llm_calls([call], request_id="calls-1") == 1
     assert await store.add_llm_calls([call], request_id="calls-1") == 1

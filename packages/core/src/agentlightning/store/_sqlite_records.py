@@ -146,6 +146,12 @@ class SqliteRecords:
         return attempt_from_row(row)
 
     def _seen_request(self, conn: sqlite3.Connection, key: str) -> str | None:
+        """The remembered answer to request ``key``, or ``None`` for a request not seen before.
+
+        Writes of records (spans, LLM calls) ask only after inserting, and only when the batch stored fewer records
+        than it was sent: a retry of a stored request finds every record present, while a first request (the hot
+        path) usually stores them all and skips this lookup.
+        """
         row = conn.execute("SELECT result FROM requests WHERE request_id = ?", (key,)).fetchone()
         return None if row is None else row[0]
 
@@ -200,14 +206,12 @@ class SqliteRecords:
         ]
         pairs = {(row[0], row[1]) for row in rows}
         with self._write as conn:
-            if key is not None:
-                seen = self._seen_request(conn, key)
-                if seen is not None:
-                    return int(seen)
             self._check_attempts(conn, pairs, "spans")
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
             added = conn.total_changes - before
+            if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
+                return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
             if finals:
                 conn.executemany(_SET_REWARD, finals)
             if key is not None:
@@ -250,10 +254,6 @@ class SqliteRecords:
         key = None if request_id is None else "calls:" + check_id("request_id", request_id)
         pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
-            if key is not None:
-                seen = self._seen_request(conn, key)
-                if seen is not None:
-                    return int(seen)
             self._check_attempts(conn, pairs, "LLM calls")
             before = conn.total_changes
             conn.executemany(
@@ -262,6 +262,8 @@ class SqliteRecords:
                 rows,
             )
             added = conn.total_changes - before
+            if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
+                return int(seen)
             if versions:
                 conn.executemany(_SET_VERSION, versions)
             if key is not None:
