@@ -1,10 +1,17 @@
 """The LLM proxy: forwards agents' OpenAI-style calls to inference backends and records exact token ids.
 
 See `LLMProxy` for routes, recording modes and pause/resume around weight updates. `rollout_base_url` and
-`parse_rollout_prefix` build and parse the per-rollout URL (ids percent-encoded).
+`parse_rollout_prefix` build and parse the per-rollout URL (ids percent-encoded); `slot_base_url` and
+`parse_slot_prefix` the stable URL of a runner slot (see `agentlightning.runner.SlotRegistrar`).
 """
 
-from agentlightning._urls import parse_rollout_prefix, rollout_base_url, rollout_prefix
+from agentlightning._urls import (
+    parse_rollout_prefix,
+    parse_slot_prefix,
+    rollout_base_url,
+    rollout_prefix,
+    slot_base_url,
+)
 from agentlightning.proxy._proxy import (
     CALL_ID_HEADER,
     MODEL_VERSION_FIELD,
@@ -20,6 +27,8 @@ __all__ = [
     "LLMProxy",
     "create_proxy_app",
     "parse_rollout_prefix",
+    "parse_slot_prefix",
     "rollout_base_url",
     "rollout_prefix",
+    "slot_base_url",
 ]

@@ -2,20 +2,26 @@
 
 FastAPI's middleware stack, route matching and `Request` object cost more CPU per call than the proxy's own
 work. `ProxyApp` is the FastAPI app (admin routes, ``/v1/models``, OpenAPI and lifespan stay there) with one
-change: a POST to ``[/rollout/{rollout_id}/attempt/{attempt_id}]/v1/chat/completions`` or ``.../v1/completions``
-is matched by string splitting and handed to the proxy directly with the raw body bytes. The FastAPI routes for
-those paths stay registered and behave the same (they serve requests under a ``root_path``).
+change: a POST to ``[/rollout/{rollout_id}/attempt/{attempt_id}]/v1/chat/completions``,
+``/slot/{key}/v1/chat/completions`` or the same with ``/v1/completions`` is matched by string splitting and handed
+to the proxy directly with the raw body bytes, and so are a runner's ``PUT`` / ``DELETE /slot/{key}``. The FastAPI
+routes for the completion paths stay registered and behave the same (they serve requests under a ``root_path``).
+
+While the proxy waits for a backend, the agent may hang up: the fast path then cancels the handler, which closes
+the backend connection, so the backend stops generating for a client that is gone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
-from agentlightning._urls import parse_rollout_prefix
+from agentlightning._urls import parse_rollout_prefix, parse_slot_prefix
 from agentlightning.proxy._assemble import Kind
 
 __all__ = [
@@ -23,6 +29,8 @@ __all__ = [
     "CompletionHandler",
     "ProxyApp",
     "RawResponse",
+    "SlotHandler",
+    "Target",
     "match_completion",
     "raw_headers",
     "raw_path",
@@ -33,8 +41,21 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-CompletionHandler = Callable[[Kind, str | None, str | None, bytes, str | None], Awaitable[Response]]
-"""(kind, rollout id, attempt id, request body, Authorization header) -> the answer."""
+
+
+class Target(NamedTuple):
+    """What a completion path names: its kind and either a rollout's attempt, a runner slot, or nothing (plain)."""
+
+    kind: Kind
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    slot: str | None = None
+
+
+CompletionHandler = Callable[[Target, bytes, str | None], Awaitable[Response]]
+"""(target, request body, Authorization header) -> the answer."""
+SlotHandler = Callable[[str, str, bytes], Response]
+"""(method, slot key, request body) -> the answer (the token was checked before)."""
 Authorizer = Callable[[str, str | None], Response | None]
 """(path, Authorization header) -> a refusal, or ``None`` to let the request through."""
 
@@ -42,8 +63,8 @@ _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 
 
-def match_completion(path: str) -> tuple[Kind, str | None, str | None] | None:
-    """``(kind, rollout_id, attempt_id)`` for a completion path (ids ``None`` on plain ``/v1``), else ``None``.
+def match_completion(path: str) -> Target | None:
+    """The `Target` of a completion path (no ids on plain ``/v1``), else ``None``.
 
     ``path`` is the raw request path (percent-encoded, as sent): ids are decoded here, after splitting, so an id
     holding ``/`` or ``#`` (sent as ``%2F``, ``%23``) stays one id (see `agentlightning.proxy.rollout_base_url`).
@@ -56,11 +77,33 @@ def match_completion(path: str) -> tuple[Kind, str | None, str | None] | None:
     else:
         return None
     if not prefix:
-        return kind, None, None
+        return Target(kind)
     ids = parse_rollout_prefix(prefix)
-    if ids is None:
-        return None
-    return kind, ids[0], ids[1]
+    if ids is not None:
+        return Target(kind, ids[0], ids[1])
+    slot = parse_slot_prefix(prefix)
+    return None if slot is None else Target(kind, slot=slot)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Returns once the client has hung up (the request body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(work: Awaitable[Response], receive: Receive) -> Response | None:
+    """``work``'s answer, or ``None`` (``work`` cancelled) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()  # the client is gone (or we are cancelled): stop waiting for the backend
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        watch.cancel()
+    return task.result() if not task.cancelled() else None
 
 
 def raw_path(scope: Scope) -> str:
@@ -129,6 +172,7 @@ class ProxyApp(FastAPI):
     """
 
     completion_handler: CompletionHandler | None = None
+    slot_handler: SlotHandler | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     authorize: Authorizer | None = None
 
@@ -148,21 +192,39 @@ class ProxyApp(FastAPI):
                 await refusal(scope, receive, send)
                 return
         handler = self.completion_handler
-        if handler is not None and scope["method"] == "POST" and not scope.get("root_path"):
+        method = scope["method"]
+        if scope.get("root_path"):
+            await super().__call__(scope, receive, send)
+            return
+        if handler is not None and method == "POST":
             hit = match_completion(raw_path(scope))
             if hit is not None:
-                limit = self.max_body_bytes
-                for name, value in scope["headers"]:
-                    if name == b"content-length" and value.isdigit() and int(value) > limit:
-                        await too_large(int(value), limit)(scope, receive, send)
-                        return
-                body = await _read_body(receive, limit)
+                body = await self._body(scope, receive, send)
                 if body is None:
-                    return  # the agent went away before sending its request
-                if isinstance(body, int):
-                    await too_large(body, limit)(scope, receive, send)
                     return
-                response = await handler(hit[0], hit[1], hit[2], body, authorization)
-                await response(scope, receive, send)
+                response = await _unless_disconnected(handler(hit, body, authorization), receive)
+                if response is not None:  # else the agent hung up: nobody to answer
+                    await response(scope, receive, send)
+                return
+        slots = self.slot_handler
+        if slots is not None and method in ("PUT", "DELETE"):
+            key = parse_slot_prefix(raw_path(scope))
+            if key is not None:
+                body = await self._body(scope, receive, send)
+                if body is not None:
+                    await slots(method, key, body)(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The request body, or ``None`` once answered (413) or when the client went away."""
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await too_large(int(value), limit)(scope, receive, send)
+                return None
+        body = await _read_body(receive, limit)
+        if isinstance(body, int):
+            await too_large(body, limit)(scope, receive, send)
+            return None
+        return body  # None: the client went away before sending its request

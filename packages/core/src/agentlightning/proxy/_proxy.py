@@ -1,6 +1,9 @@
 """The LLM proxy: forwards OpenAI-style requests to an inference backend and records exact token ids.
 
-Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMResource.base_url`). For each
+Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMResource.base_url`), or the stable
+URL of the runner slot they run in, ``{proxy}/slot/{key}/v1``, which the runner maps to the slot's current attempt
+(``PUT`` / ``DELETE /slot/{key}``; see `agentlightning.proxy._slots`; what `agentlightning.llm_base_url` returns
+under a runner). For each
 ``chat/completions`` or ``completions`` request the proxy asks the backend for token ids and logprobs
 (``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent unchanged, and records an
 `LLMCall` in the store *before* the agent sees the end of the response (``record="sync"``, default), so the
@@ -9,7 +12,8 @@ batches instead; call `LLMProxy.flush` before reading them.
 
 A call whose record the store refuses (an attempt it never started, say) is not answered 200: the agent gets
 the error (a stream ends with an error event instead of ``[DONE]``). Request bodies over ``max_body_bytes`` get
-413 before they reach a backend.
+413 before they reach a backend. An agent that hangs up while the backend works has its backend request
+cancelled (the connection closes; the embedded backend then frees the sequence).
 
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
@@ -46,7 +50,7 @@ from starlette.responses import JSONResponse, Response
 
 from agentlightning._models import LLMCall, new_id, now
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
-from agentlightning._urls import rollout_base_url
+from agentlightning._urls import rollout_base_url, slot_base_url
 from agentlightning.proxy._admin import add_admin_routes
 from agentlightning.proxy._assemble import (
     MODEL_VERSION_FIELD,
@@ -60,7 +64,16 @@ from agentlightning.proxy._assemble import (
     model_version_of,
     without_token_fields,
 )
-from agentlightning.proxy._fast import ProxyApp, RawResponse, match_completion, raw_headers, raw_path, too_large
+from agentlightning.proxy._fast import (
+    ProxyApp,
+    RawResponse,
+    Target,
+    match_completion,
+    raw_headers,
+    raw_path,
+    too_large,
+)
+from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable, slot_route
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
@@ -71,6 +84,7 @@ logger = logging.getLogger(__name__)
 
 # Matches any id (an encoded "/" is decoded before routing); the ids are re-read from the raw path by the handler.
 _ROLLOUT_PREFIX = "/rollout/{rollout_id:path}/attempt/{attempt_id}"
+_SLOT_PREFIX = "/slot/{slot}"
 _MAX_STICKY = 100_000
 CALL_ID_HEADER = "x-agentlightning-call-id"
 
@@ -168,6 +182,7 @@ class LLMProxy:
         self._writes: set[asyncio.Task[Any]] = set()
         self._missing_ids_count: dict[str, int] = {}
         self._server: Any = None  # agentlightning.proxy._serve.ServerHandle while started
+        self.slots = SlotTable()
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ public controls
@@ -236,6 +251,10 @@ class LLMProxy:
     def base_url(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL an agent uses for one attempt."""
         return rollout_base_url(self.url, rollout_id, attempt_id)
+
+    def slot_url(self, key: str) -> str:
+        """The OpenAI base URL of the runner slot ``key`` (calls go to the attempt registered on it)."""
+        return slot_base_url(self.url, key)
 
     async def pause(self, timeout: float | None = None) -> None:
         """Refuse new requests (503 + ``Retry-After``) and wait until in-flight ones are answered.
@@ -320,12 +339,14 @@ class LLMProxy:
         app = ProxyApp(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
         app.state.llm_proxy = self
         app.completion_handler = self._complete  # the fast path; the routes below describe the same API
+        app.slot_handler = self._slot_route
         app.max_body_bytes = self.max_body_bytes
         app.authorize = self._authorize
-        for prefix in (_ROLLOUT_PREFIX, ""):
+        for prefix in (_ROLLOUT_PREFIX, _SLOT_PREFIX, ""):
             app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
             app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
             app.add_route(f"{prefix}/v1/models", self._models, methods=["GET"])
+        app.add_route(_SLOT_PREFIX, self._slot_endpoint, methods=["PUT", "DELETE"])
         add_admin_routes(app, self)
         return app
 
@@ -401,21 +422,42 @@ class LLMProxy:
         return await self._complete_route(request, "completion")
 
     async def _complete_route(self, request: Request, kind: Kind) -> Response:
-        rollout_id = attempt_id = None
-        if "rollout_id" in request.path_params:  # re-read from the raw path: ids are percent-encoded there
+        target = Target(kind)
+        if request.path_params:  # re-read from the raw path: ids are percent-encoded there
             path = raw_path(request.scope)
             root = request.scope.get("root_path") or ""
             hit = match_completion(path[len(root) :] if root and path.startswith(root) else path)
-            if hit is None or hit[1] is None:
-                return _error(404, f"not a per-rollout completion path: {path}", "invalid_request_error")
-            rollout_id, attempt_id = hit[1], hit[2]
+            if hit is None or (hit.rollout_id is None and hit.slot is None):
+                return _error(404, f"not a per-rollout or per-slot completion path: {path}", "invalid_request_error")
+            target = hit
         body = await request.body()
         if len(body) > self.max_body_bytes:
             return too_large(len(body), self.max_body_bytes)
-        return await self._complete(kind, rollout_id, attempt_id, body, request.headers.get("authorization"))
+        return await self._complete(target, body, request.headers.get("authorization"))
+
+    def _slot_route(self, method: str, key: str, body: bytes) -> Response:
+        return slot_route(self.slots, method, key, body)
+
+    async def _slot_endpoint(self, request: Request) -> Response:
+        body = await request.body()
+        if len(body) > self.max_body_bytes:
+            return too_large(len(body), self.max_body_bytes)
+        return self._slot_route(request.method, str(request.path_params["slot"]), body)
+
+    def _unregistered(self, key: str) -> Response:
+        return _error(
+            404,
+            f"no rollout runs on runner slot {key!r} now (its rollout ended or was abandoned, or its runner has not "
+            "registered it): the call is refused so that it is never recorded under another rollout",
+            SLOT_NOT_REGISTERED,
+        )
 
     async def _models(self, request: Request) -> Response:
         rollout_id = request.path_params.get("rollout_id")
+        slot = request.path_params.get("slot")
+        if slot is not None:
+            occupant = self.slots.resolve(str(slot))
+            rollout_id = occupant[0] if occupant is not None else None
         backend = self._pick_backend(rollout_id)
         assert self._session is not None
         try:
@@ -427,16 +469,21 @@ class LLMProxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
-    async def _complete(
-        self, kind: Kind, rollout_id: str | None, attempt_id: str | None, raw_body: bytes, authorization: str | None
-    ) -> Response:
+    async def _complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
         start = now()
-        if rollout_id is None and not self.allow_unrecorded:
+        kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
+        if target.slot is not None:
+            occupant = self.slots.resolve(target.slot)
+            if occupant is None:
+                return self._unregistered(target.slot)
+            rollout_id, attempt_id = occupant
+        elif rollout_id is None and not self.allow_unrecorded:
             path = "chat/completions" if kind == "chat" else "completions"
             return _error(
                 400,
                 f"this LLM proxy records calls per rollout: use base URL "
-                f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}); "
+                f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}) or a runner "
+                "slot's URL (agentlightning.llm_base_url()); "
                 "plain /v1 is refused so that no training data is silently lost",
                 "invalid_request_error",
             )
@@ -504,7 +551,7 @@ class LLMProxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             message = f"LLM proxy could not reach backend {backend}: {exc!r}"
             if record:
-                await self._record(meta, None, Extracted(), error=message)
+                await self._record_shielded(meta, None, Extracted(), error=message)
             return _error(502, message, "proxy_backend_error", headers=headers), False
         header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
         if header_version is not None:
@@ -522,7 +569,7 @@ class LLMProxy:
             resp.release()
             message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
             if record:
-                await self._record(meta, None, Extracted(), error=message)
+                await self._record_shielded(meta, None, Extracted(), error=message)
             return _error(502, message, "proxy_backend_error", headers=headers), False
         resp.release()
         if resp.status >= 400:
@@ -531,7 +578,7 @@ class LLMProxy:
                     headers[name] = resp.headers[name]
             if record:
                 text = raw.decode("utf-8", errors="replace")[:4000]
-                await self._record(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
+                await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
             return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
         if record:
             try:
@@ -540,9 +587,9 @@ class LLMProxy:
                 data = None
             if isinstance(data, dict):
                 data = cast(dict[str, Any], data)
-                failure = await self._record(meta, data, extract(data, kind))
+                failure = await self._record_shielded(meta, data, extract(data, kind))
             else:
-                failure = await self._record(
+                failure = await self._record_shielded(
                     meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
                 )
             if failure is not None:  # never 200 for a call whose training data was not stored
@@ -559,6 +606,12 @@ class LLMProxy:
             if state.assembler.finish_reason is not None and state.error is None:
                 error = None  # a complete stream without [DONE]
             self._spawn(self._record(state.meta, state.assembler.response(), state.assembler.extracted(), error=error))
+
+    async def _record_shielded(
+        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None = None
+    ) -> str | None:
+        """`_record`, finished even when the agent hangs up meanwhile (the handler is then cancelled)."""
+        return await asyncio.shield(self._record(meta, response, extracted, error))
 
     async def _record(
         self,

@@ -4,12 +4,14 @@ from agentlightning.runner._agent import RolloutAgent, as_agent, final_reward, r
 from agentlightning.runner._execute import ROOT_SPAN_NAME, Outcome
 from agentlightning.runner._load import load_agent
 from agentlightning.runner._runner import Runner, WorkerMode
+from agentlightning.runner._slots import SlotRegistrar
 
 __all__ = [
     "ROOT_SPAN_NAME",
     "Outcome",
     "RolloutAgent",
     "Runner",
+    "SlotRegistrar",
     "WorkerMode",
     "as_agent",
     "final_reward",

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,10 +41,24 @@ class Outcome:
     reward: float | None = None
 
 
-async def heartbeat_loop(store: LightningStore, rollout_id: str, attempt_id: str, interval: float) -> None:
-    """Beat every ``interval`` seconds until cancelled or the store says the attempt is over."""
+async def heartbeat_loop(
+    store: LightningStore,
+    rollout_id: str,
+    attempt_id: str,
+    interval: float,
+    on_beat: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Beat every ``interval`` seconds until cancelled or the store says the attempt is over.
+
+    ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again).
+    """
     while True:
         await asyncio.sleep(interval)
+        if on_beat is not None:
+            try:
+                await on_beat()
+            except Exception as exc:
+                logger.warning("attempt %s: refreshing its LLM proxy slot failed: %r", attempt_id, exc)
         try:
             await store.heartbeat(rollout_id, attempt_id)
         except StoreError as exc:
@@ -142,14 +156,22 @@ async def execute_async(
     timeout: float | None,
     heartbeat_interval: float,
     flush_timeout: float | None,
+    llm_base_url: str | None = None,
+    on_heartbeat: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
-    """Run one attempt in the current event loop (which must own ``store``)."""
+    """Run one attempt in the current event loop (which must own ``store``).
+
+    ``llm_base_url`` is what `agentlightning.llm_base_url` returns to the agent (default: the per-rollout URL);
+    ``on_heartbeat`` runs with each heartbeat.
+    """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
-    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval))
+    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat))
     try:
         with (
-            rollout_context(store, rollout_id, attempt_id, resources, input=claim.rollout.input),
+            rollout_context(
+                store, rollout_id, attempt_id, resources, input=claim.rollout.input, llm_base_url=llm_base_url
+            ),
             get_tracer().start_as_current_span(
                 ROOT_SPAN_NAME,
                 attributes=_root_attributes(claim, agent),
@@ -203,8 +225,12 @@ def execute_sync(
     timeout: float | None,
     heartbeat_interval: float,
     flush_timeout: float | None,
+    llm_base_url: str | None = None,
+    on_heartbeat: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in this thread; store calls go through ``call`` onto ``store_loop``.
+
+    ``llm_base_url`` and ``on_heartbeat`` are as in `execute_async` (``on_heartbeat`` runs on ``store_loop``).
 
     With a ``timeout`` the agent runs in a helper thread; past the timeout the attempt is ended as ``timeout``
     and the helper thread is abandoned (a sync function cannot be interrupted).
@@ -214,7 +240,15 @@ def execute_sync(
 
     def body() -> None:
         with (
-            rollout_context(store, rollout_id, attempt_id, resources, input=claim.rollout.input, store_loop=store_loop),
+            rollout_context(
+                store,
+                rollout_id,
+                attempt_id,
+                resources,
+                input=claim.rollout.input,
+                store_loop=store_loop,
+                llm_base_url=llm_base_url,
+            ),
             get_tracer().start_as_current_span(
                 ROOT_SPAN_NAME,
                 attributes=_root_attributes(claim, agent),
@@ -231,7 +265,7 @@ def execute_sync(
                 _record_failure(root, outcome, exc, rollout_id)
 
     beat: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
-        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval), store_loop
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat), store_loop
     )
     try:
         if timeout is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import logging
@@ -22,6 +23,7 @@ from typing import Any, Literal, Protocol
 from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_async, execute_sync, release
+from agentlightning.runner._slots import SlotRegistrar
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreClient
 from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
@@ -140,6 +142,7 @@ class _Loop:
         self.stopped = stopped
         self.outage = _Outage(settings.poll_interval)
         self.active: dict[str, Claim] = {}  # worker id -> the claim it runs (thread and process workers)
+        self.slots = SlotRegistrar()  # each worker slot's stable LLM proxy URL
         self._resources: dict[str, Resources | None] = {}
 
     async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
@@ -197,8 +200,10 @@ def _sync_worker(
             continue
         assert isinstance(claim, Claim)
         loop.active[worker_id] = claim
+        clean = False
         try:
             resources = call(loop.resources(claim))
+            url = call(loop.slots.acquire(index, claim, resources))
             outcome, _ = execute_sync(
                 agent,
                 claim,
@@ -209,12 +214,16 @@ def _sync_worker(
                 timeout=settings.rollout_timeout,
                 heartbeat_interval=settings.heartbeat_interval,
                 flush_timeout=settings.flush_timeout,
+                llm_base_url=url,
+                on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
             )
+            clean = outcome.status == "succeeded"
             logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
         except Exception:
             logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
         finally:
             loop.active.pop(worker_id, None)
+            call(loop.slots.release(index, clean))
 
 
 def _release_active(loop: _Loop, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> int:
@@ -287,6 +296,7 @@ def _process_main(
 
         signal.signal(signal.SIGTERM, on_terminate)
         _sync_worker(agent, loop, loop_thread.loop, index, stop_event)
+        loop_thread.call(loop.slots.close())
         flush(settings.flush_timeout)
         if settings.otlp_endpoint is not None:
             flush_otlp()
@@ -479,6 +489,7 @@ class Runner:
             await self._finish_running(running, slot_freed)
         finally:
             self._wake = None
+            await loop.slots.close()
 
     async def _claim_loop(
         self,
@@ -494,24 +505,28 @@ class Runner:
                 slot_freed.clear()
                 await slot_freed.wait()
                 continue
-            index = free_slots[-1]
+            # Taken before claiming: a rollout ending meanwhile gives its slot back, and two rollouts must never
+            # share a slot (its worker id, its LLM proxy URL).
+            index = free_slots.pop()
             worker_id = _worker_id(index)
             try:
                 claim = await self._claim_unless_stopped(loop, worker_id, stopping)
             except Exception as exc:
+                free_slots.append(index)
                 await self._async_sleep(loop.outage.failed(exc))
                 continue
+            if not isinstance(claim, Claim):
+                free_slots.append(index)
             if claim == "stop" or (claim == "idle" and not running):
                 break
             if claim == "wait" or claim == "idle":
                 await self._async_sleep(settings.poll_interval)
                 continue
             assert isinstance(claim, Claim)
-            free_slots.pop()
 
             async def run_one(claim: Claim, index: int, worker_id: str) -> None:
                 try:
-                    await self._run_claim(loop, claim, worker_id)
+                    await self._run_claim(loop, claim, worker_id, index)
                 finally:
                     free_slots.append(index)
                     slot_freed.set()
@@ -557,11 +572,13 @@ class Runner:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _run_claim(self, loop: _Loop, claim: Claim, worker_id: str) -> None:
+    async def _run_claim(self, loop: _Loop, claim: Claim, worker_id: str, index: int) -> None:
         settings = self._settings
+        clean = False
         try:
             try:
                 resources = await loop.resources(claim)
+                url = await loop.slots.acquire(index, claim, resources)
             except asyncio.CancelledError:  # drained before the agent started: the claim goes back all the same
                 await asyncio.shield(release(self.store, claim))
                 raise
@@ -573,10 +590,16 @@ class Runner:
                 timeout=settings.rollout_timeout,
                 heartbeat_interval=settings.heartbeat_interval,
                 flush_timeout=settings.flush_timeout,
+                llm_base_url=url,
+                on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
             )
+            clean = outcome.status == "succeeded"
             logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
         except Exception:
             logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+        finally:
+            # shielded: a drained (cancelled) agent may still run; its slot must move on all the same
+            await asyncio.shield(loop.slots.release(index, clean))
 
     async def _async_sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -600,13 +623,14 @@ class Runner:
         while any(thread.is_alive() for thread in threads) and not self._drain_due():
             for thread in threads:
                 thread.join(0.05)
+
+        def call(coro: Coroutine[Any, Any, Any]) -> Any:
+            return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
+
         if any(thread.is_alive() for thread in threads):
-
-            def call(coro: Coroutine[Any, Any, Any]) -> Any:
-                return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
-
             released = _release_active(loop, call)
             logger.warning("draining: released %d rollout(s); their agents' threads are abandoned", released)
+        call(loop.slots.close())
 
     def _run_processes(self) -> None:
         spec = self._reopen_spec()

@@ -32,6 +32,8 @@ class RolloutContext:
         input: The task input, as given to the agent.
         store_loop: Event loop that owns ``store``; span batches are written on it. ``None`` means the store may
             be used from any loop (the span writer then uses its own).
+        llm_base_url: The LLM base URL the runner chose for this attempt (its worker slot's stable proxy URL);
+            ``None``: `agentlightning.llm_base_url` builds the per-rollout URL from ``resources``.
     """
 
     rollout_id: str
@@ -40,6 +42,7 @@ class RolloutContext:
     resources: Resources | None = None
     input: Any = None
     store_loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False, compare=False)
+    llm_base_url: str | None = None
     _sequence: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
 
     def next_sequence_id(self) -> int:
@@ -64,6 +67,7 @@ def rollout_context(
     *,
     input: Any = None,
     store_loop: asyncio.AbstractEventLoop | None = None,
+    llm_base_url: str | None = None,
 ) -> Generator[RolloutContext]:
     """Run the ``with`` body as part of one attempt: spans it starts are tagged and sent to ``store``.
 
@@ -78,6 +82,7 @@ def rollout_context(
         resources: Resources of the rollout (used by ``llm_base_url()``).
         input: The task input.
         store_loop: Loop that owns ``store``; defaults to the running loop, if any.
+        llm_base_url: What `agentlightning.llm_base_url` returns in the body (default: the per-rollout URL).
 
     Yields:
         The new `RolloutContext`.
@@ -96,6 +101,7 @@ def rollout_context(
         resources=resources,
         input=input,
         store_loop=store_loop,
+        llm_base_url=llm_base_url,
     )
     token = _CURRENT.set(ctx)
     try:

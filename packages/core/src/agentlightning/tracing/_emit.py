@@ -101,12 +101,19 @@ def emit_annotation(**attributes: Any) -> None:
 def llm_base_url() -> str:
     """The OpenAI-compatible base URL the agent must use in this rollout (the LLM proxy, tagged with its ids).
 
+    Under a runner it is the stable URL of the runner's worker slot (``{proxy}/slot/{key}/v1``): the same from one
+    rollout to the next, so a framework that caches HTTP clients per base URL reuses them, while the proxy still
+    records each call under the attempt the slot runs. Otherwise (or when the proxy does not know slots) it is the
+    per-rollout URL ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1``.
+
     Raises:
         RuntimeError: Outside a rollout, or when the rollout's resources hold no LLM resource.
     """
     ctx = current_rollout()
     if ctx is None:
         raise RuntimeError("llm_base_url() was called outside a rollout; run the agent through agl.Runner")
+    if ctx.llm_base_url is not None:
+        return ctx.llm_base_url
     llm = ctx.resources.llm if ctx.resources is not None else None
     if llm is None:
         raise RuntimeError(

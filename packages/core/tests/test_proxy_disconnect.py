@@ -1,0 +1,90 @@
+"""An agent that hangs up while the backend works: the proxy closes its backend leg too (the backend can stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from agentlightning.proxy import LLMProxy
+from agentlightning.store import MemoryStore
+from agentlightning.testing import start_attempts
+
+
+class SilentBackend:
+    """A raw HTTP server that takes a request, optionally sends stream headers and one chunk, then never answers.
+
+    ``arrived`` is set when a request is in; ``closed`` when the proxy closes that connection (end of file).
+    """
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.arrived = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> SilentBackend:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        if self.stream:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            event = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+            writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            await writer.drain()
+        self.arrived.set()
+        while await reader.read(1024):  # never answers; returns b"" once the proxy closes the connection
+            pass
+        self.closed.set()
+        writer.close()
+
+
+@pytest.fixture
+async def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "stream"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SilentBackend]:
+    async with SilentBackend(stream=request.param) as server:
+        yield server
+
+
+async def test_agent_disconnect_closes_the_backend_leg(store: MemoryStore, backend: SilentBackend) -> None:
+    attempts = await start_attempts(store, ["ro-1"])
+    async with LLMProxy(store, [backend.url]) as proxy:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": backend.stream}
+        url = f"{proxy.base_url('ro-1', attempts['ro-1'])}/chat/completions"
+        first_bytes = asyncio.Event()
+
+        async def agent() -> None:
+            async with aiohttp.ClientSession() as session, session.post(url, data=json.dumps(body)) as resp:
+                await resp.content.readany()  # streams: the first event; plain: blocks until hang-up
+                first_bytes.set()
+                await asyncio.Event().wait()
+
+        call = asyncio.ensure_future(agent())
+        await asyncio.wait_for(backend.arrived.wait(), 30)
+        if backend.stream:
+            await asyncio.wait_for(first_bytes.wait(), 30)
+        assert proxy.in_flight == 1
+        call.cancel()  # the agent hangs up (its connection closes)
+        await asyncio.gather(call, return_exceptions=True)
+        await asyncio.wait_for(backend.closed.wait(), 30)
+        while proxy.in_flight:  # settles right after the backend leg closed
+            await asyncio.sleep(0.01)

@@ -1,0 +1,169 @@
+"""Runner slots on the LLM proxy over real loopback HTTP: a stable URL per slot, routed to the attempt it runs now."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from agentlightning import Attempt, Claim, LLMResource, Resources, Rollout
+from agentlightning.proxy import LLMProxy, parse_slot_prefix, slot_base_url
+from agentlightning.runner import SlotRegistrar
+from agentlightning.store import MemoryStore
+from agentlightning.testing import ScriptedModelServer, start_attempts
+
+TOKEN = "agents-token-0123456789"
+
+
+@pytest.fixture
+def backend() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+async def proxy(store: MemoryStore, backend: ScriptedModelServer) -> AsyncIterator[LLMProxy]:
+    async with LLMProxy(store, [backend.url], token=TOKEN) as running:
+        yield running
+
+
+async def _slot(
+    proxy: LLMProxy, method: str, key: str, body: object, token: str | None = TOKEN
+) -> aiohttp.ClientResponse:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{proxy.url}/slot/{key}", json=body, headers=headers) as resp,
+    ):
+        await resp.read()
+        return resp
+
+
+def _claim(rollout_id: str, attempt_id: str) -> Claim:
+    return Claim(
+        rollout=Rollout(rollout_id=rollout_id, input=None),
+        attempt=Attempt(rollout_id=rollout_id, attempt_id=attempt_id, sequence=1),
+    )
+
+
+def test_slot_urls_are_built_and_parsed_in_one_place() -> None:
+    assert slot_base_url("http://h:1/", "r.0.0") == "http://h:1/slot/r.0.0/v1"
+    assert parse_slot_prefix("/slot/r.0.0") == "r.0.0"
+    assert parse_slot_prefix("/slot/r%2F0") is None and parse_slot_prefix("/slot/") is None
+    with pytest.raises(ValueError, match="slot key"):
+        slot_base_url("http://h:1", "bad/key")
+
+
+async def test_calls_on_a_slot_go_to_the_attempt_registered_on_it(proxy: LLMProxy, store: MemoryStore) -> None:
+    attempts = await start_attempts(store, ["ro-a", "ro-b"])
+    client = AsyncOpenAI(base_url=proxy.slot_url("run1.0.0"), api_key=TOKEN, max_retries=0)
+    for rollout_id in ("ro-a", "ro-b"):  # the same URL (and client) for two rollouts in turn
+        assert (
+            await _slot(proxy, "PUT", "run1.0.0", {"rollout_id": rollout_id, "attempt_id": attempts[rollout_id]})
+        ).status == 200
+        await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": rollout_id}])
+    for rollout_id in ("ro-a", "ro-b"):
+        [call] = await store.query_llm_calls(rollout_id)
+        assert call.attempt_id == attempts[rollout_id] and call.request["messages"][0]["content"] == rollout_id
+        assert call.prompt_token_ids and call.response_token_ids
+
+
+async def test_a_slot_with_no_attempt_is_refused_and_nothing_is_recorded(proxy: LLMProxy, store: MemoryStore) -> None:
+    attempts = await start_attempts(store, ["ro-a"])
+    client = AsyncOpenAI(base_url=proxy.slot_url("run1.0.0"), api_key=TOKEN, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="slot") as never:
+        await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "x"}])
+    assert never.value.body["type"] == "slot_not_registered"  # type: ignore[index]
+    occupant = {"rollout_id": "ro-a", "attempt_id": attempts["ro-a"]}
+    await _slot(proxy, "PUT", "run1.0.0", occupant)
+    # clearing with another occupant's ids leaves the slot alone (a late clear never removes a newer registration)
+    other = await _slot(proxy, "DELETE", "run1.0.0", {"rollout_id": "ro-z", "attempt_id": "at-z"})
+    assert other.status == 200 and len(proxy.slots) == 1
+    assert (await _slot(proxy, "DELETE", "run1.0.0", occupant)).status == 200 and len(proxy.slots) == 0
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "x"}])
+    assert await store.query_llm_calls("ro-a") == []
+
+
+async def test_slot_routes_need_the_agents_token_and_valid_ids(proxy: LLMProxy) -> None:
+    assert (await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r", "attempt_id": "a"}, token=None)).status == 401
+    assert (
+        await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r", "attempt_id": "a"}, token="wrong-token-0123456")
+    ).status == 401
+    assert (await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r"})).status == 400
+    assert (await _slot(proxy, "PUT", "k.0.0", ["r", "a"])).status == 400
+    assert len(proxy.slots) == 0
+
+
+async def test_registrar_falls_back_when_the_endpoint_knows_no_slots(backend: ScriptedModelServer) -> None:
+    registrar = SlotRegistrar()
+    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=backend.url, model="toy")})
+    try:
+        assert await registrar.acquire(0, _claim("ro-a", "at-a"), resources) is None  # 404: a plain model server
+        assert await registrar.acquire(1, _claim("ro-b", "at-b"), resources) is None
+        assert backend.requests == []  # never sent there
+        unreachable = Resources(resources_id="u", items={"llm": LLMResource(endpoint="http://127.0.0.1:9", model="t")})
+        assert await registrar.acquire(0, _claim("ro-a", "at-a"), unreachable) is None
+        assert await registrar.acquire(0, _claim("ro-a", "at-a"), None) is None
+    finally:
+        await registrar.close()
+
+
+async def test_unclean_end_moves_the_slot_on_and_a_restarted_proxy_learns_it_back(
+    store: MemoryStore, backend: ScriptedModelServer
+) -> None:
+    attempts = await start_attempts(store, ["ro-a", "ro-b"])
+    first = await LLMProxy(store, [backend.url], token=TOKEN).start()
+    port = first.bound_port
+    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=first.url, model="t", api_key=TOKEN)})
+    registrar = SlotRegistrar()
+    try:
+        url_a = await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), resources)
+        assert url_a is not None and url_a.startswith(f"{first.url}/slot/")
+        await registrar.release(0, clean=False)  # e.g. the agent timed out: parts of it may still run
+        url_b = await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources)
+        assert url_b is not None and url_b != url_a
+        stale = AsyncOpenAI(base_url=url_a, api_key=TOKEN, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await stale.chat.completions.create(model="toy", messages=[{"role": "user", "content": "late"}])
+        # a clean end keeps the URL for the next occupant
+        await registrar.release(0, clean=True)
+        assert await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources) == url_b
+        # the proxy restarts and forgets its slots; the runner's next heartbeat registers the slot again
+        await first.stop()
+        second = await LLMProxy(store, [backend.url], token=TOKEN, port=port).start()
+        try:
+            agent = AsyncOpenAI(base_url=url_b, api_key=TOKEN, max_retries=0)
+            with pytest.raises(openai.NotFoundError):
+                await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": "b"}])
+            await registrar.refresh(0)
+            await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": "b"}])
+            [call] = await store.query_llm_calls("ro-b")
+            assert call.attempt_id == attempts["ro-b"]
+            assert await store.query_llm_calls("ro-a") == []
+        finally:
+            await registrar.close()
+            assert len(second.slots) == 0  # closing clears what the runner held
+            await second.stop()
+    finally:
+        await first.stop()
+
+
+async def test_a_proxy_without_token_takes_registrations_on_loopback(
+    store: MemoryStore, backend: ScriptedModelServer
+) -> None:
+    attempts = await start_attempts(store, ["ro-a"])
+    async with LLMProxy(store, [backend.url]) as proxy:
+        body = json.dumps({"rollout_id": "ro-a", "attempt_id": attempts["ro-a"]})
+        async with aiohttp.ClientSession() as session, session.put(f"{proxy.url}/slot/k.0.0", data=body) as resp:
+            assert resp.status == 200
+        assert proxy.slots.resolve("k.0.0") == ("ro-a", attempts["ro-a"])
