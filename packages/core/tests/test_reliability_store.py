@@ -70,7 +70,7 @@ async def test_non_finite_numbers_are_refused_naming_the_field(store: agl.Lightn
     rid, aid = await _claim(store)
     good = make_span(rid, aid, 0)
     built = Span.model_construct(**{**good.__dict__, "start_time": math.nan, "end_time": math.nan})
-    with pytest.raises(ValueError, match=r"spans\.0\.start_time"):
+    with pytest.raises(ValidationError, match=r"0\.start_time"):  # made without validation: validated now
         await store.add_spans([built])
     with pytest.raises(ValidationError, match="start_time"):
         await store.add_spans([{**good.model_dump(), "start_time": math.inf}])  # type: ignore[list-item]

@@ -263,7 +263,11 @@ def test_calls_without_llm_spans_train_from_proxy_records_alone(caplog: pytest.L
         ([1, 2, 3], [4, 5], None, 1),
     ]
     assert [tr.call_ids for tr in result.transitions] == [["px-0"], ["px-1"]]
-    assert all(tr.final_reward == 1.0 and tr.metadata["model_version"] == 3 for tr in result.transitions)
+    assert all(tr.final_reward == 1.0 and tr.model_version == 3 for tr in result.transitions)
+    assert all(Transition.model_validate(tr.model_dump()) == tr for tr in result.transitions)
+    merged = build(t, mode="trajectory").transitions  # the proxy's records alone merge into one trajectory too
+    assert [(tr.response_ids, tr.response_mask, tr.model_version) for tr in merged] == [([2, 3, 4, 5], [1, 0, 1, 1], 3)]
+    assert Transition.model_validate(merged[0].model_dump()) == merged[0]
     assert result.diagnostics.proxy_only_calls == 2 and result.diagnostics.unused_llm_calls == 0
     warnings = [r.getMessage() for r in caplog.records if "no LLM span" in r.getMessage()]
     assert len(warnings) <= 1  # once per process (an earlier test may have used it up)

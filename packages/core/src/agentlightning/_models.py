@@ -2,6 +2,12 @@
 
 All models are pydantic v2, frozen, and reject unknown fields so a malformed record fails with an error
 that names the offending field instead of being stored half-right.
+
+The validation rule: every record entering a store has been validated by pydantic exactly once. A model made by
+validation (``Span(...)``, ``Span.model_validate(...)``) counts as validated; a model made without it
+(``model_construct``, ``model_copy(update=...)``) is marked, and the store boundary (`agentlightning.store`)
+validates it again. Past the boundary, code that builds models from known-good data does so through
+`agentlightning._fast`, the one module allowed to skip validation.
 """
 
 from __future__ import annotations
@@ -9,7 +15,8 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -118,14 +125,62 @@ def check_json_finite(value: Any, name: str) -> Any:
     return value
 
 
-class _Model(BaseModel):
+class _Unvalidated(set[str]):
+    """The ``__pydantic_fields_set__`` of a model made without validation (see `is_validated`)."""
+
+    __slots__ = ()
+
+
+def is_validated(model: BaseModel) -> bool:
+    """Whether ``model`` (not the models inside it) was made by pydantic validation or by `agentlightning._fast`.
+
+    ``False`` for a model made by ``model_construct`` or ``model_copy(update=...)``: pydantic checks neither, so
+    the store boundary validates such a model again before keeping it.
+    """
+    return type(model.__pydantic_fields_set__) is not _Unvalidated
+
+
+def _mark_unvalidated(model: BaseModel) -> None:
+    object.__setattr__(model, "__pydantic_fields_set__", _Unvalidated(model.__pydantic_fields_set__))
+
+
+class RecordModel(BaseModel):
+    """Base of every record model: frozen, no unknown fields, no NaN/Infinity; unvalidated copies are marked.
+
+    Core-internal (not exported): request models of the store subclass it too, so the boundary treats them alike.
+    """
+
     # Non-finite floats are refused on every typed field: JSON would turn them into null (see check_json_finite).
     # Serialised as the constants NaN / Infinity rather than null, so that one that slipped past validation
-    # (``model_construct``) is refused by the next validation instead of silently becoming null.
+    # is refused by the next validation instead of silently becoming null.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="constants")
 
+    @classmethod
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
+        """Pydantic's construction without validation; the result is marked, so a store validates it (`is_validated`).
 
-class Rollout(_Model):
+        Args:
+            _fields_set: As in pydantic.
+            **values: The fields, unchecked.
+        """
+        model = super().model_construct(_fields_set, **values)
+        _mark_unvalidated(model)
+        return model
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's copy; with ``update`` (which pydantic does not validate) the copy is marked as unvalidated.
+
+        Args:
+            update: Fields to change, unchecked.
+            deep: Copy nested values too.
+        """
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            _mark_unvalidated(copied)
+        return copied
+
+
+class Rollout(RecordModel):
     """One task to run the agent on, and where it stands.
 
     Attributes:
@@ -158,7 +213,7 @@ class Rollout(_Model):
         return check_json_finite(value, info.field_name or "value")
 
 
-class Attempt(_Model):
+class Attempt(RecordModel):
     """One try at running a rollout, by one worker.
 
     Attributes:
@@ -184,14 +239,14 @@ class Attempt(_Model):
     error: str | None = None
 
 
-class Claim(_Model):
+class Claim(RecordModel):
     """What ``dequeue_rollout`` hands a worker: the rollout and the attempt just started for it."""
 
     rollout: Rollout
     attempt: Attempt
 
 
-class SpanEvent(_Model):
+class SpanEvent(RecordModel):
     """A timestamped event inside a span (e.g. an exception with its traceback)."""
 
     name: str
@@ -199,14 +254,14 @@ class SpanEvent(_Model):
     attributes: dict[str, AttributeValue] = Field(default_factory=dict)
 
 
-class SpanStatus(_Model):
+class SpanStatus(RecordModel):
     """OpenTelemetry span status."""
 
     code: SpanStatusCode = "unset"
     description: str | None = None
 
 
-class Span(_Model):
+class Span(RecordModel):
     """An OpenTelemetry-shaped span, tagged with the rollout and attempt it belongs to.
 
     Attributes:
@@ -244,7 +299,7 @@ class Span(_Model):
         return self
 
 
-class LLMCall(_Model):
+class LLMCall(RecordModel):
     """One request through the LLM proxy, with the exact token ids the backend produced.
 
     Attributes:
@@ -278,7 +333,7 @@ class LLMCall(_Model):
     response_token_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[float] | None = None
     model: str | None = None
-    model_version: int | None = None
+    model_version: int | None = Field(default=None, ge=0)
     backend: str | None = None
     start_time: float = Field(default_factory=now)
     end_time: float | None = None
@@ -299,7 +354,7 @@ class LLMCall(_Model):
         return self
 
 
-class LLMResource(_Model):
+class LLMResource(RecordModel):
     """The model endpoint agents call (normally the LLM proxy) and the model version it serves.
 
     Attributes:
@@ -330,7 +385,7 @@ class LLMResource(_Model):
         return rollout_base_url(self.endpoint, rollout_id, attempt_id)
 
 
-class PromptTemplateResource(_Model):
+class PromptTemplateResource(RecordModel):
     """A prompt template the agent formats (``str.format`` style by default)."""
 
     kind: Literal["prompt_template"] = "prompt_template"
@@ -338,7 +393,7 @@ class PromptTemplateResource(_Model):
     engine: Literal["format", "jinja"] = "format"
 
 
-class ValueResource(_Model):
+class ValueResource(RecordModel):
     """Any JSON value the user wants versioned with the rest."""
 
     kind: Literal["value"] = "value"
@@ -353,7 +408,7 @@ class ValueResource(_Model):
 Resource = Annotated[LLMResource | PromptTemplateResource | ValueResource, Field(discriminator="kind")]
 
 
-class Resources(_Model):
+class Resources(RecordModel):
     """A named, versioned set of resources handed to every rollout.
 
     Attributes:
@@ -380,7 +435,7 @@ class Resources(_Model):
         return None
 
 
-class Transition(_Model):
+class Transition(RecordModel):
     """One training sample rebuilt from an attempt's trace: a prompt, a response and what it earned.
 
     Attributes:
@@ -427,7 +482,7 @@ class Transition(_Model):
         return self
 
 
-class TrainingSample(_Model):
+class TrainingSample(RecordModel):
     """A single-turn sample with its credit, ready for any token-level RL trainer.
 
     Attributes:
@@ -471,7 +526,7 @@ class TrainingSample(_Model):
         return value
 
 
-class TrainingBatch(_Model):
+class TrainingBatch(RecordModel):
     """The output of credit assignment: samples plus metrics describing the batch."""
 
     samples: list[TrainingSample]

@@ -6,13 +6,13 @@ import logging
 import math
 from collections.abc import Sequence
 
+from agentlightning._fast import fast_factory, fast_model
 from agentlightning._models import TrainingBatch, TrainingSample, Transition
 from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_estimator
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics, TransitionResult
-from agentlightning.transitions._fast import fast_factory, fast_model
 from agentlightning.transitions._store import results_from_store
 
 __all__ = ["build_batch_from_results", "build_batch_from_store", "build_training_batch", "staleness_metrics"]

@@ -12,6 +12,7 @@ from agentlightning._models import (
     AttemptStatus,
     Claim,
     LLMCall,
+    RecordModel,
     Resources,
     Rollout,
     RolloutMode,
@@ -78,10 +79,8 @@ class RetryPolicy(BaseModel):
     rollout_timeout: float | None = Field(default=None, gt=0)
 
 
-class RolloutRequest(BaseModel):
+class RolloutRequest(RecordModel):
     """What a caller asks to enqueue; the store fills in status and times."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     input: Any = None
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")

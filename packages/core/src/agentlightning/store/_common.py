@@ -2,6 +2,15 @@
 
 Backends keep their own storage; what a rollout or attempt becomes is decided here, once, so the
 in-memory and SQLite stores (and a served store behind them) cannot drift apart.
+
+The validation boundary: every method of every backend that takes records (``enqueue_rollouts``, ``add_spans``,
+``add_llm_calls``, ``add_resources``, ids and status filters) passes them through the ``validate_*`` functions
+below before anything else. Dicts are validated; models made by validation are kept as they are (they were
+validated once, when made); models made without it (``model_construct``, ``model_copy(update=...)``, see
+`agentlightning._models.is_validated`) are validated again, so an unchecked record is refused by every backend
+with the same `pydantic.ValidationError`. The served store's client runs the same functions before sending, and
+its server validates the request body it receives. Past this boundary records are trusted
+(`agentlightning._fast`).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from agentlightning._models import (
     RolloutStatus,
     Span,
     check_json_finite,
+    is_validated,
 )
 from agentlightning.store._base import RetryPolicy, RolloutRequest
 
@@ -57,17 +67,52 @@ _RESOURCES = TypeAdapter(Resources)
 _IDS = TypeAdapter(list[str])
 
 
-def _as_list(value: Any, what: str) -> Any:
+def _as_list(value: Any, what: str) -> list[Any]:
     if isinstance(value, str | bytes | dict | BaseModel) or not hasattr(value, "__iter__"):
         raise TypeError(f"{what} must be a sequence of records, got {type(value).__name__}")
-    return list(value)
+    return list(value)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def _plain(value: Any) -> Any:
+    """A model made without validation, as the plain data validation takes (nested models too)."""
+    if isinstance(value, BaseModel):
+        return {key: _plain(item) for key, item in value.__dict__.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    return value
+
+
+def _span_validated(span: Span) -> bool:
+    values = span.__dict__
+    status = values.get("status")
+    return (
+        is_validated(span)
+        and isinstance(status, BaseModel)
+        and is_validated(status)
+        and all(isinstance(event, BaseModel) and is_validated(event) for event in values.get("events", ()))
+    )
+
+
+def _resources_validated(resources: Resources) -> bool:
+    items = resources.__dict__.get("items", {})
+    return is_validated(resources) and all(isinstance(i, BaseModel) and is_validated(i) for i in items.values())
+
+
+def _unchecked_as_data(items: list[Any], kind: type[BaseModel], validated: Callable[[Any], bool]) -> list[Any]:
+    """``items`` with every ``kind`` model that was made without validation replaced by its plain data."""
+    for index, item in enumerate(items):
+        if isinstance(item, kind) and not validated(item):
+            items[index] = _plain(item)
+    return items
 
 
 def check_spans_finite(spans: Sequence[Span]) -> None:
     """Raise a `ValueError` naming the first span field that holds NaN or Infinity.
 
-    Validated spans cannot hold one (their models refuse non-finite floats); this catches spans built without
-    validation (``model_construct``) before they are stored.
+    Validated spans cannot hold one (their models refuse non-finite floats); this catches a NaN put into a
+    validated span's attributes afterwards (the dict inside a frozen model can still be changed).
     """
     isfinite = math.isfinite
     for index, span in enumerate(spans):
@@ -88,18 +133,18 @@ def check_spans_finite(spans: Sequence[Span]) -> None:
 
 
 def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> list[Span]:
-    """Validate a batch of spans (models or dicts) as a whole.
+    """Validate a batch of spans (models or dicts) as a whole (see the module docstring for what is validated).
 
     Args:
         spans: The batch.
-        check_finite: Also check spans built without validation for NaN / Infinity (`check_spans_finite`).
+        check_finite: Also check for NaN / Infinity put into a validated span afterwards (`check_spans_finite`).
             Callers that serialise the spans anyway check the JSON instead (`json_has_non_finite`), which is faster.
 
     Raises:
         pydantic.ValidationError: A span is malformed (the location names its index and field).
-        ValueError: A span built without validation holds NaN or Infinity.
+        ValueError: A span holds NaN or Infinity.
     """
-    batch = _SPANS.validate_python(_as_list(spans, "spans"))
+    batch = _SPANS.validate_python(_unchecked_as_data(_as_list(spans, "spans"), Span, _span_validated))
     if check_finite:
         check_spans_finite(batch)
     return batch
@@ -116,7 +161,7 @@ def json_has_non_finite(data: str) -> bool:
 
 def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
     """Validate a batch of LLM calls (models or dicts) as a whole; raises `pydantic.ValidationError`."""
-    batch = _CALLS.validate_python(_as_list(calls, "calls"))
+    batch = _CALLS.validate_python(_unchecked_as_data(_as_list(calls, "calls"), LLMCall, is_validated))
     for index, call in enumerate(batch):
         values = call.__dict__
         logprobs = values["response_logprobs"]
@@ -131,11 +176,13 @@ def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
 
 def validate_requests(requests: Sequence[RolloutRequest] | Any) -> list[RolloutRequest]:
     """Validate a batch of rollout requests (models or dicts) as a whole."""
-    return _REQUESTS.validate_python(_as_list(requests, "requests"))
+    return _REQUESTS.validate_python(_unchecked_as_data(_as_list(requests, "requests"), RolloutRequest, is_validated))
 
 
 def validate_resources(resources: Resources | Any) -> Resources:
     """Validate a resources set (model or dict)."""
+    if isinstance(resources, Resources) and not _resources_validated(resources):
+        resources = _plain(resources)
     return _RESOURCES.validate_python(resources)
 
 

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import StatusCode
 
 from agentlightning import semconv
-from agentlightning._models import AttributeValue, Span, SpanEvent, SpanStatus
+from agentlightning._models import AttributeValue, Span, SpanStatus
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreUnavailableError
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
@@ -94,11 +94,11 @@ def _warn_non_finite(key: str) -> None:
 
 
 def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> Span:
-    """Convert a finished OpenTelemetry span into the store's `Span` record.
+    """Convert a finished OpenTelemetry span into the store's `Span` record, validated.
 
-    Built without pydantic validation (which would cost several times the span itself): every field is
-    produced here in the form the model requires (hex ids, seconds, end >= start, OpenTelemetry-cleaned
-    attribute values), and the rollout context rejects empty ids.
+    Validated here, where it is made (pydantic validation costs no more than ``model_construct``), so the store
+    boundary keeps it as is; every field is produced in the form the model requires (hex ids, seconds,
+    end >= start, OpenTelemetry-cleaned attribute values), so a failure is a bug, logged by the caller.
     """
     sc = span.context
     assert sc is not None
@@ -106,26 +106,26 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
     end_ns = span.end_time or start_ns
     parent = span.parent
     status = span.status
-    return Span.model_construct(
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        sequence_id=sequence_id,
-        trace_id=format(sc.trace_id, "032x"),
-        span_id=format(sc.span_id, "016x"),
-        parent_id=format(parent.span_id, "016x") if parent is not None and parent.is_valid else None,
-        name=span.name,
-        start_time=start_ns / 1e9,
-        end_time=max(end_ns, start_ns) / 1e9,
-        attributes=_attributes(span.attributes),
-        events=[
-            SpanEvent.model_construct(
-                name=event.name, timestamp=event.timestamp / 1e9, attributes=_attributes(event.attributes)
-            )
-            for event in span.events
-        ],
-        status=_UNSET
-        if status.status_code is StatusCode.UNSET and status.description is None
-        else SpanStatus.model_construct(code=_STATUS.get(status.status_code, "unset"), description=status.description),
+    return Span.model_validate(
+        {
+            "rollout_id": ctx.rollout_id,
+            "attempt_id": ctx.attempt_id,
+            "sequence_id": sequence_id,
+            "trace_id": format(sc.trace_id, "032x"),
+            "span_id": format(sc.span_id, "016x"),
+            "parent_id": format(parent.span_id, "016x") if parent is not None and parent.is_valid else None,
+            "name": span.name,
+            "start_time": start_ns / 1e9,
+            "end_time": max(end_ns, start_ns) / 1e9,
+            "attributes": _attributes(span.attributes),
+            "events": [
+                {"name": event.name, "timestamp": event.timestamp / 1e9, "attributes": _attributes(event.attributes)}
+                for event in span.events
+            ],
+            "status": _UNSET
+            if status.status_code is StatusCode.UNSET and status.description is None
+            else {"code": _STATUS.get(status.status_code, "unset"), "description": status.description},
+        }
     )
 
 

@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._fast import fast_factory
 from agentlightning._models import AttributeValue, LLMCall, Span, Transition
 from agentlightning.semconv import (
     GEN_AI_AGENT_NAME,
@@ -43,7 +44,6 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
-from agentlightning.transitions._fast import fast_factory
 from agentlightning.transitions._tree import build_attempt_tree
 
 __all__ = ["TransitionBuilder"]
@@ -94,9 +94,6 @@ def _sample(
     final_reward: float | None,
 ) -> dict[str, Any]:
     """The ``__dict__`` of a per-call transition made from a proxy record."""
-    metadata: dict[str, Any] = {"span_ids": [] if span_id is None else [span_id]}
-    if call.model_version is not None:
-        metadata["model_version"] = call.model_version
     return {
         "rollout_id": rollout_id,
         "attempt_id": attempt_id,
@@ -110,7 +107,8 @@ def _sample(
         "reward": None,
         "final_reward": final_reward,
         "call_ids": [call.call_id],
-        "metadata": metadata,
+        "model_version": call.model_version,
+        "metadata": {"span_ids": [] if span_id is None else [span_id]},
     }
 
 
