@@ -225,6 +225,29 @@ def test_bad_strategy_output_is_rejected() -> None:
         build_training_batch(rollout("a", 1, 1.0), credit=lambda steps, final, config: [float("inf")])
 
 
+def test_samples_keep_training_sample_rules_on_the_fast_path() -> None:
+    # Samples are built without validation (agentlightning._fast): what a strategy or estimator returns is made
+    # the floats a TrainingSample holds, and a caller's transitions made without validation are validated first.
+    batch = build_training_batch(
+        rollout("a", 2, 1.0),
+        credit=lambda steps, final, config: [1, True],  # ints: pydantic would make them floats
+        estimator=lambda groups, config: [[[0, 2] for _ in group] for group in groups],
+    )
+    assert [(type(s.credit), s.credit, type(s.advantage), s.advantage) for s in batch.samples] == [
+        (float, 1.0, float, 0.0),
+        (float, 1.0, float, 2.0),
+    ]
+    for sample in batch.samples:
+        assert TrainingSample.model_validate(sample.model_dump()).model_dump_json() == sample.model_dump_json()
+    with pytest.raises(ValueError, match="credit strategy returned a value that is not a number"):
+        build_training_batch(rollout("a", 1, 1.0), credit=lambda steps, final, config: ["lots"])
+    with pytest.raises(ValueError, match="advantage estimator returned a value that is not a number"):
+        build_training_batch(rollout("a", 1, 1.0), estimator=lambda groups, config: [[[None]] for _ in groups])
+    unchecked = tr("a", 0, 1.0).model_copy(update={"response_mask": [1]})  # two response tokens, one mask entry
+    with pytest.raises(ValidationError, match="response_mask must have one entry per response token"):
+        build_training_batch([unchecked])
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

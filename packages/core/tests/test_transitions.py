@@ -464,3 +464,72 @@ async def test_transitions_from_store_uses_the_last_attempt() -> None:
     with pytest.raises(KeyError, match="ro-nope"):
         await transitions_from_store(store, ["ro-nope"])
     await store.close()
+
+
+def test_proxy_only_trajectory_break_names_the_record() -> None:
+    t = Trace()
+    for n, prompt in enumerate([[1], [7, 8]]):  # the second prompt does not extend the first: a new sample
+        t.calls.append(
+            LLMCall(call_id=f"px-{n}", rollout_id="ro-1", attempt_id="at-1", prompt_token_ids=prompt,
+                    response_token_ids=[2], start_time=float(n))
+        )  # fmt: skip
+    result = build(t, mode="trajectory")
+    assert [tr.call_ids for tr in result.transitions] == [["px-0"], ["px-1"]]
+    assert any("proxy record px-1" in p and "does not extend" in p for p in result.problems)
+
+
+# ------------------------------------------------------------------- Transition's rules on the fast path
+# Transitions are built without validation (agentlightning._fast); each rule of the model is kept by the builder
+# and checked here against validated construction (test_fast.py checks the same for generated attempts).
+
+
+def _validates(result: TransitionResult) -> None:
+    for tr in result.transitions:
+        assert Transition.model_validate(tr.model_dump()) == tr
+
+
+@pytest.mark.parametrize("mode", ["per_call", "trajectory"])
+def test_intermediate_rewards_that_overflow_are_reported_not_made_infinite(mode: str) -> None:
+    t = Trace()
+    t.llm([1], [2])
+    t.reward(1e308)
+    t.reward(1e308)  # 2e308 is no float: the sum would be inf, which a Transition refuses
+    t.llm([1, 2, 3], [4])
+    t.reward(1e308)
+    t.llm([1, 2, 3, 4, 5], [6])
+    t.reward(1.0, final=True)
+    result = build(t, mode=mode)
+    _validates(result)
+    assert result.transitions[0].reward == 1e308
+    assert result.diagnostics.invalid_rewards == (2 if mode == "trajectory" else 1)  # merging overflows too
+    assert any("overflow to a non-finite sum" in p for p in result.problems)
+
+
+def test_span_logprobs_without_a_float_are_dropped() -> None:
+    t = Trace()
+    t.llm([1], [2, 3], record=False, attributes={sc.PROMPT_TOKEN_IDS: [1], sc.RESPONSE_TOKEN_IDS: [2, 3],
+                                                 sc.RESPONSE_LOGPROBS: [-1, -(10**400)]})  # fmt: skip
+    result = build(t)
+    _validates(result)
+    assert result.transitions[0].logprobs is None
+    assert any("logprobs that do not match" in p for p in result.problems)
+
+
+def test_group_id_must_be_a_string() -> None:
+    t = Trace()
+    t.llm([1], [2])
+    with pytest.raises(TypeError, match="group_id must be a string or None, got int"):
+        TransitionBuilder().build(t.spans, t.calls, group_id=7)  # type: ignore[arg-type]
+
+
+def test_records_made_without_validation_are_validated_before_use() -> None:
+    t = Trace()
+    t.llm([1], [2])
+    bad_call = t.calls[0].model_copy(update={"response_logprobs": [-1.0, -1.0]})  # two log-probs, one token
+    with pytest.raises(ValidationError, match="response_logprobs has 2 entries"):
+        TransitionBuilder().build(t.spans, [bad_call])
+    bad_span = Span.model_construct(**{**t.spans[0].__dict__, "end_time": 0.0})  # ends before it starts
+    with pytest.raises(ValidationError, match="end_time"):
+        TransitionBuilder().build([bad_span], t.calls)
+    # models made by validation (and copies without changes) are used as they are
+    assert build(t).transitions[0].call_ids == [t.calls[0].call_id]

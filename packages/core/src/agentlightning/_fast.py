@@ -104,39 +104,90 @@ _new_status = fast_factory(SpanStatus)
 _new_event = fast_factory(SpanEvent)
 _new_call = fast_factory(LLMCall)
 _new_resources = fast_factory(Resources)
-_SPAN_KEYS = frozenset(Span.model_fields)
-_STATUS_KEYS = frozenset(SpanStatus.model_fields)
-_EVENT_KEYS = frozenset(SpanEvent.model_fields)
-_CALL_KEYS = frozenset(LLMCall.model_fields)
-_RESOURCES_KEYS = frozenset(Resources.model_fields)
-_RESOURCE_KINDS: dict[str, tuple[Callable[[dict[str, Any]], BaseModel], frozenset[str]]] = {
-    cls.model_fields["kind"].default: (fast_factory(cls), frozenset(cls.model_fields))
-    for cls in (LLMResource, PromptTemplateResource, ValueResource)
+
+_N = type(None)
+# The JSON types each field's serialised value has (top level only: the values inside were validated on entry).
+# test_fast.py checks that every table names exactly the model's fields.
+_SPAN_TYPES: dict[str, tuple[type, ...]] = {
+    "rollout_id": (str,),
+    "attempt_id": (str,),
+    "sequence_id": (int,),
+    "trace_id": (str,),
+    "span_id": (str,),
+    "parent_id": (str, _N),
+    "name": (str,),
+    "start_time": (float,),
+    "end_time": (float,),
+    "attributes": (dict,),
+    "events": (list,),
+    "status": (dict,),
+}
+_STATUS_TYPES: dict[str, tuple[type, ...]] = {"code": (str,), "description": (str, _N)}
+_EVENT_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "timestamp": (float,), "attributes": (dict,)}
+_CALL_TYPES: dict[str, tuple[type, ...]] = {
+    "call_id": (str,),
+    "rollout_id": (str,),
+    "attempt_id": (str,),
+    "response_id": (str, _N),
+    "request": (dict,),
+    "response": (dict, _N),
+    "prompt_token_ids": (list,),
+    "response_token_ids": (list,),
+    "response_logprobs": (list, _N),
+    "model": (str, _N),
+    "model_version": (int, _N),
+    "backend": (str, _N),
+    "start_time": (float,),
+    "end_time": (float, _N),
+    "error": (str, _N),
+}
+_RESOURCES_TYPES: dict[str, tuple[type, ...]] = {
+    "resources_id": (str,),
+    "version": (int,),
+    "items": (dict,),
+    "created_at": (float,),
+}
+_RESOURCE_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "llm": {
+        "kind": (str,),
+        "endpoint": (str,),
+        "model": (str,),
+        "sampling_parameters": (dict,),
+        "api_key": (str, _N),
+    },
+    "prompt_template": {"kind": (str,), "template": (str,), "engine": (str,)},
+    "value": {"kind": (str,), "value": ()},
+}
+_RESOURCE_FACTORIES: dict[str, Callable[[dict[str, Any]], BaseModel]] = {
+    "llm": fast_factory(LLMResource),
+    "prompt_template": fast_factory(PromptTemplateResource),
+    "value": fast_factory(ValueResource),
 }
 _UNSET = SpanStatus()
+_MISSING = object()
+
+
+def _has_shape(values: Any, types: dict[str, tuple[type, ...]]) -> bool:
+    """Whether ``values`` is a dict with exactly the fields of ``types``, each of one of its types (``()``: any)."""
+    if type(values) is not dict or len(values) != len(types):  # pyright: ignore[reportUnknownArgumentType]
+        return False
+    for key, allowed in types.items():
+        value = values.get(key, _MISSING)  # pyright: ignore[reportUnknownMemberType,reportUnknownVariableType]
+        if value is _MISSING or (allowed and type(value) not in allowed):  # pyright: ignore[reportUnknownArgumentType]
+            return False
+    return True
 
 
 def _span(values: Any) -> Span:
-    if (
-        type(values) is not dict
-        or values.keys() != _SPAN_KEYS
-        or type(values["start_time"]) is not float
-        or type(values["end_time"]) is not float
-    ):
+    if not _has_shape(values, _SPAN_TYPES) or not _has_shape(values["status"], _STATUS_TYPES):
+        return Span.model_validate(values)
+    events = values["events"]
+    if events and not all(_has_shape(event, _EVENT_TYPES) for event in events):
         return Span.model_validate(values)
     status = values["status"]
-    if type(status) is not dict or status.keys() != _STATUS_KEYS:
-        return Span.model_validate(values)
     values["status"] = _UNSET if status["code"] == "unset" and status["description"] is None else _new_status(status)
-    events = values["events"]
     if events:
-        made: list[SpanEvent] = []
-        for event in events:
-            if type(event) is not dict or event.keys() != _EVENT_KEYS or type(event["timestamp"]) is not float:
-                values["status"] = status
-                return Span.model_validate(values)
-            made.append(_new_event(event))
-        values["events"] = made
+        values["events"] = [_new_event(event) for event in events]
     return _new_span(values)
 
 
@@ -155,11 +206,9 @@ def spans_from_json(rows: list[Any]) -> list[Span]:
 
 
 def _call(values: Any) -> LLMCall:
-    if type(values) is not dict or values.keys() != _CALL_KEYS or type(values["start_time"]) is not float:
-        return LLMCall.model_validate(values)
-    end_time = values["end_time"]
-    logprobs = values["response_logprobs"]
-    if (end_time is not None and type(end_time) is not float) or (logprobs is not None and None in logprobs):
+    if not _has_shape(values, _CALL_TYPES) or (
+        values["response_logprobs"] is not None and None in values["response_logprobs"]
+    ):
         return LLMCall.model_validate(values)  # None in log-probs: a NaN stored as null by an older version
     return _new_call(values)
 
@@ -185,14 +234,13 @@ def resources_from_json(data: str | bytes | dict[str, Any]) -> Resources:
         pydantic.ValidationError: The JSON is not a resources set.
     """
     values = from_json(data, allow_inf_nan=False) if isinstance(data, str | bytes) else dict(data)
-    if type(values) is not dict or values.keys() != _RESOURCES_KEYS or type(values["created_at"]) is not float:
+    if not _has_shape(values, _RESOURCES_TYPES):
         return Resources.model_validate(values)
-    items = values["items"]
     made: dict[str, BaseModel] = {}
-    for name, item in items.items():
-        kind = _RESOURCE_KINDS.get(item.get("kind")) if type(item) is dict else None
-        if kind is None or item.keys() != kind[1]:
+    for name, item in values["items"].items():
+        kind = item.get("kind") if type(item) is dict else None
+        if not isinstance(kind, str) or kind not in _RESOURCE_TYPES or not _has_shape(item, _RESOURCE_TYPES[kind]):
             return Resources.model_validate(values)
-        made[name] = kind[0](item)
+        made[name] = _RESOURCE_FACTORIES[kind](item)
     values["items"] = made
     return _new_resources(values)

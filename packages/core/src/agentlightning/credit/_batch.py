@@ -6,12 +6,15 @@ import logging
 import math
 from collections.abc import Sequence
 
+from pydantic import TypeAdapter, ValidationError
+
 from agentlightning._fast import fast_factory, fast_model
 from agentlightning._models import TrainingBatch, TrainingSample, Transition
 from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_estimator
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
 from agentlightning.store._base import LightningStore
+from agentlightning.store._common import revalidate_unchecked
 from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics, TransitionResult
 from agentlightning.transitions._store import results_from_store
 
@@ -27,6 +30,23 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
         return 0.0, 0.0
     mean = sum(values) / len(values)
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+_FLOATS = TypeAdapter(list[float])
+
+
+def _floats(values: Sequence[float], what: str) -> list[float]:
+    """A strategy's or estimator's values as the floats a `TrainingSample` holds (ints, numpy floats converted).
+
+    Raises:
+        ValueError: A value is not a number (non-finite ones are refused later, naming the rollout and step).
+    """
+    if type(values) is list and all(type(value) is float for value in values):
+        return values
+    try:
+        return _FLOATS.validate_python(list(values))
+    except ValidationError as exc:
+        raise ValueError(f"{what} returned a value that is not a number: {exc.errors()[0]['msg']}") from None
 
 
 def _step_index(transition: Transition) -> int:
@@ -104,6 +124,8 @@ def build_training_batch(
     strategy = get_credit_strategy(credit) if isinstance(credit, str) else credit
     estimate = get_advantage_estimator(estimator) if isinstance(estimator, str) else estimator
 
+    # A caller's transitions made without validation are validated here (see store._common.revalidate_unchecked).
+    transitions = revalidate_unchecked(transitions, Transition, "transitions")
     rollouts: dict[tuple[str, str], list[Transition]] = {}
     for transition in transitions:
         values = transition.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
@@ -145,7 +167,7 @@ def build_training_batch(
             if config.missing_final_reward == "drop":
                 continue
             final = 0.0
-        credits = strategy(steps, final, config)
+        credits = _floats(strategy(steps, final, config), "credit strategy")
         if len(credits) != len(steps):
             raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
         finals.append(final)
@@ -201,6 +223,7 @@ def build_training_batch(
     isfinite = math.isfinite
     for key, group_adv in zip(kept_keys, advantages, strict=True):
         for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
+            rollout_adv = _floats(rollout_adv, "advantage estimator")
             if not isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
                 _raise_non_finite(steps, credits, rollout_adv)
             dropped = 0

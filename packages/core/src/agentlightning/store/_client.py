@@ -11,6 +11,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic_core import from_json
+
+from agentlightning._fast import calls_from_json, fast_model, fast_replace, resources_from_json, spans_from_json
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -60,22 +63,36 @@ from agentlightning.store._wire import (
     EnqueueRequest,
     FinishRequest,
     LLMCallsRequest,
-    LLMCallsResponse,
     QueryRolloutsRequest,
     RecordQuery,
-    ResourcesListResponse,
     ResourcesQuery,
-    ResourcesResponse,
     RolloutRef,
     RolloutsResponse,
     SpansRequest,
-    SpansResponse,
     WaitRequest,
 )
 
 __all__ = ["InvalidRequestError", "StoreClient", "StoreUnavailableError", "UnauthorizedError"]  # errors: re-exported
 
 logger = logging.getLogger(__name__)
+
+
+# Answers made of stored records (see StoreTransport._call): read with trusted construction, not validated again.
+def _spans_answer(payload: bytes) -> list[Span]:
+    return spans_from_json(from_json(payload, allow_inf_nan=False)["spans"])
+
+
+def _calls_answer(payload: bytes) -> list[LLMCall]:
+    return calls_from_json(from_json(payload, allow_inf_nan=False)["calls"])
+
+
+def _resources_answer(payload: bytes) -> Resources | None:
+    found = from_json(payload, allow_inf_nan=False)["resources"]
+    return None if found is None else resources_from_json(found)
+
+
+def _resources_list_answer(payload: bytes) -> list[Resources]:
+    return [resources_from_json(item) for item in from_json(payload, allow_inf_nan=False)["resources"]]
 
 
 class StoreClient(StoreTransport):
@@ -160,8 +177,8 @@ class StoreClient(StoreTransport):
         """Queue rollouts (batched); returns them in request order."""
         # Give every request an id before the first try so that a retry cannot queue it twice.
         checked = validate_requests(requests)
-        fixed = [r if r.rollout_id is not None else r.model_copy(update={"rollout_id": new_id("ro")}) for r in checked]
-        body = EnqueueRequest.model_construct(requests=fixed)
+        fixed = [r if r.rollout_id is not None else fast_replace(r, rollout_id=new_id("ro")) for r in checked]
+        body = fast_model(EnqueueRequest, {"requests": fixed})  # validated just above
         return (await self._call("POST", "/rollouts/enqueue", body, RolloutsResponse)).rollouts
 
     async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
@@ -258,39 +275,41 @@ class StoreClient(StoreTransport):
         checked = validate_spans(spans, check_finite=False)
         if not checked:
             return 0
-        body = SpansRequest.model_construct(spans=checked, request_id=request_id or uuid.uuid4().hex)
+        request_id = uuid.uuid4().hex if request_id is None else check_id("request_id", request_id)
+        body = fast_model(SpansRequest, {"spans": checked, "request_id": request_id})
         return (await self._call("POST", "/spans", body, AddedResponse)).added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
         body = RecordQuery(rollout_id=rollout_id, attempt_id=attempt_id)
-        return (await self._call("POST", "/spans/query", body, SpansResponse)).spans
+        return await self._call("POST", "/spans/query", body, _spans_answer)
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records (idempotent on call_id); returns how many were new (request ids as in `add_spans`)."""
         checked = validate_calls(calls)
         if not checked:
             return 0
-        body = LLMCallsRequest.model_construct(calls=checked, request_id=request_id or uuid.uuid4().hex)
+        request_id = uuid.uuid4().hex if request_id is None else check_id("request_id", request_id)
+        body = fast_model(LLMCallsRequest, {"calls": checked, "request_id": request_id})
         return (await self._call("POST", "/llm_calls", body, AddedResponse)).added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
         body = RecordQuery(rollout_id=rollout_id, attempt_id=attempt_id)
-        return (await self._call("POST", "/llm_calls/query", body, LLMCallsResponse)).calls
+        return await self._call("POST", "/llm_calls/query", body, _calls_answer)
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        return await self._call("POST", "/resources", validate_resources(resources), Resources)
+        return await self._call("POST", "/resources", validate_resources(resources), resources_from_json)
 
     async def get_resources(self, resources_id: str | None = None) -> Resources | None:
         """Resources by id, or the latest version when ``resources_id`` is ``None``."""
         body = ResourcesQuery(resources_id=resources_id)
-        return (await self._call("POST", "/resources/get", body, ResourcesResponse)).resources
+        return await self._call("POST", "/resources/get", body, _resources_answer)
 
     async def query_resources(self) -> list[Resources]:
         """Every stored resources version, oldest first (the last one is the current one)."""
-        return (await self._call("GET", "/resources/all", None, ResourcesListResponse)).resources
+        return await self._call("GET", "/resources/all", None, _resources_list_answer)
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first, with the total number of matches."""

@@ -8,7 +8,8 @@ import logging
 import random
 import threading
 import urllib.parse
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -31,6 +32,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -126,14 +128,29 @@ class StoreTransport:
             self._sessions[loop] = session
         return session
 
+    @overload
+    async def _call(
+        self, method: str, path: str, body: BaseModel | None, model: type[_M], extra_timeout: float = 0.0
+    ) -> _M: ...
+
+    @overload
+    async def _call(
+        self, method: str, path: str, body: BaseModel | None, model: Callable[[bytes], _T], extra_timeout: float = 0.0
+    ) -> _T: ...
+
     async def _call(
         self,
         method: str,
         path: str,
         body: BaseModel | None,
-        model: type[_M],
+        model: type[_M] | Callable[[bytes], _T],
         extra_timeout: float = 0.0,
-    ) -> _M:
+    ) -> _M | _T:
+        """Send ``body``, retrying as configured; the answer is validated as ``model`` or read by it (a function).
+
+        A function is for answers made of stored records, which the server's store validated when they entered
+        it: they are read with `agentlightning._fast` (trusted construction) instead of validated again.
+        """
         import aiohttp
 
         data = body.__pydantic_serializer__.to_json(body) if body is not None else None
@@ -180,7 +197,7 @@ class StoreTransport:
             if status < 300:
                 if attempt > 1:
                     logger.warning("store at %s answered %s %s again after %d tries", self.url, method, path, attempt)
-                return model.model_validate_json(payload)
+                return model.model_validate_json(payload) if isinstance(model, type) else model(payload)
             if status >= 500 and status != 507:
                 last = f"HTTP {status}: {_message(payload)}"
                 logger.debug("store %s %s answered %s; try %d", method, path, last, attempt)

@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -45,6 +45,7 @@ __all__ = [
     "check_spans_finite",
     "check_statuses",
     "json_has_non_finite",
+    "revalidate_unchecked",
     "rollout_status_after",
     "timed_out_status",
     "validate_calls",
@@ -54,6 +55,8 @@ __all__ = [
     "validate_spans",
     "wait_until_finished",
 ]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 ALL_ROLLOUT_STATUSES: tuple[str, ...] = get_args(RolloutStatus)
 _ATTEMPT_STATUSES: tuple[str, ...] = get_args(AttemptStatus)
@@ -172,6 +175,27 @@ def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
         if logprobs and not all(math.isfinite(x) for x in logprobs):
             check_json_finite(logprobs, f"calls.{index}.response_logprobs")
     return batch
+
+
+_ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {}
+
+
+def revalidate_unchecked(items: Sequence[_M], kind: type[_M], what: str) -> Sequence[_M]:
+    """``items`` as they are when every one was made by validation; else a list with the others validated now.
+
+    For code past the boundary that takes records from a caller (`TransitionBuilder`, `build_training_batch`):
+    a model made without validation (``model_construct``, ``model_copy(update=...)``) is checked there as it
+    would be at a store, so what comes out never breaks the rules of its model.
+
+    Raises:
+        pydantic.ValidationError: A model made without validation breaks its rules (the location names its index).
+    """
+    if all(map(is_validated, items)):
+        return items
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        adapter = _ADAPTERS[kind] = TypeAdapter(list[kind])  # pyright: ignore[reportInvalidTypeForm]
+    return adapter.validate_python(_unchecked_as_data(_as_list(items, what), kind, is_validated))
 
 
 def validate_requests(requests: Sequence[RolloutRequest] | Any) -> list[RolloutRequest]:

@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from agentlightning._fast import fast_replace
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -132,7 +133,7 @@ class MemoryStore(MemoryRecords):
             self._attempt_rollout[attempt.attempt_id] = rollout_id
             self._running[attempt.attempt_id] = rollout_id
             self._next_deadline = min(self._next_deadline, self._deadline(attempt))
-            rollout = rollout.model_copy(update={"status": "running", "updated_at": t})
+            rollout = fast_replace(rollout, status="running", updated_at=t)
             self._rollouts[rollout_id] = rollout
             return Claim(rollout=rollout, attempt=attempt)
         return None
@@ -145,7 +146,7 @@ class MemoryStore(MemoryRecords):
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
                 raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
-            attempt = attempt.model_copy(update={"last_heartbeat": now()})
+            attempt = fast_replace(attempt, last_heartbeat=now())
             self._attempts[rollout_id][index] = attempt
             return attempt
 
@@ -154,7 +155,7 @@ class MemoryStore(MemoryRecords):
     ) -> tuple[Attempt, Rollout]:
         """End a running attempt and move its rollout on; the caller holds the lock."""
         rollout_id = attempt.rollout_id
-        ended = attempt.model_copy(update={"status": status, "end_time": t, "error": error})
+        ended = fast_replace(attempt, status=status, end_time=t, error=error)
         self._attempts[rollout_id][index] = ended
         self._running.pop(attempt.attempt_id, None)
         rollout = self._rollouts[rollout_id]
@@ -163,7 +164,7 @@ class MemoryStore(MemoryRecords):
         if next_status == "queuing":
             update["retry_count"] = rollout.retry_count + 1
             heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
-        rollout = rollout.model_copy(update=update)
+        rollout = fast_replace(rollout, **update)
         self._rollouts[rollout_id] = rollout
         return ended, rollout
 
@@ -197,13 +198,9 @@ class MemoryStore(MemoryRecords):
             if attempt.status != "running":
                 return rollout
             t = now()
-            self._attempts[rollout_id][index] = attempt.model_copy(
-                update={"status": "cancelled", "end_time": t, "error": RELEASED}
-            )
+            self._attempts[rollout_id][index] = fast_replace(attempt, status="cancelled", end_time=t, error=RELEASED)
             self._running.pop(attempt_id, None)
-            rollout = rollout.model_copy(
-                update={"status": "queuing", "updated_at": t, "retry_count": rollout.retry_count + 1}
-            )
+            rollout = fast_replace(rollout, status="queuing", updated_at=t, retry_count=rollout.retry_count + 1)
             self._rollouts[rollout_id] = rollout
             heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
             return rollout
@@ -221,9 +218,9 @@ class MemoryStore(MemoryRecords):
             attempts = self._attempts[rollout_id]
             for index, attempt in enumerate(attempts):
                 if attempt.status == "running":
-                    attempts[index] = attempt.model_copy(update={"status": "cancelled", "end_time": t})
+                    attempts[index] = fast_replace(attempt, status="cancelled", end_time=t)
                     self._running.pop(attempt.attempt_id, None)
-            rollout = rollout.model_copy(update={"status": "cancelled", "updated_at": t})
+            rollout = fast_replace(rollout, status="cancelled", updated_at=t)
             self._rollouts[rollout_id] = rollout
         self._notifier.notify()
         return rollout

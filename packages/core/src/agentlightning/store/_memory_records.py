@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._fast import fast_replace
 from agentlightning._models import (
     Attempt,
     LLMCall,
@@ -197,7 +198,7 @@ class MemoryRecords:
             if existing is not None:
                 return existing
             version = (self._latest.version if self._latest else 0) + 1
-            stored = res.model_copy(update={"version": version})
+            stored = fast_replace(res, version=version)
             self._resources[res.resources_id] = stored
             self._latest = stored
             return stored

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from pydantic_core import from_json
 
+from agentlightning._fast import fast_replace
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -107,7 +108,7 @@ class SqliteStore(SqliteRecords):
             f"RETURNING {ROLLOUT_COLUMNS}",
             (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id),
         ).fetchone()
-        return attempt.model_copy(update={"status": status, "end_time": t, "error": error}), rollout_from_row(row)
+        return fast_replace(attempt, status=status, end_time=t, error=error), rollout_from_row(row)
 
     def _expired(self, conn: sqlite3.Connection, t: float) -> list[Attempt]:
         """Running attempts (of any process) past a timeout at time ``t``.
@@ -269,7 +270,7 @@ class SqliteStore(SqliteRecords):
                 raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
             t = max(now(), attempt.last_heartbeat)
             conn.execute("UPDATE attempts SET last_heartbeat = ? WHERE attempt_id = ?", (t, attempt_id))
-        return attempt.model_copy(update={"last_heartbeat": t})
+        return fast_replace(attempt, last_heartbeat=t)
 
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
@@ -330,7 +331,7 @@ class SqliteStore(SqliteRecords):
             conn.execute(
                 "UPDATE rollouts SET status = 'cancelled', updated_at = ? WHERE rollout_id = ?", (t, rollout_id)
             )
-            rollout = rollout.model_copy(update={"status": "cancelled", "updated_at": t})
+            rollout = fast_replace(rollout, status="cancelled", updated_at=t)
         self._notifier.notify()
         return rollout
 

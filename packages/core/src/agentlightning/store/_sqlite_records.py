@@ -15,6 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from agentlightning._fast import (
+    call_from_json,
+    calls_from_json,
+    fast_replace,
+    resources_from_json,
+    span_from_json,
+    spans_from_json,
+)
 from agentlightning._models import (
     Attempt,
     LLMCall,
@@ -235,9 +243,9 @@ class SqliteRecords:
         with self._read as conn:
             rows = conn.execute(sql, params).fetchall()
         try:
-            return [Span.model_validate_json(row[0]) for row in rows]
+            return spans_from_json([row[0] for row in rows])
         except ValueError:  # one unreadable row (written by an older version, say) must not hide the others
-            return readable_rows(rows, Span, f"span of rollout {rollout_id!r}")
+            return readable_rows(rows, span_from_json, f"span of rollout {rollout_id!r}")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
@@ -285,9 +293,9 @@ class SqliteRecords:
                     (rollout_id, attempt_id),
                 ).fetchall()
         try:
-            return [LLMCall.model_validate_json(row[0]) for row in rows]
+            return calls_from_json([row[0] for row in rows])
         except ValueError:
-            return readable_rows(rows, LLMCall, f"LLM call of rollout {rollout_id!r}")
+            return readable_rows(rows, call_from_json, f"LLM call of rollout {rollout_id!r}")
 
     # ----------------------------------------------------------------- resources
 
@@ -297,9 +305,9 @@ class SqliteRecords:
         with self._write as conn:
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
             if row is not None:
-                return Resources.model_validate_json(row[0])
+                return resources_from_json(row[0])
             version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
-            stored = res.model_copy(update={"version": version})
+            stored = fast_replace(res, version=version)
             conn.execute(
                 "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
                 (version, stored.resources_id, stored.model_dump_json()),
@@ -311,18 +319,18 @@ class SqliteRecords:
         with self._read as conn:
             if resources_id is None:
                 row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
-                return None if row is None else Resources.model_validate_json(row[0])
+                return None if row is None else resources_from_json(row[0])
             check_id("resources_id", resources_id)
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"resources {resources_id!r} not found")
-        return Resources.model_validate_json(row[0])
+        return resources_from_json(row[0])
 
     async def query_resources(self) -> list[Resources]:
         """Every stored resources version, oldest first (the last one is the current one)."""
         with self._read as conn:
             rows = conn.execute("SELECT data FROM resources ORDER BY version").fetchall()
-        return [Resources.model_validate_json(row[0]) for row in rows]
+        return [resources_from_json(row[0]) for row in rows]
 
     # ----------------------------------------------------------------- dashboards
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
+from agentlightning._fast import fast_factory
 from agentlightning._models import Attempt, Rollout
 from agentlightning.store._base import StorageError, StoreError
 
@@ -31,6 +32,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
+_new_rollout = fast_factory(Rollout)
+_new_attempt = fast_factory(Attempt)
 
 _SCHEMA_VERSION = 4
 # Version 3 added the requests table (answers of retried requests, by client request id).
@@ -143,38 +146,42 @@ ATTEMPT_COLUMNS = "rollout_id, attempt_id, sequence, worker_id, status, start_ti
 
 
 def rollout_from_row(row: Any) -> Rollout:
-    """Build a rollout from a row of `ROLLOUT_COLUMNS`."""
-    return Rollout(
-        rollout_id=row[0],
-        status=row[1],
-        input=from_json(row[2]),
-        mode=row[3],
-        group_id=row[4],
-        resources_id=row[5],
-        retry_count=row[6],
-        created_at=row[7],
-        updated_at=row[8],
-        metadata=from_json(row[9]),
+    """Build a rollout from a row of `ROLLOUT_COLUMNS` (written by the store from a validated rollout: trusted)."""
+    return _new_rollout(
+        {
+            "rollout_id": row[0],
+            "input": from_json(row[2]),
+            "status": row[1],
+            "mode": row[3],
+            "group_id": row[4],
+            "resources_id": row[5],
+            "retry_count": row[6],
+            "created_at": row[7],
+            "updated_at": row[8],
+            "metadata": from_json(row[9]),
+        }
     )
 
 
 def attempt_from_row(row: Any) -> Attempt:
-    """Build an attempt from a row of `ATTEMPT_COLUMNS`."""
-    return Attempt(
-        rollout_id=row[0],
-        attempt_id=row[1],
-        sequence=row[2],
-        worker_id=row[3],
-        status=row[4],
-        start_time=row[5],
-        end_time=row[6],
-        last_heartbeat=row[7],
-        error=row[8],
+    """Build an attempt from a row of `ATTEMPT_COLUMNS` (written by the store: trusted)."""
+    return _new_attempt(
+        {
+            "rollout_id": row[0],
+            "attempt_id": row[1],
+            "sequence": row[2],
+            "worker_id": row[3],
+            "status": row[4],
+            "start_time": row[5],
+            "end_time": row[6],
+            "last_heartbeat": row[7],
+            "error": row[8],
+        }
     )
 
 
-def readable_rows(rows: Sequence[Any], model: type[_M], what: str) -> list[_M]:
-    """Models of the rows (``row[0]`` is JSON) that still validate; each row that does not is logged and skipped.
+def readable_rows(rows: Sequence[Any], read: Callable[[str], _M], what: str) -> list[_M]:
+    """Records of the rows (``row[0]`` is JSON, ``read`` parses it) that still validate; others are logged and skipped.
 
     Reads of a rollout must not fail because of one bad row: earlier versions stored NaN as ``null``, which the
     model now refuses. Losing that one record is logged as an error; the rest of the trace stays readable.
@@ -182,7 +189,7 @@ def readable_rows(rows: Sequence[Any], model: type[_M], what: str) -> list[_M]:
     out: list[_M] = []
     for row in rows:
         try:
-            out.append(model.model_validate_json(row[0]))
+            out.append(read(row[0]))
         except ValueError as exc:
             logger.error("skipped an unreadable %s in the SQLite store: %s", what, str(exc).replace("\n", " "))
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from agentlightning.semconv import (
     REWARD_VALUE,
     SPAN_KIND,
 )
+from agentlightning.store._common import revalidate_unchecked
 from agentlightning.transitions._config import (
     MissingTokenIds,
     MissingTokenIdsError,
@@ -51,6 +53,7 @@ __all__ = ["TransitionBuilder"]
 logger = logging.getLogger(__name__)
 
 _new_transition = fast_factory(Transition)
+_LARGEST = sys.float_info.max
 
 
 def _call_start(call: LLMCall) -> float:
@@ -185,6 +188,12 @@ class TransitionBuilder:
             ValueError: ``spans`` belong to more than one attempt.
             MissingTokenIdsError: A trained call has no token ids and ``on_missing`` is ``raise``.
         """
+        if group_id is not None and not isinstance(group_id, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"group_id must be a string or None, got {type(group_id).__name__}")
+        # Records from a store passed its validation boundary; a caller's own models made without validation
+        # are validated here, so no transition is built from data its model would refuse.
+        spans = revalidate_unchecked(spans, Span, "spans")
+        llm_calls = revalidate_unchecked(llm_calls, LLMCall, "llm_calls")
         diag = TransitionDiagnostics(attempts=1, spans=len(spans))
         problems: list[str] = []
         if not spans and not llm_calls:
@@ -300,7 +309,11 @@ class TransitionBuilder:
                     pass
                 elif samples:
                     last = samples[-1]
-                    last["reward"] = key if last["reward"] is None else last["reward"] + key
+                    total = key if last["reward"] is None else last["reward"] + key
+                    if math.isfinite(total):
+                        last["reward"] = total
+                    else:
+                        _reward_overflow(f"reward span {span.span_id if span is not None else '?'}", diag, problems)
                 else:
                     diag.unattached_rewards += 1
                     where = span.span_id if span is not None else "?"
@@ -466,9 +479,24 @@ class TransitionBuilder:
             and len(value) == len(response)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
         ):
-            return [float(x) for x in value]  # type: ignore[arg-type]  # checked just above
+            # finite only (NaN and infinities fail the comparison), as a Transition's log-probs must be
+            made = [float(x) for x in value if abs(x) <= _LARGEST]  # type: ignore[arg-type]  # checked just above
+            if len(made) == len(value):
+                return made
         problems.append(f"LLM span {span.span_id} has logprobs that do not match its response tokens; dropped")
         return None
+
+
+def _what(sample: dict[str, Any]) -> str:
+    """The LLM span (or, without one, the proxy record) a sample starts with, for problem messages."""
+    span_ids: list[str] = sample["metadata"]["span_ids"]
+    return f"LLM span {span_ids[0]}" if span_ids else f"proxy record {sample['call_ids'][0]}"
+
+
+def _reward_overflow(subject: str, diag: TransitionDiagnostics, problems: list[str]) -> None:
+    """An intermediate reward that would make its step's sum infinite (a `Transition` holds finite rewards only)."""
+    diag.invalid_rewards += 1
+    problems.append(f"{subject}: the step's intermediate rewards overflow to a non-finite sum; not credited")
 
 
 def _oldest(a: int | None, b: int | None) -> int | None:
@@ -505,7 +533,11 @@ def _merge_trajectories(
                 else:
                     current["logprobs"] = None
                 if call["reward"] is not None:
-                    current["reward"] = call["reward"] + (current["reward"] or 0.0)
+                    total = call["reward"] + (current["reward"] or 0.0)
+                    if math.isfinite(total):
+                        current["reward"] = total
+                    else:
+                        _reward_overflow(f"rewards of {_what(call)}", diag, problems)
                 current["call_ids"] += call["call_ids"]
                 current["model_version"] = _oldest(current["model_version"], call["model_version"])
                 current["metadata"]["span_ids"] += call["metadata"]["span_ids"]
@@ -513,8 +545,8 @@ def _merge_trajectories(
                 continue
             diag.trajectory_breaks += 1
             problems.append(
-                f"LLM span {call['metadata']['span_ids'][0]} (agent {agent!r}): its prompt does not extend the "
-                "agent's previous prompt + response (non-append history); started a new sample"
+                f"{_what(call)} (agent {agent!r}): its prompt does not extend the agent's previous prompt + response "
+                "(non-append history); started a new sample"
             )
         # copies: the lists grow when later calls are appended, and the proxy records must stay untouched
         call["response_ids"] = list(response)

@@ -148,7 +148,8 @@ class TransitionDiagnostics:
         duplicate_spans: Repeated span ids.
         cycle_spans: Spans detached from a parent_id cycle.
         rewards: Valid reward spans.
-        invalid_rewards: Reward spans without a finite numeric value.
+        invalid_rewards: Reward spans without a finite numeric value, or whose value would make its step's sum of
+            intermediate rewards non-finite.
         unattached_rewards: Intermediate rewards with no trained call before them (not credited).
         multiple_final_rewards: Attempts with more than one reward marked final (the last one is used).
         attempts_without_reward: Attempts with no reward at all.
