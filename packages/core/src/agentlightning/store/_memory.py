@@ -18,19 +18,7 @@ from agentlightning._models import (
     now,
 )
 from agentlightning.store import _common as boundary
-from agentlightning.store._base import (
-    RELEASED,
-    ConflictError,
-    RolloutRequest,
-)
-from agentlightning.store._common import (
-    check_finish_status,
-    check_id,
-    check_statuses,
-    rollout_status_after,
-    timed_out_status,
-    wait_until_finished,
-)
+from agentlightning.store._base import RELEASED, ConflictError, RolloutRequest
 from agentlightning.store._memory_records import MemoryRecords
 
 __all__ = ["MemoryStore"]
@@ -96,8 +84,8 @@ class MemoryStore(MemoryRecords):
         A retried request with the same ``request_id`` gets the same claim back (answers are kept in memory).
         """
         if worker_id is not None:
-            check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+            boundary.check_id("worker_id", worker_id)
+        key = None if request_id is None else "dequeue:" + boundary.check_id("request_id", request_id)
         with self._lock:
             if key is not None and key in self._requests:
                 ids = self._requests[key]
@@ -140,8 +128,8 @@ class MemoryStore(MemoryRecords):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
+        boundary.check_id("rollout_id", rollout_id)
+        boundary.check_id("attempt_id", attempt_id)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
@@ -159,7 +147,7 @@ class MemoryStore(MemoryRecords):
         self._attempts[rollout_id][index] = ended
         self._running.pop(attempt.attempt_id, None)
         rollout = self._rollouts[rollout_id]
-        next_status: RolloutStatus = rollout_status_after(self.retry_policy, status, attempt.sequence)
+        next_status: RolloutStatus = boundary.rollout_status_after(self.retry_policy, status, attempt.sequence)
         update: dict[str, Any] = {"status": next_status, "updated_at": t}
         if next_status == "queuing":
             update["retry_count"] = rollout.retry_count + 1
@@ -172,9 +160,9 @@ class MemoryStore(MemoryRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
-        check_finish_status(status)
+        boundary.check_id("rollout_id", rollout_id)
+        boundary.check_id("attempt_id", attempt_id)
+        boundary.check_finish_status(status)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
@@ -190,8 +178,8 @@ class MemoryStore(MemoryRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
+        boundary.check_id("rollout_id", rollout_id)
+        boundary.check_id("attempt_id", attempt_id)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             rollout = self._rollouts[rollout_id]
@@ -207,7 +195,7 @@ class MemoryStore(MemoryRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        check_id("rollout_id", rollout_id)
+        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             rollout = self._get_rollout_locked(rollout_id)
             if rollout.status == "cancelled":
@@ -240,7 +228,7 @@ class MemoryStore(MemoryRecords):
         next_deadline = float("inf")
         for attempt_id, rollout_id in list(self._running.items()):
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
-            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
+            status = boundary.timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
             if status is None:
                 next_deadline = min(next_deadline, self._deadline(attempt))
             else:
@@ -259,7 +247,7 @@ class MemoryStore(MemoryRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        check_id("rollout_id", rollout_id)
+        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             return self._get_rollout_locked(rollout_id)
 
@@ -267,7 +255,7 @@ class MemoryStore(MemoryRecords):
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = check_statuses(status)
+        statuses = boundary.check_statuses(status)
         ids = None if rollout_ids is None else set(boundary.validate_ids(rollout_ids, "rollout_ids"))
         with self._lock:
             rollouts = [
@@ -279,7 +267,7 @@ class MemoryStore(MemoryRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        check_id("rollout_id", rollout_id)
+        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             self._get_rollout_locked(rollout_id)
             return list(self._attempts[rollout_id])
@@ -299,4 +287,4 @@ class MemoryStore(MemoryRecords):
 
         # timeouts are the only change not announced by the notifier, so polling can be lazy
         poll_interval = min(0.5, self.retry_policy.heartbeat_timeout / 2)
-        return await wait_until_finished(self._notifier, poll, timeout, poll_interval)
+        return await boundary.wait_until_finished(self._notifier, poll, timeout, poll_interval)

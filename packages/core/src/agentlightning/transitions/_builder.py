@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,6 @@ from agentlightning.semconv import (
     KIND_LLM,
     KIND_REWARD,
     PROMPT_TOKEN_IDS,
-    RESPONSE_LOGPROBS,
     RESPONSE_TOKEN_IDS,
     REWARD_FINAL,
     REWARD_VALUE,
@@ -46,6 +44,13 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
+from agentlightning.transitions._samples import (
+    merge_trajectories,
+    no_ids_reason,
+    proxy_sample,
+    reward_overflow,
+    span_logprobs,
+)
 from agentlightning.transitions._tree import build_attempt_tree
 
 __all__ = ["TransitionBuilder"]
@@ -53,7 +58,6 @@ __all__ = ["TransitionBuilder"]
 logger = logging.getLogger(__name__)
 
 _new_transition = fast_factory(Transition)
-_LARGEST = sys.float_info.max
 
 
 def _call_start(call: LLMCall) -> float:
@@ -84,35 +88,6 @@ def _reward_value(span: Span) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def _sample(
-    rollout_id: str,
-    attempt_id: str,
-    group_id: str | None,
-    agent: str | None,
-    step_index: int,
-    call: LLMCall,
-    span_id: str | None,
-    final_reward: float | None,
-) -> dict[str, Any]:
-    """The ``__dict__`` of a per-call transition made from a proxy record."""
-    return {
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "group_id": group_id,
-        "agent_name": agent,
-        "step_index": step_index,
-        "prompt_ids": call.prompt_token_ids,
-        "response_ids": call.response_token_ids,
-        "response_mask": [1] * len(call.response_token_ids),
-        "logprobs": call.response_logprobs,
-        "reward": None,
-        "final_reward": final_reward,
-        "call_ids": [call.call_id],
-        "model_version": call.model_version,
-        "metadata": {"span_ids": [] if span_id is None else [span_id]},
-    }
 
 
 _warned_proxy_only = False
@@ -313,7 +288,7 @@ class TransitionBuilder:
                     if math.isfinite(total):
                         last["reward"] = total
                     else:
-                        _reward_overflow(f"reward span {span.span_id if span is not None else '?'}", diag, problems)
+                        reward_overflow(f"reward span {span.span_id if span is not None else '?'}", diag, problems)
                 else:
                     diag.unattached_rewards += 1
                     where = span.span_id if span is not None else "?"
@@ -328,15 +303,10 @@ class TransitionBuilder:
                 joined.add(id(call))
                 prompt, response = call.prompt_token_ids, call.response_token_ids
                 if not prompt or not response:
-                    reason = (
-                        f"proxy record {call.call_id} has no token ids "
-                        f"({len(prompt)} prompt, {len(response)} response ids)"
-                    )
-                    if call.error:
-                        reason += f"; the call failed: {call.error}"
-                    missing.append(MissingTokenIds("-", "(no LLM span)", rollout_id, attempt_id, reason))
+                    missing.append(MissingTokenIds("-", "(no LLM span)", rollout_id, attempt_id, no_ids_reason(call)))
                     continue
-                samples.append(_sample(rollout_id, attempt_id, group_id, None, len(samples), call, None, final_reward))
+                step = len(samples)
+                samples.append(proxy_sample(rollout_id, attempt_id, group_id, None, step, call, None, final_reward))
                 if per_call:
                     transitions.append(new_transition(samples[-1]))
                 continue
@@ -361,12 +331,7 @@ class TransitionBuilder:
                 prompt = values["prompt_token_ids"]
                 response = values["response_token_ids"]
                 if not prompt or not response:
-                    reason = (
-                        f"proxy record {call.call_id} has no token ids "
-                        f"({len(prompt)} prompt, {len(response)} response ids)"
-                    )
-                    if call.error:
-                        reason += f"; the call failed: {call.error}"
+                    reason = no_ids_reason(call)
                     missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
                     continue
                 logprobs = values["response_logprobs"]
@@ -399,16 +364,11 @@ class TransitionBuilder:
                     logprobs = call.response_logprobs
                     call_id, model_version = call.call_id, call.model_version
                     if not prompt or not response:
-                        reason = (
-                            f"proxy record {call.call_id} has no token ids "
-                            f"({len(prompt)} prompt, {len(response)} response ids)"
-                        )
-                        if call.error:
-                            reason += f"; the call failed: {call.error}"
+                        reason = no_ids_reason(call)
                         missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
                         continue
                 elif prompt is not None and response is not None:
-                    logprobs = self._span_logprobs(span, response, problems)
+                    logprobs = span_logprobs(span, response, problems)
                     diag.joined_by_span_attributes += 1
                 else:
                     reason = (
@@ -465,94 +425,6 @@ class TransitionBuilder:
         diag.calls_trained = len(samples)
 
         if not per_call:
-            transitions = [new_transition(sample) for sample in _merge_trajectories(samples, diag, problems)]
+            transitions = [new_transition(sample) for sample in merge_trajectories(samples, diag, problems)]
         diag.transitions = len(transitions)
         return TransitionResult(rollout_id, attempt_id, transitions, final_reward, diag, problems)
-
-    @staticmethod
-    def _span_logprobs(span: Span, response: list[int], problems: list[str]) -> list[float] | None:
-        value = span.attributes.get(RESPONSE_LOGPROBS)
-        if value is None:
-            return None
-        if (
-            isinstance(value, list)
-            and len(value) == len(response)
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
-        ):
-            # finite only (NaN and infinities fail the comparison), as a Transition's log-probs must be
-            made = [float(x) for x in value if abs(x) <= _LARGEST]  # type: ignore[arg-type]  # checked just above
-            if len(made) == len(value):
-                return made
-        problems.append(f"LLM span {span.span_id} has logprobs that do not match its response tokens; dropped")
-        return None
-
-
-def _what(sample: dict[str, Any]) -> str:
-    """The LLM span (or, without one, the proxy record) a sample starts with, for problem messages."""
-    span_ids: list[str] = sample["metadata"]["span_ids"]
-    return f"LLM span {span_ids[0]}" if span_ids else f"proxy record {sample['call_ids'][0]}"
-
-
-def _reward_overflow(subject: str, diag: TransitionDiagnostics, problems: list[str]) -> None:
-    """An intermediate reward that would make its step's sum infinite (a `Transition` holds finite rewards only)."""
-    diag.invalid_rewards += 1
-    problems.append(f"{subject}: the step's intermediate rewards overflow to a non-finite sum; not credited")
-
-
-def _oldest(a: int | None, b: int | None) -> int | None:
-    """The older of two model versions; unknown (``None``) if either is unknown."""
-    return None if a is None or b is None else min(a, b)
-
-
-def _merge_trajectories(
-    calls: list[dict[str, Any]], diag: TransitionDiagnostics, problems: list[str]
-) -> list[dict[str, Any]]:
-    """Merge each agent's successive calls while its prompts extend the previous prompt + response."""
-    samples: list[dict[str, Any]] = []
-    open_by_agent: dict[str | None, dict[str, Any]] = {}
-    for call in calls:
-        agent = call["agent_name"]
-        prompt: list[int] = call["prompt_ids"]
-        response: list[int] = call["response_ids"]
-        current = open_by_agent.get(agent)
-        if current is not None:
-            head: list[int] = current["prompt_ids"]
-            tail: list[int] = current["response_ids"]
-            n, m = len(head), len(tail)
-            if len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
-                observation = prompt[n + m :]
-                tail += observation
-                tail += response
-                mask: list[int] = current["response_mask"]
-                mask += [0] * len(observation)
-                mask += call["response_mask"]
-                logprobs: list[float] | None = current["logprobs"]
-                if logprobs is not None and call["logprobs"] is not None:
-                    logprobs += [0.0] * len(observation)
-                    logprobs += call["logprobs"]
-                else:
-                    current["logprobs"] = None
-                if call["reward"] is not None:
-                    total = call["reward"] + (current["reward"] or 0.0)
-                    if math.isfinite(total):
-                        current["reward"] = total
-                    else:
-                        _reward_overflow(f"rewards of {_what(call)}", diag, problems)
-                current["call_ids"] += call["call_ids"]
-                current["model_version"] = _oldest(current["model_version"], call["model_version"])
-                current["metadata"]["span_ids"] += call["metadata"]["span_ids"]
-                diag.merged_calls += 1
-                continue
-            diag.trajectory_breaks += 1
-            problems.append(
-                f"{_what(call)} (agent {agent!r}): its prompt does not extend the agent's previous prompt + response "
-                "(non-append history); started a new sample"
-            )
-        # copies: the lists grow when later calls are appended, and the proxy records must stay untouched
-        call["response_ids"] = list(response)
-        if call["logprobs"] is not None:
-            call["logprobs"] = list(call["logprobs"])
-        call["step_index"] = len(samples)
-        samples.append(call)
-        open_by_agent[agent] = call
-    return samples
