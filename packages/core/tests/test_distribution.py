@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ def test_agl_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert out == f"agl (agentlightning-core) {agentlightning.__version__}\n"
+    installed = importlib.metadata.version("agentlightning-core")  # the distribution's, not a constant of ours
+    assert out == f"agl (agentlightning-core) {installed}\n" and agentlightning.__version__ == installed
 
 
 def _with_foreign_distribution(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:

@@ -98,6 +98,7 @@ def test_checkpoint_is_a_folder_plain_transformers_loads_with_identical_logits(t
     folder = save_checkpoint(model.eval(), tokenizer, tmp_path / "ckpt", {"model_version": 1})
     reloaded = AutoModelForCausalLM.from_pretrained(folder)
     ids = [3, 4, 5, 6, 7, 8]
+    assert not torch.allclose(logits(model, ids), logits(tiny_model(len(tokenizer)), ids))  # the update moved them
     assert torch.equal(logits(model, ids), logits(reloaded, ids))
     reloaded_tokenizer = AutoTokenizer.from_pretrained(folder)
     assert reloaded_tokenizer.chat_template == TEMPLATE
@@ -139,14 +140,16 @@ def test_resume_continues_weights_optimizer_iteration_and_version(
         pytest.importorskip("peft")
     settings = {"model_dir": model_folder, "output_dir": tmp_path / "run", "ppo": PPOConfig(lr=1e-2, lora=lora)}
     first = TorchTrainer(TorchTrainerConfig(**settings))
+    ids = [3, 4, 5, 6, 7, 8]
+    base = logits(first.policy, ids)
     first.update(batch())
+    assert not torch.allclose(logits(first.policy, ids), base)  # moved: resuming the base weights would fail below
     first.loop.iteration, first.loop.model_version = 3, 7  # as after 3 iterations and 7 weight syncs
     folder = first.loop.save_checkpoint()
     assert AutoModelForCausalLM.from_pretrained(folder) is not None  # the checkpoint is a plain model folder
 
     resumed = TorchTrainer(TorchTrainerConfig(**settings, resume=True))
     assert (resumed.iteration, resumed.model_version) == (3, 7)
-    ids = [3, 4, 5, 6, 7, 8]
     torch.testing.assert_close(logits(resumed.policy, ids), logits(first.policy, ids), atol=1e-6, rtol=1e-6)
     before, after = first.optimizer.state_dict(), resumed.optimizer.state_dict()
     assert len(before["state"]) == len(after["state"]) > 0

@@ -36,7 +36,9 @@ async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_versi
     config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small")
     trainer = TorchTrainer(config)
     assert isinstance(trainer, agl.Engine) and trainer.loop.engine is trainer
+    base = [p.detach().clone() for p in trainer.policy.parameters()]
     trainer.update(_batch())  # weights and optimizer state move
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(base, trainer.policy.parameters(), strict=True))
     trainer.loop.iteration, trainer.loop.model_version = 3, 4
     folder = trainer.loop.save_checkpoint()
     reloaded = AutoModelForCausalLM.from_pretrained(folder)  # a plain transformers folder, identical logits
