@@ -7,14 +7,14 @@ import asyncio
 import os
 from typing import Any
 
+from agentlightning.cli._store import add_store_arguments, connect_store
+
 __all__ = ["register", "serve"]
 
 TOKEN_ENV = "AGL_PROXY_TOKEN"
 """Environment variable read for the agents' bearer token when ``--token`` is not given."""
 ADMIN_TOKEN_ENV = "AGL_PROXY_ADMIN_TOKEN"
 """Environment variable read for the admin token when ``--admin-token`` is not given."""
-STORE_TOKEN_ENV = "AGL_STORE_TOKEN"
-"""Environment variable read for the store's bearer token when ``--store-token`` is not given."""
 
 
 def register(subparsers: Any) -> None:
@@ -29,10 +29,7 @@ def register(subparsers: Any) -> None:
             "to inference backends and record each call's token ids in the store."
         ),
     )
-    where = serve_parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--store-url", help="URL of a store served by `agl store serve`")
-    where.add_argument("--db", help="SQLite store file (created if missing)")
-    serve_parser.add_argument("--store-token", default=None, help=f"store bearer token (default: ${STORE_TOKEN_ENV})")
+    add_store_arguments(serve_parser, "--store-token")
     serve_parser.add_argument(
         "--backend",
         action="append",
@@ -105,13 +102,8 @@ async def _run(args: argparse.Namespace, token: str | None, admin_token: str | N
     import uvicorn
 
     from agentlightning.proxy import LLMProxy
-    from agentlightning.store import SqliteStore, StoreClient
 
-    store: Any
-    if args.store_url:
-        store = StoreClient(args.store_url, token=args.store_token or os.environ.get(STORE_TOKEN_ENV) or None)
-    else:
-        store = SqliteStore(args.db)
+    store = connect_store(args.store_url, args.db, args.store_token)
     proxy = LLMProxy(
         store,
         args.backend,

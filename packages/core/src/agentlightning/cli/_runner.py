@@ -16,12 +16,11 @@ import os
 import signal
 from typing import Any
 
+from agentlightning.cli._store import add_store_arguments, connect_store
+
 __all__ = ["register", "run"]
 
 logger = logging.getLogger(__name__)
-
-TOKEN_ENV = "AGL_STORE_TOKEN"
-"""Environment variable read for the store's bearer token when ``--token`` is not given."""
 
 
 def register(subparsers: Any) -> None:
@@ -34,10 +33,7 @@ def register(subparsers: Any) -> None:
             "file), run the agent on each and report spans and rewards. Drains on SIGTERM."
         ),
     )
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--store-url", help="URL of a served store, e.g. http://trainer:4747")
-    where.add_argument("--db", help="a SQLite store file on this machine")
-    parser.add_argument("--token", default=None, help=f"the served store's bearer token (default: ${TOKEN_ENV})")
+    add_store_arguments(parser, "--token")
     parser.add_argument(
         "--agent", required=True, help="the agent function as module:function (e.g. my_pkg.agent:solve)"
     )
@@ -85,11 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         agent = agl.load_agent(args.agent, args.app_dir)
-        store: Any
-        if args.store_url:
-            store = agl.StoreClient(args.store_url, token=args.token or os.environ.get(TOKEN_ENV) or None)
-        else:
-            store = agl.SqliteStore(args.db)
+        store = connect_store(args.store_url, args.db, args.token)
         if args.instrument:
             names = [name.strip() for name in args.instrument.split(",") if name.strip()]
             for name in names:

@@ -9,7 +9,14 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["MIN_TOKEN_LENGTH", "register", "serve", "weak_token_message"]
+__all__ = [
+    "MIN_TOKEN_LENGTH",
+    "add_store_arguments",
+    "connect_store",
+    "register",
+    "serve",
+    "weak_token_message",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +62,28 @@ def register(subparsers: Any) -> None:
         "--access-log", action="store_true", help="log every request with the client's address (to stdout)"
     )
     serve_parser.set_defaults(func=serve)
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, token_flag: str) -> None:
+    """Add the store a command uses: ``--store-url URL`` (a served store) or ``--db FILE``, one required.
+
+    Args:
+        parser: The command's parser.
+        token_flag: The flag of the served store's bearer token (default: ``$AGL_STORE_TOKEN``).
+    """
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store-url", help="URL of a served store (`agl store serve`), e.g. http://trainer:4747")
+    where.add_argument("--db", help="a SQLite store file on this machine (created if missing)")
+    parser.add_argument(token_flag, default=None, help=f"the served store's bearer token (default: ${TOKEN_ENV})")
+
+
+def connect_store(store_url: str | None, db: str, token: str | None) -> Any:
+    """The store of `add_store_arguments`' options: a `StoreClient` for ``--store-url``, else a `SqliteStore`."""
+    from agentlightning.store import SqliteStore, StoreClient
+
+    if store_url:
+        return StoreClient(store_url, token=token or os.environ.get(TOKEN_ENV) or None)
+    return SqliteStore(db)
 
 
 def _is_loopback(host: str) -> bool:
