@@ -231,3 +231,39 @@ async def test_agent_searches_twice_and_is_rewarded_through_runner_and_proxy(
     result, note, tools = results[second.rollout_id]
     assert result.final_reward == 0.0 and len(result.transitions) == 2 and tools == 1
     assert (note[prefix + "searches"], note[prefix + "hop1_hit"], note[prefix + "hop2_hit"]) == (1, True, False)
+
+
+def _rag_module(name: str) -> Any:
+    sys.path.insert(0, str(RAG))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(RAG))
+
+
+def test_eval_scores_any_openai_compatible_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    """``train.py eval --base-url --model``: the agent against a plain endpoint (no store, no proxy), one JSON line."""
+    from agentlightning.testing import ScriptedModelServer, ScriptedReply
+
+    val = {t.question: t for t in rag_task.read_tasks(RAG / "data" / "val.jsonl")[:4]}
+    asked: list[str] = []
+
+    def script(body: dict[str, Any]) -> ScriptedReply:
+        asked.append(body["model"])
+        task = val[next(m["content"] for m in body["messages"] if m["role"] == "user")]
+        searches = sum(1 for m in body["messages"] if m["role"] == "tool")
+        if task.kind == "director_birthplace" and searches < 2:  # these are answered right, the others with hop 1
+            return ScriptedReply(tool_calls=[{"name": "search", "arguments": {"query": task.gold_titles[searches]}}])
+        if searches < 1:
+            return ScriptedReply(tool_calls=[{"name": "search", "arguments": {"query": task.gold_titles[0]}}])
+        return ScriptedReply(content=task.answer if searches == 2 else task.gold_titles[1])
+
+    train = _rag_module("train")
+    with ScriptedModelServer(script, emit_token_ids=False) as server:
+        code = train.main(["eval", "--base-url", server.base_url, "--model", "served-model", "--eval-size", "4"])
+    assert code == 0 and set(asked) == {"served-model"}
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    right = sum(1 for t in val.values() if t.kind == "director_birthplace") / 4
+    assert figures["tasks"] == 4 and figures["f1"] == pytest.approx(right)
+    assert figures["searches"] == pytest.approx(1 + right) and figures["hop1_hit"] == 1.0
+    assert figures["hop2_hit"] == figures["all_hops_hit"] == pytest.approx(right)

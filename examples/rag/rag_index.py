@@ -36,6 +36,12 @@ def fts_query(text: str) -> str:
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
+def _fill(connection: sqlite3.Connection, documents: Sequence[Document]) -> None:
+    connection.execute("CREATE VIRTUAL TABLE docs USING fts5(title, text, tokenize='unicode61')")
+    connection.executemany("INSERT INTO docs(title, text) VALUES (?, ?)", [(d.title, d.text) for d in documents])
+    connection.commit()
+
+
 def build_index(documents: Sequence[Document], path: Path) -> Path:
     """Write an FTS5 index of ``documents`` to ``path`` (replaced atomically); returns ``path``.
 
@@ -50,11 +56,7 @@ def build_index(documents: Sequence[Document], path: Path) -> Path:
     try:
         connection = sqlite3.connect(partial)
         try:
-            connection.execute("CREATE VIRTUAL TABLE docs USING fts5(title, text, tokenize='unicode61')")
-            connection.executemany(
-                "INSERT INTO docs(title, text) VALUES (?, ?)", [(d.title, d.text) for d in documents]
-            )
-            connection.commit()
+            _fill(connection, documents)
         finally:
             connection.close()
         os.replace(partial, path)
@@ -93,9 +95,25 @@ class SearchIndex:
     def __init__(self, path: Path) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"search index {str(path)!r} does not exist; build it with build_index()")
-        self.path = path
+        self.path: Path | None = path
         self._connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
+
+    @classmethod
+    def in_memory(cls, documents: Sequence[Document]) -> SearchIndex:
+        """An index of ``documents`` held in memory (the same ranking; for making transcripts and tests).
+
+        Raises:
+            ValueError: ``documents`` is empty.
+        """
+        if not documents:
+            raise ValueError("cannot index an empty corpus")
+        index = cls.__new__(cls)
+        index.path = None
+        index._connection = sqlite3.connect(":memory:", check_same_thread=False)
+        index._lock = threading.Lock()
+        _fill(index._connection, documents)
+        return index
 
     def search(self, query: str, k: int = 2) -> list[Document]:
         """The ``k`` best documents for ``query`` by BM25 (title weighted `TITLE_WEIGHT`); none for no words."""
