@@ -8,6 +8,9 @@ The pieces the torch trainer is built from:
 - `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
 - `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
   ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template.
+- Warm starts of small chat models made from scratch: `train_chat_tokenizer` (byte-level BPE + hermes chat template),
+  `build_chat_model` (random Qwen2/Llama), `supervised_finetune` (OpenAI-format conversations rendered as the
+  backend renders them, loss on assistant tokens only), `save_checkpoint` (a plain ``save_pretrained`` folder).
 - `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and continuous
   batching of concurrent requests.
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
@@ -15,6 +18,12 @@ The pieces the torch trainer is built from:
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
 from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._chat_model import (
+    CHAT_SPECIAL_TOKENS,
+    CHAT_TOOL_TOKENS,
+    build_chat_model,
+    train_chat_tokenizer,
+)
 from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
@@ -32,6 +41,14 @@ from agentlightning_torch._ppo import (
     response_logprobs,
 )
 from agentlightning_torch._server import BackendServer, create_app, serve_backend
+from agentlightning_torch._sft import (
+    SFTConfig,
+    SFTExample,
+    SFTResult,
+    fit_examples,
+    supervised_finetune,
+    tokenize_conversation,
+)
 from agentlightning_torch._template import CalcChatTemplate, ChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._tokenizer import CALC_ALPHABET, CharTokenizer
 from agentlightning_torch._tool_parsers import (
@@ -53,6 +70,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CALC_ALPHABET",
+    "CHAT_SPECIAL_TOKENS",
+    "CHAT_TOOL_TOKENS",
     "HERMES_CHAT_TEMPLATE",
     "BackendServer",
     "BackendStats",
@@ -71,6 +90,9 @@ __all__ = [
     "MissingChatTemplateError",
     "PPOConfig",
     "ParsedResponse",
+    "SFTConfig",
+    "SFTExample",
+    "SFTResult",
     "SamplingParams",
     "TemplateError",
     "ToolParser",
@@ -78,10 +100,12 @@ __all__ = [
     "TorchTrainerConfig",
     "__version__",
     "apply_lora",
+    "build_chat_model",
     "build_tiny_model",
     "count_parameters",
     "create_app",
     "eos_token_ids",
+    "fit_examples",
     "generate_batch",
     "get_tool_parser",
     "guess_tool_parser",
@@ -103,5 +127,8 @@ __all__ = [
     "save_tiny",
     "serve_backend",
     "split_reasoning",
+    "supervised_finetune",
+    "tokenize_conversation",
     "tool_parser_names",
+    "train_chat_tokenizer",
 ]

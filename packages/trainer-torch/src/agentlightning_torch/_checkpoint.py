@@ -6,11 +6,13 @@ A checkpoint folder holds the full (LoRA-merged) model — ``config.json``, ``ge
 ``vllm serve folder`` expect. A LoRA run also writes ``adapter/`` (a PEFT adapter folder, for serving as an
 adapter), and every run writes ``trainer_state.pt`` (optimizer state, iteration, model version) to resume from.
 The folder is written next to its final place and renamed into it, so a crash never leaves half a checkpoint.
+`save_checkpoint` is also how a warm-started model is saved (``save_checkpoint(model, tokenizer, folder)``).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import shutil
 import uuid
@@ -60,6 +62,7 @@ def save_checkpoint(
         model: Any = merged_model(policy)
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        _name_tokenizer_class(staging)
         if is_lora(policy):
             peft_model: Any = policy
             peft_model.save_pretrained(staging / ADAPTER_FOLDER)
@@ -74,6 +77,17 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("checkpoint saved to %s", target)
     return target
+
+
+def _name_tokenizer_class(folder: Path) -> None:
+    """Name the tokenizer class every transformers version (and vLLM) knows, not transformers 5's generic alias."""
+    config_file = folder / "tokenizer_config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def load_trainer_state(directory: str | Path, device: str | torch.device = "cpu") -> dict[str, Any] | None:
