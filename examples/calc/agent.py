@@ -1,18 +1,18 @@
 """The calculator agent: an ordinary LangGraph tool-calling graph, unaware of training.
 
 The only Agent Lightning lines are the ``@agl.rollout`` decorator (so the runner can call it with a task and
-the current resources) and ``agl.llm_base_url()`` (the per-rollout URL of the LLM proxy; in a deployed app it
-would be configuration). Tracing comes from ``agentlightning_langchain.instrument()``, called once by the
-trainer script — the graph itself carries no callback.
+the current resources) and ``agl.llm_base_url()`` (the LLM proxy's URL for the runner slot the agent runs in; in a
+deployed app it would be configuration). Tracing comes from ``agentlightning_langchain.instrument()``, called once
+by the trainer script — the graph itself carries no callback. The slot's URL stays the same from one rollout to the
+next, so ``ChatOpenAI``, built per rollout as here, reuses the HTTP clients it caches per URL: no shared client of
+our own is needed (``benchmarks/slot_url_bench.py`` measures it).
 """
 
 from __future__ import annotations
 
 import re
-from functools import cache
 from typing import Any
 
-import openai
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -49,7 +49,7 @@ def build_graph(llm: ChatOpenAI) -> Any:
         llm_calls = sum(isinstance(m, AIMessage) for m in state["messages"])
         if llm_calls >= MAX_LLM_CALLS:
             return END
-        return tools_condition(state)
+        return tools_condition(state["messages"])
 
     graph = StateGraph(MessagesState)
     graph.add_node("solver", solver)
@@ -71,16 +71,6 @@ def score(final: AIMessage | Any, expected: int) -> float:
     return 1.0 if int(match.group(1)) == expected else 0.0
 
 
-@cache
-def _http_clients() -> tuple[Any, Any]:
-    """One connection pool per process, shared by every rollout's ChatOpenAI.
-
-    Each rollout has its own proxy URL, and ChatOpenAI otherwise builds fresh HTTP clients (and TLS contexts)
-    per URL: that measured as 90% of the runner's CPU. Ordinary apps build their model once and never notice.
-    """
-    return openai.DefaultHttpxClient(), openai.DefaultAsyncHttpxClient()
-
-
 @agl.rollout
 async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
     """Answer ``task["question"]`` (e.g. ``Q:37*48+12=``); reward by ``task["answer"]``."""
@@ -91,8 +81,6 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
         base_url=agl.llm_base_url(),
         api_key=llm_resource.api_key or "not-needed",  # pyright: ignore[reportArgumentType]  # the proxy's token
         max_retries=2,
-        http_client=_http_clients()[0],
-        http_async_client=_http_clients()[1],
         **llm_resource.sampling_parameters,
     )
     result = await build_graph(llm).ainvoke({"messages": [HumanMessage(task["question"])]})
