@@ -1,9 +1,9 @@
-"""The served store's plain-ASGI layer: bearer token, body limit, error mapping and the fast path for POSTs.
+"""The served store as plain ASGI: bearer token, body limit, error mapping and the dispatch of its route table.
 
-FastAPI's routing, dependency solving and middleware stack cost about two thirds of a small request's server
-time. The POST endpoints that runners call in a loop are therefore answered here directly: the body is parsed
-and validated in one step with pydantic's ``model_validate_json`` and the answer is pre-serialised bytes. The
-FastAPI routes for the same paths stay in place; they describe the API in ``/openapi.json`` and behave the same.
+A web framework's routing, dependency solving and middleware stack cost about two thirds of a small request's
+server time, so every store route is answered here, from the one `RouteTable` that ``_server.py`` declares (the same
+table writes ``/openapi.json``): the body is parsed and validated in one step with pydantic's
+``model_validate_json``, and the answer is pre-serialised bytes.
 """
 
 from __future__ import annotations
@@ -14,24 +14,18 @@ import ctypes.util
 import gc
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from agentlightning._routing import OPEN, Match, Route, RouteTable
 from agentlightning.store._base import ConflictError, NotFoundError, StorageError, StoreError
 from agentlightning.store._wire import ErrorResponse
 
-__all__ = [
-    "OPEN_PATHS",
-    "OPEN_PREFIX",
-    "FastRoute",
-    "GuardMiddleware",
-    "classify_error",
-    "describe_validation",
-    "error_bytes",
-    "is_open",
-]
+__all__ = ["Answer", "StoreASGI", "classify_error", "describe_validation", "error_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +34,8 @@ OFFLOAD_BYTES = 1024 * 1024
 BIG_REQUESTS_AT_ONCE = 2
 """How many such big requests are worked on at once (each holds its body and its parsed records in memory)."""
 
-OPEN_PATHS = frozenset({"/healthz"})
-"""Paths served without a bearer token."""
-OPEN_PREFIX = "/ui"
-"""The dashboard's static page and assets (``/ui``, ``/ui/...``) load without a token: they hold no data, and the
-page asks for the token in a login form before it calls the API."""
-
-
-def is_open(path: str) -> bool:
-    """Whether ``path`` is served without a bearer token."""
-    return path in OPEN_PATHS or path == OPEN_PREFIX or path.startswith(OPEN_PREFIX + "/")
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-FastRoute = tuple[type[BaseModel] | None, Callable[[Any], Awaitable[bytes]]]
-"""(body model or ``None`` for no body, handler returning the JSON answer) for one POST path."""
+Answer = bytes | tuple[int, bytes] | Response
+"""What a store route's handler returns: JSON bytes (200), ``(status, JSON bytes)``, or any Starlette response."""
 
 
 def error_bytes(error: str, message: str) -> bytes:
@@ -102,36 +79,41 @@ def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
     return None
 
 
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    """Send a complete JSON answer."""
+async def send_json(send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send a complete JSON answer (``extra``: more headers)."""
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if extra:
+        headers.extend(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class GuardMiddleware:
-    """Bearer-token check, body-size limit and the fast path, as plain ASGI in front of the FastAPI app.
+class StoreASGI:
+    """The served store as plain ASGI: bearer token, body limit and the dispatch of its route table.
+
+    A route is admitted by its own auth rule (`OPEN` or the bearer token); a path the table does not hold needs the
+    token too (an unauthenticated caller learns nothing about the API), then gets 404. A handler gets the parsed
+    body (a route with a body model), the path parameters (a route with some) or ``None``, and returns an `Answer`.
 
     Args:
-        app: The FastAPI app (serves everything the fast path does not).
+        table: Every route served (the OpenAPI document and docs pages included).
         token: Required bearer token, or ``None``.
         max_body_bytes: Larger bodies get 413 (checked on Content-Length and while reading chunked bodies).
-        fast: POST path -> `FastRoute` answered here.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int, fast: dict[str, FastRoute]) -> None:
-        self.app = app
+    def __init__(self, table: RouteTable, token: str | None, max_body_bytes: int) -> None:
+        self.table = table
         self.expected = f"bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
-        self.fast = fast
         self._big_requests = asyncio.Semaphore(BIG_REQUESTS_AT_ONCE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return  # a websocket is refused by the server when the app does not accept it
         length: int | None = None
         authorization = b""
         content_type = b""
@@ -146,7 +128,12 @@ class GuardMiddleware:
                     return
             elif name == b"content-type":
                 content_type = value
-        if self.expected is not None and not is_open(scope["path"]):
+        method: str = scope["method"]
+        path: str = scope["path"]
+        # HEAD is answered as GET (the server drops the body), as every HTTP framework does.
+        found = self.table.match("GET" if method == "HEAD" else method, path)
+        route = found.route if found is not None else self.table.allowed(path)
+        if self.expected is not None and (route is None or route.auth != OPEN):
             # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
             given = authorization[:7].lower() + authorization[7:]
             if not hmac.compare_digest(given, self.expected):
@@ -157,71 +144,89 @@ class GuardMiddleware:
         if length is not None and length > self.max_body_bytes:
             await send_json(send, 413, error_bytes("too_large", self._too_large(length)))
             return
-        route = self.fast.get(scope["path"]) if scope["method"] == "POST" else None
-        if route is None and (length is not None or scope["method"] in ("GET", "HEAD")):
-            await self.app(scope, receive, send)
+        if found is None:
+            if route is None:
+                await send_json(send, 404, error_bytes("not_found", f"no route {method} {path}"))
+            else:
+                allow = ", ".join(self.table.methods(path))
+                message = f"{method} is not allowed on {path} (allowed: {allow})"
+                await send_json(send, 405, error_bytes("not_allowed", message), [(b"allow", allow.encode())])
             return
-        # Read the whole body, counting (a chunked body has no Content-Length to check up front).
+        if method in ("GET", "HEAD"):
+            answer = await self._answer(found, b"", content_type)
+        else:
+            body = await self._read(receive, send)
+            if body is None:
+                return
+            if len(body) < OFFLOAD_BYTES:
+                answer = await self._answer(found, body, content_type)
+            else:
+                # Parsing, validating and storing a batch of megabytes takes seconds of CPU: do it in a worker
+                # thread so /healthz and other clients are answered meanwhile, and few at a time so memory stays
+                # bounded.
+                async with self._big_requests:
+                    answer = await asyncio.to_thread(_answer_in_thread, self._answer, found, body, content_type)
+                del body
+        if isinstance(answer, Response):
+            await answer(scope, receive, send)
+        else:
+            await send_json(send, answer[0], answer[1])
+
+    async def _read(self, receive: Receive, send: Send) -> bytes | None:
+        """The whole request body, counted against the limit; ``None`` once answered (413) or the client left."""
         chunks: list[bytes] = []
         total = 0
         more = True
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return  # the client went away
+                return None  # the client went away
             chunk: bytes = message.get("body", b"")
             total += len(chunk)
             if total > self.max_body_bytes:
                 await send_json(send, 413, error_bytes("too_large", self._too_large(total)))
-                return
+                return None
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        if route is None:
-            await self.app(scope, _replay(body, receive), send)
-            return
-        if len(body) < OFFLOAD_BYTES:
-            status, answer = await self._answer(route, body, content_type)
-        else:
-            # Parsing, validating and storing a batch of megabytes takes seconds of CPU: do it in a worker thread
-            # so /healthz and other clients are answered meanwhile, and few at a time so memory stays bounded.
-            async with self._big_requests:
-                status, answer = await asyncio.to_thread(_answer_in_thread, self._answer, route, body, content_type)
-            del body
-        await send_json(send, status, answer)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _answer(self, route: FastRoute, body: bytes, content_type: bytes) -> tuple[int, bytes]:
-        model, handler = route
+    async def _answer(self, found: Match, body: bytes, content_type: bytes) -> tuple[int, bytes] | Response:
+        route: Route = found.route
         try:
-            if model is None:
-                return 200, await handler(None)
-            try:
-                parsed = model.model_validate_json(body)
-            except ValidationError as exc:
-                message = describe_validation(exc.errors())
-                if content_type and b"json" not in content_type:
-                    message = f"expected a JSON body (Content-Type: application/json), got {content_type.decode(errors='replace')!r}; {message}"  # noqa: E501
-                return 422, error_bytes("invalid", message)
-            return 200, await handler(parsed)
+            model = route.body
+            if model is not None:
+                try:
+                    given: Any = model.model_validate_json(body)
+                except ValidationError as exc:
+                    message = describe_validation(exc.errors())
+                    if content_type and b"json" not in content_type:
+                        message = f"expected a JSON body (Content-Type: application/json), got {content_type.decode(errors='replace')!r}; {message}"  # noqa: E501
+                    return 422, error_bytes("invalid", message)
+            else:
+                given = found.params or None
+            answer: Answer = await route.handler(given)
         except Exception as exc:
             kind = classify_error(exc)
             if kind is None:
-                logger.exception("store request failed")
+                logger.exception("store request %s %s failed", route.method, route.path)
                 return 500, error_bytes("internal", f"internal error: {type(exc).__name__}")
             return kind[0], error_bytes(kind[1], kind[2])
+        if type(answer) is bytes:
+            return 200, answer
+        return answer  # pyright: ignore[reportReturnType]  # (status, bytes) or a Response
 
     def _too_large(self, size: int) -> str:
         return f"request body of {size} bytes is over the limit of {self.max_body_bytes} bytes; send smaller batches"
 
 
 def _answer_in_thread(
-    answer: Callable[[FastRoute, bytes, bytes], Coroutine[Any, Any, tuple[int, bytes]]],
-    route: FastRoute,
+    answer: Callable[[Match, bytes, bytes], Coroutine[Any, Any, tuple[int, bytes] | Response]],
+    found: Match,
     body: bytes,
     content_type: bytes,
-) -> tuple[int, bytes]:
+) -> tuple[int, bytes] | Response:
     try:
-        return asyncio.run(answer(route, body, content_type))
+        return asyncio.run(answer(found, body, content_type))
     finally:
         _give_memory_back()
 
@@ -242,14 +247,12 @@ def _give_memory_back() -> None:
 _malloc_trim: Any = None
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge the server's startup and shutdown (the store is opened and closed by its owner)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

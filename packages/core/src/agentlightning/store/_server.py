@@ -1,26 +1,8 @@
-"""The store served over HTTP: a FastAPI app wrapping any `LightningStore` (what ``agl store serve`` runs).
+"""The store served over HTTP: an ASGI app wrapping any `LightningStore` (what ``agl store serve`` runs).
 
-Endpoints (JSON bodies, see ``/openapi.json``):
-
-==========================================  ==========================================
-``GET  /healthz``                           liveness (503 while writes fail); open without a token
-``GET  /v1/retry_policy``                   the store's `RetryPolicy`
-``POST /v1/rollouts/enqueue``               `EnqueueRequest` -> `RolloutsResponse`
-``POST /v1/rollouts/dequeue``               `DequeueRequest` -> `DequeueResponse`
-``POST /v1/rollouts/query``                 `QueryRolloutsRequest` -> `RolloutsResponse`
-``POST /v1/rollouts/cancel``                `RolloutRef` -> `Rollout`
-``POST /v1/rollouts/wait``                  `WaitRequest` -> `RolloutsResponse` (long-poll)
-``GET  /v1/rollouts/{rollout_id}``          `Rollout`
-``POST /v1/attempts/heartbeat``             `AttemptRef` -> `Attempt`
-``POST /v1/attempts/finish``                `FinishRequest` -> `Rollout`
-``POST /v1/attempts/release``               `AttemptRef` -> `Rollout` (a worker gives its claim back)
-``POST /v1/attempts/query``                 `RolloutRef` -> `AttemptsResponse`
-``POST /v1/attempts/check_timeouts``        -> `AttemptsResponse`
-``POST /v1/spans`` / ``/v1/spans/query``    `SpansRequest` -> `AddedResponse` / `RecordQuery` -> `SpansResponse`
-``POST /v1/llm_calls`` / ``.../query``      `LLMCallsRequest` -> `AddedResponse` / `RecordQuery` -> ...
-``POST /v1/resources`` / ``.../get``        `Resources` -> `Resources` / `ResourcesQuery` -> `ResourcesResponse`
-``GET  /v1/stats``                          `StoreStats`
-==========================================  ==========================================
+Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and, with ``ui=True``,
+`agentlightning.ui.ui_routes`; the same table is dispatched by `StoreASGI` and written out as the OpenAPI 3.1
+document at ``/openapi.json`` (browsable at ``/docs``). Bodies are JSON `_wire` models.
 
 Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 404 (unknown id or route),
 409 (conflict with the stored state), 413 (body over ``max_body_bytes``), 422 (malformed JSON, wrong types,
@@ -32,32 +14,21 @@ a body is validated as a whole before the store is called.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, TypeAdapter, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from pydantic import BaseModel, TypeAdapter
 from starlette.responses import Response
 
 from agentlightning._models import Attempt, Claim, Resources, Rollout
-from agentlightning.store._asgi import (
-    ASGIApp,
-    FastRoute,
-    GuardMiddleware,
-    Receive,
-    Scope,
-    Send,
-    classify_error,
-    describe_validation,
-    is_open,
-)
-from agentlightning.store._base import LightningStore, RetryPolicy, StoreError, StoreStats
-from agentlightning.store._server_dashboard import add_dashboard_routes
+from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
+from agentlightning.store._asgi import Answer, StoreASGI
+from agentlightning.store._base import LightningStore, RetryPolicy, StoreStats
+from agentlightning.store._server_dashboard import dashboard_routes
 from agentlightning.store._wire import (
     API_PREFIX,
     AddedResponse,
@@ -93,41 +64,16 @@ _DEQUEUE_MEMORY_SECONDS = 300.0
 _DEQUEUE_MEMORY_SIZE = 10_000
 
 
-class _Json(Response):
-    media_type = "application/json"
-
-
-def _json(model: BaseModel, status_code: int = 200) -> Response:
-    return _Json(model.model_dump_json(), status_code=status_code)
-
-
-def _error(status_code: int, error: str, message: str) -> Response:
-    return _json(ErrorResponse(error=error, message=message), status_code)
-
-
-class _StoreApp(FastAPI):
-    """The FastAPI app with `GuardMiddleware` in front of FastAPI's own middleware stack, not inside it.
-
-    The guard answers the hot POST endpoints itself; placed outermost, those requests skip the layers FastAPI
-    wraps around every request (error and telemetry middleware, body limit, the ``send`` wrapper), which cost as
-    much server time as the store call itself. Everything else reaches the FastAPI stack unchanged.
-    """
-
-    _guard: ASGIApp | None = None
-
-    def install_guard(self, guard: Callable[[ASGIApp], ASGIApp]) -> None:
-        """Put ``guard(framework)`` in front of the app, ``framework`` being the plain FastAPI app."""
-        self._guard = guard(self._framework)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        guard = self._guard
-        if guard is None:
-            await super().__call__(scope, receive, send)
-        else:
-            await guard(scope, receive, send)
-
-    async def _framework(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
+_TITLE = "Agent Lightning store"
+_DESCRIPTION = "The LightningStore protocol over HTTP. Authenticate with 'Authorization: Bearer <token>'."
+_COMMON_ERRORS = {
+    401: "missing or wrong bearer token",
+    413: "body too large",
+    422: "malformed or invalid body",
+}
+_NOT_FOUND = {404: "unknown id"}
+_CONFLICT = {409: "conflicting state"}
+_BEARER = {"bearer": {"type": "http", "scheme": "bearer"}}
 
 
 class _DequeueMemory:
@@ -181,7 +127,7 @@ def create_store_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ui: bool = True,
-) -> FastAPI:
+) -> StoreASGI:
     """Build the ASGI app that serves ``store`` over HTTP.
 
     Args:
@@ -193,31 +139,70 @@ def create_store_app(
         ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and asks for it).
 
     Returns:
-        A FastAPI app; run it with uvicorn (``agl store serve`` does).
+        The ASGI app; run it with uvicorn (``agl store serve`` does).
     """
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    app = _StoreApp(
-        title="Agent Lightning store",
+    routes = store_routes(store) + dashboard_routes(store)
+    if ui:
+        from agentlightning.ui import ui_routes  # the dashboard imports transitions and credit: only when served
+
+        routes += ui_routes(store)
+    document = openapi_document(
+        routes,
+        title=_TITLE,
         version="1",
-        description="The LightningStore protocol over HTTP. Authenticate with 'Authorization: Bearer <token>'.",
-        responses={
-            401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
-            413: {"model": ErrorResponse, "description": "body too large"},
-            422: {"model": ErrorResponse, "description": "malformed or invalid body"},
-        },
+        description=_DESCRIPTION,
+        error_model=ErrorResponse,
+        common_errors=_COMMON_ERRORS,
+        security=_BEARER if token is not None else {},
     )
+    return StoreASGI(RouteTable(routes + _document_routes(document)), token, max_body_bytes)
+
+
+def _document_routes(document: dict[str, Any]) -> list[Route]:
+    """``/openapi.json`` and its two browsable renderings (behind the token like the API they describe)."""
+    body = json.dumps(document, separators=(",", ":")).encode()
+
+    async def openapi(_: None) -> bytes:
+        return body
+
+    async def docs(_: None) -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{_TITLE} - docs")
+
+    async def redoc(_: None) -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{_TITLE} - ReDoc")
+
+    return [
+        Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False),
+        Route("GET", "/docs", docs, "docs", "The document in Swagger UI.", documented=False),
+        Route("GET", "/redoc", redoc, "redoc", "The document in ReDoc.", documented=False),
+    ]
+
+
+def store_routes(store: LightningStore) -> list[Route]:
+    """The store protocol's routes over ``store``: the one declaration both served and documented."""
     dequeues = _DequeueMemory()
-    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "unknown id"}}
-    conflict: dict[int | str, dict[str, Any]] = {409: {"model": ErrorResponse, "description": "conflicting state"}}
-    _install_error_handlers(app)
 
-    # --- the work of each POST endpoint, answering pre-serialised JSON bytes ---------------------------------
+    async def healthz(_: None) -> Answer:
+        error: str | None = getattr(store, "storage_error", None)
+        if error is None:
+            return b'{"status":"ok"}'
+        return 503, _dump(HealthResponse(status="failing", message=error))
 
-    async def do_enqueue(body: EnqueueRequest) -> bytes:
+    async def retry_policy(_: None) -> bytes:
+        return _dump(store.retry_policy)
+
+    async def stats(_: None) -> bytes:
+        return _dump(await store.stats())
+
+    async def get_rollout(params: dict[str, str]) -> bytes:
+        return _dump(await store.get_rollout(params["rollout_id"]))
+
+    async def enqueue(body: EnqueueRequest) -> bytes:
         return b'{"rollouts":' + _ROLLOUTS_JSON(await store.enqueue_rollouts(body.requests)) + b"}"
 
-    async def do_dequeue(body: DequeueRequest) -> bytes:
+    async def dequeue(body: DequeueRequest) -> bytes:
         if body.request_id is None:
             return _claim_answer(await store.dequeue_rollout(body.worker_id))
         # In flight: concurrent tries share one answer here; done: the store answers from its durable memory.
@@ -236,238 +221,109 @@ def create_store_app(
             fut.set_result(_claim_answer(claim))
         return await asyncio.shield(fut)
 
-    async def do_query_rollouts(body: QueryRolloutsRequest) -> bytes:
+    async def query_rollouts(body: QueryRolloutsRequest) -> bytes:
         rollouts = await store.query_rollouts(status=body.status, rollout_ids=body.rollout_ids)
         return b'{"rollouts":' + _ROLLOUTS_JSON(rollouts) + b"}"
 
-    async def do_cancel(body: RolloutRef) -> bytes:
+    async def cancel(body: RolloutRef) -> bytes:
         return _dump(await store.cancel_rollout(body.rollout_id))
 
-    async def do_wait(body: WaitRequest) -> bytes:
+    async def wait(body: WaitRequest) -> bytes:
         rollouts = await store.wait_for_rollouts(body.rollout_ids, timeout=body.timeout)
         return _dump(RolloutsResponse.model_construct(rollouts=rollouts))
 
-    async def do_heartbeat(body: AttemptRef) -> bytes:
+    async def heartbeat(body: AttemptRef) -> bytes:
         return _dump(await store.heartbeat(body.rollout_id, body.attempt_id))
 
-    async def do_finish(body: FinishRequest) -> bytes:
+    async def finish(body: FinishRequest) -> bytes:
         return _dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
 
-    async def do_release(body: AttemptRef) -> bytes:
+    async def release(body: AttemptRef) -> bytes:
         return _dump(await store.release_claim(body.rollout_id, body.attempt_id))
 
-    async def do_query_attempts(body: RolloutRef) -> bytes:
+    async def query_attempts(body: RolloutRef) -> bytes:
         return _dump(AttemptsResponse.model_construct(attempts=await store.query_attempts(body.rollout_id)))
 
-    async def do_check_timeouts(body: None) -> bytes:
+    async def check_timeouts(_: None) -> bytes:
         return _dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
 
-    async def do_add_spans(body: SpansRequest) -> bytes:
+    async def add_spans(body: SpansRequest) -> bytes:
         if body.request_id is None:
             return _added_answer(await store.add_spans(body.spans))
         return _added_answer(await store.add_spans(body.spans, request_id=body.request_id))
 
-    async def do_query_spans(body: RecordQuery) -> bytes:
+    async def query_spans(body: RecordQuery) -> bytes:
         return _dump(SpansResponse.model_construct(spans=await store.query_spans(body.rollout_id, body.attempt_id)))
 
-    async def do_add_calls(body: LLMCallsRequest) -> bytes:
+    async def add_llm_calls(body: LLMCallsRequest) -> bytes:
         if body.request_id is None:
             return _added_answer(await store.add_llm_calls(body.calls))
         return _added_answer(await store.add_llm_calls(body.calls, request_id=body.request_id))
 
-    async def do_query_calls(body: RecordQuery) -> bytes:
+    async def query_llm_calls(body: RecordQuery) -> bytes:
         calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
         return _dump(LLMCallsResponse.model_construct(calls=calls))
 
-    async def do_add_resources(body: Resources) -> bytes:
+    async def add_resources(body: Resources) -> bytes:
         if "\x00" in body.resources_id:
             raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
         return _dump(await store.add_resources(body))
 
-    async def do_get_resources(body: ResourcesQuery) -> bytes:
+    async def get_resources(body: ResourcesQuery) -> bytes:
         return _dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
 
     p = API_PREFIX
-    fast: dict[str, FastRoute] = {
-        f"{p}/rollouts/enqueue": (EnqueueRequest, do_enqueue),
-        f"{p}/rollouts/dequeue": (DequeueRequest, do_dequeue),
-        f"{p}/rollouts/query": (QueryRolloutsRequest, do_query_rollouts),
-        f"{p}/rollouts/cancel": (RolloutRef, do_cancel),
-        f"{p}/rollouts/wait": (WaitRequest, do_wait),
-        f"{p}/attempts/heartbeat": (AttemptRef, do_heartbeat),
-        f"{p}/attempts/finish": (FinishRequest, do_finish),
-        f"{p}/attempts/release": (AttemptRef, do_release),
-        f"{p}/attempts/query": (RolloutRef, do_query_attempts),
-        f"{p}/attempts/check_timeouts": (None, do_check_timeouts),
-        f"{p}/spans": (SpansRequest, do_add_spans),
-        f"{p}/spans/query": (RecordQuery, do_query_spans),
-        f"{p}/llm_calls": (LLMCallsRequest, do_add_calls),
-        f"{p}/llm_calls/query": (RecordQuery, do_query_calls),
-        f"{p}/resources": (Resources, do_add_resources),
-        f"{p}/resources/get": (ResourcesQuery, do_get_resources),
-    }
-    fast.update(add_dashboard_routes(app, store))
-    if ui:
-        from agentlightning.ui import add_ui_routes  # the dashboard imports transitions and credit: only when served
-
-        add_ui_routes(app, store)
-
-    # --- FastAPI routes: they document the API (and serve it if the fast path is bypassed) --------------------
-
-    @app.get("/healthz", response_model=HealthResponse, tags=["health"])
-    async def healthz() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Liveness probe (open without a token); 503 with the reason while the store cannot write."""
-        error: str | None = getattr(store, "storage_error", None)
-        if error is None:
-            return _Json(b'{"status":"ok"}')
-        return _json(HealthResponse(status="failing", message=error), 503)
-
-    @app.get(f"{p}/retry_policy", response_model=RetryPolicy, tags=["store"])
-    async def retry_policy() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """The retry policy the store applies."""
-        return _json(store.retry_policy)
-
-    @app.get(f"{p}/stats", response_model=StoreStats, tags=["store"])
-    async def stats() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Counts of what is stored."""
-        return _json(await store.stats())
-
-    @app.get(f"{p}/rollouts/{{rollout_id:path}}", response_model=Rollout, responses=not_found, tags=["rollouts"])
-    async def get_rollout(rollout_id: str) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """One rollout by id."""
-        return _json(await store.get_rollout(rollout_id))
-
-    @app.post(f"{p}/rollouts/enqueue", response_model=RolloutsResponse, tags=["rollouts"])
-    async def enqueue(body: EnqueueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged."""
-        return _Json(await do_enqueue(body))
-
-    @app.post(f"{p}/rollouts/dequeue", response_model=DequeueResponse, tags=["rollouts"])
-    async def dequeue(body: DequeueRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back."""
-        return _Json(await do_dequeue(body))
-
-    @app.post(f"{p}/rollouts/query", response_model=RolloutsResponse, tags=["rollouts"])
-    async def query_rollouts(body: QueryRolloutsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Rollouts filtered by status and/or ids, in enqueue order."""
-        return _Json(await do_query_rollouts(body))
-
-    @app.post(f"{p}/rollouts/cancel", response_model=Rollout, responses={**not_found, **conflict}, tags=["rollouts"])
-    async def cancel(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Cancel a rollout that has not finished."""
-        return _Json(await do_cancel(body))
-
-    @app.post(f"{p}/rollouts/wait", response_model=RolloutsResponse, responses=not_found, tags=["rollouts"])
-    async def wait(body: WaitRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones."""
-        return _Json(await do_wait(body))
-
-    @app.post(f"{p}/attempts/heartbeat", response_model=Attempt, responses={**not_found, **conflict}, tags=["attempts"])
-    async def heartbeat(body: AttemptRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Record a sign of life of a running attempt."""
-        return _Json(await do_heartbeat(body))
-
-    @app.post(f"{p}/attempts/finish", response_model=Rollout, responses={**not_found, **conflict}, tags=["attempts"])
-    async def finish(body: FinishRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """End an attempt; the rollout moves on according to the retry policy."""
-        return _Json(await do_finish(body))
-
-    @app.post(f"{p}/attempts/release", response_model=Rollout, responses=not_found, tags=["attempts"])
-    async def release(body: AttemptRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Give a running attempt back (a runner shutting down): its rollout is queued again at once."""
-        return _Json(await do_release(body))
-
-    @app.post(f"{p}/attempts/query", response_model=AttemptsResponse, responses=not_found, tags=["attempts"])
-    async def query_attempts(body: RolloutRef) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Attempts of a rollout in order."""
-        return _Json(await do_query_attempts(body))
-
-    @app.post(f"{p}/attempts/check_timeouts", response_model=AttemptsResponse, tags=["attempts"])
-    async def check_timeouts() -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Apply heartbeat and rollout timeouts now; returns the attempts that were ended."""
-        return _Json(await do_check_timeouts(None))
-
-    @app.post(f"{p}/spans", response_model=AddedResponse, responses=not_found, tags=["records"])
-    async def add_spans(body: SpansRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a batch of spans (idempotent on rollout, attempt and span id)."""
-        return _Json(await do_add_spans(body))
-
-    @app.post(f"{p}/spans/query", response_model=SpansResponse, tags=["records"])
-    async def query_spans(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Spans of a rollout (or one attempt)."""
-        return _Json(await do_query_spans(body))
-
-    @app.post(f"{p}/llm_calls", response_model=AddedResponse, responses=not_found, tags=["records"])
-    async def add_llm_calls(body: LLMCallsRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a batch of LLM-proxy records (idempotent on call id)."""
-        return _Json(await do_add_calls(body))
-
-    @app.post(f"{p}/llm_calls/query", response_model=LLMCallsResponse, tags=["records"])
-    async def query_llm_calls(body: RecordQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """LLM calls of a rollout (or one attempt)."""
-        return _Json(await do_query_calls(body))
-
-    @app.post(f"{p}/resources", response_model=Resources, tags=["resources"])
-    async def add_resources(body: Resources) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Store a new resources version (a known ``resources_id`` returns the stored one)."""
-        return _Json(await do_add_resources(body))
-
-    @app.post(f"{p}/resources/get", response_model=ResourcesResponse, responses=not_found, tags=["resources"])
-    async def get_resources(body: ResourcesQuery) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """Resources by id, or the latest version."""
-        return _Json(await do_get_resources(body))
-
-    _add_bearer_scheme(app, token is not None)
-    app.install_guard(lambda framework: GuardMiddleware(framework, token, max_body_bytes, fast))
-    return app
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    """Map errors on the FastAPI routes to the same JSON answers as the fast path."""
-
-    @app.exception_handler(RequestValidationError)
-    async def _on_invalid_request(request: Request, exc: RequestValidationError) -> Response:  # pyright: ignore[reportUnusedFunction]
-        message = describe_validation(exc.errors())
-        content_type = request.headers.get("content-type", "")
-        if content_type and "json" not in content_type:
-            message = f"expected a JSON body (Content-Type: application/json), got {content_type!r}; {message}"
-        return _error(422, "invalid", message)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _on_http_error(request: Request, exc: StarletteHTTPException) -> Response:  # pyright: ignore[reportUnusedFunction]
-        kinds = {404: "not_found", 405: "not_allowed", 413: "too_large"}
-        message = str(exc.detail)
-        if exc.status_code == 400 and "parsing the body" in message:
-            message = f"malformed JSON body (not decodable as UTF-8 JSON): {message}"
-        return _error(exc.status_code, kinds.get(exc.status_code, "invalid"), message)
-
-    async def on_error(request: Request, exc: Exception) -> Response:
-        kind = classify_error(exc)
-        if kind is None:
-            logger.exception("store request %s %s failed", request.method, request.url.path)
-            return _error(500, "internal", f"internal error: {type(exc).__name__}")
-        return _error(*kind)
-
-    for exc_type in (StoreError, ValidationError, OverflowError, KeyError, ValueError, TypeError, Exception):
-        app.add_exception_handler(exc_type, on_error)  # pyright: ignore[reportArgumentType]
-
-
-def _add_bearer_scheme(app: FastAPI, required: bool) -> None:
-    """Declare the bearer scheme in ``/openapi.json`` (checked by the middleware, not by a per-route dependency)."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = build()
-        if required:
-            schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            for path, ops in schema.get("paths", {}).items():
-                if is_open(path):
-                    continue
-                for op in ops.values():
-                    op["security"] = [{"bearer": []}]
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    return [
+        Route("GET", "/healthz", healthz, "healthz",
+              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
+              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
+              tags=("health",), auth=OPEN),
+        Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
+              response=RetryPolicy, tags=("store",)),
+        Route("GET", f"{p}/stats", stats, "stats", "Counts of what is stored.", response=StoreStats, tags=("store",)),
+        Route("GET", f"{p}/rollouts/{{rollout_id:path}}", get_rollout, "get_rollout", "One rollout by id.",
+              response=Rollout, errors=_NOT_FOUND, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/enqueue", enqueue, "enqueue",
+              "Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged.",
+              body=EnqueueRequest, response=RolloutsResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/dequeue", dequeue, "dequeue",
+              "Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back.",
+              body=DequeueRequest, response=DequeueResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/query", query_rollouts, "query_rollouts",
+              "Rollouts filtered by status and/or ids, in enqueue order.",
+              body=QueryRolloutsRequest, response=RolloutsResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/cancel", cancel, "cancel", "Cancel a rollout that has not finished.",
+              body=RolloutRef, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/wait", wait, "wait",
+              "Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones.",
+              body=WaitRequest, response=RolloutsResponse, errors=_NOT_FOUND, tags=("rollouts",)),
+        Route("POST", f"{p}/attempts/heartbeat", heartbeat, "heartbeat", "Record a sign of life of a running attempt.",
+              body=AttemptRef, response=Attempt, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/finish", finish, "finish",
+              "End an attempt; the rollout moves on according to the retry policy.",
+              body=FinishRequest, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/release", release, "release",
+              "Give a running attempt back (a runner shutting down): its rollout is queued again at once.",
+              body=AttemptRef, response=Rollout, errors=_NOT_FOUND, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/query", query_attempts, "query_attempts", "Attempts of a rollout in order.",
+              body=RolloutRef, response=AttemptsResponse, errors=_NOT_FOUND, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/check_timeouts", check_timeouts, "check_timeouts",
+              "Apply heartbeat and rollout timeouts now; returns the attempts that were ended.",
+              response=AttemptsResponse, tags=("attempts",)),
+        Route("POST", f"{p}/spans", add_spans, "add_spans",
+              "Store a batch of spans (idempotent on rollout, attempt and span id).",
+              body=SpansRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
+        Route("POST", f"{p}/spans/query", query_spans, "query_spans", "Spans of a rollout (or one attempt).",
+              body=RecordQuery, response=SpansResponse, tags=("records",)),
+        Route("POST", f"{p}/llm_calls", add_llm_calls, "add_llm_calls",
+              "Store a batch of LLM-proxy records (idempotent on call id).",
+              body=LLMCallsRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
+        Route("POST", f"{p}/llm_calls/query", query_llm_calls, "query_llm_calls",
+              "LLM calls of a rollout (or one attempt).",
+              body=RecordQuery, response=LLMCallsResponse, tags=("records",)),
+        Route("POST", f"{p}/resources", add_resources, "add_resources",
+              "Store a new resources version (a known ``resources_id`` returns the stored one).",
+              body=Resources, response=Resources, tags=("resources",)),
+        Route("POST", f"{p}/resources/get", get_resources, "get_resources", "Resources by id, or the latest version.",
+              body=ResourcesQuery, response=ResourcesResponse, errors=_NOT_FOUND, tags=("resources",)),
+    ]  # fmt: skip

@@ -5,7 +5,7 @@ reads the same store API as every other client, with the same bearer token.
 """
 
 from agentlightning.ui._explain import CallVerdict, ExplainRequest, ExplainResponse, TransitionRow, explain_attempt
-from agentlightning.ui._routes import UI_PATH, add_ui_routes, load_assets
+from agentlightning.ui._routes import UI_PATH, load_assets, ui_routes
 from agentlightning.ui._serve import DashboardServer
 
 __all__ = [
@@ -15,7 +15,7 @@ __all__ = [
     "ExplainRequest",
     "ExplainResponse",
     "TransitionRow",
-    "add_ui_routes",
     "explain_attempt",
     "load_assets",
+    "ui_routes",
 ]

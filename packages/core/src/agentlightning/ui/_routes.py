@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from importlib import resources
 
-from fastapi import FastAPI
 from starlette.responses import RedirectResponse, Response
 
+from agentlightning._routing import OPEN, Route
 from agentlightning.store import LightningStore
 from agentlightning.ui._explain import ExplainRequest, ExplainResponse, explain_attempt
 
-__all__ = ["UI_PATH", "add_ui_routes", "load_assets"]
+__all__ = ["UI_PATH", "load_assets", "ui_routes"]
 
 UI_PATH = "/ui"
 """Where the dashboard is served."""
@@ -55,8 +55,8 @@ def load_assets() -> dict[str, tuple[bytes, str]]:
     return assets
 
 
-def add_ui_routes(app: FastAPI, store: LightningStore) -> None:
-    """Serve the dashboard on ``app`` (a store app from `create_store_app`)."""
+def ui_routes(store: LightningStore) -> list[Route]:
+    """The dashboard's routes over ``store``, for the store server's route table (`create_store_app` adds them)."""
     assets = load_assets()
 
     def answer(name: str) -> Response:
@@ -67,20 +67,24 @@ def add_ui_routes(app: FastAPI, store: LightningStore) -> None:
         body, media_type = found
         return Response(body, media_type=media_type, headers=_HEADERS)
 
-    @app.get(UI_PATH, include_in_schema=False)
-    async def index() -> Response:  # pyright: ignore[reportUnusedFunction]
+    async def index(_: None) -> Response:
         return answer("index.html")
 
-    @app.get(UI_PATH + "/", include_in_schema=False)
-    async def index_slash() -> Response:  # pyright: ignore[reportUnusedFunction]
+    async def index_slash(_: None) -> Response:
         return RedirectResponse(UI_PATH)
 
-    @app.get(UI_PATH + "/{name}", include_in_schema=False)
-    async def asset(name: str) -> Response:  # pyright: ignore[reportUnusedFunction]
-        return answer(name)
+    async def asset(params: dict[str, str]) -> Response:
+        return answer(params["name"])
 
-    @app.post("/v1/ui/explain", response_model=ExplainResponse, tags=["dashboard"])
-    async def explain(body: ExplainRequest) -> Response:  # pyright: ignore[reportUnusedFunction]
-        """An attempt's transitions with the credit and advantage LightningRL gives them within their group."""
+    async def explain(body: ExplainRequest) -> bytes:
         result = await explain_attempt(store, body)
-        return Response(result.model_dump_json(), media_type="application/json")
+        return result.__pydantic_serializer__.to_json(result)
+
+    return [
+        Route("GET", UI_PATH, index, "ui", "The dashboard page.", auth=OPEN, documented=False),
+        Route("GET", UI_PATH + "/", index_slash, "ui_slash", "Redirects to the page.", auth=OPEN, documented=False),
+        Route("GET", UI_PATH + "/{name}", asset, "ui_asset", "A file of the page.", auth=OPEN, documented=False),
+        Route("POST", "/v1/ui/explain", explain, "explain",
+              "An attempt's transitions with the credit and advantage LightningRL gives them within their group.",
+              body=ExplainRequest, response=ExplainResponse, tags=("dashboard",)),
+    ]  # fmt: skip
