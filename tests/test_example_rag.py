@@ -241,6 +241,46 @@ def _rag_module(name: str) -> Any:
         sys.path.remove(str(RAG))
 
 
+def test_transcripts_follow_the_agents_protocol_and_render_as_one_sequence() -> None:
+    import random
+
+    from agentlightning_torch import tokenize_conversation, train_chat_tokenizer
+
+    rag_model = _rag_module("rag_model")
+    world = rag_task.make_world(8)
+    index = rag_index.SearchIndex.in_memory(world.documents)
+    film = next(t for t in world.tasks if t.kind == "director_birthplace")
+    person = next(t for t in world.tasks if t.kind == "birth_country")
+    rng = random.Random(0)
+    tokenizer = train_chat_tokenizer(
+        rag_model.tokenizer_texts(worlds=1), vocab_size=400, chat_template=rag_model.CHAT_TEMPLATE
+    )
+    for task in (film, person):
+        expected = {"two_hops": (2, task.answer), "one_hop": (1, task.gold_titles[1]), "no_search": (0, None)}
+        for behaviour, (searches, answer) in expected.items():
+            record = rag_model.conversation(index, task, behaviour, rng)
+            messages = record["messages"]
+            assert messages[0] == {"role": "system", "content": rag_model.INSTRUCTIONS}
+            assert record["tools"] == [rag_model.SEARCH_TOOL]
+            queries = [
+                json.loads(m["tool_calls"][0]["function"]["arguments"])["query"]
+                for m in messages
+                if m.get("tool_calls")
+            ]
+            assert queries == list(task.gold_titles[:searches])
+            if answer is not None:
+                assert messages[-1] == {"role": "assistant", "content": answer}
+            # the template renders every turn as a continuation of the previous one: one training sequence
+            (example,) = tokenize_conversation(tokenizer, record)
+            text = str(tokenizer.decode(list(example.input_ids)))
+            assert text.startswith("<|im_start|>system\n" + rag_model.INSTRUCTIONS + "\nTools: search(query)<|im_end|>")
+        wrong = rag_model.conversation(index, task, "wrong_second", rng)["messages"]
+        second = json.loads(wrong[4]["tool_calls"][0]["function"]["arguments"])["query"]
+        assert second != task.gold_titles[1]
+    with pytest.raises(ValueError, match="unknown behaviour"):
+        rag_model.conversation(index, film, "guess", rng)
+
+
 def test_eval_scores_any_openai_compatible_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
     """``train.py eval --base-url --model``: the agent against a plain endpoint (no store, no proxy), one JSON line."""
     from agentlightning.testing import ScriptedModelServer, ScriptedReply
