@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
-from agentlightning.testing._model_server import pseudo_logprob
+from agentlightning.testing._toy_tokenizer import pseudo_logprob
 
 TOOLS = [
     {
