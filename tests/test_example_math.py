@@ -7,6 +7,7 @@ runner process (AutoGen adapter) -> LLM proxy -> local backend -> SQLite store -
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, str(MATH))
 from agent import SYSTEM_MESSAGE, make_client, solve  # noqa: E402  # pyright: ignore[reportMissingImports]
 from math_eval import summarize  # noqa: E402  # pyright: ignore[reportMissingImports]
 from math_model import MATH_CHAT_TEMPLATE, calculator_tools, transcript  # noqa: E402  # pyright: ignore[reportMissingImports]
-from math_task import make_problems  # noqa: E402  # pyright: ignore[reportMissingImports]
+from math_task import make_problems, score  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 
 def _scripted_solver(expression_of: dict[str, str]) -> Any:
@@ -129,6 +130,38 @@ def test_transcripts_follow_the_requested_behaviour() -> None:
 # ----- the eval mode and the GPU recipe ------------------------------------------------------------------------------
 
 
+def test_eval_mode_scores_any_endpoint_and_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from math_task import split_problems  # pyright: ignore[reportMissingImports]
+    from train import main  # pyright: ignore[reportMissingImports]
+
+    _, held_out = split_problems(1, 4, seed=0)
+    expressions = {p.question: p.expression or "" for p in held_out}
+    expressions[held_out[0].question] += f"+{held_out[0].distractor}"
+    with ScriptedModelServer(_scripted_solver(expressions)) as server:
+        argv = ["eval", "--base-url", server.base_url, "--model", "served", "--train-size", "1", "--eval-size", "4"]
+        assert main(argv) == 0
+        assert {r["model"] for r in server.requests} == {"served"}
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["accuracy"] == 0.75 and figures["tool_rate"] == 1.0 and figures["distractor_rate"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--minutes", "0"], "--minutes must be positive"),
+        (["--eval-size", "0"], "--train-size and --eval-size must be at least 1"),
+        (["--lr", "-1"], "lr"),
+        (["eval", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--eval-size", "2"], "every run against"),
+    ],
+)
+def test_bad_settings_are_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from train import main  # pyright: ignore[reportMissingImports]
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_the_gpu_recipe_builds_a_verl_config() -> None:
     pytest.importorskip("agentlightning_verl")
     from gpu_config import CONFIG, LOOP  # pyright: ignore[reportMissingImports]
@@ -136,3 +169,107 @@ def test_the_gpu_recipe_builds_a_verl_config() -> None:
     verl = CONFIG.to_verl_config()
     assert verl.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert LOOP.samples_per_task == 8 and LOOP.tasks_per_iteration == 32 and LOOP.estimator == "grpo"
+
+
+# ----- two RL iterations through the whole stack ---------------------------------------------------------------------
+
+
+async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens_and_serve_a_new_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runner (AutoGen adapter) -> proxy -> backend -> SQLite -> transitions -> GRPO credit -> PPO -> version 1, 2."""
+    from agent import math_agent  # pyright: ignore[reportMissingImports]
+
+    import agentlightning as agl
+    import agentlightning_autogen
+    from agentlightning.transitions import results_from_store
+    from agentlightning_torch import TorchTrainer, TorchTrainerConfig
+    from agentlightning_torch import _backend as backend_module
+
+    generated: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    real_submit = backend_module.LocalBackend.submit
+
+    def spying_submit(backend: Any, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        future = real_submit(backend, prompt_ids, *args, **kwargs)
+        future.add_done_callback(lambda done: generated.append((tuple(prompt_ids), tuple(done.result().token_ids))))
+        return future
+
+    monkeypatch.setattr(backend_module.LocalBackend, "submit", spying_submit)
+    config = TorchTrainerConfig(
+        model_dir=CHECKPOINT,
+        model_name="math-tiny",
+        tool_parser="hermes",
+        output_dir=tmp_path,
+        tasks_per_iteration=4,
+        samples_per_task=4,
+        max_tokens=48,
+        drop_equal_groups=False,  # keep every group: the credit of each is checked
+        checkpoint_every=0,
+        rollout_timeout_s=3600,  # wait for every rollout, however slow the machine
+    )
+    trainer = TorchTrainer(config)
+    batches: list[agl.TrainingBatch] = []
+    real_update = trainer.update
+
+    def spying_update(batch: agl.TrainingBatch) -> dict[str, float]:
+        batches.append(batch)
+        return real_update(batch)
+
+    monkeypatch.setattr(trainer, "update", spying_update)
+    store = agl.SqliteStore(tmp_path / "store.db")
+    agentlightning_autogen.instrument()
+    runner = agl.Runner(math_agent, store=store, n_workers=16, worker_mode="async", poll_interval=0.02)
+    runner_task = asyncio.create_task(runner.arun())
+    tasks = [p.to_task() for p in make_problems(40, seed=3)]
+    try:
+        await trainer.start(store)
+        reports = [await trainer.train_iteration(store, tasks) for _ in range(2)]
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await trainer.stop()
+        agentlightning_autogen.uninstrument()
+
+    assert [r.finished for r in reports] == [16, 16] and trainer.model_version == 2
+    assert len(batches) == 2 and all(b.samples for b in batches)
+    produced = set(generated)
+    calls = 0
+    for version, batch in enumerate(batches):
+        by_rollout: dict[str, list[Any]] = {}
+        for sample in batch.samples:
+            # Transitions: exactly the token ids the backend generated (not re-tokenized), by the version then served.
+            assert (tuple(sample.prompt_ids), tuple(sample.response_ids)) in produced
+            assert sample.model_version == version and sample.agent_name == "solver"
+            by_rollout.setdefault(sample.rollout_id, []).append(sample)
+        ids = list(by_rollout)
+        results = await results_from_store(store, ids)
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for rollout_id, result in zip(ids, results, strict=True):
+            samples = sorted(by_rollout[rollout_id], key=lambda s: s.step_index)
+            # Credit: the episode's 0/1 reward goes to every call of it (identical credit); a calculator episode
+            # is two calls, the second prompt extending the first prompt and response.
+            assert result.final_reward in (0.0, 1.0)
+            assert all(s.credit == result.final_reward for s in samples)
+            if len(samples) == 2:
+                first, second = samples
+                assert second.prompt_ids[: len(first.prompt_ids) + len(first.response_ids)] == [
+                    *first.prompt_ids,
+                    *first.response_ids,
+                ]
+            calls += len(samples)
+            groups.setdefault(samples[0].group_id, []).append((result.final_reward, samples[0].advantage))
+        assert len(groups) == 4
+        for members in groups.values():  # GRPO: advantages are the rewards centred on their group's mean
+            mean = sum(r for r, _ in members) / len(members)
+            assert all((a > 0) == (r > mean) and (a < 0) == (r < mean) for r, a in members)
+        for rollout_id, result in zip(ids, results, strict=True):
+            # A new model version is served: the store's LLM calls of this iteration name the version that answered.
+            llm_calls = sorted(await store.query_llm_calls(rollout_id), key=lambda c: c.start_time)
+            assert {c.model_version for c in llm_calls} == {version}
+            # The reward is the exact match of the agent's last answer (0 when it ended on a tool call).
+            last = (llm_calls[-1].response or {})["choices"][0]["message"]
+            answer = (await store.get_rollout(rollout_id)).input["answer"]
+            expected = 0.0 if last.get("tool_calls") else score(last.get("content"), answer)
+            assert result.final_reward == expected
+    assert calls > 32, "no episode called the calculator"
+    await store.close()

@@ -20,6 +20,8 @@ distractor number to the expression; the rest answer at once with a wrong number
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import logging
 import random
@@ -92,6 +94,11 @@ MATH_CHAT_TEMPLATE = (
 
 def calculator_tools() -> list[dict[str, Any]]:
     """The ``tools`` list AutoGen sends for the agent's calculator (built by AutoGen itself from the function)."""
+    return copy.deepcopy(_calculator_tools())
+
+
+@functools.cache
+def _calculator_tools() -> list[dict[str, Any]]:
     from autogen_core.tools import FunctionTool
 
     schema: dict[str, Any] = dict(FunctionTool(calculator, description=calculator.__doc__ or "").schema)
@@ -111,9 +118,9 @@ class WarmStartConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(default=500, ge=1)
-    policy_steps: int = Field(default=60, ge=0)
-    batch_size: int = Field(default=24, ge=1)
+    steps: int = Field(default=400, ge=1)
+    policy_steps: int = Field(default=40, ge=0)
+    batch_size: int = Field(default=12, ge=1)
     lr: float = Field(default=2e-3, gt=0)
     policy_lr: float = Field(default=5e-4, gt=0)
     warmup_steps: int = Field(default=40, ge=0)
@@ -150,8 +157,8 @@ def transcript(problem: MathProblem, behaviour: str, rng: random.Random) -> dict
         expression = problem.expression if behaviour == "tool" else f"{problem.expression}+{problem.distractor}"
         value = evaluate_expression(expression)
         result = "error" if value is None else str(value)  # what the agent's calculator answers
-        call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": ""}}
-        call["function"]["arguments"] = json.dumps({"expression": expression})
+        arguments = json.dumps({"expression": expression})
+        call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
         messages += [
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "content": result, "tool_call_id": "call_0"},
@@ -273,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm.add_argument("--seed", type=int, default=WarmStartConfig().seed)
     warm.add_argument("--eval-size", type=int, default=128, help="held-out problems to score it on (0: skip)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("agentlightning_torch").setLevel(logging.INFO)  # fine-tuning progress, not AutoGen's events
     from agentlightning_torch import save_checkpoint
 
     model, tokenizer, report = warm_start(WarmStartConfig(steps=args.steps, seed=args.seed))
