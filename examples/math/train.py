@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -136,45 +137,34 @@ def start_runners(db: Path, workers: int, runners: int) -> list[subprocess.Popen
     return processes
 
 
-async def _watch(runners: list[subprocess.Popen[bytes]]) -> None:
-    while True:
-        for runner in runners:
-            if runner.poll() is not None:
-                raise RunnerDied(f"a runner process exited with code {runner.returncode}; its error is printed above")
-        await asyncio.sleep(0.5)
-
-
 async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work`` but stop at once, with a clear error, if a local runner dies (no silent 0-reward run)."""
-    watch = asyncio.ensure_future(_watch(runners))
+    """Await ``work``, but stop at once with a clear error if a local runner dies (no silent 0-reward run)."""
     job = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({watch, job}, return_when=asyncio.FIRST_COMPLETED)
-    if job not in done:
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        watch.result()
-    watch.cancel()
+    while not job.done():
+        dead = [r.returncode for r in runners if r.poll() is not None]
+        if dead:
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+            raise RunnerDied(f"a runner process exited with code {dead[0]}; its error is printed above")
+        await asyncio.wait({job}, timeout=0.5)
     return job.result()
 
 
-def plot(history: list[Any], path: Path) -> None:
+def plot(history: list[Any], held_out: tuple[float, float], path: Path) -> None:
+    """Sampled accuracy and calculator use per iteration against RL minutes; held-out accuracy at both ends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    elapsed, total = [], 0.0
-    for report in history:
-        total += report.seconds
-        elapsed.append(total / 60)
+    minutes = list(itertools.accumulate(r.seconds / 60 for r in history))
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(elapsed, [r.reward_mean for r in history], label="mean sampled reward (accuracy)")
-    ax.plot(elapsed, [r.multi_call_rate for r in history], label="calculator-use rate", linestyle="--")
-    ax.set_xlabel("RL time (minutes)")
-    ax.set_ylim(-0.05, 1.05)
+    ax.plot(minutes, [r.reward_mean for r in history], label="sampled accuracy (training reward)")
+    ax.plot(minutes, [r.multi_call_rate for r in history], "--", label="calculator-use rate")
+    ax.plot([0, minutes[-1]], held_out, "ko:", label="held-out accuracy (greedy)")
+    ax.set(xlabel="RL time (minutes)", ylim=(-0.05, 1.05), title="AutoGen math agent trained with Agent Lightning")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("AutoGen math agent trained with Agent Lightning on CPU")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -182,7 +172,6 @@ def plot(history: list[Any], path: Path) -> None:
 
 async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import agentlightning as agl
     from agentlightning_torch import TorchTrainer
@@ -196,25 +185,14 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         stale.unlink(missing_ok=True)
     store = agl.SqliteStore(db)
     runners = start_runners(db, args.workers, args.runners)
-    progress = Progress(
-        TextColumn("[bold]RL"),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=args.quiet,
-    )
-    bar = progress.add_task("rl", total=config.time_budget_s, status="starting")
-    started = time.monotonic()
 
     def on_iteration(report: Any) -> None:
-        status = (
-            f"it {report.iteration:3d}  reward {report.reward_mean:.2f}  tool rate {report.multi_call_rate:.2f}"
-            f"  {report.seconds:.1f}s/it"
-        )
-        if report.metrics.get("rollouts_failed"):
-            status += f"  [red]{report.metrics['rollouts_failed']:.0f} failed[/]"
-        progress.update(bar, completed=min(time.monotonic() - started, config.time_budget_s), status=status)
+        """One line per iteration: sampled accuracy (the 0/1 reward) and how often the calculator was used."""
+        failed = report.metrics.get("rollouts_failed", 0.0)
+        line = f"iteration {report.iteration:3d}  accuracy {report.reward_mean:.2f}"
+        line += f"  calculator use {report.multi_call_rate:.2f}  {report.seconds:.1f} s"
+        if not args.quiet:
+            console.print(line + (f"  [red]{failed:.0f} rollouts failed[/]" if failed else ""))
 
     trainer = TorchTrainer(config, on_iteration=on_iteration)
     try:
@@ -223,8 +201,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         before = await _guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
         console.print(f"held-out accuracy before RL: {_accuracy(before):.2f}, tool rate {before.multi_call_rate:.2f}")
         started = time.monotonic()
-        with progress:
-            await _guarded(runners, trainer.run(store, tasks_of(train_problems)))
+        await _guarded(runners, trainer.run(store, tasks_of(train_problems)))
         rl_seconds = time.monotonic() - started
         after = await _guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
     finally:
@@ -238,7 +215,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     if not history:
         raise UsageError("no RL iteration finished within the time budget; raise --minutes")
     tail = history[-5:]
-    plot(history, args.output / "reward_curve.png")
+    plot(history, (_accuracy(before), _accuracy(after)), args.output / "reward_curve.png")
     return {
         "reward_before": round(_accuracy(before), 4),
         "reward_after": round(_accuracy(after), 4),
