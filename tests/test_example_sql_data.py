@@ -114,7 +114,8 @@ def test_transcripts_are_partly_right_and_the_mistakes_are_wrong() -> None:
     rewriter = [c for c in conversations if c[0]["content"].endswith("Write a corrected SQLite query.")]
     assert len(writer) == 300 and rewriter and len(checker) == len(writer) + len(rewriter)
     assert {c[1]["content"] for c in checker} == {"OK", "BAD"}
-    right = sum(c[1]["content"] in {t.gold for t in make_tasks(300, seed=0, databases=range(12))} for c in writer)
+    golds = {t.gold for t in make_tasks(300, seed=0, databases=range(12))}
+    right = sum(c[1]["content"] in golds for c in writer)
     assert 0.15 < right / len(writer) < 0.45
 
 
