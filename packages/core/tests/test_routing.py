@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from agentlightning._routing import Route, RouteTable
+from agentlightning.proxy import create_proxy_app
 from agentlightning.store import MemoryStore
 from agentlightning.store._server import create_store_app
 
@@ -73,18 +75,26 @@ def test_route_refuses_bad_templates(path: str, message: str) -> None:
 
 def _dispatched(http: TestClient, method: str, path: str) -> bool:
     """Whether ``method path`` reaches a route: neither 405 nor a missing route."""
-    resp = http.request(method, path, headers=AUTH, content=b"{}" if method == "POST" else None)
-    if resp.status_code == 405:
-        return False
-    return not (resp.status_code == 404 and resp.json()["message"].startswith("no route"))
+    resp = http.request(method, path, headers=AUTH, content=b"{}" if method in ("POST", "PUT") else None)
+    return resp.status_code != 405 and not (resp.status_code == 404 and "no route" in resp.text)
 
 
 def _concrete(template: str) -> str:
     return re.sub(r"\{[^}]+\}", "some-id", template)
 
 
-def test_store_documents_exactly_the_routes_it_dispatches() -> None:
-    app = create_store_app(MemoryStore(), token=TOKEN, ui=True)
+def _store() -> Any:
+    return create_store_app(MemoryStore(), token=TOKEN, ui=True)
+
+
+def _proxy() -> Any:
+    return create_proxy_app(MemoryStore(), ["http://127.0.0.1:9/v1"], token=TOKEN, admin_token="admin-" + TOKEN)
+
+
+@pytest.mark.parametrize(("make", "undocumented"), [(_store, 6), (_proxy, 1)], ids=["store", "proxy"])
+def test_server_documents_exactly_the_routes_it_dispatches(make: Callable[[], Any], undocumented: int) -> None:
+    """Store: the page's 3 files and the document's 3 views are served undocumented; proxy: the document."""
+    app = make()
     with TestClient(app) as http:
         document = http.get("/openapi.json", headers=AUTH).json()
         operations = [
@@ -92,18 +102,33 @@ def test_store_documents_exactly_the_routes_it_dispatches() -> None:
             for path, ops in document["paths"].items()
             for method in ops
         ]
-        # Every documented path, and every path one step off it, under each method: served iff documented.
-        paths = {_concrete(path) for path in document["paths"]} | {"/v1/nothing", "/v1/rollouts", "/ui/a/b"}
-        for method in ("GET", "POST"):
+        assert len(operations) == len(app.table.routes) - undocumented
+        # Every documented path, and paths one step off them, under each method: served iff documented.
+        paths = {_concrete(path) for path in document["paths"]} | {"/v1/nothing", "/v1/rollouts", "/slot", "/ui/a/b"}
+        for method in ("GET", "POST", "PUT", "DELETE"):
             for path in sorted(paths):
                 documented = any(m == method and pattern.match(path) for m, pattern in operations)
                 assert _dispatched(http, method, path) == documented, (method, path)
-        assert len(operations) == len(app.table.routes) - 6  # all but the page's 3 files and the document's 3 views
-        for path in ("/ui", "/ui/app.js", "/docs", "/redoc"):  # served, deliberately left out of the document
-            assert _dispatched(http, "GET", path) and path not in document["paths"]
-        assert not _dispatched(http, "GET", "/v1/no/such/route")
+
+
+def test_store_serves_its_page_and_views_undocumented_and_head_as_get() -> None:
+    with TestClient(_store()) as http:
+        paths = http.get("/openapi.json", headers=AUTH).json()["paths"]
+        for path in ("/ui", "/ui/app.js", "/docs", "/redoc"):
+            assert _dispatched(http, "GET", path) and path not in paths
         head = http.head("/healthz")
         assert head.status_code == 200 and head.content == b""
         wrong = http.get("/v1/spans", headers=AUTH)
         assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
         assert "GET is not allowed on /v1/spans" in wrong.json()["message"]
+
+
+def test_proxy_documents_its_auth_rules() -> None:
+    with TestClient(_proxy()) as http:
+        document = http.get("/openapi.json", headers=AUTH).json()
+    paths = document["paths"]
+    assert paths["/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"]["post"]["security"] == [
+        {"bearer": []}
+    ]
+    assert paths["/admin/pause"]["post"]["security"] == [{"admin": []}]
+    assert set(document["components"]["securitySchemes"]) == {"bearer", "admin"}

@@ -26,7 +26,7 @@ __all__ = ["OPEN", "Match", "Route", "RouteTable", "openapi_document"]
 OPEN = "open"
 """The auth rule of a route served to anyone (no token)."""
 
-Method = Literal["GET", "POST"]
+Method = Literal["GET", "POST", "PUT", "DELETE"]
 _PARAM = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}$")
 
 
@@ -35,7 +35,7 @@ class Route:
     """One operation of a server: how it is answered and how it is documented.
 
     Attributes:
-        method: ``GET`` or ``POST``.
+        method: ``GET``, ``POST``, ``PUT`` or ``DELETE`` (``HEAD`` is answered as ``GET``).
         path: The path template, e.g. ``/v1/rollouts/{rollout_id:path}``.
         handler: Called with the route's input (what that is belongs to the server: the parsed body, the path
             parameters...); returns the server's answer.

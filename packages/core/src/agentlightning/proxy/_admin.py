@@ -4,64 +4,111 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from fastapi import FastAPI
-from starlette.requests import Request
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._netauth import bearer_matches
+from agentlightning._routing import Route
+from agentlightning.proxy._asgi import ADMIN, ProxyRequest, error
 from agentlightning.proxy._assemble import loads
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["add_admin_routes"]
+__all__ = ["admin_routes"]
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+class PauseBody(BaseModel):
+    """``POST /admin/pause``: how long to wait for requests in flight (``null``: as long as it takes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout: float | None = None
 
 
-def add_admin_routes(app: FastAPI, proxy: LLMProxy) -> None:
-    """Register the ``/admin/*`` routes of ``proxy`` on ``app``."""
-    routes = {
-        "/admin/pause": (_admin_pause, "POST"),
-        "/admin/resume": (_admin_resume, "POST"),
-        "/admin/backends": (_admin_backends, "POST"),
-        "/admin/model_version": (_admin_model_version, "POST"),
-        "/admin/status": (_admin_status, "GET"),
-    }
-    for path, (handler, method) in routes.items():
+class ResumeBody(BaseModel):
+    """``POST /admin/resume``: the model version recorded from now on (``null``: unchanged)."""
 
-        async def endpoint(request: Request, handler: Any = handler) -> Response:
+    model_config = ConfigDict(extra="forbid")
+    model_version: int | None = None
+
+
+class BackendsBody(BaseModel):
+    """``POST /admin/backends``: the new backend base URLs."""
+
+    model_config = ConfigDict(extra="forbid")
+    backends: list[str]
+
+
+class ModelVersionBody(BaseModel):
+    """``POST /admin/model_version``: the version recorded on calls whose backend reports none."""
+
+    model_config = ConfigDict(extra="forbid")
+    model_version: int
+
+
+class ProxyStatus(BaseModel):
+    """What every admin route answers: the proxy's state after the change."""
+
+    paused: bool
+    in_flight: int
+    backends: list[str]
+    model_version: int | None
+
+
+def admin_routes(proxy: LLMProxy) -> list[Route]:
+    """The ``/admin/*`` routes of ``proxy`` (auth rule `ADMIN`: they check the admin token themselves)."""
+
+    def bind(handler: Any) -> Any:
+        async def endpoint(request: ProxyRequest) -> Response:
             return await handler(proxy, request)
 
-        app.add_route(path, endpoint, methods=[method])
+        return endpoint
+
+    errors = {401: "missing or wrong admin token", 403: "the proxy has no admin token: admin routes are disabled"}
+    bad = {**errors, 400: "invalid body"}
+    return [
+        Route("POST", "/admin/pause", bind(_admin_pause), "admin_pause",
+              "Refuse new requests (503) and wait until those in flight are answered.", body=PauseBody,
+              response=ProxyStatus, errors={**bad, 504: "requests still in flight after the timeout"},
+              tags=("admin",), auth=ADMIN),
+        Route("POST", "/admin/resume", bind(_admin_resume), "admin_resume",
+              "Admit requests again, optionally recording a new model version from now on.", body=ResumeBody,
+              response=ProxyStatus, errors=bad, tags=("admin",), auth=ADMIN),
+        Route("POST", "/admin/backends", bind(_admin_backends), "admin_backends",
+              "Replace the backends; rollouts on a removed backend move on their next call.", body=BackendsBody,
+              response=ProxyStatus, errors=bad, tags=("admin",), auth=ADMIN),
+        Route("POST", "/admin/model_version", bind(_admin_model_version), "admin_model_version",
+              "Set the version recorded on calls whose backend reports none.", body=ModelVersionBody,
+              response=ProxyStatus, errors=bad, tags=("admin",), auth=ADMIN),
+        Route("GET", "/admin/status", bind(_admin_status), "admin_status", "The proxy's state.",
+              response=ProxyStatus, errors=errors, tags=("admin",), auth=ADMIN),
+    ]  # fmt: skip
 
 
-def _refusal(proxy: LLMProxy, request: Request) -> Response | None:
+def _refusal(proxy: LLMProxy, request: ProxyRequest) -> Response | None:
     """Admin routes always need the admin token: without one configured they are closed, even on loopback."""
     if not proxy.admin_token:
-        return _error(
+        return error(
             403,
             "the proxy's admin routes are disabled: start it with an admin token (agl proxy serve --admin-token)",
             "forbidden",
         )
-    if not bearer_matches(request.headers.get("authorization"), proxy.admin_token):
-        return _error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+    if not bearer_matches(request.authorization, proxy.admin_token):
+        return error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
     return None
 
 
-async def _admin_json(proxy: LLMProxy, request: Request) -> dict[str, Any] | Response:
+async def _admin_json(proxy: LLMProxy, request: ProxyRequest) -> dict[str, Any] | Response:
     refusal = _refusal(proxy, request)
     if refusal is not None:
         return refusal
-    raw = await request.body()
+    raw = request.body
     try:
         data = loads(raw) if raw.strip() else {}
     except ValueError:
-        return _error(400, "admin request body is not valid JSON", "invalid_request_error")
+        return error(400, "admin request body is not valid JSON", "invalid_request_error")
     if not isinstance(data, dict):
-        return _error(400, "admin request body must be a JSON object", "invalid_request_error")
+        return error(400, "admin request body must be a JSON object", "invalid_request_error")
     return cast(dict[str, Any], data)
 
 
@@ -74,57 +121,57 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
     }
 
 
-async def _admin_pause(proxy: LLMProxy, request: Request) -> Response:
+async def _admin_pause(proxy: LLMProxy, request: ProxyRequest) -> Response:
     data = await _admin_json(proxy, request)
     if isinstance(data, Response):
         return data
     timeout = data.get("timeout")
     if timeout is not None and not isinstance(timeout, int | float):
-        return _error(400, f"'timeout' must be a number of seconds, got {timeout!r}", "invalid_request_error")
+        return error(400, f"'timeout' must be a number of seconds, got {timeout!r}", "invalid_request_error")
     try:
         await proxy.pause(timeout)
     except TimeoutError as exc:
-        return _error(504, str(exc), "proxy_drain_timeout")
+        return error(504, str(exc), "proxy_drain_timeout")
     return JSONResponse(_status(proxy))
 
 
-async def _admin_resume(proxy: LLMProxy, request: Request) -> Response:
+async def _admin_resume(proxy: LLMProxy, request: ProxyRequest) -> Response:
     data = await _admin_json(proxy, request)
     if isinstance(data, Response):
         return data
     version = data.get("model_version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
-        return _error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
+        return error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
     proxy.resume(version)
     return JSONResponse(_status(proxy))
 
 
-async def _admin_backends(proxy: LLMProxy, request: Request) -> Response:
+async def _admin_backends(proxy: LLMProxy, request: ProxyRequest) -> Response:
     data = await _admin_json(proxy, request)
     if isinstance(data, Response):
         return data
     backends = data.get("backends")
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in cast(list[Any], backends)):
-        return _error(400, "'backends' must be a list of URLs", "invalid_request_error")
+        return error(400, "'backends' must be a list of URLs", "invalid_request_error")
     try:
         proxy.set_backends(cast(list[str], backends))
     except ValueError as exc:
-        return _error(400, str(exc), "invalid_request_error")
+        return error(400, str(exc), "invalid_request_error")
     return JSONResponse(_status(proxy))
 
 
-async def _admin_model_version(proxy: LLMProxy, request: Request) -> Response:
+async def _admin_model_version(proxy: LLMProxy, request: ProxyRequest) -> Response:
     data = await _admin_json(proxy, request)
     if isinstance(data, Response):
         return data
     version = data.get("model_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        return _error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
+        return error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
     proxy.model_version = version
     return JSONResponse(_status(proxy))
 
 
-async def _admin_status(proxy: LLMProxy, request: Request) -> Response:
+async def _admin_status(proxy: LLMProxy, request: ProxyRequest) -> Response:
     refusal = _refusal(proxy, request)
     if refusal is not None:
         return refusal

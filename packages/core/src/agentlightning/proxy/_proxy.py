@@ -40,18 +40,18 @@ import contextlib
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 import aiohttp
-from fastapi import FastAPI
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.datastructures import State
+from starlette.responses import Response
 
 from agentlightning._models import LLMCall, new_id, now
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
+from agentlightning._routing import RouteTable
 from agentlightning._urls import rollout_base_url, slot_base_url
-from agentlightning.proxy._admin import add_admin_routes
+from agentlightning.proxy._asgi import ProxyASGI, RawResponse, error, raw_headers
 from agentlightning.proxy._assemble import (
     MODEL_VERSION_FIELD,
     MODEL_VERSION_HEADER,
@@ -64,16 +64,8 @@ from agentlightning.proxy._assemble import (
     model_version_of,
     without_token_fields,
 )
-from agentlightning.proxy._fast import (
-    ProxyApp,
-    RawResponse,
-    Target,
-    match_completion,
-    raw_headers,
-    raw_path,
-    too_large,
-)
-from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable, slot_route
+from agentlightning.proxy._routes import Target, proxy_routes
+from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.store._base import LightningStore
 from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
@@ -82,9 +74,6 @@ __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLM
 
 logger = logging.getLogger(__name__)
 
-# Matches any id (an encoded "/" is decoded before routing); the ids are re-read from the raw path by the handler.
-_ROLLOUT_PREFIX = "/rollout/{rollout_id:path}/attempt/{attempt_id}"
-_SLOT_PREFIX = "/slot/{slot}"
 _MAX_STICKY = 100_000
 CALL_ID_HEADER = "x-agentlightning-call-id"
 
@@ -94,10 +83,6 @@ def _normalize_backend(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"backend URL must start with http:// or https://, got {url!r}")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
 
 
 class LLMProxy:
@@ -327,28 +312,11 @@ class LLMProxy:
         await self.stop()
 
     # ------------------------------------------------------------------ app
-    def _build_app(self) -> FastAPI:
-        @contextlib.asynccontextmanager
-        async def lifespan(_: FastAPI) -> AsyncGenerator[None]:
-            await self._open()
-            try:
-                yield
-            finally:
-                await self._close()
-
-        app = ProxyApp(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
-        app.state.llm_proxy = self
-        app.completion_handler = self._complete  # the fast path; the routes below describe the same API
-        app.slot_handler = self._slot_route
-        app.max_body_bytes = self.max_body_bytes
-        app.authorize = self._authorize
-        for prefix in (_ROLLOUT_PREFIX, _SLOT_PREFIX, ""):
-            app.add_route(f"{prefix}/v1/chat/completions", self._chat, methods=["POST"])
-            app.add_route(f"{prefix}/v1/completions", self._completions, methods=["POST"])
-            app.add_route(f"{prefix}/v1/models", self._models, methods=["GET"])
-        app.add_route(_SLOT_PREFIX, self._slot_endpoint, methods=["PUT", "DELETE"])
-        add_admin_routes(app, self)
-        return app
+    def _build_app(self) -> ProxyASGI:
+        table = RouteTable(proxy_routes(self), decode=True)  # matched on the raw path: ids may hold an encoded "/"
+        return ProxyASGI(
+            table, self._authorize, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self})
+        )
 
     async def _open(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -402,11 +370,11 @@ class LLMProxy:
             headers["Authorization"] = authorization
         return headers
 
-    def _authorize(self, path: str, authorization: str | None) -> Response | None:
+    def _authorize(self, authorization: str | None) -> Response | None:
         """The refusal for a request that lacks the token, or ``None`` (``/admin/*`` checks its own token)."""
-        if path.startswith("/admin/") or self.authorized(authorization):
+        if self.authorized(authorization):
             return None
-        return _error(
+        return error(
             401,
             "this LLM proxy needs 'Authorization: Bearer <token>' (the agent's api_key; the trainer publishes it "
             "as the LLM resource's api_key)",
@@ -414,62 +382,32 @@ class LLMProxy:
             headers={"WWW-Authenticate": "Bearer"},
         )
 
-    # ------------------------------------------------------------------ routes
-    async def _chat(self, request: Request) -> Response:
-        return await self._complete_route(request, "chat")
-
-    async def _completions(self, request: Request) -> Response:
-        return await self._complete_route(request, "completion")
-
-    async def _complete_route(self, request: Request, kind: Kind) -> Response:
-        target = Target(kind)
-        if request.path_params:  # re-read from the raw path: ids are percent-encoded there
-            path = raw_path(request.scope)
-            root = request.scope.get("root_path") or ""
-            hit = match_completion(path[len(root) :] if root and path.startswith(root) else path)
-            if hit is None or (hit.rollout_id is None and hit.slot is None):
-                return _error(404, f"not a per-rollout or per-slot completion path: {path}", "invalid_request_error")
-            target = hit
-        body = await request.body()
-        if len(body) > self.max_body_bytes:
-            return too_large(len(body), self.max_body_bytes)
-        return await self._complete(target, body, request.headers.get("authorization"))
-
-    def _slot_route(self, method: str, key: str, body: bytes) -> Response:
-        return slot_route(self.slots, method, key, body)
-
-    async def _slot_endpoint(self, request: Request) -> Response:
-        body = await request.body()
-        if len(body) > self.max_body_bytes:
-            return too_large(len(body), self.max_body_bytes)
-        return self._slot_route(request.method, str(request.path_params["slot"]), body)
-
+    # ------------------------------------------------------------------ answers
     def _unregistered(self, key: str) -> Response:
-        return _error(
+        return error(
             404,
             f"no rollout runs on runner slot {key!r} now (its rollout ended or was abandoned, or its runner has not "
             "registered it): the call is refused so that it is never recorded under another rollout",
             SLOT_NOT_REGISTERED,
         )
 
-    async def _models(self, request: Request) -> Response:
-        rollout_id = request.path_params.get("rollout_id")
-        slot = request.path_params.get("slot")
-        if slot is not None:
-            occupant = self.slots.resolve(str(slot))
+    async def models(self, target: Target, authorization: str | None) -> Response:
+        """The model list of the backend that ``target``'s rollout sticks to (``/v1/models``)."""
+        rollout_id = target.rollout_id
+        if target.slot is not None:
+            occupant = self.slots.resolve(target.slot)
             rollout_id = occupant[0] if occupant is not None else None
         backend = self._pick_backend(rollout_id)
         assert self._session is not None
         try:
-            async with self._session.get(
-                f"{backend}/v1/models", headers=self._backend_headers(request.headers.get("authorization"))
-            ) as resp:
+            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(authorization)) as resp:
                 body = await resp.read()
                 return Response(body, resp.status, media_type=resp.content_type)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return _error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
+            return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
-    async def _complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
+    async def complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
+        """Forward one completion request and record it (the handler of every completion route)."""
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
         if target.slot is not None:
@@ -479,7 +417,7 @@ class LLMProxy:
             rollout_id, attempt_id = occupant
         elif rollout_id is None and not self.allow_unrecorded:
             path = "chat/completions" if kind == "chat" else "completions"
-            return _error(
+            return error(
                 400,
                 f"this LLM proxy records calls per rollout: use base URL "
                 f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}) or a runner "
@@ -488,7 +426,7 @@ class LLMProxy:
                 "invalid_request_error",
             )
         if self._paused:
-            return _error(
+            return error(
                 503,
                 "LLM proxy is paused for a model update; retry shortly",
                 "proxy_paused",
@@ -497,9 +435,9 @@ class LLMProxy:
         try:
             body = loads(raw_body)
         except ValueError as exc:
-            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+            return error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object", "invalid_request_error")
+            return error(400, "request body must be a JSON object", "invalid_request_error")
         agent_request = cast(dict[str, Any], body)
         self._in_flight += 1
         self._idle_event().clear()
@@ -552,7 +490,7 @@ class LLMProxy:
             message = f"LLM proxy could not reach backend {backend}: {exc!r}"
             if record:
                 await self._record_shielded(meta, None, Extracted(), error=message)
-            return _error(502, message, "proxy_backend_error", headers=headers), False
+            return error(502, message, "proxy_backend_error", headers=headers), False
         header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
         if header_version is not None:
             meta = (*meta[:6], header_version)
@@ -570,7 +508,7 @@ class LLMProxy:
             message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
             if record:
                 await self._record_shielded(meta, None, Extracted(), error=message)
-            return _error(502, message, "proxy_backend_error", headers=headers), False
+            return error(502, message, "proxy_backend_error", headers=headers), False
         resp.release()
         if resp.status >= 400:
             for name in ("Retry-After",):
@@ -698,7 +636,7 @@ class LLMProxy:
 
 def _unrecorded(failure: str, headers: dict[str, str]) -> Response:
     status = 404 if failure.startswith("NotFoundError") else 502
-    return _error(
+    return error(
         status,
         f"the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
         f"{failure}",
@@ -707,7 +645,7 @@ def _unrecorded(failure: str, headers: dict[str, str]) -> Response:
     )
 
 
-def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> FastAPI:
+def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> ProxyASGI:
     """Build the proxy's ASGI app (serve it with uvicorn); ``options`` are those of `LLMProxy`.
 
     The `LLMProxy` behind it (for ``pause()``, ``resume()``, ``set_backends()``) is ``app.state.llm_proxy``.

@@ -1,0 +1,181 @@
+"""The LLM proxy's route table: every route declared once, dispatched by `ProxyASGI` and documented from the same table.
+
+==================================================================  =========================================
+``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
+``GET  {prefix}/v1/models``                                          the backend's model list
+``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot
+``/admin/*``                                                          pause, resume, backends, status
+==================================================================  =========================================
+
+``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the per-rollout URL), ``/slot/{key}`` (a runner
+slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). The completion bodies
+are OpenAI's; the proxy forwards them as they are, so their models here describe them without checking them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import Response
+
+from agentlightning._routing import Route, openapi_document
+from agentlightning._urls import check_slot_key
+from agentlightning.proxy._admin import admin_routes
+from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, ProxyRequest, error
+from agentlightning.proxy._assemble import Kind
+from agentlightning.proxy._slots import slot_route
+
+if TYPE_CHECKING:
+    from agentlightning.proxy._proxy import LLMProxy
+
+__all__ = ["Target", "proxy_routes"]
+
+ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+SLOT_PREFIX = "/slot/{slot}"
+
+
+class Target(NamedTuple):
+    """What a completion path names: its kind and either a rollout's attempt, a runner slot, or nothing (plain)."""
+
+    kind: Kind
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    slot: str | None = None
+
+
+class ChatCompletionBody(BaseModel):
+    """An OpenAI chat completion request (any other OpenAI field is forwarded too)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    stream: bool = False
+
+
+class CompletionBody(BaseModel):
+    """An OpenAI text completion request (any other OpenAI field is forwarded too)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | list[int]
+    stream: bool = False
+
+
+class OpenAIAnswer(BaseModel):
+    """The backend's answer, passed on unchanged (a completion, a stream of chunks, or the model list)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ProxyError(BaseModel):
+    """Every error the proxy itself answers: ``{"error": {"message", "type", "code"}}`` as OpenAI's API does."""
+
+    error: dict[str, Any]
+
+
+class SlotBody(BaseModel):
+    """The attempt a runner slot runs now (``DELETE``: optional, clears only that occupant)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rollout_id: str
+    attempt_id: str
+
+
+class SlotAnswer(BaseModel):
+    """The slot's registration, or whether it was cleared."""
+
+    model_config = ConfigDict(extra="allow")
+    slot: str
+
+
+_TITLE = "Agent Lightning LLM proxy"
+_DESCRIPTION = "OpenAI-compatible calls forwarded to inference backends, each recorded with its exact token ids."
+_COMMON_ERRORS = {401: "missing or wrong token (the agents' api_key)", 413: "body too large"}
+_COMPLETION_ERRORS = {
+    400: "not JSON, or a plain /v1 call the proxy does not record",
+    404: "the slot runs no attempt now, or the attempt is unknown to the store",
+    502: "the backend could not be reached, or the call could not be recorded",
+    503: "paused for a model update (Retry-After)",
+}
+
+
+def proxy_routes(proxy: LLMProxy) -> list[Route]:
+    """Every route of ``proxy``, ``/openapi.json`` included (written from the others)."""
+
+    def target(kind: Kind, params: dict[str, str]) -> Target | Response:
+        slot = params.get("slot")
+        if slot is None:
+            return Target(kind, params.get("rollout_id"), params.get("attempt_id"))
+        try:
+            return Target(kind, slot=check_slot_key(slot))
+        except ValueError as exc:
+            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+
+    async def chat(request: ProxyRequest) -> Response:
+        found = target("chat", request.params)
+        return (
+            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
+        )
+
+    async def completions(request: ProxyRequest) -> Response:
+        found = target("completion", request.params)
+        return (
+            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
+        )
+
+    async def models(request: ProxyRequest) -> Response:
+        found = target("chat", request.params)
+        if isinstance(found, Response):
+            return found
+        return await proxy.models(found, request.authorization)
+
+    async def slot(request: ProxyRequest) -> Response:
+        try:
+            key = check_slot_key(request.params["slot"])
+        except ValueError as exc:
+            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+        return slot_route(proxy.slots, request.method, key, request.body)
+
+    routes: list[Route] = []
+    for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
+                                (SLOT_PREFIX, "runner slot", "slot_")):  # fmt: skip
+        where = f" ({scope} URL)"
+        routes += [
+            Route("POST", f"{prefix}/v1/chat/completions", chat, f"{name}chat_completions",
+                  f"A chat completion, forwarded and recorded{where}.", body=ChatCompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
+            Route("POST", f"{prefix}/v1/completions", completions, f"{name}completions",
+                  f"A text completion, forwarded and recorded{where}.", body=CompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
+            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
+                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
+        ]  # fmt: skip
+    routes += [
+        Route("PUT", SLOT_PREFIX, slot, "register_slot", "Register the attempt a runner slot runs from now on.",
+              body=SlotBody, response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
+        Route("DELETE", SLOT_PREFIX, slot, "clear_slot", "Clear a runner slot (only that occupant, with a body).",
+              response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
+    ]  # fmt: skip
+    routes += admin_routes(proxy)
+    security: dict[str, dict[str, str]] = {}
+    if proxy.token is not None:
+        security["bearer"] = {"type": "http", "scheme": "bearer"}
+    if proxy.admin_token is not None:
+        security[ADMIN] = {"type": "http", "scheme": "bearer", "description": "the admin token"}
+    document = openapi_document(
+        routes,
+        title=_TITLE,
+        version="1",
+        description=_DESCRIPTION,
+        error_model=ProxyError,
+        common_errors=_COMMON_ERRORS,
+        security=security,
+    )
+    body = json.dumps(document, separators=(",", ":")).encode()
+
+    async def openapi(_: ProxyRequest) -> Response:
+        return Response(body, media_type="application/json")
+
+    return [*routes, Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]
