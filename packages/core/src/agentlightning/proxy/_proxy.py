@@ -41,41 +41,27 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import aiohttp
 from starlette.datastructures import State
 from starlette.responses import Response
 
-from agentlightning._models import LLMCall, new_id, now
+from agentlightning._models import LLMCall
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
 from agentlightning._routing import RouteTable
 from agentlightning._urls import rollout_base_url, slot_base_url
-from agentlightning.proxy._asgi import ProxyASGI, RawResponse, error, raw_headers
-from agentlightning.proxy._assemble import (
-    MODEL_VERSION_FIELD,
-    MODEL_VERSION_HEADER,
-    Extracted,
-    Kind,
-    StreamAssembler,
-    dumps,
-    extract,
-    loads,
-    model_version_of,
-    without_token_fields,
-)
-from agentlightning.proxy._routes import Target, proxy_routes
-from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable
-from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
+from agentlightning.proxy._asgi import ProxyASGI, error
+from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
+from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
+from agentlightning.proxy._routes import proxy_routes
+from agentlightning.proxy._slots import SlotTable
 from agentlightning.store._base import LightningStore
 from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 
 logger = logging.getLogger(__name__)
-
-_MAX_STICKY = 100_000
-CALL_ID_HEADER = "x-agentlightning-call-id"
 
 
 def _normalize_backend(url: str) -> str:
@@ -85,7 +71,7 @@ def _normalize_backend(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-class LLMProxy:
+class LLMProxy(Forwarder):
     """Records every LLM call of every rollout with its exact token ids.
 
     Args:
@@ -268,18 +254,6 @@ class LLMProxy:
         self._paused = False
         logger.info("LLM proxy resumed (model_version=%s)", self._model_version)
 
-    async def flush(self) -> None:
-        """Write every queued record (``record="background"``) and wait for writes in progress."""
-        loop = self._loop
-        if loop is not None and loop is not asyncio.get_running_loop():
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.flush(), loop))
-            return
-        while self._pending or self._writes:
-            if self._pending:
-                await self._write_batch()
-            if self._writes:
-                await asyncio.gather(*list(self._writes), return_exceptions=True)
-
     # ------------------------------------------------------------------ serving
     async def start(self) -> LLMProxy:
         """Serve on ``host:port`` inside the running event loop; returns self once listening."""
@@ -340,36 +314,6 @@ class LLMProxy:
             self._session = None
         self._loop = None
 
-    def _idle_event(self) -> asyncio.Event:
-        if self._idle is None:
-            self._idle = asyncio.Event()
-        return self._idle
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    def _pick_backend(self, rollout_id: str | None) -> str:
-        backends = self._backends
-        if rollout_id is None:
-            return backends[next(self._round_robin) % len(backends)]
-        backend = self._sticky.get(rollout_id)
-        if backend is None or backend not in backends:
-            backend = backends[next(self._round_robin) % len(backends)]
-            self._sticky[rollout_id] = backend
-            if len(self._sticky) > _MAX_STICKY:
-                self._sticky.popitem(last=False)
-        return backend
-
-    def _backend_headers(self, authorization: str | None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.backend_api_key:
-            headers["Authorization"] = f"Bearer {self.backend_api_key}"
-        elif authorization is not None and self.token is None:  # never hand the proxy's own token on
-            headers["Authorization"] = authorization
-        return headers
-
     def _authorize(self, authorization: str | None) -> Response | None:
         """The refusal for a request that lacks the token, or ``None`` (``/admin/*`` checks its own token)."""
         if self.authorized(authorization):
@@ -381,268 +325,6 @@ class LLMProxy:
             "unauthorized",
             headers={"WWW-Authenticate": "Bearer"},
         )
-
-    # ------------------------------------------------------------------ answers
-    def _unregistered(self, key: str) -> Response:
-        return error(
-            404,
-            f"no rollout runs on runner slot {key!r} now (its rollout ended or was abandoned, or its runner has not "
-            "registered it): the call is refused so that it is never recorded under another rollout",
-            SLOT_NOT_REGISTERED,
-        )
-
-    async def models(self, target: Target, authorization: str | None) -> Response:
-        """The model list of the backend that ``target``'s rollout sticks to (``/v1/models``)."""
-        rollout_id = target.rollout_id
-        if target.slot is not None:
-            occupant = self.slots.resolve(target.slot)
-            rollout_id = occupant[0] if occupant is not None else None
-        backend = self._pick_backend(rollout_id)
-        assert self._session is not None
-        try:
-            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(authorization)) as resp:
-                body = await resp.read()
-                return Response(body, resp.status, media_type=resp.content_type)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
-
-    async def complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
-        """Forward one completion request and record it (the handler of every completion route)."""
-        start = now()
-        kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
-        if target.slot is not None:
-            occupant = self.slots.resolve(target.slot)
-            if occupant is None:
-                return self._unregistered(target.slot)
-            rollout_id, attempt_id = occupant
-        elif rollout_id is None and not self.allow_unrecorded:
-            path = "chat/completions" if kind == "chat" else "completions"
-            return error(
-                400,
-                f"this LLM proxy records calls per rollout: use base URL "
-                f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}) or a runner "
-                "slot's URL (agentlightning.llm_base_url()); "
-                "plain /v1 is refused so that no training data is silently lost",
-                "invalid_request_error",
-            )
-        if self._paused:
-            return error(
-                503,
-                "LLM proxy is paused for a model update; retry shortly",
-                "proxy_paused",
-                headers={"Retry-After": str(self.retry_after)},
-            )
-        try:
-            body = loads(raw_body)
-        except ValueError as exc:
-            return error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "request body must be a JSON object", "invalid_request_error")
-        agent_request = cast(dict[str, Any], body)
-        self._in_flight += 1
-        self._idle_event().clear()
-        streamed = False
-        try:
-            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
-            return response
-        finally:
-            if not streamed:
-                self._done()
-
-    def _done(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._idle_event().set()
-
-    async def _forward(
-        self,
-        agent_request: dict[str, Any],
-        kind: Kind,
-        rollout_id: str | None,
-        attempt_id: str | None,
-        start: float,
-        authorization: str | None,
-    ) -> tuple[Response, bool]:
-        forwarded = dict(agent_request)
-        record = rollout_id is not None and attempt_id is not None
-        if record:
-            forwarded["return_token_ids"] = True
-            if kind == "chat":
-                forwarded["logprobs"] = True
-            elif not isinstance(forwarded.get("logprobs"), int) or forwarded["logprobs"] < 1:
-                forwarded["logprobs"] = 1
-        if self.served_model:
-            forwarded["model"] = self.served_model
-        backend = self._pick_backend(rollout_id)
-        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-        call_id = new_id("call")
-        headers = {CALL_ID_HEADER: call_id} if record else {}
-        session = self._session
-        assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
-        # The version admitted with the request: what a backend that reports none was serving (the trainer
-        # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
-        meta: Meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, self._model_version)
-        try:
-            resp = await session.post(
-                backend + path, data=dumps(forwarded), headers=self._backend_headers(authorization)
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            message = f"LLM proxy could not reach backend {backend}: {exc!r}"
-            if record:
-                await self._record_shielded(meta, None, Extracted(), error=message)
-            return error(502, message, "proxy_backend_error", headers=headers), False
-        header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
-        if header_version is not None:
-            meta = (*meta[:6], header_version)
-            headers[MODEL_VERSION_HEADER] = str(header_version)
-        if agent_request.get("stream") and resp.status < 400:
-            state = StreamState(StreamAssembler(kind), meta if record else None, backend)
-            media = resp.headers.get("Content-Type", "text/event-stream")
-            streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
-            streaming.on_close = lambda: self._stream_closed(resp, state)
-            return streaming, True
-        try:
-            raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            resp.release()
-            message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
-            if record:
-                await self._record_shielded(meta, None, Extracted(), error=message)
-            return error(502, message, "proxy_backend_error", headers=headers), False
-        resp.release()
-        if resp.status >= 400:
-            for name in ("Retry-After",):
-                if name in resp.headers:
-                    headers[name] = resp.headers[name]
-            if record:
-                text = raw.decode("utf-8", errors="replace")[:4000]
-                await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
-            return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
-        if record:
-            try:
-                data = loads(raw)
-            except ValueError:
-                data = None
-            if isinstance(data, dict):
-                data = cast(dict[str, Any], data)
-                failure = await self._record_shielded(meta, data, extract(data, kind))
-            else:
-                failure = await self._record_shielded(
-                    meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
-                )
-            if failure is not None:  # never 200 for a call whose training data was not stored
-                return _unrecorded(failure, headers), False
-        return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
-
-    def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
-        """Runs once the streamed response is over, whether it completed, broke, or was never started."""
-        resp.release()
-        self._done()
-        if state.meta is not None and not state.recorded:
-            state.recorded = True
-            error = state.error or "stream ended before the agent received it"
-            if state.assembler.finish_reason is not None and state.error is None:
-                error = None  # a complete stream without [DONE]
-            self._spawn(self._record(state.meta, state.assembler.response(), state.assembler.extracted(), error=error))
-
-    async def _record_shielded(
-        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None = None
-    ) -> str | None:
-        """`_record`, finished even when the agent hangs up meanwhile (the handler is then cancelled)."""
-        return await asyncio.shield(self._record(meta, response, extracted, error))
-
-    async def _record(
-        self,
-        meta: Meta,
-        response: dict[str, Any] | None,
-        extracted: Extracted,
-        error: str | None = None,
-    ) -> str | None:
-        """Record one call; returns why it could not be stored (``None`` once stored or queued)."""
-        call_id, rollout_id, backend = meta[0], meta[1], meta[4]
-        if error is None and extracted.response_token_ids is None:
-            self._warn_missing_ids(backend, call_id, rollout_id)
-        if extracted.note:
-            logger.warning("LLM call %s from backend %s: %s", call_id, backend, extracted.note)
-        try:
-            call = self._call_record(meta, response, extracted, error)
-        except ValueError as exc:  # e.g. NaN logprobs from the backend: the store would refuse them too
-            logger.error("LLM proxy cannot record call %s of rollout %s: %s", call_id, rollout_id, exc)
-            return f"the call's record is invalid: {' '.join(str(exc).split())}"
-        if self.record == "background":
-            self._pending.append(call)
-            if self._flush_wakeup is not None:
-                self._flush_wakeup.set()
-            return None
-        try:
-            await self.store.add_llm_calls([call])
-        except Exception as exc:
-            logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    def _call_record(
-        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None
-    ) -> LLMCall:
-        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
-        return LLMCall(
-            call_id=call_id,
-            rollout_id=rollout_id,
-            attempt_id=attempt_id,
-            response_id=response.get("id") if response else None,
-            request=agent_request,
-            response=without_token_fields(response) if response is not None else None,
-            prompt_token_ids=extracted.prompt_token_ids or [],
-            response_token_ids=extracted.response_token_ids or [],
-            response_logprobs=extracted.response_logprobs,
-            model=(response.get("model") if response else None) or agent_request.get("model"),
-            model_version=admitted_version if extracted.model_version is None else extracted.model_version,
-            backend=backend,
-            start_time=start,
-            end_time=now(),
-            error=error,
-        )
-
-    def _warn_missing_ids(self, backend: str, call_id: str, rollout_id: str) -> None:
-        count = self._missing_ids_count.get(backend, 0) + 1
-        self._missing_ids_count[backend] = count
-        if count == 1 or count % 100 == 0:
-            logger.warning(
-                "backend %s returned no token ids (call %s, rollout %s; %d such call(s) so far): the call is "
-                "recorded with empty ids and cannot be trained on. Serve the model with vLLM >= 0.10.2 "
-                "(return_token_ids) or the agentlightning torch backend.",
-                backend,
-                call_id,
-                rollout_id,
-                count,
-            )
-
-    async def _write_batch(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        try:
-            await self.store.add_llm_calls(batch)
-        except Exception:
-            logger.exception("LLM proxy could not store %d call(s)", len(batch))
-
-    async def _flush_loop(self) -> None:
-        assert self._flush_wakeup is not None
-        while True:
-            await self._flush_wakeup.wait()
-            self._flush_wakeup.clear()
-            await self._write_batch()
-
-
-def _unrecorded(failure: str, headers: dict[str, str]) -> Response:
-    status = 404 if failure.startswith("NotFoundError") else 502
-    return error(
-        status,
-        f"the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
-        f"{failure}",
-        "proxy_record_error",
-        headers=headers,
-    )
 
 
 def create_proxy_app(store: LightningStore, backends: Sequence[str], **options: Any) -> ProxyASGI:

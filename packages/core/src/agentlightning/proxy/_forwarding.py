@@ -1,0 +1,245 @@
+"""How the LLM proxy answers a call: pick the rollout's backend, forward the request, relay the answer, record it.
+
+`Forwarder` is the forwarding half of `LLMProxy` (``_proxy.py``, which holds the settings, controls and serving);
+it records through `CallRecorder`. A rollout sticks to the backend it was first sent to, so the backend's prefix
+cache is reused across its turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict
+from typing import Any, cast
+
+import aiohttp
+from starlette.responses import Response
+
+from agentlightning._models import new_id, now
+from agentlightning.proxy._asgi import RawResponse, error, raw_headers
+from agentlightning.proxy._assemble import (
+    MODEL_VERSION_HEADER,
+    Extracted,
+    Kind,
+    StreamAssembler,
+    dumps,
+    extract,
+    loads,
+    model_version_of,
+)
+from agentlightning.proxy._recording import CallRecorder, unrecorded
+from agentlightning.proxy._routes import Target
+from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable
+from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
+
+__all__ = ["CALL_ID_HEADER", "Forwarder"]
+
+_MAX_STICKY = 100_000
+CALL_ID_HEADER = "x-agentlightning-call-id"
+
+
+class Forwarder(CallRecorder):
+    """The forwarding half of `LLMProxy` (which sets the attributes below in its constructor)."""
+
+    token: str | None
+    served_model: str | None
+    allow_unrecorded: bool
+    backend_api_key: str | None
+    retry_after: int
+    slots: SlotTable
+    _backends: list[str]
+    _model_version: int | None
+    _sticky: OrderedDict[str, str]
+    _round_robin: itertools.count[int]
+    _session: aiohttp.ClientSession | None
+    _paused: bool
+    _in_flight: int
+    _idle: asyncio.Event | None
+
+    def _idle_event(self) -> asyncio.Event:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        return self._idle
+
+    def _pick_backend(self, rollout_id: str | None) -> str:
+        backends = self._backends
+        if rollout_id is None:
+            return backends[next(self._round_robin) % len(backends)]
+        backend = self._sticky.get(rollout_id)
+        if backend is None or backend not in backends:
+            backend = backends[next(self._round_robin) % len(backends)]
+            self._sticky[rollout_id] = backend
+            if len(self._sticky) > _MAX_STICKY:
+                self._sticky.popitem(last=False)
+        return backend
+
+    def _backend_headers(self, authorization: str | None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.backend_api_key:
+            headers["Authorization"] = f"Bearer {self.backend_api_key}"
+        elif authorization is not None and self.token is None:  # never hand the proxy's own token on
+            headers["Authorization"] = authorization
+        return headers
+
+    # ------------------------------------------------------------------ answers
+    def _unregistered(self, key: str) -> Response:
+        return error(
+            404,
+            f"no rollout runs on runner slot {key!r} now (its rollout ended or was abandoned, or its runner has not "
+            "registered it): the call is refused so that it is never recorded under another rollout",
+            SLOT_NOT_REGISTERED,
+        )
+
+    async def models(self, target: Target, authorization: str | None) -> Response:
+        """The model list of the backend that ``target``'s rollout sticks to (``/v1/models``)."""
+        rollout_id = target.rollout_id
+        if target.slot is not None:
+            occupant = self.slots.resolve(target.slot)
+            rollout_id = occupant[0] if occupant is not None else None
+        backend = self._pick_backend(rollout_id)
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(authorization)) as resp:
+                body = await resp.read()
+                return Response(body, resp.status, media_type=resp.content_type)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
+
+    async def complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
+        """Forward one completion request and record it (the handler of every completion route)."""
+        start = now()
+        kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
+        if target.slot is not None:
+            occupant = self.slots.resolve(target.slot)
+            if occupant is None:
+                return self._unregistered(target.slot)
+            rollout_id, attempt_id = occupant
+        elif rollout_id is None and not self.allow_unrecorded:
+            path = "chat/completions" if kind == "chat" else "completions"
+            return error(
+                400,
+                f"this LLM proxy records calls per rollout: use base URL "
+                f"{{proxy}}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1 (then POST .../v1/{path}) or a runner "
+                "slot's URL (agentlightning.llm_base_url()); "
+                "plain /v1 is refused so that no training data is silently lost",
+                "invalid_request_error",
+            )
+        if self._paused:
+            return error(
+                503,
+                "LLM proxy is paused for a model update; retry shortly",
+                "proxy_paused",
+                headers={"Retry-After": str(self.retry_after)},
+            )
+        try:
+            body = loads(raw_body)
+        except ValueError as exc:
+            return error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return error(400, "request body must be a JSON object", "invalid_request_error")
+        agent_request = cast(dict[str, Any], body)
+        self._in_flight += 1
+        self._idle_event().clear()
+        streamed = False
+        try:
+            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
+            return response
+        finally:
+            if not streamed:
+                self._done()
+
+    def _done(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle_event().set()
+
+    async def _forward(
+        self,
+        agent_request: dict[str, Any],
+        kind: Kind,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        start: float,
+        authorization: str | None,
+    ) -> tuple[Response, bool]:
+        forwarded = dict(agent_request)
+        record = rollout_id is not None and attempt_id is not None
+        if record:
+            forwarded["return_token_ids"] = True
+            if kind == "chat":
+                forwarded["logprobs"] = True
+            elif not isinstance(forwarded.get("logprobs"), int) or forwarded["logprobs"] < 1:
+                forwarded["logprobs"] = 1
+        if self.served_model:
+            forwarded["model"] = self.served_model
+        backend = self._pick_backend(rollout_id)
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        call_id = new_id("call")
+        headers = {CALL_ID_HEADER: call_id} if record else {}
+        session = self._session
+        assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
+        # The version admitted with the request: what a backend that reports none was serving (the trainer
+        # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
+        meta: Meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, self._model_version)
+        try:
+            resp = await session.post(
+                backend + path, data=dumps(forwarded), headers=self._backend_headers(authorization)
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            message = f"LLM proxy could not reach backend {backend}: {exc!r}"
+            if record:
+                await self._record_shielded(meta, None, Extracted(), error=message)
+            return error(502, message, "proxy_backend_error", headers=headers), False
+        header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
+        if header_version is not None:
+            meta = (*meta[:6], header_version)
+            headers[MODEL_VERSION_HEADER] = str(header_version)
+        if agent_request.get("stream") and resp.status < 400:
+            state = StreamState(StreamAssembler(kind), meta if record else None, backend)
+            media = resp.headers.get("Content-Type", "text/event-stream")
+            streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
+            streaming.on_close = lambda: self._stream_closed(resp, state)
+            return streaming, True
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp.release()
+            message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
+            if record:
+                await self._record_shielded(meta, None, Extracted(), error=message)
+            return error(502, message, "proxy_backend_error", headers=headers), False
+        resp.release()
+        if resp.status >= 400:
+            for name in ("Retry-After",):
+                if name in resp.headers:
+                    headers[name] = resp.headers[name]
+            if record:
+                text = raw.decode("utf-8", errors="replace")[:4000]
+                await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
+            return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
+        if record:
+            try:
+                data = loads(raw)
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                data = cast(dict[str, Any], data)
+                failure = await self._record_shielded(meta, data, extract(data, kind))
+            else:
+                failure = await self._record_shielded(
+                    meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
+                )
+            if failure is not None:  # never 200 for a call whose training data was not stored
+                return unrecorded(failure, headers), False
+        return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
+
+    def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
+        """Runs once the streamed response is over, whether it completed, broke, or was never started."""
+        resp.release()
+        self._done()
+        if state.meta is not None and not state.recorded:
+            state.recorded = True
+            error = state.error or "stream ended before the agent received it"
+            if state.assembler.finish_reason is not None and state.error is None:
+                error = None  # a complete stream without [DONE]
+            self._spawn(self._record(state.meta, state.assembler.response(), state.assembler.extracted(), error=error))

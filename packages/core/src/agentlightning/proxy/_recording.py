@@ -1,0 +1,152 @@
+"""How the LLM proxy records calls: one `LLMCall` per call, written before the answer (``record="sync"``) or queued.
+
+`CallRecorder` is the recording half of `LLMProxy` (``_proxy.py``): it builds each call's record from the backend's
+answer, warns once per backend that returns no token ids, and writes records to the store at once or in batches
+from a background task (``record="background"``, see `CallRecorder.flush`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Literal
+
+from starlette.responses import Response
+
+from agentlightning._models import LLMCall, now
+from agentlightning.proxy._asgi import error
+from agentlightning.proxy._assemble import Extracted, without_token_fields
+from agentlightning.proxy._streaming import Meta
+from agentlightning.store._base import LightningStore
+
+__all__ = ["CallRecorder", "unrecorded"]
+
+logger = logging.getLogger("agentlightning.proxy._proxy")  # the proxy's logger, as before the split
+
+
+class CallRecorder:
+    """The recording half of `LLMProxy` (which sets the attributes below in its constructor)."""
+
+    store: LightningStore
+    record: Literal["sync", "background"]
+    _loop: asyncio.AbstractEventLoop | None
+    _pending: list[LLMCall]
+    _flush_wakeup: asyncio.Event | None
+    _writes: set[asyncio.Task[Any]]
+    _missing_ids_count: dict[str, int]
+
+    async def flush(self) -> None:
+        """Write every queued record (``record="background"``) and wait for writes in progress."""
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.flush(), loop))
+            return
+        while self._pending or self._writes:
+            if self._pending:
+                await self._write_batch()
+            if self._writes:
+                await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _record_shielded(
+        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None = None
+    ) -> str | None:
+        """`_record`, finished even when the agent hangs up meanwhile (the handler is then cancelled)."""
+        return await asyncio.shield(self._record(meta, response, extracted, error))
+
+    async def _record(
+        self,
+        meta: Meta,
+        response: dict[str, Any] | None,
+        extracted: Extracted,
+        error: str | None = None,
+    ) -> str | None:
+        """Record one call; returns why it could not be stored (``None`` once stored or queued)."""
+        call_id, rollout_id, backend = meta[0], meta[1], meta[4]
+        if error is None and extracted.response_token_ids is None:
+            self._warn_missing_ids(backend, call_id, rollout_id)
+        if extracted.note:
+            logger.warning("LLM call %s from backend %s: %s", call_id, backend, extracted.note)
+        try:
+            call = self._call_record(meta, response, extracted, error)
+        except ValueError as exc:  # e.g. NaN logprobs from the backend: the store would refuse them too
+            logger.error("LLM proxy cannot record call %s of rollout %s: %s", call_id, rollout_id, exc)
+            return f"the call's record is invalid: {' '.join(str(exc).split())}"
+        if self.record == "background":
+            self._pending.append(call)
+            if self._flush_wakeup is not None:
+                self._flush_wakeup.set()
+            return None
+        try:
+            await self.store.add_llm_calls([call])
+        except Exception as exc:
+            logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _call_record(
+        self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None
+    ) -> LLMCall:
+        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
+        return LLMCall(
+            call_id=call_id,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            response_id=response.get("id") if response else None,
+            request=agent_request,
+            response=without_token_fields(response) if response is not None else None,
+            prompt_token_ids=extracted.prompt_token_ids or [],
+            response_token_ids=extracted.response_token_ids or [],
+            response_logprobs=extracted.response_logprobs,
+            model=(response.get("model") if response else None) or agent_request.get("model"),
+            model_version=admitted_version if extracted.model_version is None else extracted.model_version,
+            backend=backend,
+            start_time=start,
+            end_time=now(),
+            error=error,
+        )
+
+    def _warn_missing_ids(self, backend: str, call_id: str, rollout_id: str) -> None:
+        count = self._missing_ids_count.get(backend, 0) + 1
+        self._missing_ids_count[backend] = count
+        if count == 1 or count % 100 == 0:
+            logger.warning(
+                "backend %s returned no token ids (call %s, rollout %s; %d such call(s) so far): the call is "
+                "recorded with empty ids and cannot be trained on. Serve the model with vLLM >= 0.10.2 "
+                "(return_token_ids) or the agentlightning torch backend.",
+                backend,
+                call_id,
+                rollout_id,
+                count,
+            )
+
+    async def _write_batch(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            await self.store.add_llm_calls(batch)
+        except Exception:
+            logger.exception("LLM proxy could not store %d call(s)", len(batch))
+
+    async def _flush_loop(self) -> None:
+        assert self._flush_wakeup is not None
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup.clear()
+            await self._write_batch()
+
+
+def unrecorded(failure: str, headers: dict[str, str]) -> Response:
+    status = 404 if failure.startswith("NotFoundError") else 502
+    return error(
+        status,
+        f"the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
+        f"{failure}",
+        "proxy_record_error",
+        headers=headers,
+    )
