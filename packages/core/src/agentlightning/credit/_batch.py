@@ -10,9 +10,16 @@ from pydantic import TypeAdapter, ValidationError
 
 from agentlightning._fast import fast_factory, fast_model
 from agentlightning._models import TrainingBatch, TrainingSample, Transition
-from agentlightning.credit._advantages import AdvantageEstimator, get_advantage_estimator
+from agentlightning.credit._advantages import (
+    AdvantageEstimator,
+    get_advantage_estimator,
+    grpo,
+    passthrough,
+    reinforce_pp,
+    rloo,
+)
 from agentlightning.credit._config import CreditConfig
-from agentlightning.credit._strategies import CreditStrategy, get_credit_strategy
+from agentlightning.credit._strategies import CreditStrategy, discounted, get_credit_strategy, identical, per_step
 from agentlightning.store._base import LightningStore
 from agentlightning.store._common import revalidate_unchecked
 from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics, TransitionResult
@@ -33,6 +40,10 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 _FLOATS = TypeAdapter(list[float])
+_OURS: frozenset[object] = frozenset(
+    {identical, discounted, per_step, grpo, rloo, reinforce_pp, passthrough}  # the built-in strategies/estimators
+)
+_FLOAT_ONLY = {float}
 
 
 def _floats(values: Sequence[float], what: str) -> list[float]:
@@ -41,7 +52,7 @@ def _floats(values: Sequence[float], what: str) -> list[float]:
     Raises:
         ValueError: A value is not a number (non-finite ones are refused later, naming the rollout and step).
     """
-    if type(values) is list and all(type(value) is float for value in values):
+    if type(values) is list and (not values or set(map(type, values)) == _FLOAT_ONLY):
         return values
     try:
         return _FLOATS.validate_python(list(values))
@@ -123,6 +134,8 @@ def build_training_batch(
     config = config or CreditConfig()
     strategy = get_credit_strategy(credit) if isinstance(credit, str) else credit
     estimate = get_advantage_estimator(estimator) if isinstance(estimator, str) else estimator
+    # Ours return floats (tested); a caller's function may return ints or numpy numbers, made floats here.
+    check_credits, check_advantages = strategy not in _OURS, estimate not in _OURS
 
     # A caller's transitions made without validation are validated here (see store._common.revalidate_unchecked).
     transitions = revalidate_unchecked(transitions, Transition, "transitions")
@@ -167,7 +180,9 @@ def build_training_batch(
             if config.missing_final_reward == "drop":
                 continue
             final = 0.0
-        credits = _floats(strategy(steps, final, config), "credit strategy")
+        credits = strategy(steps, final, config)
+        if check_credits:
+            credits = _floats(credits, "credit strategy")
         if len(credits) != len(steps):
             raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
         finals.append(final)
@@ -223,7 +238,8 @@ def build_training_batch(
     isfinite = math.isfinite
     for key, group_adv in zip(kept_keys, advantages, strict=True):
         for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
-            rollout_adv = _floats(rollout_adv, "advantage estimator")
+            if check_advantages:
+                rollout_adv = _floats(rollout_adv, "advantage estimator")
             if not isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
                 _raise_non_finite(steps, credits, rollout_adv)
             dropped = 0

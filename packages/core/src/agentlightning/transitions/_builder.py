@@ -36,7 +36,6 @@ from agentlightning.semconv import (
     REWARD_VALUE,
     SPAN_KIND,
 )
-from agentlightning.store._common import revalidate_unchecked
 from agentlightning.transitions._config import (
     MissingTokenIds,
     MissingTokenIdsError,
@@ -127,7 +126,9 @@ class TransitionBuilder:
 
     For speed, per-call transitions share their token-id lists with the proxy records instead of copying
     them, and are built without re-validating data that was validated when the records were made: treat
-    transitions and records as read-only.
+    transitions and records as read-only. The builder sits past the store's validation boundary: it takes records
+    as a store returns them, or as validated construction (``Span(...)``, ``LLMCall(...)``) makes them; records
+    made with ``model_construct`` are not checked here (give them to a store, or validate them, first).
 
     Example:
         ```python
@@ -165,10 +166,6 @@ class TransitionBuilder:
         """
         if group_id is not None and not isinstance(group_id, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"group_id must be a string or None, got {type(group_id).__name__}")
-        # Records from a store passed its validation boundary; a caller's own models made without validation
-        # are validated here, so no transition is built from data its model would refuse.
-        spans = revalidate_unchecked(spans, Span, "spans")
-        llm_calls = revalidate_unchecked(llm_calls, LLMCall, "llm_calls")
         diag = TransitionDiagnostics(attempts=1, spans=len(spans))
         problems: list[str] = []
         if not spans and not llm_calls:
