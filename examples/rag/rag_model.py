@@ -1,4 +1,4 @@
-"""The RAG example's small model: a byte-level BPE tokenizer, a ~1M-parameter Qwen2, and its deterministic warm start.
+"""The RAG example's small model: a byte-level BPE tokenizer, a ~0.3M-parameter Qwen2, and its deterministic warm start.
 
 The shipped ``examples/rag/checkpoint`` is made by::
 
