@@ -4,305 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
-import importlib.util
 import logging
 import math
 import multiprocessing
-import os
 import pickle
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from agentlightning._models import Claim, Resources
-from agentlightning.runner._agent import RolloutAgent, as_agent
-from agentlightning.runner._execute import execute_async, execute_sync, release
-from agentlightning.runner._slots import SlotRegistrar
+from agentlightning._models import Claim
+from agentlightning.runner._agent import as_agent
+from agentlightning.runner._execute import execute_async, release
+from agentlightning.runner._workers import (
+    CLAIM_GRACE,
+    ThreadBudget,
+    WorkerLoop,
+    WorkerSettings,
+    agent_ref,
+    process_main,
+    release_active,
+    sync_worker,
+    worker_id_of,
+)
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreClient
-from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
+from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
 
 logger = logging.getLogger(__name__)
 
 WorkerMode = Literal["auto", "process", "thread", "async"]
-
-
-class _Budget(Protocol):
-    def take(self) -> bool: ...
-    def give_back(self) -> None: ...
-
-
-class _ThreadBudget:
-    """How many more rollouts may be claimed (``None``: unlimited), shared by threads/tasks."""
-
-    def __init__(self, limit: int | None) -> None:
-        self._left = limit
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self._left is None:
-                return True
-            if self._left <= 0:
-                return False
-            self._left -= 1
-            return True
-
-    def give_back(self) -> None:
-        with self._lock:
-            if self._left is not None:
-                self._left += 1
-
-
-class _ProcessBudget:
-    """The same, shared by worker processes through a ``multiprocessing.Value``."""
-
-    def __init__(self, value: Any, limited: bool) -> None:
-        self._value = value
-        self._limited = limited
-
-    def take(self) -> bool:
-        if not self._limited:
-            return True
-        with self._value.get_lock():
-            if self._value.value <= 0:
-                return False
-            self._value.value -= 1
-            return True
-
-    def give_back(self) -> None:
-        if self._limited:
-            with self._value.get_lock():
-                self._value.value += 1
-
-
-@dataclass(frozen=True)
-class _Settings:
-    heartbeat_interval: float
-    poll_interval: float
-    rollout_timeout: float | None
-    stop_when_idle: bool
-    flush_timeout: float | None
-    otlp_endpoint: str | None = None
-
-
-def _worker_id(index: int) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{index}"
-
-
-_MAX_BACKOFF = 5.0
-"""Longest wait between tries while the store cannot be reached."""
-_CLAIM_GRACE = 2.0
-"""Seconds a stopping runner still waits for a claim request in flight before it abandons it."""
-
-
-class _Outage:
-    """While the store cannot be reached (its trainer restarting, a network cut): back off, warn once, recover."""
-
-    def __init__(self, poll_interval: float) -> None:
-        self._poll = poll_interval
-        self._failures = 0
-        self._lock = threading.Lock()
-
-    def failed(self, exc: BaseException) -> float:
-        """Count one failed try; returns the seconds to wait before the next."""
-        with self._lock:
-            self._failures += 1
-            failures = self._failures
-        if failures == 1:
-            logger.warning("cannot reach the store (%r); retrying until it is back", exc)
-        else:
-            logger.debug("store still unreachable after %d tries: %r", failures, exc)
-        return min(self._poll * 2 ** min(failures, 10), _MAX_BACKOFF)
-
-    def succeeded(self) -> None:
-        """The store answered: reset the backoff."""
-        if self._failures:
-            with self._lock:
-                failures, self._failures = self._failures, 0
-            if failures:
-                logger.warning("the store is reachable again (after %d failed tries)", failures)
-
-
-class _Loop:
-    """The claim loop shared by every worker kind; ``call`` runs a store coroutine and returns its result."""
-
-    def __init__(self, store: LightningStore, settings: _Settings, budget: _Budget, stopped: Callable[[], bool]):
-        self.store = store
-        self.settings = settings
-        self.budget = budget
-        self.stopped = stopped
-        self.outage = _Outage(settings.poll_interval)
-        self.active: dict[str, Claim] = {}  # worker id -> the claim it runs (thread and process workers)
-        self.slots = SlotRegistrar()  # each worker slot's stable LLM proxy URL
-        self._resources: dict[str, Resources | None] = {}
-
-    async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
-        if self.stopped() or not self.budget.take():
-            return "stop"
-        try:
-            claim = await self.store.dequeue_rollout(worker_id)
-        except BaseException:
-            self.budget.give_back()
-            raise
-        self.outage.succeeded()
-        if claim is not None:
-            return claim
-        self.budget.give_back()
-        if self.settings.stop_when_idle:
-            # Idle only when nothing is running anywhere: a running attempt may still be retried.
-            counts = (await self.store.stats()).rollouts
-            if counts.get("queuing", 0) + counts.get("running", 0) == 0:
-                return "idle"
-        return "wait"
-
-    async def resources(self, claim: Claim) -> Resources | None:
-        resources_id = claim.rollout.resources_id
-        if resources_id is None:
-            return await self.store.get_resources(None)
-        if resources_id not in self._resources:
-            self._resources[resources_id] = await self.store.get_resources(resources_id)
-        return self._resources[resources_id]
-
-
-def _sync_worker(
-    agent: RolloutAgent,
-    loop: _Loop,
-    store_loop: asyncio.AbstractEventLoop,
-    index: int,
-    stop_event: Any,
-) -> None:
-    """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``."""
-
-    def call(coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
-
-    worker_id = _worker_id(index)
-    settings = loop.settings
-    while not stop_event.is_set():
-        try:
-            claim = call(loop.claim(worker_id))
-        except Exception as exc:
-            stop_event.wait(loop.outage.failed(exc))
-            continue
-        if claim == "stop" or claim == "idle":
-            return
-        if claim == "wait":
-            stop_event.wait(settings.poll_interval)
-            continue
-        assert isinstance(claim, Claim)
-        loop.active[worker_id] = claim
-        clean = False
-        try:
-            resources = call(loop.resources(claim))
-            url = call(loop.slots.acquire(index, claim, resources))
-            outcome, _ = execute_sync(
-                agent,
-                claim,
-                loop.store,
-                call,
-                store_loop,
-                resources,
-                timeout=settings.rollout_timeout,
-                heartbeat_interval=settings.heartbeat_interval,
-                flush_timeout=settings.flush_timeout,
-                llm_base_url=url,
-                on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
-            )
-            clean = outcome.status == "succeeded"
-            logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
-        except Exception:
-            logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
-        finally:
-            loop.active.pop(worker_id, None)
-            call(loop.slots.release(index, clean))
-
-
-def _release_active(loop: _Loop, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> int:
-    """Release every claim still held by a sync worker (they are being abandoned); returns how many."""
-    claims = list(loop.active.values())
-    for claim in claims:
-        call(release(loop.store, claim))
-    return len(claims)
-
-
-def _agent_ref(agent: RolloutAgent) -> tuple[str, str, str | None] | RolloutAgent:
-    """How a worker process finds the agent: by module and name (with the module's file as a fallback)."""
-    module_name = getattr(agent, "__module__", None)
-    qualname = getattr(agent, "__qualname__", "")
-    module = sys.modules.get(module_name or "")
-    if module_name is None or not qualname or "<" in qualname or module is None:
-        return agent  # pickled as is; fails clearly if it cannot be
-    return module_name, qualname, getattr(module, "__file__", None)
-
-
-def _resolve_agent(ref: tuple[str, str, str | None] | RolloutAgent) -> RolloutAgent:
-    if isinstance(ref, RolloutAgent):
-        return ref
-    module_name, qualname, path = ref
-    module: Any
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        # Modules imported by path (pytest's importlib mode, scripts run from elsewhere) are not on sys.path
-        # in a fresh process: load the same file under the same name.
-        if path is None:
-            raise
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return as_agent(obj)
-
-
-def _process_main(
-    agent_ref: tuple[str, str, str | None] | RolloutAgent,
-    store_type: type[Any],
-    store_kwargs: dict[str, Any],
-    settings: _Settings,
-    index: int,
-    stop_event: Any,
-    budget_value: Any,
-    limited: bool,
-) -> None:
-    """Entry point of a worker process: reopen the store, run one sync worker, close."""
-    logging.basicConfig(level=logging.WARNING)
-    if settings.otlp_endpoint is not None:
-        export_to_otlp(settings.otlp_endpoint)
-    agent = _resolve_agent(agent_ref)
-    loop_thread = LoopThread("agentlightning-store")
-    store: LightningStore = store_type(**store_kwargs)
-    try:
-        loop = _Loop(store, settings, _ProcessBudget(budget_value, limited), stop_event.is_set)
-
-        def on_terminate(signum: int, frame: Any) -> None:
-            # The parent's drain ran out of grace (or someone sent SIGTERM): give the claim back, then go.
-            released = _release_active(loop, loop_thread.call)
-            logger.info("worker process %d: SIGTERM, released %d claim(s)", os.getpid(), released)
-            os._exit(0)
-
-        signal.signal(signal.SIGTERM, on_terminate)
-        _sync_worker(agent, loop, loop_thread.loop, index, stop_event)
-        loop_thread.call(loop.slots.close())
-        flush(settings.flush_timeout)
-        if settings.otlp_endpoint is not None:
-            flush_otlp()
-    finally:
-        loop_thread.call(store.close())
-        loop_thread.stop()
 
 
 class Runner:
@@ -371,7 +105,7 @@ class Runner:
         self.n_workers = n_workers
         self.max_rollouts = max_rollouts
         self.mp_start_method = mp_start_method
-        self._settings = _Settings(
+        self._settings = WorkerSettings(
             heartbeat_interval, poll_interval, rollout_timeout, stop_when_idle, flush_timeout, otlp_endpoint
         )
         self.worker_mode: Literal["process", "thread", "async"] = self._resolve_mode(worker_mode)
@@ -455,7 +189,7 @@ class Runner:
     async def arun(self) -> None:
         """Async `run`; the running loop must own the store (it is used from this loop only)."""
         if self.worker_mode == "async":
-            loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
+            loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
             await self._async_pool(loop)
         elif self.worker_mode == "process":
             await asyncio.to_thread(self._run_processes)
@@ -466,7 +200,7 @@ class Runner:
             await asyncio.to_thread(flush_otlp)  # the collector sees this run's last spans before we return
 
     # ------------------------------------------------------------------ worker kinds
-    async def _async_pool(self, loop: _Loop) -> None:
+    async def _async_pool(self, loop: WorkerLoop) -> None:
         """Run up to ``n_workers`` agents as tasks of this loop, fed by ONE claimer.
 
         One claimer instead of ``n_workers`` polling loops: with 128 idle workers each polling an empty queue,
@@ -493,8 +227,8 @@ class Runner:
 
     async def _claim_loop(
         self,
-        loop: _Loop,
-        settings: _Settings,
+        loop: WorkerLoop,
+        settings: WorkerSettings,
         free_slots: list[int],
         slot_freed: asyncio.Event,
         running: set[asyncio.Task[None]],
@@ -508,7 +242,7 @@ class Runner:
             # Taken before claiming: a rollout ending meanwhile gives its slot back, and two rollouts must never
             # share a slot (its worker id, its LLM proxy URL).
             index = free_slots.pop()
-            worker_id = _worker_id(index)
+            worker_id = worker_id_of(index)
             try:
                 claim = await self._claim_unless_stopped(loop, worker_id, stopping)
             except Exception as exc:
@@ -536,15 +270,15 @@ class Runner:
             task.add_done_callback(running.discard)
 
     async def _claim_unless_stopped(
-        self, loop: _Loop, worker_id: str, stopping: asyncio.Event
+        self, loop: WorkerLoop, worker_id: str, stopping: asyncio.Event
     ) -> Claim | Literal["idle", "stop", "wait"]:
-        """`_Loop.claim`, abandoned when the runner stops while the store does not answer (it may be down)."""
+        """`WorkerLoop.claim`, abandoned when the runner stops while the store does not answer (it may be down)."""
         claiming = asyncio.ensure_future(loop.claim(worker_id))
         stop = asyncio.ensure_future(stopping.wait())
         try:
             await asyncio.wait({claiming, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not claiming.done():  # give an answer on its way a moment, then stop waiting for it
-                await asyncio.wait({claiming}, timeout=_CLAIM_GRACE)
+                await asyncio.wait({claiming}, timeout=CLAIM_GRACE)
         finally:
             stop.cancel()
         if not claiming.done():
@@ -572,7 +306,7 @@ class Runner:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _run_claim(self, loop: _Loop, claim: Claim, worker_id: str, index: int) -> None:
+    async def _run_claim(self, loop: WorkerLoop, claim: Claim, worker_id: str, index: int) -> None:
         settings = self._settings
         clean = False
         try:
@@ -607,11 +341,11 @@ class Runner:
             await asyncio.sleep(min(0.05, seconds))
 
     def _run_threads(self, store_loop: asyncio.AbstractEventLoop) -> None:
-        loop = _Loop(self.store, self._settings, _ThreadBudget(self.max_rollouts), self._stop.is_set)
+        loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
         # Daemon threads: a drain may abandon a sync agent that cannot be interrupted.
         threads = [
             threading.Thread(
-                target=_sync_worker,
+                target=sync_worker,
                 args=(self.agent, loop, store_loop, i, self._stop),
                 name=f"agl-worker-{i}",
                 daemon=True,
@@ -628,7 +362,7 @@ class Runner:
             return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
 
         if any(thread.is_alive() for thread in threads):
-            released = _release_active(loop, call)
+            released = release_active(loop, call)
             logger.warning("draining: released %d rollout(s); their agents' threads are abandoned", released)
         call(loop.slots.close())
 
@@ -642,9 +376,9 @@ class Runner:
 
         def start(index: int) -> Any:
             process = ctx.Process(
-                target=_process_main,
+                target=process_main,
                 args=(
-                    _agent_ref(self.agent),
+                    agent_ref(self.agent),
                     store_type,
                     store_kwargs,
                     self._settings,
