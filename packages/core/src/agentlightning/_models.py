@@ -180,6 +180,17 @@ class RecordModel(BaseModel):
         return copied
 
 
+class _NestedRecord(RecordModel):
+    """A model that lives inside another record (span events and status, resource items).
+
+    Validated again whenever its parent is validated, so a record made by validation never holds a part made
+    without it (pydantic keeps model instances as they are by default); the store boundary then only needs to
+    look at the record itself (`is_validated`).
+    """
+
+    model_config = ConfigDict(revalidate_instances="always")
+
+
 class Rollout(RecordModel):
     """One task to run the agent on, and where it stands.
 
@@ -246,7 +257,7 @@ class Claim(RecordModel):
     attempt: Attempt
 
 
-class SpanEvent(RecordModel):
+class SpanEvent(_NestedRecord):
     """A timestamped event inside a span (e.g. an exception with its traceback)."""
 
     name: str
@@ -254,7 +265,7 @@ class SpanEvent(RecordModel):
     attributes: dict[str, AttributeValue] = Field(default_factory=dict)
 
 
-class SpanStatus(RecordModel):
+class SpanStatus(_NestedRecord):
     """OpenTelemetry span status."""
 
     code: SpanStatusCode = "unset"
@@ -354,7 +365,7 @@ class LLMCall(RecordModel):
         return self
 
 
-class LLMResource(RecordModel):
+class LLMResource(_NestedRecord):
     """The model endpoint agents call (normally the LLM proxy) and the model version it serves.
 
     Attributes:
@@ -385,7 +396,7 @@ class LLMResource(RecordModel):
         return rollout_base_url(self.endpoint, rollout_id, attempt_id)
 
 
-class PromptTemplateResource(RecordModel):
+class PromptTemplateResource(_NestedRecord):
     """A prompt template the agent formats (``str.format`` style by default)."""
 
     kind: Literal["prompt_template"] = "prompt_template"
@@ -393,7 +404,7 @@ class PromptTemplateResource(RecordModel):
     engine: Literal["format", "jinja"] = "format"
 
 
-class ValueResource(RecordModel):
+class ValueResource(_NestedRecord):
     """Any JSON value the user wants versioned with the rest."""
 
     kind: Literal["value"] = "value"

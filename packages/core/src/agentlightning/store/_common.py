@@ -70,6 +70,8 @@ _CALLS = TypeAdapter(list[LLMCall])
 _REQUESTS = TypeAdapter(list[RolloutRequest])
 _RESOURCES = TypeAdapter(Resources)
 _IDS = TypeAdapter(list[str])
+# readers of a model's validation mark (see agentlightning._models.is_validated) and fields, for C-level passes
+_fields_set = operator.attrgetter("__pydantic_fields_set__")
 
 
 def _as_list(value: Any, what: str) -> list[Any]:
@@ -89,26 +91,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _span_validated(span: Span) -> bool:
-    values = span.__dict__
-    status = values.get("status")
-    return (
-        is_validated(span)
-        and isinstance(status, BaseModel)
-        and is_validated(status)
-        and all(isinstance(event, BaseModel) and is_validated(event) for event in values.get("events", ()))
-    )
+def _unchecked_as_data(items: list[Any], kind: type[BaseModel]) -> list[Any]:
+    """``items`` with every ``kind`` model that was made without validation replaced by its plain data.
 
-
-def _resources_validated(resources: Resources) -> bool:
-    items = resources.__dict__.get("items", {})
-    return is_validated(resources) and all(isinstance(i, BaseModel) and is_validated(i) for i in items.values())
-
-
-def _unchecked_as_data(items: list[Any], kind: type[BaseModel], validated: Callable[[Any], bool]) -> list[Any]:
-    """``items`` with every ``kind`` model that was made without validation replaced by its plain data."""
+    Only the records themselves are looked at: their nested parts (span events and status, resource items) are
+    validated again whenever their record is (`agentlightning._models`), so a validated record holds validated parts.
+    """
+    try:
+        if _Unvalidated not in map(type, map(_fields_set, items)):  # is_validated for each, at C speed
+            return items
+    except AttributeError:  # dicts among the records: checked one by one
+        pass
     for index, item in enumerate(items):
-        if isinstance(item, kind) and not validated(item):
+        if isinstance(item, kind) and not is_validated(item):
             items[index] = _plain(item)
     return items
 
@@ -149,7 +144,7 @@ def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> li
         pydantic.ValidationError: A span is malformed (the location names its index and field).
         ValueError: A span holds NaN or Infinity.
     """
-    batch = _SPANS.validate_python(_unchecked_as_data(_as_list(spans, "spans"), Span, _span_validated))
+    batch = _SPANS.validate_python(_unchecked_as_data(_as_list(spans, "spans"), Span))
     if check_finite:
         check_spans_finite(batch)
     return batch
@@ -166,7 +161,7 @@ def json_has_non_finite(data: str) -> bool:
 
 def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
     """Validate a batch of LLM calls (models or dicts) as a whole; raises `pydantic.ValidationError`."""
-    batch = _CALLS.validate_python(_unchecked_as_data(_as_list(calls, "calls"), LLMCall, is_validated))
+    batch = _CALLS.validate_python(_unchecked_as_data(_as_list(calls, "calls"), LLMCall))
     for index, call in enumerate(batch):
         values = call.__dict__
         logprobs = values["response_logprobs"]
@@ -180,7 +175,6 @@ def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:
 
 
 _ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {}
-_fields_set = operator.attrgetter("__pydantic_fields_set__")
 
 
 def revalidate_unchecked(items: Sequence[_M], kind: type[_M], what: str) -> Sequence[_M]:
@@ -198,17 +192,17 @@ def revalidate_unchecked(items: Sequence[_M], kind: type[_M], what: str) -> Sequ
     adapter = _ADAPTERS.get(kind)
     if adapter is None:
         adapter = _ADAPTERS[kind] = TypeAdapter(list[kind])  # pyright: ignore[reportInvalidTypeForm]
-    return adapter.validate_python(_unchecked_as_data(_as_list(items, what), kind, is_validated))
+    return adapter.validate_python(_unchecked_as_data(_as_list(items, what), kind))
 
 
 def validate_requests(requests: Sequence[RolloutRequest] | Any) -> list[RolloutRequest]:
     """Validate a batch of rollout requests (models or dicts) as a whole."""
-    return _REQUESTS.validate_python(_unchecked_as_data(_as_list(requests, "requests"), RolloutRequest, is_validated))
+    return _REQUESTS.validate_python(_unchecked_as_data(_as_list(requests, "requests"), RolloutRequest))
 
 
 def validate_resources(resources: Resources | Any) -> Resources:
     """Validate a resources set (model or dict)."""
-    if isinstance(resources, Resources) and not _resources_validated(resources):
+    if isinstance(resources, Resources) and not is_validated(resources):
         resources = _plain(resources)
     return _RESOURCES.validate_python(resources)
 
