@@ -4,7 +4,10 @@ Runs, one after the other on the same machine, ``benchmarks/bare_loop_calc.py`` 
 ``ppo_update`` in one process: no store, runner, proxy, HTTP or LangGraph) and ``examples/calc/train.py`` (LangGraph
 agent in a runner process → adapter spans → proxy → local backend → SQLite store → transitions → LightningRL →
 the same ``ppo_update``), each for ``--iterations`` iterations of 16 tasks × 8 samples, and prints seconds per
-iteration of each and their ratio. Ends with one JSON line of all figures.
+iteration of each and their ratio, then where the framework's iterations spent their time (the phases its
+``metrics.jsonl`` records: waiting for rollouts, building the batch, the update, the weight sync, and how much of
+it the backend was generating), for the first iteration and for the rest (the first one also pays each runner
+slot's first HTTP client). Ends with one JSON line of all figures.
 
     .venv/bin/python benchmarks/e2e_overhead.py --iterations 10
 """
@@ -34,6 +37,24 @@ def run(cmd: list[str], what: str) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed with exit code {done.returncode}:\n{done.stderr[-3000:]}")
     return _last_json(done.stdout, what)
+
+
+PHASES = ("time_rollouts", "time_generating", "time_batch", "time_update", "time_sync")
+
+
+def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
+    """Mean seconds per phase of the run's training iterations: ``first`` iteration and the ``rest``."""
+    rows = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    train = [row for row in rows if row.get("kind") == "train"]
+    groups = {"first": train[:1], "rest": train[1:]}
+    out: dict[str, dict[str, float]] = {}
+    for name, group in groups.items():
+        if group:
+            out[name] = {
+                "seconds": round(sum(float(r["seconds"]) for r in group) / len(group), 3),
+                **{p: round(sum(float(r["metrics"].get(p, 0.0)) for r in group) / len(group), 3) for p in PHASES},
+            }
+    return out
 
 
 def main() -> int:
@@ -89,10 +110,15 @@ def main() -> int:
         "framework_reward_after": framework.get("reward_after"),
         "runners": args.runners,
     }
+    framework_phases = phases(ROOT / "runs" / "e2e-overhead" / "metrics.jsonl")
+    figures["framework_phases"] = framework_phases
     print(f"{'':32}{'s/iteration':>12}")
     print(f"{'bare loop':32}{bare_s:>12.3f}")
     print(f"{'framework (LangGraph quickstart)':32}{framework_s:>12.3f}")
     print(f"{'ratio (target <= 1.5)':32}{figures['ratio']:>12.2f}")
+    print(f"framework phases, s/iteration: {'  '.join(p.removeprefix('time_') for p in PHASES)}")
+    for name, row in framework_phases.items():
+        print(f"  {name:6} {row['seconds']:7.3f} total  " + "  ".join(f"{row[p]:.3f}" for p in PHASES))
     print(json.dumps(figures))
     return 0
 
