@@ -23,6 +23,8 @@ from agentlightning.runner._workers import (
     WorkerLoop,
     WorkerSettings,
     agent_ref,
+    ended_cleanly,
+    log_failure,
     process_main,
     release_active,
     sync_worker,
@@ -321,16 +323,13 @@ class Runner:
                 claim,
                 self.store,
                 resources,
-                timeout=settings.rollout_timeout,
-                heartbeat_interval=settings.heartbeat_interval,
-                flush_timeout=settings.flush_timeout,
+                **settings.limits(),
                 llm_base_url=url,
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
             )
-            clean = outcome.status == "succeeded"
-            logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
+            clean = ended_cleanly(claim, outcome.status)
         except Exception:
-            logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+            log_failure(worker_id, claim)
         finally:
             # shielded: a drained (cancelled) agent may still run; its slot must move on all the same
             await asyncio.shield(loop.slots.release(index, clean))

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
@@ -33,6 +33,8 @@ __all__ = [
     "WorkerLoop",
     "WorkerSettings",
     "agent_ref",
+    "ended_cleanly",
+    "log_failure",
     "process_main",
     "release_active",
     "sync_worker",
@@ -99,6 +101,20 @@ class WorkerSettings:
     stop_when_idle: bool
     flush_timeout: float | None
     otlp_endpoint: str | None = None
+
+    def limits(self) -> ExecuteLimits:
+        """The limits every rollout runs under (`execute_sync` / `execute_async` keywords)."""
+        return {
+            "timeout": self.rollout_timeout,
+            "heartbeat_interval": self.heartbeat_interval,
+            "flush_timeout": self.flush_timeout,
+        }
+
+
+class ExecuteLimits(TypedDict):
+    timeout: float | None
+    heartbeat_interval: float
+    flush_timeout: float | None
 
 
 def worker_id_of(index: int) -> str:
@@ -218,19 +234,27 @@ def sync_worker(
                 call,
                 store_loop,
                 resources,
-                timeout=settings.rollout_timeout,
-                heartbeat_interval=settings.heartbeat_interval,
-                flush_timeout=settings.flush_timeout,
+                **settings.limits(),
                 llm_base_url=url,
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
             )
-            clean = outcome.status == "succeeded"
-            logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, outcome.status)
+            clean = ended_cleanly(claim, outcome.status)
         except Exception:
-            logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
+            log_failure(worker_id, claim)
         finally:
             loop.active.pop(worker_id, None)
             call(loop.slots.release(index, clean))
+
+
+def ended_cleanly(claim: Claim, status: str) -> bool:
+    """Log how the attempt ended; whether it succeeded (only then may its runner slot keep its key)."""
+    logger.info("rollout %s attempt %s: %s", claim.rollout.rollout_id, claim.attempt.attempt_id, status)
+    return status == "succeeded"
+
+
+def log_failure(worker_id: str, claim: Claim) -> None:
+    """Log the exception a worker caught while running ``claim`` (the worker goes on with the next claim)."""
+    logger.exception("worker %s failed while running rollout %s", worker_id, claim.rollout.rollout_id)
 
 
 def release_active(loop: WorkerLoop, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> int:
