@@ -83,6 +83,7 @@ def parse_train_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--samples-per-task", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-4, help="policy learning rate")
     parser.add_argument("--max-tokens", type=int, default=48, help="most tokens per model call")
+    parser.add_argument("--temperature", type=float, default=0.5, help="sampling temperature of training rollouts")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=64, help="concurrent rollouts over all local runner processes")
@@ -116,6 +117,7 @@ def build_config(args: argparse.Namespace) -> Any:
             tasks_per_iteration=args.tasks_per_iteration,
             samples_per_task=args.samples_per_task,
             max_tokens=args.max_tokens,
+            temperature=args.temperature,
             ppo=PPOConfig(lr=args.lr, num_threads=args.threads),
             seed=args.seed,
             checkpoint_every=0,
