@@ -237,9 +237,9 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) 
 
 def _check_every_call_has_exact_ids(db: Path) -> int:
     """Every succeeded rollout's LLM calls carry the ids whose text is exactly what the agent received."""
-    from agentlightning_torch import load_tiny
+    from transformers import AutoTokenizer
 
-    _, tokenizer = load_tiny(CALC / "checkpoint")
+    tokenizer = AutoTokenizer.from_pretrained(CALC / "checkpoint")
 
     async def check() -> int:
         store = agl.SqliteStore(db)
@@ -251,7 +251,8 @@ def _check_every_call_has_exact_ids(db: Path) -> int:
                     assert call.error is None and call.prompt_token_ids and call.response_token_ids
                     assert call.response_logprobs is not None
                     assert len(call.response_logprobs) == len(call.response_token_ids)
-                    assert rollout.input["question"] in tokenizer.decode(call.prompt_token_ids)
+                    prompt = tokenizer.decode(call.prompt_token_ids, skip_special_tokens=True)
+                    assert rollout.input["question"] in prompt
                     assert call.response is not None
                     message = call.response["choices"][0]["message"]
                     if message.get("tool_calls"):
@@ -259,7 +260,7 @@ def _check_every_call_has_exact_ids(db: Path) -> int:
                         received = f"CALC({expression})"
                     else:
                         received = message["content"]
-                    assert tokenizer.decode(call.response_token_ids) == received
+                    assert tokenizer.decode(call.response_token_ids, skip_special_tokens=True) == received
         finally:
             await store.close()
         return calls

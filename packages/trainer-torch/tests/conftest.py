@@ -1,4 +1,9 @@
-"""Fixtures for the torch trainer tests: small models that train and run in about a second on one thread."""
+"""Fixtures for the torch trainer tests: small models that train and run in about a second on one thread.
+
+The calculator-style fixtures are an ordinary Hugging Face tokenizer (one token per character, a Jinja chat
+template rendering tool calls as ``CALC(<expression>)``, parsed back by the registered ``calc`` tool parser) and a
+small random Llama: the same general path any chat model takes, at a size that memorises in a second.
+"""
 
 from __future__ import annotations
 
@@ -7,65 +12,90 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning_torch import CalcChatTemplate, CharTokenizer, build_tiny_model
-from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning_torch import HFChatTemplate, build_chat_model
+from agentlightning_torch.testing import make_tiny_chat_model, memorize
 
 torch.set_num_threads(1)
 
+ALPHABET = "0123456789+-*()=:\nQACLRE"
+SPECIALS = ("<pad>", "<eos>", "<bos>")
+CALC_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- if m.content or not m.tool_calls -%}{{- (m.content or '') + eos_token -}}{%- endif -%}"
+    "{%- for call in m.tool_calls or [] -%}{{- 'CALC(' + call.function.arguments.expression + ')' + eos_token -}}"
+    "{%- endfor -%}"
+    "{%- elif m.role == 'tool' -%}{{- 'R:' + m.content + '\\n' -}}"
+    "{%- else -%}{{- m.content + '\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+)
 
-def small_model(tokenizer: CharTokenizer, seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer, 32-wide version of the tiny model (fast enough for unit tests)."""
-    return build_tiny_model(tokenizer, seed=seed, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character of the calculator alphabet; ids 0, 1, 2 are pad, eos and bos."""
+    vocab = {token: index for index, token in enumerate([*SPECIALS, *ALPHABET])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # pyright: ignore[reportAttributeAccessIssue]
+    backend.decoder = decoders.Fuse()  # pyright: ignore[reportAttributeAccessIssue]
+    backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIALS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", model_max_length=128
+    )
+    tokenizer.chat_template = CALC_TEMPLATE
+    return tokenizer
 
 
-def memorize(model: LlamaForCausalLM, sequences: list[tuple[list[int], list[int]]], steps: int = 150) -> None:
-    """Overfit ``model`` on (prompt, continuation) pairs so greedy decoding reproduces the continuations."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    width = max(len(p) + len(c) for p, c in sequences)
-    ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), -100, dtype=torch.long)
-    for row, (prompt, continuation) in enumerate(sequences):
-        full = prompt + continuation
-        ids[row, : len(full)] = torch.tensor(full)
-        labels[row, len(prompt) : len(full)] = torch.tensor(continuation)
-    model.train()
-    for _ in range(steps):
-        logits = model(input_ids=ids).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
+def small_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> PreTrainedModel:
+    """A 2-layer, 32-wide Llama sized for ``tokenizer`` (fast enough for unit tests)."""
+    return build_chat_model(
+        tokenizer,
+        architecture="llama",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_positions=128,
+        seed=seed,
+    )
 
 
 @pytest.fixture(scope="session")
-def make_small_model() -> Callable[..., LlamaForCausalLM]:
+def make_small_model() -> Callable[..., PreTrainedModel]:
     """The `small_model` factory, for tests that need fresh small models."""
     return small_model
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> CharTokenizer:
-    return CharTokenizer()
+def tokenizer() -> PreTrainedTokenizerFast:
+    return char_tokenizer()
 
 
 @pytest.fixture(scope="session")
-def template(tokenizer: CharTokenizer) -> CalcChatTemplate:
-    return CalcChatTemplate(tokenizer)
+def template(tokenizer: PreTrainedTokenizerFast) -> HFChatTemplate:
+    return HFChatTemplate(tokenizer)
+
+
+def encode(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
+    """Ids of plain text (no special tokens)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 @pytest.fixture(scope="session")
-def calc_model(tokenizer: CharTokenizer, template: CalcChatTemplate) -> LlamaForCausalLM:
+def calc_model(tokenizer: PreTrainedTokenizerFast, template: HFChatTemplate) -> PreTrainedModel:
     """A small model that answers ``Q:2*3+4=`` with ``CALC(2*3+4)`` and then, after ``R:10``, with ``A:10``."""
     model = small_model(tokenizer, seed=1)
     user = [{"role": "user", "content": "Q:2*3+4="}]
     first_prompt = template.render(user)
-    call = [*tokenizer.encode("CALC(2*3+4)"), tokenizer.eos_token_id]
-    second_prompt = first_prompt + call + tokenizer.encode("R:10\n")
-    answer = [*tokenizer.encode("A:10"), tokenizer.eos_token_id]
-    memorize(model, [(first_prompt, call), (second_prompt, answer)])
+    eos = tokenizer.eos_token_id
+    assert isinstance(eos, int)
+    call = [*encode(tokenizer, "CALC(2*3+4)"), eos]
+    second_prompt = first_prompt + call + encode(tokenizer, "R:10\n")
+    answer = [*encode(tokenizer, "A:10"), eos]
+    memorize(model, [(first_prompt, call), (second_prompt, answer)], steps=150, lr=1e-2)
     return model
 
 

@@ -11,12 +11,11 @@ import httpx
 import openai
 import pytest
 import torch
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning_torch import (
     BackendServer,
-    CalcChatTemplate,
-    CharTokenizer,
+    HFChatTemplate,
     LocalBackend,
     SamplingParams,
     serve_backend,
@@ -28,8 +27,8 @@ TOKEN_IDS = {"return_token_ids": True}
 
 
 @pytest.fixture
-def server(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> Iterator[BackendServer]:
-    backend = LocalBackend(calc_model, tokenizer, batch_wait_ms=2.0)
+def server(calc_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> Iterator[BackendServer]:
+    backend = LocalBackend(calc_model, tokenizer, batch_wait_ms=2.0, model_name="tiny-calc")
     running = serve_backend(backend)
     yield running
     running.stop()
@@ -46,7 +45,7 @@ def extra(obj: Any, name: str) -> Any:
 
 
 def test_chat_returns_prompt_and_response_token_ids(
-    client: openai.OpenAI, template: CalcChatTemplate, tokenizer: CharTokenizer
+    client: openai.OpenAI, template: HFChatTemplate, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     response = client.chat.completions.create(
         model="tiny-calc",
@@ -69,7 +68,7 @@ def test_chat_returns_prompt_and_response_token_ids(
     assert response.usage is not None and response.usage.completion_tokens == len(token_ids)
 
 
-def test_tool_round_trip_prefix_extends(client: openai.OpenAI, tokenizer: CharTokenizer) -> None:
+def test_tool_round_trip_prefix_extends(client: openai.OpenAI, tokenizer: PreTrainedTokenizerFast) -> None:
     first = client.chat.completions.create(
         model="tiny-calc",
         messages=USER,
@@ -101,7 +100,7 @@ def test_tool_round_trip_prefix_extends(client: openai.OpenAI, tokenizer: CharTo
     assert second.choices[0].finish_reason == "stop"
 
 
-def test_stream_carries_token_ids_and_matches_non_streamed(client: openai.OpenAI, template: CalcChatTemplate) -> None:
+def test_stream_carries_token_ids_and_matches_non_streamed(client: openai.OpenAI, template: HFChatTemplate) -> None:
     kwargs: dict[str, Any] = {"model": "tiny-calc", "messages": USER, "temperature": 1.0, "seed": 123, "max_tokens": 12}
     plain = client.chat.completions.create(**kwargs, logprobs=True, extra_body=TOKEN_IDS)
     stream = client.chat.completions.create(
@@ -186,7 +185,7 @@ def test_n_choices(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        ({"messages": [{"role": "user", "content": "hello"}]}, "'h'"),
+        ({"messages": [{"role": "user", "content": "hello"}]}, "cannot encode '<bos>hello"),
         ({"messages": USER, "stop": [""]}, "stop strings must not be empty"),
         ({"messages": USER, "max_tokens": 500}, "context"),
         ({"messages": USER, "temperature": -1}, "temperature"),
@@ -201,14 +200,14 @@ def test_bad_requests_get_clear_400s(server: BackendServer, body: dict[str, Any]
     assert server.backend.queue_depth == 0
 
 
-def test_completions_and_models(server: BackendServer, tokenizer: CharTokenizer) -> None:
+def test_completions_and_models(server: BackendServer, tokenizer: PreTrainedTokenizerFast) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list()] == ["tiny-calc"]
     completion = client.completions.create(
-        model="tiny-calc", prompt="Q:2*3+4=\n", temperature=0.0, max_tokens=20, logprobs=2, extra_body=TOKEN_IDS
+        model="tiny-calc", prompt="<bos>Q:2*3+4=\n", temperature=0.0, max_tokens=20, logprobs=2, extra_body=TOKEN_IDS
     )
     choice = completion.choices[0]
-    assert extra(choice, "prompt_token_ids") == tokenizer.encode("Q:2*3+4=\n", add_bos=True)
+    assert extra(choice, "prompt_token_ids") == tokenizer.encode("<bos>Q:2*3+4=\n")
     assert extra(choice, "token_ids")[:-1] == tokenizer.encode("CALC(2*3+4)")
     assert choice.text == "CALC(2*3+4)"
     assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
@@ -217,10 +216,10 @@ def test_completions_and_models(server: BackendServer, tokenizer: CharTokenizer)
 
 
 def test_weight_swap_changes_outputs_and_version(
-    server: BackendServer, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer
+    server: BackendServer, make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
 ) -> None:
     backend = server.backend
-    prompt = CalcChatTemplate(tokenizer).render(USER)
+    prompt = HFChatTemplate(tokenizer).render(USER)
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     before = backend.generate(prompt, greedy)
     assert backend.model_version == 0
@@ -233,7 +232,7 @@ def test_weight_swap_changes_outputs_and_version(
     assert backend.model_version == 1
 
 
-def test_backend_validates_input(calc_model: LlamaForCausalLM, tokenizer: CharTokenizer) -> None:
+def test_backend_validates_input(calc_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
     with pytest.raises(ValueError, match="tokenizer is required"):
         LocalBackend(calc_model)
     backend = LocalBackend(calc_model, tokenizer)
@@ -251,7 +250,10 @@ def test_backend_validates_input(calc_model: LlamaForCausalLM, tokenizer: CharTo
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_each_answer_reports_the_version_of_the_weights_that_generated_it(
-    server: BackendServer, make_small_model: Callable[..., LlamaForCausalLM], tokenizer: CharTokenizer, stream: bool
+    server: BackendServer,
+    make_small_model: Callable[..., PreTrainedModel],
+    tokenizer: PreTrainedTokenizerFast,
+    stream: bool,
 ) -> None:
     from agentlightning import MemoryStore
     from agentlightning.proxy import LLMProxy

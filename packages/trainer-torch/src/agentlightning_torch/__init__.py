@@ -1,10 +1,8 @@
-"""Agent Lightning trainer for one machine: plain PyTorch PPO/GRPO, a local batched inference backend, a tiny model.
+"""Agent Lightning trainer for one machine: plain PyTorch PPO/GRPO on any Hugging Face chat model, a local backend.
 
-The pieces the torch trainer is built from:
+The pieces the torch trainer is built from (the CPU quickstart's tiny calculator model is an ordinary Hugging Face
+folder in ``examples/calc``, served and trained through the same path as any other model):
 
-- `CharTokenizer`, `build_tiny_model`, `save_tiny`/`load_tiny`: the CPU quickstart's ~1M-parameter Llama.
-- `CalcChatTemplate`: renders chat messages to token ids (prefix-extending across tool rounds) and parses
-  ``CALC(<expr>)`` into OpenAI tool calls.
 - `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
 - `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
   ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template.
@@ -17,7 +15,7 @@ The pieces the torch trainer is built from:
 """
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
-from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._chat import ChatTemplate, HFChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._chat_model import (
     CHAT_SPECIAL_TOKENS,
     CHAT_TOOL_TOKENS,
@@ -27,8 +25,13 @@ from agentlightning_torch._chat_model import (
 from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
-from agentlightning_torch._loading import LoadedModel, MissingChatTemplateError, eos_token_ids, load_model
-from agentlightning_torch._model import build_tiny_model, count_parameters, load_tiny, save_tiny
+from agentlightning_torch._loading import (
+    LoadedModel,
+    MissingChatTemplateError,
+    count_parameters,
+    eos_token_ids,
+    load_model,
+)
 from agentlightning_torch._ppo import (
     LoraSettings,
     PPOConfig,
@@ -49,12 +52,7 @@ from agentlightning_torch._sft import (
     supervised_finetune,
     tokenize_conversation,
 )
-from agentlightning_torch._template import CalcChatTemplate, ChatTemplate, ParsedResponse, TemplateError
-from agentlightning_torch._tokenizer import CALC_ALPHABET, CharTokenizer
 from agentlightning_torch._tool_parsers import (
-    CalcToolParser,
-    HermesToolParser,
-    Llama3JsonToolParser,
     ToolParser,
     get_tool_parser,
     guess_tool_parser,
@@ -69,21 +67,15 @@ from agentlightning_torch._trainer_config import TorchTrainerConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "CALC_ALPHABET",
     "CHAT_SPECIAL_TOKENS",
     "CHAT_TOOL_TOKENS",
     "HERMES_CHAT_TEMPLATE",
     "BackendServer",
     "BackendStats",
-    "CalcChatTemplate",
-    "CalcToolParser",
-    "CharTokenizer",
     "ChatTemplate",
     "GenerationResult",
     "HFChatTemplate",
-    "HermesToolParser",
     "IterationReport",
-    "Llama3JsonToolParser",
     "LoadedModel",
     "LocalBackend",
     "LoraSettings",
@@ -101,7 +93,6 @@ __all__ = [
     "__version__",
     "apply_lora",
     "build_chat_model",
-    "build_tiny_model",
     "count_parameters",
     "create_app",
     "eos_token_ids",
@@ -112,7 +103,6 @@ __all__ = [
     "is_lora",
     "load_adapter_weights",
     "load_model",
-    "load_tiny",
     "load_trainer_state",
     "make_optimizer",
     "make_tool_call",
@@ -124,7 +114,6 @@ __all__ = [
     "register_tool_parser",
     "response_logprobs",
     "save_checkpoint",
-    "save_tiny",
     "serve_backend",
     "split_reasoning",
     "supervised_finetune",

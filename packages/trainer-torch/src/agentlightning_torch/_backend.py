@@ -30,13 +30,10 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._chat import ChatTemplate, HFChatTemplate
 from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCallback
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
-from agentlightning_torch._model import load_tiny
-from agentlightning_torch._template import CalcChatTemplate, ChatTemplate
-from agentlightning_torch._tokenizer import TOKENIZER_FILE, CharTokenizer
 
 __all__ = ["BackendStats", "LocalBackend", "merged_state_dict"]
 
@@ -104,13 +101,11 @@ class LocalBackend:
     """A causal LM serving generation requests with continuous batching, on CPU or one GPU.
 
     Args:
-        model: A model folder or hub id (loaded with `load_model`; a folder saved by ``tiny warmstart`` with the
-            character tokenizer also works), a `LoadedModel`, or a model instance (deep-copied so training the
-            original never races with generation; push new weights with `update_weights`).
-        tokenizer: Required with a model instance: a transformers tokenizer with a chat template, or the
-            calculator's `CharTokenizer`.
-        template: Chat template for chat requests; defaults to `HFChatTemplate` over a transformers tokenizer and
-            `CalcChatTemplate` over a `CharTokenizer`.
+        model: A model folder or hub id (loaded with `load_model`), a `LoadedModel`, or a model instance
+            (deep-copied so training the original never races with generation; push new weights with
+            `update_weights`).
+        tokenizer: Required with a model instance: a transformers tokenizer with a chat template.
+        template: Chat template for chat requests; defaults to `HFChatTemplate` over the tokenizer.
         device: Torch device for generation.
         dtype: Weight dtype when loading from a folder (see `load_model`).
         max_batch_size: Most sequences decoded together.
@@ -119,7 +114,7 @@ class LocalBackend:
         batch_wait_ms: When idle, generation starts once no new request has arrived for this long (ms), so a burst
             is prefilled together; requests arriving while it runs join at the next step without waiting.
         max_batch_wait_ms: ...or this long after the first request, whichever comes first.
-        model_name: Name reported by the OpenAI endpoints (default: the folder or hub id, or ``tiny-calc``).
+        model_name: Name reported by the OpenAI endpoints (default: the folder or hub id, or ``local``).
         num_threads: ``torch.set_num_threads`` applied at start (process-wide); ``None`` leaves it alone.
         seed: Seeds sampling of requests that carry no seed of their own.
         tool_parser: Tool-call parser name for the default template (``None``: guessed from the chat template).
@@ -133,7 +128,7 @@ class LocalBackend:
     def __init__(
         self,
         model: str | Path | PreTrainedModel | LoadedModel,
-        tokenizer: CharTokenizer | PreTrainedTokenizerBase | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         template: ChatTemplate | None = None,
         *,
         device: str | torch.device = "cpu",
@@ -159,11 +154,7 @@ class LocalBackend:
         if isinstance(model, (str, Path)):
             source = str(model)
             folder = Path(model)
-            if (folder / TOKENIZER_FILE).is_file() and not (folder / "tokenizer.json").is_file():
-                loaded_tiny, char_tokenizer = load_tiny(folder, device=device)
-                model, tokenizer = loaded_tiny, tokenizer or char_tokenizer
-            else:
-                model = load_model(folder if folder.exists() else source, device=device, dtype=dtype)
+            model = load_model(folder if folder.exists() else source, device=device, dtype=dtype)
         if isinstance(model, LoadedModel):
             self.model: PreTrainedModel = model.model if source else copy.deepcopy(model.model)
             tokenizer = tokenizer or model.tokenizer
@@ -178,22 +169,19 @@ class LocalBackend:
         torch.nn.Module.to(self.model, device)
         self.model.eval()
         assert tokenizer is not None
-        self.tokenizer: CharTokenizer | PreTrainedTokenizerBase = tokenizer
-        if isinstance(tokenizer, CharTokenizer):
-            self.template: ChatTemplate = template or CalcChatTemplate(tokenizer)
-            self.eos_token_ids = frozenset({tokenizer.eos_token_id})
-            self.pad_token_id = tokenizer.pad_token_id
-        else:
-            self.template = template or HFChatTemplate(tokenizer, tool_parser=tool_parser, reasoning=reasoning)
-            self.eos_token_ids = eos_token_ids(tokenizer, generation_config or self.model.generation_config)
-            pad: Any = tokenizer.pad_token_id
-            self.pad_token_id = int(pad) if isinstance(pad, int) else min(self.eos_token_ids, default=0)
+        self.tokenizer: PreTrainedTokenizerBase = tokenizer
+        self.template: ChatTemplate = template or HFChatTemplate(
+            tokenizer, tool_parser=tool_parser, reasoning=reasoning
+        )
+        self.eos_token_ids = eos_token_ids(tokenizer, generation_config or self.model.generation_config)
+        pad: Any = tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if isinstance(pad, int) else min(self.eos_token_ids, default=0)
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.max_kv_tokens = max_kv_tokens or max_batch_size * self.max_context
         self.batch_wait_ms = batch_wait_ms
         self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
-        self.model_name = model_name or source or ("tiny-calc" if isinstance(tokenizer, CharTokenizer) else "local")
+        self.model_name = model_name or source or "local"
         self.num_threads = num_threads
         self.stats = BackendStats()
         self.model_version = 0

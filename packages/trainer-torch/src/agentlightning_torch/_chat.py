@@ -1,18 +1,105 @@
-"""`HFChatTemplate`: a Hugging Face tokenizer's own chat template for prompts, a named tool parser for responses."""
+"""Chat templates: OpenAI chat messages to token ids, and generated ids back to content or tool calls.
+
+`ChatTemplate` is what a backend needs from one; `HFChatTemplate` is the implementation for every Hugging Face
+model: the tokenizer's own chat template for prompts, a named tool-call parser for responses.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from jinja2 import TemplateError as JinjaTemplateError
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from agentlightning_torch._template import ParsedResponse, TemplateError, text_of
 from agentlightning_torch._tool_parsers import ToolParser, get_tool_parser, guess_tool_parser, split_reasoning
 
-__all__ = ["HFChatTemplate"]
+__all__ = ["ChatTemplate", "HFChatTemplate", "ParsedResponse", "TemplateError", "text_of"]
+
+
+class TemplateError(ValueError):
+    """A conversation the template cannot render (the message names the offending message)."""
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """What the generated text means in chat terms.
+
+    Attributes:
+        content: Assistant text, or ``None`` when the response is a tool call.
+        tool_calls: OpenAI ``tool_calls`` entries (empty for plain content).
+        reasoning_content: The ``<think>`` block's text, when the template splits reasoning out.
+    """
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=lambda: [])
+    reasoning_content: str | None = None
+
+
+@runtime_checkable
+class ChatTemplate(Protocol):
+    """What a backend needs from a chat template: prompts to ids, ids back to text, content and tool calls."""
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the conversation, ready for the model to continue as the assistant."""
+        ...
+
+    def parse_response(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_ids: Sequence[int] = (),
+        text: str | None = None,
+    ) -> ParsedResponse:
+        """Interpret generated ids (without the prompt) as content or tool calls (``text``: the decoded ids)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ids, special tokens skipped."""
+        ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own text (for logprobs entries)."""
+        ...
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of plain text (completion prompts)."""
+        ...
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Strings that may begin a tool call or reasoning block (a streaming server holds text from there)."""
+        ...
+
+
+def text_of(content: Any, where: str) -> str:
+    """Message content as text: a string, ``None``, or a list of ``{"type": "text", "text": ...}`` parts.
+
+    Raises:
+        TemplateError: On any other content (``where`` names the message).
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:  # type: ignore[reportUnknownVariableType]
+            if not isinstance(part, Mapping) or part.get("type") != "text":  # type: ignore[reportUnknownMemberType]
+                raise TemplateError(f"{where}: only text content parts are supported, got {part!r}")
+            parts.append(str(part.get("text", "")))  # type: ignore[reportUnknownMemberType]
+        return "".join(parts)
+    raise TemplateError(f"{where}: content must be a string or a list of text parts, got {type(content).__name__}")
 
 
 def _normalise_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -121,8 +208,15 @@ class HFChatTemplate:
         return self.encode_text(text, add_special_tokens=False)
 
     def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of plain text (``/v1/completions`` prompts add the tokenizer's special tokens, as vLLM does)."""
-        ids: Any = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        """Token ids of plain text (``/v1/completions`` prompts add the tokenizer's special tokens, as vLLM does).
+
+        Raises:
+            TemplateError: If the tokenizer cannot encode the text (e.g. a closed vocabulary without an unknown token).
+        """
+        try:
+            ids: Any = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as error:  # the tokenizers library raises plain Exception for text it cannot encode
+            raise TemplateError(f"the tokenizer cannot encode {text[:60]!r}: {error}") from error
         return [int(i) for i in ids]
 
     # ----- responses ----------------------------------------------------------------------------------------

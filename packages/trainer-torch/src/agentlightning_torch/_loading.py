@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-__all__ = ["LoadedModel", "MissingChatTemplateError", "eos_token_ids", "load_model"]
+__all__ = ["LoadedModel", "MissingChatTemplateError", "count_parameters", "eos_token_ids", "load_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Generat
     if isinstance(own, int):
         ids.add(own)
     return frozenset(ids)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def _default_dtype(device: torch.device) -> torch.dtype:

@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning_torch._backend import LocalBackend
+from agentlightning_torch._chat import TemplateError
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
-from agentlightning_torch._template import TemplateError
 from agentlightning_torch._wire import (
     BadRequest,
     ChatRequest,

@@ -25,9 +25,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from agentlightning_torch._chat import HFChatTemplate
+from agentlightning_torch._chat import HFChatTemplate, TemplateError
 from agentlightning_torch._loading import eos_token_ids
-from agentlightning_torch._template import TemplateError
 
 __all__ = [
     "SFTConfig",

@@ -55,7 +55,7 @@ class TorchTrainerConfig(BaseModel):
 
     model_dir: Path | str
     output_dir: Path = Path("runs/torch-trainer")
-    model_name: str = Field(default="tiny-calc", min_length=1)
+    model_name: str = Field(default="local", min_length=1)
     tool_parser: str | None = None
     device: str = "cpu"
     num_threads: int = Field(default=1, ge=1, le=256)

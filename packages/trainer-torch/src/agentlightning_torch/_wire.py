@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentlightning_torch._chat import ChatTemplate, ParsedResponse
 from agentlightning_torch._generate import GenerationResult, SamplingParams
-from agentlightning_torch._template import ChatTemplate, ParsedResponse
 
 __all__: list[str] = []
 
