@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,47 @@ def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
         "--iterations", "3", "--output", str(out), *SMALL,
     )  # fmt: skip
     _refused(done, "without calling the LLM", out)
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_interrupted_agl_train_stops_its_runner_processes(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    cmd = [
+        sys.executable, "-m", "agentlightning.cli", "train",
+        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(tmp_path / "run"), *SMALL,
+    ]  # fmt: skip
+    agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        # two runners and the dashboard store server, each with whatever it started
+        while len(children := _descendants(agl.pid)) < 3:
+            assert agl.poll() is None, agl.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "agl train never started its runner processes"
+            time.sleep(0.2)
+        agl.send_signal(sig)  # what a Ctrl-C at the terminal (SIGINT to agl train) or a `kill` does
+        _, stderr = agl.communicate(timeout=120)
+    finally:
+        if agl.poll() is None:
+            agl.kill()
+    assert agl.returncode == code, stderr[-3000:]
+    left = [pid for pid in children if _alive(pid)]
+    assert left == [], f"processes left running after agl train exited: {left}"

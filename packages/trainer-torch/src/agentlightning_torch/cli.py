@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -159,7 +161,36 @@ def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[sub
     else:  # a served store: `agl runner` (token from the environment, reconnects, drains on SIGTERM)
         cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
     cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
-    return [subprocess.Popen(cmd, env=env) for _ in range(args.runners)]
+    runners: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(args.runners):
+            runners.append(subprocess.Popen(cmd, env=env, start_new_session=True))  # own process group each
+    except OSError:
+        _stop_children(runners)
+        raise
+    return runners
+
+
+def _stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
+    """Stop each child's whole process group (the child and anything it started): SIGTERM, then SIGKILL.
+
+    The children run in their own sessions, so a Ctrl-C at the terminal reaches only ``agl train``, which then
+    stops them here on its way out (every exit path calls this).
+    """
+
+    def signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone, its group with it
+            os.killpg(process.pid, sig)
+
+    for process in children:
+        signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    for process in children:  # the group may outlive its leader: kill what is left either way
+        signal_group(process, signal.SIGKILL)
+        process.wait()
 
 
 def _store_serving(args: argparse.Namespace) -> Any:
@@ -287,8 +318,6 @@ def _trainer_config(plan: _Plan) -> Any:
 
 
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentlightning_torch._trainer import TorchTrainer
 
     args = plan.args
@@ -302,7 +331,32 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
         raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
     opened = await serving.open(db, fresh=True)
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        return await _run(plan, console, trainer, opened, serving, db, children)
+    finally:
+        _stop_children(children)
+        await opened.close()
+
+
+async def _run(
+    plan: _Plan,
+    console: Any,
+    trainer: Any,
+    opened: Any,
+    serving: Any,
+    db: Path,
+    children: list[subprocess.Popen[bytes]],
+) -> dict[str, Any]:
+    """The run proper; every process it starts is appended to ``children`` (the caller stops them)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    args = plan.args
     store = opened.store
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    if main_task is not None:  # SIGTERM ends the run like Ctrl-C: through the cleanup below, not around it
+        loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     dashboard: subprocess.Popen[bytes] | None = None
     if serving.serve is not None:
         console.print(f"store served at {serving.serve} for runners on other machines (dashboard: /ui there)")
@@ -314,10 +368,12 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
             [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
+        children.append(dashboard)
         console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
     runners = _start_runners(plan, opened.runner_args, serving.token)
-    children = [*runners, *([dashboard] if dashboard is not None else [])]
+    children += runners
     budget = args.minutes * 60
     progress = Progress(
         TextColumn("[bold]RL"),
@@ -354,14 +410,6 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
             after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
     finally:
         await trainer.stop()
-        for process in children:
-            process.terminate()
-        for process in children:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        await opened.close()
     history = trainer.history
     if not history:
         raise UsageError("no RL iteration finished within the time budget; raise --minutes")
@@ -400,6 +448,9 @@ def train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except asyncio.CancelledError:  # SIGTERM
+        console.print("terminated")
+        return 143
     console.print(
         f"{summary['iterations']} iterations in {summary['rl_seconds']:.0f} s; reward {summary['reward_first']:+.3f}"
         f" -> {summary['reward_last5']:+.3f}; checkpoint: {summary['checkpoint']}"
