@@ -13,9 +13,9 @@ of the path, slashes included.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import unquote
 
 from pydantic import BaseModel
@@ -63,6 +63,7 @@ class Route:
     segments: tuple[str, ...] = field(init=False, repr=False, compare=False)
     params: tuple[str, ...] = field(init=False, repr=False, compare=False)
     rest: bool = field(init=False, repr=False, compare=False)
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -70,46 +71,43 @@ class Route:
         segments = tuple(self.path.split("/")[1:])
         params: list[str] = []
         rest = False
+        regex: list[str] = []
         for index, segment in enumerate(segments):
             found = _PARAM.match(segment)
             if found is None:
                 if "{" in segment or "}" in segment:
                     raise ValueError(f"route {self.path!r}: a parameter must be a whole segment, got {segment!r}")
+                regex.append(re.escape(segment))
                 continue
             params.append(found.group(1))
             if found.group(2):
                 if index != len(segments) - 1:
                     raise ValueError(f"route {self.path!r}: only the last parameter may be a {{name:path}}")
                 rest = True
+                regex.append("(.*)")  # the rest of the path, slashes included
+            else:
+                regex.append("([^/]+)")  # one segment, never empty
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "params", tuple(params))
         object.__setattr__(self, "rest", rest)
+        object.__setattr__(self, "pattern", re.compile("/" + "/".join(regex)))
 
     @property
     def openapi_path(self) -> str:
         """The path as the document writes it (``{name}`` for every parameter)."""
         return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*):path\}", r"{\1}", self.path)
 
-    def match(self, parts: Sequence[str], decode: bool) -> dict[str, str] | None:
-        """The path parameters when the path split into ``parts`` fits this route's template, else ``None``."""
-        segments = self.segments
-        if len(parts) != len(segments) and not (self.rest and len(parts) >= len(segments)):
+    def match(self, path: str, decode: bool) -> dict[str, str] | None:
+        """The path parameters when ``path`` fits this route's template (decoded with ``decode``), else ``None``."""
+        found = self.pattern.fullmatch(path)
+        if found is None:
             return None
-        values: dict[str, str] = {}
-        for index, segment in enumerate(segments):
-            if segment.startswith("{"):
-                name = segment[1:-1].split(":", 1)[0]
-                value = "/".join(parts[index:]) if self.rest and index == len(segments) - 1 else parts[index]
-                if not self.rest and not value:
-                    return None  # a one-segment parameter is never empty
-                values[name] = unquote(value) if decode else value
-            elif parts[index] != segment:
-                return None
-        return values
+        if decode:
+            return {name: unquote(value) for name, value in zip(self.params, found.groups(), strict=True)}
+        return dict(zip(self.params, found.groups(), strict=True))
 
 
-@dataclass(frozen=True, slots=True)
-class Match:
+class Match(NamedTuple):
     """A request's route and its path parameters (`RouteTable.match`)."""
 
     route: Route
@@ -152,18 +150,16 @@ class RouteTable:
         found = self._fixed.get((method, path))
         if found is not None or not self._templated:
             return found
-        parts = path.split("/")[1:]
         for route in self._templated:
             if route.method == method:
-                params = route.match(parts, self.decode)
+                params = route.match(path, self.decode)
                 if params is not None:
                     return Match(route, params)
         return None
 
     def methods(self, path: str) -> list[str]:
         """The methods served at ``path`` (for the ``Allow`` header of a 405; ``HEAD`` wherever ``GET`` is)."""
-        parts = path.split("/")[1:]
-        found = {route.method for route in self.routes if route.match(parts, self.decode) is not None}
+        found = {route.method for route in self.routes if route.match(path, self.decode) is not None}
         if "GET" in found:
             found.add("HEAD")
         return sorted(found)
@@ -173,9 +169,8 @@ class RouteTable:
         route = self._paths.get(path)
         if route is not None:
             return route
-        parts = path.split("/")[1:]
         for route in self._templated:
-            if route.match(parts, self.decode) is not None:
+            if route.match(path, self.decode) is not None:
                 return route
         return None
 
