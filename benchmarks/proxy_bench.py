@@ -50,14 +50,36 @@ def _serve_backend() -> None:
         sys.stdin.read()  # until the parent closes it
 
 
+async def _open_attempt(store: Any) -> str:
+    """Start a real rollout attempt (the proxy refuses calls for attempts the store never started): its URL prefix."""
+    await store.enqueue_rollout({"bench": True})
+    claim = await store.dequeue_rollout("bench-worker")
+    if claim is None:
+        raise RuntimeError("the store handed out no attempt for the bench rollout")
+    return f"/rollout/{claim.rollout.rollout_id}/attempt/{claim.attempt.attempt_id}"
+
+
 def _serve_proxy(backend: str, port: int, record: str) -> None:
     import uvicorn
 
     from agentlightning.proxy import LLMProxy
     from agentlightning.store import MemoryStore
 
-    proxy = LLMProxy(MemoryStore(), [backend], record=record)  # type: ignore[arg-type]
+    store = MemoryStore()
+    print(asyncio.run(_open_attempt(store)), flush=True)  # the parent reads the attempt's URL prefix
+    proxy = LLMProxy(store, [backend], record=record)  # type: ignore[arg-type]
     uvicorn.run(proxy.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+async def _sqlite_attempt(path: str) -> str:
+    """Make the SQLite file ``agl proxy serve --db`` will use, with one started attempt in it."""
+    from agentlightning.store import SqliteStore
+
+    store = SqliteStore(path)
+    try:
+        return await _open_attempt(store)
+    finally:
+        await store.close()
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
@@ -98,11 +120,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _measure(backend: str, proxy: str, n: int, stream: bool, pids: tuple[int, int]) -> dict[str, float]:
+async def _measure(
+    backend: str, proxy: str, prefix: str, n: int, stream: bool, pids: tuple[int, int]
+) -> dict[str, float]:
     agent_body = dict(BODY, stream=stream)
     backend_body = dict(agent_body, return_token_ids=True, logprobs=True)  # what the proxy forwards
     direct_url = f"{backend}/v1/chat/completions"
-    proxy_url = f"{proxy}/rollout/ro-bench/attempt/at-bench/v1/chat/completions"
+    proxy_url = f"{proxy}{prefix}/v1/chat/completions"
     raw_direct, raw_proxy = json.dumps(backend_body).encode(), json.dumps(agent_body).encode()
     direct: list[float] = []
     proxied: list[float] = []
@@ -156,20 +180,25 @@ async def _run(n: int) -> dict[str, Any]:
         backend = backend_proc.stdout.readline().strip()
         await _wait_ready(f"{backend}/v1/models", backend_proc)
         tmp = tempfile.mkdtemp(prefix="agl-proxy-bench-")
-        configs: list[tuple[str, list[str], bool]] = []
+        # (name, command, stream, attempt URL prefix; None: the child prints it)
+        configs: list[tuple[str, list[str], bool, str | None]] = []
         for record in ("sync", "background"):
-            configs.append((record, [py, HERE, "_proxy", backend, "{port}", record], False))
+            configs.append((record, [py, HERE, "_proxy", backend, "{port}", record], False, None))
         agl = [py, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
-        sqlite_cmd = [*agl, "proxy", "serve", "--db", os.path.join(tmp, "bench.db"), "--backend", backend]
-        configs.append(("sqlite-sync", [*sqlite_cmd, "--port", "{port}"], False))
-        configs.append(("stream", [py, HERE, "_proxy", backend, "{port}", "sync"], True))
-        for name, template, stream in configs:
+        db = os.path.join(tmp, "bench.db")
+        sqlite_cmd = [*agl, "proxy", "serve", "--db", db, "--backend", backend]
+        configs.append(("sqlite-sync", [*sqlite_cmd, "--port", "{port}"], False, await _sqlite_attempt(db)))
+        configs.append(("stream", [py, HERE, "_proxy", backend, "{port}", "sync"], True, None))
+        for name, template, stream, prefix in configs:
             port = _free_port()
             proc = _spawn([part.replace("{port}", str(port)) for part in template])
             children.append(proc)
+            if prefix is None:
+                assert proc.stdout is not None
+                prefix = proc.stdout.readline().strip()
             url = f"http://127.0.0.1:{port}"
             await _wait_ready(f"{url}/v1/models", proc)
-            results[name] = await _measure(backend, url, n, stream, (proc.pid, backend_proc.pid))
+            results[name] = await _measure(backend, url, prefix, n, stream, (proc.pid, backend_proc.pid))
             proc.terminate()
             proc.wait(timeout=30)
     finally:
