@@ -156,11 +156,11 @@ def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[sub
     args = plan.args
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
     # The runners import only the core and the user's agent (never torch): they start fast and stay small.
-    if where[0] == "--db":
-        cmd = [sys.executable, "-m", "agentlightning.runner", "--agent", args.agent, *where]
-    else:  # a served store: `agl runner` (token from the environment, reconnects, drains on SIGTERM)
-        cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
+    # `agl runner` either way (token from the environment; a served store is reconnected to; drains on SIGTERM).
+    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
     cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
+    if where[0] == "--db":
+        cmd += ["--poll-interval", "0.02"]  # a local SQLite poll is cheap: pick up new rollouts sooner
     runners: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(args.runners):
