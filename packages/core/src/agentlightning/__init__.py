@@ -15,12 +15,10 @@ from agentlightning._models import (
     Span,
     SpanEvent,
     SpanStatus,
-    TrainingBatch,
-    TrainingSample,
-    Transition,
     ValueResource,
     new_id,
 )
+from agentlightning._training_models import TrainingBatch, TrainingSample, Transition
 from agentlightning.adapters import instrument_all, instrument_openai, uninstrument_all, uninstrument_openai
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit import (

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from agentlightning._models import TrainingBatch
+from agentlightning._training_models import TrainingBatch
 from agentlightning.store._base import LightningStore
 
 __all__ = ["Algorithm"]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pydantic import TypeAdapter, ValidationError
 
 from agentlightning._fast import fast_factory, fast_model
-from agentlightning._models import TrainingBatch, TrainingSample, Transition
+from agentlightning._training_models import TrainingBatch, TrainingSample, Transition
 from agentlightning.credit._advantages import (
     AdvantageEstimator,
     get_advantage_estimator,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agentlightning._models import Transition
+from agentlightning._training_models import Transition
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._registry import Registry
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from agentlightning._models import TrainingBatch
+from agentlightning._training_models import TrainingBatch
 
 __all__ = ["Engine"]
 

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentlightning._models import LLMResource, Resources, TrainingBatch
+from agentlightning._models import LLMResource, Resources
+from agentlightning._training_models import TrainingBatch
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit._batch import build_batch_from_results
 from agentlightning.loop._config import LoopConfig

@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 import pytest
 
 from agentlightning import semconv
-from agentlightning._models import LLMCall, Span, Transition
+from agentlightning._models import LLMCall, Span
+from agentlightning._training_models import Transition
 from agentlightning.adapters import Adapter, UnsupportedVersionError
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore

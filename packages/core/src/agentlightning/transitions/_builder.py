@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentlightning._fast import fast_factory
-from agentlightning._models import AttributeValue, LLMCall, Span, Transition
+from agentlightning._models import AttributeValue, LLMCall, Span
+from agentlightning._training_models import Transition
 from agentlightning.semconv import (
     GEN_AI_AGENT_NAME,
     GEN_AI_RESPONSE_ID,

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
 
-from agentlightning._models import Transition
+from agentlightning._training_models import Transition
 
 __all__ = [
     "MissingTokenIds",

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from agentlightning._models import Transition
+from agentlightning._training_models import Transition
 from agentlightning.store._base import LightningStore, NotFoundError
 from agentlightning.transitions._builder import TransitionBuilder
 from agentlightning.transitions._config import TransitionConfig, TransitionResult

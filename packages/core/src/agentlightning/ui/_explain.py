@@ -14,7 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning import semconv
-from agentlightning._models import Span, Transition
+from agentlightning._models import Span
+from agentlightning._training_models import Transition
 from agentlightning.credit import CreditConfig, advantage_estimator_names, build_training_batch, credit_strategy_names
 from agentlightning.store import LightningStore, NotFoundError, RolloutQuery
 from agentlightning.transitions import TransitionBuilder, TransitionConfig, TransitionResult, build_trace_tree
