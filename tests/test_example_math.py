@@ -183,18 +183,17 @@ async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens
     import agentlightning as agl
     import agentlightning_autogen
     from agentlightning.transitions import results_from_store
-    from agentlightning_torch import TorchTrainer, TorchTrainerConfig
-    from agentlightning_torch import _backend as backend_module
+    from agentlightning_torch import LocalBackend, TorchTrainer, TorchTrainerConfig
 
     generated: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    real_submit = backend_module.LocalBackend.submit
+    real_submit = LocalBackend.submit
 
     def spying_submit(backend: Any, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
         future = real_submit(backend, prompt_ids, *args, **kwargs)
         future.add_done_callback(lambda done: generated.append((tuple(prompt_ids), tuple(done.result().token_ids))))
         return future
 
-    monkeypatch.setattr(backend_module.LocalBackend, "submit", spying_submit)
+    monkeypatch.setattr(LocalBackend, "submit", spying_submit)
     config = TorchTrainerConfig(
         model_dir=CHECKPOINT,
         model_name="math-tiny",
