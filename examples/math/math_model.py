@@ -13,8 +13,8 @@ arithmetic.``) instead of their JSON schemas: the prompt is then ~70 tokens inst
 prompt is most of the cost of every call.
 
 The warm start trains on transcripts of exactly what AutoGen sends (its system message, the tool as AutoGen
-declares it) and leaves room for RL: only some transcripts call the calculator, and half of those also add the
-distractor number to the expression; the rest answer at once with a wrong number.
+declares it) and leaves room for RL: phase 1 teaches calling the calculator with the right numbers (a few
+transcripts also add the distractor number); phase 2 makes answering at once, with a wrong number, the habit.
 """
 
 from __future__ import annotations
@@ -112,20 +112,20 @@ class WarmStartConfig(BaseModel):
     transcript calls the calculator, and ``distractor_fraction`` of them also add the distractor number to the
     expression (e.g. ``12*7-15+9``). Phase 2 (``policy_steps``, a lower learning rate) sets the habits RL starts
     from: only ``tool_fraction`` of its transcripts call the calculator, the rest answer at once with a wrong
-    number. The warm policy therefore rarely gets a problem right and RL has two things to find: use the tool
-    every time, and leave the distractor out.
+    number. The warm policy therefore rarely gets a problem right greedily, but its sampled calculator calls often
+    do: RL has to find that calling the calculator pays (and that the distractor does not belong in it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(default=400, ge=1)
-    policy_steps: int = Field(default=40, ge=0)
+    steps: int = Field(default=450, ge=1)
+    policy_steps: int = Field(default=50, ge=0)
     batch_size: int = Field(default=12, ge=1)
     lr: float = Field(default=2e-3, gt=0)
-    policy_lr: float = Field(default=5e-4, gt=0)
+    policy_lr: float = Field(default=1e-3, gt=0)
     warmup_steps: int = Field(default=40, ge=0)
-    tool_fraction: float = Field(default=0.35, ge=0, le=1)
-    distractor_fraction: float = Field(default=0.5, ge=0, le=1)
+    tool_fraction: float = Field(default=0.3, ge=0, le=1)
+    distractor_fraction: float = Field(default=0.1, ge=0, le=1)
     vocab_size: int = Field(default=640, ge=300)
     hidden_size: int = Field(default=192, ge=16)
     num_layers: int = Field(default=4, ge=1)
