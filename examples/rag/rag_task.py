@@ -4,8 +4,8 @@ A *world* is a small encyclopedia drawn from a seed: films, people, cities and c
 (a film is directed by a person, a person is born in a city, a city lies in a country), each entity rendered as one
 short document (``title`` + ``text``). Every question needs two documents, found one after the other::
 
-    Where was the director of The Red Owl born?     The Red Owl -> its director -> where they were born
-    In which country was Ada Moss born?             Ada Moss -> her birth city -> its country
+    Where was the director of "Nightjar" born?     Nightjar -> its director -> where they were born
+    In which country was "Ada" born?               Ada -> her birth city -> its country
 
 A task records the titles of the two gold documents (``gold_titles``, hop 1 then hop 2), so the retrieval hit rate of
 an episode can be measured. The reward is the token F1 of the final answer against the gold answer (SQuAD's
@@ -30,10 +30,8 @@ from typing import Any
 __all__ = [
     "CITIES",
     "COUNTRIES",
-    "FILM_ADJECTIVES",
-    "FILM_NOUNS",
-    "FIRST_NAMES",
-    "LAST_NAMES",
+    "FILMS",
+    "PEOPLE",
     "DataError",
     "Document",
     "RagTask",
@@ -49,15 +47,27 @@ __all__ = [
     "write_jsonl",
 ]
 
-FIRST_NAMES = ("Ada", "Bo", "Cal", "Dara", "Eli", "Fen", "Gil", "Hana", "Ivo", "Juno", "Kit", "Lena")
-LAST_NAMES = ("Moss", "Reed", "Vale", "Stone", "Frost", "Lark", "Quill", "Thorn", "Wren", "Brook", "Hale", "Pike")
-FILM_ADJECTIVES = ("Red", "Silent", "Last", "Broken", "Golden", "Hidden", "Long", "Paper", "Iron", "Pale")
-FILM_NOUNS = ("Owl", "River", "Crown", "Garden", "Letter", "Bridge", "Mirror", "Tide", "Lantern", "Harbor")
+PEOPLE = (
+    "Ada", "Bo", "Cal", "Dara", "Eli", "Fen", "Gil", "Hana", "Ivo", "Juno", "Kit", "Lena", "Milo", "Nia",
+    "Otto", "Pia", "Quin", "Rae", "Sol", "Tess", "Uma", "Vik", "Wes", "Yara", "Zed", "Abel", "Bria", "Cora",
+    "Dov", "Edda", "Finn", "Greta", "Hugo", "Iris", "Jonas", "Kira", "Lars", "Mara", "Nils", "Olga", "Pavel",
+    "Rosa", "Sven", "Tilda", "Ugo", "Vera", "Wim", "Yuri", "Zora", "Anouk", "Bruno", "Clara", "Dirk", "Elsa",
+)  # fmt: skip
+FILMS = (
+    "Afterglow", "Backwater", "Bluebell", "Brimstone", "Cinder", "Clockwork", "Cobalt", "Crossroads",
+    "Daybreak", "Driftwood", "Ember", "Evergreen", "Firefly", "Foxglove", "Gaslight", "Goldfinch", "Hailstorm",
+    "Harvest", "Hinterland", "Ironwood", "Juniper", "Kingfisher", "Lodestar", "Marigold", "Meridian", "Midnight",
+    "Moonrise", "Nightjar", "Nocturne", "Oakheart", "Outpost", "Quicksilver", "Rainfall", "Redwing", "Riverbend",
+    "Saltmarsh", "Sandglass", "Shoreline", "Skylark", "Snowdrift", "Starling", "Stormcrow", "Sunburst",
+    "Thistle", "Thunderhead", "Tidewater", "Undertow", "Wildfire", "Willow", "Windmill", "Wintergreen",
+    "Wolfsbane", "Zephyr", "Lantern",
+)  # fmt: skip
 CITIES = (
-    "Kelb", "Arvo", "Toran", "Mesk", "Pirin", "Sulo", "Varda", "Nox",
-    "Olm", "Brisa", "Calder", "Dunmor", "Essen", "Fallow", "Gresk", "Hollin",
+    "Kelb", "Arvo", "Toran", "Mesk", "Pirin", "Sulo", "Varda", "Nox", "Olm",
+    "Brisa", "Calder", "Dunmor", "Essen", "Fallow", "Gresk", "Hollin", "Ivra", "Jorn",
 )  # fmt: skip
 COUNTRIES = ("Norland", "Ostra", "Calva", "Drem", "Sarn", "Tovia")
+"""The names a world draws from: single words, each a single token of the example's tokenizer."""
 
 
 class DataError(ValueError):
@@ -171,38 +181,46 @@ class World:
 
 def film_document(title: str, director: str) -> Document:
     """The document of a film."""
-    return Document(title, f"a film directed by {director}.")
+    return Document(title, f'a film directed by "{director}".')
 
 
 def person_document(name: str, city: str) -> Document:
     """The document of a person."""
-    return Document(name, f"a person born in {city}.")
+    return Document(name, f'a person born in "{city}".')
 
 
 def city_document(city: str, country: str) -> Document:
     """The document of a city."""
-    return Document(city, f"a city in {country}.")
+    return Document(city, f'a city in "{country}".')
 
 
-def make_world(seed: int, *, films: int = 90, people: int = 120) -> World:
-    """Draw a world from ``seed``: ``films`` films, ``people`` people, every city, and its questions.
+def make_world(seed: int, *, cities_per_country: int = 3, people_per_city: int = 3) -> World:
+    """Draw a balanced world from ``seed``: every country has as many cities and every city as many people.
 
-    Names come from small fixed vocabularies (people are first + last name, films ``The <adjective> <noun>``),
-    so different seeds give different facts over the same words.
+    ``len(COUNTRIES) * cities_per_country`` cities, ``people_per_city`` people born in each, one film directed by
+    each person: every country answers as many ``birth_country`` questions and every city as many
+    ``director_birthplace`` questions, so no constant answer beats chance. Names are single words from fixed
+    vocabularies (`PEOPLE`, `FILMS`, `CITIES`, `COUNTRIES`), quoted in the texts, so a name is the same token in
+    a question, a document and a search; different seeds give different facts over the same names.
 
     Raises:
-        ValueError: More films or people than the vocabularies allow, or fewer than one.
+        ValueError: More cities or people than the vocabularies hold, or fewer than one.
     """
-    all_people = [f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES]
-    all_films = [f"The {adjective} {noun}" for adjective in FILM_ADJECTIVES for noun in FILM_NOUNS]
-    if not 1 <= people <= len(all_people) or not 1 <= films <= len(all_films):
-        raise ValueError(f"films must be 1..{len(all_films)} and people 1..{len(all_people)}")
+    cities = len(COUNTRIES) * cities_per_country
+    people = cities * people_per_city
+    if min(cities_per_country, people_per_city) < 1 or cities > len(CITIES) or people > len(PEOPLE):
+        raise ValueError(
+            f"cities_per_country must be 1..{len(CITIES) // len(COUNTRIES)} and people_per_city at least 1 with at"
+            f" most {len(PEOPLE)} people in all; got {cities_per_country} and {people_per_city}"
+        )
     rng = random.Random(seed)
+    chosen_cities = rng.sample(CITIES, cities)
     world = World()
-    world.country_of = {city: rng.choice(COUNTRIES) for city in CITIES}
-    chosen_people = rng.sample(all_people, people)
-    world.born_in = {person: rng.choice(CITIES) for person in chosen_people}
-    world.directed_by = {film: rng.choice(chosen_people) for film in rng.sample(all_films, films)}
+    world.country_of = {city: COUNTRIES[i // cities_per_country] for i, city in enumerate(chosen_cities)}
+    chosen_people = rng.sample(PEOPLE, people)
+    world.born_in = {person: chosen_cities[i // people_per_city] for i, person in enumerate(chosen_people)}
+    films = rng.sample(FILMS, people)
+    world.directed_by = dict(zip(films, rng.sample(chosen_people, people), strict=True))
     world.documents = [
         *(film_document(film, director) for film, director in world.directed_by.items()),
         *(person_document(person, city) for person, city in world.born_in.items()),
@@ -211,7 +229,7 @@ def make_world(seed: int, *, films: int = 90, people: int = 120) -> World:
     for film, director in world.directed_by.items():
         world.tasks.append(
             RagTask(
-                question=f"Where was the director of {film} born?",
+                question=f'Where was the director of "{film}" born?',
                 answer=world.born_in[director],
                 gold_titles=(film, director),
                 kind="director_birthplace",
@@ -221,13 +239,15 @@ def make_world(seed: int, *, films: int = 90, people: int = 120) -> World:
     for person, city in world.born_in.items():
         world.tasks.append(
             RagTask(
-                question=f"In which country was {person} born?",
+                question=f'In which country was "{person}" born?',
                 answer=world.country_of[city],
                 gold_titles=(person, city),
                 kind="birth_country",
                 task_id=f"w{seed}-person-{person}",
             )
         )
+    rng.shuffle(world.documents)
+    rng.shuffle(world.tasks)
     return world
 
 
