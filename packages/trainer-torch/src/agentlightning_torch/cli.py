@@ -53,8 +53,9 @@ def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
     if not sep or not module_name or not attribute:
         raise UsageError(f"--agent must look like module:function (e.g. my_pkg.agent:solve), got {spec!r}")
     path = str(Path(app_dir).resolve())
-    if path not in sys.path:
-        sys.path.insert(0, path)
+    if path in sys.path:  # first, even when it is already further down: the app's own module wins
+        sys.path.remove(path)
+    sys.path.insert(0, path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
