@@ -57,8 +57,11 @@ def _fresh_example_modules() -> Iterator[None]:
 
     A test puts its example's folder first on ``sys.path`` and imports; a module of the same name that another
     example's test left in ``sys.modules`` would be taken instead, so those shared names are dropped around each
-    test (a test module that bound one at import time keeps the module object it imported).
+    test (a test module that bound one at import time keeps the module object it imported), and ``sys.path`` is
+    put back as it was after each test.
     """
+    path = list(sys.path)
     _drop_shared_example_modules()
     yield
     _drop_shared_example_modules()
+    sys.path[:] = path  # a folder a test (or `agl train`'s --app-dir, run in-process) put first goes again
