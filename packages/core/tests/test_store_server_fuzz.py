@@ -65,3 +65,12 @@ def test_inputs_the_fuzzer_found_are_rejected_cleanly(tmp_path: Path) -> None:
         resp = http.post("/v1/resources", json={"resources_id": "res\u0000"})
         assert resp.status_code == 400 and "NUL" in resp.json()["message"]
         assert http.get("/v1/stats").json() == before
+
+
+def test_a_tiny_throughput_bucket_is_refused_not_allocated(tmp_path: Path) -> None:
+    """window / bucket is the length of the series the store builds: 86400 / 1e-9 buckets would exhaust memory."""
+    from agentlightning.store import RunStatsQuery
+
+    with pytest.raises(ValueError, match="buckets"):
+        RunStatsQuery(window=86_400, bucket=1e-9)
+    assert RunStatsQuery(window=86_400, bucket=8.64).bucket == 8.64  # exactly the most buckets: accepted

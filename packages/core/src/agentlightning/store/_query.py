@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import semconv
 from agentlightning._models import Attempt, AttemptStatus, Rollout, RolloutMode, RolloutStatus, Span, now
@@ -117,6 +117,10 @@ class RolloutPage(_Frozen):
     rollouts: list[RolloutSummary]
 
 
+MAX_BUCKETS = 10_000
+"""Most entries of a run's throughput series (``window / bucket``)."""
+
+
 class RunStatsQuery(_Frozen):
     """Parameters of `LightningStore.run_stats`.
 
@@ -129,6 +133,16 @@ class RunStatsQuery(_Frozen):
     success_reward: float = Field(default=1.0, allow_inf_nan=False)
     window: float = Field(default=300.0, gt=0, le=86_400)
     bucket: float = Field(default=10.0, gt=0, le=3_600)
+
+    @model_validator(mode="after")
+    def _bounded_series(self) -> RunStatsQuery:
+        # window / bucket is the length of the throughput series the store builds: keep it small (a tiny bucket
+        # would ask for billions of entries and exhaust the server's memory)
+        if self.window / self.bucket > MAX_BUCKETS:
+            raise ValueError(
+                f"window / bucket must be at most {MAX_BUCKETS} buckets, got {self.window / self.bucket:.3g}"
+            )
+        return self
 
 
 class VersionStats(_Frozen):
