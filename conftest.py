@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -37,31 +38,37 @@ if not any(
 
 
 _EXAMPLES = Path(__file__).resolve().parent / "examples"
-_SHARED_NAMES = frozenset(
-    stem for stem in {path.stem for path in _EXAMPLES.glob("*/*.py")} if len(list(_EXAMPLES.glob(f"*/{stem}.py"))) > 1
-)
-"""Module names more than one example uses (``train``, ``agent``, ``run_agents`` ...)."""
 
 
-def _drop_shared_example_modules() -> None:
-    for name in _SHARED_NAMES:
-        module = sys.modules.get(name)
-        file = getattr(module, "__file__", None)
-        if file and Path(file).resolve().is_relative_to(_EXAMPLES):
-            del sys.modules[name]
+def _load_example_script(example: str, name: str) -> ModuleType:
+    """``examples/<example>/<name>.py`` imported as ``<example>_<name>`` (entry scripts like ``train.py`` share names).
+
+    The example's folder goes first on ``sys.path`` (its script imports its sibling modules, which every example
+    names uniquely: ``calc_agent``, ``math_task``, ``sql_data`` ...); the fixture below puts ``sys.path`` back.
+    """
+    unique = f"{example}_{name}"
+    if unique in sys.modules:
+        return sys.modules[unique]
+    folder = str(_EXAMPLES / example)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(unique, _EXAMPLES / example / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[unique] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def example_script() -> Callable[[str, str], ModuleType]:
+    """``example_script("calc", "train")``: an example's entry script, under a name no other example uses."""
+    return _load_example_script
 
 
 @pytest.fixture(autouse=True)
-def _fresh_example_modules() -> Iterator[None]:
-    """Each test imports its own example's ``train`` / ``agent`` / ... module, not one another example left behind.
-
-    A test puts its example's folder first on ``sys.path`` and imports; a module of the same name that another
-    example's test left in ``sys.modules`` would be taken instead, so those shared names are dropped around each
-    test (a test module that bound one at import time keeps the module object it imported), and ``sys.path`` is
-    put back as it was after each test.
-    """
+def _restore_sys_path() -> Iterator[None]:
+    """A folder a test (or `agl train`'s --app-dir, run in-process) put first on ``sys.path`` goes again after it."""
     path = list(sys.path)
-    _drop_shared_example_modules()
     yield
-    _drop_shared_example_modules()
-    sys.path[:] = path  # a folder a test (or `agl train`'s --app-dir, run in-process) put first goes again
+    sys.path[:] = path

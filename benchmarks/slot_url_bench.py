@@ -3,7 +3,7 @@
 langchain-openai caches its httpx clients per base URL. With a new URL per rollout it builds new clients (TLS
 context and connection pool included) for every rollout; the runner slot's URL (what ``agl.llm_base_url()`` returns
 under a runner) stays the same, so the cache works. This runs the quickstart's own agent
-(``examples/calc/agent.py``: LangGraph, ``ChatOpenAI`` built per rollout, no shared client) under ``agl.Runner``,
+(``examples/calc/calc_agent.py``: LangGraph, ``ChatOpenAI`` built per rollout, no shared client) under ``agl.Runner``,
 instrumented as ``agl runner --instrument langchain`` does, against a scripted model behind the LLM proxy on
 loopback (two LLM calls and one tool call per rollout), in three ways:
 
@@ -41,7 +41,7 @@ from agentlightning.testing import ScriptedModelServer, ScriptedReply
 from agentlightning.tracing import current_rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "calc"))
-from agent import build_graph, calc_agent, score  # pyright: ignore[reportMissingImports]  # the quickstart agent
+from calc_agent import build_graph, calc_agent, score  # pyright: ignore[reportMissingImports]  # the quickstart agent
 
 TOKEN = "bench-token-0123456789"
 

@@ -32,7 +32,7 @@ def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path
 
     out = tmp_path / "run"
     done = agl_train(
-        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "2", "--runners", "2", "--lr", "3e-4", "--tool-parser", "calc", "--output", str(out), *SMALL,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -68,7 +68,7 @@ def agl_train_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess
     ("agent", "message"),
     [
         ("no_such_module:solve", "cannot import module 'no_such_module'"),
-        ("agent:no_such_function", "has no function 'no_such_function'"),
+        ("calc_agent:no_such_function", "has no function 'no_such_function'"),
         ("agent", "must look like module:function"),
     ],
 )
@@ -88,7 +88,7 @@ def test_missing_model_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureF
     out = tmp_path / "run"
     done = agl_train_here(
         capsys,
-        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(tmp_path / "no-model"),
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(tmp_path / "no-model"),
         "--tasks", str(TASKS), "--output", str(out),
     )  # fmt: skip
     _refused(done, "does not exist", out)
@@ -100,13 +100,14 @@ def test_task_file_that_does_not_parse_is_refused(tmp_path: Path, capsys: pytest
     out = tmp_path / "run"
     done = agl_train_here(
         capsys,
-        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(bad),
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(bad),
         "--output", str(out),
     )  # fmt: skip
     _refused(done, f"{bad}:2: not valid JSON", out)
     bad.write_text("[1, 2]\n")
-    _refused(agl_train_here(capsys, "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT),
-                       "--tasks", str(bad), "--output", str(out)), "must be a JSON object", out)  # fmt: skip
+    _refused(agl_train_here(capsys, "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC),
+                            "--model", str(CHECKPOINT), "--tasks", str(bad), "--output", str(out)),
+             "must be a JSON object", out)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_network_options_are_checked_before_anything_starts(
     out = tmp_path / "run"
     done = agl_train_here(
         capsys,
-        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--output", str(out), *options,
     )  # fmt: skip
     _refused(done, message, out)
@@ -174,7 +175,7 @@ def _alive(pid: int) -> bool:
 def test_interrupted_agl_train_stops_its_runner_processes(tmp_path: Path, sig: signal.Signals, code: int) -> None:
     cmd = [
         sys.executable, "-m", "agentlightning.cli", "train",
-        "--agent", "agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(tmp_path / "run"), *SMALL,
     ]  # fmt: skip
     agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

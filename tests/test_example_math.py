@@ -27,7 +27,7 @@ MATH = ROOT / "examples" / "math"
 CHECKPOINT = MATH / "checkpoint"
 sys.path.insert(0, str(MATH))
 
-from agent import SYSTEM_MESSAGE, make_client, solve  # noqa: E402  # pyright: ignore[reportMissingImports]
+from math_agent import SYSTEM_MESSAGE, make_client, solve  # noqa: E402  # pyright: ignore[reportMissingImports]
 from math_eval import summarize  # noqa: E402  # pyright: ignore[reportMissingImports]
 from math_model import MATH_CHAT_TEMPLATE, calculator_tools, transcript  # noqa: E402  # pyright: ignore[reportMissingImports]
 from math_task import make_problems, score  # noqa: E402  # pyright: ignore[reportMissingImports]
@@ -130,9 +130,12 @@ def test_transcripts_follow_the_requested_behaviour() -> None:
 # ----- the eval mode and the GPU recipe ------------------------------------------------------------------------------
 
 
-def test_eval_mode_scores_any_endpoint_and_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_mode_scores_any_endpoint_and_prints_one_json_line(
+    capsys: pytest.CaptureFixture[str], example_script: Any
+) -> None:
     from math_task import split_problems  # pyright: ignore[reportMissingImports]
-    from train import main  # pyright: ignore[reportMissingImports]
+
+    main = example_script("math", "train").main
 
     _, held_out = split_problems(1, 4, seed=0)
     expressions = {p.question: p.expression or "" for p in held_out}
@@ -154,8 +157,10 @@ def test_eval_mode_scores_any_endpoint_and_prints_one_json_line(capsys: pytest.C
         (["eval", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--eval-size", "2"], "every run against"),
     ],
 )
-def test_bad_settings_are_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from train import main  # pyright: ignore[reportMissingImports]
+def test_bad_settings_are_one_clear_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], example_script: Any
+) -> None:
+    main = example_script("math", "train").main
 
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -164,7 +169,7 @@ def test_bad_settings_are_one_clear_line(argv: list[str], message: str, capsys: 
 
 def test_the_gpu_recipe_builds_a_verl_config() -> None:
     pytest.importorskip("agentlightning_verl")
-    from gpu_config import CONFIG, LOOP  # pyright: ignore[reportMissingImports]
+    from math_gpu_config import CONFIG, LOOP  # pyright: ignore[reportMissingImports]
 
     verl = CONFIG.to_verl_config()
     assert verl.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
@@ -178,7 +183,7 @@ async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Runner (AutoGen adapter) -> proxy -> backend -> SQLite -> transitions -> GRPO credit -> PPO -> version 1, 2."""
-    from agent import math_agent  # pyright: ignore[reportMissingImports]
+    from math_agent import math_agent  # pyright: ignore[reportMissingImports]
 
     import agentlightning as agl
     import agentlightning_autogen

@@ -86,15 +86,6 @@ def test_two_iterations_train_on_the_agents_searches_and_serve_new_versions(tmp_
     assert len(groups) == 2 and all(abs(sum(advantages)) < 1e-6 for advantages in groups.values())  # GRPO
 
 
-def _train_module() -> Any:
-    sys.path.insert(0, str(RAG))
-    try:
-        import train  # pyright: ignore[reportMissingImports]
-    finally:
-        sys.path.remove(str(RAG))
-    return train
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -105,16 +96,18 @@ def _train_module() -> Any:
     ],
 )
 def test_train_refuses_bad_settings_with_one_line(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], example_script: Any
 ) -> None:
-    assert _train_module().main(args) == 2
+    assert example_script("rag", "train").main(args) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and message in error and error.count("\n") == 1
 
 
-def test_train_names_the_bad_line_of_a_task_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_names_the_bad_line_of_a_task_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], example_script: Any
+) -> None:
     for name in ("corpus.jsonl", "train.jsonl"):
         (tmp_path / name).write_text((RAG / "data" / name).read_text())
     (tmp_path / "val.jsonl").write_text('{"question": "Where?", "answer": "Kelb", "gold_titles": ["Kelb"]}\n{oops\n')
-    assert _train_module().main(["--data", str(tmp_path)]) == 2
+    assert example_script("rag", "train").main(["--data", str(tmp_path)]) == 2
     assert f"{tmp_path / 'val.jsonl'}:2: not valid JSON" in capsys.readouterr().err

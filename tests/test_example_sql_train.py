@@ -143,7 +143,7 @@ def test_the_gpu_recipe_builds_a_verl_config_with_the_same_agent_filter() -> Non
     pytest.importorskip("agentlightning_verl")
     sys.path.insert(0, str(SQL))
     try:
-        from gpu_config import CONFIG, LOOP  # pyright: ignore[reportMissingImports]
+        from sql_gpu_config import CONFIG, LOOP  # pyright: ignore[reportMissingImports]
     finally:
         sys.path.remove(str(SQL))
     verl = CONFIG.to_verl_config()

@@ -81,7 +81,7 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
 ) -> None:
     sys.path.insert(0, str(CALC))
     try:
-        from agent import calc_agent  # pyright: ignore[reportMissingImports]
+        from calc_agent import calc_agent  # pyright: ignore[reportMissingImports]
 
         import agentlightning_langchain
     finally:

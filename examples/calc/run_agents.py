@@ -3,7 +3,7 @@
     python examples/calc/run_agents.py --db runs/calc/store.db --workers 128
     python examples/calc/run_agents.py --store-url http://trainer-host:4747 --token T --workers 128
 
-The same as ``agl runner --app-dir examples/calc --agent agent:calc_agent ...`` (every other ``agl runner`` option
+The same as ``agl runner --app-dir examples/calc --agent calc_agent:calc_agent ...`` (every other ``agl runner`` option
 passes through). The trainer (``train.py``) starts these for you; start more on other machines against its served
 store. ``--instrument langchain`` traces every LangChain/LangGraph run (the agent itself has no tracing line).
 """
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         "--app-dir",
         str(HERE),
         "--agent",
-        "agent:calc_agent",
+        "calc_agent:calc_agent",
         "--worker-mode",
         "async",
         "--instrument",

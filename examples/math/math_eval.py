@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import Outcome, make_client, solve
+from math_agent import Outcome, make_client, solve
 from math_task import MathProblem, score, split_problems
 
 __all__ = ["evaluate_endpoint", "evaluate_folder", "summarize"]

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import SYSTEM_MESSAGE, calculator
+from math_agent import SYSTEM_MESSAGE, calculator
 from math_task import MathProblem, evaluate_expression, make_problems
 
 __all__ = [

@@ -3,7 +3,7 @@
     python examples/math/run_agents.py --db runs/math/store.db --workers 64
     python examples/math/run_agents.py --store-url http://trainer-host:4747 --workers 64   # token: $AGL_STORE_TOKEN
 
-The same as ``agl runner --app-dir examples/math --agent agent:math_agent --instrument autogen ...`` (every other
+The same as ``agl runner --app-dir examples/math --agent math_agent:math_agent --instrument autogen ...`` (every other
 ``agl runner`` option passes through). ``train.py`` starts these for you. ``--instrument autogen`` is the adapter's
 one line (``agentlightning_autogen.instrument()``): every AutoGen agent turn, tool call and model call is traced.
 """
@@ -20,7 +20,8 @@ HERE = Path(__file__).resolve().parent
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    fixed = ["--app-dir", str(HERE), "--agent", "agent:math_agent", "--worker-mode", "async", "--instrument", "autogen"]
+    fixed = ["--app-dir", str(HERE), "--agent", "math_agent:math_agent", "--worker-mode", "async"]
+    fixed += ["--instrument", "autogen"]
     return agl(["runner", *fixed, *args])
 
 

@@ -156,7 +156,7 @@ def score(task: dict[str, Any], sql: str) -> float:
 
 @cache
 def _http_clients() -> tuple[Any, Any]:
-    """One connection pool per process, shared by every rollout's ChatOpenAI (see examples/calc/agent.py)."""
+    """One connection pool per process, shared by every rollout's ChatOpenAI (see examples/calc/calc_agent.py)."""
     return openai.DefaultHttpxClient(), openai.DefaultAsyncHttpxClient()
 
 

@@ -1,6 +1,6 @@
 """GPU recipe for the math example: GRPO with verl on Qwen2.5-1.5B-Instruct, one GPU (not run here: no GPU).
 
-The agent is unchanged (``agent.py``); only the model behind the proxy changes. Serve the store and start runners
+The agent is unchanged (``math_agent.py``); only the model behind the proxy changes. Serve the store and start runners
 first (``agl store serve``, ``python examples/math/run_agents.py --store-url ...``), then hand ``CONFIG`` and
 ``LOOP`` to ``agentlightning_verl.VerlAlgorithm`` (see ``packages/trainer-verl/examples/grpo_1gpu.py`` for the
 driver script; pass ``split_problems`` tasks). The serving engine must turn the model's hermes ``<tool_call>``
