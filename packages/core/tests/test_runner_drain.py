@@ -221,3 +221,23 @@ async def test_runner_backs_off_while_the_store_is_down_and_says_when_it_is_back
         await asyncio.wait_for(task, 60)
         await client.close()
         await asyncio.to_thread(server.stop)
+
+
+def test_a_worker_abandoned_by_a_drain_ends_quietly_when_the_store_loop_is_gone() -> None:
+    """The drained runner closed its store loop; the abandoned worker's next store call neither leaks a
+    never-awaited coroutine nor raises a bare RuntimeError in its thread."""
+    import asyncio
+    import warnings
+
+    from agentlightning.runner._workers import RunnerStopped, call_on
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    async def store_call() -> int:
+        return 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be an error here
+        with pytest.raises(RunnerStopped, match="store loop has stopped"):
+            call_on(loop)(store_call())

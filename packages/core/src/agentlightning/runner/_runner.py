@@ -11,7 +11,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Literal
 
 from agentlightning._models import Claim
@@ -23,6 +23,7 @@ from agentlightning.runner._workers import (
     WorkerLoop,
     WorkerSettings,
     agent_ref,
+    call_on,
     ended_cleanly,
     log_failure,
     process_main,
@@ -357,9 +358,7 @@ class Runner:
             for thread in threads:
                 thread.join(0.05)
 
-        def call(coro: Coroutine[Any, Any, Any]) -> Any:
-            return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
-
+        call = call_on(store_loop)
         if any(thread.is_alive() for thread in threads):
             released = release_active(loop, call)
             logger.warning("draining: released %d rollout(s); their agents' threads are abandoned", released)

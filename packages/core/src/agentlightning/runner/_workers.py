@@ -7,6 +7,7 @@ each worker process builds its own (`process_main`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -205,9 +206,7 @@ def sync_worker(
 ) -> None:
     """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``."""
 
-    def call(coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, store_loop).result()
-
+    call = call_on(store_loop)
     worker_id = worker_id_of(index)
     settings = loop.settings
     while not stop_event.is_set():
@@ -239,11 +238,37 @@ def sync_worker(
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
             )
             clean = ended_cleanly(claim, outcome.status)
+        except RunnerStopped:
+            logger.info("worker %s: the runner stopped while it ran rollout %s", worker_id, claim.rollout.rollout_id)
+            return  # the drain released its claim already
         except Exception:
             log_failure(worker_id, claim)
         finally:
             loop.active.pop(worker_id, None)
-            call(loop.slots.release(index, clean))
+            with contextlib.suppress(RunnerStopped):
+                call(loop.slots.release(index, clean))
+
+
+class RunnerStopped(RuntimeError):
+    """The runner's store loop is gone: it drained and abandoned the worker thread that tried to use it."""
+
+
+def call_on(store_loop: asyncio.AbstractEventLoop) -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """A blocking ``call(coro)`` that runs ``coro`` on ``store_loop`` from another thread.
+
+    Once the loop is closed (the runner stopped), the coroutine is closed unstarted and `RunnerStopped` raised, so an
+    abandoned worker ends quietly instead of leaving a never-awaited coroutine and a thread traceback behind.
+    """
+
+    def call(coro: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, store_loop)
+        except RuntimeError as exc:
+            coro.close()
+            raise RunnerStopped(f"the runner's store loop has stopped ({exc})") from exc
+        return future.result()
+
+    return call
 
 
 def ended_cleanly(claim: Claim, status: str) -> bool:
