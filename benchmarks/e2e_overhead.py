@@ -7,7 +7,13 @@ the same ``ppo_update``), each for ``--iterations`` iterations of 16 tasks × 8 
 iteration of each and their ratio, then where the framework's iterations spent their time (the phases its
 ``metrics.jsonl`` records: waiting for rollouts, building the batch, the update, the weight sync, and how much of
 it the backend was generating), for the first iteration and for the rest (the first one also pays each runner
-slot's first HTTP client). Ends with one JSON line of all figures.
+slot's first HTTP client), the backend's admission groups (requests prefilled together) and decode-step rows, the
+CPU seconds each run used (its processes and their children: on a shared machine the load-independent figure), and
+the load average. Ends with one JSON line of all figures.
+
+The framework trains one sample per episode (``--transition-mode trajectory``: the agent's calls merged, the
+calculator's answer masked out), as the bare loop does; ``--transition-mode per_call`` measures the quickstart's
+default recipe instead (one sample per LLM call: about 1.5x the samples and tokens in the update).
 
     .venv/bin/python benchmarks/e2e_overhead.py --iterations 10
 """
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -31,15 +39,23 @@ def _last_json(output: str, what: str) -> dict[str, Any]:
     raise RuntimeError(f"{what} printed no JSON summary; its output ended with:\n{output[-2000:]}")
 
 
-def run(cmd: list[str], what: str) -> dict[str, Any]:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(cmd: list[str], what: str) -> tuple[dict[str, Any], float]:
+    """Run ``cmd``; its JSON summary and the CPU seconds it (and every process it waited for) used."""
     print(f"running {what}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    before = _children_cpu()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed with exit code {done.returncode}:\n{done.stderr[-3000:]}")
-    return _last_json(done.stdout, what)
+    return _last_json(done.stdout, what), _children_cpu() - before
 
 
 PHASES = ("time_rollouts", "time_generating", "time_batch", "time_update", "time_sync")
+BACKEND = ("backend_mean_batch", "backend_mean_rows", "backend_steps")
 
 
 def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
@@ -52,7 +68,10 @@ def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
         if group:
             out[name] = {
                 "seconds": round(sum(float(r["seconds"]) for r in group) / len(group), 3),
-                **{p: round(sum(float(r["metrics"].get(p, 0.0)) for r in group) / len(group), 3) for p in PHASES},
+                **{
+                    p: round(sum(float(r["metrics"].get(p, 0.0)) for r in group) / len(group), 3)
+                    for p in PHASES + BACKEND
+                },
             }
     return out
 
@@ -62,9 +81,11 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
+    parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
     args = parser.parse_args()
     common = ["--threads", str(args.threads)]
-    bare = run(
+    load_before = os.getloadavg()[0]
+    bare, bare_cpu = run(
         [
             sys.executable,
             "benchmarks/bare_loop_calc.py",
@@ -78,7 +99,7 @@ def main() -> int:
         ],
         "bare loop",
     )
-    framework = run(
+    framework, framework_cpu = run(
         [
             sys.executable,
             "examples/calc/train.py",
@@ -93,6 +114,8 @@ def main() -> int:
             "runs/e2e-overhead",
             "--runners",
             str(args.runners),
+            "--transition-mode",
+            args.transition_mode,
             *common,
         ],
         "framework (quickstart)",
@@ -109,16 +132,31 @@ def main() -> int:
         "bare_reward_last5": bare.get("reward_last5"),
         "framework_reward_after": framework.get("reward_after"),
         "runners": args.runners,
+        "transition_mode": args.transition_mode,
+        "bare_cpu_seconds": round(bare_cpu, 1),
+        "framework_cpu_seconds": round(framework_cpu, 1),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     framework_phases = phases(ROOT / "runs" / "e2e-overhead" / "metrics.jsonl")
     figures["framework_phases"] = framework_phases
+    if "rest" in framework_phases:  # after the first iteration: the runner slots' HTTP clients are built
+        figures["ratio_after_first"] = round(framework_phases["rest"]["seconds"] / bare_s, 2)
     print(f"{'':32}{'s/iteration':>12}")
     print(f"{'bare loop':32}{bare_s:>12.3f}")
     print(f"{'framework (LangGraph quickstart)':32}{framework_s:>12.3f}")
     print(f"{'ratio (target <= 1.5)':32}{figures['ratio']:>12.2f}")
+    if "ratio_after_first" in figures:
+        print(f"{'ratio after the first iteration':32}{figures['ratio_after_first']:>12.2f}")
+    print(
+        f"CPU seconds, whole run (startup and evaluations included): bare {bare_cpu:.1f}, framework "
+        f"{framework_cpu:.1f} (trainer + runners); load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     print(f"framework phases, s/iteration: {'  '.join(p.removeprefix('time_') for p in PHASES)}")
     for name, row in framework_phases.items():
         print(f"  {name:6} {row['seconds']:7.3f} total  " + "  ".join(f"{row[p]:.3f}" for p in PHASES))
+    print("backend: requests per admission group, rows per decode step, decode steps (per iteration)")
+    for name, row in framework_phases.items():
+        print(f"  {name:6} " + "  ".join(f"{row[p]:.1f}" for p in BACKEND))
     print(json.dumps(figures))
     return 0
 

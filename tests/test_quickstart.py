@@ -39,7 +39,7 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     out = tmp_path / "run"
     done = _run_quickstart(
         "--iterations", "2", "--tasks-per-iteration", "4", "--samples-per-task", "4", "--eval-size", "4",
-        "--workers", "16", "--minutes", "600", "--output", str(out),
+        "--workers", "16", "--minutes", "600", "--output", str(out), "--transition-mode", "trajectory",
         # however slow the machine: the run ends after 2 iterations (not a time budget), and every rollout
         # finishes (none is cancelled as late); the subprocess timeout is only a safety net
         "--rollout-timeout", "3600", timeout=1800,
@@ -50,6 +50,15 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     assert set(summary) >= expected
     assert summary["iterations"] == 2
     assert (out / "reward_curve.png").stat().st_size > 0
+    train_rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [row for row in train_rows if row["kind"] == "train"]
+    for row in train_rows:
+        metrics = row["metrics"]
+        # trajectory mode: one sample per episode, unless a call's prompt did not extend the previous call's
+        assert metrics["transitions"] == metrics["attempts"] + metrics["trajectory_breaks"]
+        # what the backend did this iteration: admission groups, decode steps and the rows each decoded
+        assert metrics["backend_batches"] >= 1 and metrics["backend_steps"] >= 1
+        assert 1 <= metrics["backend_mean_rows"] <= 16 and 1 <= metrics["backend_mean_batch"] <= 16
 
     # The trained weights differ from the warm start they began from; the checkpoint is a plain transformers folder.
     trained = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
@@ -149,6 +158,7 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
         (["--lr", "-1"], "lr"),
         (["--threads", "0"], "num_threads"),
         (["--minutes", "0"], "--minutes"),
+        (["--transition-mode", "per_step"], "--transition-mode"),
     ],
 )
 def test_quickstart_rejects_bad_settings_with_a_clear_message(args: list[str], message: str) -> None:

@@ -89,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     net.add_argument("--access-log", action="store_true", help="served store: log each request's client address")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
     parser.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="backend: longest wait to fill a batch")
+    parser.add_argument(
+        "--transition-mode",
+        choices=("per_call", "trajectory"),
+        default="per_call",
+        help="one training sample per LLM call, or one per episode (its calls merged, as the bare loop trains)",
+    )
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     parser.add_argument(
         "--rollout-timeout", type=float, default=120.0, help="seconds an iteration waits for its rollouts"
@@ -131,6 +137,7 @@ def build_config(args: argparse.Namespace) -> Any:
             checkpoint_every=0,
             batch_wait_ms=args.batch_wait_ms,
             max_batch_wait_ms=args.max_batch_wait_ms,
+            transition_mode=args.transition_mode,
             rollout_timeout_s=args.rollout_timeout,
             proxy=proxy,
         )

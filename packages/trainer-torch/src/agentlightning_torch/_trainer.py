@@ -59,7 +59,8 @@ class TorchTrainer(Engine, Algorithm):
             self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
         self._backend: LocalBackend | None = None
         self._server: BackendServer | None = None
-        self._seen = (0, 0, 0.0)  # backend batches, requests, busy seconds at the last iteration_metrics
+        # backend batches, requests, busy seconds, decode steps and rows decoded at the last iteration_metrics
+        self._seen: tuple[int, int, float, int, int] = (0, 0, 0.0, 0, 0)
         self.loop = RLLoop(config.loop_config(), self, on_iteration=on_iteration)
         if config.resume:
             self.loop.restore()
@@ -172,16 +173,19 @@ class TorchTrainer(Engine, Algorithm):
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Backend batches, mean batch size and generation time since the previous call."""
+        """Backend admission groups and their mean size, decode steps and their mean rows, generation time since the
+        previous call."""
         if self._backend is None:
             return {}
         stats = self._backend.stats
-        batches, requests, busy = stats.batches - self._seen[0], stats.requests - self._seen[1], stats.busy_seconds
-        busy -= self._seen[2]
-        self._seen = (stats.batches, stats.requests, stats.busy_seconds)
+        now = (stats.batches, stats.requests, stats.busy_seconds, stats.steps, stats.row_steps)
+        batches, requests, busy, steps, row_steps = (a - b for a, b in zip(now, self._seen, strict=True))
+        self._seen = now
         return {
             "backend_batches": float(batches),
             "backend_mean_batch": requests / max(batches, 1),
+            "backend_steps": float(steps),
+            "backend_mean_rows": row_steps / max(steps, 1),
             "time_generating": busy,
         }
 
