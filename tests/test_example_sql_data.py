@@ -27,7 +27,12 @@ try:
         result_feedback,
     )
     from sql_spider import SpiderFormatError, load_spider  # pyright: ignore[reportMissingImports]
-    from sql_transcripts import TranscriptConfig, make_conversations, mistakes  # pyright: ignore[reportMissingImports]
+    from sql_transcripts import (  # pyright: ignore[reportMissingImports]
+        TranscriptConfig,
+        make_conversations,
+        mistakes,
+        select_list,
+    )
 finally:
     sys.path.remove(str(SQL))
 
@@ -106,8 +111,13 @@ def test_transcripts_are_partly_right_and_the_mistakes_are_wrong() -> None:
     for task in make_tasks(25, seed=5, databases=[0, 1]):
         db = database_path(task.db_id)
         gold = execute(db, task.gold)
-        for wrong in mistakes(task):
+        silent, loud = mistakes(task)
+        for wrong in (silent, loud):
             assert not execution_match(execute(db, wrong), gold), (task, wrong)
+            # The path is decided by what is selected; the rest of the query is the gold query's.
+            assert select_list(wrong) != select_list(task.gold)
+            assert wrong.split(" FROM ", 1)[1] == task.gold.split(" FROM ", 1)[1]
+        assert execute(db, loud).error is not None, loud  # the checker sends it to the rewriter
     conversations = make_conversations(300, seed=0, config=TranscriptConfig(writer_right=0.3))
     writer = [c for c in conversations if c[0]["content"].endswith("Write one SQLite query.")]
     checker = [c for c in conversations if c[0]["content"].endswith("OK or BAD?")]

@@ -24,6 +24,7 @@ SQL = Path(__file__).resolve().parent.parent / "examples" / "sql"
 sys.path.insert(0, str(SQL))
 try:
     import sql_eval  # pyright: ignore[reportMissingImports]
+    import sql_model  # pyright: ignore[reportMissingImports]
     from sql_agent import checker_prompt, writer_prompt  # pyright: ignore[reportMissingImports]
     from sql_data import database_path, execute, make_tasks, result_feedback  # pyright: ignore[reportMissingImports]
 finally:
@@ -80,3 +81,15 @@ def test_eval_refuses_a_bad_task_file_in_one_line(tmp_path: Path, capsys: pytest
     bad.write_text('{"db_id": "shop_1"}\n', encoding="utf-8")
     assert sql_eval.main(["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--tasks", str(bad)]) == 2
     assert "tasks.jsonl:1: 'schema' must be a non-empty string" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (SQL / "checkpoint" / "config.json").is_file(), reason="examples/sql/checkpoint not shipped")
+def test_path_exactness_measures_the_shipped_warm_start() -> None:
+    """The warm start's report: how often each trained agent takes the right path, and completes it once taken."""
+    model = AutoModelForCausalLM.from_pretrained(SQL / "checkpoint").eval()
+    tokenizer = AutoTokenizer.from_pretrained(SQL / "checkpoint")
+    report = sql_model.path_exactness(model, tokenizer, size=10, samples=4)
+    keys = ("right_choice", "exact_given_right", "accuracy")
+    assert set(report) == {f"{agent}_{key}" for agent in ("writer", "rewriter") for key in keys}
+    assert all(0.0 <= value <= 1.0 for value in report.values()), report
+    assert 0.0 < report["writer_right_choice"] < 0.6, report  # the right path: a minority choice, left to RL
