@@ -264,7 +264,11 @@ def test_transcripts_follow_the_agents_protocol_and_render_as_one_sequence() -> 
         rag_model.tokenizer_texts(worlds=1), vocab_size=400, chat_template=rag_model.CHAT_TEMPLATE
     )
     for task in (film, person):
-        expected = {"two_hops": (2, task.answer), "one_hop": (1, task.gold_titles[1]), "no_search": (0, None)}
+        expected = {
+            "two_hops": (2, task.answer),
+            "one_hop": (1, task.gold_titles[1]),
+            "no_search": (0, task.gold_titles[0]),  # the guess: the name asked about, always wrong
+        }
         for behaviour, (searches, answer) in expected.items():
             record = rag_model.conversation(index, task, behaviour, rng)
             messages = record["messages"]
@@ -276,8 +280,7 @@ def test_transcripts_follow_the_agents_protocol_and_render_as_one_sequence() -> 
                 if m.get("tool_calls")
             ]
             assert queries == list(task.gold_titles[:searches])
-            if answer is not None:
-                assert messages[-1] == {"role": "assistant", "content": answer}
+            assert messages[-1] == {"role": "assistant", "content": answer}
             # the template renders every turn as a continuation of the previous one: one training sequence
             (example,) = tokenize_conversation(tokenizer, record)
             text = str(tokenizer.decode(list(example.input_ids)))
@@ -287,6 +290,38 @@ def test_transcripts_follow_the_agents_protocol_and_render_as_one_sequence() -> 
         assert second != task.gold_titles[1]
     with pytest.raises(ValueError, match="unknown behaviour"):
         rag_model.conversation(index, film, "guess", rng)
+
+
+def test_fast_transcript_ids_equal_the_templates_and_the_choice_to_search_is_a_minority() -> None:
+    """The warm start's transcripts: slot-filled ids equal the chat template's for every transcript; the loss on
+    the first (decision) token makes ``<tool_call>`` a quarter of the first-token targets, while most of a batch
+    trains the search path."""
+    import random
+
+    from agentlightning_torch import tokenize_conversation, train_chat_tokenizer
+
+    rag_model = _rag_module("rag_model")
+    tokenizer = train_chat_tokenizer(
+        rag_model.tokenizer_texts(worlds=1), vocab_size=1024, chat_template=rag_model.CHAT_TEMPLATE
+    )
+    encoder = rag_model.TranscriptEncoder(tokenizer)
+    rng = random.Random(1)
+    for seed in (11, 12):
+        world = rag_task.make_world(seed)
+        index = rag_index.SearchIndex.in_memory(world.documents)
+        for task in world.tasks[:40]:
+            for behaviour in rag_model.BEHAVIOURS:
+                record = rag_model.conversation(index, task, behaviour, rng)
+                assert encoder.encode(record) == tokenize_conversation(tokenizer, record)[0]
+    assert len(encoder._shapes) <= 2 * len(rag_model.BEHAVIOURS) + 2  # pyright: ignore[reportPrivateUsage]
+    config = rag_model.WarmStartConfig(batch_size=200, search_share=0.6, search_choice=0.25)
+    batch = next(rag_model.warm_batches(tokenizer, config, random.Random(0)))
+    call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    first_targets = [e.input_ids[e.loss_mask.index(1)] for e in batch]
+    decisions = [t for t in first_targets if t == call or t in encoder.name_ids.values()]  # the others start "\n"
+    searching = sum(call in e.input_ids for e in batch) / len(batch)
+    chosen = sum(d == call for d in decisions) / len(decisions)
+    assert 0.5 < searching < 0.7 and 0.15 < chosen < 0.35, (searching, chosen)
 
 
 def test_eval_scores_any_openai_compatible_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
