@@ -2,7 +2,7 @@
 
 The shipped ``examples/rag/checkpoint`` is made by::
 
-    python examples/rag/rag_model.py warmstart --out examples/rag/checkpoint     # ~7 min on one CPU thread
+    python examples/rag/rag_model.py warmstart --out examples/rag/checkpoint     # 4-7 min on one CPU thread
     python examples/rag/rag_model.py evaluate --model examples/rag/checkpoint    # what the warm start does
 
 It is a plain ``save_pretrained`` folder made with `agentlightning_torch`'s warm-start toolkit
