@@ -127,6 +127,25 @@ def test_transcripts_follow_the_requested_behaviour() -> None:
     assert distracted[3]["content"] == distracted[4]["content"] == str(int(problem.answer) + (problem.distractor or 0))
 
 
+def test_warm_start_batches_teach_the_path_choice_in_only_some_calculator_transcripts() -> None:
+    """80% calculator transcripts, but the first token is a target so that the calculator is chosen ~25% of the time."""
+    from math_model import WarmStartConfig, build_model, training_batches  # pyright: ignore[reportMissingImports]
+
+    config = WarmStartConfig(batch_size=400, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    assert abs(config.decision_fraction - 1 / 12) < 1e-9  # 0.8 * f / (0.8 * f + 0.2) = 0.25
+    model, tokenizer = build_model(config)
+    batch = next(training_batches(model, tokenizer, config))
+    assert batch == next(training_batches(model, tokenizer, config))  # seeded
+    call, about = tokenizer.convert_tokens_to_ids("<tool_call>"), tokenizer.encode("About")[0]
+    firsts = [example.input_ids[example.loss_mask.index(1)] for example in batch]
+    tools = [example for example in batch if call in example.input_ids]
+    assert 0.7 < len(tools) / len(batch) < 0.9
+    guesses, taught = firsts.count(about), firsts.count(call)
+    assert guesses == len(batch) - len(tools)  # every guess teaches its first token
+    assert 0.15 < taught / (taught + guesses) < 0.35  # the warm model picks the calculator ~25% of the time
+    assert all(example.target_count > 20 for example in tools)  # every calculator transcript teaches the copying
+
+
 # ----- the eval mode and the GPU recipe ------------------------------------------------------------------------------
 
 

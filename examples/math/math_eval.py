@@ -2,8 +2,9 @@
 
 The same AutoGen agent as in training (`agent.solve`), called directly: no store, no proxy, no tracing. Figures:
 ``accuracy`` (exact numeric match of the final answer), ``tool_rate`` (runs that called the calculator),
-``distractor_rate`` (runs whose calculator expression used the distractor number; generated problems only) and
-``answered_rate`` (runs that ended with a text answer).
+``distractor_rate`` (runs whose calculator expression used the distractor number; generated problems only),
+``answered_rate`` (runs that ended with a text answer) and ``tool_accuracy`` (accuracy of the runs that called the
+calculator: how exact the calculator path is).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ def summarize(problems: Sequence[MathProblem], outcomes: Sequence[Outcome]) -> d
     """Accuracy, tool use, distractor use and answered rate of ``outcomes`` (one per problem)."""
     n = max(len(outcomes), 1)
     with_distractor = [(p, o) for p, o in zip(problems, outcomes, strict=True) if p.distractor is not None]
+    tool_runs = [(p, o) for p, o in zip(problems, outcomes, strict=True) if o.used_tool]
     distracted = sum(any(str(p.distractor) in _INTEGER.findall(e) for e in o.expressions) for p, o in with_distractor)
     return {
         "accuracy": sum(score(o.final_text, p.answer) for p, o in zip(problems, outcomes, strict=True)) / n,
         "tool_rate": sum(o.used_tool for o in outcomes) / n,
         "distractor_rate": distracted / max(len(with_distractor), 1),
         "answered_rate": sum(o.final_text is not None for o in outcomes) / n,
+        "tool_accuracy": sum(score(o.final_text, p.answer) for p, o in tool_runs) / max(len(tool_runs), 1),
         "problems": float(len(outcomes)),
     }
 
@@ -74,13 +77,18 @@ async def evaluate_endpoint(
     return {**summarize(problems, outcomes), "errors": float(len(errors))}
 
 
-def evaluate_folder(folder: str | Path, *, size: int = 128, seed: int = 0, threads: int = 1) -> dict[str, Any]:
-    """Serve a model folder with the local backend on 127.0.0.1 and score it greedily on ``size`` held-out problems."""
+def evaluate_folder(
+    folder: str | Path, *, size: int = 128, seed: int = 0, threads: int = 1, temperature: float = 0.0
+) -> dict[str, Any]:
+    """Serve a model folder with the local backend on 127.0.0.1 and score it on ``size`` held-out problems.
+
+    Greedy by default; ``temperature`` 1.0 samples as the training rollouts do.
+    """
     from agentlightning_torch import LocalBackend, serve_backend
 
     _, held_out = split_problems(1, size, seed=seed)
     server = serve_backend(LocalBackend(str(folder), tool_parser="hermes", model_name="math-tiny", num_threads=threads))
     try:
-        return asyncio.run(evaluate_endpoint(server.base_url, "math-tiny", held_out))
+        return asyncio.run(evaluate_endpoint(server.base_url, "math-tiny", held_out, temperature=temperature))
     finally:
         server.stop()

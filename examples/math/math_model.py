@@ -1,4 +1,4 @@
-"""The math example's small model: a byte-level BPE tokenizer, a compact hermes-style chat template, a ~2M-parameter
+"""The math example's small model: a byte-level BPE tokenizer, a compact hermes-style chat template, a ~0.5M-parameter
 Qwen2, and its deterministic warm start from generated AutoGen transcripts.
 
 The shipped ``examples/math/checkpoint`` is made by::
@@ -13,8 +13,9 @@ arithmetic.``) instead of their JSON schemas: the prompt is then ~70 tokens inst
 prompt is most of the cost of every call.
 
 The warm start trains on transcripts of exactly what AutoGen sends (its system message, the tool as AutoGen
-declares it) and leaves room for RL: phase 1 teaches calling the calculator with the right numbers (a few
-transcripts also add the distractor number); phase 2 makes answering at once, with a wrong number, the habit.
+declares it) and leaves RL one early choice to make: calling the calculator, with the right numbers copied into the
+expression, is made reliable but rare (the first token picks it ~25% of the time); answering at once, with a wrong
+guess, is the habit. See `WarmStartConfig` and the README.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from math_agent import SYSTEM_MESSAGE, calculator
-from math_task import MathProblem, evaluate_expression, make_problems
+from math_task import MathProblem, evaluate_expression, make_problems, split_problems
 
 __all__ = [
     "MATH_CHAT_TEMPLATE",
@@ -106,34 +107,43 @@ def _calculator_tools() -> list[dict[str, Any]]:
 
 
 class WarmStartConfig(BaseModel):
-    """Settings of the supervised warm start (two phases, fresh problems every step).
+    """Settings of the supervised warm start (defaults: the measured recipe; fresh problems every step).
 
-    Phase 1 (``steps``) teaches the format and how to copy the problem's numbers into a calculator call: every
-    transcript calls the calculator, and ``distractor_fraction`` of them also add the distractor number to the
-    expression (e.g. ``12*7-15+9``). Phase 2 (``policy_steps``, a lower learning rate) sets the habits RL starts
-    from: only ``tool_fraction`` of its transcripts call the calculator, the rest answer at once with a wrong
-    number. The warm policy therefore rarely gets a problem right greedily, but its sampled calculator calls often
-    do: RL has to find that calling the calculator pays (and that the distractor does not belong in it).
+    Each step trains on ``batch_size`` fresh problems: ``tool_fraction`` of them as calculator transcripts (the
+    gold expression, copied number by number, then the tool's result copied as the answer), the rest as an
+    immediate guess that is wrong (the model cannot do the arithmetic itself). The first assistant token decides
+    the path (``<tool_call>`` or ``About``); it is a training target in only part of the calculator transcripts,
+    so that the warm model *chooses* the calculator with probability ``tool_choice`` while every calculator
+    transcript still teaches the copying. The aim: a model that is right when it calls the calculator but rarely
+    does, so its greedy accuracy is near 0 and RL has one early choice to move (the README has what it reached).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(default=450, ge=1)
-    policy_steps: int = Field(default=50, ge=0)
-    batch_size: int = Field(default=12, ge=1)
-    lr: float = Field(default=2e-3, gt=0)
-    policy_lr: float = Field(default=1e-3, gt=0)
-    warmup_steps: int = Field(default=40, ge=0)
-    tool_fraction: float = Field(default=0.3, ge=0, le=1)
-    distractor_fraction: float = Field(default=0.1, ge=0, le=1)
+    steps: int = Field(default=500, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=5e-3, gt=0)
+    warmup_steps: int = Field(default=30, ge=0)
+    tool_fraction: float = Field(default=0.8, gt=0, le=1)
+    tool_choice: float = Field(default=0.25, ge=0, lt=1)
+    distractor_fraction: float = Field(default=0.0, ge=0, le=1)
     vocab_size: int = Field(default=640, ge=300)
-    hidden_size: int = Field(default=192, ge=16)
-    num_layers: int = Field(default=4, ge=1)
+    hidden_size: int = Field(default=128, ge=16)
+    num_layers: int = Field(default=2, ge=1)
     num_heads: int = Field(default=4, ge=1)
-    intermediate_size: int = Field(default=512, ge=16)
+    intermediate_size: int = Field(default=384, ge=16)
     max_positions: int = Field(default=256, ge=64)
     seed: int = 0
     threads: int = Field(default=1, ge=1)
+
+    @property
+    def decision_fraction(self) -> float:
+        """Share of calculator transcripts whose first token (the path choice) is a target: gives `tool_choice`."""
+        if self.tool_choice > self.tool_fraction:
+            raise ValueError(f"tool_choice ({self.tool_choice}) cannot exceed tool_fraction ({self.tool_fraction})")
+        if self.tool_fraction == 1.0:
+            return 1.0
+        return self.tool_choice * (1 - self.tool_fraction) / (self.tool_fraction * (1 - self.tool_choice))
 
 
 def transcript(problem: MathProblem, behaviour: str, rng: random.Random) -> dict[str, Any]:
@@ -151,8 +161,11 @@ def transcript(problem: MathProblem, behaviour: str, rng: random.Random) -> dict
         {"role": "user", "content": problem.question},
     ]
     if behaviour == "direct":
-        wrong = int(problem.answer) + rng.choice((-1, 1)) * rng.randint(1, 20)
-        messages.append({"role": "assistant", "content": str(wrong)})
+        # A guess, worded so that its first token is one word: the path choice is then between two tokens
+        # (``<tool_call>`` or ``About``), not between the calculator and ten digits (greedy would pick the tool).
+        answer, offset = int(problem.answer), rng.randint(1, 20)
+        wrong = answer - offset if rng.random() < 0.5 and answer > offset else answer + offset
+        messages.append({"role": "assistant", "content": f"About {wrong}."})
     else:
         expression = problem.expression if behaviour == "tool" else f"{problem.expression}+{problem.distractor}"
         value = evaluate_expression(expression)
@@ -167,37 +180,21 @@ def transcript(problem: MathProblem, behaviour: str, rng: random.Random) -> dict
     return {"messages": messages, "tools": calculator_tools()}
 
 
-def _behaviour(rng: random.Random, tool_fraction: float, distractor_fraction: float) -> str:
-    if rng.random() >= tool_fraction:
-        return "direct"
-    return "distractor" if rng.random() < distractor_fraction else "tool"
-
-
 def _tokenizer_corpus(seed: int) -> list[str]:
     """Text the BPE merges are learned from: questions, the system message, the rendered tool turns."""
     texts = [p.question for p in make_problems(3000, seed=seed + 17)]
     texts += [SYSTEM_MESSAGE, "calculator(expression): Evaluate arithmetic.", "system user assistant"] * 200
+    texts += ["<tools>\ncalculator</tools>", "assistant\n<tool_call>", "About 12."] * 1000  # single tokens
     texts += ['{"name": "calculator", "arguments": {"expression": "12*7-15"}}'] * 200
     return texts
 
 
-def warm_start(config: WarmStartConfig | None = None) -> tuple[Any, Any, dict[str, float]]:
-    """Build tokenizer and model from the seed and fine-tune on fresh transcripts every step (deterministic on CPU).
-
-    Returns:
-        The model (eval mode), its tokenizer and a summary (losses, seconds, parameters).
-    """
+def build_model(config: WarmStartConfig) -> tuple[Any, Any]:
+    """The untrained model and its tokenizer (BPE merges learned from generated questions), from the seed."""
     from transformers import AutoTokenizer
 
-    from agentlightning_torch import (
-        build_chat_model,
-        count_parameters,
-        fit_examples,
-        save_checkpoint,
-        train_chat_tokenizer,
-    )
+    from agentlightning_torch import build_chat_model, save_checkpoint, train_chat_tokenizer
 
-    config = config or WarmStartConfig()
     tokenizer = train_chat_tokenizer(
         _tokenizer_corpus(config.seed),
         vocab_size=config.vocab_size,
@@ -219,55 +216,108 @@ def warm_start(config: WarmStartConfig | None = None) -> tuple[Any, Any, dict[st
     with tempfile.TemporaryDirectory() as folder:
         save_checkpoint(model, tokenizer, folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    result = fit_examples(
-        model,
-        _batches(model, tokenizer, config, 1.0, config.seed),
-        _sft(config, "format"),
-        pad_token_id=_pad(tokenizer),
+    return model, tokenizer
+
+
+def warm_start(config: WarmStartConfig | None = None) -> tuple[Any, Any, dict[str, float]]:
+    """Build tokenizer and model from the seed and fine-tune on fresh transcripts every step (deterministic on CPU).
+
+    Returns:
+        The model (eval mode), its tokenizer and a summary (loss, seconds, parameters).
+    """
+    from agentlightning_torch import SFTConfig, count_parameters, fit_examples
+
+    config = config or WarmStartConfig()
+    model, tokenizer = build_model(config)
+    sft = SFTConfig(
+        steps=config.steps,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        warmup_steps=config.warmup_steps,
+        seed=config.seed,
+        threads=config.threads,
     )
-    summary = {"format_loss": result.final_loss, "format_seconds": result.seconds}
-    if config.policy_steps:
-        summary.update(tune_policy(model, tokenizer, config))
-    summary["parameters"] = float(count_parameters(model))
-    return model, tokenizer, summary
-
-
-def tune_policy(model: Any, tokenizer: Any, config: WarmStartConfig) -> dict[str, float]:
-    """Phase 2 of `warm_start` on its own (its own random stream: the same whether or not phase 1 ran just before)."""
-    from agentlightning_torch import fit_examples
-
-    batches = _batches(model, tokenizer, config, config.tool_fraction, config.seed + 1)
-    result = fit_examples(model, batches, _sft(config, "policy"), pad_token_id=_pad(tokenizer))
-    return {"policy_loss": result.final_loss, "policy_seconds": result.seconds}
+    result = fit_examples(model, training_batches(model, tokenizer, config), sft, pad_token_id=_pad(tokenizer))
+    return (
+        model,
+        tokenizer,
+        {"loss": result.final_loss, "seconds": result.seconds, "parameters": float(count_parameters(model))},
+    )
 
 
 def _pad(tokenizer: Any) -> int:
     return int(tokenizer.pad_token_id)
 
 
-def _sft(config: WarmStartConfig, phase: str) -> Any:
-    from agentlightning_torch import SFTConfig
-
-    common: dict[str, Any] = {"batch_size": config.batch_size, "seed": config.seed, "threads": config.threads}
-    if phase == "format":
-        return SFTConfig(steps=config.steps, lr=config.lr, warmup_steps=config.warmup_steps, **common)
-    return SFTConfig(steps=config.policy_steps, lr=config.policy_lr, schedule="constant", **common)
+def _stops(model: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def _batches(
-    model: Any, tokenizer: Any, config: WarmStartConfig, tool_fraction: float, seed: int
-) -> Iterator[list[Any]]:
-    """Fresh transcripts for every step, tokenised exactly as the backend renders the agent's requests."""
-    from agentlightning_torch import tokenize_conversation
+def training_batches(model: Any, tokenizer: Any, config: WarmStartConfig) -> Iterator[list[Any]]:
+    """Fresh transcripts for every step, tokenised exactly as the backend renders the agent's requests.
 
-    stops = list(model.generation_config.eos_token_id or [])
-    rng = random.Random(seed)
+    A calculator transcript keeps its first token (the path choice) as a target with probability
+    `WarmStartConfig.decision_fraction`; otherwise only the rest of the path is learned.
+    """
+    from agentlightning_torch import SFTExample, tokenize_conversation
+
+    stops = _stops(model)
+    keep_decision = config.decision_fraction
+    rng = random.Random(config.seed)
     while True:
         batch: list[Any] = []
         for problem in make_problems(config.batch_size, seed=rng.getrandbits(32)):
-            behaviour = _behaviour(rng, tool_fraction, config.distractor_fraction)
-            batch += tokenize_conversation(tokenizer, transcript(problem, behaviour, rng), stop_ids=stops)
+            if rng.random() >= config.tool_fraction:
+                batch += tokenize_conversation(tokenizer, transcript(problem, "direct", rng), stop_ids=stops)
+                continue
+            behaviour = "distractor" if rng.random() < config.distractor_fraction else "tool"
+            (example,) = tokenize_conversation(tokenizer, transcript(problem, behaviour, rng), stop_ids=stops)
+            if rng.random() >= keep_decision:
+                mask = list(example.loss_mask)
+                mask[mask.index(1)] = 0  # the path choice is not taught by this transcript
+                example = SFTExample(example.input_ids, tuple(mask))
+            batch.append(example)
         yield batch
+
+
+def tool_path_figures(model: Any, tokenizer: Any, problems: Sequence[MathProblem]) -> dict[str, float]:
+    """How the model does on the calculator path, from one teacher-forced pass over gold calculator transcripts.
+
+    ``tool_choice``: mean probability of choosing the calculator (``<tool_call>`` as the first token).
+    ``tool_path_greedy_exact``: share of problems where greedy decoding, once on the calculator path, writes the
+    gold call and copies the result exactly (every target token is the argmax). ``tool_path_sampled_exact``: mean
+    probability that sampling at temperature 1 does (the product of the target tokens' probabilities).
+    ``tool_call_greedy_exact``: the same as greedy exactness, for the calculator call alone.
+    """
+    import torch
+
+    from agentlightning_torch import tokenize_conversation
+
+    stops = _stops(model)
+    rng = random.Random(0)
+    choice, greedy, sampled, expression = 0.0, 0.0, 0.0, 0.0
+    with torch.no_grad():
+        for problem in problems:
+            (example,) = tokenize_conversation(tokenizer, transcript(problem, "tool", rng), stop_ids=stops)
+            ids = torch.tensor([example.input_ids])
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            positions = [i - 1 for i, m in enumerate(example.loss_mask) if m]
+            targets = ids[0, [p + 1 for p in positions]]
+            picked = logprobs[positions, targets]
+            choice += float(picked[0].exp())
+            greedy += float(bool((logprobs[positions[1:]].argmax(-1) == targets[1:]).all()))
+            sampled += float(picked[1:].sum().exp())
+            right = (logprobs[positions].argmax(-1) == targets).tolist()
+            call_end = next(i for i in range(1, len(positions)) if positions[i] != positions[i - 1] + 1)
+            expression += float(all(right[1:call_end]))  # the call alone (not the copy of the tool's result)
+    n = max(len(problems), 1)
+    return {
+        "tool_choice": choice / n,
+        "tool_path_greedy_exact": greedy / n,
+        "tool_path_sampled_exact": sampled / n,
+        "tool_call_greedy_exact": expression / n,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,7 +339,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.eval_size:
         from math_eval import evaluate_folder
 
+        _, held_out = split_problems(1, args.eval_size, seed=0)
+        report.update(tool_path_figures(model, tokenizer, held_out))
+        # The real agent against the served model: greedy (what RL starts from), then sampled as in training.
         report.update(evaluate_folder(args.out, size=args.eval_size))
+        sampled = evaluate_folder(args.out, size=args.eval_size, temperature=1.0)
+        report.update({f"sampled_{key}": value for key, value in sampled.items() if key != "problems"})
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in report.items()}))
     return 0
 

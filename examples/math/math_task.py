@@ -1,8 +1,9 @@
 """Arithmetic word problems for the AutoGen math example: a seeded generator, the reward, a GSM8K-format loader.
 
-A generated problem reads like ``Ana has 12 boxes of 7 pens and gives away 15. Her brother is 9. How many pens
-does she have?``: one of a few templates (several operations: ``*``, ``+``, ``-``, brackets) plus one distractor
-sentence whose number must be ignored. Its gold calculator expression is ``12*7-15`` and its answer ``69``.
+A generated problem reads like ``Her brother is 39. Ana has 8 boxes of 7 pens and gives away 5. How many pens
+does she have?``: one of five templates (several operations: ``*``, ``+``, ``-``, brackets; numbers 2 to 9) after
+one distractor sentence whose (two-digit) number must be ignored. Its gold calculator expression is ``8*7-5`` (the
+numbers in the order the problem gives them) and its answer ``51``.
 The reward is an exact numeric match of the last number of the agent's final message.
 
 Real data: `load_gsm8k` reads GSM8K's JSONL (``{"question": ..., "answer": "... #### 72"}``) from a local file.
@@ -38,8 +39,8 @@ _NAMES = (("Ana", "she", "Her"), ("Ben", "he", "His"), ("Cara", "she", "Her"), (
 _ITEMS = ("pens", "apples", "cards", "books", "eggs", "shells", "coins", "stickers")
 _BOXES = ("boxes", "bags", "packs", "crates")
 
-KINDS = ("give", "find", "trade", "shelves", "share")
-"""The problem templates: ``a*b-c``, ``a*b+c``, ``a+b-c``, ``a*(b+c)``, ``a-b*c``."""
+KINDS = ("give", "find", "trade", "shelves", "take")
+"""The problem templates: ``a*b-c``, ``a*b+c``, ``a+b-c``, ``a*(b+c)``, ``a*(b-c)`` (a, b, c from 2 to 9)."""
 
 _DISTRACTORS = (
     "{Poss} brother is {d}.",
@@ -79,28 +80,27 @@ class MathProblem:
 def _draw(rng: random.Random) -> MathProblem:
     name, pronoun, possessive = rng.choice(_NAMES)
     items, box, kind = rng.choice(_ITEMS), rng.choice(_BOXES), rng.choice(KINDS)
-    a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(2, 30)
+    a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 9)
     if kind == "give":
-        c = rng.randint(2, min(30, a * b - 1))  # keeps the answer positive
+        c = rng.randint(2, min(9, a * b - 1))  # keeps the answer positive
         body, expression = f"{name} has {a} {box} of {b} {items} and gives away {c}.", f"{a}*{b}-{c}"
     elif kind == "find":
         body, expression = f"{name} buys {a} {box} of {b} {items} and finds {c} more.", f"{a}*{b}+{c}"
     elif kind == "trade":
-        a = rng.randint(c + 1, c + 40)  # keeps a + b - c positive and a distinct from c
+        c = rng.randint(2, min(9, a + b - 1))
         body, expression = f"{name} has {a} {items}, gets {b} more and loses {c}.", f"{a}+{b}-{c}"
     elif kind == "shelves":
-        c = rng.randint(2, 12)
         body = f"{name} fills {a} shelves with {b} red and {c} blue {items} each."
         expression = f"{a}*({b}+{c})"
-    else:  # share
-        b, c = rng.randint(2, 6), rng.randint(2, 9)
-        a = b * c + rng.randint(1, 30)
-        body, expression = f"{name} has {a} {items} and gives {b} friends {c} each.", f"{a}-{b}*{c}"
-    used = {a, b, c}
-    d = rng.choice([n for n in range(2, 100) if n not in used])
+    else:  # take
+        b = rng.randint(3, 9)
+        c = rng.randint(2, b - 1)
+        body = f"{name} fills {a} {box} with {b} {items} each and takes {c} out of each."
+        expression = f"{a}*({b}-{c})"
+    d = rng.randint(10, 99)  # two digits: every problem of a kind has the same shape
     distractor = rng.choice(_DISTRACTORS).format(Poss=possessive, name=name, d=d)
     ask = f"How many {items} does {pronoun} have?"
-    sentences = [distractor, body, ask] if rng.random() < 0.5 else [body, distractor, ask]
+    sentences = [distractor, body, ask]
     value = evaluate_expression(expression)
     assert value is not None  # generated expressions are well formed
     return MathProblem(" ".join(sentences), normalize_number(str(value)), expression, d, kind)
