@@ -5,7 +5,8 @@ the current resources) and ``agl.llm_base_url()`` (the LLM proxy's URL for the r
 deployed app it would be configuration). Tracing comes from ``agentlightning_langchain.instrument()``, called once
 by the trainer script — the graph itself carries no callback. The slot's URL stays the same from one rollout to the
 next, so ``ChatOpenAI``, built per rollout as here, reuses the HTTP clients it caches per URL: no shared client of
-our own is needed (``benchmarks/slot_url_bench.py`` measures it).
+our own is needed (``benchmarks/slot_url_bench.py`` measures it). The graph is compiled once, at import; each run
+hands it that rollout's chat model in its config.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -26,9 +28,8 @@ _ANSWER = re.compile(r"^A:(-?\d+)$")
 _EXPRESSION = re.compile(r"^[0-9+\-*() ]{1,64}$")
 
 
-@tool
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression made of integers, + - * and parentheses."""
+def evaluate(expression: str) -> str:
+    """The calculator's answer: the integer value of ``expression``, or "E" for anything it cannot evaluate."""
     if not _EXPRESSION.match(expression):
         return "E"
     try:
@@ -38,12 +39,22 @@ def calculator(expression: str) -> str:
     return str(int(value))
 
 
-def build_graph(llm: ChatOpenAI) -> Any:
-    """Solver node (the LLM, with the calculator bound) <-> tool node, at most ``MAX_LLM_CALLS`` LLM calls."""
-    solver_llm = llm.bind_tools([calculator])
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression made of integers, + - * and parentheses."""
+    return evaluate(expression)
 
-    async def solver(state: MessagesState) -> dict[str, list[Any]]:
-        return {"messages": [await solver_llm.ainvoke(state["messages"])]}
+
+def build_graph() -> Any:
+    """Solver node (the LLM, with the calculator bound) <-> tool node, at most ``MAX_LLM_CALLS`` LLM calls.
+
+    Compiled once: the chat model comes in each run's config (``configurable["llm"]``), the ordinary LangGraph way
+    to vary a node's model without rebuilding the graph.
+    """
+
+    async def solver(state: MessagesState, config: RunnableConfig) -> dict[str, list[Any]]:
+        llm: ChatOpenAI = config.get("configurable", {})["llm"]
+        return {"messages": [await llm.bind_tools([calculator]).ainvoke(state["messages"], config)]}
 
     def route(state: MessagesState) -> str:
         llm_calls = sum(isinstance(m, AIMessage) for m in state["messages"])
@@ -60,15 +71,23 @@ def build_graph(llm: ChatOpenAI) -> Any:
     return graph.compile()
 
 
-def score(final: AIMessage | Any, expected: int) -> float:
-    """1 for the right answer, 0 for a wrong one, -0.1 for malformed output (the recipe's reward)."""
-    text = final.content if isinstance(final, AIMessage) and isinstance(final.content, str) else ""
-    if isinstance(final, AIMessage) and final.tool_calls:
-        return -0.1  # still wanted the tool when the call budget ran out
+GRAPH = build_graph()
+
+
+def score_text(text: str, expected: int) -> float:
+    """1 for ``A:<expected>``, 0 for another ``A:<number>``, -0.1 for anything else (the recipe's reward)."""
     match = _ANSWER.match(text.strip())
     if match is None:
         return -0.1
     return 1.0 if int(match.group(1)) == expected else 0.0
+
+
+def score(final: AIMessage | Any, expected: int) -> float:
+    """The reward of the graph's last message (-0.1 when it still asks for the tool after the call budget)."""
+    if isinstance(final, AIMessage) and final.tool_calls:
+        return -0.1  # still wanted the tool when the call budget ran out
+    text = final.content if isinstance(final, AIMessage) and isinstance(final.content, str) else ""
+    return score_text(text, expected)
 
 
 @agl.rollout
@@ -83,5 +102,5 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
         max_retries=2,
         **llm_resource.sampling_parameters,
     )
-    result = await build_graph(llm).ainvoke({"messages": [HumanMessage(task["question"])]})
+    result = await GRAPH.ainvoke({"messages": [HumanMessage(task["question"])]}, {"configurable": {"llm": llm}})
     return score(result["messages"][-1], int(task["answer"]))

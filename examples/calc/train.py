@@ -36,6 +36,11 @@ DEFAULTS = {
     "val_tasks": HERE / "data" / "val.jsonl",
     "output": Path("runs") / "calc",
 }
+# --agent: what the runner processes run (``agl runner --agent ... --instrument ...``)
+AGENTS = {
+    "langgraph": ["--agent", "calc_agent:calc_agent", "--instrument", "langchain"],
+    "openai": ["--agent", "calc_openai_agent:calc_openai_agent", "--instrument", "openai"],
+}
 _QUESTION = re.compile(r"^Q:[0-9+\-*]{3,40}=$")
 
 
@@ -94,6 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("per_call", "trajectory"),
         default="per_call",
         help="one training sample per LLM call, or one per episode (its calls merged, as the bare loop trains)",
+    )
+    parser.add_argument(
+        "--agent",
+        choices=tuple(AGENTS),
+        default="langgraph",
+        help="what the runners run: the LangGraph graph (calc_agent.py) or plain OpenAI calls (calc_openai_agent.py)",
     )
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     parser.add_argument(
@@ -166,13 +177,15 @@ def store_serving(args: argparse.Namespace) -> Any:
         raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
 
 
-def start_runners(where: list[str], workers: int, runners: int, token: str | None) -> list[subprocess.Popen[bytes]]:
+def start_runners(
+    where: list[str], workers: int, runners: int, token: str | None, agent: str = "langgraph"
+) -> list[subprocess.Popen[bytes]]:
     """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
     processes = []
     for index in range(runners):
         share = workers // runners + (1 if index < workers % runners else 0)
-        cmd = [sys.executable, str(HERE / "run_agents.py"), *where, "--workers", str(max(share, 1))]
+        cmd = [sys.executable, str(HERE / "run_agents.py"), *where, *AGENTS[agent], "--workers", str(max(share, 1))]
         processes.append(subprocess.Popen(cmd, env=env))
     return processes
 
@@ -249,7 +262,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
 
         dashboard = DashboardServer(db).start()
         console.print(f"[bold]dashboard[/]: {dashboard.url} (live while training; later: agl store serve --db {db})")
-    runners = start_runners(opened.runner_args, args.workers, args.runners, serving.token)
+    runners = start_runners(opened.runner_args, args.workers, args.runners, serving.token, args.agent)
     progress = Progress(
         TextColumn("[bold]RL"),
         BarColumn(),
