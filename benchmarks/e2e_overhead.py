@@ -15,6 +15,11 @@ The framework trains one sample per episode (``--transition-mode trajectory``: t
 calculator's answer masked out), as the bare loop does; ``--transition-mode per_call`` measures the quickstart's
 default recipe instead (one sample per LLM call: about 1.5x the samples and tokens in the update).
 
+The framework runs once per agent (``--agent``): ``openai``, the calculator agent as plain OpenAI SDK calls
+(``calc_openai_agent.py``: the framework's own overhead, with only the openai client's CPU on the agent side), and
+``langgraph``, the quickstart's LangGraph graph (``calc_agent.py``: the same calls, plus LangGraph's and
+langchain's CPU per episode, which the bare loop does not have). Each run's runner CPU per rollout is printed.
+
     .venv/bin/python benchmarks/e2e_overhead.py --iterations 10
 """
 
@@ -76,30 +81,13 @@ def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
-    parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
-    args = parser.parse_args()
-    common = ["--threads", str(args.threads)]
-    load_before = os.getloadavg()[0]
-    bare, bare_cpu = run(
-        [
-            sys.executable,
-            "benchmarks/bare_loop_calc.py",
-            "--iterations",
-            str(args.iterations),
-            "--seconds",
-            "3600",
-            "--eval-tasks",
-            "8",
-            *common,
-        ],
-        "bare loop",
-    )
-    framework, framework_cpu = run(
+AGENTS = ("openai", "langgraph")
+
+
+def run_framework(args: argparse.Namespace, agent: str) -> tuple[dict[str, Any], float, dict[str, dict[str, float]]]:
+    """One framework run of the quickstart with ``agent``: its summary, CPU seconds and phases."""
+    output = f"runs/e2e-overhead-{agent}"
+    summary, cpu = run(
         [
             sys.executable,
             "examples/calc/train.py",
@@ -111,52 +99,93 @@ def main() -> int:
             "8",
             "--quiet",
             "--output",
-            "runs/e2e-overhead",
+            output,
             "--runners",
             str(args.runners),
             "--transition-mode",
             args.transition_mode,
-            *common,
+            "--agent",
+            agent,
+            "--threads",
+            str(args.threads),
         ],
-        "framework (quickstart)",
+        f"framework ({agent} agent)",
+    )
+    return summary, cpu, phases(ROOT / output / "metrics.jsonl")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
+    parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
+    parser.add_argument("--agent", choices=(*AGENTS, "both"), default="both", help="the agent of the framework run(s)")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    bare, bare_cpu = run(
+        [
+            sys.executable,
+            "benchmarks/bare_loop_calc.py",
+            "--iterations",
+            str(args.iterations),
+            "--seconds",
+            "3600",
+            "--eval-tasks",
+            "8",
+            "--threads",
+            str(args.threads),
+        ],
+        "bare loop",
     )
     bare_s = float(bare["seconds_per_iteration"])
-    framework_s = float(framework["seconds_per_iteration"])
-    figures = {
+    figures: dict[str, Any] = {
         "iterations": args.iterations,
         "bare_seconds_per_iteration": bare_s,
         "bare_sample_seconds": bare.get("sample_seconds_per_iteration"),
         "bare_update_seconds": bare.get("update_seconds_per_iteration"),
-        "framework_seconds_per_iteration": framework_s,
-        "ratio": round(framework_s / bare_s, 2),
         "bare_reward_last5": bare.get("reward_last5"),
-        "framework_reward_after": framework.get("reward_after"),
+        "bare_cpu_seconds": round(bare_cpu, 1),
         "runners": args.runners,
         "transition_mode": args.transition_mode,
-        "bare_cpu_seconds": round(bare_cpu, 1),
-        "framework_cpu_seconds": round(framework_cpu, 1),
-        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    framework_phases = phases(ROOT / "runs" / "e2e-overhead" / "metrics.jsonl")
-    figures["framework_phases"] = framework_phases
-    if "rest" in framework_phases:  # after the first iteration: the runner slots' HTTP clients are built
-        figures["ratio_after_first"] = round(framework_phases["rest"]["seconds"] / bare_s, 2)
-    print(f"{'':32}{'s/iteration':>12}")
-    print(f"{'bare loop':32}{bare_s:>12.3f}")
-    print(f"{'framework (LangGraph quickstart)':32}{framework_s:>12.3f}")
-    print(f"{'ratio (target <= 1.5)':32}{figures['ratio']:>12.2f}")
-    if "ratio_after_first" in figures:
-        print(f"{'ratio after the first iteration':32}{figures['ratio_after_first']:>12.2f}")
-    print(
-        f"CPU seconds, whole run (startup and evaluations included): bare {bare_cpu:.1f}, framework "
-        f"{framework_cpu:.1f} (trainer + runners); load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}"
-    )
-    print(f"framework phases, s/iteration: {'  '.join(p.removeprefix('time_') for p in PHASES)}")
-    for name, row in framework_phases.items():
-        print(f"  {name:6} {row['seconds']:7.3f} total  " + "  ".join(f"{row[p]:.3f}" for p in PHASES))
-    print("backend: requests per admission group, rows per decode step, decode steps (per iteration)")
-    for name, row in framework_phases.items():
-        print(f"  {name:6} " + "  ".join(f"{row[p]:.1f}" for p in BACKEND))
+    rollouts = args.iterations * 128 + 2 * 8  # training episodes plus the two evaluations
+    for agent in AGENTS if args.agent == "both" else (args.agent,):
+        summary, cpu, agent_phases = run_framework(args, agent)
+        seconds = float(summary["seconds_per_iteration"])
+        row: dict[str, Any] = {
+            "seconds_per_iteration": seconds,
+            "ratio": round(seconds / bare_s, 2),
+            "reward_after": summary.get("reward_after"),
+            "cpu_seconds": round(cpu, 1),
+            "trainer_cpu_seconds": summary.get("trainer_cpu_seconds"),
+            "runner_cpu_seconds": summary.get("runner_cpu_seconds"),
+            "runner_cpu_ms_per_rollout": round(1000 * float(summary.get("runner_cpu_seconds", 0.0)) / rollouts, 1),
+            "phases": agent_phases,
+        }
+        if "rest" in agent_phases:  # after the first iteration: the runner slots' HTTP clients are built
+            row["ratio_after_first"] = round(agent_phases["rest"]["seconds"] / bare_s, 2)
+        figures[agent] = row
+    figures["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    agents = [a for a in AGENTS if a in figures]
+    print(f"{'':34}{'s/iteration':>12}{'ratio':>8}{'after 1st':>11}{'CPU s':>8}{'runner ms/rollout':>19}")
+    print(f"{'bare loop':34}{bare_s:>12.3f}{1.0:>8.2f}{'':>11}{bare_cpu:>8.1f}{'':>19}")
+    for agent in agents:
+        row = figures[agent]
+        print(
+            f"{'framework, ' + agent + ' agent':34}{row['seconds_per_iteration']:>12.3f}{row['ratio']:>8.2f}"
+            f"{row.get('ratio_after_first', float('nan')):>11.2f}{row['cpu_seconds']:>8.1f}"
+            f"{row['runner_cpu_ms_per_rollout']:>19.1f}"
+        )
+    print("target: ratio <= 1.5; CPU s: the whole run's processes (startup and evaluations included)")
+    print(f"load average {figures['load_average'][0]:.2f} -> {figures['load_average'][1]:.2f}")
+    for agent in agents:
+        print(f"{agent} agent, phases in s/iteration: {'  '.join(p.removeprefix('time_') for p in PHASES)}")
+        for name, row in figures[agent]["phases"].items():
+            print(f"  {name:6} {row['seconds']:7.3f} total  " + "  ".join(f"{row[p]:.3f}" for p in PHASES))
+        print("  backend: requests per admission group, rows per decode step, decode steps (per iteration)")
+        for name, row in figures[agent]["phases"].items():
+            print(f"  {name:6} " + "  ".join(f"{row[p]:.1f}" for p in BACKEND))
     print(json.dumps(figures))
     return 0
 

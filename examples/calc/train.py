@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -322,7 +323,15 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         "iterations": len(history),
         "seconds_per_iteration": round(sum(r.seconds for r in history) / len(history), 3),
         "plot": str(args.output / "reward_curve.png"),
+        # CPU seconds of the whole run (setup and evaluations included): this process, and the runner processes
+        "trainer_cpu_seconds": round(_cpu(resource.RUSAGE_SELF), 1),
+        "runner_cpu_seconds": round(_cpu(resource.RUSAGE_CHILDREN), 1),
     }
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _accuracy(report: Any) -> float:

@@ -520,3 +520,24 @@ def test_group_id_must_be_a_string() -> None:
     t.llm([1], [2])
     with pytest.raises(TypeError, match="group_id must be a string or None, got int"):
         TransitionBuilder().build(t.spans, t.calls, group_id=7)  # type: ignore[arg-type]
+
+
+def test_a_merged_trajectory_still_counts_its_llm_calls_in_the_iteration_summary() -> None:
+    from agentlightning.loop._report import summarize_results
+
+    t = Trace()
+    root = t.span("rollout", sc.KIND_ROLLOUT)
+    agent = t.agent("solver", root)
+    t.llm([1, 2, 3], [4, 5], agent)
+    t.llm([1, 2, 3, 4, 5, 9], [6], agent)
+    t.reward(1.0, final=True, parent=root)
+    lone = Trace()
+    lone_root = lone.span("rollout", sc.KIND_ROLLOUT)
+    lone.llm([1, 2], [3], lone.agent("solver", lone_root))
+    lone.reward(0.0, final=True, parent=lone_root)
+    for mode in ("per_call", "trajectory"):
+        results = [build(t, mode=mode), build(lone, mode=mode)]
+        assert [len(r.transitions) for r in results] == ([2, 1] if mode == "per_call" else [1, 1])
+        summary = summarize_results(results)
+        # the tool-call rate the quickstart prints: one of two episodes made a second call, whatever the mode
+        assert (summary["calls_per_rollout"], summary["multi_call_rate"]) == (1.5, 0.5), mode

@@ -21,7 +21,7 @@ class IterationReport:
         rollouts: Rollouts enqueued.
         finished: Rollouts that succeeded in time.
         reward_mean: Mean final reward of the finished rollouts (a missing reward counts as 0).
-        calls_per_rollout: Trained LLM calls per finished rollout.
+        calls_per_rollout: Trained LLM calls per finished rollout (before a trajectory merges them).
         multi_call_rate: Fraction of finished rollouts with more than one trained call.
         seconds: Wall time of the iteration.
         metrics: Everything else: ``accuracy`` (the fraction of finished rollouts whose reward reaches
@@ -51,7 +51,8 @@ def summarize_results(results: Sequence[TransitionResult], success_reward: float
         reward is at least ``success_reward``).
     """
     rewards = [r.final_reward if r.final_reward is not None else 0.0 for r in results]
-    calls = [len(r.transitions) for r in results]
+    # trained LLM calls, counted before a trajectory merges them into one transition
+    calls = [r.diagnostics.calls_trained or len(r.transitions) for r in results]
     n = max(len(results), 1)
     return {
         "reward_mean": sum(rewards) / n,
