@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import agentlightning as agl
+from agentlightning.proxy import IN_PROCESS_SCHEME, registered_backend
 from agentlightning_torch import TorchTrainer, TorchTrainerConfig
 from agentlightning_torch.testing import make_tiny_chat_model
 
@@ -31,9 +35,23 @@ def _batch() -> agl.TrainingBatch:
     return agl.TrainingBatch(samples=[sample])
 
 
-async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_version(tmp_path: Path) -> None:
+async def _health(backend_url: str) -> dict[str, Any]:
+    """The backend's ``/health``, in-process or over HTTP."""
+    if backend_url.startswith(IN_PROCESS_SCHEME):
+        reply = await registered_backend(backend_url).request("GET", "/health", b"")
+        return json.loads(await reply.read())
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"{backend_url}/health")).json()
+
+
+@pytest.mark.parametrize("backend_http", [False, True], ids=["in-process", "http"])
+async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_version(
+    tmp_path: Path, backend_http: bool
+) -> None:
     make_tiny_chat_model(tmp_path / "model")
-    config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small")
+    config = TorchTrainerConfig(
+        model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small", backend_http=backend_http
+    )
     trainer = TorchTrainer(config)
     assert isinstance(trainer, agl.Engine) and trainer.loop.engine is trainer
     base = [p.detach().clone() for p in trainer.policy.parameters()]
@@ -56,7 +74,8 @@ async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_versi
     try:
         await resumed.start(store)
         [backend_url] = resumed.proxy.backends
-        assert httpx.get(f"{backend_url}/health").json()["model_version"] == 4  # served as the resumed version
+        assert backend_url.startswith("http://" if backend_http else IN_PROCESS_SCHEME)
+        assert (await _health(backend_url))["model_version"] == 4  # served as the resumed version
         published = await store.get_resources()
         assert published is not None and published.resources_id.startswith("policy-v4-")
     finally:

@@ -24,6 +24,7 @@ from agentlightning_torch._chat_model import (
 )
 from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
+from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
 from agentlightning_torch._loading import (
     LoadedModel,
@@ -80,6 +81,7 @@ __all__ = [
     "LocalBackend",
     "LoraSettings",
     "MissingChatTemplateError",
+    "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
     "SFTConfig",

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from agentlightning import Algorithm, Engine, IterationReport, LightningStore, RLLoop, TrainingBatch
-from agentlightning.proxy import LLMProxy
+from agentlightning.proxy import LLMProxy, register_backend, unregister_backend
 from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
+from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
 from agentlightning_torch._ppo import is_lora, make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
@@ -59,6 +60,7 @@ class TorchTrainer(Engine, Algorithm):
             self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
         self._backend: LocalBackend | None = None
         self._server: BackendServer | None = None
+        self._backend_url: str | None = None
         # backend batches, requests, busy seconds, decode steps and rows decoded at the last iteration_metrics
         self._seen: tuple[int, int, float, int, int] = (0, 0, 0.0, 0, 0)
         self.loop = RLLoop(config.loop_config(), self, on_iteration=on_iteration)
@@ -121,8 +123,9 @@ class TorchTrainer(Engine, Algorithm):
     # ----- the engine --------------------------------------------------------------------------------------
 
     async def start_servers(self, model_version: int) -> list[str]:
-        """Start the local backend (a copy of the policy, reported as ``model_version``) and its HTTP server."""
-        if self._server is None:
+        """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
+        reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``."""
+        if self._backend_url is None:
             served: Any = self.policy if self.serves_adapter else merged_model(self.policy)
             backend = LocalBackend(
                 served,
@@ -139,14 +142,24 @@ class TorchTrainer(Engine, Algorithm):
             )
             backend.model_version = model_version
             self._backend = backend
-            self._server = BackendServer(backend).start()
-        return [self._server.url]
+            if self.config.backend_http:
+                self._server = BackendServer(backend).start()
+                self._backend_url = self._server.url
+            else:
+                backend.start()
+                self._backend_url = register_backend(OpenAIEndpoint(backend))
+        return [self._backend_url]
 
     async def stop_servers(self) -> None:
-        """Stop the backend's HTTP server and worker."""
+        """Stop the backend (and its HTTP server)."""
+        if self._backend_url is not None:
+            unregister_backend(self._backend_url)
+            self._backend_url = None
         if self._server is not None:
             self._server.stop()
             self._server = None
+        elif self._backend is not None:
+            self._backend.stop()
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the Engine and Algorithm contract)."""

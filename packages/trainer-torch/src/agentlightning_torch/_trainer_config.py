@@ -48,6 +48,8 @@ class TorchTrainerConfig(BaseModel):
         batch_wait_ms: The backend starts a batch once no request has arrived for this long.
         max_batch_wait_ms: ...or this long after the batch's first request, whichever comes first.
         seed: Seeds task sampling.
+        backend_http: Serve the local backend over HTTP on 127.0.0.1 and have the LLM proxy call it there, instead of
+            calling it in-process (the default: same answers and records, without the HTTP machinery's CPU).
         proxy: Where the LLM proxy listens and how agents reach it (loopback by default).
     """
 
@@ -78,6 +80,7 @@ class TorchTrainerConfig(BaseModel):
     batch_wait_ms: float = Field(default=5.0, ge=0)
     max_batch_wait_ms: float = Field(default=50.0, ge=0)
     seed: int = 0
+    backend_http: bool = False
     proxy: ProxySettings = Field(default_factory=ProxySettings)
 
     def loop_config(self) -> LoopConfig:

@@ -3,6 +3,7 @@
 See `LLMProxy` for routes, recording modes and pause/resume around weight updates. `rollout_base_url` and
 `parse_rollout_prefix` build and parse the per-rollout URL (ids percent-encoded); `slot_base_url` and
 `parse_slot_prefix` the stable URL of a runner slot (see `agentlightning.runner.SlotRegistrar`).
+`register_backend` makes a backend served in this process reachable without HTTP (an ``inproc://`` URL).
 """
 
 from agentlightning._urls import (
@@ -19,16 +20,34 @@ from agentlightning.proxy._proxy import (
     LLMProxy,
     create_proxy_app,
 )
+from agentlightning.proxy._transport import (
+    IN_PROCESS_SCHEME,
+    BackendLost,
+    BackendReply,
+    InProcessBackend,
+    InProcessReply,
+    register_backend,
+    registered_backend,
+    unregister_backend,
+)
 
 __all__ = [
     "CALL_ID_HEADER",
+    "IN_PROCESS_SCHEME",
     "MODEL_VERSION_FIELD",
     "MODEL_VERSION_HEADER",
+    "BackendLost",
+    "BackendReply",
+    "InProcessBackend",
+    "InProcessReply",
     "LLMProxy",
     "create_proxy_app",
     "parse_rollout_prefix",
     "parse_slot_prefix",
+    "register_backend",
+    "registered_backend",
     "rollout_base_url",
     "rollout_prefix",
     "slot_base_url",
+    "unregister_backend",
 ]

@@ -31,6 +31,7 @@ from agentlightning.proxy._recording import CallRecorder, unrecorded
 from agentlightning.proxy._routes import Target
 from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
+from agentlightning.proxy._transport import UNREACHABLE, BackendReply, send
 
 __all__ = ["CALL_ID_HEADER", "Forwarder"]
 
@@ -46,6 +47,7 @@ class Forwarder(CallRecorder):
     allow_unrecorded: bool
     backend_api_key: str | None
     retry_after: int
+    request_timeout: float
     slots: SlotTable
     _backends: list[str]
     _model_version: int | None
@@ -97,12 +99,15 @@ class Forwarder(CallRecorder):
             occupant = self.slots.resolve(target.slot)
             rollout_id = occupant[0] if occupant is not None else None
         backend = self._pick_backend(rollout_id)
-        assert self._session is not None
+        headers = self._backend_headers(authorization)
         try:
-            async with self._session.get(f"{backend}/v1/models", headers=self._backend_headers(authorization)) as resp:
+            resp = await send(self._session, backend, "GET", "/v1/models", b"", headers, self.request_timeout)
+            try:
                 body = await resp.read()
-                return Response(body, resp.status, media_type=resp.content_type)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            finally:
+                resp.release()
+            return Response(body, resp.status, media_type=resp.content_type)
+        except UNREACHABLE as exc:
             return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
     async def complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
@@ -176,33 +181,37 @@ class Forwarder(CallRecorder):
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         call_id = new_id("call")
         headers = {CALL_ID_HEADER: call_id} if record else {}
-        session = self._session
-        assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
         # The version admitted with the request: what a backend that reports none was serving (the trainer
         # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
         meta: Meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, self._model_version)
         try:
-            resp = await session.post(
-                backend + path, data=dumps(forwarded), headers=self._backend_headers(authorization)
+            resp = await send(
+                self._session,
+                backend,
+                "POST",
+                path,
+                dumps(forwarded),
+                self._backend_headers(authorization),
+                self.request_timeout,
             )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except UNREACHABLE as exc:
             message = f"LLM proxy could not reach backend {backend}: {exc!r}"
             if record:
                 await self._record_shielded(meta, None, Extracted(), error=message)
             return error(502, message, "proxy_backend_error", headers=headers), False
-        header_version = model_version_of(resp.headers.get(MODEL_VERSION_HEADER))
+        header_version = model_version_of(resp.header(MODEL_VERSION_HEADER))
         if header_version is not None:
             meta = (*meta[:6], header_version)
             headers[MODEL_VERSION_HEADER] = str(header_version)
         if agent_request.get("stream") and resp.status < 400:
             state = StreamState(StreamAssembler(kind), meta if record else None, backend)
-            media = resp.headers.get("Content-Type", "text/event-stream")
+            media = resp.header("content-type") or "text/event-stream"
             streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
             streaming.on_close = lambda: self._stream_closed(resp, state)
             return streaming, True
         try:
             raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except UNREACHABLE as exc:
             resp.release()
             message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
             if record:
@@ -210,9 +219,9 @@ class Forwarder(CallRecorder):
             return error(502, message, "proxy_backend_error", headers=headers), False
         resp.release()
         if resp.status >= 400:
-            for name in ("Retry-After",):
-                if name in resp.headers:
-                    headers[name] = resp.headers[name]
+            retry_after = resp.header("retry-after")
+            if retry_after is not None:
+                headers["Retry-After"] = retry_after
             if record:
                 text = raw.decode("utf-8", errors="replace")[:4000]
                 await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
@@ -233,7 +242,7 @@ class Forwarder(CallRecorder):
                 return unrecorded(failure, headers), False
         return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
 
-    def _stream_closed(self, resp: aiohttp.ClientResponse, state: StreamState) -> None:
+    def _stream_closed(self, resp: BackendReply, state: StreamState) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""
         resp.release()
         self._done()

@@ -56,6 +56,7 @@ from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HE
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
 from agentlightning.proxy._routes import proxy_routes
 from agentlightning.proxy._slots import SlotTable
+from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
 from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
 
@@ -66,8 +67,11 @@ logger = logging.getLogger(__name__)
 
 def _normalize_backend(url: str) -> str:
     url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"backend URL must start with http:// or https://, got {url!r}")
+    if not url.startswith(("http://", "https://", IN_PROCESS_SCHEME)):
+        raise ValueError(
+            f"backend URL must start with http:// or https:// (or {IN_PROCESS_SCHEME} for a backend registered in "
+            f"this process with agentlightning.proxy.register_backend), got {url!r}"
+        )
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
@@ -76,8 +80,9 @@ class LLMProxy(Forwarder):
 
     Args:
         store: Where `LLMCall` records go.
-        backends: OpenAI-compatible backend base URLs (with or without ``/v1``). A rollout sticks to the backend
-            it was first sent to, so the backend's prefix cache is reused across its turns.
+        backends: OpenAI-compatible backend base URLs (with or without ``/v1``), or ``inproc://`` URLs of backends
+            served in this process (`register_backend`: called without HTTP). A rollout sticks to the backend it
+            was first sent to, so the backend's prefix cache is reused across its turns.
         token: If set, every route except ``/admin/*`` requires ``Authorization: Bearer <token>`` (the agents'
             ``api_key``); required, with at least 16 characters, when ``host`` is not a loopback address.
         admin_token: The ``/admin/*`` routes require ``Authorization: Bearer <admin_token>``; without one they

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import aiohttp
 from starlette.responses import StreamingResponse
 
 from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler, dumps, loads
+from agentlightning.proxy._transport import UNREACHABLE, BackendReply
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
 
@@ -45,12 +45,12 @@ class TrackedStream(StreamingResponse):
                 self.on_close()
 
 
-async def relay(resp: aiohttp.ClientResponse, state: StreamState, record: RecordFn) -> AsyncIterator[bytes]:
+async def relay(resp: BackendReply, state: StreamState, record: RecordFn) -> AsyncIterator[bytes]:
     """Pass the backend's SSE bytes through event by event, feeding the assembler; record before ``[DONE]``."""
     parser = SSEParser()
     assembler = state.assembler
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks():
             out: list[bytes] = []
             for raw, data in parser.feed(chunk):
                 if data is not None and data.strip() == "[DONE]":
@@ -77,7 +77,7 @@ async def relay(resp: aiohttp.ClientResponse, state: StreamState, record: Record
         rest = parser.rest()
         if rest:
             yield rest
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except UNREACHABLE as exc:
         state.error = f"stream from backend {state.backend} broke: {exc!r}"
     except (asyncio.CancelledError, GeneratorExit):
         state.error = "agent disconnected before the stream ended"
