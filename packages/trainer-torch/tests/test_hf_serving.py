@@ -83,6 +83,27 @@ def test_tool_round_renders_prefix_extending(chat_model_dir: Path) -> None:
         template.render([*ASK, {"role": "assistant", "tool_calls": [bad]}])
 
 
+def test_prompts_encode_as_the_tokenizer_call_does_even_after_another_caller_changed_its_settings(
+    chat_model_dir: Path,
+) -> None:
+    tokenizer = load_model(chat_model_dir).tokenizer
+    template = HFChatTemplate(tokenizer)
+    texts = [template.render_text(ASK, tools=[ADD]), template.render_text(THINK), "héllo <|im_end|> wörld " * 30]
+    for text in texts:  # the first call checks the Rust tokenizer against __call__, later ones use it
+        assert (
+            template.encode_text(text, add_special_tokens=False)
+            == tokenizer(text, add_special_tokens=False)["input_ids"]
+        )
+    # someone else's call leaves truncation on the shared Rust tokenizer: prompts must not be cut by it
+    tokenizer.backend_tokenizer.enable_truncation(max_length=8)
+    try:
+        long_ids = template.encode_text(texts[2], add_special_tokens=False)
+    finally:
+        tokenizer.backend_tokenizer.no_truncation()
+    assert long_ids == tokenizer(texts[2], add_special_tokens=False)["input_ids"] and len(long_ids) > 8
+    assert template.token_texts(long_ids[:5]) == [tokenizer.decode([i]) for i in long_ids[:5]]
+
+
 def _turns(template: HFChatTemplate) -> dict[str, tuple[list[int], list[int]]]:
     """The (prompt, response) pairs the served model is taught: a tool call, the answer after it, a reasoned answer."""
     tokenizer = template.tokenizer
