@@ -108,6 +108,8 @@ def run_framework(args: argparse.Namespace, agent: str) -> tuple[dict[str, Any],
             agent,
             "--threads",
             str(args.threads),
+            "--max-staleness",
+            str(args.max_staleness),
         ],
         f"framework ({agent} agent)",
     )
@@ -121,6 +123,9 @@ def main() -> int:
     parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
     parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
     parser.add_argument("--agent", choices=(*AGENTS, "both"), default="both", help="the agent of the framework run(s)")
+    parser.add_argument(
+        "--max-staleness", type=int, choices=(0, 1), default=0, help="the framework runs' LoopConfig.max_staleness"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     bare, bare_cpu = run(
@@ -148,6 +153,7 @@ def main() -> int:
         "bare_cpu_seconds": round(bare_cpu, 1),
         "runners": args.runners,
         "transition_mode": args.transition_mode,
+        "max_staleness": args.max_staleness,
     }
     rollouts = args.iterations * 128 + 2 * 8  # training episodes plus the two evaluations
     for agent in AGENTS if args.agent == "both" else (args.agent,):

@@ -107,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="langgraph",
         help="what the runners run: the LangGraph graph (calc_agent.py) or plain OpenAI calls (calc_openai_agent.py)",
     )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="0: synchronous; 1: the next iteration's rollouts run during the update (one version off-policy)",
+    )
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     parser.add_argument(
         "--rollout-timeout", type=float, default=120.0, help="seconds an iteration waits for its rollouts"
@@ -151,6 +158,7 @@ def build_config(args: argparse.Namespace) -> Any:
             max_batch_wait_ms=args.max_batch_wait_ms,
             transition_mode=args.transition_mode,
             rollout_timeout_s=args.rollout_timeout,
+            max_staleness=args.max_staleness,
             proxy=proxy,
         )
     except ValidationError as error:
@@ -322,6 +330,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         "rl_seconds": round(rl_seconds, 1),
         "iterations": len(history),
         "seconds_per_iteration": round(sum(r.seconds for r in history) / len(history), 3),
+        "max_staleness": args.max_staleness,
         "plot": str(args.output / "reward_curve.png"),
         # CPU seconds of the whole run (setup and evaluations included): this process, and the runner processes
         "trainer_cpu_seconds": round(_cpu(resource.RUSAGE_SELF), 1),

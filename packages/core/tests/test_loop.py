@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,8 @@ from agentlightning.testing import ScriptedModelServer
 GATE: dict[str, asyncio.Event] = {}
 
 
-@agl.rollout
-async def chatty_agent(task: dict[str, Any], resources: agl.Resources) -> float:
-    """One LLM call through the proxy (span joined by response id); a ``slow`` task then waits for the gate."""
+async def _call(task: dict[str, Any], resources: agl.Resources) -> None:
+    """One LLM call through the proxy, its span joined to the proxy's record by response id."""
     llm = resources.llm
     assert llm is not None
     request = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}], **llm.sampling_parameters}
@@ -38,11 +38,21 @@ async def chatty_agent(task: dict[str, Any], resources: agl.Resources) -> float:
             body = await resp.json()
             assert resp.status == 200, body
         span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
-    if task.get("slow"):
-        await GATE["slow"].wait()
+
+
+def _reward() -> float:
     ctx = agl.current_rollout()
     assert ctx is not None
     return 1.0 if ctx.rollout_id.endswith("-s0") else 0.0
+
+
+@agl.rollout
+async def chatty_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """One LLM call through the proxy (span joined by response id); a ``slow`` task then waits for the gate."""
+    await _call(task, resources)
+    if task.get("slow"):
+        await GATE["slow"].wait()
+    return _reward()
 
 
 class FakeEngine(Engine):
@@ -232,3 +242,151 @@ def test_loop_config_is_frozen_and_checks_the_proxy_exposure(tmp_path: Path) -> 
 async def test_an_empty_task_list_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="train_tasks is empty"):
         await RLLoop(_config(tmp_path), FakeEngine()).run(agl.MemoryStore(), [])
+
+
+# ----- max_staleness=1: the next iteration's rollouts run while the engine updates ----------------------------------
+
+STATE: dict[str, Any] = {}
+
+
+@agl.rollout
+async def overlap_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """One call, announced on ``STATE["answered"]``. In the iteration named by ``after_sync_in`` (``it1``) the task
+    calls only once ``STATE["synced"]`` is set; in the one named by ``hold_in`` it then waits for the hold gate."""
+    ctx = agl.current_rollout()
+    assert ctx is not None
+    iteration = ctx.rollout_id.split("-", 1)[0]  # it<N> or eval<N>
+    if iteration == task.get("after_sync_in"):
+        await STATE["synced"].wait()
+    await _call(task, resources)
+    STATE["answered"].put_nowait(ctx.rollout_id)
+    if iteration == task.get("hold_in"):
+        await GATE["hold"].wait()
+    return _reward()
+
+
+class OverlapEngine(FakeEngine):
+    """Serves during the update; `update` (a worker thread) says it started, then waits for the test's release."""
+
+    serves_during_update = True
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.updating = asyncio.Event()
+        self.release = threading.Event()
+        self.fail_at = fail_at
+        self._loop = asyncio.get_running_loop()
+
+    def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
+        self._loop.call_soon_threadsafe(self.updating.set)
+        if not self.release.wait(timeout=300):  # a deadlock guard, not a timing condition
+            raise RuntimeError("the test never released the update")
+        if self.fail_at == len(self.batches):
+            raise RuntimeError("update failed")
+        return super().update(batch)
+
+
+def _runner(store: agl.LightningStore) -> tuple[agl.Runner, asyncio.Task[None]]:
+    runner = agl.Runner(overlap_agent, store=store, n_workers=8, worker_mode="async", poll_interval=0.01)
+    return runner, asyncio.create_task(runner.arun())
+
+
+async def _by_prefix(store: agl.LightningStore, prefix: str) -> list[agl.Rollout]:
+    return [r for r in await store.query_rollouts() if r.rollout_id.startswith(prefix)]
+
+
+async def test_one_step_off_policy_serves_the_next_iteration_during_the_update(tmp_path: Path) -> None:
+    STATE.update(answered=asyncio.Queue(), synced=asyncio.Event())
+    store = agl.MemoryStore()
+    engine = OverlapEngine()
+    # "late" rollouts of iteration 1 call only after iteration 0's weight sync (its report comes after the resume)
+    tasks = [{"q": "early"}, {"q": "late", "after_sync_in": "it1"}]
+    config = _config(tmp_path, max_staleness=1, tasks_per_iteration=2, eval_every=1, proxy=ProxySettings(record="sync"))
+    loop = RLLoop(config, engine, on_iteration=lambda report: STATE["synced"].set())
+    runner, runner_task = _runner(store)
+    run = asyncio.create_task(loop.run(store, tasks, [{"q": "v1"}, {"q": "v2"}]))
+    try:
+        await asyncio.wait_for(engine.updating.wait(), 120)
+        # Iteration 0's update is running; iteration 1's "early" rollouts are enqueued and served meanwhile.
+        early: set[str] = set()
+        while len(early) < 2:
+            rollout_id = await asyncio.wait_for(STATE["answered"].get(), 120)
+            if rollout_id.startswith("it1-"):
+                early.add(rollout_id)
+        assert engine.batches == [] and engine.synced == [] and not loop.proxy.paused
+        for rollout_id in early:
+            [call] = await store.query_llm_calls(rollout_id)
+            assert call.model_version == 0
+        engine.release.set()
+        await asyncio.wait_for(run, 120)
+    finally:
+        engine.release.set()
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await loop.stop()
+
+    assert engine.synced == [1, 2] and len(engine.batches) == 2
+    first, second = engine.batches
+    assert {s.model_version for s in first.samples} == {0} and first.metrics["staleness_max"] == 0.0
+    # Iteration 1 trains on exactly its rollouts' recorded calls: served by version 0 before the sync, 1 after.
+    prefetched = await _by_prefix(store, "it1-")
+    assert len(prefetched) == 4 and {s.rollout_id for s in second.samples} == {r.rollout_id for r in prefetched}
+    for sample in second.samples:
+        [call] = await store.query_llm_calls(sample.rollout_id)
+        assert sample.model_version == call.model_version == (0 if sample.rollout_id in early else 1)
+        assert sample.response_ids == call.response_token_ids and sample.old_logprobs == call.response_logprobs
+        rollout = await store.get_rollout(sample.rollout_id)
+        assert rollout.resources_id is not None and rollout.resources_id.startswith("policy-v0-sample-")
+    assert second.metrics["staleness_max"] == 1.0 and second.metrics["staleness_mean"] == 0.5
+    assert loop.history[1].metrics["staleness_max"] == 1.0
+    # Greedy evaluations in between count only their own rollouts, served by the version just published.
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in evals if line["kind"] == "eval"]
+    assert [(e["model_version"], e["rollouts"], e["finished"]) for e in evals] == [(1, 2, 2), (2, 2, 2)]
+    for version in (1, 2):
+        for rollout in await _by_prefix(store, f"eval{version}-"):
+            [call] = await store.query_llm_calls(rollout.rollout_id)
+            assert call.model_version == version and call.request["temperature"] == 0.0
+    # Nothing was enqueued for an iteration past `iterations`, and nothing is left queued or running.
+    assert await _by_prefix(store, "it2-") == []
+    assert await store.query_rollouts(status=["queuing", "running"]) == []
+
+
+@pytest.mark.parametrize("ending", ["error", "stop"])
+async def test_rollouts_prefetched_for_an_iteration_that_will_not_run_are_cancelled(
+    tmp_path: Path, ending: str
+) -> None:
+    GATE["hold"] = asyncio.Event()
+    STATE.update(answered=asyncio.Queue(), synced=asyncio.Event())
+    store = agl.MemoryStore()
+    # error: iteration 1's update fails after iteration 2's rollouts were enqueued; stop: the loop stops after one
+    # `train_iteration`, which enqueued iteration 1's.
+    unrun = "it2" if ending == "error" else "it1"
+    engine = OverlapEngine(fail_at=1 if ending == "error" else None)
+    engine.release.set()
+    tasks = [{"q": "a", "hold_in": unrun}, {"q": "b", "hold_in": unrun}]
+    loop = RLLoop(_config(tmp_path, max_staleness=1, iterations=3, tasks_per_iteration=2), engine)
+    runner, runner_task = _runner(store)
+    try:
+        if ending == "error":
+            with pytest.raises(RuntimeError, match="update failed"):
+                await loop.run(store, tasks)
+        else:
+            await loop.train_iteration(store, tasks)
+            assert len(await _by_prefix(store, f"{unrun}-")) == 4
+            await loop.stop()
+    finally:
+        GATE["hold"].set()
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await loop.stop()
+    cancelled = await _by_prefix(store, f"{unrun}-")
+    assert len(cancelled) == 4 and {r.status for r in cancelled} == {"cancelled"}
+    assert await store.query_rollouts(status=["queuing", "running"]) == []
+
+
+def test_max_staleness_is_0_or_1_and_needs_an_engine_that_serves_during_the_update(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"max_staleness must be 0 \(synchronous\) or 1 .*got 2"):
+        _config(tmp_path, max_staleness=2)
+    with pytest.raises(ValueError, match="FakeEngine does not"):
+        RLLoop(_config(tmp_path, max_staleness=1), FakeEngine())

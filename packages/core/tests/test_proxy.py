@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from agentlightning import LLMResource, Resources
+from agentlightning import LLMCall, LLMResource, Resources
 from agentlightning.proxy import CALL_ID_HEADER, LLMProxy, create_proxy_app
 from agentlightning.store import MemoryStore, SqliteStore
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer, start_attempts
@@ -299,6 +299,27 @@ async def test_resources_versions_are_not_model_versions_and_background_recordin
         calls = await store.query_llm_calls("ro-1")
         assert len(calls) == 5 and {c.model_version for c in calls} == {0}
         assert [c.response_token_ids for c in calls] == [s.token_ids for s in backend.served]
+
+
+async def test_flush_waits_for_a_batch_the_background_writer_is_storing(
+    store: MemoryStore, backend: ScriptedModelServer
+) -> None:
+    writing, go = asyncio.Event(), asyncio.Event()
+    real_add = store.add_llm_calls
+
+    async def add_slowly(calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
+        writing.set()
+        await go.wait()
+        return await real_add(calls, request_id=request_id)
+
+    store.add_llm_calls = add_slowly  # type: ignore[method-assign]
+    async with LLMProxy(store, [backend.url], record="background", model_version=0) as proxy:
+        await agent(proxy).chat.completions.create(model="toy", messages=[{"role": "user", "content": "first"}])
+        await writing.wait()  # the background writer holds the call's record, its write not done
+        flush = asyncio.ensure_future(proxy.flush())
+        asyncio.get_running_loop().call_soon(go.set)  # runs after the flush's first step
+        await flush
+        assert len(await store.query_llm_calls("ro-1")) == 1
 
 
 async def test_create_proxy_app_exposes_the_proxy_and_rejects_bad_options(store: MemoryStore) -> None:

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import agentlightning as agl
 from agentlightning.proxy import IN_PROCESS_SCHEME, registered_backend
+from agentlightning.testing import start_attempts
 from agentlightning_torch import TorchTrainer, TorchTrainerConfig
 from agentlightning_torch.testing import make_tiny_chat_model
 
@@ -80,3 +81,44 @@ async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_versi
         assert published is not None and published.resources_id.startswith("policy-v4-")
     finally:
         await resumed.stop()
+
+
+async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the_sync(tmp_path: Path) -> None:
+    make_tiny_chat_model(tmp_path / "model")
+    with pytest.raises(ValueError, match="max_staleness"):
+        TorchTrainerConfig(model_dir=tmp_path / "model", max_staleness=2)  # type: ignore[arg-type]
+    config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", max_staleness=1)
+    trainer = TorchTrainer(config)
+    assert trainer.serves_during_update and trainer.loop.config.max_staleness == 1
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        policy_before = trainer.policy(input_ids=ids).logits
+    store = agl.MemoryStore()
+    try:
+        await trainer.start(store)
+        attempts = await start_attempts(store, ["ro"])
+        base_url = trainer.proxy.base_url("ro", attempts["ro"])
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+
+            async def ask() -> tuple[int, list[int], list[float]]:
+                body = {
+                    "model": "local",
+                    "messages": [{"role": "user", "content": "Q:1+2="}],
+                    "temperature": 0,
+                    "max_tokens": 6,
+                }
+                reply = await client.post("/chat/completions", json=body)
+                assert reply.status_code == 200, reply.text
+                calls = await store.query_llm_calls("ro")
+                return reply.json()["model_version"], calls[-1].response_token_ids, calls[-1].response_logprobs or []
+
+            before = await ask()
+            trainer.update(_batch())  # the policy's weights change in place, as during the loop's update
+            with torch.no_grad():
+                assert not torch.equal(trainer.policy(input_ids=ids).logits, policy_before)
+            assert await ask() == before  # the backend still serves version 0's weights, bit for bit
+            await trainer.sync_weights(1)
+            version, tokens, logprobs = await ask()
+            assert before[0] == 0 and version == 1 and (tokens, logprobs) != before[1:]
+    finally:
+        await trainer.stop()

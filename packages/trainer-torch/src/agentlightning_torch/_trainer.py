@@ -38,10 +38,18 @@ class TorchTrainer(Engine, Algorithm):
     It is an `Engine` driven by its own `RLLoop` (``trainer.loop``); `run`, `train_iteration`, `evaluate`,
     `start` and `stop` are the loop's.
 
+    The backend generates with its own copy of the weights (`LocalBackend` copies the model it is given; a
+    weight sync copies the policy's state dict into it), so the model's parameters are held twice, plus the
+    optimizer state; in exchange the backend keeps serving the current version while `update` changes the policy in
+    place, which ``max_staleness=1`` (the next iteration's rollouts run during the update) relies on.
+
     Args:
         config: Validated settings.
         on_iteration: Called after every iteration with its report (progress bars, early stopping).
     """
+
+    serves_during_update = True
+    """The backend serves its own copy of the weights until `sync_weights`, so it can serve while `update` runs."""
 
     def __init__(
         self, config: TorchTrainerConfig, on_iteration: Callable[[IterationReport], None] | None = None

@@ -41,6 +41,8 @@ class TorchTrainerConfig(BaseModel):
         drop_equal_groups: Drop groups whose rollouts all earned the same reward (they carry no signal).
         ppo: The policy update settings.
         rollout_timeout_s: How long an iteration waits for its rollouts before training on what finished.
+        max_staleness: ``0``: synchronous; ``1``: one-step off-policy, the next iteration's rollouts run on the
+            backend's copy of the current weights while the policy is updated (see `LoopConfig.max_staleness`).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
         resume: Continue from the latest checkpoint in ``output_dir`` when there is one (weights or LoRA adapter,
             optimizer state, iteration and model version).
@@ -74,6 +76,7 @@ class TorchTrainerConfig(BaseModel):
     drop_equal_groups: bool = True
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     rollout_timeout_s: float = Field(default=120.0, gt=0)
+    max_staleness: Literal[0, 1] = 0
     checkpoint_every: int = Field(default=25, ge=0)
     resume: bool = False
     max_batch_size: int = Field(default=256, ge=1)
@@ -100,6 +103,7 @@ class TorchTrainerConfig(BaseModel):
             transition_mode=self.transition_mode,
             agent_filter=self.agent_filter,
             rollout_timeout_s=self.rollout_timeout_s,
+            max_staleness=self.max_staleness,
             checkpoint_every=self.checkpoint_every,
             resume=self.resume,
             seed=self.seed,

@@ -309,6 +309,7 @@ def _trainer_config(plan: _Plan) -> Any:
             samples_per_task=args.samples_per_task,
             max_tokens=args.max_tokens,
             rollout_timeout_s=args.rollout_timeout,
+            max_staleness=args.max_staleness,
             ppo=PPOConfig(lr=args.lr, lora=lora, num_threads=args.threads),
             seed=args.seed,
             proxy=_proxy_settings(args),

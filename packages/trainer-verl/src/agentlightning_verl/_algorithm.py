@@ -88,6 +88,10 @@ class VerlAlgorithm(Engine, Algorithm):
         on_iteration: Called with every training iteration's report.
     """
 
+    serves_during_update = False
+    """The colocated vLLM servers sleep while verl updates (they give the accelerator to the actor) and verl's PPO
+    anchor is the actor's own recomputed log-probs, so ``LoopConfig.max_staleness=1`` is refused."""
+
     def __init__(
         self,
         config: VerlTrainerConfig,

@@ -57,6 +57,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds an iteration waits for rollouts",
     )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="0: synchronous (default); 1: the next iteration's rollouts run during the update (one version old)",
+    )
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
     parser.add_argument("--model-name", default="policy", help="name the model is served under")
     parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")

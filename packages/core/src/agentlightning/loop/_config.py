@@ -84,6 +84,12 @@ class LoopConfig(BaseModel):
         agent_filter: Agent names (or one regex) to train; ``None`` trains every agent.
         rollout_timeout_s: How long an iteration waits for its rollouts; later ones are cancelled (they would
             train on a stale policy) and the iteration trains on what finished.
+        max_staleness: ``0``: synchronous (every sample comes from the weights being updated). ``1``: one-step
+            off-policy: the next iteration's rollouts are enqueued as soon as this iteration's are collected and run
+            while the batch is built and the engine updates (the proxy is paused only around the weight sync), so
+            their calls come from the current version or the one after it and the iteration trains on samples up
+            to one version old (PPO's ratio is taken against the recorded logprobs of the weights that generated
+            them). Needs an engine that serves while it updates (`Engine.serves_during_update`).
         max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
             down?) instead of spinning forever.
         eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`).
@@ -113,6 +119,7 @@ class LoopConfig(BaseModel):
     transition_mode: Literal["per_call", "trajectory"] = "per_call"
     agent_filter: tuple[str, ...] | str | None = None
     rollout_timeout_s: float = Field(default=120.0, gt=0)
+    max_staleness: int = 0
     max_idle_iterations: int = Field(default=3, ge=1)
     eval_every: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=25, ge=0)
@@ -120,6 +127,16 @@ class LoopConfig(BaseModel):
     seed: int = 0
     success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _known_staleness(cls, value: int) -> int:
+        if value not in (0, 1):
+            raise ValueError(
+                f"max_staleness must be 0 (synchronous) or 1 (one-step off-policy: the next iteration's rollouts run "
+                f"during the update), got {value}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _group_estimator_needs_groups(self) -> LoopConfig:

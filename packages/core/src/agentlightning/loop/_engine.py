@@ -17,10 +17,17 @@ class Engine(ABC):
     checkpoints of its own state); an engine owns the model, its optimizer and its inference servers.
 
     Call order: `load_state` (on resume) → `start_servers` → per iteration: `update` → `sync_weights` →
-    `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. The loop pauses the LLM proxy (no
-    request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
-    servers to sleep while it trains (colocated vLLM) and must not serve the new weights before `sync_weights`.
+    `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. An engine must not serve the new
+    weights before `sync_weights`. Synchronously (``LoopConfig.max_staleness == 0``) the loop pauses the LLM proxy
+    (no request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
+    servers to sleep while it trains (colocated vLLM). With ``max_staleness == 1`` the proxy keeps serving the next
+    iteration's rollouts during `update` and is paused only around `sync_weights`; the loop accepts that only from
+    an engine whose `serves_during_update` is true.
     """
+
+    serves_during_update: bool = False
+    """Whether the inference servers keep serving the current weights while `update` runs (they hold their own
+    copy of the weights, and stay awake): what ``LoopConfig.max_staleness=1`` needs."""
 
     @abstractmethod
     async def start_servers(self, model_version: int) -> list[str]:

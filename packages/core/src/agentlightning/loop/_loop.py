@@ -19,6 +19,17 @@ One iteration:
 The proxy is paused from step 3 to 7 rather than only around the weight sync: nothing served in between could be
 trained on (the late rollouts are cancelled), and a colocated inference engine (verl with vLLM) sleeps while the
 trainer uses the accelerator.
+
+One-step off-policy (``LoopConfig.max_staleness=1``, for an engine whose `Engine.serves_during_update`): right after
+step 2, the next iteration's rollouts are enqueued (pinned to the current version's resources) unless the loop
+ends after this iteration (``iterations``; ``time_budget_s`` already spent); the proxy is not paused in step 3 (the
+flush writes the records of the finished rollouts while it keeps serving) and the runners work on the next
+iteration while the batch is built and the engine updates; the proxy is paused (drained) only around step 6, so
+each call is recorded with the version that served it, the current one before the sync and the new one after. The
+next `train_iteration` waits for those rollouts instead of enqueuing; their samples are up to one version old
+(``staleness_max`` 1) and PPO's ratio is taken against their recorded logprobs. When `run` ends (iterations, time
+budget, an error) or the loop stops, rollouts enqueued for an iteration that will not run are cancelled like late
+ones. `evaluate` waits only for its own rollouts: prefetched ones neither count in it nor block it.
 """
 
 from __future__ import annotations
@@ -82,6 +93,14 @@ class RLLoop(Algorithm):
         self._proxy: LLMProxy | None = None
         self._resources: dict[str, Resources] = {}
         self._restored = False
+        # max_staleness=1: the next iteration's rollouts, enqueued during this one (and the store holding them)
+        self._prefetched: tuple[LightningStore, list[str]] | None = None
+        self._deadline: float | None = None  # `run`'s time budget, as a time.monotonic() value
+        if config.max_staleness and not engine.serves_during_update:
+            raise ValueError(
+                f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
+                f"{type(engine).__name__} does not (Engine.serves_during_update is False): use max_staleness=0"
+            )
 
     # ----- serving ---------------------------------------------------------------------------------------
 
@@ -134,7 +153,8 @@ class RLLoop(Algorithm):
         await self._publish(store)
 
     async def stop(self) -> None:
-        """Stop the proxy and the engine's servers."""
+        """Cancel rollouts prefetched for an iteration that will not run, stop the proxy and the engine's servers."""
+        await self._cancel_prefetched()
         if self._proxy is not None:
             proxy, self._proxy = self._proxy, None
             await proxy.stop()
@@ -173,10 +193,11 @@ class RLLoop(Algorithm):
         await self.start(store)
         config = self.config
         started = time.monotonic()
+        self._deadline = None if config.time_budget_s is None else started + config.time_budget_s
         idle = 0
         try:
             while self.iteration < config.iterations:
-                if config.time_budget_s is not None and time.monotonic() - started >= config.time_budget_s:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
                     logger.info(
                         "time budget of %.0f s reached after %d iterations", config.time_budget_s, self.iteration
                     )
@@ -191,28 +212,38 @@ class RLLoop(Algorithm):
                 if val_tasks and config.eval_every and self.iteration % config.eval_every == 0:
                     await self.evaluate(store, val_tasks)
         finally:
+            self._deadline = None
+            await self._cancel_prefetched()
             self.save_checkpoint()
 
     async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
         """One iteration: rollouts → batch → ``engine.update`` → ``engine.sync_weights`` → publish.
 
         An iteration whose rollouts give no training sample logs a warning and skips the update (the model
-        version stays); its report has ``metrics["skipped_update"] == 1``.
+        version stays); its report has ``metrics["skipped_update"] == 1``. With ``max_staleness=1`` it trains on the
+        rollouts the previous call enqueued (when there are any) and enqueues the next iteration's from
+        ``train_tasks`` before it updates.
         """
         await self.start(store)
         config = self.config
         t0 = time.monotonic()
-        tasks = self._pick_tasks(train_tasks)
-        prefix = f"it{self.iteration}-{time.time_ns()}"
-        rollout_ids = await self._enqueue(store, tasks, config.samples_per_task, "sample", prefix)
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            rollout_ids = prefetched[1]
+        else:
+            rollout_ids = await self._enqueue_train(store, train_tasks, self.iteration)
         done_ids = await self._wait(store, rollout_ids)
         t_rollouts = time.monotonic()
         proxy = self.proxy
+        paused = False
         try:
-            try:
-                await proxy.pause(timeout=config.proxy.pause_timeout_s)
-            except TimeoutError as error:  # a straggler of a cancelled rollout; new calls are refused meanwhile
-                logger.warning("iteration %d: %s; training anyway", self.iteration, error)
+            if config.max_staleness and self._next_iteration_runs():
+                self._prefetched = (store, await self._enqueue_train(store, train_tasks, self.iteration + 1))
+            if not config.max_staleness:
+                paused = True
+                await self._pause()
+            # The finished rollouts' calls were queued for recording before they ended; with max_staleness 1 the
+            # proxy keeps serving the next iteration's meanwhile, and the flush does not wait for those.
             await proxy.flush()
             results = await results_from_store(store, done_ids, self._transition_config())
             batch = build_batch_from_results(
@@ -224,6 +255,9 @@ class RLLoop(Algorithm):
             if batch.samples:
                 metrics.update(await asyncio.to_thread(self.engine.update, batch))
                 t_update = time.monotonic()
+                if not paused:  # max_staleness 1: drain the next iteration's calls in flight, then swap
+                    paused = True
+                    await self._pause()
                 version = self.model_version + 1
                 await self.engine.sync_weights(version)
                 self.model_version = version
@@ -240,7 +274,8 @@ class RLLoop(Algorithm):
                 metrics["skipped_update"] = 1.0
                 t_update = t_batch
         finally:
-            proxy.resume(model_version=self.model_version)
+            if paused:
+                proxy.resume(model_version=self.model_version)
         metrics.update(
             {
                 "time_rollouts": t_rollouts - t0,
@@ -281,6 +316,30 @@ class RLLoop(Algorithm):
 
     # ----- helpers ---------------------------------------------------------------------------------------
 
+    async def _pause(self) -> None:
+        """Pause the proxy: refuse new calls and wait (at most ``pause_timeout_s``) for those in flight."""
+        try:
+            await self.proxy.pause(timeout=self.config.proxy.pause_timeout_s)
+        except TimeoutError as error:  # a straggler of a cancelled rollout; new calls are refused meanwhile
+            logger.warning("iteration %d: %s; training anyway", self.iteration, error)
+
+    def _next_iteration_runs(self) -> bool:
+        """Whether `run` starts another iteration after this one (as far as can be told before the update)."""
+        if self.iteration + 1 >= self.config.iterations:
+            return False
+        return self._deadline is None or time.monotonic() < self._deadline
+
+    async def _enqueue_train(self, store: LightningStore, train_tasks: Sequence[Any], iteration: int) -> list[str]:
+        """Enqueue iteration ``iteration``'s groups of training rollouts, pinned to the current sampling resources."""
+        prefix = f"it{iteration}-{time.time_ns()}"
+        return await self._enqueue(store, self._pick_tasks(train_tasks), self.config.samples_per_task, "sample", prefix)
+
+    async def _cancel_prefetched(self) -> None:
+        """Cancel the rollouts enqueued for an iteration that will not run (those still queued or running)."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            await self._cancel_late(*prefetched, "enqueued for an iteration that will not run")
+
     def _pick_tasks(self, tasks: Sequence[Any]) -> list[Any]:
         n = self.config.tasks_per_iteration
         if self.config.task_order == "random":
@@ -317,6 +376,11 @@ class RLLoop(Algorithm):
                 self.rollouts_failed,
                 len(rollout_ids),
             )
+        await self._cancel_late(store, rollout_ids, f"after {self.config.rollout_timeout_s:.0f} s")
+        return done
+
+    async def _cancel_late(self, store: LightningStore, rollout_ids: list[str], why: str) -> None:
+        """Cancel those of ``rollout_ids`` still queued or running (they would train on a stale policy)."""
         late = await store.query_rollouts(status=["queuing", "running"], rollout_ids=rollout_ids)
         for rollout in late:
             try:
@@ -324,10 +388,7 @@ class RLLoop(Algorithm):
             except ConflictError:  # it finished meanwhile; too late for this iteration either way
                 logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
         if late:
-            logger.info(
-                "cancelled %d rollout(s) still queued or running after %.0f s", len(late), self.config.rollout_timeout_s
-            )
-        return done
+            logger.info("cancelled %d rollout(s) still queued or running %s", len(late), why)
 
     def _transition_config(self) -> TransitionConfig:
         return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)

@@ -308,7 +308,8 @@ class LLMProxy(Forwarder):
             self._flusher = asyncio.create_task(self._flush_loop())
 
     async def _close(self) -> None:
-        await self.flush()
+        while self._pending or self._writes:  # records of calls that ended while closing too
+            await self.flush()
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -36,21 +36,27 @@ class CallRecorder:
     _missing_ids_count: dict[str, int]
 
     async def flush(self) -> None:
-        """Write every queued record (``record="background"``) and wait for writes in progress."""
+        """Store every record queued before this call (``record="background"``); returns once they are written.
+
+        Records of calls answered meanwhile are not waited for, so a proxy that keeps serving (the RL loop's
+        ``max_staleness=1``) cannot hold a flush up.
+        """
         loop = self._loop
         if loop is not None and loop is not asyncio.get_running_loop():
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.flush(), loop))
             return
-        while self._pending or self._writes:
-            if self._pending:
-                await self._write_batch()
-            if self._writes:
-                await asyncio.gather(*list(self._writes), return_exceptions=True)
+        # First the tasks that queue the records of streams that ended before this call, then every batch write
+        # that may hold a record queued before it: ours (what is queued now) and those already running (the
+        # background writer's, which may have taken some of them).
+        await asyncio.gather(*list(self._writes), return_exceptions=True)
+        self._spawn(self._write_batch())
+        await asyncio.gather(*list(self._writes), return_exceptions=True)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+        return task
 
     async def _record_shielded(
         self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None = None
@@ -138,7 +144,7 @@ class CallRecorder:
         while True:
             await self._flush_wakeup.wait()
             self._flush_wakeup.clear()
-            await self._write_batch()
+            await self._spawn(self._write_batch())  # tracked, so that `flush` waits for a batch being written
 
 
 def unrecorded(failure: str, headers: dict[str, str]) -> Response:
