@@ -227,10 +227,12 @@ class Forwarder(CallRecorder):
                 await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
             return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
         if record:
-            try:
-                data = loads(raw)
-            except ValueError:
-                data = None
+            data = resp.parsed
+            if data is None:
+                try:
+                    data = loads(raw)
+                except ValueError:
+                    data = None
             if isinstance(data, dict):
                 data = cast(dict[str, Any], data)
                 failure = await self._record_shielded(meta, data, extract(data, kind))

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -52,6 +52,12 @@ class BackendReply(Protocol):
     @property
     def content_type(self) -> str:
         """The media type without parameters (``application/json``)."""
+        ...
+
+    @property
+    def parsed(self) -> Any:
+        """The JSON value of the whole body when the backend handed it over with the bytes, else ``None`` (parse
+        `read`'s bytes then)."""
         ...
 
     def header(self, name: str) -> str | None:
@@ -90,10 +96,15 @@ class InProcessReply:
         status: The HTTP status.
         headers: Response headers, names in lower case.
         body: The whole body, or the stream of its chunks.
+        parsed: The JSON value ``body`` is the encoding of, if the backend has it at hand (the proxy records it
+            instead of parsing the bytes back); it must equal what parsing ``body`` gives.
     """
 
-    def __init__(self, status: int, headers: Mapping[str, str], body: bytes | AsyncIterator[bytes]) -> None:
+    def __init__(
+        self, status: int, headers: Mapping[str, str], body: bytes | AsyncIterator[bytes], parsed: Any = None
+    ) -> None:
         self.status = status
+        self.parsed = parsed
         self._headers = headers
         self._body = body
         media = headers.get("content-type", "application/octet-stream")
@@ -144,6 +155,7 @@ class HttpReply:
         self._response = response
         self.status = response.status
         self.content_type = response.content_type
+        self.parsed = None
 
     def header(self, name: str) -> str | None:
         """A response header (case-insensitive)."""
