@@ -119,6 +119,9 @@ def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> N
     assert VerlAlgorithm(cfg, loop=loop).loop.config is loop
     with pytest.raises(ValueError, match=r"\['iterations'\] come from VerlTrainerConfig"):
         cfg.loop_config(iterations=3)
+    # colocated vLLM sleeps while verl updates: no one-step off-policy loop
+    with pytest.raises(ValueError, match="max_staleness=1 needs an engine that serves while it updates; VerlAlgorithm"):
+        VerlAlgorithm(cfg, loop=cfg.loop_config(max_staleness=1))
 
 
 def test_checksum_sees_every_bit_name_and_dtype() -> None:
