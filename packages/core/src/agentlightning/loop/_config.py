@@ -89,7 +89,8 @@ class LoopConfig(BaseModel):
             while the batch is built and the engine updates (the proxy is paused only around the weight sync), so
             their calls come from the current version or the one after it and the iteration trains on samples up
             to one version old (PPO's ratio is taken against the recorded logprobs of the weights that generated
-            them). Needs an engine that serves while it updates (`Engine.serves_during_update`).
+            them; samples without recorded logprobs get the engine's recomputed ones, from the weights being
+            updated). Needs an engine that serves while it updates (`Engine.serves_during_update`).
         max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
             down?) instead of spinning forever.
         eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`).
