@@ -221,6 +221,38 @@ async def test_pause_refuses_new_requests_drains_in_flight_and_resume_readmits(
     assert calls[-1].model_version == 7
 
 
+async def test_a_pause_with_a_hold_keeps_new_requests_until_resume_and_refuses_them_once_the_hold_is_over(
+    store: MemoryStore, backend: ScriptedModelServer
+) -> None:
+    async with LLMProxy(store, [backend.url], model_version=3) as proxy:
+        client = agent(proxy)
+        await proxy.pause(hold_s=3600)
+        held = asyncio.create_task(
+            client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "held"}])
+        )
+        while proxy.held == 0:  # the request has arrived and waits for the resume
+            await asyncio.sleep(0.01)
+        assert not held.done() and not backend.requests and proxy.in_flight == 0
+        proxy.resume(model_version=4)  # e.g. after a weight sync: the held call is served by the new version
+        assert (await held).choices[0].message.content == "held"
+        assert proxy.held == 0
+        # a hold that ends while the proxy is still paused: the request gets the 503 a plain pause gives at once
+        await proxy.pause(hold_s=0.05)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{proxy.base_url('ro-1', ATTEMPT['ro-1'])}/chat/completions",
+                json={"model": "toy", "messages": [{"role": "user", "content": "x"}]},
+            ) as resp,
+        ):
+            assert resp.status == 503 and "paused" in (await resp.json())["error"]["message"]
+        proxy.resume()
+    calls = await store.query_llm_calls("ro-1")
+    assert [(c.response["choices"][0]["message"]["content"], c.model_version) for c in calls if c.response] == [
+        ("held", 4)
+    ]
+
+
 async def test_pause_timeout_says_how_many_are_still_in_flight(
     store: MemoryStore, backend: ScriptedModelServer
 ) -> None:

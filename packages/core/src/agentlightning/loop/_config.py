@@ -86,7 +86,8 @@ class LoopConfig(BaseModel):
             train on a stale policy) and the iteration trains on what finished.
         max_staleness: ``0``: synchronous (every sample comes from the weights being updated). ``1``: one-step
             off-policy: the next iteration's rollouts are enqueued as soon as this iteration's are collected and run
-            while the batch is built and the engine updates (the proxy is paused only around the weight sync), so
+            while the batch is built and the engine updates (the proxy is paused only around the weight sync, and
+            holds the calls that arrive meanwhile until it resumes), so
             their calls come from the current version or the one after it and the iteration trains on samples up
             to one version old (PPO's ratio is taken against the recorded logprobs of the weights that generated
             them; samples without recorded logprobs get the engine's recomputed ones, from the weights being

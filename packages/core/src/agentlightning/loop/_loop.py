@@ -257,7 +257,8 @@ class RLLoop(Algorithm):
                 t_update = time.monotonic()
                 if not paused:  # max_staleness 1: drain the next iteration's calls in flight, then swap
                     paused = True
-                    await self._pause()
+                    # the agents keep working: their new calls wait for the new weights instead of a 503
+                    await self._pause(hold_s=self.config.proxy.pause_timeout_s)
                 version = self.model_version + 1
                 await self.engine.sync_weights(version)
                 self.model_version = version
@@ -316,10 +317,11 @@ class RLLoop(Algorithm):
 
     # ----- helpers ---------------------------------------------------------------------------------------
 
-    async def _pause(self) -> None:
-        """Pause the proxy: refuse new calls and wait (at most ``pause_timeout_s``) for those in flight."""
+    async def _pause(self, hold_s: float = 0.0) -> None:
+        """Pause the proxy: refuse (or hold, ``hold_s``) new calls and wait (at most ``pause_timeout_s``) for those
+        in flight."""
         try:
-            await self.proxy.pause(timeout=self.config.proxy.pause_timeout_s)
+            await self.proxy.pause(timeout=self.config.proxy.pause_timeout_s, hold_s=hold_s)
         except TimeoutError as error:  # a straggler of a cancelled rollout; new calls are refused meanwhile
             logger.warning("iteration %d: %s; training anyway", self.iteration, error)
 

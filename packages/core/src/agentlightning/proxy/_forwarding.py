@@ -55,8 +55,29 @@ class Forwarder(CallRecorder):
     _round_robin: itertools.count[int]
     _session: aiohttp.ClientSession | None
     _paused: bool
+    _hold_s: float
+    _held: int
+    _resumed: asyncio.Event | None
     _in_flight: int
     _idle: asyncio.Event | None
+
+    def _resumed_event(self) -> asyncio.Event:
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+        return self._resumed
+
+    async def _held_until_resumed(self) -> bool:
+        """While paused with a hold: wait (at most ``_hold_s``) for `resume`; whether the proxy admits again."""
+        if self._hold_s <= 0:
+            return False
+        self._held += 1
+        try:
+            await asyncio.wait_for(self._resumed_event().wait(), self._hold_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._held -= 1
+        return not self._paused
 
     def _idle_event(self) -> asyncio.Event:
         if self._idle is None:
@@ -129,7 +150,7 @@ class Forwarder(CallRecorder):
                 "plain /v1 is refused so that no training data is silently lost",
                 "invalid_request_error",
             )
-        if self._paused:
+        if self._paused and not await self._held_until_resumed():
             return error(
                 503,
                 "LLM proxy is paused for a model update; retry shortly",

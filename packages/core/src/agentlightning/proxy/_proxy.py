@@ -149,6 +149,9 @@ class LLMProxy(Forwarder):
         self._round_robin = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._paused = False
+        self._hold_s = 0.0
+        self._held = 0
+        self._resumed: asyncio.Event | None = None
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,6 +185,11 @@ class LLMProxy(Forwarder):
     @model_version.setter
     def model_version(self, version: int | None) -> None:
         self._model_version = version
+
+    @property
+    def held(self) -> int:
+        """Requests waiting for `resume` (a pause with ``hold_s``)."""
+        return self._held
 
     @property
     def paused(self) -> bool:
@@ -232,17 +240,24 @@ class LLMProxy(Forwarder):
         """The OpenAI base URL of the runner slot ``key`` (calls go to the attempt registered on it)."""
         return slot_base_url(self.url, key)
 
-    async def pause(self, timeout: float | None = None) -> None:
-        """Refuse new requests (503 + ``Retry-After``) and wait until in-flight ones are answered.
+    async def pause(self, timeout: float | None = None, *, hold_s: float = 0.0) -> None:
+        """Stop admitting new requests and wait until in-flight ones are answered.
+
+        A new request is refused (503 + ``Retry-After``), or with ``hold_s`` > 0 held until `resume` (a short pause,
+        e.g. a weight sync while agents keep working) and refused only if the proxy is still paused after
+        ``hold_s`` seconds.
 
         Raises:
             TimeoutError: If requests are still in flight after ``timeout`` seconds (the proxy stays paused).
         """
         loop = self._loop
         if loop is not None and loop is not asyncio.get_running_loop():  # started in another thread
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.pause(timeout), loop))
+            future = asyncio.run_coroutine_threadsafe(self.pause(timeout, hold_s=hold_s), loop)
+            await asyncio.wrap_future(future)
             return
         self._paused = True
+        self._hold_s = hold_s
+        self._resumed_event().clear()
         idle = self._idle_event()
         if self._in_flight == 0:
             idle.set()
@@ -257,6 +272,7 @@ class LLMProxy(Forwarder):
         if model_version is not None:
             self.model_version = model_version
         self._paused = False
+        self._resumed_event().set()
         logger.info("LLM proxy resumed (model_version=%s)", self._model_version)
 
     # ------------------------------------------------------------------ serving
