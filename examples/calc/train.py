@@ -356,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         store_serving(args)
         load_tasks(args.train_tasks)
         load_tasks(args.val_tasks)
-        summary = asyncio.run(train(args, config))
+        from agentlightning import run_async  # uvloop when installed
+
+        summary = run_async(train(args, config))
     except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -244,7 +244,9 @@ def run_training(argv: list[str]) -> int:
     try:
         problems_from(args)
         config = build_config(args)
-        summary = asyncio.run(train(args, config))
+        from agentlightning import run_async  # uvloop when installed
+
+        summary = run_async(train(args, config))
     except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -384,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             config = build_config(args)
             load_data(args.data, args.eval_size)
-            summary = asyncio.run(train(args, config))
+            from agentlightning import run_async  # uvloop when installed
+
+            summary = run_async(train(args, config))
             print_table(summary)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

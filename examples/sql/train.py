@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                 load_tasks(path)
             except ValueError as error:
                 raise UsageError(str(error)) from None
-        summary = asyncio.run(train(args, config))
+        from agentlightning import run_async  # uvloop when installed
+
+        summary = run_async(train(args, config))
     except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ The public API is re-exported here; see the README for the five-line tour.
 """
 
 from agentlightning._distribution import ForeignDistributionWarning, installed_version, warn_if_foreign
+from agentlightning._eventloop import run_async
 from agentlightning._models import (
     Attempt,
     Claim,
@@ -143,6 +144,7 @@ __all__ = [
     "register_credit_strategy",
     "rollout",
     "rollout_context",
+    "run_async",
     "transitions_from_store",
     "uninstrument_all",
     "uninstrument_openai",

@@ -441,7 +441,9 @@ def train(args: argparse.Namespace) -> int:
     existed = output.exists()
     try:
         plan = _validate(args)
-        summary = asyncio.run(_train(plan, console))
+        from agentlightning import run_async  # uvloop when installed
+
+        summary = run_async(_train(plan, console))
     except (UsageError, _RunnerDied) as error:
         if not existed:
             shutil.rmtree(output, ignore_errors=True)  # nothing half-written

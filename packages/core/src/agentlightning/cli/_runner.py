@@ -16,6 +16,7 @@ import os
 import signal
 from typing import Any
 
+from agentlightning._eventloop import run_async
 from agentlightning.cli._store import add_store_arguments, connect_store
 
 __all__ = ["register", "run"]
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         f"(pid {os.getpid()})"
     )
     if runner.worker_mode == "async":
-        asyncio.run(_run_async(runner, store))  # one loop for the workers and the store's connections
+        run_async(_run_async(runner, store))  # one loop for the workers and the store's connections
     else:
         runner.run()
         asyncio.run(store.close())
