@@ -20,7 +20,10 @@ The framework runs once per agent (``--agent``): ``openai``, the calculator agen
 ``langgraph``, the quickstart's LangGraph graph (``calc_agent.py``: the same calls, plus LangGraph's and
 langchain's CPU per episode, which the bare loop does not have). Each run's runner CPU per rollout is printed.
 
-    .venv/bin/python benchmarks/e2e_overhead.py --iterations 10
+``--repeats N`` alternates bare and framework runs N times (the speed of a shared machine drifts between runs);
+each repeat's ratio is against its own bare run, and the repeat with the median ratio is reported in full.
+
+    .venv/bin/python benchmarks/e2e_overhead.py --iterations 10 --repeats 3
 """
 
 from __future__ import annotations
@@ -116,19 +119,9 @@ def run_framework(args: argparse.Namespace, agent: str) -> tuple[dict[str, Any],
     return summary, cpu, phases(ROOT / output / "metrics.jsonl")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
-    parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
-    parser.add_argument("--agent", choices=(*AGENTS, "both"), default="both", help="the agent of the framework run(s)")
-    parser.add_argument(
-        "--max-staleness", type=int, choices=(0, 1), default=0, help="the framework runs' LoopConfig.max_staleness"
-    )
-    args = parser.parse_args()
-    load_before = os.getloadavg()[0]
-    bare, bare_cpu = run(
+def run_bare(args: argparse.Namespace) -> tuple[dict[str, Any], float]:
+    """One bare-loop run: its summary and CPU seconds."""
+    return run(
         [
             sys.executable,
             "benchmarks/bare_loop_calc.py",
@@ -143,37 +136,81 @@ def main() -> int:
         ],
         "bare loop",
     )
-    bare_s = float(bare["seconds_per_iteration"])
+
+
+def framework_row(args: argparse.Namespace, agent: str, bare_s: float) -> dict[str, Any]:
+    """One framework run with ``agent``, as figures (its ratio against the bare run of the same repeat)."""
+    summary, cpu, agent_phases = run_framework(args, agent)
+    seconds = float(summary["seconds_per_iteration"])
+    rollouts = args.iterations * 128 + 2 * 8  # training episodes plus the two evaluations
+    row: dict[str, Any] = {
+        "seconds_per_iteration": seconds,
+        "ratio": round(seconds / bare_s, 2),
+        "reward_after": summary.get("reward_after"),
+        "cpu_seconds": round(cpu, 1),
+        "trainer_cpu_seconds": summary.get("trainer_cpu_seconds"),
+        "runner_cpu_seconds": summary.get("runner_cpu_seconds"),
+        "runner_cpu_ms_per_rollout": round(1000 * float(summary.get("runner_cpu_seconds", 0.0)) / rollouts, 1),
+        "phases": agent_phases,
+    }
+    if "rest" in agent_phases:  # after the first iteration: the runner slots' HTTP clients are built
+        row["ratio_after_first"] = round(agent_phases["rest"]["seconds"] / bare_s, 2)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runners", type=int, default=2, help="runner processes of the framework run")
+    parser.add_argument("--transition-mode", choices=("trajectory", "per_call"), default="trajectory")
+    parser.add_argument("--agent", choices=(*AGENTS, "both"), default="both", help="the agent of the framework run(s)")
+    parser.add_argument(
+        "--max-staleness", type=int, choices=(0, 1), default=0, help="the framework runs' LoopConfig.max_staleness"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="alternate bare and framework runs this many times; ratios are per repeat, the median is reported "
+        "(a shared machine's speed drifts between runs)",
+    )
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    agents = list(AGENTS) if args.agent == "both" else [args.agent]
+    load_before = os.getloadavg()[0]
+    repeats: list[dict[str, Any]] = []
+    for _ in range(args.repeats):
+        bare, bare_cpu = run_bare(args)
+        bare_s = float(bare["seconds_per_iteration"])
+        repeat: dict[str, Any] = {
+            "bare_seconds_per_iteration": bare_s,
+            "bare_sample_seconds": bare.get("sample_seconds_per_iteration"),
+            "bare_update_seconds": bare.get("update_seconds_per_iteration"),
+            "bare_reward_last5": bare.get("reward_last5"),
+            "bare_cpu_seconds": round(bare_cpu, 1),
+        }
+        for agent in agents:
+            repeat[agent] = framework_row(args, agent, bare_s)
+        repeats.append(repeat)
+    median = repeats[sorted(range(len(repeats)), key=lambda i: repeats[i][agents[0]]["ratio"])[len(repeats) // 2]]
     figures: dict[str, Any] = {
         "iterations": args.iterations,
-        "bare_seconds_per_iteration": bare_s,
-        "bare_sample_seconds": bare.get("sample_seconds_per_iteration"),
-        "bare_update_seconds": bare.get("update_seconds_per_iteration"),
-        "bare_reward_last5": bare.get("reward_last5"),
-        "bare_cpu_seconds": round(bare_cpu, 1),
         "runners": args.runners,
         "transition_mode": args.transition_mode,
         "max_staleness": args.max_staleness,
+        "repeats": args.repeats,
+        **median,  # the repeat whose first agent's ratio is the median, whole (its bare run included)
+        "ratios": {agent: [r[agent]["ratio"] for r in repeats] for agent in agents},
+        "ratios_after_first": {agent: [r[agent].get("ratio_after_first") for r in repeats] for agent in agents},
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    rollouts = args.iterations * 128 + 2 * 8  # training episodes plus the two evaluations
-    for agent in AGENTS if args.agent == "both" else (args.agent,):
-        summary, cpu, agent_phases = run_framework(args, agent)
-        seconds = float(summary["seconds_per_iteration"])
-        row: dict[str, Any] = {
-            "seconds_per_iteration": seconds,
-            "ratio": round(seconds / bare_s, 2),
-            "reward_after": summary.get("reward_after"),
-            "cpu_seconds": round(cpu, 1),
-            "trainer_cpu_seconds": summary.get("trainer_cpu_seconds"),
-            "runner_cpu_seconds": summary.get("runner_cpu_seconds"),
-            "runner_cpu_ms_per_rollout": round(1000 * float(summary.get("runner_cpu_seconds", 0.0)) / rollouts, 1),
-            "phases": agent_phases,
-        }
-        if "rest" in agent_phases:  # after the first iteration: the runner slots' HTTP clients are built
-            row["ratio_after_first"] = round(agent_phases["rest"]["seconds"] / bare_s, 2)
-        figures[agent] = row
-    figures["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    agents = [a for a in AGENTS if a in figures]
+    bare_s, bare_cpu = figures["bare_seconds_per_iteration"], figures["bare_cpu_seconds"]
+    if args.repeats > 1:
+        print(f"median of {args.repeats} alternating repeats (by the {agents[0]} agent's ratio); each repeat's ratios:")
+        for agent in agents:
+            print(f"  {agent:10} ratio {figures['ratios'][agent]}  after 1st {figures['ratios_after_first'][agent]}")
     print(f"{'':34}{'s/iteration':>12}{'ratio':>8}{'after 1st':>11}{'CPU s':>8}{'runner ms/rollout':>19}")
     print(f"{'bare loop':34}{bare_s:>12.3f}{1.0:>8.2f}{'':>11}{bare_cpu:>8.1f}{'':>19}")
     for agent in agents:
