@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import zlib
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
