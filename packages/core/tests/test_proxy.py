@@ -187,6 +187,19 @@ async def test_plain_v1_is_refused_unless_unrecorded_calls_are_allowed(
     assert (await store.stats()).llm_calls == 0
 
 
+async def _raw_chat(proxy: LLMProxy) -> tuple[int, dict[str, str], str]:
+    """POST one chat request for ``ro-1`` without a client's retries: status, headers and the error message."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{proxy.base_url('ro-1', ATTEMPT['ro-1'])}/chat/completions",
+            json={"model": "toy", "messages": [{"role": "user", "content": "x"}]},
+        ) as resp,
+    ):
+        body = await resp.json()
+        return resp.status, dict(resp.headers), str(body.get("error", {}).get("message", ""))
+
+
 async def test_pause_refuses_new_requests_drains_in_flight_and_resume_readmits(
     store: MemoryStore, backend: ScriptedModelServer
 ) -> None:
@@ -205,15 +218,8 @@ async def test_pause_refuses_new_requests_drains_in_flight_and_resume_readmits(
         assert len(await store.query_llm_calls("ro-1")) == 1
         assert (await in_flight).choices[0].message.content == "slow"
         backend.latency = 0.0
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                f"{proxy.base_url('ro-1', ATTEMPT['ro-1'])}/chat/completions",
-                json={"model": "toy", "messages": [{"role": "user", "content": "x"}]},
-            ) as resp,
-        ):
-            assert resp.status == 503 and resp.headers["Retry-After"] == "3"
-            assert "paused" in (await resp.json())["error"]["message"]
+        status, headers, message = await _raw_chat(proxy)
+        assert status == 503 and headers["Retry-After"] == "3" and "paused" in message
         proxy.resume(model_version=7)
         await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "after"}])
     calls = await store.query_llm_calls("ro-1")
@@ -238,14 +244,8 @@ async def test_a_pause_with_a_hold_keeps_new_requests_until_resume_and_refuses_t
         assert proxy.held == 0
         # a hold that ends while the proxy is still paused: the request gets the 503 a plain pause gives at once
         await proxy.pause(hold_s=0.05)
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                f"{proxy.base_url('ro-1', ATTEMPT['ro-1'])}/chat/completions",
-                json={"model": "toy", "messages": [{"role": "user", "content": "x"}]},
-            ) as resp,
-        ):
-            assert resp.status == 503 and "paused" in (await resp.json())["error"]["message"]
+        status, _, message = await _raw_chat(proxy)
+        assert status == 503 and "paused" in message
         proxy.resume()
     calls = await store.query_llm_calls("ro-1")
     assert [(c.response["choices"][0]["message"]["content"], c.model_version) for c in calls if c.response] == [
