@@ -79,6 +79,19 @@ async def test_spans_land_with_ids_tree_and_fields(store) -> None:
     assert child_span.status.code == "error" and child_span.status.description == "bad"
 
 
+def test_get_tracer_reuses_one_tracer_per_scope() -> None:
+    first = get_tracer("scope-a")
+    assert get_tracer("scope-a") is first
+    assert get_tracer("scope-a", "1.0") is not first
+    assert get_tracer("scope-a", "1.0") is get_tracer("scope-a", "1.0")
+    versioned = get_tracer("scope-a", "1.0").start_span("s")
+    plain = first.start_span("s")
+    assert versioned.instrumentation_scope.version == "1.0"  # pyright: ignore[reportAttributeAccessIssue]
+    assert plain.instrumentation_scope.name == "scope-a"  # pyright: ignore[reportAttributeAccessIssue]
+    versioned.end()
+    plain.end()
+
+
 async def test_spans_outside_rollout_are_dropped_and_counted(store) -> None:
     processor = get_span_processor()
     before = processor.stats()

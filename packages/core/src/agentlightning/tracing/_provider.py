@@ -21,6 +21,9 @@ _lock = threading.Lock()
 _processor: LightningSpanProcessor | None = None
 _provider: TracerProvider | None = None
 _attached: set[int] = set()
+_tracers: dict[tuple[str, str | None], trace.Tracer] = {}
+"""Tracers handed out by `get_tracer`: the provider keeps one per scope anyway, but asking it costs a warnings
+filter update and two scope objects per call (the runner asks once per rollout, adapters once per span)."""
 
 
 def get_span_processor() -> LightningSpanProcessor:
@@ -62,7 +65,10 @@ def get_tracer(name: str = "agentlightning", version: str | None = None) -> trac
         name: Instrumentation scope name (e.g. the adapter's package name).
         version: Instrumentation scope version.
     """
-    return get_tracer_provider().get_tracer(name, version)
+    tracer = _tracers.get((name, version))
+    if tracer is None:
+        tracer = _tracers[(name, version)] = get_tracer_provider().get_tracer(name, version)
+    return tracer
 
 
 def attach_to(provider: TracerProvider) -> None:
