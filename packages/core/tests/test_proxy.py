@@ -82,6 +82,32 @@ async def test_chat_call_is_recorded_with_the_backends_exact_ids(
     assert call.end_time is not None and call.end_time >= call.start_time
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("asks", [False, True])
+async def test_the_agent_gets_token_ids_and_logprobs_only_when_it_asks_for_them(
+    proxy: LLMProxy, store: MemoryStore, backend: ScriptedModelServer, kind: str, asks: bool
+) -> None:
+    """The proxy asks the backend for ids and logprobs to record them; the agent's answer is what it asked for."""
+    options: dict[str, object] = {"return_token_ids": True, "logprobs": True if kind == "chat" else 1} if asks else {}
+    client = agent(proxy)
+    if kind == "chat":
+        raw = await client.chat.completions.with_raw_response.create(
+            model="toy", messages=[{"role": "user", "content": "hello"}], extra_body=options
+        )
+    else:
+        raw = await client.completions.with_raw_response.create(model="toy", prompt="2+2=", extra_body=options)
+    answer = json.loads(raw.content)
+    [choice] = answer["choices"]
+    assert ("prompt_token_ids" in answer, "token_ids" in choice) == (asks, asks)
+    assert (choice["logprobs"] is not None) is asks
+    [served] = backend.served
+    if asks:  # exactly what the backend sent
+        assert answer["prompt_token_ids"] == served.prompt_token_ids and choice["token_ids"] == served.token_ids
+    [call] = await store.query_llm_calls("ro-1")  # recorded in full either way
+    assert (call.prompt_token_ids, call.response_token_ids) == (served.prompt_token_ids, served.token_ids)
+    assert call.response_logprobs == served.logprobs and call.response_logprobs
+
+
 async def test_tool_calls_pass_through_unchanged(
     proxy: LLMProxy, store: MemoryStore, backend: ScriptedModelServer
 ) -> None:

@@ -126,23 +126,34 @@ async def test_stream_request_that_fails_at_the_backend_returns_its_status(
     assert call.error is not None and "503" in call.error
 
 
-async def test_raw_sse_bytes_pass_through_unchanged(proxy: LLMProxy, backend: ScriptedModelServer) -> None:
+@pytest.mark.parametrize("asks_for_ids", [False, True])
+async def test_the_agent_streams_what_the_backend_answers_its_own_request(
+    proxy: LLMProxy, backend: ScriptedModelServer, store: MemoryStore, asks_for_ids: bool
+) -> None:
     backend.set_script(["same bytes", "same bytes"])
-    body = {"model": "toy", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    body: dict[str, Any] = {"model": "toy", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    if asks_for_ids:
+        body |= {"return_token_ids": True, "logprobs": True}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.base_url('ro-s', ATTEMPT['ro-s'])}/chat/completions", json=body) as resp:
             assert resp.status == 200 and resp.content_type == "text/event-stream"
             through_proxy = await resp.read()
-        # what the backend sends for the request the proxy forwards (with the token-id options)
-        async with http.post(f"{backend.base_url}/chat/completions", json=backend.requests[0]) as resp:
+        # the proxy asked for token ids and logprobs on its own account; the agent gets neither unless it asked
+        assert backend.requests[0]["return_token_ids"] is True and backend.requests[0]["logprobs"] is True
+        async with http.post(f"{backend.base_url}/chat/completions", json=body) as resp:
             direct = await resp.read()
     assert through_proxy.endswith(b"data: [DONE]\n\n")
+    [call] = await store.query_llm_calls("ro-s")  # the record has them either way
+    assert call.prompt_token_ids and call.response_token_ids and call.response_logprobs
     proxied_events = [json.loads(e[6:]) for e in through_proxy.split(b"\n\n") if e.startswith(b"data: {")]
     direct_events = [json.loads(e[6:]) for e in direct.split(b"\n\n") if e.startswith(b"data: {")]
     for event in proxied_events + direct_events:  # ids and timestamps differ between the two requests
         event.pop("id")
         event.pop("created")
     assert proxied_events == direct_events
+    choices = [c for event in proxied_events for c in event["choices"]]
+    assert any("token_ids" in c for c in choices) is asks_for_ids
+    assert any(c.get("logprobs") is not None for c in choices) is asks_for_ids
 
 
 def test_sse_parser_handles_arbitrary_chunk_boundaries_and_crlf() -> None:

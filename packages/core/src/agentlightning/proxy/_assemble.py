@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = [
     "MODEL_VERSION_FIELD",
     "MODEL_VERSION_HEADER",
+    "AgentView",
     "Extracted",
     "SSEParser",
     "StreamAssembler",
@@ -319,3 +320,57 @@ def without_token_fields(data: dict[str, Any]) -> dict[str, Any]:
             for c in cast(list[Any], choices)
         ]
     return out
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What the proxy asked the backend for on its own account (to record the call) and the agent did not.
+
+    The agent gets its answer as the backend would have given it for the agent's own request: fields that only the
+    proxy asked for are taken out of the response (and out of every stream chunk) before the agent sees them.
+    """
+
+    token_ids: bool = False
+    """The agent did not ask for ``return_token_ids``: drop ``prompt_token_ids`` and the choices' ``token_ids``."""
+    logprobs: bool = False
+    """The agent did not ask for logprobs: the choices' ``logprobs`` become ``null`` (OpenAI's answer without them)."""
+
+    @staticmethod
+    def of(agent_request: dict[str, Any], kind: Kind) -> AgentView:
+        """What to take out of the answers to ``agent_request`` when the proxy added its token-id options."""
+        asked = agent_request.get("logprobs")
+        # chat: a boolean; completions: a number of top logprobs (0 asks for the sampled token's own logprob)
+        no_logprobs = not asked if kind == "chat" else asked is None or asked is False
+        return AgentView(token_ids=not agent_request.get("return_token_ids"), logprobs=no_logprobs)
+
+    def strip(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """A copy of a response or stream chunk without the added fields; ``None`` when it has none of them."""
+        token_ids, logprobs = self.token_ids, self.logprobs
+        out: dict[str, Any] | None = None
+        if token_ids and "prompt_token_ids" in data:
+            out = {k: v for k, v in data.items() if k != "prompt_token_ids"}
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return out
+        stripped: list[Any] = []
+        changed = False
+        for choice in cast(list[Any], choices):
+            if isinstance(choice, dict):
+                fields = cast(dict[str, Any], choice)
+                drop = token_ids and ("token_ids" in fields or "prompt_token_ids" in fields)
+                nulled = logprobs and fields.get("logprobs") is not None
+                if drop or nulled:
+                    changed = True
+                    fields = {k: v for k, v in fields.items() if not (token_ids and k in _ID_FIELDS)}
+                    if nulled:
+                        fields["logprobs"] = None
+                choice = fields
+            stripped.append(choice)
+        if not changed:
+            return out
+        out = dict(data) if out is None else out
+        out["choices"] = stripped
+        return out
+
+
+_ID_FIELDS = ("token_ids", "prompt_token_ids")

@@ -19,6 +19,7 @@ from agentlightning._models import new_id, now
 from agentlightning.proxy._asgi import RawResponse, error, raw_headers
 from agentlightning.proxy._assemble import (
     MODEL_VERSION_HEADER,
+    AgentView,
     Extracted,
     Kind,
     StreamAssembler,
@@ -36,6 +37,7 @@ from agentlightning.proxy._transport import UNREACHABLE, BackendReply, send
 __all__ = ["CALL_ID_HEADER", "Forwarder"]
 
 _MAX_STICKY = 100_000
+_AS_IS = AgentView()  # nothing to take out: the proxy added no options (it does not record the call)
 CALL_ID_HEADER = "x-agentlightning-call-id"
 
 
@@ -224,14 +226,16 @@ class Forwarder(CallRecorder):
         if header_version is not None:
             meta = (*meta[:6], header_version)
             headers[MODEL_VERSION_HEADER] = str(header_version)
+        view = AgentView.of(agent_request, kind) if record else _AS_IS
         if agent_request.get("stream") and resp.status < 400:
-            state = StreamState(StreamAssembler(kind), meta if record else None, backend)
+            state = StreamState(StreamAssembler(kind), meta if record else None, backend, view=view)
             media = resp.header("content-type") or "text/event-stream"
             streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
             streaming.on_close = lambda: self._stream_closed(resp, state)
             return streaming, True
-        try:
-            raw = await resp.read()
+        data = resp.parsed if resp.status < 400 else None
+        try:  # an in-process backend's parsed answer need not be encoded when the agent gets a stripped copy
+            raw = b"" if isinstance(data, dict) and record and view != _AS_IS else await resp.read()
         except UNREACHABLE as exc:
             resp.release()
             message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
@@ -248,7 +252,6 @@ class Forwarder(CallRecorder):
                 await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
             return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
         if record:
-            data = resp.parsed
             if data is None:
                 try:
                     data = loads(raw)
@@ -257,6 +260,11 @@ class Forwarder(CallRecorder):
             if isinstance(data, dict):
                 data = cast(dict[str, Any], data)
                 failure = await self._record_shielded(meta, data, extract(data, kind))
+                stripped = view.strip(data)
+                if stripped is not None:  # the agent gets what it asked for, not the proxy's token-id options
+                    raw = dumps(stripped)
+                elif not raw:  # not read (released above): the parsed value is the body's meaning
+                    raw = dumps(data)
             else:
                 failure = await self._record_shielded(
                     meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"

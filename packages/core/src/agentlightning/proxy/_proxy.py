@@ -5,7 +5,8 @@ URL of the runner slot they run in, ``{proxy}/slot/{key}/v1``, which the runner 
 (``PUT`` / ``DELETE /slot/{key}``; see `agentlightning.proxy._slots`; what `agentlightning.llm_base_url` returns
 under a runner). For each
 ``chat/completions`` or ``completions`` request the proxy asks the backend for token ids and logprobs
-(``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent unchanged, and records an
+(``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent as the backend answers the
+agent's own request (the token ids and logprobs the agent did not ask for taken out: `AgentView`), and records an
 `LLMCall` in the store *before* the agent sees the end of the response (``record="sync"``, default), so the
 record exists by the time the agent's LLM span ends. ``record="background"`` queues records and writes them in
 batches instead; call `LLMProxy.flush` before reading them.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from starlette.responses import StreamingResponse
 
-from agentlightning.proxy._assemble import Extracted, SSEParser, StreamAssembler, dumps, loads
+from agentlightning.proxy._assemble import AgentView, Extracted, SSEParser, StreamAssembler, dumps, loads
 from agentlightning.proxy._transport import UNREACHABLE, BackendReply
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
@@ -30,6 +30,8 @@ class StreamState:
     backend: str
     recorded: bool = False
     error: str | None = None
+    view: AgentView = field(default_factory=AgentView)
+    """What to take out of each chunk before the agent sees it (the proxy's own token-id options)."""
 
 
 class TrackedStream(StreamingResponse):
@@ -48,7 +50,7 @@ class TrackedStream(StreamingResponse):
 async def relay(resp: BackendReply, state: StreamState, record: RecordFn) -> AsyncIterator[bytes]:
     """Pass the backend's SSE bytes through event by event, feeding the assembler; record before ``[DONE]``."""
     parser = SSEParser()
-    assembler = state.assembler
+    assembler, view = state.assembler, state.view
     try:
         async for chunk in resp.chunks():
             out: list[bytes] = []
@@ -71,6 +73,9 @@ async def relay(resp: BackendReply, state: StreamState, record: RecordFn) -> Asy
                         parsed = loads(data)
                         if isinstance(parsed, dict):
                             assembler.feed(cast(dict[str, Any], parsed))
+                            stripped = view.strip(cast(dict[str, Any], parsed))
+                            if stripped is not None:  # the event again, as data only, without the proxy's fields
+                                raw = b"data: " + dumps(stripped) + b"\n\n"
                 out.append(raw)
             if out:
                 yield b"".join(out)
