@@ -2,8 +2,8 @@
 
 The backend here is a small `InProcessBackend` written for the test (the torch trainer's real one is compared with
 its HTTP server in ``packages/trainer-torch/tests/test_in_process_backend.py``): a stream that breaks off is
-recorded as broken and never ends with ``[DONE]``, a body it does not hand over parsed is parsed, a backend that
-raises is unreachable (502), and names are unique.
+recorded as broken and never ends with ``[DONE]``, a body it does not hand over parsed is parsed, a body handed over
+only parsed is rendered when read, a backend that raises is unreachable (502), and names are unique.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class Toy:
         self.bodies.append(request)
         if request["messages"][0]["content"] == "raise":
             raise BackendLost("the toy backend is gone")
+        if request["messages"][0]["content"] == "parsed only":
+            return InProcessReply(200, {"content-type": "application/json"}, None, ANSWER)
         if not request.get("stream"):
             return InProcessReply(200, {"content-type": "application/json"}, json.dumps(ANSWER).encode())
         return InProcessReply(200, {"content-type": "text/event-stream; charset=utf-8"}, self._breaking())
@@ -121,3 +123,34 @@ def test_names_are_unique_and_unknown_urls_are_refused() -> None:
     unregister_backend(url)  # idempotent
     with pytest.raises(ValueError, match="inproc://"):
         LLMProxy(MemoryStore(), ["ftp://elsewhere"])
+
+
+async def test_an_answer_handed_over_parsed_only_reaches_the_agent_as_its_json(
+    proxied: tuple[httpx.AsyncClient, LLMProxy, Toy, MemoryStore],
+) -> None:
+    client, proxy, _toy, store = proxied
+    ask = {"model": "toy", "messages": [{"role": "user", "content": "parsed only"}]}
+    # the agent asks for the token fields itself, so the proxy relays the body's bytes: the reply renders them
+    whole = await client.post("/chat/completions", json={**ask, "return_token_ids": True, "logprobs": True})
+    assert whole.status_code == 200 and whole.headers["content-type"] == "application/json"
+    assert whole.json() == ANSWER
+    await proxy.flush()
+    [call] = await store.query_llm_calls("ro-1")
+    assert (call.prompt_token_ids, call.response_token_ids, call.model_version, call.error) == ([1, 2], [7], 3, None)
+
+
+async def test_a_reply_given_parsed_only_renders_its_body_once() -> None:
+    value = {"text": "héllo ✓", "ids": [1, 2], "nested": {"none": None, "float": -0.25}}
+    reply = InProcessReply(200, {"content-type": "application/json"}, None, value)
+    assert reply.parsed is value and reply.content_type == "application/json"
+    body = await reply.read()
+    assert json.loads(body) == value
+    assert await reply.read() is body  # rendered once
+    assert [chunk async for chunk in reply.chunks()] == [body]
+    reply.release()
+    assert await reply.read() is body  # nothing to give back: the body stays readable
+    unserialisable = InProcessReply(200, {"content-type": "application/json"}, None, {"x": object()})
+    with pytest.raises(BackendLost, match="not JSON"):
+        await unserialisable.read()
+    with pytest.raises(ValueError, match="needs its body"):
+        InProcessReply(200, {}, None)

@@ -8,7 +8,9 @@ process (client, server, its own event loop thread, and a web framework, all com
 thread). Both answer through `BackendReply`, so forwarding, streaming, error mapping and recording are one code.
 
 An in-process backend must answer exactly as its HTTP server does (status, body bytes, the headers the proxy reads:
-``content-type``, ``retry-after``, the model-version header; streamed bodies in the same chunks).
+``content-type``, ``retry-after``, the model-version header; streamed bodies in the same chunks). A JSON answer may be
+handed over as its parsed value alone (`InProcessReply` with ``body=None``): its bytes are then rendered with the
+proxy's `dumps` only if the proxy reads them, so an answer the proxy re-encodes or only records costs no encoding.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import aiohttp
+
+from agentlightning.proxy._assemble import dumps
 
 __all__ = [
     "IN_PROCESS_SCHEME",
@@ -56,8 +60,8 @@ class BackendReply(Protocol):
 
     @property
     def parsed(self) -> Any:
-        """The JSON value of the whole body when the backend handed it over with the bytes, else ``None`` (parse
-        `read`'s bytes then)."""
+        """The JSON value of the whole body when the backend handed it over (with the bytes, or instead of them),
+        else ``None`` (parse `read`'s bytes then)."""
         ...
 
     def header(self, name: str) -> str | None:
@@ -90,19 +94,31 @@ class InProcessBackend(Protocol):
 
 
 class InProcessReply:
-    """A `BackendReply` built in-process: a status, lower-case headers, and a body or an async iterator of chunks.
+    """A `BackendReply` built in-process: a status, lower-case headers, and a body, an async iterator of chunks, or
+    only the body's parsed JSON value.
 
     Args:
         status: The HTTP status.
-        headers: Response headers, names in lower case.
-        body: The whole body, or the stream of its chunks.
+        headers: Response headers, names in lower case (``content-length`` may be left out).
+        body: The whole body, the stream of its chunks, or ``None`` when ``parsed`` stands for it: the body is then
+            ``dumps(parsed)`` (UTF-8 JSON, compact), rendered once, on the first `read` or `chunks` (so ``parsed`` must
+            not be changed before).
         parsed: The JSON value ``body`` is the encoding of, if the backend has it at hand (the proxy records it
             instead of parsing the bytes back); it must equal what parsing ``body`` gives.
+
+    Raises:
+        ValueError: If neither ``body`` nor ``parsed`` is given.
     """
 
     def __init__(
-        self, status: int, headers: Mapping[str, str], body: bytes | AsyncIterator[bytes], parsed: Any = None
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes | AsyncIterator[bytes] | None,
+        parsed: Any = None,
     ) -> None:
+        if body is None and parsed is None:
+            raise ValueError("an in-process reply needs its body, or the parsed JSON value that stands for it")
         self.status = status
         self.parsed = parsed
         self._headers = headers
@@ -115,16 +131,26 @@ class InProcessReply:
         return self._headers.get(name)
 
     async def read(self) -> bytes:
-        """The whole body (a stream is read to its end)."""
-        if isinstance(self._body, bytes):
-            return self._body
+        """The whole body (a stream is read to its end; a body given as ``parsed`` is rendered once).
+
+        Raises:
+            BackendLost: If the backend's stream broke off, or its ``parsed`` value is not JSON-serialisable.
+        """
+        body = self._body
+        if body is None:
+            try:
+                body = self._body = dumps(self.parsed)
+            except (TypeError, ValueError) as exc:  # orjson's JSONEncodeError is a TypeError
+                raise BackendLost(f"the in-process backend answered a value that is not JSON: {exc!r}") from exc
+        if isinstance(body, bytes):
+            return body
         return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's chunks; an exception from the backend becomes `BackendLost` (a broken connection over HTTP)."""
         body = self._body
-        if isinstance(body, bytes):
-            yield body
+        if body is None or isinstance(body, bytes):
+            yield await self.read()
             return
         try:
             async for chunk in body:
@@ -137,6 +163,8 @@ class InProcessReply:
     def release(self) -> None:
         """Close the backend's stream generator if it is still open (the agent left, or the stream broke)."""
         body = self._body
+        if body is None or isinstance(body, bytes):
+            return
         self._body = b""
         aclose = getattr(body, "aclose", None)
         if aclose is not None:
