@@ -16,10 +16,17 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import LLMCall, MemoryStore
-from agentlightning.proxy import IN_PROCESS_SCHEME, LLMProxy, register_backend, unregister_backend
+from agentlightning.proxy import (
+    IN_PROCESS_SCHEME,
+    LLMProxy,
+    register_backend,
+    registered_backend,
+    unregister_backend,
+)
 from agentlightning.testing import start_attempts
 from agentlightning_torch import LocalBackend, OpenAIEndpoint, serve_backend
 
@@ -185,3 +192,50 @@ async def test_a_backend_no_longer_registered_is_unreachable(
     await local.proxy.flush()
     [call] = await store.query_llm_calls(local.rollout)
     assert call.error is not None and "could not reach backend" in call.error
+
+
+async def test_an_answer_is_handed_over_unrendered_and_reads_back_as_the_http_servers_bytes(
+    sides: tuple[Side, Side, LocalBackend, MemoryStore],
+) -> None:
+    http, local, _backend, _store = sides
+    endpoint = registered_backend(local.proxy.backends[0])
+    asks = [
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 3, "return_token_ids": True}),
+        ("/v1/chat/completions", {"messages": USER, "tools": [CALCULATOR_TOOL]}),
+        ("/v1/completions", {"prompt": "<bos>Q:2*3+4=\n", "logprobs": 2, "return_token_ids": True}),
+    ]
+    async with httpx.AsyncClient(base_url=http.proxy.backends[0], timeout=60) as server:
+        for path, ask in asks:
+            raw = json.dumps({"model": "tiny-calc", "temperature": 0.0, "max_tokens": 12, **ask}).encode()
+            reply = await endpoint.request("POST", path, raw)
+            assert reply.status == 200 and reply.content_type == "application/json"
+            parsed = reply.parsed
+            assert isinstance(parsed, dict) and parsed["choices"]  # handed over as its value
+            body = await reply.read()  # rendered on demand
+            assert json.loads(body) == parsed
+            sent = await server.post(path, content=raw, headers={"content-type": "application/json"})
+            assert sent.status_code == 200 and _same(body) == _same(sent.content)
+            assert reply.header("x-agentlightning-model-version") == sent.headers["x-agentlightning-model-version"]
+
+
+async def test_a_logprob_json_cannot_carry_is_a_server_error_both_ways(
+    sides: tuple[Side, Side, LocalBackend, MemoryStore],
+) -> None:
+    """Starlette refuses NaN and infinities (orjson would write ``null``): the answer is a 500, not a silent null."""
+    http, local, backend, store = sides
+
+    def only_four_tokens(_module: torch.nn.Module, _inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_fill(-1, torch.arange(4, logits.shape[-1]), float("-inf"))  # logprob -inf beyond
+
+    head = backend.model.get_output_embeddings()
+    assert isinstance(head, torch.nn.Module)
+    hook = head.register_forward_hook(only_four_tokens)
+    try:
+        ask = {"messages": USER, "temperature": 0.0, "max_tokens": 2, "logprobs": True}
+        shown = await _both(http, local, {**ask, "top_logprobs": 5})  # the fifth most likely has logprob -inf
+        assert shown.status == 500 and shown.body == b"Internal Server Error"
+        assert (await _both(http, local, {**ask, "top_logprobs": 4})).status == 200  # all finite
+    finally:
+        hook.remove()
+    rows = await _records(store, http, local)
+    assert [row[6] is not None and row[6].startswith("backend HTTP 500") for row in rows] == [True, False]

@@ -20,9 +20,10 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -46,6 +47,12 @@ from agentlightning_torch._wire import (
 )
 
 __all__ = ["OpenAIEndpoint", "bad_request"]
+
+_orjson_dumps: Callable[[Any], bytes] | None
+try:  # the LLM proxy renders an in-process answer's body with its `dumps`, which is orjson's when installed
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson_dumps = None
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +108,8 @@ class OpenAIEndpoint:
     """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health`` of ``backend``.
 
     Each handler returns the Starlette response the HTTP server sends; a `BadRequest` it raises is answered 400
-    (`bad_request`).
+    (`bad_request`). `request` answers the in-process proxy: a completion's JSON is handed over as its value, and
+    rendered (to the HTTP server's bytes) only if the proxy reads the body.
     """
 
     def __init__(self, backend: LocalBackend) -> None:
@@ -120,6 +128,13 @@ class OpenAIEndpoint:
 
     async def chat(self, raw: bytes) -> Response:
         """A chat completion (streamed as SSE with ``stream: true``)."""
+        return _sent(await self._chat(raw))
+
+    async def complete(self, raw: bytes) -> Response:
+        """A text completion (not streamed)."""
+        return _sent(await self._complete(raw))
+
+    async def _chat(self, raw: bytes) -> Response | _Answer:
         backend, template = self.backend, self.template
         body: ChatRequest = parse_body(ChatRequest, raw)
         tools = body.tools if body.tool_choice != "none" else None
@@ -157,10 +172,9 @@ class OpenAIEndpoint:
         response["usage"] = usage(prompt, results)
         if body.return_token_ids:
             response["prompt_token_ids"] = prompt
-        return _versioned(response, results)
+        return _versioned(response, results, body.logprobs)
 
-    async def complete(self, raw: bytes) -> Response:
-        """A text completion (not streamed)."""
+    async def _complete(self, raw: bytes) -> _Answer:
         backend, template = self.backend, self.template
         body: CompletionRequest = parse_body(CompletionRequest, raw)
         if body.echo:
@@ -204,7 +218,7 @@ class OpenAIEndpoint:
             choices.append(choice)
         response = _envelope("cmpl", "text_completion", body.model or backend.model_name, choices)
         response["usage"] = usage(prompt, results)
-        return _versioned(response, results)
+        return _versioned(response, results, body.logprobs is not None)
 
     async def request(self, method: str, path: str, body: bytes) -> InProcessReply:
         """Answer one request in-process exactly as the HTTP server would (the `InProcessBackend` protocol)."""
@@ -215,13 +229,17 @@ class OpenAIEndpoint:
         except Exception:  # what the HTTP server answers for a handler that raised
             logger.exception("the local backend failed on %s %s", method, path)
             response = PlainTextResponse("Internal Server Error", 500)
+        if isinstance(response, _Answer):
+            if _orjson_dumps is not None:  # the proxy renders it (as `_JSON` does) only if it reads the body
+                headers = {"content-type": "application/json", **response.headers}
+                return InProcessReply(200, headers, None, response.content)
+            response = _sent(response)  # pragma: no cover - the proxy's stdlib `dumps` would escape non-ASCII
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in response.raw_headers}
         if isinstance(response, StreamingResponse):
             return InProcessReply(response.status_code, headers, _encoded(response.body_iterator))
-        parsed = response.content if isinstance(response, _Answer) else None
-        return InProcessReply(response.status_code, headers, bytes(response.body), parsed)
+        return InProcessReply(response.status_code, headers, bytes(response.body))
 
-    async def _route(self, method: str, path: str, body: bytes) -> Response:
+    async def _route(self, method: str, path: str, body: bytes) -> Response | _Answer:
         routes = _ROUTES.get(path)
         if routes is None:
             return JSONResponse({"detail": "Not Found"}, 404)
@@ -229,9 +247,9 @@ class OpenAIEndpoint:
         if name is None:
             return JSONResponse({"detail": "Method Not Allowed"}, 405, headers={"allow": ", ".join(routes)})
         if name == "chat":
-            return await self.chat(body)
+            return await self._chat(body)
         if name == "complete":
-            return await self.complete(body)
+            return await self._complete(body)
         return self.models() if name == "models" else self.health()
 
 
@@ -265,23 +283,66 @@ def _envelope(prefix: str, kind: str, model: str, choices: list[dict[str, Any]])
     }
 
 
-class _Answer(JSONResponse):
-    """A JSON answer that keeps its content: the in-process proxy records it without parsing the body back."""
+class _JSON(JSONResponse):
+    """Starlette's `JSONResponse` rendered with orjson when it is installed: the same JSON (UTF-8, compact; floats
+    may be spelt differently, ``1e-05`` as ``0.00001``, with the same value), several times faster. orjson would
+    write NaN and infinities as ``null`` where Starlette refuses them, so the content must hold finite floats only
+    (`_versioned` checks the logprobs, the only floats an answer carries)."""
 
-    def __init__(self, content: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        super().__init__(content, headers=headers)
-        self.content = content
+    def render(self, content: Any) -> bytes:
+        if _orjson_dumps is None:  # pragma: no cover - depends on the environment
+            return super().render(content)
+        return _orjson_dumps(content)
 
 
-def _versioned(response: dict[str, Any], results: list[GenerationResult]) -> JSONResponse:
-    """The response with the version of the weights that generated it (the oldest, should choices differ)."""
+@dataclasses.dataclass
+class _Answer:
+    """A completion's JSON answer (status 200) before it is rendered: the HTTP server sends it as a `_JSON`
+    response (`_sent`); the in-process proxy takes ``content`` itself, and renders it only if it reads the body."""
+
+    content: dict[str, Any]
+    headers: dict[str, str]
+    """Headers besides the content type, names in lower case."""
+
+
+def _sent(answer: Response | _Answer) -> Response:
+    """The response the HTTP server sends for a handler's answer."""
+    if isinstance(answer, _Answer):
+        return _JSON(answer.content, headers=answer.headers)
+    return answer
+
+
+def _finite(results: list[GenerationResult]) -> bool:
+    """Whether every logprob (top logprobs included) is finite: a sum is finite only if all its terms are."""
+    for result in results:
+        if not math.isfinite(sum(result.logprobs)):
+            return False
+        if result.top_logprobs and not math.isfinite(sum(v for top in result.top_logprobs for _, v in top)):
+            return False
+    return True
+
+
+def _versioned(response: dict[str, Any], results: list[GenerationResult], logprobs: bool) -> _Answer:
+    """The response with the version of the weights that generated it (the oldest, should choices differ).
+
+    Raises:
+        ValueError: If ``logprobs`` (the response carries them) and one is NaN or infinite, which JSON cannot
+            represent (answered 500, as Starlette's `JSONResponse` refuses such content).
+    """
+    if logprobs and not _finite(results):
+        try:  # Starlette's own check (a sum of huge finite logprobs may overflow: that passes here)
+            JSONResponse(response)
+        except ValueError as error:
+            raise ValueError(
+                f"the model produced a NaN or infinite logprob, which JSON cannot carry: {error}"
+            ) from error
     versions = [r.model_version for r in results if r.model_version is not None]
     if not versions:
-        return _Answer(response)
+        return _Answer(response, {})
     if len(set(versions)) > 1:  # choices of one request admitted on both sides of a swap
         logger.warning("the choices of one request were generated by model versions %s", sorted(set(versions)))
     response["model_version"] = min(versions)
-    return _Answer(response, headers={"x-agentlightning-model-version": str(min(versions))})
+    return _Answer(response, {"x-agentlightning-model-version": str(min(versions))})
 
 
 def _sse(payload: dict[str, Any]) -> str:
