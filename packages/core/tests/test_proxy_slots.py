@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from openai import AsyncOpenAI
 
 from agentlightning import Attempt, Claim, LLMResource, Resources, Rollout
@@ -167,3 +170,127 @@ async def test_a_proxy_without_token_takes_registrations_on_loopback(
         async with aiohttp.ClientSession() as session, session.put(f"{proxy.url}/slot/k.0.0", data=body) as resp:
             assert resp.status == 200
         assert proxy.slots.resolve("k.0.0") == ("ro-a", attempts["ro-a"])
+
+
+def _record_paths(registrar: SlotRegistrar) -> list[str]:
+    """The paths of the registrar's slot requests, in order (the requests still go out)."""
+    paths: list[str] = []
+    send = registrar._send  # pyright: ignore[reportPrivateUsage]
+
+    async def recording(method: str, held: Any, path: str, body: dict[str, Any]) -> tuple[int, str] | None:
+        paths.append(f"{method} {path}")
+        return await send(method, held, path, body)
+
+    registrar._send = recording  # pyright: ignore[reportPrivateUsage]
+    return paths
+
+
+async def test_slots_that_start_together_register_in_one_request(proxy: LLMProxy, store: MemoryStore) -> None:
+    rollout_ids = [f"ro-{i}" for i in range(8)]
+    attempts = await start_attempts(store, rollout_ids)
+    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=proxy.url, model="t", api_key=TOKEN)})
+    registrar = SlotRegistrar()
+    paths = _record_paths(registrar)
+    try:
+        urls = await asyncio.gather(
+            *(registrar.acquire(i, _claim(r, attempts[r]), resources) for i, r in enumerate(rollout_ids))
+        )
+        assert paths == ["PUT /slots"]  # one request for the eight slots that started together
+        assert len(set(urls)) == 8
+        for url, rollout_id in zip(urls, rollout_ids, strict=True):
+            assert url is not None
+            agent = AsyncOpenAI(base_url=url, api_key=TOKEN, max_retries=0)
+            await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": rollout_id}])
+            [call] = await store.query_llm_calls(rollout_id)
+            assert call.attempt_id == attempts[rollout_id] and call.request["messages"][0]["content"] == rollout_id
+        # a registration made alone goes alone, on the single-slot route
+        await registrar.release(0, clean=True)
+        assert await registrar.acquire(0, _claim("ro-0", attempts["ro-0"]), resources) == urls[0]
+        assert paths[1:] == [f"PUT /slot/{registrar.key(0)}"]
+    finally:
+        await registrar.close()
+    assert len(proxy.slots) == 0
+
+
+async def test_within_one_request_the_latest_registration_of_a_slot_wins(proxy: LLMProxy, store: MemoryStore) -> None:
+    attempts = await start_attempts(store, ["ro-a", "ro-b", "ro-c"])
+    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=proxy.url, model="t", api_key=TOKEN)})
+    registrar = SlotRegistrar()
+    paths = _record_paths(registrar)
+    try:
+        assert await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), resources) is not None
+        # slot 0's heartbeat re-registers ro-a just as ro-a ends cleanly and ro-b takes the slot over, while slot 1
+        # starts ro-c: the three registrations share one request, and slot 0 runs ro-b afterwards
+
+        async def take_over() -> str | None:
+            await registrar.release(0, clean=True)
+            return await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources)
+
+        _, url_b, url_c = await asyncio.gather(
+            registrar.refresh(0), take_over(), registrar.acquire(1, _claim("ro-c", attempts["ro-c"]), resources)
+        )
+        assert url_b is not None and url_c is not None
+        assert paths == [f"PUT /slot/{registrar.key(0)}", "PUT /slots"]
+        assert proxy.slots.resolve(registrar.key(0)) == ("ro-b", attempts["ro-b"])
+        assert proxy.slots.resolve(registrar.key(1)) == ("ro-c", attempts["ro-c"])
+    finally:
+        await registrar.close()
+
+
+async def test_many_slot_registrations_are_all_or_nothing(proxy: LLMProxy) -> None:
+    async def put(body: object, token: str | None = TOKEN) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.put(f"{proxy.url}/slots", json=body, headers=headers) as resp,
+        ):
+            return resp.status, await resp.json()
+
+    good = {"rollout_id": "r", "attempt_id": "a"}
+    assert (await put({"slots": {"k.0.0": good}}, token=None))[0] == 401
+    status, answer = await put({"slots": {"k.0.0": good, "bad/key": good}})
+    assert status == 400 and "bad/key" in answer["error"]["message"]
+    status, answer = await put({"slots": {"k.0.0": good, "k.1.0": {"rollout_id": "r"}}})
+    assert status == 400 and "k.1.0" in answer["error"]["message"]
+    assert (await put({"slot": {"k.0.0": good}}))[0] == 400
+    assert (await put(["k.0.0"]))[0] == 400
+    assert len(proxy.slots) == 0  # nothing registered by a refused request
+    assert await put({"slots": {"k.0.0": good, "k.1.0": {"rollout_id": "r2", "attempt_id": "a2"}}}) == (
+        200,
+        {"registered": 2},
+    )
+    assert proxy.slots.resolve("k.0.0") == ("r", "a") and proxy.slots.resolve("k.1.0") == ("r2", "a2")
+
+
+async def test_a_proxy_without_the_many_slots_route_gets_registrations_one_by_one() -> None:
+    registered: dict[str, Any] = {}
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path}")
+        if request.method == "PUT" and request.path.startswith("/slot/"):
+            registered[request.match_info["key"]] = await request.json()
+            return web.json_response({"slot": request.match_info["key"]})
+        return web.json_response({"error": "no route"}, status=404)
+
+    app = web.Application()
+    app.router.add_route("PUT", "/slot/{key}", handle)
+    app.router.add_route("PUT", "/slots", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=f"http://127.0.0.1:{port}", model="t")})
+    registrar = SlotRegistrar()
+    try:
+        urls = await asyncio.gather(*(registrar.acquire(i, _claim(f"ro-{i}", f"at-{i}"), resources) for i in range(3)))
+        assert all(url is not None for url in urls)
+        assert seen[0] == "PUT /slots" and sorted(seen[1:]) == sorted(f"PUT /slot/{registrar.key(i)}" for i in range(3))
+        assert registered == {registrar.key(i): {"rollout_id": f"ro-{i}", "attempt_id": f"at-{i}"} for i in range(3)}
+        seen.clear()
+        await asyncio.gather(*(registrar.acquire(i, _claim(f"ro-{i}", f"at-{i}"), resources) for i in range(3, 5)))
+        assert sorted(seen) == sorted(f"PUT /slot/{registrar.key(i)}" for i in range(3, 5))  # not asked again
+    finally:
+        await registrar.close()
+        await runner.cleanup()

@@ -4,6 +4,7 @@
 ``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
 ``GET  {prefix}/v1/models``                                          the backend's model list
 ``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot
+``PUT /slots``                                                        register many runner slots at once
 ``/admin/*``                                                          pause, resume, backends, status
 ==================================================================  =========================================
 
@@ -25,7 +26,7 @@ from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
 from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
-from agentlightning.proxy._slots import slot_route
+from agentlightning.proxy._slots import slot_route, slots_route
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
@@ -83,6 +84,19 @@ class SlotBody(BaseModel):
     attempt_id: str
 
 
+class SlotsBody(BaseModel):
+    """Many slots' attempts at once: slot key -> the attempt it runs now."""
+
+    model_config = ConfigDict(extra="forbid")
+    slots: dict[str, SlotBody]
+
+
+class SlotsAnswer(BaseModel):
+    """How many slots were registered (all of the request's)."""
+
+    registered: int
+
+
 class SlotAnswer(BaseModel):
     """The slot's registration, or whether it was cleared."""
 
@@ -138,6 +152,9 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
             return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
         return slot_route(proxy.slots, request.method, key, request.body)
 
+    async def slots(request: ProxyRequest) -> Response:
+        return slots_route(proxy.slots, request.body)
+
     routes: list[Route] = []
     for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
                                 (SLOT_PREFIX, "runner slot", "slot_")):  # fmt: skip
@@ -157,6 +174,8 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
               body=SlotBody, response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
         Route("DELETE", SLOT_PREFIX, slot, "clear_slot", "Clear a runner slot (only that occupant, with a body).",
               response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
+        Route("PUT", "/slots", slots, "register_slots", "Register the attempts of many runner slots (all or none).",
+              body=SlotsBody, response=SlotsAnswer, errors={400: "invalid body"}, tags=("slots",)),
     ]  # fmt: skip
     routes += admin_routes(proxy)
     security: dict[str, dict[str, str]] = {}

@@ -5,7 +5,9 @@ contexts and connection pools, for every URL it has not seen). With one URL per 
 rollout. A runner slot's URL, ``{proxy}/slot/{key}/v1``, stays the same while the slot runs rollout after rollout:
 the runner tells the proxy which attempt the slot runs before it starts the agent (``PUT /slot/{key}`` with
 ``{"rollout_id": ..., "attempt_id": ...}``) and clears it when the agent could not be stopped cleanly
-(``DELETE /slot/{key}``; a body with the ids clears only that occupant).
+(``DELETE /slot/{key}``; a body with the ids clears only that occupant). ``PUT /slots`` registers many slots in one
+request (``{"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}}``: all of them, or none when one entry is
+invalid), so a runner whose slots start rollouts together pays one request, not one per rollout.
 
 Correctness rules:
 - A call on a slot with no registered attempt is refused (404, ``slot_not_registered``), never recorded.
@@ -25,9 +27,10 @@ from typing import Any, cast
 
 from starlette.responses import JSONResponse, Response
 
+from agentlightning._urls import check_slot_key
 from agentlightning.proxy._assemble import loads
 
-__all__ = ["SLOT_NOT_REGISTERED", "SlotTable", "slot_route"]
+__all__ = ["SLOT_NOT_REGISTERED", "SlotTable", "slot_route", "slots_route"]
 
 SLOT_NOT_REGISTERED = "slot_not_registered"
 _MAX_SLOTS = 100_000
@@ -75,6 +78,11 @@ def _ids(body: bytes) -> tuple[str, str] | str | None:
         data = loads(body)
     except ValueError:
         return 'the body must be JSON: {"rollout_id": ..., "attempt_id": ...}'
+    return _ids_of(data)
+
+
+def _ids_of(data: Any) -> tuple[str, str] | str:
+    """``(rollout_id, attempt_id)`` from a parsed JSON value, or why it is wrong."""
     if not isinstance(data, dict):
         return 'the body must be a JSON object: {"rollout_id": ..., "attempt_id": ...}'
     fields = cast(dict[str, Any], data)
@@ -97,3 +105,27 @@ def slot_route(table: SlotTable, method: str, key: str, body: bytes) -> Response
     if method == "DELETE":
         return JSONResponse({"slot": key, "cleared": table.clear(key, ids)})
     return _error(405, f"{method} /slot/{{key}} is not supported: use PUT (register) or DELETE (clear)")
+
+
+def slots_route(table: SlotTable, body: bytes) -> Response:
+    """Answer ``PUT /slots``: register every slot of ``{"slots": {key: ids, ...}}``, or none if one is invalid."""
+    try:
+        data = loads(body)
+    except ValueError:
+        data = None
+    entries = cast(dict[str, Any], data).get("slots") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        return _error(400, 'registering slots needs {"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}}')
+    checked: list[tuple[str, tuple[str, str]]] = []
+    for key, value in cast(dict[str, Any], entries).items():
+        ids = _ids_of(value)
+        try:
+            check_slot_key(key)
+        except ValueError as exc:
+            ids = str(exc)
+        if isinstance(ids, str):
+            return _error(400, f"slot {key!r}: {ids}; no slot was registered")
+        checked.append((key, ids))
+    for key, ids in checked:
+        table.register(key, *ids)
+    return JSONResponse({"registered": len(checked)})
