@@ -161,6 +161,31 @@ async def test_under_a_framework_llm_span_only_that_span_is_recorded(
     assert spans["chat pending"].attributes[semconv.GEN_AI_RESPONSE_ID] == second.response_id
 
 
+async def test_a_framework_span_keeps_what_it_recorded_itself(
+    agl_store: MemoryStore, agl_model_server: ScriptedModelServer
+) -> None:
+    """Only the attributes the framework span lacks are handed up; its own values stay."""
+    rid, aid = await _attempt(agl_store)
+    tracer = lightning_tracer("lean-test-framework")
+    client = openai.AsyncOpenAI(base_url=agl_model_server.base_url, api_key="t")
+    own = {semconv.SPAN_KIND: semconv.KIND_LLM, semconv.GEN_AI_RESPONSE_ID: "framework-id"}
+    acquire_openai_hook()
+    try:
+        with rollout_context(agl_store, rid, aid):
+            span = tracer.start_span("chat framework", attributes={**own, semconv.GEN_AI_USAGE_INPUT_TOKENS: 7})
+            with trace.use_span(span, end_on_exit=True):
+                await client.chat.completions.create(model="toy", messages=MESSAGES)  # type: ignore[arg-type]
+        await aflush()
+    finally:
+        release_openai_hook()
+    (recorded,) = await agl_store.query_spans(rid)
+    (served,) = agl_model_server.served
+    assert recorded.attributes[semconv.GEN_AI_RESPONSE_ID] == "framework-id"
+    assert recorded.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 7
+    assert recorded.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == len(served.token_ids)  # it lacked this one
+    assert recorded.attributes[semconv.GEN_AI_RESPONSE_MODEL]
+
+
 async def test_outside_a_rollout_or_when_off_nothing_is_recorded_and_the_client_is_restored(
     agl_store: MemoryStore, agl_model_server: ScriptedModelServer
 ) -> None:

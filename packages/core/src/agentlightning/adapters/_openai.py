@@ -71,26 +71,29 @@ class _Sink:
         self.seen_id = False
         self.done = False
 
-    def _set(self, key: str, value: Any) -> None:
-        self.span.set_attribute(key, value)
+    def _set(self, attributes: dict[str, Any]) -> None:
+        self.span.set_attributes(attributes)
 
     def record(self, obj: Any) -> None:
         """Take the response id, model and usage from a response or a streamed chunk."""
+        found: dict[str, Any] = {}
         if not self.seen_id:
             response_id = getattr(obj, "id", None)
             if response_id:
                 self.seen_id = True
-                self._set(semconv.GEN_AI_RESPONSE_ID, str(response_id))
+                found[semconv.GEN_AI_RESPONSE_ID] = str(response_id)
                 model = getattr(obj, "model", None)
                 if model:
-                    self._set(semconv.GEN_AI_RESPONSE_MODEL, str(model))
+                    found[semconv.GEN_AI_RESPONSE_MODEL] = str(model)
         usage = getattr(obj, "usage", None)
         if usage is not None:
             prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
             if prompt is not None:
-                self._set(semconv.GEN_AI_USAGE_INPUT_TOKENS, prompt)
+                found[semconv.GEN_AI_USAGE_INPUT_TOKENS] = prompt
             if completion is not None:
-                self._set(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, completion)
+                found[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = completion
+        if found:  # one update (one lock) per response or chunk, not one per attribute
+            self._set(found)
 
     def end(self, error: BaseException | None = None) -> None:
         """The call is over (the response arrived, or the stream ended or was closed)."""
@@ -108,12 +111,13 @@ class _RelaySink(_Sink):
 
     __slots__ = ()
 
-    def _set(self, key: str, value: Any) -> None:
+    def _set(self, attributes: dict[str, Any]) -> None:
         span = self.span
         if span.is_recording():
-            attributes = span.attributes
-            if attributes is None or attributes.get(key) is None:
-                span.set_attribute(key, value)
+            present = span.attributes
+            missing = {k: v for k, v in attributes.items() if present is None or present.get(k) is None}
+            if missing:
+                span.set_attributes(missing)
 
     def end(self, error: BaseException | None = None) -> None:
         self.done = True
