@@ -69,6 +69,26 @@ def test_load_model_refuses_a_folder_without_chat_template(chat_model_dir: Path,
         load_model(tmp_path / "missing")
 
 
+def test_a_conversation_asked_again_renders_as_a_fresh_one(chat_model_dir: Path) -> None:
+    tokenizer = load_model(chat_model_dir).tokenizer
+    template = HFChatTemplate(tokenizer)
+
+    def fresh(messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        rendered: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **kwargs)
+        return list(rendered)
+
+    first = template.render(ASK, tools=[ADD])
+    again = template.render(ASK, tools=[ADD])  # kept: not rendered again
+    assert first == again == fresh(ASK, tools=[ADD]) and again is not first
+    again.append(0)  # the caller's own list: what is kept does not change
+    assert template.render(ASK, tools=[ADD]) == first
+    assert template.render(ASK) == fresh(ASK) != first  # other arguments, another prompt
+    thinking = {"enable_thinking": False}
+    assert template.render(THINK, template_kwargs=thinking) == fresh(THINK, **thinking)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # a template changed afterwards is followed
+    assert template.render(ASK, tools=[ADD]) == tokenizer.encode(ASK[0]["content"], add_special_tokens=False)
+
+
 def test_tool_round_renders_prefix_extending(chat_model_dir: Path) -> None:
     template = HFChatTemplate(load_model(chat_model_dir).tokenizer)
     first = template.render(ASK, tools=[ADD])

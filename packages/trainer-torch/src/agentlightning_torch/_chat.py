@@ -7,6 +7,8 @@ model: the tokenizer's own chat template for prompts, a named tool-call parser f
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -17,6 +19,9 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from agentlightning_torch._tool_parsers import ToolParser, get_tool_parser, guess_tool_parser, split_reasoning
 
 __all__ = ["ChatTemplate", "HFChatTemplate", "ParsedResponse", "TemplateError", "text_of"]
+
+_PROMPTS_KEPT = 512
+"""Rendered prompts an `HFChatTemplate` keeps (a GRPO group's rollouts open with the same conversation)."""
 
 
 class TemplateError(ValueError):
@@ -161,6 +166,10 @@ class HFChatTemplate:
         self._backend: Any = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
         self._backend_checked = False
         self._token_texts: dict[int, str] = {}
+        # Rendering is a function of the conversation, except in templates that read the clock (``strftime_now``).
+        self._template = template
+        self._prompts: OrderedDict[str, list[int]] | None = None if "strftime_now" in text else OrderedDict()
+        self._prompts_lock = threading.Lock()
 
     # ----- prompts ------------------------------------------------------------------------------------------
 
@@ -204,13 +213,46 @@ class HFChatTemplate:
     ) -> list[int]:
         """Token ids of the rendered prompt (tokenised as ``apply_chat_template`` does: no extra special tokens).
 
+        The last few hundred prompts are kept by the JSON of their arguments: a conversation asked again (the
+        rollouts of one task open alike) is neither rendered nor tokenised again.
+
         Raises:
             TemplateError: See `render_text`.
         """
+        key = self._prompt_key(messages, tools, add_generation_prompt, template_kwargs)
+        prompts = self._prompts
+        if key is not None and prompts is not None:
+            with self._prompts_lock:
+                ids = prompts.get(key)
+                if ids is not None:
+                    prompts.move_to_end(key)
+                    return list(ids)
         text = self.render_text(
             messages, tools=tools, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs
         )
-        return self.encode_text(text, add_special_tokens=False)
+        ids = self.encode_text(text, add_special_tokens=False)
+        if key is not None and prompts is not None:
+            with self._prompts_lock:
+                prompts[key] = list(ids)
+                if len(prompts) > _PROMPTS_KEPT:
+                    prompts.popitem(last=False)
+        return ids
+
+    def _prompt_key(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        template_kwargs: Mapping[str, Any] | None,
+    ) -> str | None:
+        """What a rendered prompt is kept under, or ``None`` (not kept: values that are not JSON, or the tokenizer's
+        template was changed since)."""
+        if self._prompts is None or self.tokenizer.chat_template is not self._template:
+            return None
+        try:
+            return json.dumps([list(messages), tools, add_generation_prompt, template_kwargs])
+        except (TypeError, ValueError):
+            return None
 
     def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of plain text (``/v1/completions`` prompts add the tokenizer's special tokens, as vLLM does).
