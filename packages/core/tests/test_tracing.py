@@ -217,6 +217,30 @@ async def test_batches_are_cut_by_size() -> None:
     processor.shutdown()
 
 
+async def test_rollouts_that_end_together_flush_in_one_write_and_each_finds_its_spans_stored() -> None:
+    processor = LightningSpanProcessor(max_batch_size=1000, max_delay=60.0)  # only the flushes send
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("flush-test")
+    store = _RecordingStore()
+    started = await _start(store, 8)
+
+    async def rollout(rid: str, aid: str) -> list[str]:
+        with rollout_context(store, rid, aid), tracer.start_as_current_span("root"):
+            tracer.start_span("llm").end()
+        await processor.aflush(10, aid)
+        return [s.name for s in await store.query_spans(rid, aid)]  # stored by the time its flush returned
+
+    names = await asyncio.gather(*(rollout(rid, aid) for rid, aid in started))
+    assert names == [["root", "llm"]] * 8
+    assert store.batches == [16]  # one write for the eight flushes
+    with rollout_context(store, *started[0]):
+        tracer.start_span("late").end()
+    await processor.aflush(10)  # a later flush sends what ended since
+    assert store.batches == [16, 1]
+    processor.shutdown()
+
+
 async def test_batches_are_cut_by_time() -> None:
     processor = LightningSpanProcessor(max_batch_size=10_000, max_delay=0.01)
     provider = TracerProvider()

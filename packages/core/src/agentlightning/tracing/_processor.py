@@ -4,7 +4,8 @@ Hot path (``on_start``/``on_end``, in the thread that runs the agent) does as li
 variable read, two attributes, a dict entry and a deque append. The writer thread is woken only by the first
 span of a batch (not by every span: waking a thread costs more than the span itself), converts finished spans
 to `agentlightning.Span` records and writes them with one ``add_spans`` call per store per batch; a batch is
-cut when it reaches ``max_batch_size`` spans or when its oldest span has waited ``max_delay`` seconds.
+cut when it reaches ``max_batch_size`` spans or when its oldest span has waited ``max_delay`` seconds. A flush
+sends what is pending itself, in the flushing thread (a runner flushes once per rollout: no writer wake for it).
 
 Stores are async. A store bound to an event loop (an aiohttp client) must only be awaited on that loop, so
 each rollout context remembers the loop that owns its store (``RolloutContext.store_loop``) and batches are
@@ -231,7 +232,7 @@ class LightningSpanProcessor(SpanProcessor):
         # Also the fork handler: a forked child starts with no writer thread and nothing pending.
         self._active: dict[tuple[int, int], tuple[RolloutContext, int]] = {}
         self._pending: collections.deque[tuple[RolloutContext, int, ReadableSpan]] = collections.deque()
-        self._flushes: collections.deque[concurrent.futures.Future[list[BaseException]]] = collections.deque()
+        self._sending = threading.Lock()  # taking pending spans and handing them to their stores: one thread at once
         self._wake = threading.Event()
         self._armed = False  # the writer was woken for the spans pending now (or is awake)
         self._stop = False
@@ -313,16 +314,17 @@ class LightningSpanProcessor(SpanProcessor):
                 self._writer.start()
 
     def _writer_main(self) -> None:
-        wake, pending, flushes = self._wake, self._pending, self._flushes
+        wake, pending = self._wake, self._pending
         while True:
             wake.wait()
             wake.clear()
-            # Spans arrived: full batches go at once, the rest when the oldest waited max_delay (or on flush).
+            # Spans arrived: full batches go at once, the rest when the oldest waited max_delay (or a flush sent them).
             deadline = time.monotonic() + self.max_delay
             while True:
                 while len(pending) >= self.max_batch_size:
-                    self._send(self._take_batch())
-                if not pending or flushes or self._stop:
+                    with self._sending:
+                        self._send(self._take_batch())
+                if not pending or self._stop:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -331,11 +333,9 @@ class LightningSpanProcessor(SpanProcessor):
                 wake.clear()
             # Disarm before draining: a span ended from now on wakes the writer again (at worst needlessly).
             self._armed = False
-            waiting = [flushes.popleft() for _ in range(len(flushes))]
-            while pending:
-                self._send(self._take_batch())
-            for done in waiting:
-                self._resolve_after_inflight(done)
+            with self._sending:
+                while pending:
+                    self._send(self._take_batch())
             if self._stop:
                 return
 
@@ -419,10 +419,13 @@ class LightningSpanProcessor(SpanProcessor):
 
     # ------------------------------------------------------------------ flushing
     def _request_flush(self) -> concurrent.futures.Future[list[BaseException]]:
+        """Send what is pending now; done once every batch in flight is (under ``_sending``, a span ended before
+        this call is either pending and sent here, or was handed to its store by the writer and is in flight)."""
         done: concurrent.futures.Future[list[BaseException]] = concurrent.futures.Future()
-        self._ensure_writer()
-        self._flushes.append(done)
-        self._wake.set()
+        with self._sending:
+            while self._pending:
+                self._send(self._take_batch())
+        self._resolve_after_inflight(done)
         return done
 
     def _raise_for(self, errors: list[BaseException], attempt_id: str | None) -> None:
@@ -461,6 +464,7 @@ class LightningSpanProcessor(SpanProcessor):
 
     async def aflush(self, timeout: float | None = None, attempt_id: str | None = None) -> None:
         """Async `flush`: safe inside the loop that owns a store."""
+        await asyncio.sleep(0)  # one loop turn: rollouts ending together send their spans in one write, not one each
         errors = await asyncio.wait_for(asyncio.wrap_future(self._request_flush()), timeout)
         self._raise_for(errors, attempt_id)
 
