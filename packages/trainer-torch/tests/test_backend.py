@@ -102,14 +102,20 @@ def test_tool_round_trip_prefix_extends(client: openai.OpenAI, tokenizer: PreTra
 
 def test_stream_carries_token_ids_and_matches_non_streamed(client: openai.OpenAI, template: HFChatTemplate) -> None:
     kwargs: dict[str, Any] = {"model": "tiny-calc", "messages": USER, "temperature": 1.0, "seed": 123, "max_tokens": 12}
-    plain = client.chat.completions.create(**kwargs, logprobs=True, extra_body=TOKEN_IDS)
+    plain = client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=2, extra_body=TOKEN_IDS)
     stream = client.chat.completions.create(
-        **kwargs, logprobs=True, stream=True, stream_options={"include_usage": True}, extra_body=TOKEN_IDS
+        **kwargs,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=TOKEN_IDS,
     )
     chunks = list(stream)
     assert extra(chunks[0], "prompt_token_ids") == template.render(USER)
     token_ids: list[int] = []
     logprobs: list[float] = []
+    tokens: list[tuple[str, list[str]]] = []
     text = ""
     finish = None
     for chunk in chunks:
@@ -117,11 +123,14 @@ def test_stream_carries_token_ids_and_matches_non_streamed(client: openai.OpenAI
             token_ids += (choice.model_extra or {}).get("token_ids", [])
             if choice.logprobs and choice.logprobs.content:
                 logprobs += [e.logprob for e in choice.logprobs.content]
+                tokens += [(e.token, [t.token for t in e.top_logprobs]) for e in choice.logprobs.content]
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
     assert token_ids == extra(plain.choices[0], "token_ids")
     assert plain.choices[0].logprobs and plain.choices[0].logprobs.content
     assert logprobs == pytest.approx([e.logprob for e in plain.choices[0].logprobs.content], abs=1e-4)
+    assert tokens == [(e.token, [t.token for t in e.top_logprobs]) for e in plain.choices[0].logprobs.content]
+    assert all(len(top) == 2 for _, top in tokens)
     assert text == (plain.choices[0].message.content or "")
     assert finish == plain.choices[0].finish_reason
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(token_ids)

@@ -39,6 +39,7 @@ from agentlightning_torch._wire import (
     ChoiceStream,
     CompletionRequest,
     chat_message,
+    logprob_content,
     logprob_entry,
     parse_body,
     response_text,
@@ -160,11 +161,7 @@ class OpenAIEndpoint:
             if result.stop_reason is not None:
                 choice["stop_reason"] = result.stop_reason
             if body.logprobs:
-                content = [
-                    logprob_entry(template, t, lp, result.top_logprobs[i] if result.top_logprobs else [])
-                    for i, (t, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True))
-                ]
-                choice["logprobs"] = {"content": content}
+                choice["logprobs"] = {"content": logprob_content(template, result)}
             if body.return_token_ids:
                 choice["token_ids"] = result.token_ids
             choices.append(choice)

@@ -154,6 +154,18 @@ def logprob_entry(template: ChatTemplate, token: int, logprob: float, top: list[
     }
 
 
+def logprob_content(template: ChatTemplate, result: GenerationResult) -> list[dict[str, Any]]:
+    """A choice's chat ``logprobs.content``: a `logprob_entry` per generated token (their texts looked up at once)."""
+    if result.top_logprobs:
+        tops = zip(result.token_ids, result.logprobs, result.top_logprobs, strict=True)
+        return [logprob_entry(template, token, logprob, top) for token, logprob, top in tops]
+    texts = template.token_texts(result.token_ids)
+    return [
+        {"token": text, "logprob": logprob, "bytes": None, "top_logprobs": []}
+        for text, logprob in zip(texts, result.logprobs, strict=True)
+    ]
+
+
 def usage(prompt: Sequence[int], results: Sequence[GenerationResult]) -> dict[str, int]:
     """The ``usage`` block."""
     completion = sum(len(r.token_ids) for r in results)
