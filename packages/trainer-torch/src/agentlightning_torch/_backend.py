@@ -168,6 +168,9 @@ class LocalBackend:
             self.model = copy.deepcopy(model)
         torch.nn.Module.to(self.model, device)
         self.model.eval()
+        # read once: a transformers config's attribute access costs microseconds, and every request checks both
+        self._max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self._vocab_size = int(self.model.config.vocab_size)
         assert tokenizer is not None
         self.tokenizer: PreTrainedTokenizerBase = tokenizer
         self.template: ChatTemplate = template or HFChatTemplate(
@@ -199,7 +202,7 @@ class LocalBackend:
     @property
     def max_context(self) -> int:
         """The model's context length in tokens."""
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return self._max_context
 
     @property
     def queue_depth(self) -> int:
@@ -263,7 +266,7 @@ class LocalBackend:
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        vocab = int(self.model.config.vocab_size)
+        vocab = self._vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (size {vocab})")
