@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import agentlightning as agl
 from agentlightning.credit import build_training_batch
 from agentlightning.runner import ROOT_SPAN_NAME
+from agentlightning.runner import _execute as execute_module  # pyright: ignore[reportPrivateUsage]
 from agentlightning.store import SqliteStore, StoreClient
 from agentlightning.testing import ServedStoreProcess
 from agentlightning.tracing import get_span_processor
@@ -184,7 +185,12 @@ async def raising_agent(task: int) -> float:
     raise ValueError(f"tool output could not be parsed (task {task})")
 
 
-def test_an_agent_that_raises_is_warned_about_with_its_exception_and_a_count(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_agent_that_raises_is_warned_about_with_its_exception_and_a_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the process's failure log starts afresh: agents that raised in earlier tests used up its first warnings, and
+    # whether its interval had passed since then depended on how long those tests took
+    monkeypatch.setattr(execute_module, "agent_failures", execute_module._FailureLog())  # pyright: ignore[reportPrivateUsage]
     store = agl.MemoryStore(agl.RetryPolicy(max_attempts=1))
 
     async def enqueue() -> None:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._training_models import TrainingBatch
 from agentlightning.algorithm import Algorithm
@@ -195,26 +196,28 @@ class RLLoop(Algorithm):
         started = time.monotonic()
         self._deadline = None if config.time_budget_s is None else started + config.time_budget_s
         idle = 0
-        try:
-            while self.iteration < config.iterations:
-                if self._deadline is not None and time.monotonic() >= self._deadline:
-                    logger.info(
-                        "time budget of %.0f s reached after %d iterations", config.time_budget_s, self.iteration
-                    )
-                    break
-                report = await self.train_iteration(store, train_tasks)
-                idle = idle + 1 if report.finished == 0 else 0
-                if idle >= config.max_idle_iterations:
-                    raise RuntimeError(
-                        f"no rollout finished in {idle} consecutive iterations ({config.rollout_timeout_s:.0f} s "
-                        "each): are runners running and pointed at this store?"
-                    )
-                if val_tasks and config.eval_every and self.iteration % config.eval_every == 0:
-                    await self.evaluate(store, val_tasks)
-        finally:
-            self._deadline = None
-            await self._cancel_prefetched()
-            self.save_checkpoint()
+        # startup objects (model, tokenizer, servers) are left out of full garbage collections while it trains
+        with frozen_gc():
+            try:
+                while self.iteration < config.iterations:
+                    if self._deadline is not None and time.monotonic() >= self._deadline:
+                        logger.info(
+                            "time budget of %.0f s reached after %d iterations", config.time_budget_s, self.iteration
+                        )
+                        break
+                    report = await self.train_iteration(store, train_tasks)
+                    idle = idle + 1 if report.finished == 0 else 0
+                    if idle >= config.max_idle_iterations:
+                        raise RuntimeError(
+                            f"no rollout finished in {idle} consecutive iterations ({config.rollout_timeout_s:.0f} s "
+                            "each): are runners running and pointed at this store?"
+                        )
+                    if val_tasks and config.eval_every and self.iteration % config.eval_every == 0:
+                        await self.evaluate(store, val_tasks)
+            finally:
+                self._deadline = None
+                await self._cancel_prefetched()
+                self.save_checkpoint()
 
     async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
         """One iteration: rollouts → batch → ``engine.update`` → ``engine.sync_weights`` → publish.

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from agentlightning._gc import frozen_gc
 from agentlightning._models import Claim
 from agentlightning.runner._agent import as_agent
 from agentlightning.runner._execute import execute_async, release
@@ -183,7 +184,8 @@ class Runner:
         else:
             store_loop = LoopThread("agentlightning-store")
             try:
-                self._run_threads(store_loop.loop)
+                with frozen_gc():  # the agent's modules and clients out of full garbage collections
+                    self._run_threads(store_loop.loop)
             finally:
                 store_loop.stop()
         if self._settings.otlp_endpoint is not None and self.worker_mode != "async":
@@ -193,12 +195,14 @@ class Runner:
         """Async `run`; the running loop must own the store (it is used from this loop only)."""
         if self.worker_mode == "async":
             loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
-            await self._async_pool(loop)
+            with frozen_gc():  # the agent's modules and clients out of full garbage collections
+                await self._async_pool(loop)
         elif self.worker_mode == "process":
             await asyncio.to_thread(self._run_processes)
         else:
             running = asyncio.get_running_loop()
-            await asyncio.to_thread(self._run_threads, running)
+            with frozen_gc():
+                await asyncio.to_thread(self._run_threads, running)
         if self._settings.otlp_endpoint is not None:
             await asyncio.to_thread(flush_otlp)  # the collector sees this run's last spans before we return
 
