@@ -6,7 +6,9 @@ raw responses, errors), inside a rollout writing to a `MemoryStore`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncGenerator
 
 import openai
 import pytest
@@ -32,6 +34,23 @@ async def _attempt(store: MemoryStore) -> tuple[str, str]:
     claim = await store.dequeue_rollout("lean-test")
     assert claim is not None
     return claim.rollout.rollout_id, claim.attempt.attempt_id
+
+
+@contextlib.asynccontextmanager
+async def _framework_rollout(
+    store: MemoryStore, server: ScriptedModelServer
+) -> AsyncGenerator[tuple[str, trace.Tracer, openai.AsyncOpenAI]]:
+    """A rollout traced by an agent framework's tracer with the openai hook on; its spans flushed at the end."""
+    rid, aid = await _attempt(store)
+    tracer = lightning_tracer("lean-test-framework")
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="t")
+    acquire_openai_hook()
+    try:
+        with rollout_context(store, rid, aid):
+            yield rid, tracer, client
+        await aflush()
+    finally:
+        release_openai_hook()
 
 
 @pytest.fixture
@@ -135,24 +154,16 @@ async def test_under_a_framework_llm_span_only_that_span_is_recorded(
     agl_store: MemoryStore, agl_model_server: ScriptedModelServer
 ) -> None:
     """The client call hands its response id and usage up instead of being stored as a second span."""
-    rid, aid = await _attempt(agl_store)
-    tracer = lightning_tracer("lean-test-framework")
-    client = openai.AsyncOpenAI(base_url=agl_model_server.base_url, api_key="t")
-    acquire_openai_hook()
-    try:
-        with rollout_context(agl_store, rid, aid):
-            current = tracer.start_span("chat current", attributes={semconv.SPAN_KIND: semconv.KIND_LLM})
-            with trace.use_span(current, end_on_exit=True):
-                await client.chat.completions.create(model="toy", messages=MESSAGES)  # type: ignore[arg-type]
-            pending = tracer.start_span("chat pending", attributes={semconv.SPAN_KIND: semconv.KIND_LLM})
-            pending_llm_spans.add(pending)  # a callback framework cannot make its span current
-            stream = await client.chat.completions.create(model="toy", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
-            async for _ in stream:
-                pass
-            pending.end()
-        await aflush()
-    finally:
-        release_openai_hook()
+    async with _framework_rollout(agl_store, agl_model_server) as (rid, tracer, client):
+        current = tracer.start_span("chat current", attributes={semconv.SPAN_KIND: semconv.KIND_LLM})
+        with trace.use_span(current, end_on_exit=True):
+            await client.chat.completions.create(model="toy", messages=MESSAGES)  # type: ignore[arg-type]
+        pending = tracer.start_span("chat pending", attributes={semconv.SPAN_KIND: semconv.KIND_LLM})
+        pending_llm_spans.add(pending)  # a callback framework cannot make its span current
+        stream = await client.chat.completions.create(model="toy", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        async for _ in stream:
+            pass
+        pending.end()
     spans = {s.name: s for s in await agl_store.query_spans(rid)}
     assert sorted(spans) == ["chat current", "chat pending"]
     first, second = agl_model_server.served
@@ -165,19 +176,11 @@ async def test_a_framework_span_keeps_what_it_recorded_itself(
     agl_store: MemoryStore, agl_model_server: ScriptedModelServer
 ) -> None:
     """Only the attributes the framework span lacks are handed up; its own values stay."""
-    rid, aid = await _attempt(agl_store)
-    tracer = lightning_tracer("lean-test-framework")
-    client = openai.AsyncOpenAI(base_url=agl_model_server.base_url, api_key="t")
     own = {semconv.SPAN_KIND: semconv.KIND_LLM, semconv.GEN_AI_RESPONSE_ID: "framework-id"}
-    acquire_openai_hook()
-    try:
-        with rollout_context(agl_store, rid, aid):
-            span = tracer.start_span("chat framework", attributes={**own, semconv.GEN_AI_USAGE_INPUT_TOKENS: 7})
-            with trace.use_span(span, end_on_exit=True):
-                await client.chat.completions.create(model="toy", messages=MESSAGES)  # type: ignore[arg-type]
-        await aflush()
-    finally:
-        release_openai_hook()
+    async with _framework_rollout(agl_store, agl_model_server) as (rid, tracer, client):
+        span = tracer.start_span("chat framework", attributes={**own, semconv.GEN_AI_USAGE_INPUT_TOKENS: 7})
+        with trace.use_span(span, end_on_exit=True):
+            await client.chat.completions.create(model="toy", messages=MESSAGES)  # type: ignore[arg-type]
     (recorded,) = await agl_store.query_spans(rid)
     (served,) = agl_model_server.served
     assert recorded.attributes[semconv.GEN_AI_RESPONSE_ID] == "framework-id"
