@@ -4,10 +4,14 @@
     python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train
     python3 scripts/dev.py test         # make .venv, install every package + dev tools, run ruff, pyright and pytest
     python3 scripts/dev.py build        # build a wheel of every package into dist/ (pip install them anywhere)
+    python3 scripts/dev.py lock         # after editing a pyproject: re-lock and rewrite scripts/constraints.txt
+    python3 scripts/dev.py upgrade      # move uv.lock to the newest allowed versions, install them, run the tests
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
-CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The uv
-workspace and its committed ``uv.lock`` remain the source of truth for ``uv sync`` users on GPU machines.
+CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The versions
+still come from the committed ``uv.lock``: pip gets them as constraints (``scripts/constraints.txt``, the
+lock exported by uv), so a fresh clone installs what was tested, and a newer release changes nothing until
+``dev.py upgrade`` is run and its result committed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -36,23 +41,23 @@ ALL_PACKAGES = [
     "packages/trainer-torch[plot,lora]",
     "packages/trainer-verl",
 ]
-DEV_TOOLS = [
-    "pytest>=8",
-    "pytest-asyncio>=0.24",
-    "pytest-timeout>=2.3",
-    "hypothesis>=6.100",
-    "schemathesis>=4",
-    "ruff>=0.6",
-    "pyright>=1.1.380",
-    # test clients of the real frameworks
-    "langgraph>=1.0",
-    "langchain-openai>=0.3",
-    "autogen-ext[openai]>=0.7",
-    # drives Debian's chromium in the dashboard's browser tests (no browser download: the system one is used)
-    "playwright>=1.45",
-    # builds the core wheel in a test that checks the dashboard's files ship inside it
-    "hatchling>=1.24",
-]
+# pip installs exactly the versions in uv.lock: CONSTRAINTS is `uv export` of the lock (the dev group and every extra
+# the tests use), committed beside this script and checked against the lock by tests/test_lock_constraints.py.
+CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
+EXPORT_ARGS = [
+    "export", "--frozen", "--all-packages", "--group", "dev", "--no-hashes", "--no-emit-workspace", "--no-header",
+    "--no-annotate", "--extra", "openai", "--extra", "litellm", "--extra", "otlp", "--extra", "test", "--extra", "lora",
+    "--extra", "plot",
+]  # fmt: skip
+CONSTRAINTS_HEADER = "# uv.lock as pip constraints; made by `python3 scripts/dev.py lock`, do not edit by hand\n"
+
+
+def dev_tools() -> list[str]:
+    """The root pyproject's `dev` dependency group (test runners, linters, the frameworks' test clients)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        group: list[str] = tomllib.load(f)["dependency-groups"]["dev"]
+    return [req for req in group if not req.replace(" ", "").startswith("torch==")]
+
 
 # System packages the tests need; installed with apt when the job runs as root (CI does).
 APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2"}
@@ -79,7 +84,10 @@ def _install(packages: list[str], extra: list[str]) -> None:
     editable: list[str] = []
     for pkg in packages:
         editable += ["-e", pkg]
-    _run(_bin("python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", TORCH, *editable, *extra)
+    _run(
+        _bin("python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(CONSTRAINTS), TORCH,
+        *editable, *extra,
+    )  # fmt: skip
 
 
 def quickstart(args: list[str]) -> int:
@@ -108,10 +116,34 @@ def test(args: list[str]) -> int:
     """Install everything, then lint, type-check and run the whole test suite; extra args go to pytest."""
     _install_system_packages()
     _ensure_venv()
-    _install(ALL_PACKAGES, DEV_TOOLS)
+    _install(ALL_PACKAGES, dev_tools())
     _run(_bin("ruff"), "check", ".")
     _run(_bin("pyright"))
     return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
+
+
+def export_constraints() -> str:
+    """`uv.lock` rendered as pip constraints (needs uv: `pip install uv`, or the dev venv's)."""
+    uv = _bin("uv") if Path(_bin("uv")).exists() else (shutil.which("uv") or "uv")
+    out = subprocess.run([uv, *EXPORT_ARGS], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return CONSTRAINTS_HEADER + out
+
+
+def lock(args: list[str]) -> int:
+    """Re-lock (``lock --upgrade`` moves every package to its newest allowed version) and rewrite the constraints."""
+    _ensure_venv()
+    if not Path(_bin("uv")).exists():
+        _run(_bin("python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(CONSTRAINTS), "uv")
+    _run(_bin("uv"), "lock", *args)
+    CONSTRAINTS.write_text(export_constraints())
+    print(f"wrote {CONSTRAINTS.relative_to(ROOT)}", flush=True)
+    return 0
+
+
+def upgrade(args: list[str]) -> int:
+    """Move uv.lock to the newest allowed versions, install them and run the tests: commit the result if green."""
+    code = lock(["--upgrade"])
+    return code or test(args)
 
 
 PUBLISHED = ["core", "adapter-langchain", "adapter-openai-agents", "adapter-autogen", "trainer-torch", "trainer-verl"]
@@ -139,7 +171,7 @@ def build(args: list[str]) -> int:
 
 
 def main() -> int:
-    jobs = {"quickstart": quickstart, "test": test, "build": build}
+    jobs = {"quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade}
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)
         return 2
