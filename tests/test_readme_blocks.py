@@ -70,8 +70,15 @@ class Block:
 
 
 def _readmes() -> list[Path]:
-    skip = {".venv", "node_modules", ".git", "__pycache__"}
-    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+    """The project's READMEs: none under a hidden folder (virtualenvs such as ``.venv`` and ``.venv-vllm``, ``.git``)
+    or an installed tree."""
+    skip = {"node_modules", "__pycache__", "site-packages"}
+
+    def ours(path: Path) -> bool:
+        parts = path.relative_to(ROOT).parts
+        return not skip & set(parts) and not any(part.startswith(".") for part in parts)
+
+    return sorted(p for p in ROOT.rglob("README.md") if ours(p))
 
 
 def parse_blocks(readme: Path, text: str | None = None) -> list[Block]:
