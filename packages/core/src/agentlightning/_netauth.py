@@ -8,6 +8,7 @@ user's browser can reach a server on this machine too: `cross_site_refusal` turn
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import secrets
@@ -103,6 +104,7 @@ def _host_name(host: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
+@functools.lru_cache(maxsize=256)  # parsing an address costs microseconds: once per name, not per request
 def _local_name(name: str) -> bool:
     """Whether a ``Host`` name means this machine: ``localhost``, a loopback address or this machine's own name.
 
@@ -113,6 +115,11 @@ def _local_name(name: str) -> bool:
 
 
 _HOSTNAME = socket.gethostname().lower()
+
+
+@functools.lru_cache(maxsize=256)
+def _loopback_address(address: str) -> bool:
+    return is_loopback(address)
 
 
 def cross_site_refusal(
@@ -144,7 +151,7 @@ def cross_site_refusal(
     Returns:
         ``None`` to let the request through.
     """
-    if host and local and is_loopback(str(local[0])):
+    if host and local and _loopback_address(str(local[0])):
         name = _host_name(host)
         if not _local_name(name):
             return 403, (
