@@ -94,7 +94,7 @@ async def _measure(agent: Any, n: int, backend: str) -> dict[str, float]:
     proxy = LLMProxy(store, [backend], token=TOKEN)
     await proxy.start()
     try:
-        llm = agl.LLMResource(endpoint=proxy.url, model="toy", api_key=TOKEN, sampling_parameters={"temperature": 1})
+        llm = proxy.llm_resource("toy", sampling_parameters={"temperature": 1})  # runners register slots with it
         await store.add_resources(agl.Resources(resources_id="r", items={"llm": llm}))
         tasks = [{"question": f"Q:{i}*{i + 7}+3=", "answer": i * (i + 7) + 3} for i in range(n)]
         for task in tasks:

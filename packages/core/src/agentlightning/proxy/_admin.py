@@ -1,4 +1,7 @@
-"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (admin-token protected)."""
+"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (admin-token protected).
+
+Every route answers `ProxyStatus`, which counts the late calls refused (calls for attempts that had already ended).
+"""
 
 from __future__ import annotations
 
@@ -53,6 +56,10 @@ class ProxyStatus(BaseModel):
     in_flight: int
     backends: list[str]
     model_version: int | None
+    slots: int
+    """Runner slots registered."""
+    late_calls: int
+    """Calls refused because their attempt had already ended (409 ``attempt_finished``) since the start."""
 
 
 def admin_routes(proxy: LLMProxy) -> list[Route]:
@@ -118,6 +125,8 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
         "in_flight": proxy.in_flight,
         "backends": proxy.backends,
         "model_version": proxy.model_version,
+        "slots": len(proxy.slots),
+        "late_calls": proxy.late_calls,
     }
 
 

@@ -28,6 +28,7 @@ from agentlightning._routing import RouteTable
 __all__ = [
     "ADMIN",
     "COMPLETIONS_TAG",
+    "RUNNER",
     "ProxyASGI",
     "ProxyRequest",
     "RawResponse",
@@ -60,6 +61,9 @@ Authorizer = Callable[[str | None], Response | None]
 
 ADMIN = "admin"
 """The auth rule of the ``/admin/*`` routes: not the agents' token, the admin token (their handlers check it)."""
+
+RUNNER = "runner"
+"""The auth rule of the slot routes: not the agents' token, the runner token (their handlers check it)."""
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -147,7 +151,7 @@ def too_large(size: int, limit: int) -> Response:
 
 
 class ProxyASGI:
-    """The proxy's ASGI app: a request is checked by ``authorize`` (but on `ADMIN` routes), then answered by its route.
+    """The proxy's ASGI app: a request is checked by ``authorize`` (not on `ADMIN`, `RUNNER` routes), then answered.
 
     Exceptions propagate to the server (uvicorn answers 500 and logs them).
 
@@ -192,7 +196,7 @@ class ProxyASGI:
         method: str = scope["method"]
         found = self.table.match("GET" if method == "HEAD" else method, path)
         route = found.route if found is not None else self.table.allowed(path)
-        if route is None or route.auth != ADMIN:
+        if route is None or (route.auth != ADMIN and route.auth != RUNNER):
             refusal = self.authorize(authorization)
             if refusal is not None:
                 await refusal(scope, receive, send)

@@ -158,15 +158,19 @@ async def execute_async(
     flush_timeout: float | None,
     llm_base_url: str | None = None,
     on_heartbeat: Callable[[], Awaitable[None]] | None = None,
+    on_agent_end: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in the current event loop (which must own ``store``).
 
     ``llm_base_url`` is what `agentlightning.llm_base_url` returns to the agent (default: the per-rollout URL);
-    ``on_heartbeat`` runs with each heartbeat.
+    ``on_heartbeat`` runs with each heartbeat; ``on_agent_end`` runs once the agent returned (or raised, or timed
+    out), while its spans are flushed, and is over before the store hears of the attempt's end (the runner tells
+    the LLM proxy to refuse the attempt's late calls).
     """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
     beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat))
+    ending: asyncio.Future[None] | None = None
     try:
         with (
             rollout_context(
@@ -199,12 +203,16 @@ async def execute_async(
                 _record_failure(root, outcome, exc, rollout_id)
                 outcome.error = "the runner was cancelled while the agent ran; the rollout was released"
                 raise
+        if on_agent_end is not None:
+            ending = asyncio.ensure_future(_agent_ended(on_agent_end, attempt_id))  # overlaps the flush
         await _drain_adapters()
         try:
             await aflush(flush_timeout, attempt_id)
         except Exception as exc:
             if outcome.status == "succeeded":
                 outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+        if ending is not None:
+            await ending
     except asyncio.CancelledError:
         # The agent did not fail, its runner went away (shutdown, drain): hand the rollout to another runner now.
         await asyncio.shield(release(store, claim))
@@ -212,6 +220,14 @@ async def execute_async(
     finally:
         beat.cancel()
     return outcome, await _finish(store, claim, outcome)
+
+
+async def _agent_ended(on_agent_end: Callable[[], Awaitable[None]], attempt_id: str) -> None:
+    """Run ``on_agent_end``; a failure is logged (the attempt's outcome does not depend on it)."""
+    try:
+        await on_agent_end()
+    except Exception as exc:
+        logger.warning("attempt %s: reporting its end to the LLM proxy failed: %r", attempt_id, exc)
 
 
 def execute_sync(
@@ -227,10 +243,11 @@ def execute_sync(
     flush_timeout: float | None,
     llm_base_url: str | None = None,
     on_heartbeat: Callable[[], Awaitable[None]] | None = None,
+    on_agent_end: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in this thread; store calls go through ``call`` onto ``store_loop``.
 
-    ``llm_base_url`` and ``on_heartbeat`` are as in `execute_async` (``on_heartbeat`` runs on ``store_loop``).
+    ``llm_base_url``, ``on_heartbeat`` and ``on_agent_end`` are as in `execute_async` (both run on ``store_loop``).
 
     With a ``timeout`` the agent runs in a helper thread; past the timeout the attempt is ended as ``timeout``
     and the helper thread is abandoned (a sync function cannot be interrupted).
@@ -279,12 +296,17 @@ def execute_sync(
             if helper.is_alive():
                 outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
                 logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+        ending = None
+        if on_agent_end is not None:  # overlaps the flush
+            ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)
         _drain_adapters_sync()
         try:
             flush(flush_timeout, attempt_id)
         except Exception as exc:
             if outcome.status == "succeeded":
                 outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+        if ending is not None:
+            ending.result()
     finally:
         beat.cancel()
     return outcome, call(_finish(store, claim, outcome))
