@@ -61,9 +61,9 @@ __all__ = [
 SLOT_NOT_REGISTERED = "slot_not_registered"
 ATTEMPT_FINISHED = "attempt_finished"
 SLOT_TABLE_FULL = "slot_table_full"
-MAX_SLOTS = 100_000
+MAX_SLOTS = 65_536
 """Most slots a proxy holds."""
-MAX_ENDED = 100_000
+MAX_ENDED = 65_536
 """Most ended attempts a proxy remembers (the oldest are forgotten first)."""
 MAX_PER_REQUEST = 4096
 """Most entries (slots and ended attempts together) in one ``PUT /slots``."""
