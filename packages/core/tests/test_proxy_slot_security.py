@@ -7,6 +7,7 @@ nothing about another's). A call for an attempt whose runner reported its end is
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -223,3 +224,62 @@ async def test_under_a_runner_agents_get_no_runner_token_and_their_late_calls_ar
     assert proxy.late_calls == 8
     for rollout in rollouts:
         assert len(await store.query_llm_calls(rollout.rollout_id)) == 1  # nothing added after the end
+
+
+class _WatchedTable(SlotTable):
+    """The proxy's slot table, with an event set whenever an attempt's end is reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = asyncio.Event()
+
+    def end(self, rollout_id: str, attempt_id: str, key: str | None = None) -> None:
+        super().end(rollout_id, attempt_id, key)
+        self.ended.set()
+
+
+GATES: dict[str, asyncio.Event] = {}
+LATE: list[BaseException] = []
+
+
+@agl.rollout
+async def cancelled_while_running(task: Any, resources: agl.Resources) -> float:
+    """Calls once, waits while the trainer cancels its rollout, then calls again (late)."""
+    assert resources.llm is not None
+    client = AsyncOpenAI(base_url=agl.llm_base_url(), api_key=resources.llm.api_key, max_retries=0)
+    await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "on time"}])
+    GATES["called"].set()
+    await GATES["go"].wait()
+    try:
+        await client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "late"}])
+    except openai.APIStatusError as exc:
+        LATE.append(exc)
+        raise
+    return 1.0
+
+
+async def test_a_rollout_the_trainer_cancels_gets_its_agents_further_calls_refused(
+    proxy: LLMProxy, store: MemoryStore
+) -> None:
+    GATES.update({"called": asyncio.Event(), "go": asyncio.Event()})
+    LATE.clear()
+    watched = proxy.slots = _WatchedTable()
+    await store.add_resources(Resources(resources_id="r1", items={"llm": proxy.llm_resource("toy")}))
+    rollout = await store.enqueue_rollout({"id": "t"})
+    runner = agl.Runner(
+        cancelled_while_running, store, n_workers=1, worker_mode="async", stop_when_idle=True, heartbeat_interval=0.05
+    )
+    running = asyncio.create_task(runner.arun())
+    try:
+        await asyncio.wait_for(GATES["called"].wait(), 60)
+        await store.cancel_rollout(rollout.rollout_id)  # the trainer gives up on it while its agent still runs
+        await asyncio.wait_for(watched.ended.wait(), 60)  # the next heartbeat finds it over and tells the proxy
+        GATES["go"].set()
+        await asyncio.wait_for(running, 60)
+    finally:
+        GATES["go"].set()
+        runner.stop()
+    [late] = LATE
+    assert isinstance(late, openai.ConflictError) and proxy.late_calls == 1
+    calls = await store.query_llm_calls(rollout.rollout_id)
+    assert [c.request["messages"][0]["content"] for c in calls] == ["on time"]

@@ -47,10 +47,13 @@ async def heartbeat_loop(
     attempt_id: str,
     interval: float,
     on_beat: Callable[[], Awaitable[None]] | None = None,
+    on_gone: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Beat every ``interval`` seconds until cancelled or the store says the attempt is over.
 
-    ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again).
+    ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again); ``on_gone``
+    once the store says the attempt is over while its agent still runs (cancelled by the trainer, timed out): the
+    runner tells the LLM proxy, which then refuses the agent's further calls.
     """
     while True:
         await asyncio.sleep(interval)
@@ -63,6 +66,8 @@ async def heartbeat_loop(
             await store.heartbeat(rollout_id, attempt_id)
         except StoreError as exc:
             logger.warning("attempt %s of rollout %s no longer runs in the store (%s)", attempt_id, rollout_id, exc)
+            if on_gone is not None:
+                await _agent_ended(on_gone, attempt_id)
             return
         except Exception as exc:  # a transport hiccup must not kill the beat
             logger.warning("heartbeat for attempt %s failed: %r", attempt_id, exc)
@@ -165,11 +170,14 @@ async def execute_async(
     ``llm_base_url`` is what `agentlightning.llm_base_url` returns to the agent (default: the per-rollout URL);
     ``on_heartbeat`` runs with each heartbeat; ``on_agent_end`` runs once the agent returned (or raised, or timed
     out), while its spans are flushed, and is over before the store hears of the attempt's end (the runner tells
-    the LLM proxy to refuse the attempt's late calls).
+    the LLM proxy to refuse the attempt's late calls); it runs earlier if the store ends the attempt first (a
+    heartbeat finds it cancelled), and must then do nothing the second time.
     """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
-    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat))
+    beat = asyncio.create_task(
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end)
+    )
     ending: asyncio.Future[None] | None = None
     try:
         with (
@@ -282,7 +290,7 @@ def execute_sync(
                 _record_failure(root, outcome, exc, rollout_id)
 
     beat: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
-        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat), store_loop
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end), store_loop
     )
     try:
         if timeout is None:
