@@ -1,4 +1,7 @@
-"""Who may use the LLM proxy: the agents' token on every route, the admin token on admin routes, off-loopback rules."""
+"""Who may use the LLM proxy: the agents' token on agent routes, the admin token on admin routes, off-loopback rules.
+
+The runner token of the slot routes: `test_proxy_slot_security.py`.
+"""
 
 from __future__ import annotations
 

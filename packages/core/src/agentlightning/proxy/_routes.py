@@ -181,7 +181,8 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
         return slot_route(proxy.slots, request.method, key, request.body)
 
     async def slots(request: ProxyRequest) -> Response:
-        return runner_refusal(request) or slots_route(proxy.slots, request.body)
+        refusal = runner_refusal(request)
+        return refusal if refusal is not None else slots_route(proxy.slots, request.body)
 
     routes: list[Route] = []
     for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
