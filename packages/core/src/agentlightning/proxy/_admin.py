@@ -56,9 +56,11 @@ class ProxyStatus(BaseModel):
     in_flight: int
     backends: list[str]
     model_version: int | None
-    slots: int
+    resent: int = 0
+    """Requests sent to a backend a second time because their kept-alive connection had been closed unanswered."""
+    slots: int = 0
     """Runner slots registered."""
-    late_calls: int
+    late_calls: int = 0
     """Calls refused because their attempt had already ended (409 ``attempt_finished``) since the start."""
 
 
@@ -125,6 +127,7 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
         "in_flight": proxy.in_flight,
         "backends": proxy.backends,
         "model_version": proxy.model_version,
+        "resent": proxy.resent,
         "slots": len(proxy.slots),
         "late_calls": proxy.late_calls,
     }
