@@ -177,9 +177,10 @@ async def test_a_proxy_without_agents_token_still_needs_the_runner_token_for_slo
     attempts = await start_attempts(store, ["ro-a"])
     async with LLMProxy(store, [backend.url]) as proxy, aiohttp.ClientSession() as session:
         body = json.dumps({"rollout_id": "ro-a", "attempt_id": attempts["ro-a"]})
-        async with session.put(f"{proxy.url}/slot/k.0.0", data=body) as resp:
+        headers = {"Content-Type": "application/json"}
+        async with session.put(f"{proxy.url}/slot/k.0.0", data=body, headers=headers) as resp:
             assert resp.status == 401  # the runner token is drawn at random when none is given
-        headers = {"Authorization": f"Bearer {proxy.runner_token}"}
+        headers["Authorization"] = f"Bearer {proxy.runner_token}"
         async with session.put(f"{proxy.url}/slot/k.0.0", data=body, headers=headers) as resp:
             assert resp.status == 200
         assert proxy.slots.resolve("k.0.0") == ("ro-a", attempts["ro-a"])
