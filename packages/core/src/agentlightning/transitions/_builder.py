@@ -36,6 +36,7 @@ from agentlightning.semconv import (
     REWARD_FINAL,
     REWARD_VALUE,
     SPAN_KIND,
+    SPAN_SOURCE,
 )
 from agentlightning.transitions._config import (
     MissingTokenIds,
@@ -88,6 +89,57 @@ def _reward_value(span: Span) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _llm_ancestor(span_id: str, by_id: dict[str, Span], parent_ids: dict[str, str | None]) -> Span | None:
+    parent_id = parent_ids[span_id]
+    while parent_id is not None:
+        span = by_id[parent_id]
+        if span.attributes.get(SPAN_KIND) == KIND_LLM:
+            return span
+        parent_id = parent_ids[parent_id]
+    return None
+
+
+Event = tuple[Span | None, Any, bool | None]
+
+
+def _drop_source_duplicates(
+    events: list[Event], parent_ids: dict[str, str | None], by_id: dict[str, Span]
+) -> tuple[list[Event], int]:
+    """One LLM span per call where another instrumentation's spans (`SPAN_SOURCE`) meet an adapter's.
+
+    A source's LLM span inside an LLM span of ours records the same call (a client span under a framework span):
+    it is dropped, and hands its response id to ours when ours has none. Of LLM spans left with the same response
+    id, one of ours is kept (else the first). Returns the events left and how many spans were dropped.
+    """
+    adopted: dict[str, Any] = {}  # our span id -> response id taken from the source span inside it
+    drop: set[int] = set()
+    for index, (span, key, is_final) in enumerate(events):
+        if is_final is not None or span is None or SPAN_SOURCE not in span.attributes:
+            continue
+        outer = _llm_ancestor(span.span_id, by_id, parent_ids)
+        if outer is not None and SPAN_SOURCE not in outer.attributes:
+            drop.add(index)
+            if key is not None and outer.attributes.get(GEN_AI_RESPONSE_ID) is None:
+                adopted.setdefault(outer.span_id, key)
+    kept_for: dict[Any, int] = {}
+    out: list[Event] = []
+    for index, (span, key, is_final) in enumerate(events):
+        if index in drop:
+            continue
+        if is_final is None and span is not None:
+            key = adopted.get(span.span_id, key)
+            if key is not None:
+                if key in kept_for:
+                    first = out[kept_for[key]][0]
+                    if first is not None and SPAN_SOURCE in first.attributes and SPAN_SOURCE not in span.attributes:
+                        out[kept_for[key]] = (span, key, None)  # ours replaces the source's span of the same call
+                    drop.add(index)
+                    continue
+                kept_for[key] = len(out)
+        out.append((span, key, is_final))
+    return out, len(drop)
 
 
 _warned_proxy_only = False
@@ -191,6 +243,7 @@ class TransitionBuilder:
         final_index: int | None = None
         last_final: int | None = None
         finals = 0
+        sourced = False  # an LLM span read from another instrumentation (it may duplicate one of ours)
         for span in tree.ordered:
             attrs = span.attributes
             kind = attrs.get(SPAN_KIND)
@@ -200,6 +253,8 @@ class TransitionBuilder:
                     referenced.add(response_id)
                 diag.llm_spans += 1
                 events.append((span, response_id, None))
+                if SPAN_SOURCE in attrs:
+                    sourced = True
             elif kind == KIND_REWARD:
                 value = _reward_value(span)
                 if value is None:
@@ -218,6 +273,17 @@ class TransitionBuilder:
                 events.append((span, value, is_final))
         if last_final is not None:  # else the last reward is the final one
             final_index = last_final
+        if sourced:
+            final_event = events[final_index] if final_index is not None else None
+            events, dropped = _drop_source_duplicates(events, tree.parent_ids, tree.by_id)
+            if dropped:
+                diag.duplicate_spans += dropped
+                diag.llm_spans -= dropped
+                problems.append(
+                    f"{dropped} LLM span(s) of another instrumentation recorded a call that an adapter's span also "
+                    "recorded; the adapter's span was kept"
+                )
+                final_index = next((i for i, e in enumerate(events) if e is final_event), None)
         if finals > 1:
             diag.multiple_final_rewards = 1
             problems.append(f"{finals} rewards are marked final; the last one is used")
