@@ -9,12 +9,16 @@ adapter conformance kit runs against every source too.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ClassVar
 
 import openai
 import pytest
 import wrapt.patches
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # instrument_all imports LiteLLM: no network fetch
+
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -196,6 +200,45 @@ async def test_instrumented_only_their_way(case: str, agl_harness: KitHarness) -
     assert {s.attributes.get(semconv.SPAN_SOURCE) for s in llm} == {case}
 
 
+@agl.rollout
+async def calc_rollout(task: str) -> float:
+    """An ordinary LangGraph app as a rollout: nothing of ours but the proxy URL."""
+    await langgraph_agent(agl.llm_base_url(), task)
+    return 1.0
+
+
+async def test_runner_trains_an_app_instrumented_with_openllmetry(tmp_path: Any) -> None:
+    """A real `agl.Runner` over a SQLite store and the proxy: the app's OpenLLMetry LangChain instrumentation is the
+    only instrumentation (no line of ours), and every served call becomes one transition with its token ids."""
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.testing import ScriptedModelServer
+    from agentlightning.transitions import TransitionConfig, results_from_store
+
+    store = agl.SqliteStore(tmp_path / "store.db")
+    with app_instrumentation(LangchainInstrumentor), ScriptedModelServer(script) as model:
+        try:
+            async with LLMProxy(store, [model.base_url]) as proxy:
+                llm = agl.LLMResource(endpoint=proxy.url, model="toy")
+                await store.add_resources(agl.Resources(resources_id="v1", items={"llm": llm}))
+                rollouts = [await store.enqueue_rollout(f"add {i} and 3") for i in range(2)]
+                await agl.Runner(calc_rollout, store=store, n_workers=2, stop_when_idle=True).arun()
+                await proxy.flush()
+        finally:
+            OpenLLMetryLangChainSource.default().uninstrument()
+        served = {c.response_id: c for c in model.served}
+    config = TransitionConfig(order_fallback=False, on_missing="raise")
+    results = await results_from_store(store, [r.rollout_id for r in rollouts], config)
+    assert sum(len(r.transitions) for r in results) == len(served) == 4
+    for result in results:
+        assert result.diagnostics.joined_by_response_id == len(result.transitions) == 2
+        assert {t.agent_name for t in result.transitions} == {"calc"} and result.final_reward == 1.0
+    calls = {c.call_id: c for r in rollouts for c in await store.query_llm_calls(r.rollout_id)}
+    for result in results:
+        for transition in result.transitions:
+            sent = served[calls[transition.call_ids[0]].response_id]
+            assert (transition.prompt_ids, transition.response_ids) == (sent.prompt_token_ids, sent.token_ids)
+
+
 async def test_instrument_all_adds_no_second_hook(case: str, agl_harness: KitHarness) -> None:
     """`instrument_all()` uses the source and skips our adapter for the same calls: one span per call."""
     _, _, agent, answers, agent_name, ours, _ = CASES[case]
@@ -272,7 +315,7 @@ class _SourceKit(AdapterConformanceTests):
 
     source: ClassVar[type[SpanSource]]
     instrumentor: ClassVar[Any]
-    concurrency = 8
+    concurrency = 4
 
     @pytest.fixture(autouse=True)
     def their_instrumentation(self) -> Iterator[None]:
