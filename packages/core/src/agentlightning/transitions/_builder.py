@@ -45,6 +45,7 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
+from agentlightning.transitions._duplicates import drop_source_duplicates
 from agentlightning.transitions._samples import (
     merge_trajectories,
     no_ids_reason,
@@ -89,57 +90,6 @@ def _reward_value(span: Span) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def _llm_ancestor(span_id: str, by_id: dict[str, Span], parent_ids: dict[str, str | None]) -> Span | None:
-    parent_id = parent_ids[span_id]
-    while parent_id is not None:
-        span = by_id[parent_id]
-        if span.attributes.get(SPAN_KIND) == KIND_LLM:
-            return span
-        parent_id = parent_ids[parent_id]
-    return None
-
-
-Event = tuple[Span | None, Any, bool | None]
-
-
-def _drop_source_duplicates(
-    events: list[Event], parent_ids: dict[str, str | None], by_id: dict[str, Span]
-) -> tuple[list[Event], int]:
-    """One LLM span per call where another instrumentation's spans (`SPAN_SOURCE`) meet an adapter's.
-
-    A source's LLM span inside an LLM span of ours records the same call (a client span under a framework span):
-    it is dropped, and hands its response id to ours when ours has none. Of LLM spans left with the same response
-    id, one of ours is kept (else the first). Returns the events left and how many spans were dropped.
-    """
-    adopted: dict[str, Any] = {}  # our span id -> response id taken from the source span inside it
-    drop: set[int] = set()
-    for index, (span, key, is_final) in enumerate(events):
-        if is_final is not None or span is None or SPAN_SOURCE not in span.attributes:
-            continue
-        outer = _llm_ancestor(span.span_id, by_id, parent_ids)
-        if outer is not None and SPAN_SOURCE not in outer.attributes:
-            drop.add(index)
-            if key is not None and outer.attributes.get(GEN_AI_RESPONSE_ID) is None:
-                adopted.setdefault(outer.span_id, key)
-    kept_for: dict[Any, int] = {}
-    out: list[Event] = []
-    for index, (span, key, is_final) in enumerate(events):
-        if index in drop:
-            continue
-        if is_final is None and span is not None:
-            key = adopted.get(span.span_id, key)
-            if key is not None:
-                if key in kept_for:
-                    first = out[kept_for[key]][0]
-                    if first is not None and SPAN_SOURCE in first.attributes and SPAN_SOURCE not in span.attributes:
-                        out[kept_for[key]] = (span, key, None)  # ours replaces the source's span of the same call
-                    drop.add(index)
-                    continue
-                kept_for[key] = len(out)
-        out.append((span, key, is_final))
-    return out, len(drop)
 
 
 _warned_proxy_only = False
@@ -275,7 +225,7 @@ class TransitionBuilder:
             final_index = last_final
         if sourced:
             final_event = events[final_index] if final_index is not None else None
-            events, dropped = _drop_source_duplicates(events, tree.parent_ids, tree.by_id)
+            events, dropped = drop_source_duplicates(events, tree.parent_ids, tree.by_id)
             if dropped:
                 diag.duplicate_spans += dropped
                 diag.llm_spans -= dropped
