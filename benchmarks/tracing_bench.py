@@ -6,6 +6,12 @@ inside a rollout context writing to a MemoryStore. Blocks of untraced and traced
 drift; AutoGen runs last because instrumenting it makes Agent Lightning's tracer provider global for good.
 ``openai_stream`` is the plain openai client again, streaming a 50-chunk answer.
 
+Span sources (``src_*`` rows): the app's own GenAI instrumentation read as our spans. Traced: their instrumentor
+instrumented (OpenLLMetry's OpenAI / LangChain / OpenAI Agents instrumentation, OpenTelemetry's openai-v2) and our
+`SpanSource` for it in use; untraced: neither. Compare each with our own hook's row for the same call (``openai``,
+``langchain``, ``openai_agents``) of the same run. Their ``uninstrument()`` leaves wrappers behind in these
+versions, so every attribute their ``instrument()`` patched is put back after each traced block (`SourceToggle`).
+
 CPU figures count the whole process (the in-process model server too, the same both ways): on a shared, loaded
 machine they are steadier than wall time, but still read them as rough figures and compare runs made together.
 
@@ -114,6 +120,64 @@ def make_autogen(url: str) -> tuple[Adapter, Call]:
     return AutoGenAdapter.default(), call
 
 
+_MISSING = object()
+
+
+class SourceToggle:
+    """Their instrumentor + our span source, switched on and off as one adapter (fully undone when off)."""
+
+    def __init__(self, instrumentor: Any, source: Any) -> None:
+        self.instrumentor = instrumentor
+        self.source = source
+        self.patched: list[tuple[Any, str, Any]] = []
+
+    def instrument(self) -> None:
+        import wrapt.patches
+
+        apply_patch = wrapt.patches.apply_patch
+
+        def recording(parent: Any, attribute: str, replacement: Any) -> Any:
+            self.patched.append((parent, attribute, vars(parent).get(attribute, _MISSING)))
+            return apply_patch(parent, attribute, replacement)
+
+        wrapt.patches.apply_patch = recording
+        try:
+            self.instrumentor().instrument()
+        finally:
+            wrapt.patches.apply_patch = apply_patch
+        self.source.default().instrument()
+
+    def uninstrument(self) -> None:
+        from agents import set_trace_processors
+
+        self.source.default().uninstrument()
+        self.instrumentor().uninstrument()
+        for parent, attribute, prior in reversed(self.patched):
+            if prior is _MISSING:
+                delattr(parent, attribute)
+            else:
+                setattr(parent, attribute, prior)
+        self.patched.clear()
+        set_trace_processors([])  # the Agents SDK instrumentation leaves its processor registered
+
+    async def adrain(self) -> bool:
+        return True
+
+
+def source_factory(make: Callable[[str], tuple[Adapter, Call]], module: str, instrumentor: str, source: str) -> Any:
+    """A bench factory: the call of ``make`` with their instrumentation + our span source as the adapter."""
+
+    def factory(url: str) -> tuple[Any, Call]:
+        import importlib
+
+        import agentlightning.adapters as adapters
+
+        _, call = make(url)
+        return SourceToggle(getattr(importlib.import_module(module), instrumentor), getattr(adapters, source)), call
+
+    return factory
+
+
 async def timed(call: Call, n: int, traced: bool, store: MemoryStore, adapter: Adapter) -> list[tuple[float, float]]:
     """(wall, cpu) seconds per call; cpu is this process's CPU time (server thread included, same both ways),
     which other processes on a shared machine disturb far less than wall time. The span writer's batched
@@ -180,8 +244,23 @@ async def main() -> None:
         "langchain": make_langchain,
         "openai_agents": make_openai_agents,
         "litellm": make_litellm,
+        # their instrumentation + our span source, against our own hook's row of the same call above
+        "src_openllmetry_openai": source_factory(
+            make_openai, "opentelemetry.instrumentation.openai", "OpenAIInstrumentor", "OpenLLMetryOpenAISource"
+        ),
+        "src_otel_openai_v2": source_factory(
+            make_openai, "opentelemetry.instrumentation.openai_v2", "OpenAIInstrumentor", "OpenAIV2Source"
+        ),
+        "src_openllmetry_langchain": source_factory(
+            make_langchain, "opentelemetry.instrumentation.langchain", "LangchainInstrumentor",
+            "OpenLLMetryLangChainSource",
+        ),
+        "src_openllmetry_openai_agents": source_factory(
+            make_openai_agents, "opentelemetry.instrumentation.openai_agents", "OpenAIAgentsInstrumentor",
+            "OpenLLMetryAgentsSource",
+        ),
         "autogen": make_autogen,  # last: instrumenting it makes our provider global
-    }
+    }  # fmt: skip
     figures: dict[str, float] = {"calls_per_adapter": float(args.calls)}
     rows: list[tuple[str, dict[str, float]]] = []
     with ScriptedModelServer() as server:
@@ -191,8 +270,8 @@ async def main() -> None:
             result = await bench(name, factory, server.base_url, args.calls, args.block)
             figures.update(result)
             rows.append((name, result))
-    head = ["adapter", "cpu untraced", "cpu traced", "cpu added", "cpu add p90", "wall added", "wall add p90"]
-    print("".join(f"{h:>14}" for h in head))
+    head = ["adapter/source", "cpu untraced", "cpu traced", "cpu added", "cpu add p90", "wall added", "wall add p90"]
+    print(f"{head[0]:>30}" + "".join(f"{h:>14}" for h in head[1:]))
     for name, r in rows:
         keys = [
             "cpu_untraced_median",
@@ -202,8 +281,18 @@ async def main() -> None:
             "wall_added_median",
             "wall_added_p90",
         ]
-        print(f"{name:>14}" + "".join(f"{r[f'{name}_{k}_ms']:>12.3f}ms" for k in keys))
+        print(f"{name:>30}" + "".join(f"{r[f'{name}_{k}_ms']:>12.3f}ms" for k in keys))
     print("(target: 0.1 ms added per call; peers report 1-2 ms. Shared 2-core machine: read as rough figures.)")
+    for ours, theirs in (
+        ("openai", "src_openllmetry_openai"),
+        ("openai", "src_otel_openai_v2"),
+        ("langchain", "src_openllmetry_langchain"),
+        ("openai_agents", "src_openllmetry_openai_agents"),
+    ):
+        if f"{ours}_cpu_added_median_ms" in figures and f"{theirs}_cpu_added_median_ms" in figures:
+            extra = figures[f"{theirs}_cpu_added_median_ms"] - figures[f"{ours}_cpu_added_median_ms"]
+            figures[f"{theirs}_cpu_added_vs_{ours}_ms"] = extra
+            print(f"{theirs}: {extra:+.3f} ms CPU per call vs our own {ours} hook")
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
 
 

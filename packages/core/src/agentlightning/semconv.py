@@ -34,6 +34,7 @@ __all__ = [
     "REWARD_VALUE",
     "ROLLOUT_ID",
     "SPAN_KIND",
+    "SPAN_SOURCE",
 ]
 
 # Which rollout/attempt a span belongs to (set by the tracer from the current rollout context).
@@ -75,6 +76,10 @@ ANNOTATION_PREFIX = "agentlightning.annotation."
 
 # Which adapter produced the span (langchain, openai_agents, autogen, openai, litellm, manual).
 ADAPTER_NAME = "agentlightning.adapter"
+
+# On a span recorded by another GenAI instrumentation (OpenLLMetry, OpenTelemetry's openai-v2) and read as ours:
+# the span source's name. Where such a span and one of our adapters' spans record the same call, ours is kept.
+SPAN_SOURCE = "agentlightning.span.source"
 
 # OpenTelemetry's exception event name.
 EVENT_EXCEPTION = "exception"

@@ -10,7 +10,9 @@ Everything an adapter package needs is public here (see the core README, "Write 
 - spans: :func:`lightning_tracer` / :func:`lightning_provider` (spans land in the current rollout's store),
   :class:`GatedSpanProcessor` + :func:`add_processor_once` (a processor that can be switched off),
   :func:`is_llm_span`, :data:`pending_llm_spans` (framework LLM spans waiting for the client span's response id);
-- the ``openai`` client hook: :func:`acquire_openai_hook` / :func:`release_openai_hook`.
+- the ``openai`` client hook: :func:`acquire_openai_hook` / :func:`release_openai_hook`;
+- span sources: the app's own OpenLLMetry / OpenTelemetry GenAI instrumentation read as ours (:class:`SpanSource`,
+  :data:`SOURCES`, :func:`active_sources`, :func:`use_active_sources`).
 """
 
 from agentlightning.adapters._base import (
@@ -40,16 +42,33 @@ from agentlightning.adapters._otel import (
     lightning_tracer,
     pending_llm_spans,
 )
+from agentlightning.adapters._sources import (
+    SOURCES,
+    OpenAIV2Source,
+    OpenLLMetryAgentsSource,
+    OpenLLMetryLangChainSource,
+    OpenLLMetryOpenAISource,
+    SpanSource,
+    active_sources,
+    use_active_sources,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "SOURCES",
     "Adapter",
     "GatedSpanProcessor",
     "LiteLLMAdapter",
     "OpenAIAdapter",
+    "OpenAIV2Source",
+    "OpenLLMetryAgentsSource",
+    "OpenLLMetryLangChainSource",
+    "OpenLLMetryOpenAISource",
     "PendingLLMSpans",
+    "SpanSource",
     "UnsupportedVersionError",
     "acquire_openai_hook",
+    "active_sources",
     "add_processor_once",
     "get_adapter",
     "instrument_all",
@@ -64,5 +83,6 @@ __all__ = [
     "uninstrument_all",
     "uninstrument_litellm",
     "uninstrument_openai",
+    "use_active_sources",
     "version_in_range",
 ]

@@ -252,16 +252,29 @@ def instrument_all(*, include: list[str] | None = None, low_level: bool = False)
         low_level: Also instrument raw client adapters (``openai``, ``litellm``). Off by default because the
             framework adapters already record those calls.
 
+    An active span source (the app's own OpenLLMetry or OpenTelemetry GenAI instrumentation, see
+    `agentlightning.adapters.SpanSource`) is used first, and our adapters for the same calls are then skipped, so
+    each call is recorded once.
+
     Returns:
-        Names of the adapters that are instrumented after the call. Adapters whose framework is missing or out
+        Names of the adapters (and span sources) in use after the call. Adapters whose framework is missing or out
         of range are skipped: a missing framework with an INFO line, an installed one outside the supported range
         with a WARNING naming its version and the range (``get_adapter(name).instrument()`` raises instead).
     """
+    from agentlightning.adapters._sources import SOURCES, use_active_sources
+
+    # The app's own GenAI instrumentation (OpenLLMetry, OpenTelemetry's openai-v2) already records some calls: read
+    # its spans, and do not hook the same calls a second time (``include`` naming our adapter still wins).
+    sources = use_active_sources()
+    covered = {name for cls in SOURCES if cls.NAME in sources for name in cls.COVERS}
     names = include if include is not None else sorted(_entry_points())
-    done: list[str] = []
+    done: list[str] = list(sources) if include is None else []
     for name in names:
         adapter = get_adapter(name)
         if adapter.LOW_LEVEL and not low_level and include is None:
+            continue
+        if name in covered and include is None:
+            logger.info("adapter %s not instrumented: the app's own instrumentation already records its calls", name)
             continue
         try:
             adapter.instrument()

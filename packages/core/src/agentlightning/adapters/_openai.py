@@ -37,6 +37,7 @@ from agentlightning import semconv
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError, supported_range
 from agentlightning.adapters._otel import is_llm_span, lightning_tracer, pending_llm_spans
 from agentlightning.tracing import current_rollout
+from agentlightning.tracing._genai import client_calls_recorded, is_source_span
 
 __all__ = [
     "OpenAIAdapter",
@@ -59,6 +60,18 @@ _TARGETS = (
     ("openai.resources", "Completions", "create", "text_completion"),
     ("openai.resources", "AsyncCompletions", "create", "text_completion"),
 )
+
+
+def _in_chain(cls: type, method: str, wrapper: Any) -> bool:
+    """Whether ``wrapper`` is ``cls.method`` or lies under it in a chain of ``__wrapped__`` links."""
+    found = cls.__dict__.get(method)
+    for _ in range(32):  # a chain deeper than this is no chain of wrappers
+        if found is wrapper:
+            return True
+        found = getattr(found, "__wrapped__", None)
+        if found is None:
+            return False
+    return False
 
 
 class _Sink:
@@ -166,6 +179,9 @@ class _Hook:
             self._tracer = lightning_tracer("agentlightning.openai")
         if self._stream_types is None:
             self._stream_types = (openai.Stream, openai.AsyncStream)
+        # An entry whose wrapper is no longer reachable (another library restored the method it saved before us)
+        # is forgotten, so the method is wrapped again instead of being taken as wrapped.
+        self._originals = [entry for entry in self._originals if _in_chain(entry[0], entry[1], entry[3])]
         installed = {(cls, method) for cls, method, _, _ in self._originals}
         for module_name, class_name, method, operation in _TARGETS:
             cls = getattr(importlib.import_module(module_name), class_name, None)
@@ -193,9 +209,16 @@ class _Hook:
         if self._count == 0 or current_rollout() is None:
             return None
         parent = get_current_span()
-        framework = parent if is_llm_span(parent) else pending_llm_spans.claim()
+        if not is_llm_span(parent):
+            framework = pending_llm_spans.claim()
+        elif is_source_span(parent):  # another instrumentation's client span: a framework span of ours comes first
+            framework = pending_llm_spans.claim() or parent
+        else:
+            framework = parent
         if framework is not None:
             return _RelaySink(framework)
+        if client_calls_recorded():  # the app's own client instrumentation records this call: one span per call
+            return None
         tracer = self._tracer
         assert tracer is not None
         model = kwargs.get("model")

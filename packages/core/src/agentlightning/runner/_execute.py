@@ -19,6 +19,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from agentlightning import semconv
 from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
+from agentlightning.adapters import use_active_sources
 from agentlightning.runner._agent import RolloutAgent, final_reward
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
@@ -175,6 +176,7 @@ async def execute_async(
     """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
+    use_active_sources()  # the app's own GenAI instrumentation, turned on since the last rollout, is read too
     beat = asyncio.create_task(
         heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end)
     )
@@ -262,6 +264,7 @@ def execute_sync(
     """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
+    use_active_sources()  # the app's own GenAI instrumentation, turned on since the last rollout, is read too
 
     def body() -> None:
         with (

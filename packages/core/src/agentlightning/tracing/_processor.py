@@ -37,6 +37,7 @@ from agentlightning import semconv
 from agentlightning._models import AttributeValue, Span, SpanStatus
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreUnavailableError
+from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
 from agentlightning.tracing._loop import LoopThread
 
@@ -107,6 +108,9 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
     end_ns = span.end_time or start_ns
     parent = span.parent
     status = span.status
+    attributes = _attributes(span.attributes)
+    if _genai.used:  # a span source was in use: map its spans
+        _genai.source_attributes(attributes)
     return Span.model_validate(
         {
             "rollout_id": ctx.rollout_id,
@@ -118,7 +122,7 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> 
             "name": span.name,
             "start_time": start_ns / 1e9,
             "end_time": max(end_ns, start_ns) / 1e9,
-            "attributes": _attributes(span.attributes),
+            "attributes": attributes,
             "events": [
                 {"name": event.name, "timestamp": event.timestamp / 1e9, "attributes": _attributes(event.attributes)}
                 for event in span.events
@@ -261,12 +265,16 @@ class LightningSpanProcessor(SpanProcessor):
             ctx = entry[0]
         sc = span.get_span_context()
         span.set_attributes({semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id})
+        if _genai.by_scope:  # another instrumentation's spans are read
+            _genai.mark_start(span)
         self._active[(sc.trace_id, sc.span_id)] = (ctx, ctx.next_sequence_id())
 
     def on_end(self, span: ReadableSpan) -> None:
         """Queue the finished span for its store (waking the writer only for the first span of a batch)."""
         sc = span.context
         entry = self._active.pop((sc.trace_id, sc.span_id), None) if sc is not None else None
+        if _genai.by_scope and entry is not None:  # another instrumentation's spans are read
+            _genai.mark_end(span)
         if entry is None:
             self.dropped_outside_rollout += 1
             if logger.isEnabledFor(logging.DEBUG):

@@ -36,6 +36,7 @@ from agentlightning.semconv import (
     REWARD_FINAL,
     REWARD_VALUE,
     SPAN_KIND,
+    SPAN_SOURCE,
 )
 from agentlightning.transitions._config import (
     MissingTokenIds,
@@ -44,6 +45,7 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
+from agentlightning.transitions._duplicates import drop_source_duplicates
 from agentlightning.transitions._samples import (
     merge_trajectories,
     no_ids_reason,
@@ -191,6 +193,7 @@ class TransitionBuilder:
         final_index: int | None = None
         last_final: int | None = None
         finals = 0
+        sourced = False  # an LLM span read from another instrumentation (it may duplicate one of ours)
         for span in tree.ordered:
             attrs = span.attributes
             kind = attrs.get(SPAN_KIND)
@@ -200,6 +203,8 @@ class TransitionBuilder:
                     referenced.add(response_id)
                 diag.llm_spans += 1
                 events.append((span, response_id, None))
+                if SPAN_SOURCE in attrs:
+                    sourced = True
             elif kind == KIND_REWARD:
                 value = _reward_value(span)
                 if value is None:
@@ -218,6 +223,17 @@ class TransitionBuilder:
                 events.append((span, value, is_final))
         if last_final is not None:  # else the last reward is the final one
             final_index = last_final
+        if sourced:
+            final_event = events[final_index] if final_index is not None else None
+            events, dropped = drop_source_duplicates(events, tree.parent_ids, tree.by_id)
+            if dropped:
+                diag.duplicate_spans += dropped
+                diag.llm_spans -= dropped
+                problems.append(
+                    f"{dropped} LLM span(s) of another instrumentation recorded a call that an adapter's span also "
+                    "recorded; the adapter's span was kept"
+                )
+                final_index = next((i for i, e in enumerate(events) if e is final_event), None)
         if finals > 1:
             diag.multiple_final_rewards = 1
             problems.append(f"{finals} rewards are marked final; the last one is used")

@@ -1,0 +1,164 @@
+"""Spans of other GenAI instrumentations (OpenLLMetry, OpenTelemetry's ``openai-v2``) read as our spans.
+
+An app already instrumented with one of them emits an OpenTelemetry span per LLM call (``gen_ai.*`` attributes,
+OpenLLMetry's ``llm.*`` / ``traceloop.*`` ones in older releases), plus agent, workflow and tool spans where the
+framework has them. When such a *span source* is in use (`agentlightning.adapters` registers it here), the span
+processor maps its spans onto our conventions:
+
+- at start (the span is still writable; only what the start attributes tell): ``agentlightning.adapter`` is set to
+  the source's name and, for an LLM call, ``agentlightning.span.kind=llm``, so the openai client relay can hand it a
+  response id its instrumentation does not record (the OpenAI Agents instrumentation with a chat-completions model);
+- when converted for the store (`source_attributes`, in the writer thread): the kind, agent name and tool name from
+  the final attributes.
+
+Nothing here imports an instrumentation package: spans are recognised by their instrumentation scope name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.trace import SpanKind
+
+from agentlightning import semconv
+
+__all__ = [
+    "SourceRegistration",
+    "by_scope",
+    "client_calls_recorded",
+    "is_source_span",
+    "mark_end",
+    "mark_start",
+    "register_source",
+    "source_attributes",
+    "unregister_source",
+    "used",
+]
+
+# gen_ai.operation.name values of an LLM call (chat, text completion; Gemini-style generate_content).
+_LLM_OPERATIONS = frozenset({"chat", "text_completion", "completion", "generate_content"})
+# OpenLLMetry's pre-gen_ai name of the call type.
+_LLM_REQUEST_TYPE = "llm.request.type"
+_TRACELOOP_KIND = "traceloop.span.kind"
+_TRACELOOP_ENTITY = "traceloop.entity.name"
+
+
+class SourceRegistration:
+    """One registered span source: its name (written as ``agentlightning.adapter``) and when to stand aside.
+
+    Args:
+        name: The source's adapter name (e.g. ``"openllmetry_langchain"``).
+        suppressed: Returns ``True`` while its spans must not be mapped (our own adapter for the same calls was
+            instrumented explicitly: one span per call, and ours wins).
+        client: It records every ``openai`` client call (so our client hook need not record one).
+        on_llm_start: Called with each of its LLM spans as it starts (a framework source whose LLM span is not the
+            current span registers it for our client hook, as our framework adapters do).
+        on_llm_end: Called with each of its LLM spans as it ends.
+    """
+
+    __slots__ = ("client", "name", "on_llm_end", "on_llm_start", "suppressed")
+
+    def __init__(
+        self,
+        name: str,
+        suppressed: Callable[[], bool],
+        client: bool = False,
+        on_llm_start: Callable[[SdkSpan], None] | None = None,
+        on_llm_end: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.suppressed = suppressed
+        self.client = client
+        self.on_llm_start = on_llm_start
+        self.on_llm_end = on_llm_end
+
+
+by_scope: dict[str, SourceRegistration] = {}
+"""Instrumentation scope name -> source. Empty unless a source is in use: the processor checks it first."""
+used = False
+"""A source was registered once in this process: spans marked then may still be waiting for conversion."""
+
+
+def register_source(scopes: tuple[str, ...], registration: SourceRegistration) -> None:
+    """Map spans of these instrumentation scopes from now on (idempotent)."""
+    global used
+    for scope in scopes:
+        by_scope[scope] = registration
+    used = True
+
+
+def unregister_source(scopes: tuple[str, ...], name: str) -> None:
+    """Stop mapping spans of these scopes (spans already started keep what they were given)."""
+    for scope in scopes:
+        if (found := by_scope.get(scope)) is not None and found.name == name:
+            del by_scope[scope]
+
+
+def _kind(attrs: Mapping[str, Any]) -> str | None:
+    operation = attrs.get(semconv.GEN_AI_OPERATION)
+    if operation in _LLM_OPERATIONS or attrs.get(_LLM_REQUEST_TYPE) in ("chat", "completion"):
+        return semconv.KIND_LLM
+    traceloop = attrs.get(_TRACELOOP_KIND)
+    if operation == "invoke_agent" or traceloop == "agent":
+        return semconv.KIND_AGENT
+    if operation == "execute_tool" or traceloop == "tool":
+        return semconv.KIND_TOOL
+    return None
+
+
+def mark_start(span: SdkSpan) -> None:
+    """Processor ``on_start`` hook: tag a span of a registered source (cheap when no source is registered)."""
+    scope = span.instrumentation_scope
+    registration = by_scope.get(scope.name) if scope is not None else None
+    if registration is None or registration.suppressed():
+        return
+    attributes: dict[str, Any] = {semconv.ADAPTER_NAME: registration.name, semconv.SPAN_SOURCE: registration.name}
+    # Tagged now, so that our openai client hook, called inside it, knows the call is recorded already (and relays
+    # the response id where the source lacks it). Instrumentations set most attributes after the start: a CLIENT
+    # span of these sources is an LLM call; the final attributes confirm it at conversion (`source_attributes`).
+    llm = span.kind is SpanKind.CLIENT or _kind(span.attributes or {}) == semconv.KIND_LLM
+    if llm:
+        attributes[semconv.SPAN_KIND] = semconv.KIND_LLM
+    span.set_attributes(attributes)
+    if llm and registration.on_llm_start is not None:
+        registration.on_llm_start(span)
+
+
+def mark_end(span: Any) -> None:
+    """Processor ``on_end`` hook: tell the source's registration that one of its LLM spans ended."""
+    scope = span.instrumentation_scope
+    registration = by_scope.get(scope.name) if scope is not None else None
+    if registration is not None and registration.on_llm_end is not None:
+        attributes = span.attributes
+        if attributes and attributes.get(semconv.SPAN_SOURCE) and attributes.get(semconv.SPAN_KIND) == semconv.KIND_LLM:
+            registration.on_llm_end(span)
+
+
+def client_calls_recorded() -> bool:
+    """Whether a registered, not suppressed, client-level source records every ``openai`` client call."""
+    return any(r.client and not r.suppressed() for r in by_scope.values())
+
+
+def is_source_span(span: Any) -> bool:
+    """Whether ``span`` (a live SDK span) was tagged as a span of a registered source."""
+    attributes = getattr(span, "attributes", None)
+    return bool(attributes) and attributes.get(semconv.SPAN_SOURCE) is not None
+
+
+def source_attributes(attrs: dict[str, Any]) -> None:
+    """Complete, in place, our attributes of a finished span of a source (anything else is left alone)."""
+    if attrs.get(semconv.SPAN_SOURCE) is None:
+        return
+    kind = _kind(attrs)
+    if kind is None:
+        if attrs.get(semconv.GEN_AI_OPERATION) is not None:  # e.g. embeddings: a CLIENT span but no LLM call
+            attrs.pop(semconv.SPAN_KIND, None)
+        return  # else keep what the start decided
+    attrs[semconv.SPAN_KIND] = kind
+    entity = attrs.get(_TRACELOOP_ENTITY)
+    if kind == semconv.KIND_AGENT and not attrs.get(semconv.GEN_AI_AGENT_NAME) and isinstance(entity, str) and entity:
+        attrs[semconv.GEN_AI_AGENT_NAME] = entity
+    elif kind == semconv.KIND_TOOL and not attrs.get(semconv.GEN_AI_TOOL_NAME) and isinstance(entity, str) and entity:
+        attrs[semconv.GEN_AI_TOOL_NAME] = entity
