@@ -7,8 +7,10 @@ The trainer process loads the model, serves it (local backend behind the LLM pro
 `TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts (each JSONL line is one task dict,
 passed to the function as it is). The run folder gets the SQLite store, ``metrics.jsonl``, ``reward_curve.png``
 and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served for the dashboard while it runs.
-Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, a rollout
-that never calls the LLM) is reported in one line with exit code 2, and a run folder it created is removed.
+Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, an output
+folder it cannot write, a rollout that never calls the LLM) is reported in one line with exit code 2, and a run
+folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release their rollouts) and says one line;
+the runners and the dashboard's server end with ``agl train`` even when it is killed outright (``kill -9``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +141,18 @@ def _validate(args: argparse.Namespace) -> _Plan:
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {str(output)!r} exists and is not a folder")
+    _check_writable(output)
     return _Plan(args, train_tasks, val_tasks, output)
+
+
+def _check_writable(output: Path) -> None:
+    """Refuse an ``--output`` this process cannot write, before the model is loaded (creates the folder)."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot write to --output {str(output)!r}: {error.strerror or error}") from None
 
 
 def _free_port(preferred: int) -> int:
@@ -154,6 +168,8 @@ def _free_port(preferred: int) -> int:
 
 def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[subprocess.Popen[bytes]]:
     """``--runners`` local runner processes reaching the store by ``where`` (``--db FILE`` or ``--store-url URL``)."""
+    from agentlightning.cli import start_child
+
     args = plan.args
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
     # The runners import only the core and the user's agent (never torch): they start fast and stay small.
@@ -165,7 +181,8 @@ def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[sub
     runners: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(args.runners):
-            runners.append(subprocess.Popen(cmd, env=env, start_new_session=True))  # own process group each
+            # own process group each; tied to this process, so that even a kill -9 of agl train ends them
+            runners.append(start_child(cmd, env=env, start_new_session=True))
     except OSError:
         _stop_children(runners)
         raise
@@ -239,13 +256,19 @@ async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
         raise _RunnerDied(f"a runner process exited with code {dead.returncode}; its error is printed above")
 
     watcher, job = asyncio.ensure_future(watch()), asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
-    if job not in done:
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        watcher.result()
-    watcher.cancel()
-    return job.result()
+    try:
+        done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
+        if job not in done:
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+            watcher.result()
+        return job.result()
+    finally:
+        # Cancelled too when the run is (Ctrl-C, SIGTERM): left running, it would see the runners stop on the way
+        # out and raise into nowhere ("Task exception was never retrieved").
+        for task in (watcher, job):
+            task.cancel()
+        await asyncio.gather(watcher, job, return_exceptions=True)
 
 
 def _check_llm_used(report: Any) -> None:
@@ -328,6 +351,10 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     plan.output.mkdir(parents=True, exist_ok=True)
     db = plan.output / "store.db"
     (plan.output / "metrics.jsonl").unlink(missing_ok=True)
+    if args.quiet:  # no progress bar means none of transformers' either (loading and saving weights)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     try:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
@@ -353,6 +380,8 @@ async def _run(
     """The run proper; every process it starts is appended to ``children`` (the caller stops them)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentlightning.cli import start_child
+
     args = plan.args
     store = opened.store
     loop = asyncio.get_running_loop()
@@ -366,7 +395,7 @@ async def _run(
         console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
     else:
         port = _free_port(args.dashboard_port)
-        dashboard = subprocess.Popen(
+        dashboard = start_child(
             [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -411,6 +440,9 @@ async def _run(
         if plan.val_tasks:
             after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
     finally:
+        # The runners first, while the proxy still answers them (they hand their slots back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(_stop_children, children)
         await trainer.stop()
     history = trainer.history
     if not history:
