@@ -176,3 +176,33 @@ def test_without_a_lifeline_nothing_is_watched(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(LIFELINE_ENV, "not-a-number")
     assert watch_parent() is False
     assert LIFELINE_ENV not in os.environ  # not handed on to this process's own children
+
+
+@pytest.mark.timeout(600)
+def test_worker_processes_end_when_their_runner_is_killed(tmp_path: Path) -> None:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    db = tmp_path / "s.db"
+    store = SqliteStore(db, NEVER)
+    ids = [(asyncio.run(store.enqueue_rollout({"i": i}))).rollout_id for i in range(3)]
+    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--db", str(db), "--app-dir", str(tmp_path)]
+    cmd += ["--agent", "agents:stall_sync", "--workers", "2", "--worker-mode", "process", "--no-instrument"]
+    runner = subprocess.Popen(cmd)
+    workers: set[int] = set()
+    try:
+        _wait_for(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "the workers' two claims")
+        workers = _descendants(runner.pid)
+        assert len(workers) >= 2
+        runner.kill()  # the runner cannot stop its workers: they notice on their own
+        runner.wait()
+        _wait_for(lambda: not any(_alive(pid) for pid in workers), "the worker processes to end")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    # each worker gave its claim back on its way out
+    attempts = [a for rid in ids for a in asyncio.run(store.query_attempts(rid))]
+    assert len(attempts) == 2 and all(a.status == "cancelled" and a.error == RELEASED for a in attempts)
+    asyncio.run(store.close())
