@@ -42,6 +42,10 @@ def start_child(
         cmd: The command line; its program must call `watch_parent` (every ``agl`` command does).
         env: The child's environment (default: this process's); the pipe's descriptor is added to it.
         **popen_kwargs: Passed to `subprocess.Popen` (not ``pass_fds`` or ``close_fds``).
+
+    Returns:
+        The child. Keep it while the child should run: the pipe's write end is closed when the object is
+        garbage-collected, and the child then stops as it would at this process's death.
     """
     read_end, write_end = os.pipe()  # both non-inheritable: only the child gets read_end, by pass_fds
     try:
@@ -54,8 +58,8 @@ def start_child(
         raise
     finally:
         os.close(read_end)
-    # The write end lives as long as the Popen object (a stopped child no longer needs it); at exit the kernel
-    # closes it whatever happens.
+    # The write end lives as long as the Popen object (nobody can wait for the child without it); at this process's
+    # exit the kernel closes it whatever happens.
     weakref.finalize(process, os.close, write_end)
     return process
 
