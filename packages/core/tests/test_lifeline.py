@@ -54,7 +54,7 @@ sys.stdin.read()  # until killed
 """
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
     """Poll ``condition`` until it holds; the deadline only bounds a hang (the test waits on the event itself)."""
     deadline = time.monotonic() + timeout
     while not condition():
