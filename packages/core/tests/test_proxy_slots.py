@@ -167,7 +167,9 @@ async def test_a_proxy_without_token_takes_registrations_on_loopback(
     attempts = await start_attempts(store, ["ro-a"])
     async with LLMProxy(store, [backend.url]) as proxy:
         body = json.dumps({"rollout_id": "ro-a", "attempt_id": attempts["ro-a"]})
-        async with aiohttp.ClientSession() as session, session.put(f"{proxy.url}/slot/k.0.0", data=body) as resp:
+        headers = {"Content-Type": "application/json"}
+        url = f"{proxy.url}/slot/k.0.0"
+        async with aiohttp.ClientSession() as session, session.put(url, data=body, headers=headers) as resp:
             assert resp.status == 200
         assert proxy.slots.resolve("k.0.0") == ("ro-a", attempts["ro-a"])
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentlightning_torch._train_children import RunnerDied, guarded, start_dashboard, start_runners, stop_children
+
 __all__ = ["UsageError", "load_tasks", "resolve_agent", "train"]
 
 logger = logging.getLogger(__name__)
@@ -40,10 +41,6 @@ logger = logging.getLogger(__name__)
 
 class UsageError(Exception):
     """Bad input: printed as one line, exit code 2."""
-
-
-class _RunnerDied(Exception):
-    pass
 
 
 def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
@@ -166,51 +163,6 @@ def _free_port(preferred: int) -> int:
     raise UsageError("no free port for the dashboard")
 
 
-def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[subprocess.Popen[bytes]]:
-    """``--runners`` local runner processes reaching the store by ``where`` (``--db FILE`` or ``--store-url URL``)."""
-    from agentlightning.cli import start_child
-
-    args = plan.args
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
-    # The runners import only the core and the user's agent (never torch): they start fast and stay small.
-    # `agl runner` either way (token from the environment; a served store is reconnected to; drains on SIGTERM).
-    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
-    cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
-    if where[0] == "--db":
-        cmd += ["--poll-interval", "0.02"]  # a local SQLite poll is cheap: pick up new rollouts sooner
-    runners: list[subprocess.Popen[bytes]] = []
-    try:
-        for _ in range(args.runners):
-            # own process group each; tied to this process, so that even a kill -9 of agl train ends them
-            runners.append(start_child(cmd, env=env, start_new_session=True))
-    except OSError:
-        _stop_children(runners)
-        raise
-    return runners
-
-
-def _stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
-    """Stop each child's whole process group (the child and anything it started): SIGTERM, then SIGKILL.
-
-    The children run in their own sessions, so a Ctrl-C at the terminal reaches only ``agl train``, which then
-    stops them here on its way out (every exit path calls this).
-    """
-
-    def signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone, its group with it
-            os.killpg(process.pid, sig)
-
-    for process in children:
-        signal_group(process, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for process in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    for process in children:  # the group may outlive its leader: kill what is left either way
-        signal_group(process, signal.SIGKILL)
-        process.wait()
-
-
 def _store_serving(args: argparse.Namespace) -> Any:
     """Where this run's store lives and who can reach it (`agl.StoreServing`), from the command line."""
     from pydantic import ValidationError
@@ -244,31 +196,6 @@ def _proxy_settings(args: argparse.Namespace) -> Any:
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
     return proxy
-
-
-async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work``, but stop at once with a clear error if a runner process dies (no silent zero-reward run)."""
-
-    async def watch() -> None:
-        while all(r.poll() is None for r in runners):
-            await asyncio.sleep(0.5)
-        dead = next(r for r in runners if r.poll() is not None)
-        raise _RunnerDied(f"a runner process exited with code {dead.returncode}; its error is printed above")
-
-    watcher, job = asyncio.ensure_future(watch()), asyncio.ensure_future(work)
-    try:
-        done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
-        if job not in done:
-            job.cancel()
-            await asyncio.gather(job, return_exceptions=True)
-            watcher.result()
-        return job.result()
-    finally:
-        # Cancelled too when the run is (Ctrl-C, SIGTERM): left running, it would see the runners stop on the way
-        # out and raise into nowhere ("Task exception was never retrieved").
-        for task in (watcher, job):
-            task.cancel()
-        await asyncio.gather(watcher, job, return_exceptions=True)
 
 
 def _check_llm_used(report: Any) -> None:
@@ -364,7 +291,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     try:
         return await _run(plan, console, trainer, opened, serving, db, children)
     finally:
-        _stop_children(children)
+        stop_children(children)
         await opened.close()
 
 
@@ -380,8 +307,6 @@ async def _run(
     """The run proper; every process it starts is appended to ``children`` (the caller stops them)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentlightning.cli import start_child
-
     args = plan.args
     store = opened.store
     loop = asyncio.get_running_loop()
@@ -394,16 +319,10 @@ async def _run(
     elif serving.url is not None:
         console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
     else:
-        port = _free_port(args.dashboard_port)
-        dashboard = start_child(
-            [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        dashboard, url = start_dashboard(db, _free_port(args.dashboard_port))
         children.append(dashboard)
-        console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
-    runners = _start_runners(plan, opened.runner_args, serving.token)
+        console.print(f"store: {db}   dashboard: [bold]{url}[/bold]")
+    runners = start_runners(plan.args, opened.runner_args, opened.token)
     children += runners
     budget = args.minutes * 60
     progress = Progress(
@@ -430,19 +349,19 @@ async def _run(
     try:
         await trainer.start(store)
         if plan.val_tasks:
-            before = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+            before = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
             _check_llm_used(before)
             console.print(f"validation reward before RL: {before.reward_mean:.3f}")
         started = time.monotonic()
         with progress:
-            await _guarded(runners, trainer.run(store, plan.train_tasks))
+            await guarded(runners, trainer.run(store, plan.train_tasks))
         rl_seconds = time.monotonic() - started
         if plan.val_tasks:
-            after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+            after = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
     finally:
         # The runners first, while the proxy still answers them (they hand their slots back as they drain), and
         # from a thread: the proxy runs on this loop.
-        await asyncio.to_thread(_stop_children, children)
+        await asyncio.to_thread(stop_children, children)
         await trainer.stop()
     history = trainer.history
     if not history:
@@ -476,7 +395,7 @@ def train(args: argparse.Namespace) -> int:
         from agentlightning import run_async  # uvloop when installed
 
         summary = run_async(_train(plan, console))
-    except (UsageError, _RunnerDied) as error:
+    except (UsageError, RunnerDied) as error:
         if not existed:
             shutil.rmtree(output, ignore_errors=True)  # nothing half-written
         console.print(f"[red]error:[/red] {error}")

@@ -53,6 +53,8 @@ class ProxyStatus(BaseModel):
     in_flight: int
     backends: list[str]
     model_version: int | None
+    resent: int = 0
+    """Requests sent to a backend a second time because their kept-alive connection had been closed unanswered."""
 
 
 def admin_routes(proxy: LLMProxy) -> list[Route]:
@@ -118,6 +120,7 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
         "in_flight": proxy.in_flight,
         "backends": proxy.backends,
         "model_version": proxy.model_version,
+        "resent": proxy.resent,
     }
 
 

@@ -62,6 +62,11 @@ class Forwarder(CallRecorder):
     _resumed: asyncio.Event | None
     _in_flight: int
     _idle: asyncio.Event | None
+    resent: int
+    """Requests sent to a backend a second time because their pooled connection had been closed (`send`)."""
+
+    def _count_resend(self) -> None:
+        self.resent += 1
 
     def _resumed_event(self) -> asyncio.Event:
         if self._resumed is None:
@@ -124,7 +129,9 @@ class Forwarder(CallRecorder):
         backend = self._pick_backend(rollout_id)
         headers = self._backend_headers(authorization)
         try:
-            resp = await send(self._session, backend, "GET", "/v1/models", b"", headers, self.request_timeout)
+            resp = await send(
+                self._session, backend, "GET", "/v1/models", b"", headers, self.request_timeout, self._count_resend
+            )
             try:
                 body = await resp.read()
             finally:
@@ -216,6 +223,7 @@ class Forwarder(CallRecorder):
                 dumps(forwarded),
                 self._backend_headers(authorization),
                 self.request_timeout,
+                self._count_resend,
             )
         except UNREACHABLE as exc:
             message = f"LLM proxy could not reach backend {backend}: {exc!r}"

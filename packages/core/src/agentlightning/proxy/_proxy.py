@@ -161,6 +161,7 @@ class LLMProxy(Forwarder):
         self._flusher: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[Any]] = set()
         self._missing_ids_count: dict[str, int] = {}
+        self.resent = 0
         self._server: Any = None  # agentlightning.proxy._serve.ServerHandle while started
         self.slots = SlotTable()
         self.app = self._build_app()

@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 
+from agentlightning._connections import connection_went_stale
 from agentlightning.proxy._assemble import dumps
 
 __all__ = [
@@ -253,8 +254,12 @@ async def send(
     body: bytes,
     headers: Mapping[str, str],
     timeout: float,
+    on_resend: Callable[[], None] | None = None,
 ) -> BackendReply:
     """Send one request to ``backend`` (``path`` such as ``/v1/models``).
+
+    A request whose connection turns out to have been closed before any answer (`connection_went_stale`) is sent
+    once more; ``on_resend`` is called when that happens (the proxy counts it).
 
     Raises:
         aiohttp.ClientError, TimeoutError, BackendLost: The backend could not be reached or did not answer in time.
@@ -263,11 +268,22 @@ async def send(
         async with asyncio.timeout(timeout):
             return await registered_backend(backend).request(method, path, body)
     assert session is not None, "LLM proxy app used without its lifespan (serve it with uvicorn or start())"
+    try:
+        return await _send_http(session, backend + path, method, body, headers)
+    except aiohttp.ClientError as exc:
+        if not connection_went_stale(exc):
+            raise
+    if on_resend is not None:
+        on_resend()
+    return await _send_http(session, backend + path, method, body, headers)
+
+
+async def _send_http(
+    session: aiohttp.ClientSession, url: str, method: str, body: bytes, headers: Mapping[str, str]
+) -> BackendReply:
     if method == "GET":
-        response = await session.get(backend + path, headers=headers)
-    else:
-        response = await session.post(backend + path, data=body, headers=headers)
-    return HttpReply(response)
+        return HttpReply(await session.get(url, headers=headers))
+    return HttpReply(await session.post(url, data=body, headers=headers))
 
 
 UNREACHABLE = (aiohttp.ClientError, TimeoutError, BackendLost)

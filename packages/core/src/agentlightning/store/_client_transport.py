@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar, overload
 
 from pydantic import BaseModel
 
+from agentlightning._connections import connection_went_stale
 from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, StorageError, StoreError
 from agentlightning.store._wire import API_PREFIX
 
@@ -90,6 +91,8 @@ class StoreTransport:
         # Parsed once and reused: aiohttp would otherwise parse the URL string and build a timeout per request.
         self._urls: dict[str, yarl.URL] = {}
         self._timeout: aiohttp.ClientTimeout | None = None
+        self.resent = 0
+        """Requests sent again at once because their kept-alive connection had been closed unanswered."""
 
     async def close(self) -> None:
         """Close the running loop's connection pool (and forget pools of loops that have ended).
@@ -187,9 +190,7 @@ class StoreTransport:
                 delay = min(delay * 2, self.backoff_max)
             attempt += 1
             try:
-                async with self._session().request(method, url, data=data, timeout=timeout) as resp:
-                    payload = await resp.read()
-                    status = resp.status
+                payload, status = await self._send(method, url, data, timeout)
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 logger.debug("store %s %s failed (%s); try %d", method, path, last, attempt)
@@ -209,6 +210,25 @@ class StoreTransport:
             f"store at {self.url} did not answer {method} {path} after {attempt} tries in "
             f"{self.retry_for:.0f} s: {last}"
         )
+
+
+    async def _send(
+        self, method: str, url: yarl.URL, data: bytes | None, timeout: aiohttp.ClientTimeout
+    ) -> tuple[bytes, int]:
+        """One try: the answer's body and status. A request that met a kept-alive connection the server had closed
+        is sent again at once on a fresh one (no answer was given; counted in ``resent``), not left to the retry
+        policy's back-off and warning."""
+        import aiohttp
+
+        try:
+            async with self._session().request(method, url, data=data, timeout=timeout) as resp:
+                return await resp.read(), resp.status
+        except aiohttp.ClientConnectionError as exc:
+            if not connection_went_stale(exc):
+                raise
+        self.resent += 1
+        async with self._session().request(method, url, data=data, timeout=timeout) as resp:
+            return await resp.read(), resp.status
 
 
 class RetriedConflict(ConflictError):
