@@ -74,7 +74,7 @@ def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path)
     from agentlightning_torch import cli
 
     port = free_port()
-    process, url = cli._start_dashboard(tmp_path / "store.db", port)  # pyright: ignore[reportPrivateUsage]
+    process, url = cli.start_dashboard(tmp_path / "store.db", port)
     try:
         base, _, token = url.partition("/ui#token=")
         assert base == f"http://127.0.0.1:{port}" and len(token) >= 32
@@ -89,7 +89,7 @@ def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path)
         assert _answer(base + "/v1/stats") == 401
         assert _answer(base + "/v1/stats", token) == 200
     finally:
-        cli._stop_children([process])  # pyright: ignore[reportPrivateUsage]
+        cli.stop_children([process])
 
 
 def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path) -> None:
