@@ -144,7 +144,7 @@ async def _fill(url: str) -> None:
             try:
                 for version in (1, 2):
                     proxy.model_version = version
-                    llm = agl.LLMResource(endpoint=proxy.url, model="toy")
+                    llm = proxy.llm_resource("toy")
                     await store.add_resources(agl.Resources(resources_id=f"policy-v{version}", items={"llm": llm}))
                     requests = [
                         agl.RolloutRequest(

@@ -145,6 +145,7 @@ async def test_loop_cancels_late_rollouts_trains_on_served_versions_and_resumes(
         published = loop.resources("sample")
         assert published.llm is not None and published.llm.endpoint == loop.proxy.url
         assert published.llm.sampling_parameters == {"temperature": 1.0, "max_tokens": 16}
+        assert published.llm.runner_token == loop.proxy.runner_token  # runners register their slots with it
     finally:
         GATE["slow"].set()
         runner.stop()

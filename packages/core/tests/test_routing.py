@@ -135,4 +135,5 @@ def test_proxy_documents_its_auth_rules() -> None:
         {"bearer": []}
     ]
     assert paths["/admin/pause"]["post"]["security"] == [{"admin": []}]
-    assert set(document["components"]["securitySchemes"]) == {"bearer", "admin"}
+    assert paths["/slot/{slot}"]["put"]["security"] == paths["/slots"]["put"]["security"] == [{"runner": []}]
+    assert set(document["components"]["securitySchemes"]) == {"bearer", "admin", "runner"}

@@ -176,6 +176,7 @@ class RLLoop(Algorithm):
                         model=self.config.model_name,
                         sampling_parameters={"temperature": temperature, **common},
                         api_key=self.proxy.token,
+                        runner_token=self.proxy.runner_token,  # runners register slots with it; agents never see it
                     ),
                 },
             )

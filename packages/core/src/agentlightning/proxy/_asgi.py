@@ -29,6 +29,7 @@ from agentlightning._routing import RouteTable
 __all__ = [
     "ADMIN",
     "COMPLETIONS_TAG",
+    "RUNNER",
     "ProxyASGI",
     "ProxyRequest",
     "RawResponse",
@@ -61,6 +62,9 @@ Authorizer = Callable[[str | None], Response | None]
 
 ADMIN = "admin"
 """The auth rule of the ``/admin/*`` routes: not the agents' token, the admin token (their handlers check it)."""
+
+RUNNER = "runner"
+"""The auth rule of the slot routes: not the agents' token, the runner token (their handlers check it)."""
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -148,7 +152,7 @@ def too_large(size: int, limit: int) -> Response:
 
 
 class ProxyASGI:
-    """The proxy's ASGI app: a request is checked by ``authorize`` (but on `ADMIN` routes), then answered by its route.
+    """The proxy's ASGI app: a request is checked by ``authorize`` (not on `ADMIN`, `RUNNER` routes), then answered.
 
     Before that, `cross_site_refusal` turns away what a foreign web page could send (403 for a foreign ``Origin``
     or, over loopback, ``Host``; 415 for a write whose body is not ``application/json``).
@@ -211,7 +215,7 @@ class ProxyASGI:
             path = path[len(root) :]
         found = self.table.match("GET" if method == "HEAD" else method, path)
         route = found.route if found is not None else self.table.allowed(path)
-        if route is None or route.auth != ADMIN:
+        if route is None or (route.auth != ADMIN and route.auth != RUNNER):
             refusal = self.authorize(authorization)
             if refusal is not None:
                 await refusal(scope, receive, send)
