@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -214,21 +213,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_training(out: Path, stderr: IO[str]) -> tuple[subprocess.Popen[str], list[int]]:
-    """A long `agl train` run, once its runners have claimed rollouts; with its child processes.
+def _start_training(out: Path, log: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """A long `agl train` run, once both runners have said they run and rollouts are claimed; with its children.
 
-    ``stderr`` is a file, not a pipe: the runners inherit it, and a pipe would stay open while any of them lives.
+    Its stderr goes to the file ``log``, not a pipe: the runners inherit it, and a pipe would stay open while any of
+    them lives.
     """
     cmd = [
         sys.executable, "-m", "agentlightning.cli", "train",
         "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(out), *SMALL,
     ]  # fmt: skip
-    agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    with log.open("w") as stderr:
+        agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+    def started() -> bool:  # both runners printed their line, and rollouts are being run
+        runners = [line for line in log.read_text().splitlines() if line.startswith("runner: ")]
+        return len(runners) == 2 and _attempts(out / "store.db") > 0
+
     deadline = time.monotonic() + 600
     try:
-        # two runners and the dashboard store server, each with whatever it started, and rollouts being run
-        while len(children := _descendants(agl.pid)) < 3 or _attempts(out / "store.db") == 0:
+        # two runners and the dashboard store server, each with whatever it started
+        while len(children := _descendants(agl.pid)) < 3 or not started():
             assert agl.poll() is None, f"agl train exited with code {agl.returncode}"
             assert time.monotonic() < deadline, "agl train never started its runner processes"
             time.sleep(0.2)
@@ -261,8 +267,7 @@ def test_interrupted_agl_train_stops_its_runner_processes(
     tmp_path: Path, sig: signal.Signals, code: int, word: str
 ) -> None:
     log = tmp_path / "stderr.txt"
-    with log.open("w") as stderr:
-        agl, children = _start_training(tmp_path / "run", stderr)
+    agl, children = _start_training(tmp_path / "run", log)
     try:
         before = log.stat().st_size  # what it printed while it ran
         agl.send_signal(sig)  # what a Ctrl-C at the terminal (SIGINT to agl train) or a `kill` does
@@ -282,8 +287,7 @@ def test_interrupted_agl_train_stops_its_runner_processes(
 @pytest.mark.timeout(900)
 def test_killed_agl_train_leaves_no_process_behind(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with (tmp_path / "stderr.txt").open("w") as stderr:
-        agl, children = _start_training(out, stderr)
+    agl, children = _start_training(out, tmp_path / "stderr.txt")
     agl.kill()  # kill -9: agl train cleans up nothing itself
     agl.wait()
     try:
