@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -71,7 +73,7 @@ def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path)
     from agentlightning_torch import cli
 
     port = free_port()
-    process, url = cli._start_dashboard(tmp_path / "store.db", port)  # pyright: ignore[reportPrivateUsage]
+    process, url = cli.start_dashboard(tmp_path / "store.db", port)
     try:
         base, _, token = url.partition("/ui#token=")
         assert base == f"http://127.0.0.1:{port}" and len(token) >= 32
@@ -86,7 +88,7 @@ def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path)
         assert _answer(base + "/v1/stats") == 401
         assert _answer(base + "/v1/stats", token) == 200
     finally:
-        cli._stop_children([process])  # pyright: ignore[reportPrivateUsage]
+        cli.stop_children([process])
 
 
 def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path) -> None:
@@ -211,27 +213,126 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
-def test_interrupted_agl_train_stops_its_runner_processes(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+def _start_training(out: Path, log: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """A long `agl train` run, once both runners have said they run and rollouts are claimed; with its children.
+
+    Its stderr goes to the file ``log``, not a pipe: the runners inherit it, and a pipe would stay open while any of
+    them lives.
+    """
     cmd = [
         sys.executable, "-m", "agentlightning.cli", "train",
         "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
-        "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(tmp_path / "run"), *SMALL,
+        "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(out), *SMALL,
     ]  # fmt: skip
-    agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as stderr:
+        agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+    def started() -> bool:  # both runners printed their line, and rollouts are being run
+        runners = [line for line in log.read_text().splitlines() if line.startswith("runner: ")]
+        return len(runners) == 2 and _attempts(out / "store.db") > 0
+
+    deadline = time.monotonic() + 600
     try:
-        deadline = time.monotonic() + 600
         # two runners and the dashboard store server, each with whatever it started
-        while len(children := _descendants(agl.pid)) < 3:
-            assert agl.poll() is None, agl.communicate()[1][-3000:]
+        while len(children := _descendants(agl.pid)) < 3 or not started():
+            assert agl.poll() is None, f"agl train exited with code {agl.returncode}"
             assert time.monotonic() < deadline, "agl train never started its runner processes"
             time.sleep(0.2)
+    except BaseException:
+        agl.kill()
+        agl.wait()
+        raise
+    return agl, children
+
+
+def _attempts(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
+            return int(conn.execute("SELECT count(*) FROM attempts").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return 0
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("sig", "code", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_interrupted_agl_train_stops_its_runner_processes(
+    tmp_path: Path, sig: signal.Signals, code: int, word: str
+) -> None:
+    log = tmp_path / "stderr.txt"
+    agl, children = _start_training(tmp_path / "run", log)
+    try:
+        before = log.stat().st_size  # what it printed while it ran
         agl.send_signal(sig)  # what a Ctrl-C at the terminal (SIGINT to agl train) or a `kill` does
-        _, stderr = agl.communicate(timeout=120)
+        agl.wait(timeout=120)
     finally:
         if agl.poll() is None:
             agl.kill()
-    assert agl.returncode == code, stderr[-3000:]
+            agl.wait()
+    printed = log.read_bytes()
+    assert agl.returncode == code, printed[-3000:]
     left = [pid for pid in children if _alive(pid)]
     assert left == [], f"processes left running after agl train exited: {left}"
+    # a clean stop says one line (no traceback, no runner's complaint about the store or the proxy going away)
+    assert printed[before:].decode().split() == [word], printed.decode()[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_killed_agl_train_leaves_no_process_behind(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    agl, children = _start_training(out, tmp_path / "stderr.txt")
+    agl.kill()  # kill -9: agl train cleans up nothing itself
+    agl.wait()
+    try:
+        deadline = time.monotonic() + 300  # bounds a hang only: the loop ends when the children are gone
+        while left := [pid for pid in children if _alive(pid)]:
+            assert time.monotonic() < deadline, f"processes left running after agl train was killed: {left}"
+            time.sleep(0.2)
+    finally:
+        for pid in children:  # only when the test failed: do not leave them claiming rollouts
+            with contextlib.suppress(ProcessLookupError):
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert _holders(out / "store.db") == []
+
+
+def _holders(path: Path) -> list[int]:
+    """Processes with ``path`` (or its WAL files) open."""
+    import psutil
+
+    holders: list[int] = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if any(f.path.startswith(str(path)) for f in process.open_files()):
+                holders.append(process.pid)
+    return holders
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["folder", "new-folder-inside"])
+def test_output_that_cannot_be_written_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool
+) -> None:
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.access(read_only, os.W_OK):  # root writes through permission bits; sysfs takes no new file even from root
+        read_only = Path("/sys/kernel")
+        if not read_only.is_dir():
+            pytest.skip("running as root without /sys: no folder this process cannot write")
+    out = read_only / "run" if inside else read_only
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "cannot write to --output" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert inside is False or not out.exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import agentlightning as agl
+from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import RELEASED, MemoryStore, SqliteStore
 from agentlightning.testing import ServedStoreProcess, free_port
 
@@ -241,3 +242,44 @@ def test_a_worker_abandoned_by_a_drain_ends_quietly_when_the_store_loop_is_gone(
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would be an error here
         with pytest.raises(RunnerStopped, match="store loop has stopped"):
             call_on(loop)(store_call())
+
+
+@pytest.mark.parametrize("where", ["db", "store-url"])
+def test_agl_runner_stops_quietly_on_sigterm(tmp_path: Path, where: str) -> None:
+    """A stop someone asked for prints nothing past the runner's first line: its last spans are stored before the
+    store is closed (no "could not write N spans ... is closed", no aiohttp "Unclosed connector")."""
+    (tmp_path / "agents.py").write_text(AGENTS)
+    token = "store-token-0123456789"
+    server = None
+    if where == "store-url":
+        server = ServedStoreProcess(tmp_path / "served.db", token=token, retry_policy=NEVER).start()
+        store: agl.LightningStore = agl.StoreClient(server.url, token=token)
+        location = ["--store-url", server.url]
+    else:
+        store = SqliteStore(tmp_path / "s.db", NEVER)
+        location = ["--db", str(tmp_path / "s.db")]
+    try:
+        ids = asyncio.run(_enqueue(store, 3))
+        cmd = [*AGL, "runner", *location, "--app-dir", str(tmp_path), "--agent", "agents:stall_async"]
+        cmd += ["--workers", "2", "--no-instrument", "--poll-interval", "0.02"]
+        proc = subprocess.Popen(cmd, env={**os.environ, "AGL_STORE_TOKEN": token}, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "two claims")
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, stderr
+        assert [line for line in stderr.splitlines() if line.strip()][1:] == [], stderr
+        asyncio.run(_assert_released(store, ids, released=2))
+
+        async def root_spans() -> list[str]:
+            return [span.name for rid in ids for span in await store.query_spans(rid) if span.name == ROOT_SPAN_NAME]
+
+        assert asyncio.run(root_spans()) == [ROOT_SPAN_NAME] * 2  # each released attempt's trace was stored
+    finally:
+        asyncio.run(store.close())
+        if server is not None:
+            server.stop()

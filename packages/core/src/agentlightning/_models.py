@@ -19,11 +19,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentlightning._urls import rollout_base_url
 
 __all__ = [
+    "MAX_ID_LENGTH",
     "TERMINAL_ATTEMPT_STATUSES",
     "TERMINAL_ROLLOUT_STATUSES",
     "Attempt",
@@ -42,6 +43,7 @@ __all__ = [
     "SpanEvent",
     "SpanStatus",
     "SpanStatusCode",
+    "StoreId",
     "ValueResource",
     "check_json_finite",
     "new_id",
@@ -66,6 +68,25 @@ AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] |
 
 _ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 """Client-assigned ids: any printable text (control characters such as NUL are rejected)."""
+
+MAX_ID_LENGTH = 256
+"""Longest id a store accepts (the served store's routes and the dashboard's filters take no longer)."""
+
+
+def _routable(value: str) -> str:
+    # ``.`` and ``..`` are dot segments: HTTP clients and browsers resolve them away, so no URL can name such a
+    # rollout (``/v1/rollouts/..`` becomes ``/v1/``). Every other printable id survives percent-encoding.
+    if value in (".", ".."):
+        raise ValueError(f"an id cannot be {value!r}: no URL can carry it (a client resolves it as a path segment)")
+    return value
+
+
+StoreId = Annotated[
+    str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID_PATTERN), AfterValidator(_routable)
+]
+"""The one rule for every client-given id a store keeps (rollout, group, resources): 1-256 printable characters,
+not ``.`` or ``..``. Refused at enqueue by every backend, so whatever a store holds the HTTP API and the
+dashboard can name."""
 
 
 def new_id(prefix: str) -> str:
@@ -205,12 +226,12 @@ class Rollout(RecordModel):
         metadata: Free-form user data.
     """
 
-    rollout_id: str = Field(min_length=1, max_length=256, pattern=_ID_PATTERN)
+    rollout_id: StoreId
     input: Any = None
     status: RolloutStatus = "queuing"
     mode: RolloutMode | None = None
-    group_id: str | None = None
-    resources_id: str | None = None
+    group_id: StoreId | None = None
+    resources_id: StoreId | None = None
     retry_count: int = Field(default=0, ge=0)
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
@@ -431,7 +452,7 @@ class Resources(RecordModel):
         created_at: When it was created.
     """
 
-    resources_id: str = Field(min_length=1)
+    resources_id: StoreId
     version: int = Field(default=0, ge=0)
     items: dict[str, Resource] = Field(default_factory=dict)
     created_at: float = Field(default_factory=now)

@@ -7,29 +7,32 @@ The trainer process loads the model, serves it (local backend behind the LLM pro
 `TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts (each JSONL line is one task dict,
 passed to the function as it is). The run folder gets the SQLite store, ``metrics.jsonl``, ``reward_curve.png``
 and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served for the dashboard while it runs.
-Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, a rollout
-that never calls the LLM) is reported in one line with exit code 2, and a run folder it created is removed.
+Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, an output
+folder it cannot write, a rollout that never calls the LLM) is reported in one line with exit code 2, and a run
+folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release their rollouts) and says one line;
+the runners and the dashboard's server end with ``agl train`` even when it is killed outright (``kill -9``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentlightning_torch._train_children import RunnerDied, guarded, start_dashboard, start_runners, stop_children
 
 __all__ = ["UsageError", "load_tasks", "resolve_agent", "train"]
 
@@ -38,10 +41,6 @@ logger = logging.getLogger(__name__)
 
 class UsageError(Exception):
     """Bad input: printed as one line, exit code 2."""
-
-
-class _RunnerDied(Exception):
-    pass
 
 
 def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
@@ -139,7 +138,18 @@ def _validate(args: argparse.Namespace) -> _Plan:
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {str(output)!r} exists and is not a folder")
+    _check_writable(output)
     return _Plan(args, train_tasks, val_tasks, output)
+
+
+def _check_writable(output: Path) -> None:
+    """Refuse an ``--output`` this process cannot write, before the model is loaded (creates the folder)."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot write to --output {str(output)!r}: {error.strerror or error}") from None
 
 
 def _free_port(preferred: int) -> int:
@@ -151,65 +161,6 @@ def _free_port(preferred: int) -> int:
                 continue
             return int(sock.getsockname()[1])
     raise UsageError("no free port for the dashboard")
-
-
-def _start_dashboard(db: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    """``agl store serve`` of the run's file on loopback ``port``, with a new token; returns it and the URL to open.
-
-    A token even on loopback: a web page in the user's browser can reach the port. It reaches the child in its
-    environment (not on its command line, which ``ps`` shows) and the user in the URL's fragment (``#token=``).
-    """
-    token = secrets.token_urlsafe(32)
-    dashboard = subprocess.Popen(
-        [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
-        env={**os.environ, "AGL_STORE_TOKEN": token},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    return dashboard, f"http://127.0.0.1:{port}/ui#token={token}"
-
-
-def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[subprocess.Popen[bytes]]:
-    """``--runners`` local runner processes reaching the store by ``where`` (``--db FILE`` or ``--store-url URL``)."""
-    args = plan.args
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
-    # The runners import only the core and the user's agent (never torch): they start fast and stay small.
-    # `agl runner` either way (token from the environment; a served store is reconnected to; drains on SIGTERM).
-    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--agent", args.agent, *where]
-    cmd += ["--app-dir", str(Path(args.app_dir).resolve()), "--workers", str(args.workers)]
-    if where[0] == "--db":
-        cmd += ["--poll-interval", "0.02"]  # a local SQLite poll is cheap: pick up new rollouts sooner
-    runners: list[subprocess.Popen[bytes]] = []
-    try:
-        for _ in range(args.runners):
-            runners.append(subprocess.Popen(cmd, env=env, start_new_session=True))  # own process group each
-    except OSError:
-        _stop_children(runners)
-        raise
-    return runners
-
-
-def _stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
-    """Stop each child's whole process group (the child and anything it started): SIGTERM, then SIGKILL.
-
-    The children run in their own sessions, so a Ctrl-C at the terminal reaches only ``agl train``, which then
-    stops them here on its way out (every exit path calls this).
-    """
-
-    def signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone, its group with it
-            os.killpg(process.pid, sig)
-
-    for process in children:
-        signal_group(process, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for process in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    for process in children:  # the group may outlive its leader: kill what is left either way
-        signal_group(process, signal.SIGKILL)
-        process.wait()
 
 
 def _store_serving(args: argparse.Namespace) -> Any:
@@ -245,25 +196,6 @@ def _proxy_settings(args: argparse.Namespace) -> Any:
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
     return proxy
-
-
-async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work``, but stop at once with a clear error if a runner process dies (no silent zero-reward run)."""
-
-    async def watch() -> None:
-        while all(r.poll() is None for r in runners):
-            await asyncio.sleep(0.5)
-        dead = next(r for r in runners if r.poll() is not None)
-        raise _RunnerDied(f"a runner process exited with code {dead.returncode}; its error is printed above")
-
-    watcher, job = asyncio.ensure_future(watch()), asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
-    if job not in done:
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        watcher.result()
-    watcher.cancel()
-    return job.result()
 
 
 def _check_llm_used(report: Any) -> None:
@@ -346,6 +278,10 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     plan.output.mkdir(parents=True, exist_ok=True)
     db = plan.output / "store.db"
     (plan.output / "metrics.jsonl").unlink(missing_ok=True)
+    if args.quiet:  # no progress bar means none of transformers' either (loading and saving weights)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     try:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
@@ -355,7 +291,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     try:
         return await _run(plan, console, trainer, opened, serving, db, children)
     finally:
-        _stop_children(children)
+        stop_children(children)
         await opened.close()
 
 
@@ -383,10 +319,10 @@ async def _run(
     elif serving.url is not None:
         console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
     else:
-        dashboard, url = _start_dashboard(db, _free_port(args.dashboard_port))
+        dashboard, url = start_dashboard(db, _free_port(args.dashboard_port))
         children.append(dashboard)
         console.print(f"store: {db}   dashboard: [bold]{url}[/bold]")
-    runners = _start_runners(plan, opened.runner_args, opened.token)
+    runners = start_runners(plan.args, opened.runner_args, opened.token)
     children += runners
     budget = args.minutes * 60
     progress = Progress(
@@ -413,16 +349,19 @@ async def _run(
     try:
         await trainer.start(store)
         if plan.val_tasks:
-            before = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+            before = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
             _check_llm_used(before)
             console.print(f"validation reward before RL: {before.reward_mean:.3f}")
         started = time.monotonic()
         with progress:
-            await _guarded(runners, trainer.run(store, plan.train_tasks))
+            await guarded(runners, trainer.run(store, plan.train_tasks))
         rl_seconds = time.monotonic() - started
         if plan.val_tasks:
-            after = await _guarded(runners, trainer.evaluate(store, plan.val_tasks))
+            after = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
     finally:
+        # The runners first, while the proxy still answers them (they hand their slots back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(stop_children, children)
         await trainer.stop()
     history = trainer.history
     if not history:
@@ -456,7 +395,7 @@ def train(args: argparse.Namespace) -> int:
         from agentlightning import run_async  # uvloop when installed
 
         summary = run_async(_train(plan, console))
-    except (UsageError, _RunnerDied) as error:
+    except (UsageError, RunnerDied) as error:
         if not existed:
             shutil.rmtree(output, ignore_errors=True)  # nothing half-written
         console.print(f"[red]error:[/red] {error}")

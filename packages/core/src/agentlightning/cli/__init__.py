@@ -1,6 +1,8 @@
 """The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``.
 
 Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
+A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
+`start_child`, so that they end when it does, whatever ends it.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from agentlightning._lifeline import start_child, watch_parent
 from agentlightning.cli._train import add_network_arguments
 
-__all__ = ["add_network_arguments", "build_parser", "main"]
+__all__ = ["add_network_arguments", "build_parser", "main", "start_child"]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
 _COMMAND_MODULES = (
@@ -45,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agl``; returns the process exit code (2 when a foreign ``agentlightning`` is installed)."""
     from agentlightning._distribution import foreign_message
 
+    watch_parent()  # started by a trainer (`start_child`): end when it does, even after a kill -9
     foreign = foreign_message()
     if foreign is not None:
         print(f"agl: error: {foreign}", file=sys.stderr)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import agentlightning as agl
     from agentlightning.adapters import get_adapter
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, however long the path
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.workers < 1:
         console.print(f"[red]--workers must be at least 1, got {args.workers}[/red]")
@@ -104,8 +104,15 @@ def run(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, frame: Any) -> None:
         signals["count"] += 1
-        grace = args.drain_timeout if signals["count"] == 1 else 0.0
-        logger.warning("%s: draining (running rollouts released after %.0f s)", signal.Signals(signum).name, grace)
+        first = signals["count"] == 1
+        grace = args.drain_timeout if first else 0.0
+        # A stop someone asked for is no warning (a trainer stops its runners this way every run); a second one is.
+        logger.log(
+            logging.INFO if first else logging.WARNING,
+            "%s: draining (running rollouts released after %.0f s)",
+            signal.Signals(signum).name,
+            grace,
+        )
         runner.drain(grace)
 
     signal.signal(signal.SIGTERM, on_signal)

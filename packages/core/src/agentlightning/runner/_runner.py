@@ -34,13 +34,16 @@ from agentlightning.runner._workers import (
 )
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreClient
-from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
+from agentlightning.tracing import LoopThread, aflush, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
 
 logger = logging.getLogger(__name__)
 
 WorkerMode = Literal["auto", "process", "thread", "async"]
+
+_STOP_FLUSH_S = 10.0
+"""Seconds a stopping runner waits for its workers' last spans to be stored (a drained attempt's included)."""
 
 
 class Runner:
@@ -186,6 +189,7 @@ class Runner:
             try:
                 with frozen_gc():  # the agent's modules and clients out of full garbage collections
                     self._run_threads(store_loop.loop)
+                _flush_left()
             finally:
                 store_loop.stop()
         if self._settings.otlp_endpoint is not None and self.worker_mode != "async":
@@ -197,12 +201,14 @@ class Runner:
             loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
             with frozen_gc():  # the agent's modules and clients out of full garbage collections
                 await self._async_pool(loop)
+            await _aflush_left()
         elif self.worker_mode == "process":
             await asyncio.to_thread(self._run_processes)
         else:
             running = asyncio.get_running_loop()
             with frozen_gc():
                 await asyncio.to_thread(self._run_threads, running)
+            await _aflush_left()
         if self._settings.otlp_endpoint is not None:
             await asyncio.to_thread(flush_otlp)  # the collector sees this run's last spans before we return
 
@@ -307,8 +313,8 @@ class Runner:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             await asyncio.wait({*running, waker}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             waker.cancel()
-        if running:
-            logger.warning("draining: releasing %d running rollout(s) back to the store", len(running))
+        if running:  # what a drain is for: info, not a warning
+            logger.info("draining: releasing %d running rollout(s) back to the store", len(running))
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
@@ -463,3 +469,19 @@ class Runner:
         except StoreError as exc:
             logger.warning("could not end the attempts of dead worker %s: %s", worker_id, exc)
         return failed
+
+
+def _flush_left() -> None:
+    """Store the spans a stopping runner's workers left (a drained attempt's too) while the store is still open."""
+    try:
+        flush(_STOP_FLUSH_S)
+    except Exception as exc:  # the span writer logged each batch it could not write
+        logger.debug("spans left unwritten as the runner stopped: %r", exc)
+
+
+async def _aflush_left() -> None:
+    """`_flush_left` from the event loop that owns the store."""
+    try:
+        await aflush(_STOP_FLUSH_S)
+    except Exception as exc:
+        logger.debug("spans left unwritten as the runner stopped: %r", exc)

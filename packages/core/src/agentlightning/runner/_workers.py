@@ -12,6 +12,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -355,6 +356,7 @@ def process_main(
             os._exit(0)
 
         signal.signal(signal.SIGTERM, on_terminate)
+        _end_with_parent()
         sync_worker(agent, loop, loop_thread.loop, index, stop_event)
         loop_thread.call(loop.slots.close())
         flush(settings.flush_timeout)
@@ -363,3 +365,24 @@ def process_main(
     finally:
         loop_thread.call(store.close())
         loop_thread.stop()
+
+
+def _end_with_parent() -> None:
+    """In a worker process: take the SIGTERM path (release the claim, exit) when the runner process dies.
+
+    A runner killed outright (``kill -9``, the OOM killer) cannot stop its workers; without this they would go on
+    claiming rollouts for nobody. ``multiprocessing`` gives the child a descriptor that becomes ready when its
+    parent ends.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def watch() -> None:
+        parent.join()  # returns when the parent process has ended
+        logger.warning("worker process %d: its runner process is gone; stopping", os.getpid())
+        signal.pthread_kill(main, signal.SIGTERM)  # to the main thread: it interrupts the agent's blocking call
+
+    threading.Thread(target=watch, name="agentlightning-runner-watch", daemon=True).start()

@@ -18,6 +18,7 @@ from agentlightning._models import (
     RolloutMode,
     RolloutStatus,
     Span,
+    StoreId,
     check_json_finite,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
@@ -83,10 +84,10 @@ class RolloutRequest(RecordModel):
     """What a caller asks to enqueue; the store fills in status and times."""
 
     input: Any = None
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    rollout_id: StoreId | None = None
     mode: RolloutMode | None = None
-    group_id: str | None = None
-    resources_id: str | None = None
+    group_id: StoreId | None = None
+    resources_id: StoreId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("input", "metadata")

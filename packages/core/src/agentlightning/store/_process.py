@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from agentlightning._lifeline import start_child
 from agentlightning._netauth import check_bind_token, is_wildcard, new_token
 from agentlightning.store._base import RetryPolicy
 
@@ -93,7 +94,8 @@ class StoreServer:
         env = {**os.environ, "AGL_STORE_TOKEN": self.token}
         if self.log_file is not None:
             self._log = self.log_file.open("ab")
-        self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        # tied to this process: a trainer killed with kill -9 does not leave its store served
+        self._proc = start_child(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
             code = self._proc.poll()

@@ -47,6 +47,7 @@ from agentlightning.store._base import (
     RetryPolicy,
     RolloutRequest,
 )
+from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
@@ -188,6 +189,45 @@ class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, 
                 [RolloutRequest(rollout_id="ok-1"), {"rollout_id": "bad", "mode": "nonsense"}]  # pyright: ignore[reportArgumentType]
             )
         assert await store.query_rollouts() == []
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("rollout_id", "."),
+            ("rollout_id", ".."),
+            ("rollout_id", "r" * 257),
+            ("group_id", ".."),
+            ("group_id", "g" * 257),
+            ("group_id", ""),
+            ("group_id", "a\x00b"),
+            ("resources_id", "."),
+            ("resources_id", "x" * 257),
+        ],
+        ids=[
+            "dot", "dotdot", "long-rollout", "dotdot-group", "long-group", "empty-group", "nul-group", "dot-res",
+            "long-res",
+        ],
+    )
+    async def test_unroutable_id_refused_at_enqueue(self, store: LightningStore, field: str, value: str) -> None:
+        """One rule for every id a store keeps: what no URL or dashboard filter can name never gets in."""
+        with pytest.raises(ValidationError, match=field):
+            await store.enqueue_rollouts([RolloutRequest(rollout_id="ok-1"), {"rollout_id": "ok-2", field: value}])  # pyright: ignore[reportArgumentType]
+        with pytest.raises(ValidationError, match=field):
+            await store.enqueue_rollout("task", **{"rollout_id": "ok-3", field: value})
+        assert await store.query_rollouts() == []
+        if field == "resources_id":
+            with pytest.raises(ValidationError, match=field):
+                await store.add_resources({"resources_id": value, "items": {}})  # pyright: ignore[reportArgumentType]
+            assert await store.get_resources() is None
+
+    async def test_ids_at_the_limits_are_kept_and_found(self, store: LightningStore) -> None:
+        group = "g" * 256
+        odd = ["...", "a/../b", "./x", "task/7#2?q=1 %2F", "r" * 256]
+        await store.enqueue_rollouts([RolloutRequest(rollout_id=rid, group_id=group) for rid in odd])
+        for rid in odd:  # a served store reaches each by its URL
+            assert (await store.get_rollout(rid)).group_id == group
+        page = await store.list_rollouts(RolloutQuery(group_id=group))
+        assert sorted(r.rollout_id for r in page.rollouts) == sorted(odd)
 
     # ---------------------------------------------------------------- spans and calls
 
