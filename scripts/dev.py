@@ -112,7 +112,7 @@ def _install_system_packages() -> None:
         return
     if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         print(f"note: {', '.join(missing)} not installed and apt-get cannot run here (needs root on Debian); "
-              "the tests that need them (browser, network namespaces, PostgreSQL) will be skipped", flush=True)  # fmt: skip
+              "the tests that need them (browser, netns, PostgreSQL) will be skipped", flush=True)  # fmt: skip
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     print("+ apt-get update && apt-get install -y " + " ".join(missing), flush=True)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from agentlightning.testing._attempts import start_attempts
     from agentlightning.testing._guard import KitGuard, silent_overrides
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
+    from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
     from agentlightning.testing._served_store import ServedStoreProcess, free_port
     from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
 
@@ -30,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "start_attempts": "agentlightning.testing._attempts",
     "ServedCall": "agentlightning.testing._model_server",
     "ServedStoreProcess": "agentlightning.testing._served_store",
+    "PostgresServer": "agentlightning.testing._postgres_server",
+    "find_pg_bin": "agentlightning.testing._postgres_server",
     "free_port": "agentlightning.testing._served_store",
     "StoreFactory": "agentlightning.testing._store_kit",
     "make_call": "agentlightning.testing._store_kit",
@@ -42,6 +45,7 @@ __all__ = [
     "AdapterConformanceTests",
     "KitGuard",
     "KitHarness",
+    "PostgresServer",
     "RunRecord",
     "ScriptedModelServer",
     "ScriptedReply",
@@ -50,6 +54,7 @@ __all__ = [
     "StoreConformanceTests",
     "StoreFactory",
     "ToyTokenizer",
+    "find_pg_bin",
     "free_port",
     "make_call",
     "make_span",
