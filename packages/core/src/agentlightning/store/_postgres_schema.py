@@ -7,6 +7,7 @@ installs and imports without it; a missing driver fails with the pip command tha
 from __future__ import annotations
 
 import logging
+import re
 from types import ModuleType
 from typing import Any
 
@@ -123,10 +124,14 @@ def is_postgres_dsn(value: str) -> bool:
     return value.startswith(("postgresql://", "postgres://"))
 
 
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
 def one_line(exc: BaseException) -> str:
-    """The first line of an error's message (libpq's messages run over several lines)."""
+    """The first line of an error's message (libpq's run over several lines), any URL's password masked."""
     text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
+    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    return _PASSWORD.sub(r"\1***@", line)
 
 
 def describe_dsn(dsn: str) -> str:
