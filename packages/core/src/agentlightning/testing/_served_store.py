@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from agentlightning.store._base import RetryPolicy
+from agentlightning.store._postgres_schema import is_postgres_dsn
 
 __all__ = ["ServedStoreProcess", "free_port"]
 
@@ -32,7 +33,7 @@ class ServedStoreProcess:
     """Runs ``agl store serve`` in a child process and waits until ``/healthz`` answers.
 
     Args:
-        db: SQLite file to serve; ``None`` serves an in-memory store.
+        db: SQLite file to serve, or a ``postgresql://`` DSN (kept as given); ``None`` serves an in-memory store.
         token: Bearer token the server requires.
         retry_policy: Passed as ``--max-attempts`` / ``--heartbeat-timeout`` / ``--rollout-timeout`` / ``--retry-on``.
         port: Port to bind (default: a free one, kept across `restart`).
@@ -47,7 +48,9 @@ class ServedStoreProcess:
         port: int | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
-        self.db = None if db is None else Path(db)
+        self.db: Path | str | None = None
+        if db is not None:
+            self.db = str(db) if is_postgres_dsn(str(db)) else Path(db)
         self.token = token
         self.retry_policy = retry_policy
         self.port = port or free_port()
