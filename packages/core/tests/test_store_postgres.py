@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from agentlightning import PostgresStore
-from agentlightning.store import LightningStore, RetryPolicy, StorageError, StoreError
+from agentlightning.store import LightningStore, RetryPolicy, RolloutRequest, StorageError, StoreError
 from agentlightning.testing import PostgresServer, StoreConformanceTests
 from agentlightning.testing._store_kit import StoreFactory
 
@@ -152,3 +152,24 @@ async def test_text_postgresql_cannot_hold_is_refused_as_bad_input(agl_postgres:
         assert await store.query_rollouts() == []
     finally:
         await store.close()
+
+
+async def test_one_request_sent_to_two_servers_at_once_claims_one_rollout(agl_postgres: PostgresServer) -> None:
+    """A client that retries a dequeue through another server while the first still works on it gets one claim."""
+    dsn = agl_postgres.new_schema()
+    first, second = PostgresStore(dsn, pool_size=2), PostgresStore(dsn, pool_size=2)
+    try:
+        await first.enqueue_rollouts([RolloutRequest(rollout_id=f"same-{i}") for i in range(30)])
+        for i in range(30):
+            a, b = await asyncio.gather(
+                first.dequeue_rollout("w", request_id=f"req-{i}"), second.dequeue_rollout("w", request_id=f"req-{i}")
+            )
+            assert a is not None and a == b
+        stats = await second.stats()
+        assert stats.attempts == 30 and stats.rollouts["running"] == 30
+        assert await first.dequeue_rollout("w", request_id="req-0") == await second.dequeue_rollout(
+            "w", request_id="req-0"
+        )
+    finally:
+        await first.close()
+        await second.close()

@@ -54,20 +54,35 @@ logger = logging.getLogger(__name__)
 
 _INSERT_ROLLOUTS = (
     f"INSERT INTO agl_rollouts ({ROLLOUT_COLUMNS}) "
-    "SELECT r, 'queuing', i, m, g, s, 0, %s, %s, d FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
-    "%s::text[], %s::text[]) WITH ORDINALITY AS t(r, i, m, g, s, d, n) ORDER BY n "
+    "SELECT r, 'queuing', i, m, g, s, 0, %s, %s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+    "%b::text[], %b::text[]) WITH ORDINALITY AS t(r, i, m, g, s, d, n) ORDER BY n "
     f"ON CONFLICT (rollout_id) DO NOTHING RETURNING {ROLLOUT_COLUMNS}"
 )
-# The oldest queuing rollout nobody else is claiming right now: a concurrent claim skips the locked row and takes
-# the next one instead of waiting for it (or claiming it twice).
-_CLAIM_OLDEST = (
-    "UPDATE agl_rollouts SET status = 'running', updated_at = %s WHERE seq = ("
-    "SELECT seq FROM agl_rollouts WHERE status = 'queuing' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
-    f"RETURNING {ROLLOUT_COLUMNS}"
+# A dequeue is this one statement (its own transaction, one round trip): claim the oldest queuing rollout nobody
+# else is claiming right now (a concurrent claim skips the locked row and takes the next one instead of waiting
+# for it), start its attempt, and remember the answer under the request id. A request id already answered claims
+# nothing and reads the answer back instead (the last column, from before the statement); two tries of one request
+# racing through two servers collide on the request's primary key, and the loser's statement changes nothing.
+_DEQUEUE = f"""
+WITH claimed AS (
+    UPDATE agl_rollouts SET status = 'running', updated_at = %(t)s WHERE seq = (
+        SELECT seq FROM agl_rollouts WHERE status = 'queuing'
+            AND NOT EXISTS (SELECT 1 FROM agl_requests WHERE request_id = %(key)s)
+        ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING {ROLLOUT_COLUMNS}
+), attempt AS (
+    INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode)
+    SELECT rollout_id, %(attempt_id)s, retry_count + 1, %(worker)s, 'running', %(t)s, NULL, %(t)s, NULL, mode
+    FROM claimed
+), remembered AS (
+    INSERT INTO agl_requests (request_id, result, created_at)
+    SELECT %(key)s, COALESCE((SELECT json_build_array(rollout_id, %(attempt_id)s::text)::text FROM claimed), 'null'),
+        %(t)s
+    WHERE %(key)s::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM agl_requests WHERE request_id = %(key)s)
 )
-_INSERT_ATTEMPT = (
-    f"INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode) VALUES (%s, %s, %s, %s, 'running', %s, NULL, %s, NULL, %s)"
-)
+SELECT {ROLLOUT_COLUMNS}, NULL FROM claimed
+UNION ALL SELECT {", ".join(["NULL"] * 10)}, result FROM agl_requests WHERE request_id = %(key)s
+"""
 _UPDATE_ROLLOUT = (
     "UPDATE agl_rollouts SET status = %s, updated_at = %s, retry_count = retry_count + %s WHERE rollout_id = %s "
     f"RETURNING {ROLLOUT_COLUMNS}"
@@ -210,47 +225,43 @@ class PostgresStore(PostgresRecords):
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
-        With a ``request_id``, the claim is remembered in the database in the same transaction: a retried
+        With a ``request_id``, the claim is remembered in the database in the same statement: a retried
         request (same id) gets the same rollout and attempt back, through any server sharing the database.
         """
         if worker_id is not None:
             check_id("worker_id", worker_id)
         key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+        if now() > self._no_timeout_before:  # an attempt may have timed out (of any server): end it first
+            await self.check_timeouts()
+        unique_violation = self._psycopg.errors.UniqueViolation
 
-        def write(conn: Any) -> tuple[Claim | None, bool]:
-            if key is not None:
-                seen = self._lock_request(conn, key)
-                if seen is not None:
-                    return self._replay_claim(conn, seen), False
+        def claim(conn: Any) -> Claim | None:
             t = now()
-            _, finished = self._apply_timeouts(conn, t)
-            row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
-            claim = None if row is None else self._start_attempt(conn, rollout_from_row(row), worker_id, t)
+            params = {"t": t, "key": key, "attempt_id": new_id("at"), "worker": worker_id}
+            try:
+                row = conn.execute(_DEQUEUE, params).fetchone()
+            except unique_violation:  # another try of this request won the race: read its answer
+                row = conn.execute(_DEQUEUE, {**params, "t": now()}).fetchone()
+            if row is None:
+                if key is not None:
+                    self._count_request(conn, t)
+                return None
+            if row[0] is None:  # a request answered before: the same answer
+                return self._replay_claim(conn, row[10])
+            rollout = rollout_from_row(row)
+            attempt = Attempt(
+                rollout_id=rollout.rollout_id,
+                attempt_id=params["attempt_id"],
+                sequence=rollout.retry_count + 1,
+                worker_id=worker_id,
+                start_time=t,
+                last_heartbeat=t,
+            )
             if key is not None:
-                ids = None if claim is None else [claim.rollout.rollout_id, claim.attempt.attempt_id]
-                self._remember_request(conn, key, dump_json(ids, "claim"), t)
-            return claim, finished
+                self._count_request(conn, t)
+            return Claim(rollout=rollout, attempt=attempt)
 
-        claim, finished = await self._write(write)
-        if finished:
-            self._notifier.notify()
-        return claim
-
-    @staticmethod
-    def _start_attempt(conn: Any, rollout: Rollout, worker_id: str | None, t: float) -> Claim:
-        sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
-        attempt = Attempt(
-            rollout_id=rollout.rollout_id,
-            attempt_id=new_id("at"),
-            sequence=sequence,
-            worker_id=worker_id,
-            start_time=t,
-            last_heartbeat=t,
-        )
-        conn.execute(
-            _INSERT_ATTEMPT, (rollout.rollout_id, attempt.attempt_id, sequence, worker_id, t, t, rollout.mode)
-        )
-        return Claim(rollout=rollout, attempt=attempt)
+        return await self._read(claim)
 
     def _replay_claim(self, conn: Any, result: str) -> Claim | None:
         ids = from_json(result)

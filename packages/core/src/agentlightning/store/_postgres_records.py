@@ -51,12 +51,12 @@ _R = TypeVar("_R")
 
 _INSERT_SPANS = (
     "INSERT INTO agl_spans (rollout_id, attempt_id, span_id, sequence_id, data) "
-    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[]) ORDER BY 1, 2, 3 "
+    "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[]) ORDER BY 1, 2, 3 "
     "ON CONFLICT DO NOTHING"
 )
 _INSERT_CALLS = (
     "INSERT INTO agl_llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
-    "SELECT c, r, a, s, d FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[]) WITH ORDINALITY "
+    "SELECT c, r, a, s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::text[]) WITH ORDINALITY "
     "AS t(c, r, a, s, d, n) ORDER BY n ON CONFLICT DO NOTHING"
 )
 _SET_REWARD = (
@@ -67,6 +67,8 @@ _SET_VERSION = (
     "UPDATE agl_attempts SET model_version = %s WHERE attempt_id = %s AND rollout_id = %s "
     "AND (model_version IS NULL OR model_version < %s)"
 )
+# Batches travel as arrays in PostgreSQL's binary format (%b): the text format quotes every JSON document inside
+# the array literal, which made a batch of 500 spans cost ~70 ms in the driver instead of ~10 ms.
 _SPAN_JSON = Span.__pydantic_serializer__.to_json
 _KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
@@ -179,7 +181,10 @@ class PostgresRecords:
                     raise StoreError(f"PostgreSQL store {self.where}: {one_line(exc)}") from exc
                 logger.debug("retrying a transaction of the PostgreSQL store: %s", one_line(exc))
             except psycopg.DataError as exc:  # text with NUL, a number out of range: the request's fault
-                raise ValueError(f"the PostgreSQL store cannot store this value: {one_line(exc)}") from None
+                reason = one_line(exc)
+                if "0x00" in reason or "NUL" in reason:
+                    reason = "text must not contain NUL characters (\\x00)"
+                raise ValueError(f"the PostgreSQL store cannot store this value: {reason}") from None
             except psycopg.Error as exc:
                 error = self._health.failed(exc) if write else None
                 if error is not None:
@@ -225,6 +230,10 @@ class PostgresRecords:
             "ON CONFLICT (request_id) DO UPDATE SET result = EXCLUDED.result, created_at = EXCLUDED.created_at",
             (key, result, t),
         )
+        self._count_request(conn, t)
+
+    def _count_request(self, conn: Any, t: float) -> None:
+        """Count a remembered request; every `_PURGE_EVERY`, forget those older than `REQUEST_MEMORY_SECONDS`."""
         self._requests_since_purge += 1
         if self._requests_since_purge >= _PURGE_EVERY:
             self._requests_since_purge = 0
