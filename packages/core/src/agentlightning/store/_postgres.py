@@ -237,7 +237,8 @@ class PostgresStore(PostgresRecords):
 
         def claim(conn: Any) -> Claim | None:
             t = now()
-            params = {"t": t, "key": key, "attempt_id": new_id("at"), "worker": worker_id}
+            attempt_id = new_id("at")
+            params = {"t": t, "key": key, "attempt_id": attempt_id, "worker": worker_id}
             try:
                 row = conn.execute(_DEQUEUE, params).fetchone()
             except unique_violation:  # another try of this request won the race: read its answer
@@ -251,7 +252,7 @@ class PostgresStore(PostgresRecords):
             rollout = rollout_from_row(row)
             attempt = Attempt(
                 rollout_id=rollout.rollout_id,
-                attempt_id=params["attempt_id"],
+                attempt_id=attempt_id,
                 sequence=rollout.retry_count + 1,
                 worker_id=worker_id,
                 start_time=t,
@@ -261,7 +262,7 @@ class PostgresStore(PostgresRecords):
                 self._count_request(conn, t)
             return Claim(rollout=rollout, attempt=attempt)
 
-        return await self._read(claim)
+        return await self._write_statement(claim)
 
     def _replay_claim(self, conn: Any, result: str) -> Claim | None:
         ids = from_json(result)

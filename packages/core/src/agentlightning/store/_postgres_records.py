@@ -156,13 +156,17 @@ class PostgresRecords:
 
     async def _read(self, fn: Callable[..., _R], *args: Any) -> _R:
         """``fn(conn, *args)`` in a worker thread on a pooled connection (autocommit: each statement alone)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args, False)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args, False, False)
 
     async def _write(self, fn: Callable[..., _R], *args: Any) -> _R:
         """``fn(conn, *args)`` in one transaction, committed before the result is handed back."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args, True)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args, True, True)
 
-    def _run(self, fn: Callable[..., _R], args: tuple[Any, ...], write: bool) -> _R:
+    async def _write_statement(self, fn: Callable[..., _R], *args: Any) -> _R:
+        """``fn(conn, *args)`` whose writes are each one statement (its own transaction, one round trip)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args, False, True)
+
+    def _run(self, fn: Callable[..., _R], args: tuple[Any, ...], transaction: bool, write: bool) -> _R:
         psycopg = self._psycopg
         errors = psycopg.errors
         for attempt in range(1, _TRANSACTION_TRIES + 1):
@@ -170,11 +174,13 @@ class PostgresRecords:
                 raise StoreError(f"PostgreSQL store {self.where} is closed")
             try:
                 with self._pool.connection() as conn:
-                    if not write:
-                        return fn(conn, *args)
-                    with conn.transaction():
+                    if not transaction:
                         result = fn(conn, *args)
-                self._health.succeeded()
+                    else:
+                        with conn.transaction():
+                            result = fn(conn, *args)
+                if write:
+                    self._health.succeeded()
                 return result
             except (errors.DeadlockDetected, errors.SerializationFailure) as exc:
                 if attempt == _TRANSACTION_TRIES:
