@@ -222,10 +222,15 @@ async def _two_server_figures(urls: list[str], scale: float) -> dict[str, float]
 
 
 def postgres_two_servers_section(args: argparse.Namespace) -> dict[str, float]:
-    """Two served PostgreSQL stores over one database (--db), clients split between them."""
+    """Side by side (--db): SQLite, PostgreSQL with one server, PostgreSQL with two (clients split between them)."""
     if args.db is None:
         return {}
     scale = 0.25 if args.quick else 1.0
+    with (
+        tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
+        ServedStoreProcess(Path(tmp) / "side.db", token=TOKEN) as sqlite,
+    ):
+        lite = asyncio.run(_two_server_figures([sqlite.url], scale))
     with _database(args) as dsn:
         fresh = _fresh_schema(dsn)
         with (
@@ -235,13 +240,17 @@ def postgres_two_servers_section(args: argparse.Namespace) -> dict[str, float]:
             two = asyncio.run(_two_server_figures([first.url, second.url], scale))
         with ServedStoreProcess(_fresh_schema(dsn), token=TOKEN) as only:
             one = asyncio.run(_two_server_figures([only.url], scale))
-    return {f"one_server_{k}": v for k, v in one.items()} | {f"two_servers_{k}": v for k, v in two.items()}
+    return (
+        {f"sqlite_{k}": v for k, v in lite.items()}
+        | {f"postgres_one_server_{k}": v for k, v in one.items()}
+        | {f"postgres_two_servers_{k}": v for k, v in two.items()}
+    )
 
 
 SECTIONS: list[tuple[str, Section]] = [
     ("store", store_section),
     ("postgres", postgres_section),
-    ("postgres_servers", postgres_two_servers_section),
+    ("side_by_side", postgres_two_servers_section),
 ]
 """Benchmark sections in run order: (name, function). Figures are prefixed with the section name."""
 
