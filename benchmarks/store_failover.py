@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/store_failover.py [--rollouts 2000] [--runners 16] [--db postgresql://...]``
 (without ``--db`` a throwaway PostgreSQL server is started here). Runners are split between the two servers
-through a TCP load balancer (`agentlightning.testing._failover`), each rollout is claimed, gets four spans in two
+through a TCP load balancer (`agentlightning.testing.run_failover`), each rollout is claimed, gets four spans in two
 batches and is finished; a third of the way through, the first server is killed with SIGKILL. Prints the checks
 (each rollout claimed exactly once, every acknowledged span and finish stored once, the killed server's runners
 carried on) and rollouts/s, then one JSON line. ``tests/test_store_postgres_servers.py`` runs the same, smaller.
@@ -17,8 +17,7 @@ import json
 import sys
 from collections.abc import Iterator
 
-from agentlightning.testing import PostgresServer
-from agentlightning.testing._failover import FailoverReport, run_failover
+from agentlightning.testing import FailoverReport, PostgresServer, run_failover
 
 
 @contextlib.contextmanager

@@ -1,13 +1,12 @@
 """Two ``agl store serve`` processes over one PostgreSQL database, runners split between them, one server
 SIGKILLed mid-run: every rollout is claimed exactly once, every acknowledged span and finish is stored once, and
-the killed server's runners carry on through the other one (see `agentlightning.testing._failover`)."""
+the killed server's runners carry on through the other one (see `agentlightning.testing.run_failover`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentlightning.testing import PostgresServer
-from agentlightning.testing._failover import run_failover
+from agentlightning.testing import PostgresServer, run_failover
 
 pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
 
