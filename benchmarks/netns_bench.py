@@ -28,6 +28,7 @@ import agentlightning as agl
 
 STORE_TOKEN = "bench-store-token-0123456789"
 PROXY_TOKEN = "bench-proxy-token-0123456789"
+RUNNER_TOKEN = "bench-runner-token-0123456789"
 STORE_PORT, PROXY_PORT = 4747, 4748
 HERE = Path(__file__).resolve().parent
 
@@ -112,7 +113,7 @@ class Topology:
 
 def _serve(topo: Topology, db: Path, log: Path) -> None:
     agl_cmd = [sys.executable, "-m", "agentlightning.cli"]
-    env = {"AGL_STORE_TOKEN": STORE_TOKEN, "AGL_PROXY_TOKEN": PROXY_TOKEN}
+    env = {"AGL_STORE_TOKEN": STORE_TOKEN, "AGL_PROXY_TOKEN": PROXY_TOKEN, "AGL_PROXY_RUNNER_TOKEN": RUNNER_TOKEN}
     model = topo.popen(topo.trainer, [sys.executable, "-c", MODEL], env, stdout=subprocess.PIPE, text=True)
     assert model.stdout is not None
     model_url = model.stdout.readline().strip()
@@ -126,7 +127,8 @@ def _serve(topo: Topology, db: Path, log: Path) -> None:
 
 
 async def _publish(store: agl.LightningStore, topo: Topology) -> None:
-    llm = agl.LLMResource(endpoint=f"http://{topo.trainer_ip}:{PROXY_PORT}", model="toy", api_key=PROXY_TOKEN)
+    endpoint = f"http://{topo.trainer_ip}:{PROXY_PORT}"
+    llm = agl.LLMResource(endpoint=endpoint, model="toy", api_key=PROXY_TOKEN, runner_token=RUNNER_TOKEN)
     await store.add_resources(agl.Resources(resources_id=f"bench-{time.time_ns()}", items={"llm": llm}))
 
 

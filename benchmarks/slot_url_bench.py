@@ -41,7 +41,7 @@ from agentlightning.testing import ScriptedModelServer, ScriptedReply
 from agentlightning.tracing import current_rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "calc"))
-from calc_agent import build_graph, calc_agent, score  # pyright: ignore[reportMissingImports]  # the quickstart agent
+from calc_agent import GRAPH, calc_agent, score  # pyright: ignore[reportMissingImports]  # the quickstart agent
 
 TOKEN = "bench-token-0123456789"
 
@@ -73,7 +73,7 @@ async def _per_rollout_agent(task: dict[str, Any], resources: agl.Resources, sha
         **clients,
         **llm_resource.sampling_parameters,
     )
-    result = await build_graph(llm).ainvoke({"messages": [HumanMessage(task["question"])]})
+    result = await GRAPH.ainvoke({"messages": [HumanMessage(task["question"])]}, {"configurable": {"llm": llm}})
     return score(result["messages"][-1], int(task["answer"]))
 
 
@@ -94,7 +94,7 @@ async def _measure(agent: Any, n: int, backend: str) -> dict[str, float]:
     proxy = LLMProxy(store, [backend], token=TOKEN)
     await proxy.start()
     try:
-        llm = agl.LLMResource(endpoint=proxy.url, model="toy", api_key=TOKEN, sampling_parameters={"temperature": 1})
+        llm = proxy.llm_resource("toy", sampling_parameters={"temperature": 1})  # runners register slots with it
         await store.add_resources(agl.Resources(resources_id="r", items={"llm": llm}))
         tasks = [{"question": f"Q:{i}*{i + 7}+3=", "answer": i * (i + 7) + 3} for i in range(n)]
         for task in tasks:

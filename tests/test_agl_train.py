@@ -37,7 +37,7 @@ def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "dashboard: http://127.0.0.1:" in done.stderr
+    assert "dashboard: http://127.0.0.1:" in done.stderr and "/ui#token=" in done.stderr
     reports = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [report["iteration"] for report in reports] == [1, 2]
     # Sampling is not reproducible across runner processes (what a decode batch holds depends on arrival order), so
@@ -49,6 +49,44 @@ def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path
     original = AutoModelForCausalLM.from_pretrained(CHECKPOINT)
     deltas = [(a - b).abs().max().item() for a, b in zip(trained.parameters(), original.parameters(), strict=True)]
     assert (max(deltas) > 0) == (updates > 0)
+
+
+def _answer(url: str, token: str | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path) -> None:
+    """A web page in the user's browser could write to a tokenless store on loopback: agl train's has a token."""
+    import urllib.error
+
+    from agentlightning.testing import free_port
+    from agentlightning_torch import cli
+
+    port = free_port()
+    process, url = cli._start_dashboard(tmp_path / "store.db", port)  # pyright: ignore[reportPrivateUsage]
+    try:
+        base, _, token = url.partition("/ui#token=")
+        assert base == f"http://127.0.0.1:{port}" and len(token) >= 32
+        while True:  # until it listens (or exits: then the assertion says so)
+            assert process.poll() is None, f"the dashboard's store server exited with {process.returncode}"
+            try:
+                assert _answer(base + "/healthz") == 200
+                break
+            except urllib.error.URLError:
+                time.sleep(0.05)
+        assert token.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes()  # `ps` does not show it
+        assert _answer(base + "/v1/stats") == 401
+        assert _answer(base + "/v1/stats", token) == 200
+    finally:
+        cli._stop_children([process])  # pyright: ignore[reportPrivateUsage]
 
 
 def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path) -> None:

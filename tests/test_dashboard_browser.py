@@ -6,13 +6,28 @@ rollouts raise after their LLM calls, so they fail with a traceback and are retr
 ``chromium``, driven by Playwright) then logs in, is refused with a wrong token, filters the rollout table to
 failed rollouts, opens one and sees its span tree, the traceback, the chat and the transitions. Every view is
 saved as a screenshot under ``runs/test-artifacts/dashboard`` (or ``$AGL_TEST_ARTIFACTS``).
+
+Started without a token, ``agl store serve`` makes one and prints the dashboard's address with it (``#token=``):
+Chromium opens that address straight into the runs view. A page of another origin in the same browser tries what
+a malicious site would (a ``no-cors`` fetch that replaces the resources, a form post that enqueues a rollout) and
+changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import http.server
+import json
 import os
+import re
 import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -29,7 +44,7 @@ from langgraph.prebuilt import ToolNode
 
 import agentlightning as agl
 from agentlightning.proxy import LLMProxy
-from agentlightning.testing import ScriptedModelServer, ScriptedReply, ServedStoreProcess
+from agentlightning.testing import ScriptedModelServer, ScriptedReply, ServedStoreProcess, free_port
 from agentlightning_langchain import LangChainAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +144,7 @@ async def _fill(url: str) -> None:
             try:
                 for version in (1, 2):
                     proxy.model_version = version
-                    llm = agl.LLMResource(endpoint=proxy.url, model="toy")
+                    llm = proxy.llm_resource("toy")
                     await store.add_resources(agl.Resources(resources_id=f"policy-v{version}", items={"llm": llm}))
                     requests = [
                         agl.RolloutRequest(
@@ -270,3 +285,146 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     assert "policy-v2" in page.inner_text("#resources-table tbody tr:first-child")
     assert page.locator("#resources-table .badge.current").count() == 1
     page.screenshot(path=str(shots / "resources.png"), full_page=True)
+
+
+def _wait_until_healthy(url: str, proc: subprocess.Popen[str]) -> None:
+    """Until ``url`` answers 200 (the address is printed just before the socket listens)."""
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            threading.Event().wait(0.05)
+    raise AssertionError(f"agl store serve exited with {proc.returncode}")
+
+
+@contextmanager
+def _store_served_without_a_token(db: Path) -> Iterator[str]:
+    """``agl store serve`` as a user starts it, no token given; yields the dashboard address it prints."""
+    port = free_port()
+    env = {**os.environ, "AGL_STORE_TOKEN": "", "COLUMNS": "400"}
+    cmd = [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stderr is not None
+        address = next((line.split("dashboard:", 1)[1].split()[0] for line in proc.stderr if "dashboard:" in line), "")
+        assert address, f"agl store serve exited with {proc.wait()} before printing its dashboard address"
+        _wait_until_healthy(address.split("/ui", 1)[0] + "/healthz", proc)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _browser(chromium: str) -> Any:
+    from playwright.sync_api import sync_playwright
+
+    playwright = sync_playwright().start()
+    browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)
+    return playwright, browser
+
+
+def test_dashboard_opens_with_the_token_in_its_address(tmp_path: Path) -> None:
+    chromium = _chromium()
+    with _store_served_without_a_token(tmp_path / "store.db") as address:
+        match = re.fullmatch(r"(http://127\.0\.0\.1:\d+/ui)#token=([\w-]+)", address)
+        assert match is not None, address
+        playwright, browser = _browser(chromium)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            # the browser's own /favicon.ico request is refused (401) without a token: only API refusals count
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
+            page.on("response", lambda r: errors.append(r.url) if r.status == 401 and "/v1/" in r.url else None)
+            page.goto(address)
+            page.wait_for_selector("main#view[data-view=runs][data-loaded]")
+            assert page.is_hidden("#login") and page.is_visible("#nav")
+            # the token moved to the tab's sessionStorage and out of the address bar (and its history entry)
+            assert page.url == match.group(1) and match.group(2) not in page.url
+            assert page.evaluate("Object.values(sessionStorage)") == [match.group(2)]
+            page.goto(match.group(1) + "#/resources")  # the tab keeps it while it lives
+            page.wait_for_selector("main#view[data-view=resources][data-loaded]")
+            assert errors == [], errors
+            # without the token (another tab's session) the page asks for it
+            other = browser.new_page()
+            other.goto(match.group(1))
+            other.wait_for_selector("#login-form", state="visible")
+        finally:
+            browser.close()
+            playwright.stop()
+
+
+_EVIL_RESOURCES = {"resources_id": "evil", "items": {"llm": {"kind": "llm", "endpoint": "http://evil.example/v1",
+                                                               "model": "m"}}}  # fmt: skip
+# A text/plain form whose one field, name=value, reads as JSON: the classic form-post-as-JSON trick.
+_FORM_NAME = '{"requests": [{"rollout_id": "sneaked", "input": "'
+_FORM_VALUE = '"}]}'
+
+
+@contextmanager
+def _foreign_site() -> Iterator[str]:
+    """Another origin (``http://localhost:<other port>``) serving one page with a form."""
+    page = (
+        '<!doctype html><html><body><form id="f" method="post" enctype="text/plain">'
+        f'<input type="hidden" name="{html.escape(_FORM_NAME)}" value="{html.escape(_FORM_VALUE)}"></form>'
+        "</body></html>"
+    ).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_page_of_another_origin_changes_nothing(tmp_path: Path) -> None:
+    """What a malicious site open in the user's browser did to the dashboard's store: replace the resources with
+    its own LLM endpoint (``fetch`` ``no-cors``, a ``text/plain`` body) and enqueue rollouts (a form post)."""
+    chromium = _chromium()
+    db = tmp_path / "store.db"
+    with _store_served_without_a_token(db) as address, _foreign_site() as foreign:
+        base = address.split("/ui", 1)[0]
+        playwright, browser = _browser(chromium)
+        try:
+            page = browser.new_page()
+            page.goto(foreign)
+            page.evaluate(
+                """async ([url, body]) => {
+                    await fetch(url, {method: "POST", mode: "no-cors", body, headers: {"Content-Type": "text/plain"}});
+                }""",
+                [base + "/v1/resources", json.dumps(_EVIL_RESOURCES)],
+            )
+            page.evaluate("url => { document.getElementById('f').action = url; }", base + "/v1/rollouts/enqueue")
+            with page.expect_navigation():
+                page.evaluate("document.getElementById('f').submit()")
+            answer = json.loads(page.inner_text("body"))
+        finally:
+            browser.close()
+            playwright.stop()
+
+    async def stored() -> tuple[Any, Any]:
+        store = agl.SqliteStore(db)
+        try:
+            return await store.get_resources(), await store.query_rollouts()
+        finally:
+            await store.close()
+
+    resources, rollouts = asyncio.run(stored())
+    assert resources is None and rollouts == [], (resources, rollouts)
+    assert answer["error"] in ("unauthorized", "forbidden", "unsupported_media_type"), answer

@@ -218,7 +218,7 @@ async def test_agent_searches_twice_and_is_rewarded_through_runner_and_proxy(
     store = agl.SqliteStore(tmp_path / "store.db")
     with ScriptedModelServer(script) as model:
         async with LLMProxy(store, [model.base_url]) as proxy:
-            llm = agl.LLMResource(endpoint=proxy.url, model="toy", sampling_parameters={"temperature": 0.0})
+            llm = proxy.llm_resource("toy", sampling_parameters={"temperature": 0.0})
             await store.add_resources(agl.Resources(resources_id="v1", items={"llm": llm}))
             first = await store.enqueue_rollout(good.to_dict())
             second = await store.enqueue_rollout(one_hop.to_dict())

@@ -70,8 +70,15 @@ class Block:
 
 
 def _readmes() -> list[Path]:
-    skip = {".venv", "node_modules", ".git", "__pycache__"}
-    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+    """The project's READMEs: none under a hidden folder (virtualenvs such as ``.venv`` and ``.venv-vllm``, ``.git``)
+    or an installed tree (pruned while walking: a virtualenv holds tens of thousands of files)."""
+    skip = {"node_modules", "__pycache__", "site-packages"}
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
+        if "README.md" in files:
+            found.append(Path(folder) / "README.md")
+    return sorted(found)
 
 
 def parse_blocks(readme: Path, text: str | None = None) -> list[Block]:

@@ -115,7 +115,7 @@ async def setup(backend: ScriptedModelServer) -> AsyncIterator[tuple[MemoryStore
     counter = ConnectionCounter(proxy.app)
     proxy.app = counter  # type: ignore[assignment]  # served as is by start()
     await proxy.start()
-    llm = agl.LLMResource(endpoint=proxy.url, model="toy", api_key=TOKEN)
+    llm = proxy.llm_resource("toy")  # with the runner token: runners register their slots
     await store.add_resources(agl.Resources(resources_id="r1", items={"llm": llm}))
     try:
         yield store, proxy, counter
@@ -142,7 +142,9 @@ async def test_32_concurrent_rollouts_over_4_slots_are_attributed_and_reuse_thei
     assert len(SEEN) == 32 and len(urls) == 4 and all("/slot/" in url for url in urls)
     # one kept-alive connection per slot's cached client, not a new client (and connection) per rollout
     assert 4 <= len(counter.connections) <= 8, counter.connections
-    assert len(proxy.slots) == 0  # the runner cleared its slots when it stopped
+    # each rollout's end was reported: the four slots now name ended attempts (a late call would get 409)
+    slots = [proxy.slots.occupant(key) for key in proxy.slots]
+    assert len(slots) == 4 and all(slot is not None and slot.ended for slot in slots)
 
 
 async def test_a_timed_out_agent_calling_late_is_refused_not_recorded_under_the_next_rollout(
@@ -158,8 +160,9 @@ async def test_a_timed_out_agent_calling_late_is_refused_not_recorded_under_the_
     await runner.arun()
     assert (await store.get_rollout(stale.rollout_id)).status != "succeeded"
     assert (await store.get_rollout(following.rollout_id)).status == "succeeded"
-    assert isinstance(STALE["error"], openai.NotFoundError), STALE["error"]  # refused: its slot moved on
-    assert SEEN["stale"] != SEEN["next"]  # same worker slot, new generation
+    # refused as a call of the timed-out attempt (its end was reported), not sent to the slot's next rollout
+    assert isinstance(STALE["error"], openai.ConflictError), STALE["error"]
+    assert SEEN["stale"] != SEEN["next"]  # same worker slot, new key
     stale_calls = await store.query_llm_calls(stale.rollout_id)
     next_calls = await store.query_llm_calls(following.rollout_id)
     assert [c.request["messages"][0]["content"] for c in stale_calls] == ["stale-on-time"]

@@ -271,7 +271,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
 
         dashboard = DashboardServer(db).start()
         console.print(f"[bold]dashboard[/]: {dashboard.url} (live while training; later: agl store serve --db {db})")
-    runners = start_runners(opened.runner_args, args.workers, args.runners, serving.token, args.agent)
+    runners = start_runners(opened.runner_args, args.workers, args.runners, opened.token, args.agent)
     progress = Progress(
         TextColumn("[bold]RL"),
         BarColumn(),

@@ -2,6 +2,7 @@
 
 On the GPU machine, three processes (see ``examples/rag/README.md``)::
 
+    export AGL_STORE_TOKEN=$(python3 -c "import secrets; print(secrets.token_urlsafe(32))")
     agl store serve --db runs/rag-verl/store.db --host 127.0.0.1 --port 4747
     python examples/rag/run_agents.py --store-url http://127.0.0.1:4747 --workers 128
     python examples/rag/verl_gpu.py --store http://127.0.0.1:4747 --proxy-token "$AGL_PROXY_TOKEN"
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,13 +54,14 @@ CONFIG = VerlTrainerConfig(
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", required=True, help="URL of `agl store serve`")
+    parser.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN"), help="($AGL_STORE_TOKEN)")
     parser.add_argument("--proxy-token", required=True, help="bearer token agents send to the LLM proxy (16+ chars)")
     parser.add_argument("--data", type=Path, default=HERE / "data", help="folder with train.jsonl (make_data.py)")
     args = parser.parse_args()
     from agentlightning.store import StoreClient
 
     # StoreClient serves the LightningStore API; pyright reads its retry_policy property as a protocol mismatch
-    store: Any = StoreClient(args.store)
+    store: Any = StoreClient(args.store, token=args.store_token)
     tasks = [task.to_dict() for task in read_tasks(args.data / "train.jsonl")]
     loop = CONFIG.loop_config(
         output_dir="runs/rag-verl",

@@ -25,6 +25,12 @@ from agentlightning.testing import ScriptedModelServer
 GATE: dict[str, asyncio.Event] = {}
 
 
+def _auth(api_key: str | None) -> dict[str, str]:
+    """What an OpenAI client sends with the published ``api_key`` (the loop's proxy always has a token)."""
+    assert api_key, "the loop publishes its proxy's token as the LLM resource's api_key"
+    return {"Authorization": f"Bearer {api_key}"}
+
+
 async def _call(task: dict[str, Any], resources: agl.Resources) -> None:
     """One LLM call through the proxy, its span joined to the proxy's record by response id."""
     llm = resources.llm
@@ -33,7 +39,7 @@ async def _call(task: dict[str, Any], resources: agl.Resources) -> None:
     with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
         async with (
             aiohttp.ClientSession() as http,
-            http.post(f"{agl.llm_base_url()}/chat/completions", json=request) as resp,
+            http.post(f"{agl.llm_base_url()}/chat/completions", json=request, headers=_auth(llm.api_key)) as resp,
         ):
             body = await resp.json()
             assert resp.status == 200, body
@@ -139,6 +145,7 @@ async def test_loop_cancels_late_rollouts_trains_on_served_versions_and_resumes(
         published = loop.resources("sample")
         assert published.llm is not None and published.llm.endpoint == loop.proxy.url
         assert published.llm.sampling_parameters == {"temperature": 1.0, "max_tokens": 16}
+        assert published.llm.runner_token == loop.proxy.runner_token  # runners register their slots with it
     finally:
         GATE["slow"].set()
         runner.stop()
@@ -390,3 +397,24 @@ def test_max_staleness_is_0_or_1_and_needs_an_engine_that_serves_during_the_upda
         _config(tmp_path, max_staleness=2)
     with pytest.raises(ValueError, match="FakeEngine does not"):
         RLLoop(_config(tmp_path, max_staleness=1), FakeEngine())
+
+
+async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Path) -> None:
+    """No ``ProxySettings.token`` on loopback: the loop makes one (a web page in a local browser reaches the port)."""
+    engine = FakeEngine()
+    loop = RLLoop(_config(tmp_path), engine)
+    store = agl.MemoryStore()
+    await loop.start(store)
+    try:
+        token = loop.proxy.token
+        assert token is not None and len(token) >= 32
+        assert {loop.resources(mode).llm.api_key for mode in ("sample", "greedy")} == {token}  # type: ignore[union-attr]
+        request = {"model": "toy", "messages": [{"role": "user", "content": "hi"}]}
+        url = f"{loop.proxy.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=request) as resp:
+                assert resp.status == 401
+            async with http.get(f"{loop.proxy.url}/v1/models", headers=_auth(token)) as resp:
+                assert resp.status == 200
+    finally:
+        await loop.stop()

@@ -315,6 +315,8 @@ async def test_admin_routes_need_the_token_and_control_the_proxy(
                 "backends": [backend.url],
                 "model_version": 4,
                 "resent": 0,
+                "slots": 0,
+                "late_calls": 0,
             }
         async with http.post(f"{proxy.url}/admin/backends", headers=auth, json={"backends": ["ftp://x"]}) as resp:
             assert resp.status == 400 and "http://" in (await resp.json())["error"]["message"]

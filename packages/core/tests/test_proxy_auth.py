@@ -1,4 +1,7 @@
-"""Who may use the LLM proxy: the agents' token on every route, the admin token on admin routes, off-loopback rules."""
+"""Who may use the LLM proxy: the agents' token on agent routes, the admin token on admin routes, off-loopback rules.
+
+The runner token of the slot routes: `test_proxy_slot_security.py`.
+"""
 
 from __future__ import annotations
 
@@ -90,6 +93,11 @@ async def test_off_loopback_needs_a_long_token_and_an_advertised_address(
         await proxy.start()
 
 
+def test_the_runner_token_must_differ_from_the_agents_token(backend: ScriptedModelServer) -> None:
+    with pytest.raises(ValueError, match="runner_token must differ from token"):
+        LLMProxy(MemoryStore(), [backend.url], token=TOKEN, runner_token=TOKEN)
+
+
 async def test_bound_to_every_interface_it_publishes_the_advertised_url(backend: ScriptedModelServer) -> None:
     store = MemoryStore()
     attempt = (await start_attempts(store, ["r"]))["r"]
@@ -109,6 +117,7 @@ async def test_bound_to_every_interface_it_publishes_the_advertised_url(backend:
         (["--host", "0.0.0.0"], "without a token"),
         (["--host", "0.0.0.0", "--token", "abc"], "at least 16"),
         (["--host", "0.0.0.0", "--token", TOKEN, "--admin-token", "abc"], "at least 16"),
+        (["--host", "0.0.0.0", "--token", TOKEN, "--runner-token", "abc"], "at least 16"),
     ],
 )
 def test_agl_proxy_serve_refuses_weak_tokens_off_loopback(args: list[str], message: str) -> None:

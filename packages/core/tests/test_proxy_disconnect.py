@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -73,7 +72,7 @@ async def test_agent_disconnect_closes_the_backend_leg(store: MemoryStore, backe
         first_bytes = asyncio.Event()
 
         async def agent() -> None:
-            async with aiohttp.ClientSession() as session, session.post(url, data=json.dumps(body)) as resp:
+            async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
                 await resp.content.readany()  # streams: the first event; plain: blocks until hang-up
                 first_bytes.set()
                 await asyncio.Event().wait()

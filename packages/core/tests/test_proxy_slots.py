@@ -1,4 +1,7 @@
-"""Runner slots on the LLM proxy over real loopback HTTP: a stable URL per slot, routed to the attempt it runs now."""
+"""Runner slots on the LLM proxy over real loopback HTTP: a stable URL per slot, routed to the attempt it runs now.
+
+Who may register slots and what happens to calls after an attempt's end: ``test_proxy_slot_security.py``.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from agentlightning.store import MemoryStore
 from agentlightning.testing import ScriptedModelServer, start_attempts
 
 TOKEN = "agents-token-0123456789"
+RUNNER_TOKEN = "runner-token-0123456789"
 
 
 @pytest.fixture
@@ -35,12 +39,12 @@ async def store() -> MemoryStore:
 
 @pytest.fixture
 async def proxy(store: MemoryStore, backend: ScriptedModelServer) -> AsyncIterator[LLMProxy]:
-    async with LLMProxy(store, [backend.url], token=TOKEN) as running:
+    async with LLMProxy(store, [backend.url], token=TOKEN, runner_token=RUNNER_TOKEN) as running:
         yield running
 
 
 async def _slot(
-    proxy: LLMProxy, method: str, key: str, body: object, token: str | None = TOKEN
+    proxy: LLMProxy, method: str, key: str, body: object, token: str | None = RUNNER_TOKEN
 ) -> aiohttp.ClientResponse:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
@@ -97,11 +101,9 @@ async def test_a_slot_with_no_attempt_is_refused_and_nothing_is_recorded(proxy: 
     assert await store.query_llm_calls("ro-a") == []
 
 
-async def test_slot_routes_need_the_agents_token_and_valid_ids(proxy: LLMProxy) -> None:
-    assert (await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r", "attempt_id": "a"}, token=None)).status == 401
-    assert (
-        await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r", "attempt_id": "a"}, token="wrong-token-0123456")
-    ).status == 401
+async def test_slot_routes_need_the_runner_token_and_valid_ids(proxy: LLMProxy) -> None:
+    for token in (None, "wrong-token-0123456", TOKEN):  # the agents' token included
+        assert (await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r", "attempt_id": "a"}, token=token)).status == 401
     assert (await _slot(proxy, "PUT", "k.0.0", {"rollout_id": "r"})).status == 400
     assert (await _slot(proxy, "PUT", "k.0.0", ["r", "a"])).status == 400
     assert len(proxy.slots) == 0
@@ -109,12 +111,19 @@ async def test_slot_routes_need_the_agents_token_and_valid_ids(proxy: LLMProxy) 
 
 async def test_registrar_falls_back_when_the_endpoint_knows_no_slots(backend: ScriptedModelServer) -> None:
     registrar = SlotRegistrar()
-    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=backend.url, model="toy")})
+    no_token = Resources(resources_id="n", items={"llm": LLMResource(endpoint=backend.url, model="toy")})
+    llm = LLMResource(endpoint=backend.url, model="toy", runner_token=RUNNER_TOKEN)
+    resources = Resources(resources_id="r", items={"llm": llm})
     try:
+        assert await registrar.acquire(0, _claim("ro-a", "at-a"), no_token) is None  # no runner token: not asked
         assert await registrar.acquire(0, _claim("ro-a", "at-a"), resources) is None  # 404: a plain model server
         assert await registrar.acquire(1, _claim("ro-b", "at-b"), resources) is None
+        await registrar.release(1, clean=True)  # no end report either
         assert backend.requests == []  # never sent there
-        unreachable = Resources(resources_id="u", items={"llm": LLMResource(endpoint="http://127.0.0.1:9", model="t")})
+        unreachable = Resources(
+            resources_id="u",
+            items={"llm": LLMResource(endpoint="http://127.0.0.1:9", model="t", runner_token=RUNNER_TOKEN)},
+        )
         assert await registrar.acquire(0, _claim("ro-a", "at-a"), unreachable) is None
         assert await registrar.acquire(0, _claim("ro-a", "at-a"), None) is None
     finally:
@@ -127,7 +136,7 @@ async def test_unclean_end_moves_the_slot_on_and_a_restarted_proxy_learns_it_bac
     attempts = await start_attempts(store, ["ro-a", "ro-b"])
     first = await LLMProxy(store, [backend.url], token=TOKEN).start()
     port = first.bound_port
-    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=first.url, model="t", api_key=TOKEN)})
+    resources = Resources(resources_id="r", items={"llm": first.llm_resource("t")})
     registrar = SlotRegistrar()
     try:
         url_a = await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), resources)
@@ -136,14 +145,14 @@ async def test_unclean_end_moves_the_slot_on_and_a_restarted_proxy_learns_it_bac
         url_b = await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources)
         assert url_b is not None and url_b != url_a
         stale = AsyncOpenAI(base_url=url_a, api_key=TOKEN, max_retries=0)
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.ConflictError):  # the old key still names ro-a's attempt, which ended
             await stale.chat.completions.create(model="toy", messages=[{"role": "user", "content": "late"}])
         # a clean end keeps the URL for the next occupant
         await registrar.release(0, clean=True)
         assert await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources) == url_b
         # the proxy restarts and forgets its slots; the runner's next heartbeat registers the slot again
         await first.stop()
-        second = await LLMProxy(store, [backend.url], token=TOKEN, port=port).start()
+        second = await LLMProxy(store, [backend.url], token=TOKEN, runner_token=first.runner_token, port=port).start()
         try:
             agent = AsyncOpenAI(base_url=url_b, api_key=TOKEN, max_retries=0)
             with pytest.raises(openai.NotFoundError):
@@ -155,21 +164,27 @@ async def test_unclean_end_moves_the_slot_on_and_a_restarted_proxy_learns_it_bac
             assert await store.query_llm_calls("ro-a") == []
         finally:
             await registrar.close()
-            assert len(second.slots) == 0  # closing clears what the runner held
+            slot_b = second.slots.occupant(registrar.key(0))
+            assert slot_b is not None and slot_b.ended  # closing reports the end of what the runner held
             await second.stop()
     finally:
         await first.stop()
 
 
-async def test_a_proxy_without_token_takes_registrations_on_loopback(
+async def test_a_proxy_without_agents_token_still_needs_the_runner_token_for_slots(
     store: MemoryStore, backend: ScriptedModelServer
 ) -> None:
     attempts = await start_attempts(store, ["ro-a"])
-    async with LLMProxy(store, [backend.url]) as proxy:
+    async with LLMProxy(store, [backend.url]) as proxy, aiohttp.ClientSession() as session:
         body = json.dumps({"rollout_id": "ro-a", "attempt_id": attempts["ro-a"]})
-        async with aiohttp.ClientSession() as session, session.put(f"{proxy.url}/slot/k.0.0", data=body) as resp:
+        headers = {"Content-Type": "application/json"}
+        async with session.put(f"{proxy.url}/slot/k.0.0", data=body, headers=headers) as resp:
+            assert resp.status == 401  # the runner token is drawn at random when none is given
+        headers["Authorization"] = f"Bearer {proxy.runner_token}"
+        async with session.put(f"{proxy.url}/slot/k.0.0", data=body, headers=headers) as resp:
             assert resp.status == 200
         assert proxy.slots.resolve("k.0.0") == ("ro-a", attempts["ro-a"])
+        assert proxy.llm_resource("toy").runner_token == proxy.runner_token and proxy.llm_resource("t").api_key is None
 
 
 def _record_paths(registrar: SlotRegistrar) -> list[str]:
@@ -188,7 +203,7 @@ def _record_paths(registrar: SlotRegistrar) -> list[str]:
 async def test_slots_that_start_together_register_in_one_request(proxy: LLMProxy, store: MemoryStore) -> None:
     rollout_ids = [f"ro-{i}" for i in range(8)]
     attempts = await start_attempts(store, rollout_ids)
-    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=proxy.url, model="t", api_key=TOKEN)})
+    resources = Resources(resources_id="r", items={"llm": proxy.llm_resource("t")})
     registrar = SlotRegistrar()
     paths = _record_paths(registrar)
     try:
@@ -203,42 +218,48 @@ async def test_slots_that_start_together_register_in_one_request(proxy: LLMProxy
             await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": rollout_id}])
             [call] = await store.query_llm_calls(rollout_id)
             assert call.attempt_id == attempts[rollout_id] and call.request["messages"][0]["content"] == rollout_id
-        # a registration made alone goes alone, on the single-slot route
+        # an end report goes on the batch route; a registration made alone goes alone, on the single-slot route
         await registrar.release(0, clean=True)
         assert await registrar.acquire(0, _claim("ro-0", attempts["ro-0"]), resources) == urls[0]
-        assert paths[1:] == [f"PUT /slot/{registrar.key(0)}"]
+        assert paths[1:] == ["PUT /slots", f"PUT /slot/{registrar.key(0)}"]
     finally:
         await registrar.close()
-    assert len(proxy.slots) == 0
+    assert paths[3:] == ["PUT /slots"]  # the eight ends at close went in one request
+    assert all(slot is not None and slot.ended for slot in map(proxy.slots.occupant, proxy.slots))
 
 
-async def test_within_one_request_the_latest_registration_of_a_slot_wins(proxy: LLMProxy, store: MemoryStore) -> None:
+async def test_a_renewal_sent_with_the_attempts_end_never_revives_it(proxy: LLMProxy, store: MemoryStore) -> None:
     attempts = await start_attempts(store, ["ro-a", "ro-b", "ro-c"])
-    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=proxy.url, model="t", api_key=TOKEN)})
+    resources = Resources(resources_id="r", items={"llm": proxy.llm_resource("t")})
     registrar = SlotRegistrar()
     paths = _record_paths(registrar)
     try:
-        assert await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), resources) is not None
-        # slot 0's heartbeat re-registers ro-a just as ro-a ends cleanly and ro-b takes the slot over, while slot 1
-        # starts ro-c: the three registrations share one request, and slot 0 runs ro-b afterwards
-
-        async def take_over() -> str | None:
-            await registrar.release(0, clean=True)
-            return await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources)
-
-        _, url_b, url_c = await asyncio.gather(
-            registrar.refresh(0), take_over(), registrar.acquire(1, _claim("ro-c", attempts["ro-c"]), resources)
+        url_a = await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), resources)
+        assert url_a is not None
+        # slot 0's heartbeat re-registers ro-a just as ro-a ends, while slot 1 starts ro-c: the renewal, the end
+        # report and the registration share one request, and ro-a stays ended
+        _, _, url_c = await asyncio.gather(
+            registrar.refresh(0),
+            registrar.release(0, clean=True),
+            registrar.acquire(1, _claim("ro-c", attempts["ro-c"]), resources),
         )
-        assert url_b is not None and url_c is not None
+        assert url_c is not None
         assert paths == [f"PUT /slot/{registrar.key(0)}", "PUT /slots"]
-        assert proxy.slots.resolve(registrar.key(0)) == ("ro-b", attempts["ro-b"])
+        agent = AsyncOpenAI(base_url=url_a, api_key=TOKEN, max_retries=0)
+        with pytest.raises(openai.ConflictError):
+            await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": "late"}])
         assert proxy.slots.resolve(registrar.key(1)) == ("ro-c", attempts["ro-c"])
+        # the slot's next rollout takes it over
+        assert await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), resources) == url_a
+        await agent.chat.completions.create(model="toy", messages=[{"role": "user", "content": "b"}])
+        assert [c.attempt_id for c in await store.query_llm_calls("ro-b")] == [attempts["ro-b"]]
+        assert await store.query_llm_calls("ro-a") == []
     finally:
         await registrar.close()
 
 
 async def test_many_slot_registrations_are_all_or_nothing(proxy: LLMProxy) -> None:
-    async def put(body: object, token: str | None = TOKEN) -> tuple[int, Any]:
+    async def put(body: object, token: str | None = RUNNER_TOKEN) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with (
             aiohttp.ClientSession() as session,
@@ -255,9 +276,12 @@ async def test_many_slot_registrations_are_all_or_nothing(proxy: LLMProxy) -> No
     assert (await put({"slot": {"k.0.0": good}}))[0] == 400
     assert (await put(["k.0.0"]))[0] == 400
     assert len(proxy.slots) == 0  # nothing registered by a refused request
+    assert (await put({"ended": [{"rollout_id": "r", "attempt_id": "a", "slot": "bad/key"}]}))[0] == 400
+    assert (await put({"slots": {}, "ended": [{"rollout_id": "r"}]}))[0] == 400
+    assert len(proxy.slots) == 0 and not proxy.slots.has_ended("r", "a")
     assert await put({"slots": {"k.0.0": good, "k.1.0": {"rollout_id": "r2", "attempt_id": "a2"}}}) == (
         200,
-        {"registered": 2},
+        {"registered": 2, "ended": 0},
     )
     assert proxy.slots.resolve("k.0.0") == ("r", "a") and proxy.slots.resolve("k.1.0") == ("r2", "a2")
 
@@ -281,7 +305,8 @@ async def test_a_proxy_without_the_many_slots_route_gets_registrations_one_by_on
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    resources = Resources(resources_id="r", items={"llm": LLMResource(endpoint=f"http://127.0.0.1:{port}", model="t")})
+    llm = LLMResource(endpoint=f"http://127.0.0.1:{port}", model="t", runner_token=RUNNER_TOKEN)
+    resources = Resources(resources_id="r", items={"llm": llm})
     registrar = SlotRegistrar()
     try:
         urls = await asyncio.gather(*(registrar.acquire(i, _claim(f"ro-{i}", f"at-{i}"), resources) for i in range(3)))

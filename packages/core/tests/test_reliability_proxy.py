@@ -73,7 +73,7 @@ async def test_an_oversized_prompt_gets_413_naming_the_limit_and_reaches_no_back
 
     async with aiohttp.ClientSession() as http:
         url = f"{proxy.base_url('ro-ok', attempts['ro-ok'])}/chat/completions"
-        async with http.post(url, data=chunks()) as resp:
+        async with http.post(url, data=chunks(), headers={"Content-Type": "application/json"}) as resp:
             assert resp.status == 413
     assert backend.requests == [] and await store.query_llm_calls("ro-ok") == []
 

@@ -201,12 +201,13 @@ async def test_dashboard_server_in_a_thread_reads_a_live_sqlite_file(tmp_path: P
     store = SqliteStore(tmp_path / "run.db")
     await store.enqueue_rollout("first", rollout_id="live-1")
     with DashboardServer(tmp_path / "run.db") as dashboard:
-        assert dashboard.url.endswith("/ui") and dashboard.port > 0
-        status, _, body = await asyncio.to_thread(_http, dashboard.url)
+        assert dashboard.url == f"{dashboard.base_url}/ui#token={dashboard.token}" and dashboard.port > 0
+        status, _, body = await asyncio.to_thread(_http, dashboard.url)  # the fragment is not sent
         assert status == 200 and b"login-form" in body
-        base = dashboard.url.removesuffix("/ui")
+        base = dashboard.base_url
         await store.enqueue_rollout("second", rollout_id="live-2")  # written by the run while it serves
-        status, _, body = await asyncio.to_thread(_http, base + "/v1/rollouts/list", None, {})
+        token = dashboard.token
+        status, _, body = await asyncio.to_thread(_http, base + "/v1/rollouts/list", token, {})
         assert status == 200 and [r["rollout_id"] for r in json.loads(body)["rollouts"]] == ["live-2", "live-1"]
     with pytest.raises(OSError):
         await asyncio.to_thread(urllib.request.urlopen, dashboard.url, None, 2)

@@ -42,8 +42,8 @@ def test_inputs_the_fuzzer_found_are_rejected_cleanly(tmp_path: Path) -> None:
     """Regressions: ints beyond 64 bits and NUL characters in ids used to reach SQLite and end in a 500."""
     from starlette.testclient import TestClient
 
-    local = create_store_app(SqliteStore(tmp_path / "regress.db"))
-    with TestClient(local, raise_server_exceptions=False) as http:
+    local = create_store_app(SqliteStore(tmp_path / "regress.db"), token=TOKEN)
+    with TestClient(local, raise_server_exceptions=False, headers=AUTH) as http:
         assert http.post("/v1/rollouts/enqueue", json={"requests": [{"rollout_id": "r1"}]}).status_code == 200
         attempt = http.post("/v1/rollouts/dequeue", json={}).json()["claim"]["attempt"]["attempt_id"]
         before = http.get("/v1/stats").json()

@@ -98,7 +98,8 @@ async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the
         await trainer.start(store)
         attempts = await start_attempts(store, ["ro"])
         base_url = trainer.proxy.base_url("ro", attempts["ro"])
-        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        auth = {"Authorization": f"Bearer {trainer.proxy.token}"}  # the loop's proxy always has a token
+        async with httpx.AsyncClient(base_url=base_url, timeout=120, headers=auth) as client:
 
             async def ask() -> tuple[int, list[int], list[float]]:
                 body = {

@@ -1,6 +1,7 @@
 """GRPO on ONE GPU with verl: a 0.5B model, vLLM colocated with the FSDP trainer (needs `agentlightning-verl[gpu]`).
 
-Start a store and runners first (their agents call the LLM proxy the run publishes in the store), then:
+Start a store and runners first (their agents call the LLM proxy the run publishes in the store; the store's token
+in ``$AGL_STORE_TOKEN``), then:
 
     python packages/trainer-verl/examples/grpo_1gpu.py --store http://127.0.0.1:4747 --tasks tasks.jsonl \
         --proxy-token <a long random token>
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 
 from agentlightning import ProxySettings
 from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
@@ -38,12 +40,13 @@ CONFIG = VerlTrainerConfig(
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True, help="URL of `agl store serve`")
+    parser.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN"), help="($AGL_STORE_TOKEN)")
     parser.add_argument("--tasks", required=True, help="JSON lines, one task per line")
     parser.add_argument("--proxy-token", required=True, help="bearer token of the LLM proxy's admin routes")
     args = parser.parse_args()
     from agentlightning.store import StoreClient
 
-    store = StoreClient(args.store)
+    store = StoreClient(args.store, token=args.store_token)
     with open(args.tasks, encoding="utf-8") as handle:
         tasks = [json.loads(line) for line in handle if line.strip()]
     # The loop starts the LLM proxy in front of verl's vLLM servers and publishes its URL to the runners.

@@ -144,7 +144,7 @@ def make_agent() -> Any:
     async def word_agent(task: dict[str, Any], resources: agl.Resources) -> float:
         """An ordinary OpenAI-client agent: one chat call; reward = share of 'good' words in the answer."""
         assert resources.llm is not None
-        client = openai.AsyncOpenAI(base_url=agl.llm_base_url(), api_key="unused", max_retries=5)
+        client = openai.AsyncOpenAI(base_url=agl.llm_base_url(), api_key=resources.llm.api_key, max_retries=5)
         reply = await client.chat.completions.create(
             model=resources.llm.model,
             messages=[{"role": "user", "content": task["prompt"]}],

@@ -154,6 +154,7 @@ _RESOURCE_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "model": (str,),
         "sampling_parameters": (dict,),
         "api_key": (str, _N),
+        "runner_token": (str, _N),
     },
     "prompt_template": {"kind": (str,), "template": (str,), "engine": (str,)},
     "value": {"kind": (str,), "value": ()},

@@ -372,6 +372,9 @@ class LLMResource(_NestedRecord):
         sampling_parameters: Keyword arguments for the agent's model client (temperature, max_tokens...).
         api_key: The bearer token the endpoint needs (a proxy started with a token); agents pass it as their
             OpenAI ``api_key``. ``None`` when the endpoint needs none.
+        runner_token: The proxy's runner token (`agentlightning.proxy.LLMProxy.runner_token`), for runners only:
+            with it a runner registers its slots' stable URLs and reports attempts' ends (late calls are then
+            refused). Runners hand agents the resource without it. ``None``: agents get per-rollout URLs.
     """
 
     kind: Literal["llm"] = "llm"
@@ -379,6 +382,7 @@ class LLMResource(_NestedRecord):
     model: str
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
     api_key: str | None = None
+    runner_token: str | None = Field(default=None, repr=False)
 
     @field_validator("sampling_parameters")
     @classmethod

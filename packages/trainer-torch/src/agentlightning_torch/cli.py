@@ -20,6 +20,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -150,6 +151,23 @@ def _free_port(preferred: int) -> int:
                 continue
             return int(sock.getsockname()[1])
     raise UsageError("no free port for the dashboard")
+
+
+def _start_dashboard(db: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+    """``agl store serve`` of the run's file on loopback ``port``, with a new token; returns it and the URL to open.
+
+    A token even on loopback: a web page in the user's browser can reach the port. It reaches the child in its
+    environment (not on its command line, which ``ps`` shows) and the user in the URL's fragment (``#token=``).
+    """
+    token = secrets.token_urlsafe(32)
+    dashboard = subprocess.Popen(
+        [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
+        env={**os.environ, "AGL_STORE_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return dashboard, f"http://127.0.0.1:{port}/ui#token={token}"
 
 
 def _start_runners(plan: _Plan, where: list[str], token: str | None) -> list[subprocess.Popen[bytes]]:
@@ -365,16 +383,10 @@ async def _run(
     elif serving.url is not None:
         console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
     else:
-        port = _free_port(args.dashboard_port)
-        dashboard = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(db), "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        dashboard, url = _start_dashboard(db, _free_port(args.dashboard_port))
         children.append(dashboard)
-        console.print(f"store: {db}   dashboard: [bold]http://127.0.0.1:{port}/ui[/bold]")
-    runners = _start_runners(plan, opened.runner_args, serving.token)
+        console.print(f"store: {db}   dashboard: [bold]{url}[/bold]")
+    runners = _start_runners(plan, opened.runner_args, opened.token)
     children += runners
     budget = args.minutes * 60
     progress = Progress(

@@ -15,6 +15,8 @@ TOKEN_ENV = "AGL_PROXY_TOKEN"
 """Environment variable read for the agents' bearer token when ``--token`` is not given."""
 ADMIN_TOKEN_ENV = "AGL_PROXY_ADMIN_TOKEN"
 """Environment variable read for the admin token when ``--admin-token`` is not given."""
+RUNNER_TOKEN_ENV = "AGL_PROXY_RUNNER_TOKEN"
+"""Environment variable read for the runner token when ``--runner-token`` is not given."""
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +51,14 @@ def register(subparsers: Any) -> None:
         help=f"token for the /admin/* routes (default: ${ADMIN_TOKEN_ENV}); without one they are disabled",
     )
     serve_parser.add_argument(
+        "--runner-token",
+        default=None,
+        help=(
+            f"token runners register their slots with (default: ${RUNNER_TOKEN_ENV}); publish it as the LLM "
+            "resource's runner_token. Without one, runners use per-rollout URLs and late calls are not refused"
+        ),
+    )
+    serve_parser.add_argument(
         "--advertise-url",
         default=None,
         help="the URL agents reach this proxy at (behind NAT or a load balancer, or with --host 0.0.0.0)",
@@ -81,15 +91,18 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    runner_token = args.runner_token or os.environ.get(RUNNER_TOKEN_ENV) or None
     try:
         check_bind_token(args.host, token, "the LLM proxy", f"--token or set ${TOKEN_ENV}")
         if admin_token is not None:
             check_bind_token(args.host, admin_token, "the proxy's admin routes", "a longer --admin-token")
+        if runner_token is not None:
+            check_bind_token(args.host, runner_token, "the proxy's slot routes", "a longer --runner-token")
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         return 2
     try:
-        asyncio.run(_run(args, token, admin_token, console))
+        asyncio.run(_run(args, (token, admin_token, runner_token), console))
     except (ValueError, StoreError) as exc:
         console.print(f"[red]{' '.join(str(exc).split())}[/red]")
         return 2
@@ -98,17 +111,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(args: argparse.Namespace, token: str | None, admin_token: str | None, console: Any) -> None:
+async def _run(args: argparse.Namespace, tokens: tuple[str | None, str | None, str | None], console: Any) -> None:
     import uvicorn
 
     from agentlightning.proxy import LLMProxy
 
+    token, admin_token, runner_token = tokens
     store = connect_store(args.store_url, args.db, args.store_token)
     proxy = LLMProxy(
         store,
         args.backend,
         token=token,
         admin_token=admin_token,
+        runner_token=runner_token,
         served_model=args.served_model,
         record=args.record,
         allow_unrecorded=args.allow_unrecorded,
@@ -123,6 +138,7 @@ async def _run(args: argparse.Namespace, token: str | None, admin_token: str | N
         f"{public}/rollout/<rollout_id>/attempt/<attempt_id>/v1"
         f"{' with their api_key set to the token' if token else ''}"
         f"{'' if admin_token else ' (admin routes disabled: no --admin-token)'}"
+        f"{'' if runner_token else ' (runner slots disabled: no --runner-token)'}"
     )
     config = uvicorn.Config(proxy.app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     try:

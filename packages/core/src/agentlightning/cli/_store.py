@@ -26,7 +26,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "AGL_STORE_TOKEN"
-"""Environment variable read for the bearer token when ``--token`` is not given."""
+"""Environment variable read for the bearer token when ``--token`` is not given (without either: a new one)."""
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +49,9 @@ def register(subparsers: Any) -> None:
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=4747, help="port to bind (default: 4747)")
     serve_parser.add_argument(
-        "--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback"
+        "--token",
+        default=None,
+        help=f"bearer token clients must send (default: ${TOKEN_ENV}, else a new one, printed); required off loopback",
     )
     serve_parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout (retry policy)")
     serve_parser.add_argument(
@@ -142,17 +144,18 @@ def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit code (2 for a refused configuration)."""
     from rich.console import Console
 
+    from agentlightning._netauth import new_token
     from agentlightning.store._base import StoreError
 
     console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
-    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
-    if not _is_loopback(args.host) and not token:
+    given: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    if not _is_loopback(args.host) and not given:
         console.print(
             f"[red]refusing to serve on {args.host} without a token[/red]: anyone who can reach it could read and "
             f"write the store. Pass --token or set {TOKEN_ENV}, or bind 127.0.0.1."
         )
         return 2
-    weak = weak_token_message(token, args.host, "--token")
+    weak = weak_token_message(given, args.host, "--token")
     if weak is not None:
         console.print(weak)
         return 2
@@ -169,17 +172,21 @@ def serve(args: argparse.Namespace) -> int:
 
     from agentlightning.store._server import create_store_app
 
+    # Always a token, even on loopback: a web page open in the user's browser can reach this port.
+    token = given or new_token()
     app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), ui=not args.no_ui)
     where = "memory" if args.memory else store_location(None, args.db)
     host = f"[{args.host}]" if ":" in args.host else args.host
     console.print(
         f"[bold green]Agent Lightning store[/bold green] serving {where} at [bold]http://{host}:{args.port}[/bold]"
-        f" ({'bearer token required' if token else 'no token'})"
+        f" (bearer token required{'' if given else '; a new one was made for this run'})"
     )
+    # A made token is printed (the user needs it, as with a notebook server); a given one never goes to the logs.
     if not args.no_ui:
-        console.print(
-            f"dashboard: [bold]http://{host}:{args.port}/ui[/bold]" + (" (log in with the token)" if token else "")
-        )
+        where_ui = f"http://{host}:{args.port}/ui"
+        console.print(f"dashboard: [bold]{where_ui}#token={token}[/bold]" if not given else f"dashboard: {where_ui}")
+    if not given:
+        console.print(f"clients: StoreClient(url, token=...) or {TOKEN_ENV}={token}")
     config = uvicorn.Config(
         app,
         host=args.host,

@@ -22,7 +22,8 @@ class ProxySettings(BaseModel):
         advertised_url: The URL published to agents in `LLMResource.endpoint` when it differs from
             ``http://host:port`` (a bind address of ``0.0.0.0``, NAT, a load balancer); ``None``: ``http://host:port``.
         token: Bearer token agents must send on every route (published to them as `LLMResource.api_key`);
-            mandatory, 16+ characters, off loopback.
+            mandatory, 16+ characters, off loopback; ``None`` on loopback: the loop makes one (a web page in the
+            user's browser can reach a loopback port too).
         admin_token: Bearer token of the proxy's ``/admin/*`` routes (pause, backends); without one they are
             closed. The loop itself controls the proxy in-process and needs none.
         record: ``background`` batches the proxy's record writes (the loop flushes them before it reads them);

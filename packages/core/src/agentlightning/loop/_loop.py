@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
+from agentlightning._netauth import new_token
 from agentlightning._training_models import TrainingBatch
 from agentlightning.algorithm import Algorithm
 from agentlightning.credit._batch import build_batch_from_results
@@ -143,7 +144,9 @@ class RLLoop(Algorithm):
             backends,
             model_version=self.model_version,
             record=settings.record,
-            token=settings.token,
+            # always a token, on loopback too (a web page in a local browser reaches the port): agents get it with
+            # the resources (`LLMResource.api_key`), so a made one costs them nothing
+            token=settings.token or new_token(),
             admin_token=settings.admin_token,
             host=settings.host,
             port=settings.port,
@@ -172,7 +175,8 @@ class RLLoop(Algorithm):
                         endpoint=self.endpoint,
                         model=self.config.model_name,
                         sampling_parameters={"temperature": temperature, **common},
-                        api_key=self.config.proxy.token,
+                        api_key=self.proxy.token,
+                        runner_token=self.proxy.runner_token,  # runners register slots with it; agents never see it
                     ),
                 },
             )

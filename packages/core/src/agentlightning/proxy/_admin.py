@@ -1,4 +1,7 @@
-"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (admin-token protected)."""
+"""The proxy's ``/admin/*`` routes: pause, resume, backends, model version, status (admin-token protected).
+
+Every route answers `ProxyStatus`, which counts the late calls refused (calls for attempts that had already ended).
+"""
 
 from __future__ import annotations
 
@@ -55,6 +58,10 @@ class ProxyStatus(BaseModel):
     model_version: int | None
     resent: int = 0
     """Requests sent to a backend a second time because their kept-alive connection had been closed unanswered."""
+    slots: int = 0
+    """Runner slots registered."""
+    late_calls: int = 0
+    """Calls refused because their attempt had already ended (409 ``attempt_finished``) since the start."""
 
 
 def admin_routes(proxy: LLMProxy) -> list[Route]:
@@ -121,6 +128,8 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
         "backends": proxy.backends,
         "model_version": proxy.model_version,
         "resent": proxy.resent,
+        "slots": len(proxy.slots),
+        "late_calls": proxy.late_calls,
     }
 
 

@@ -23,11 +23,13 @@ from starlette.datastructures import State
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from agentlightning._netauth import cross_site_refusal
 from agentlightning._routing import RouteTable
 
 __all__ = [
     "ADMIN",
     "COMPLETIONS_TAG",
+    "RUNNER",
     "ProxyASGI",
     "ProxyRequest",
     "RawResponse",
@@ -60,6 +62,9 @@ Authorizer = Callable[[str | None], Response | None]
 
 ADMIN = "admin"
 """The auth rule of the ``/admin/*`` routes: not the agents' token, the admin token (their handlers check it)."""
+
+RUNNER = "runner"
+"""The auth rule of the slot routes: not the agents' token, the runner token (their handlers check it)."""
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -147,7 +152,10 @@ def too_large(size: int, limit: int) -> Response:
 
 
 class ProxyASGI:
-    """The proxy's ASGI app: a request is checked by ``authorize`` (but on `ADMIN` routes), then answered by its route.
+    """The proxy's ASGI app: a request is checked by ``authorize`` (not on `ADMIN`, `RUNNER` routes), then answered.
+
+    Before that, `cross_site_refusal` turns away what a foreign web page could send (403 for a foreign ``Origin``
+    or, over loopback, ``Host``; 415 for a write whose body is not ``application/json``).
 
     Exceptions propagate to the server (uvicorn answers 500 and logs them).
 
@@ -181,18 +189,33 @@ class ProxyASGI:
                 await self._lifespan(receive, send)
             return  # a websocket is refused by the server when the app does not accept it
         authorization: str | None = None
+        host = origin = content_type = b""
+        has_body = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-                break
+            elif name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+                has_body = True
+        method: str = scope["method"]
+        # A web page in the user's browser reaches a proxy on this machine too: it must not spend its backends.
+        refusal = cross_site_refusal(method, host, origin, content_type, has_body, scope.get("server"))
+        if refusal is not None:
+            kind = "forbidden" if refusal[0] == 403 else "invalid_request_error"
+            await error(refusal[0], refusal[1], kind)(scope, receive, send)
+            return
         path = raw_path(scope)
         root = scope.get("root_path") or ""
         if root and path.startswith(root):
             path = path[len(root) :]
-        method: str = scope["method"]
         found = self.table.match("GET" if method == "HEAD" else method, path)
         route = found.route if found is not None else self.table.allowed(path)
-        if route is None or route.auth != ADMIN:
+        if route is None or (route.auth != ADMIN and route.auth != RUNNER):
             refusal = self.authorize(authorization)
             if refusal is not None:
                 await refusal(scope, receive, send)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections import OrderedDict
 from typing import Any, cast
 
@@ -30,11 +31,13 @@ from agentlightning.proxy._assemble import (
 )
 from agentlightning.proxy._recording import CallRecorder, unrecorded
 from agentlightning.proxy._routes import Target
-from agentlightning.proxy._slots import SLOT_NOT_REGISTERED, SlotTable
+from agentlightning.proxy._slots import ATTEMPT_FINISHED, SLOT_NOT_REGISTERED, SlotTable
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
 from agentlightning.proxy._transport import UNREACHABLE, BackendReply, send
 
 __all__ = ["CALL_ID_HEADER", "Forwarder"]
+
+logger = logging.getLogger("agentlightning.proxy._proxy")  # the proxy's logger
 
 _MAX_STICKY = 100_000
 _AS_IS = AgentView()  # nothing to take out: the proxy added no options (it does not record the call)
@@ -51,6 +54,7 @@ class Forwarder(CallRecorder):
     retry_after: int
     request_timeout: float
     slots: SlotTable
+    _late_calls: int
     _backends: list[str]
     _model_version: int | None
     _sticky: OrderedDict[str, str]
@@ -120,6 +124,25 @@ class Forwarder(CallRecorder):
             SLOT_NOT_REGISTERED,
         )
 
+    def _late(self, rollout_id: str, attempt_id: str) -> Response:
+        """Refuse (and count) a call for an attempt whose runner reported its end."""
+        self._late_calls += 1
+        count = self._late_calls
+        if count == 1 or count % 100 == 0:
+            logger.warning(
+                "refused a late LLM call for attempt %s of rollout %s, which already ended (%d late call(s) so far): "
+                "some agent code still runs after its rollout ended",
+                attempt_id,
+                rollout_id,
+                count,
+            )
+        return error(
+            409,
+            f"attempt {attempt_id!r} of rollout {rollout_id!r} has already ended (its runner reported the end): "
+            "this late call is refused and not recorded, so a finished rollout's training data never grows",
+            ATTEMPT_FINISHED,
+        )
+
     async def models(self, target: Target, authorization: str | None) -> Response:
         """The model list of the backend that ``target``'s rollout sticks to (``/v1/models``)."""
         rollout_id = target.rollout_id
@@ -145,10 +168,12 @@ class Forwarder(CallRecorder):
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
         if target.slot is not None:
-            occupant = self.slots.resolve(target.slot)
-            if occupant is None:
+            slot = self.slots.occupant(target.slot)
+            if slot is None:
                 return self._unregistered(target.slot)
-            rollout_id, attempt_id = occupant
+            rollout_id, attempt_id = slot.rollout_id, slot.attempt_id
+            if slot.ended:
+                return self._late(rollout_id, attempt_id)
         elif rollout_id is None and not self.allow_unrecorded:
             path = "chat/completions" if kind == "chat" else "completions"
             return error(
@@ -159,6 +184,8 @@ class Forwarder(CallRecorder):
                 "plain /v1 is refused so that no training data is silently lost",
                 "invalid_request_error",
             )
+        if rollout_id is not None and attempt_id is not None and self.slots.has_ended(rollout_id, attempt_id):
+            return self._late(rollout_id, attempt_id)
         if self._paused and not await self._held_until_resumed():
             return error(
                 503,

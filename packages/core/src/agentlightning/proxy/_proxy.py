@@ -2,8 +2,9 @@
 
 Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMResource.base_url`), or the stable
 URL of the runner slot they run in, ``{proxy}/slot/{key}/v1``, which the runner maps to the slot's current attempt
-(``PUT`` / ``DELETE /slot/{key}``; see `agentlightning.proxy._slots`; what `agentlightning.llm_base_url` returns
-under a runner). For each
+(``PUT /slot/{key}``, ``PUT /slots``; see `agentlightning.proxy._slots`; what `agentlightning.llm_base_url` returns
+under a runner). A call for an attempt whose runner reported its end is refused (409) and counted (`late_calls`).
+For each
 ``chat/completions`` or ``completions`` request the proxy asks the backend for token ids and logprobs
 (``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent as the backend answers the
 agent's own request (the token ids and logprobs the agent did not ask for taken out: `AgentView`), and records an
@@ -28,10 +29,12 @@ version the proxy was told (``model_version=`` / ``resume(model_version=...)``, 
 sync while the proxy is paused) *when it admitted the request* is recorded. The store's resources version is never
 used: one model version may be published as several resources.
 
-Who may call it: with a ``token`` every route needs ``Authorization: Bearer <token>`` (agents send it as their
-OpenAI ``api_key``; the trainer publishes it as `LLMResource.api_key`). Off loopback a token of at least 16
-characters is required. The ``/admin/*`` routes (pause, backends...) need the separate ``admin_token`` and are
-refused (403) when the proxy has none, wherever it is bound.
+Who may call it: with a ``token`` every agent route needs ``Authorization: Bearer <token>`` (agents send it as
+their OpenAI ``api_key``; the trainer publishes it as `LLMResource.api_key`). Off loopback a token of at least 16
+characters is required. The slot routes need the ``runner_token`` instead (always: one is drawn when none is
+given), which the trainer publishes as `LLMResource.runner_token` and runners keep from their agents (`llm_resource`
+builds the resource to publish). The ``/admin/*`` routes (pause, backends...) need the separate ``admin_token`` and
+are refused (403) when the proxy has none, wherever it is bound.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -48,7 +52,7 @@ import aiohttp
 from starlette.datastructures import State
 from starlette.responses import Response
 
-from agentlightning._models import LLMCall
+from agentlightning._models import LLMCall, LLMResource
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
 from agentlightning._routing import RouteTable
 from agentlightning._urls import rollout_base_url, slot_base_url
@@ -88,6 +92,9 @@ class LLMProxy(Forwarder):
             ``api_key``); required, with at least 16 characters, when ``host`` is not a loopback address.
         admin_token: The ``/admin/*`` routes require ``Authorization: Bearer <admin_token>``; without one they
             are refused (403). Use a different value than ``token``: agents know ``token``.
+        runner_token: The slot routes (``PUT`` / ``DELETE /slot/{key}``, ``PUT /slots``) require
+            ``Authorization: Bearer <runner_token>``; publish it to runners as `LLMResource.runner_token` (see
+            `llm_resource`). Default: a random one (`runner_token` reads it). Must differ from ``token``.
         model_version: Version recorded on calls whose backend does not report one (see the module docs); the
             trainer updates it with ``resume(model_version=...)`` after each weight sync. ``None``: unknown.
         served_model: If set, replaces the ``model`` of every forwarded request (the name the backend serves).
@@ -112,6 +119,7 @@ class LLMProxy(Forwarder):
         *,
         token: str | None = None,
         admin_token: str | None = None,
+        runner_token: str | None = None,
         model_version: int | None = None,
         served_model: str | None = None,
         record: Literal["sync", "background"] = "sync",
@@ -129,6 +137,9 @@ class LLMProxy(Forwarder):
         if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
             raise ValueError(f"advertise_url must start with http:// or https://, got {advertise_url!r}")
         self.token = token or None
+        if runner_token and runner_token == self.token:
+            raise ValueError("runner_token must differ from token: every agent holds token (its api_key)")
+        self.runner_token = runner_token or secrets.token_urlsafe(32)
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self.store = store
         self._backends: list[str] = []
@@ -164,6 +175,7 @@ class LLMProxy(Forwarder):
         self.resent = 0
         self._server: Any = None  # agentlightning.proxy._serve.ServerHandle while started
         self.slots = SlotTable()
+        self._late_calls = 0
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ public controls
@@ -204,6 +216,11 @@ class LLMProxy(Forwarder):
         return self._in_flight
 
     @property
+    def late_calls(self) -> int:
+        """Calls refused because their attempt had already ended (409 ``attempt_finished``) since the start."""
+        return self._late_calls
+
+    @property
     def url(self) -> str:
         """The address agents use (the `LLMResource.endpoint` to publish): ``advertise_url`` or ``http://host:port``."""
         if self._server is None:
@@ -222,6 +239,7 @@ class LLMProxy(Forwarder):
 
     def _check_bind(self) -> None:
         check_bind_token(self.host, self.token, "the LLM proxy", "token=... (agl proxy serve --token)")
+        check_bind_token(self.host, self.runner_token, "the LLM proxy's slot routes", "a longer runner token")
         if self.admin_token is not None:
             check_bind_token(self.host, self.admin_token, "the LLM proxy's admin routes", "a longer admin token")
         if is_wildcard(self.host) and self.advertise_url is None:
@@ -241,6 +259,20 @@ class LLMProxy(Forwarder):
     def slot_url(self, key: str) -> str:
         """The OpenAI base URL of the runner slot ``key`` (calls go to the attempt registered on it)."""
         return slot_base_url(self.url, key)
+
+    def llm_resource(self, model: str, sampling_parameters: dict[str, Any] | None = None) -> LLMResource:
+        """The `LLMResource` to publish for this proxy: its `url`, the agents' ``token`` and the ``runner_token``.
+
+        Runners use ``runner_token`` to register their slots and to report attempts' ends (agents get the resource
+        without it); a resource published without it still works, with per-rollout URLs and no late-call refusal.
+        """
+        return LLMResource(
+            endpoint=self.url,
+            model=model,
+            sampling_parameters=sampling_parameters or {},
+            api_key=self.token,
+            runner_token=self.runner_token,
+        )
 
     async def pause(self, timeout: float | None = None, *, hold_s: float = 0.0) -> None:
         """Stop admitting new requests and wait until in-flight ones are answered.

@@ -3,8 +3,8 @@
 ==================================================================  =========================================
 ``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
 ``GET  {prefix}/v1/models``                                          the backend's model list
-``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot
-``PUT /slots``                                                        register many runner slots at once
+``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot (runner token)
+``PUT /slots``                                                        register slots, report ends (runner token)
 ``/admin/*``                                                          pause, resume, backends, status
 ==================================================================  =========================================
 
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
+from agentlightning._netauth import bearer_matches
 from agentlightning._routing import Route, openapi_document
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
-from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, ProxyRequest, error
+from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
-from agentlightning.proxy._slots import slot_route, slots_route
+from agentlightning.proxy._slots import MAX_PER_REQUEST, slot_route, slots_route
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
@@ -84,17 +85,28 @@ class SlotBody(BaseModel):
     attempt_id: str
 
 
-class SlotsBody(BaseModel):
-    """Many slots' attempts at once: slot key -> the attempt it runs now."""
+class EndedAttempt(BaseModel):
+    """An attempt whose agent returned: its calls are refused from now on (409), on ``slot`` too if it still runs it."""
 
     model_config = ConfigDict(extra="forbid")
-    slots: dict[str, SlotBody]
+    rollout_id: str
+    attempt_id: str
+    slot: str | None = None
+
+
+class SlotsBody(BaseModel):
+    """Many slots' attempts at once (slot key -> the attempt it runs now), and attempts that ended."""
+
+    model_config = ConfigDict(extra="forbid")
+    slots: dict[str, SlotBody] = {}
+    ended: list[EndedAttempt] = []
 
 
 class SlotsAnswer(BaseModel):
-    """How many slots were registered (all of the request's)."""
+    """How many slots were registered and attempts ended (all of the request's)."""
 
     registered: int
+    ended: int
 
 
 class SlotAnswer(BaseModel):
@@ -107,9 +119,11 @@ class SlotAnswer(BaseModel):
 _TITLE = "Agent Lightning LLM proxy"
 _DESCRIPTION = "OpenAI-compatible calls forwarded to inference backends, each recorded with its exact token ids."
 _COMMON_ERRORS = {401: "missing or wrong token (the agents' api_key)", 413: "body too large"}
+_RUNNER_401 = "missing or wrong runner token (the agents' token does not open slot routes)"
 _COMPLETION_ERRORS = {
     400: "not JSON, or a plain /v1 call the proxy does not record",
     404: "the slot runs no attempt now, or the attempt is unknown to the store",
+    409: "the attempt already ended (its runner reported the end): a late call, refused and counted",
     502: "the backend could not be reached, or the call could not be recorded",
     503: "paused for a model update (Retry-After)",
 }
@@ -145,7 +159,21 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
             return found
         return await proxy.models(found, request.authorization)
 
+    def runner_refusal(request: ProxyRequest) -> Response | None:
+        if bearer_matches(request.authorization, proxy.runner_token):
+            return None
+        return error(
+            401,
+            "runner slot routes need 'Authorization: Bearer <runner token>' (LLMResource.runner_token, which the "
+            "trainer publishes for runners; the agents' api_key does not open them)",
+            "unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     async def slot(request: ProxyRequest) -> Response:
+        refusal = runner_refusal(request)
+        if refusal is not None:
+            return refusal
         try:
             key = check_slot_key(request.params["slot"])
         except ValueError as exc:
@@ -153,7 +181,8 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
         return slot_route(proxy.slots, request.method, key, request.body)
 
     async def slots(request: ProxyRequest) -> Response:
-        return slots_route(proxy.slots, request.body)
+        refusal = runner_refusal(request)
+        return refusal if refusal is not None else slots_route(proxy.slots, request.body)
 
     routes: list[Route] = []
     for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
@@ -169,18 +198,23 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
             Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
                   response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
         ]  # fmt: skip
+    full = {400: "invalid body", 401: _RUNNER_401, 503: "the slot table is full of live slots"}
     routes += [
         Route("PUT", SLOT_PREFIX, slot, "register_slot", "Register the attempt a runner slot runs from now on.",
-              body=SlotBody, response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
-        Route("DELETE", SLOT_PREFIX, slot, "clear_slot", "Clear a runner slot (only that occupant, with a body).",
-              response=SlotAnswer, errors={400: "invalid body"}, tags=("slots",)),
-        Route("PUT", "/slots", slots, "register_slots", "Register the attempts of many runner slots (all or none).",
-              body=SlotsBody, response=SlotsAnswer, errors={400: "invalid body"}, tags=("slots",)),
+              body=SlotBody, response=SlotAnswer, errors=full, tags=("slots",), auth=RUNNER),
+        Route("DELETE", SLOT_PREFIX, slot, "clear_slot",
+              "Clear a runner slot (with a body: only that occupant, whose attempt then counts as ended).",
+              response=SlotAnswer, errors={400: "invalid body", 401: _RUNNER_401}, tags=("slots",), auth=RUNNER),
+        Route("PUT", "/slots", slots, "register_slots",
+              "Register the attempts of many runner slots and report attempts that ended (all or nothing).",
+              body=SlotsBody, response=SlotsAnswer, errors={**full, 413: f"more than {MAX_PER_REQUEST} entries"},
+              tags=("slots",), auth=RUNNER),
     ]  # fmt: skip
     routes += admin_routes(proxy)
     security: dict[str, dict[str, str]] = {}
     if proxy.token is not None:
         security["bearer"] = {"type": "http", "scheme": "bearer"}
+    security[RUNNER] = {"type": "http", "scheme": "bearer", "description": "the runner token"}
     if proxy.admin_token is not None:
         security[ADMIN] = {"type": "http", "scheme": "bearer", "description": "the admin token"}
     document = openapi_document(

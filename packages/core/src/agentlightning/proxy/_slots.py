@@ -1,28 +1,42 @@
-"""Runner slots on the LLM proxy: a stable URL per runner worker slot, mapped to the attempt it runs now.
+"""Runner slots on the LLM proxy, and the attempts their runners reported ended.
 
 An agent framework caches its HTTP client per base URL (langchain-openai builds new httpx clients, with their TLS
 contexts and connection pools, for every URL it has not seen). With one URL per rollout that is paid on every
 rollout. A runner slot's URL, ``{proxy}/slot/{key}/v1``, stays the same while the slot runs rollout after rollout:
 the runner tells the proxy which attempt the slot runs before it starts the agent (``PUT /slot/{key}`` with
-``{"rollout_id": ..., "attempt_id": ...}``) and clears it when the agent could not be stopped cleanly
-(``DELETE /slot/{key}``; a body with the ids clears only that occupant). ``PUT /slots`` registers many slots in one
-request (``{"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}}``: all of them, or none when one entry is
-invalid), so a runner whose slots start rollouts together pays one request, not one per rollout.
+``{"rollout_id": ..., "attempt_id": ...}``), again with each heartbeat, and that the attempt ended once its agent
+returned. ``PUT /slots`` carries many of these in one request: ``{"slots": {key: {"rollout_id": ...,
+"attempt_id": ...}, ...}, "ended": [{"rollout_id": ..., "attempt_id": ..., "slot": key or null}, ...]}`` (both
+parts optional; all of it, or nothing when one entry is invalid). ``DELETE /slot/{key}`` forgets a slot (a body
+with the ids: only if it still runs that attempt, which then counts as ended).
+
+Who may change slots: only holders of the proxy's **runner token** (``Authorization: Bearer <runner token>``), which
+the trainer publishes to runners as `LLMResource.runner_token` and runners never hand to agents. The agents' token
+(`LLMResource.api_key`, which every agent holds) does not open these routes, so one agent cannot move another
+runner's slot to its own rollout or clear it. Slot keys are random (the runner draws them), so one slot's URL tells
+nothing about another's.
 
 Correctness rules:
 - A call on a slot with no registered attempt is refused (404, ``slot_not_registered``), never recorded.
-- A runner whose agent ended uncleanly (timeout, cancellation, an exception: parts of it may still run) clears
-  the slot and moves on to a new key (the key carries a generation number), so the old occupant's late calls
-  get 404 instead of landing in the next rollout.
+- A call for an attempt whose end was reported (through its slot or its per-rollout URL) is refused (409,
+  ``attempt_finished``) and counted (`LLMProxy.late_calls`, ``/admin/status``): a finished rollout's training
+  data never grows. The ended attempts are kept in memory, the latest `MAX_ENDED` of them; the check is a dict
+  lookup, not a store round trip.
+- A runner whose agent ended uncleanly (timeout, cancellation, an exception: parts of it may still run) moves the
+  slot to a new key, so the old occupant's late calls can never reach the slot's next rollout.
+- The table is bounded (`MAX_SLOTS`): a registration that would overflow it drops only slots not renewed for
+  ``stale_after_s`` (a runner renews its running slots with each heartbeat); with none to drop it is refused (503,
+  ``slot_table_full``: that runner's agents use per-rollout URLs), never by evicting a live slot. One request
+  carries at most `MAX_PER_REQUEST` entries (413 above).
 - The table lives in the proxy's memory: runners register again with each heartbeat, so a restarted proxy learns
   the running slots back; a runner that cannot register falls back to the per-rollout URL.
-
-Both routes need the agents' token when the proxy has one (the runner has it as `LLMResource.api_key`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from starlette.responses import JSONResponse, Response
@@ -30,47 +44,165 @@ from starlette.responses import JSONResponse, Response
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._assemble import loads
 
-__all__ = ["SLOT_NOT_REGISTERED", "SlotTable", "slot_route", "slots_route"]
+__all__ = [
+    "ATTEMPT_FINISHED",
+    "MAX_ENDED",
+    "MAX_PER_REQUEST",
+    "MAX_SLOTS",
+    "SLOT_NOT_REGISTERED",
+    "SLOT_TABLE_FULL",
+    "Slot",
+    "SlotTable",
+    "SlotTableFull",
+    "slot_route",
+    "slots_route",
+]
 
 SLOT_NOT_REGISTERED = "slot_not_registered"
-_MAX_SLOTS = 100_000
+ATTEMPT_FINISHED = "attempt_finished"
+SLOT_TABLE_FULL = "slot_table_full"
+MAX_SLOTS = 65_536
+"""Most slots a proxy holds."""
+MAX_ENDED = 65_536
+"""Most ended attempts a proxy remembers (the oldest are forgotten first)."""
+MAX_PER_REQUEST = 4096
+"""Most entries (slots and ended attempts together) in one ``PUT /slots``."""
+STALE_AFTER_S = 300.0
+"""A slot not renewed for this long may be dropped when the table is full (runners renew every heartbeat)."""
+
+Ids = tuple[str, str]
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
-class SlotTable:
-    """Slot key -> the ``(rollout_id, attempt_id)`` it runs now (bounded: the oldest registrations go first)."""
+class SlotTableFull(Exception):
+    """A registration would need to evict a live slot."""
 
-    def __init__(self, max_slots: int = _MAX_SLOTS) -> None:
-        self._slots: OrderedDict[str, tuple[str, str]] = OrderedDict()
+
+class Slot:
+    """The attempt one slot runs: its ids, when its runner last renewed it, and whether the attempt ended."""
+
+    __slots__ = ("attempt_id", "ended", "renewed", "rollout_id")
+
+    def __init__(self, rollout_id: str, attempt_id: str, renewed: float, ended: bool) -> None:
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.renewed = renewed
+        self.ended = ended
+
+
+class SlotTable:
+    """Slot key -> the attempt it runs, plus the attempts reported ended (both bounded; see the module docs).
+
+    Args:
+        max_slots: Most slots held.
+        stale_after_s: Seconds after its last registration a slot may be dropped to make room.
+        max_ended: Most ended attempts remembered.
+        clock: Monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        max_slots: int = MAX_SLOTS,
+        stale_after_s: float = STALE_AFTER_S,
+        max_ended: int = MAX_ENDED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._slots: OrderedDict[str, Slot] = OrderedDict()  # least recently renewed first
+        self._ended: OrderedDict[Ids, None] = OrderedDict()
         self._max = max_slots
+        self._stale_after = stale_after_s
+        self._max_ended = max_ended
+        self._clock = clock
 
     def __len__(self) -> int:
         return len(self._slots)
 
-    def register(self, key: str, rollout_id: str, attempt_id: str) -> None:
-        """Route calls on ``key`` to this attempt from now on (replacing the previous occupant)."""
-        self._slots[key] = (rollout_id, attempt_id)
-        self._slots.move_to_end(key)
-        while len(self._slots) > self._max:
-            self._slots.popitem(last=False)
+    def __iter__(self) -> Iterator[str]:
+        """The registered slot keys, least recently renewed first."""
+        return iter(list(self._slots))
 
-    def clear(self, key: str, occupant: tuple[str, str] | None = None) -> bool:
-        """Forget ``key`` (only if it still runs ``occupant``, when given); returns whether it was cleared."""
+    def register(self, key: str, rollout_id: str, attempt_id: str) -> None:
+        """Route calls on ``key`` to this attempt from now on (replacing the previous occupant).
+
+        Raises:
+            SlotTableFull: ``key`` is new and the table is full of live slots.
+        """
+        self.register_many([(key, (rollout_id, attempt_id))])
+
+    def register_many(self, entries: list[tuple[str, Ids]]) -> None:
+        """Register every entry (later entries of a key win), or none.
+
+        Raises:
+            SlotTableFull: The new keys do not fit, even after dropping every stale slot.
+        """
+        slots = self._slots
+        new = len({key for key, _ in entries if key not in slots})
+        t = self._clock()
+        if len(slots) + new > self._max:
+            self._drop_stale(len(slots) + new - self._max, t)
+            if len(slots) + new > self._max:
+                raise SlotTableFull(
+                    f"the LLM proxy holds {len(slots)} live runner slots (its limit is {self._max}) and "
+                    f"cannot take {new} more without evicting a live one; this runner's agents use per-rollout URLs"
+                )
+        for key, (rollout_id, attempt_id) in entries:
+            ended = (rollout_id, attempt_id) in self._ended  # a late renewal never revives an ended attempt
+            slot = slots.get(key)
+            if slot is None:
+                slots[key] = Slot(rollout_id, attempt_id, t, ended)
+                continue
+            slot.rollout_id, slot.attempt_id, slot.renewed, slot.ended = rollout_id, attempt_id, t, ended
+            slots.move_to_end(key)
+
+    def _drop_stale(self, wanted: int, t: float) -> None:
+        """Drop up to ``wanted`` slots not renewed for ``stale_after_s`` (the least recently renewed first)."""
+        slots = self._slots
+        while wanted > 0 and slots:
+            key, slot = next(iter(slots.items()))
+            if t - slot.renewed < self._stale_after:
+                return
+            del slots[key]
+            wanted -= 1
+
+    def end(self, rollout_id: str, attempt_id: str, key: str | None = None) -> None:
+        """The attempt ended: refuse its calls from now on (and on slot ``key``, if that still runs it)."""
+        ids = (rollout_id, attempt_id)
+        self._ended[ids] = None
+        self._ended.move_to_end(ids)
+        while len(self._ended) > self._max_ended:
+            self._ended.popitem(last=False)
+        slot = self._slots.get(key) if key is not None else None
+        if slot is not None and slot.rollout_id == rollout_id and slot.attempt_id == attempt_id:
+            slot.ended = True  # kept with the slot: forgetting old ended attempts cannot revive it
+
+    def has_ended(self, rollout_id: str, attempt_id: str) -> bool:
+        """Whether the attempt's end was reported (and is still remembered)."""
+        return (rollout_id, attempt_id) in self._ended
+
+    def clear(self, key: str, occupant: Ids | None = None) -> bool:
+        """Forget ``key`` (only if it still runs ``occupant``, which then counts as ended); whether it was cleared."""
         current = self._slots.get(key)
-        if current is None or (occupant is not None and current != occupant):
+        if current is None or (occupant is not None and (current.rollout_id, current.attempt_id) != occupant):
             return False
         del self._slots[key]
+        if occupant is not None:
+            self.end(*occupant)
         return True
 
-    def resolve(self, key: str) -> tuple[str, str] | None:
-        """The attempt ``key`` runs now, or ``None``."""
+    def occupant(self, key: str) -> Slot | None:
+        """The slot ``key`` (its attempt, and whether that ended), or ``None``."""
         return self._slots.get(key)
 
+    def resolve(self, key: str) -> Ids | None:
+        """The ``(rollout_id, attempt_id)`` registered on ``key`` now, or ``None``."""
+        slot = self._slots.get(key)
+        return None if slot is None else (slot.rollout_id, slot.attempt_id)
 
-def _ids(body: bytes) -> tuple[str, str] | str | None:
+
+def _ids(body: bytes) -> Ids | str | None:
     """``(rollout_id, attempt_id)`` from a JSON body, ``None`` for an empty body, or why the body is wrong."""
     if not body.strip():
         return None
@@ -81,7 +213,7 @@ def _ids(body: bytes) -> tuple[str, str] | str | None:
     return _ids_of(data)
 
 
-def _ids_of(data: Any) -> tuple[str, str] | str:
+def _ids_of(data: Any) -> Ids | str:
     """``(rollout_id, attempt_id)`` from a parsed JSON value, or why it is wrong."""
     if not isinstance(data, dict):
         return 'the body must be a JSON object: {"rollout_id": ..., "attempt_id": ...}'
@@ -92,40 +224,95 @@ def _ids_of(data: Any) -> tuple[str, str] | str:
     return rollout_id, attempt_id
 
 
+def _full(exc: SlotTableFull) -> Response:
+    return _error(503, str(exc), SLOT_TABLE_FULL)
+
+
 def slot_route(table: SlotTable, method: str, key: str, body: bytes) -> Response:
-    """Answer ``PUT /slot/{key}`` (register) or ``DELETE /slot/{key}`` (clear); the caller checked the token."""
+    """Answer ``PUT /slot/{key}`` (register) or ``DELETE /slot/{key}`` (clear); the caller checked the runner token."""
     ids = _ids(body)
     if isinstance(ids, str):
         return _error(400, ids)
     if method == "PUT":
         if ids is None:
             return _error(400, 'registering a slot needs {"rollout_id": ..., "attempt_id": ...}')
-        table.register(key, *ids)
+        try:
+            table.register(key, *ids)
+        except SlotTableFull as exc:
+            return _full(exc)
         return JSONResponse({"slot": key, "rollout_id": ids[0], "attempt_id": ids[1]})
     if method == "DELETE":
         return JSONResponse({"slot": key, "cleared": table.clear(key, ids)})
     return _error(405, f"{method} /slot/{{key}} is not supported: use PUT (register) or DELETE (clear)")
 
 
-def slots_route(table: SlotTable, body: bytes) -> Response:
-    """Answer ``PUT /slots``: register every slot of ``{"slots": {key: ids, ...}}``, or none if one is invalid."""
+def _ended_of(data: Any) -> tuple[Ids, str | None] | str:
+    """An ``ended`` entry's ids and slot key, or why it is wrong."""
+    ids = _ids_of(data)
+    if isinstance(ids, str):
+        return ids
+    key = cast(dict[str, Any], data).get("slot")
+    if key is None:
+        return ids, None
+    if not isinstance(key, str):
+        return f"'slot' must be a slot key or null, got {key!r}"
+    try:
+        return ids, check_slot_key(key)
+    except ValueError as exc:
+        return str(exc)
+
+
+_PARTS = {"slots", "ended"}
+
+
+def _parse_slots(body: bytes) -> tuple[list[tuple[str, Ids]], list[tuple[Ids, str | None]]] | Response:
+    """The registrations and ended attempts of a ``PUT /slots`` body, or the refusal of all of it."""
     try:
         data = loads(body)
     except ValueError:
         data = None
-    entries = cast(dict[str, Any], data).get("slots") if isinstance(data, dict) else None
-    if not isinstance(entries, dict):
-        return _error(400, 'registering slots needs {"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}}')
-    checked: list[tuple[str, tuple[str, str]]] = []
-    for key, value in cast(dict[str, Any], entries).items():
+    fields = cast(dict[str, Any], data) if isinstance(data, dict) else {"": None}
+    entries, ended = fields.get("slots", {}), fields.get("ended", [])
+    if not isinstance(entries, dict) or not isinstance(ended, list) or not fields or set(fields) - _PARTS:
+        return _error(
+            400,
+            'PUT /slots needs {"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}, '
+            '"ended": [{"rollout_id": ..., "attempt_id": ..., "slot": key or null}, ...]} (either part optional)',
+        )
+    entries, ended = cast(dict[str, Any], entries), cast(list[Any], ended)
+    if len(entries) + len(ended) > MAX_PER_REQUEST:
+        return _error(
+            413, f"{len(entries)} slots and {len(ended)} ended attempts in one request: send at most {MAX_PER_REQUEST}"
+        )
+    registrations: list[tuple[str, Ids]] = []
+    for key, value in entries.items():
         ids = _ids_of(value)
         try:
             check_slot_key(key)
         except ValueError as exc:
             ids = str(exc)
         if isinstance(ids, str):
-            return _error(400, f"slot {key!r}: {ids}; no slot was registered")
-        checked.append((key, ids))
-    for key, ids in checked:
-        table.register(key, *ids)
-    return JSONResponse({"registered": len(checked)})
+            return _error(400, f"slot {key!r}: {ids}; nothing was changed")
+        registrations.append((key, ids))
+    ends: list[tuple[Ids, str | None]] = []
+    for index, value in enumerate(ended):
+        entry = _ended_of(value)
+        if isinstance(entry, str):
+            return _error(400, f"ended[{index}]: {entry}; nothing was changed")
+        ends.append(entry)
+    return registrations, ends
+
+
+def slots_route(table: SlotTable, body: bytes) -> Response:
+    """Answer ``PUT /slots``: end the ``ended`` attempts, then register the ``slots`` (all of it, or nothing)."""
+    parsed = _parse_slots(body)
+    if isinstance(parsed, Response):
+        return parsed
+    registrations, ends = parsed
+    try:
+        table.register_many(registrations)  # first: a full table refuses the whole request
+    except SlotTableFull as exc:
+        return _full(exc)
+    for ids, key in ends:
+        table.end(*ids, key=key)
+    return JSONResponse({"registered": len(registrations), "ended": len(ends)})

@@ -47,10 +47,13 @@ async def heartbeat_loop(
     attempt_id: str,
     interval: float,
     on_beat: Callable[[], Awaitable[None]] | None = None,
+    on_gone: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Beat every ``interval`` seconds until cancelled or the store says the attempt is over.
 
-    ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again).
+    ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again); ``on_gone``
+    once the store says the attempt is over while its agent still runs (cancelled by the trainer, timed out): the
+    runner tells the LLM proxy, which then refuses the agent's further calls.
     """
     while True:
         await asyncio.sleep(interval)
@@ -63,6 +66,8 @@ async def heartbeat_loop(
             await store.heartbeat(rollout_id, attempt_id)
         except StoreError as exc:
             logger.warning("attempt %s of rollout %s no longer runs in the store (%s)", attempt_id, rollout_id, exc)
+            if on_gone is not None:
+                await _agent_ended(on_gone, attempt_id)
             return
         except Exception as exc:  # a transport hiccup must not kill the beat
             logger.warning("heartbeat for attempt %s failed: %r", attempt_id, exc)
@@ -158,15 +163,22 @@ async def execute_async(
     flush_timeout: float | None,
     llm_base_url: str | None = None,
     on_heartbeat: Callable[[], Awaitable[None]] | None = None,
+    on_agent_end: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in the current event loop (which must own ``store``).
 
     ``llm_base_url`` is what `agentlightning.llm_base_url` returns to the agent (default: the per-rollout URL);
-    ``on_heartbeat`` runs with each heartbeat.
+    ``on_heartbeat`` runs with each heartbeat; ``on_agent_end`` runs once the agent returned (or raised, or timed
+    out), while its spans are flushed, and is over before the store hears of the attempt's end (the runner tells
+    the LLM proxy to refuse the attempt's late calls); it runs earlier if the store ends the attempt first (a
+    heartbeat finds it cancelled), and must then do nothing the second time.
     """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
-    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat))
+    beat = asyncio.create_task(
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end)
+    )
+    ending: asyncio.Future[None] | None = None
     try:
         with (
             rollout_context(
@@ -199,12 +211,16 @@ async def execute_async(
                 _record_failure(root, outcome, exc, rollout_id)
                 outcome.error = "the runner was cancelled while the agent ran; the rollout was released"
                 raise
+        if on_agent_end is not None:
+            ending = asyncio.ensure_future(_agent_ended(on_agent_end, attempt_id))  # overlaps the flush
         await _drain_adapters()
         try:
             await aflush(flush_timeout, attempt_id)
         except Exception as exc:
             if outcome.status == "succeeded":
                 outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+        if ending is not None:
+            await ending
     except asyncio.CancelledError:
         # The agent did not fail, its runner went away (shutdown, drain): hand the rollout to another runner now.
         await asyncio.shield(release(store, claim))
@@ -212,6 +228,14 @@ async def execute_async(
     finally:
         beat.cancel()
     return outcome, await _finish(store, claim, outcome)
+
+
+async def _agent_ended(on_agent_end: Callable[[], Awaitable[None]], attempt_id: str) -> None:
+    """Run ``on_agent_end``; a failure is logged (the attempt's outcome does not depend on it)."""
+    try:
+        await on_agent_end()
+    except Exception as exc:
+        logger.warning("attempt %s: reporting its end to the LLM proxy failed: %r", attempt_id, exc)
 
 
 def execute_sync(
@@ -227,10 +251,11 @@ def execute_sync(
     flush_timeout: float | None,
     llm_base_url: str | None = None,
     on_heartbeat: Callable[[], Awaitable[None]] | None = None,
+    on_agent_end: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in this thread; store calls go through ``call`` onto ``store_loop``.
 
-    ``llm_base_url`` and ``on_heartbeat`` are as in `execute_async` (``on_heartbeat`` runs on ``store_loop``).
+    ``llm_base_url``, ``on_heartbeat`` and ``on_agent_end`` are as in `execute_async` (both run on ``store_loop``).
 
     With a ``timeout`` the agent runs in a helper thread; past the timeout the attempt is ended as ``timeout``
     and the helper thread is abandoned (a sync function cannot be interrupted).
@@ -265,7 +290,7 @@ def execute_sync(
                 _record_failure(root, outcome, exc, rollout_id)
 
     beat: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
-        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat), store_loop
+        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end), store_loop
     )
     try:
         if timeout is None:
@@ -279,12 +304,17 @@ def execute_sync(
             if helper.is_alive():
                 outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
                 logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+        ending = None
+        if on_agent_end is not None:  # overlaps the flush
+            ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)
         _drain_adapters_sync()
         try:
             flush(flush_timeout, attempt_id)
         except Exception as exc:
             if outcome.status == "succeeded":
                 outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+        if ending is not None:
+            ending.result()
     finally:
         beat.cancel()
     return outcome, call(_finish(store, claim, outcome))

@@ -318,7 +318,7 @@ class Runner:
         clean = False
         try:
             try:
-                resources = await loop.resources(claim)
+                resources, agent_resources = await loop.resources(claim)
                 url = await loop.slots.acquire(index, claim, resources)
             except asyncio.CancelledError:  # drained before the agent started: the claim goes back all the same
                 await asyncio.shield(release(self.store, claim))
@@ -327,10 +327,11 @@ class Runner:
                 self.agent,
                 claim,
                 self.store,
-                resources,
+                agent_resources,
                 **settings.limits(),
                 llm_base_url=url,
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
+                on_agent_end=functools.partial(loop.slots.end, index),
             )
             clean = ended_cleanly(claim, outcome.status)
         except Exception:

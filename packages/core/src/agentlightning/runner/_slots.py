@@ -1,19 +1,23 @@
-"""Stable LLM proxy URLs per runner worker slot (see `agentlightning.proxy.LLMProxy` for the proxy's side).
+"""Stable LLM proxy URLs per runner worker slot, and attempts' ends (see `agentlightning.proxy.LLMProxy`).
 
 Agent frameworks cache HTTP clients per base URL: langchain-openai builds new httpx clients (TLS context and
 connection pool included) for each URL it has not seen, which made the per-rollout URL cost a LangGraph agent more
 than twice its own work per rollout. So `agentlightning.llm_base_url` gives an agent the URL of the runner slot it
-runs in, ``{proxy}/slot/{runner}.{slot}.{generation}/v1``, the same for every rollout the slot runs. Before the
-agent starts, the runner tells the proxy which attempt the slot runs (``PUT /slot/{key}``, with the agents' token
-`LLMResource.api_key`), and tells it again with each heartbeat (a restarted proxy learns it back). Registrations
-made while another is on its way wait for it and then go together in one ``PUT /slots`` (slots start rollouts in
-bursts: one request per burst instead of one per rollout); each agent still starts only once the proxy confirmed its
-own registration, and a proxy without ``PUT /slots`` gets them one by one.
+runs in, ``{proxy}/slot/{key}/v1``, the same for every rollout the slot runs. The key is random (``secrets``): one
+slot's URL tells an agent nothing about another slot's. Before the agent starts, the runner tells the proxy which
+attempt the slot runs (``PUT /slot/{key}``), tells it again with each heartbeat (a restarted proxy learns it back),
+and tells it the attempt ended as soon as the agent returns (`SlotRegistrar.end`), so the proxy refuses calls that
+still come for it (409), through the slot or the per-rollout URL alike. These requests carry the proxy's runner
+token, `LLMResource.runner_token`, which the runner keeps from its agents (`for_agents`); the agents' token
+(`LLMResource.api_key`) does not open the slot routes. Requests made while another is on its way wait for it and
+then go together in one ``PUT /slots`` (slots start and end rollouts in bursts: one request per burst instead of one
+per rollout); each agent still starts only once the proxy confirmed its own registration, and a proxy without
+``PUT /slots`` gets registrations one by one (and no end reports).
 
-An agent that ended uncleanly (timeout, cancellation, an exception) may still have code running: its slot is
-cleared on the proxy and the slot's generation moves on, so the next rollout gets a new URL and the old occupant's
-late calls are refused (404) instead of being recorded under the next rollout. A proxy that does not know slots
-(404/405), or one the runner cannot reach, gets the per-rollout URL instead (``llm_base_url`` falls back to it).
+An agent that ended uncleanly (timeout, cancellation, an exception) may still have code running: the slot moves on
+to a new key, so its late calls can never reach the slot's next rollout (they are refused as the ended attempt's).
+A resource without a runner token, a proxy that does not know slots (404/405), or one the runner cannot reach gets
+the per-rollout URL instead (``llm_base_url`` falls back to it).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agentlightning._models import Claim, LLMResource, Resources
@@ -32,7 +37,7 @@ from agentlightning._urls import slot_base_url
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["SlotRegistrar"]
+__all__ = ["SlotRegistrar", "for_agents"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,63 +47,98 @@ _MAX_BATCH = 512
 """Most registrations sent in one ``PUT /slots``."""
 
 
+_KEY_BYTES = 18
+"""Random bytes of a slot key (24 URL-safe characters)."""
+
+
+def for_agents(resources: Resources | None) -> Resources | None:
+    """``resources`` as the agent gets them: every `LLMResource` without its ``runner_token`` (the runner's)."""
+    if resources is None or not any(
+        isinstance(item, LLMResource) and item.runner_token is not None for item in resources.items.values()
+    ):
+        return resources
+    data = resources.model_dump()
+    for item in data["items"].values():
+        if item.get("kind") == "llm":
+            item["runner_token"] = None
+    return Resources.model_validate(data)
+
+
 @dataclass(frozen=True)
 class _Held:
+    """An attempt a slot runs, on the proxy at ``endpoint``; ``key`` ``None``: on its per-rollout URL."""
+
     endpoint: str
-    api_key: str | None
-    key: str
+    runner_token: str
+    key: str | None
     rollout_id: str
     attempt_id: str
 
 
 @dataclass(frozen=True)
 class _Waiting:
-    """A registration waiting for the request that carries it; ``done`` gets whether the proxy took it."""
+    """A registration (or, ``ended``, an end report) waiting for the request that carries it.
+
+    ``llm`` is set on a slot's first registration for an attempt (a 404 then means: not a slot-aware proxy); ``done``
+    gets whether the proxy took it.
+    """
 
     held: _Held
     llm: LLMResource | None
     done: asyncio.Future[bool]
+    ended: bool = False
 
 
-_Queue = tuple[asyncio.AbstractEventLoop, str, str | None]
-"""Registrations that can share a request: same loop (its session), same proxy, same token."""
+_Queue = tuple[asyncio.AbstractEventLoop, str, str]
+"""Requests that can share a request: same loop (its session), same proxy, same runner token."""
 
 
 class SlotRegistrar:
-    """One runner's slot keys and their registrations on the LLM proxy (used from event loops, one per thread).
+    """One runner's slot keys, their registrations on the LLM proxy and its attempts' ends (one event loop).
 
     Args:
-        runner_id: Unique among the runners that share a proxy (default: random).
+        runner_id: A name for this runner in logs (default: random); slot keys do not derive from it.
     """
 
     def __init__(self, runner_id: str | None = None) -> None:
         self.runner_id = runner_id or uuid.uuid4().hex[:16]
-        self._generation: dict[int, int] = {}
-        self._held: dict[int, _Held] = {}  # slots whose agent runs
-        self._idle: dict[int, _Held] = {}  # slots whose last agent ended cleanly (still registered on the proxy)
+        self._keys: dict[int, str] = {}
+        self._attempts: dict[int, _Held] = {}  # attempts whose end is not reported yet (on their slot or not)
+        self._held: dict[int, _Held] = {}  # slots registered for the attempt they run (renewed with heartbeats)
         self._unsupported: set[str] = set()
         self._no_batch: set[str] = set()  # slot-aware proxies without PUT /slots
         self._queues: dict[_Queue, list[_Waiting]] = {}
         self._senders: dict[_Queue, asyncio.Task[None]] = {}
         self._warned: set[str] = set()
+        self._noted: set[str] = set()  # endpoints whose resource has no runner token
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._lock = threading.Lock()
 
     def key(self, slot: int) -> str:
-        """The proxy key of ``slot`` now (changes after an unclean end)."""
-        return f"{self.runner_id}.{slot}.{self._generation.get(slot, 0)}"
+        """The proxy key of ``slot`` now: random, and replaced after an unclean end."""
+        key = self._keys.get(slot)
+        if key is None:
+            key = self._keys[slot] = secrets.token_urlsafe(_KEY_BYTES)
+        return key
 
     async def acquire(self, slot: int, claim: Claim, resources: Resources | None) -> str | None:
-        """Register ``claim``'s attempt on ``slot``; returns the slot's URL (``None``: use the per-rollout URL)."""
+        """Register ``claim``'s attempt on ``slot``; returns the slot's URL (``None``: use the per-rollout URL).
+
+        Either way the attempt's end is reported to the proxy by `end` (when the resource has a runner token).
+        """
         llm = resources.llm if resources is not None else None
         if llm is None or llm.endpoint in self._unsupported:
             return None
-        held = _Held(llm.endpoint, llm.api_key, self.key(slot), claim.rollout.rollout_id, claim.attempt.attempt_id)
-        self._idle.pop(slot, None)
+        if llm.runner_token is None:
+            self._note_once(llm.endpoint, "carries no runner_token")
+            return None
+        rollout_id, attempt_id, key = claim.rollout.rollout_id, claim.attempt.attempt_id, self.key(slot)
+        held = _Held(llm.endpoint, llm.runner_token, key, rollout_id, attempt_id)
+        self._attempts[slot] = replace(held, key=None)  # until the proxy takes the slot: ended without it
         if not await self._register(held, llm):
             return None
-        self._held[slot] = held
-        return slot_base_url(llm.endpoint, held.key)
+        self._attempts[slot] = self._held[slot] = held
+        return slot_base_url(llm.endpoint, key)
 
     async def refresh(self, slot: int) -> None:
         """Register ``slot``'s attempt again (with each heartbeat: a restarted proxy has forgotten it)."""
@@ -106,28 +146,34 @@ class SlotRegistrar:
         if held is not None:
             await self._register(held, None)
 
+    async def end(self, slot: int) -> None:
+        """The agent on ``slot`` returned (or was abandoned): the proxy refuses its attempt's calls from now on.
+
+        Runs once per attempt (later calls return at once); waits until the proxy took the report (or failed: warned).
+        """
+        held = self._attempts.pop(slot, None)
+        self._held.pop(slot, None)
+        if held is None or held.endpoint in self._unsupported or held.endpoint in self._no_batch:
+            return
+        await self._register(held, None, ended=True)
+
     async def release(self, slot: int, clean: bool) -> None:
         """The slot's agent is over; ``clean`` means it returned (nothing of it runs any more).
 
-        After a clean end the slot keeps its URL (the next registration replaces the occupant); otherwise the slot
-        is cleared on the proxy and gets a new generation, so calls still coming from the old agent are refused.
+        Reports the attempt's end if `end` did not. After a clean end the slot keeps its URL (the next registration
+        replaces the occupant); otherwise it gets a new key, so calls still coming from the old agent can never reach
+        the slot's next rollout.
         """
-        held = self._held.pop(slot, None)
-        if held is None:
-            return
-        if clean:
-            self._idle[slot] = held
-            return
-        self._generation[slot] = self._generation.get(slot, 0) + 1
-        await self._delete(held)
+        await self.end(slot)
+        if not clean and slot in self._keys:
+            del self._keys[slot]  # a new random key on the next acquire
 
     async def close(self) -> None:
-        """Clear every slot this runner registered (best effort) and close this loop's connections."""
-        for slot in list(self._held):
-            await self.release(slot, clean=False)
-        idle, self._idle = list(self._idle.values()), {}
-        for held in idle:
-            await self._delete(held)
+        """Report the end of every attempt still held (best effort) and close this loop's connections.
+
+        The proxy keeps the ended slots (their late calls are refused as such) until they go stale.
+        """
+        await asyncio.gather(*(self.end(slot) for slot in list(self._attempts)))
         loop = asyncio.get_running_loop()
         senders = [task for queue, task in list(self._senders.items()) if queue[0] is loop]
         for task in senders:
@@ -151,19 +197,16 @@ class SlotRegistrar:
         return session
 
     @staticmethod
-    def _headers(api_key: str | None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        return headers
+    def _headers(runner_token: str) -> dict[str, str]:
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {runner_token}"}
 
-    async def _register(self, held: _Held, llm: LLMResource | None) -> bool:
-        """Register ``held`` with the next request to its proxy; whether the proxy took it."""
-        if held.endpoint in self._no_batch:
+    async def _register(self, held: _Held, llm: LLMResource | None, ended: bool = False) -> bool:
+        """Send ``held``'s registration (or end report) with the next request to its proxy; whether it was taken."""
+        if held.endpoint in self._no_batch and not ended:
             return await self._put(held, llm)
         loop = asyncio.get_running_loop()
-        queue: _Queue = (loop, held.endpoint, held.api_key)
-        waiting = _Waiting(held, llm, loop.create_future())
+        queue: _Queue = (loop, held.endpoint, held.runner_token)
+        waiting = _Waiting(held, llm, loop.create_future(), ended)
         self._queues.setdefault(queue, []).append(waiting)
         if queue not in self._senders:
             self._senders[queue] = loop.create_task(self._send_queued(queue))
@@ -182,9 +225,13 @@ class SlotRegistrar:
                     return
                 if not batch:
                     continue
-                taken = None if len(batch) == 1 or queue[1] in self._no_batch else await self._put_many(batch)
+                alone = len(batch) == 1 and not batch[0].ended  # a registration alone: the single-slot route
+                taken = None if alone or queue[1] in self._no_batch else await self._put_many(batch)
                 for entry in batch:
-                    ok = await self._put(entry.held, entry.llm) if taken is None else taken
+                    if taken is not None:
+                        ok = taken
+                    else:  # one by one; a proxy without PUT /slots takes no end reports
+                        ok = False if entry.ended else await self._put(entry.held, entry.llm)
                     if not entry.done.done():
                         entry.done.set_result(ok)
                 batch = []
@@ -206,7 +253,7 @@ class SlotRegistrar:
         url = f"{held.endpoint.rstrip('/')}{path}"
         try:
             async with self._session().request(
-                method, url, data=json.dumps(body), headers=self._headers(held.api_key)
+                method, url, data=json.dumps(body), headers=self._headers(held.runner_token)
             ) as resp:
                 if resp.status < 300:
                     await resp.read()
@@ -218,10 +265,11 @@ class SlotRegistrar:
             return None
 
     async def _put_many(self, batch: list[_Waiting]) -> bool | None:
-        """Register ``batch`` in one ``PUT /slots``: whether the proxy took them; ``None``: it has no such route."""
+        """Send ``batch`` in one ``PUT /slots``: whether the proxy took it; ``None``: it has no such route."""
         first = batch[0].held
-        slots = {e.held.key: {"rollout_id": e.held.rollout_id, "attempt_id": e.held.attempt_id} for e in batch}
-        answer = await self._send("PUT", first, "/slots", {"slots": slots})
+        slots = {e.held.key: self._ids(e.held) for e in batch if not e.ended and e.held.key is not None}
+        ended = [{**self._ids(e.held), "slot": e.held.key} for e in batch if e.ended]
+        answer = await self._send("PUT", first, "/slots", {"slots": slots, "ended": ended})
         if answer is None:
             return False
         status, text = answer
@@ -230,44 +278,48 @@ class SlotRegistrar:
         if status in (404, 405):  # a proxy from before PUT /slots (or no slot-aware proxy at all): one by one
             self._no_batch.add(first.endpoint)
             return None
-        self._warn_once(first.endpoint, f"the LLM proxy refused {len(batch)} slot registrations: HTTP {status} {text}")
+        what = f"{len(slots)} slot registration(s) and {len(ended)} end report(s)"
+        self._warn_once(first.endpoint, f"the LLM proxy refused {what}: HTTP {status} {text}")
         return False
 
     async def _put(self, held: _Held, llm: LLMResource | None) -> bool:
-        answer = await self._send("PUT", held, f"/slot/{held.key}", self._ids(held))
+        key = held.key or ""
+        answer = await self._send("PUT", held, f"/slot/{key}", self._ids(held))
         if answer is None:
             return False
         status, text = answer
         if status < 300:
             return True
-        url = f"{held.endpoint.rstrip('/')}/slot/{held.key}"
+        url = f"{held.endpoint.rstrip('/')}/slot/{key}"
         if status in (404, 405) and llm is not None:
             # Not a slot-aware proxy (an older one, or a plain OpenAI-compatible server): stop asking it.
             self._unsupported.add(held.endpoint)
             logger.info("%s does not know runner slots (HTTP %d); agents get per-rollout URLs", url, status)
         else:
-            self._warn_once(held.endpoint, f"the LLM proxy refused slot {held.key}: HTTP {status} {text}")
+            self._warn_once(held.endpoint, f"the LLM proxy refused slot {key}: HTTP {status} {text}")
         return False
 
     @staticmethod
     def _ids(held: _Held) -> dict[str, str]:
         return {"rollout_id": held.rollout_id, "attempt_id": held.attempt_id}
 
-    async def _delete(self, held: _Held) -> None:
-        import aiohttp
-
-        url = f"{held.endpoint.rstrip('/')}/slot/{held.key}"
-        body = json.dumps(self._ids(held))
-        try:
-            async with self._session().delete(url, data=body, headers=self._headers(held.api_key)) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            # The proxy is unreachable; the slot's key has moved on, so nothing new is ever sent to the old one.
-            logger.debug("could not clear slot %s on %s: %r", held.key, held.endpoint, exc)
-
     def _warn_once(self, endpoint: str, message: str) -> None:
         if endpoint in self._warned:
             logger.debug("%s", message)
             return
         self._warned.add(endpoint)
-        logger.warning("%s; agents get per-rollout URLs meanwhile", message)
+        hint = " (is the LLM resource's runner_token this proxy's?)" if "HTTP 401" in message else ""
+        logger.warning(
+            "%s%s; agents get per-rollout URLs, and late calls may not be refused, meanwhile", message, hint
+        )
+
+    def _note_once(self, endpoint: str, why: str) -> None:
+        if endpoint in self._noted:
+            return
+        self._noted.add(endpoint)
+        logger.info(
+            "the LLM resource for %s %s: agents get per-rollout URLs, and the proxy is not told when attempts end "
+            "(late calls are not refused); publish LLMProxy.llm_resource(...) to use runner slots",
+            endpoint,
+            why,
+        )

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol, TypedDict
 from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_sync, release
-from agentlightning.runner._slots import SlotRegistrar
+from agentlightning.runner._slots import SlotRegistrar, for_agents
 from agentlightning.store._base import LightningStore
 from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp
 
@@ -167,7 +167,7 @@ class WorkerLoop:
         self.outage = _Outage(settings.poll_interval)
         self.active: dict[str, Claim] = {}  # worker id -> the claim it runs (thread and process workers)
         self.slots = SlotRegistrar()  # each worker slot's stable LLM proxy URL
-        self._resources: dict[str, Resources | None] = {}
+        self._resources: dict[str, tuple[Resources | None, Resources | None]] = {}
 
     async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
         if self.stopped() or not self.budget.take():
@@ -188,12 +188,15 @@ class WorkerLoop:
                 return "idle"
         return "wait"
 
-    async def resources(self, claim: Claim) -> Resources | None:
+    async def resources(self, claim: Claim) -> tuple[Resources | None, Resources | None]:
+        """The claim's resources: as published (for the runner) and as its agent gets them (`for_agents`)."""
         resources_id = claim.rollout.resources_id
         if resources_id is None:
-            return await self.store.get_resources(None)
+            latest = await self.store.get_resources(None)
+            return latest, for_agents(latest)
         if resources_id not in self._resources:
-            self._resources[resources_id] = await self.store.get_resources(resources_id)
+            published = await self.store.get_resources(resources_id)
+            self._resources[resources_id] = (published, for_agents(published))
         return self._resources[resources_id]
 
 
@@ -224,7 +227,7 @@ def sync_worker(
         loop.active[worker_id] = claim
         clean = False
         try:
-            resources = call(loop.resources(claim))
+            resources, agent_resources = call(loop.resources(claim))
             url = call(loop.slots.acquire(index, claim, resources))
             outcome, _ = execute_sync(
                 agent,
@@ -232,10 +235,11 @@ def sync_worker(
                 loop.store,
                 call,
                 store_loop,
-                resources,
+                agent_resources,
                 **settings.limits(),
                 llm_base_url=url,
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
+                on_agent_end=functools.partial(loop.slots.end, index),
             )
             clean = ended_cleanly(claim, outcome.status)
         except RunnerStopped:

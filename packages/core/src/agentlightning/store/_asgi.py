@@ -12,7 +12,6 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
-import hmac
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from agentlightning._netauth import bearer_matches, cross_site_refusal
 from agentlightning._routing import OPEN, Match, Route, RouteTable
 from agentlightning.store._base import ConflictError, NotFoundError, StorageError, StoreError
 from agentlightning.store._wire import ErrorResponse
@@ -91,21 +91,28 @@ async def send_json(send: Send, status: int, body: bytes, extra: list[tuple[byte
 
 
 class StoreASGI:
-    """The served store as plain ASGI: bearer token, body limit and the dispatch of its route table.
+    """The served store as plain ASGI: browser rules, bearer token, body limit and the dispatch of its route table.
 
-    A route is admitted by its own auth rule (`OPEN` or the bearer token); a path the table does not hold needs the
-    token too (an unauthenticated caller learns nothing about the API), then gets 404. A handler gets the parsed
-    body (a route with a body model), the path parameters (a route with some) or ``None``, and returns an `Answer`.
+    Every request first passes `cross_site_refusal` (403 for a foreign ``Origin`` or, over loopback, ``Host``; 415
+    for a write whose body is not ``application/json``). A route is then admitted by its own auth rule (`OPEN` or
+    the bearer token); a path the table does not hold needs the token too (an unauthenticated caller learns
+    nothing about the API), then gets 404. A handler gets the parsed body (a route with a body model), the path
+    parameters (a route with some) or ``None``, and returns an `Answer`.
 
     Args:
-        table: Every route served (the OpenAPI document and docs pages included).
-        token: Required bearer token, or ``None``.
+        table: Every route served (the OpenAPI document included).
+        token: The bearer token every route but the `OPEN` ones requires (not empty).
         max_body_bytes: Larger bodies get 413 (checked on Content-Length and while reading chunked bodies).
+
+    Raises:
+        ValueError: ``token`` is empty.
     """
 
-    def __init__(self, table: RouteTable, token: str | None, max_body_bytes: int) -> None:
+    def __init__(self, table: RouteTable, token: str, max_body_bytes: int) -> None:
+        if not token:
+            raise ValueError("a served store needs a bearer token (secrets.token_urlsafe(32) makes one)")
         self.table = table
-        self.expected = f"bearer {token}".encode() if token else None
+        self.token = token
         self.max_body_bytes = max_body_bytes
         self._big_requests = asyncio.Semaphore(BIG_REQUESTS_AT_ONCE)
 
@@ -115,8 +122,8 @@ class StoreASGI:
                 await _lifespan(receive, send)
             return  # a websocket is refused by the server when the app does not accept it
         length: int | None = None
-        authorization = b""
-        content_type = b""
+        authorization = content_type = host = origin = b""
+        chunked = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
@@ -128,19 +135,28 @@ class StoreASGI:
                     return
             elif name == b"content-type":
                 content_type = value
+            elif name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"transfer-encoding":
+                chunked = True
         method: str = scope["method"]
         path: str = scope["path"]
+        has_body = chunked or bool(length)
+        refusal = cross_site_refusal(method, host, origin, content_type, has_body, scope.get("server"))
+        if refusal is not None:
+            kind = "forbidden" if refusal[0] == 403 else "unsupported_media_type"
+            await send_json(send, refusal[0], error_bytes(kind, refusal[1]))
+            return
         # HEAD is answered as GET (the server drops the body), as every HTTP framework does.
         found = self.table.match("GET" if method == "HEAD" else method, path)
         route = found.route if found is not None else self.table.allowed(path)
-        if self.expected is not None and (route is None or route.auth != OPEN):
-            # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
-            given = authorization[:7].lower() + authorization[7:]
-            if not hmac.compare_digest(given, self.expected):
-                reason = "missing" if not authorization else "wrong"
-                message = f"{reason} bearer token: send 'Authorization: Bearer <token>'"
-                await send_json(send, 401, error_bytes("unauthorized", message))
-                return
+        if (route is None or route.auth != OPEN) and not bearer_matches(authorization, self.token):
+            reason = "missing" if not authorization else "wrong"
+            message = f"{reason} bearer token: send 'Authorization: Bearer <token>'"
+            await send_json(send, 401, error_bytes("unauthorized", message))
+            return
         if length is not None and length > self.max_body_bytes:
             await send_json(send, 413, error_bytes("too_large", self._too_large(length)))
             return
@@ -153,19 +169,19 @@ class StoreASGI:
                 await send_json(send, 405, error_bytes("not_allowed", message), [(b"allow", allow.encode())])
             return
         if method in ("GET", "HEAD"):
-            answer = await self._answer(found, b"", content_type)
+            answer = await self._answer(found, b"")
         else:
             body = await self._read(receive, send)
             if body is None:
                 return
             if len(body) < OFFLOAD_BYTES:
-                answer = await self._answer(found, body, content_type)
+                answer = await self._answer(found, body)
             else:
                 # Parsing, validating and storing a batch of megabytes takes seconds of CPU: do it in a worker
                 # thread so /healthz and other clients are answered meanwhile, and few at a time so memory stays
                 # bounded.
                 async with self._big_requests:
-                    answer = await asyncio.to_thread(_answer_in_thread, self._answer, found, body, content_type)
+                    answer = await asyncio.to_thread(_answer_in_thread, self._answer, found, body)
                 del body
         if isinstance(answer, Response):
             await answer(scope, receive, send)
@@ -190,7 +206,7 @@ class StoreASGI:
             more = bool(message.get("more_body", False))
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _answer(self, found: Match, body: bytes, content_type: bytes) -> tuple[int, bytes] | Response:
+    async def _answer(self, found: Match, body: bytes) -> tuple[int, bytes] | Response:
         route: Route = found.route
         try:
             model = route.body
@@ -198,10 +214,7 @@ class StoreASGI:
                 try:
                     given: Any = model.model_validate_json(body)
                 except ValidationError as exc:
-                    message = describe_validation(exc.errors())
-                    if content_type and b"json" not in content_type:
-                        message = f"expected a JSON body (Content-Type: application/json), got {content_type.decode(errors='replace')!r}; {message}"  # noqa: E501
-                    return 422, error_bytes("invalid", message)
+                    return 422, error_bytes("invalid", describe_validation(exc.errors()))
             else:
                 given = found.params or None
             answer: Answer = await route.handler(given)
@@ -220,13 +233,12 @@ class StoreASGI:
 
 
 def _answer_in_thread(
-    answer: Callable[[Match, bytes, bytes], Coroutine[Any, Any, tuple[int, bytes] | Response]],
+    answer: Callable[[Match, bytes], Coroutine[Any, Any, tuple[int, bytes] | Response]],
     found: Match,
     body: bytes,
-    content_type: bytes,
 ) -> tuple[int, bytes] | Response:
     try:
-        return asyncio.run(answer(found, body, content_type))
+        return asyncio.run(answer(found, body))
     finally:
         _give_memory_back()
 

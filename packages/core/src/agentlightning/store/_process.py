@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from agentlightning._netauth import check_bind_token, is_wildcard
+from agentlightning._netauth import check_bind_token, is_wildcard, new_token
 from agentlightning.store._base import RetryPolicy
 
 __all__ = ["StoreServer"]
@@ -33,8 +33,8 @@ class StoreServer:
         db: The SQLite file (the trainer keeps using it directly).
         host: Interface to bind (``0.0.0.0``: every interface).
         port: Port to bind.
-        token: Bearer token clients must send; required, at least 16 characters, off loopback. It reaches
-            the child through its environment, never its command line.
+        token: Bearer token clients must send; required, at least 16 characters, off loopback; ``None`` on
+            loopback: a new one (`token`). It reaches the child through its environment, never its command line.
         retry_policy: The served store's retry policy (heartbeat timeout, attempts); ``None``: the default.
         access_log: Log every request with the client's address (``uvicorn.access`` lines) to ``log_file``.
         log_file: Where the server's output goes (default: inherited stderr).
@@ -55,7 +55,7 @@ class StoreServer:
         self.db = Path(db)
         self.host = host
         self.port = port
-        self.token = token
+        self.token: str = token or new_token()  # always one: a web page in a local browser can reach the port
         self.retry_policy = retry_policy
         self.access_log = access_log
         self.log_file = None if log_file is None else Path(log_file)
@@ -90,7 +90,7 @@ class StoreServer:
         """
         if self._proc is not None:
             return self
-        env = {**os.environ, "AGL_STORE_TOKEN": self.token or ""}
+        env = {**os.environ, "AGL_STORE_TOKEN": self.token}
         if self.log_file is not None:
             self._log = self.log_file.open("ab")
         self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -2,9 +2,14 @@
 
 Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and, with ``ui=True``,
 `agentlightning.ui.ui_routes`; the same table is dispatched by `StoreASGI` and written out as the OpenAPI 3.1
-document at ``/openapi.json`` (browsable at ``/docs``). Bodies are JSON `_wire` models.
+document at ``/openapi.json`` (no Swagger UI or ReDoc page: they load their scripts from a CDN; open the document in
+any OpenAPI viewer). Bodies are JSON `_wire` models.
 
-Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 404 (unknown id or route),
+A served store always has a bearer token (a browser can reach a server on this machine: see
+`agentlightning._netauth.cross_site_refusal` for what else keeps web pages out).
+
+Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 403 (a foreign ``Origin``, or ``Host``
+over loopback), 415 (a write whose body is not ``application/json``), 404 (unknown id or route),
 409 (conflict with the stored state), 413 (body over ``max_body_bytes``), 422 (malformed JSON, wrong types,
 a record that fails validation, NaN or Infinity anywhere), 507 (the disk is full or the database read-only; also
 reported by ``/healthz`` as 503) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
@@ -20,9 +25,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from pydantic import BaseModel, TypeAdapter
-from starlette.responses import Response
 
 from agentlightning._models import Attempt, Claim, Resources, Rollout
 from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
@@ -68,6 +71,8 @@ _TITLE = "Agent Lightning store"
 _DESCRIPTION = "The LightningStore protocol over HTTP. Authenticate with 'Authorization: Bearer <token>'."
 _COMMON_ERRORS = {
     401: "missing or wrong bearer token",
+    403: "a request a foreign web page could have sent (its Origin, or a Host that is not this machine on loopback)",
+    415: "a body that is not Content-Type: application/json",
     413: "body too large",
     422: "malformed or invalid body",
 }
@@ -124,7 +129,7 @@ def _added_answer(added: int) -> bytes:
 
 def create_store_app(
     store: LightningStore,
-    token: str | None = None,
+    token: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ui: bool = True,
 ) -> StoreASGI:
@@ -132,15 +137,22 @@ def create_store_app(
 
     Args:
         store: Any backend (SQLite for a durable served store, memory for tests).
-        token: When set, every request except ``GET /healthz`` must carry ``Authorization: Bearer <token>``
-            or gets 401. ``/healthz`` stays open so load balancers and process supervisors can probe it;
-            it reveals nothing but liveness.
+        token: Every request except ``GET /healthz`` and the dashboard's files must carry
+            ``Authorization: Bearer <token>`` or gets 401 (required: a web page could otherwise write to a store on
+            this machine; ``secrets.token_urlsafe(32)`` makes one). ``/healthz`` stays open so load balancers
+            and process supervisors can probe it; it reveals nothing but liveness.
         max_body_bytes: Request bodies larger than this get 413 before they are read into memory.
-        ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and asks for it).
+        ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and takes it from the URL's
+            ``#token=`` fragment or asks for it).
 
     Returns:
         The ASGI app; run it with uvicorn (``agl store serve`` does).
+
+    Raises:
+        ValueError: ``token`` is empty, or ``max_body_bytes`` is not positive.
     """
+    if not token:
+        raise ValueError("a served store needs a bearer token: pass token=... (secrets.token_urlsafe(32) makes one)")
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     routes = store_routes(store) + dashboard_routes(store)
@@ -155,29 +167,23 @@ def create_store_app(
         description=_DESCRIPTION,
         error_model=ErrorResponse,
         common_errors=_COMMON_ERRORS,
-        security=_BEARER if token is not None else {},
+        security=_BEARER,
     )
     return StoreASGI(RouteTable(routes + _document_routes(document)), token, max_body_bytes)
 
 
 def _document_routes(document: dict[str, Any]) -> list[Route]:
-    """``/openapi.json`` and its two browsable renderings (behind the token like the API they describe)."""
+    """``/openapi.json`` (behind the token like the API it describes).
+
+    No Swagger UI or ReDoc page: both load their scripts and styles from a CDN, which a page served with the
+    store's authority must not do.
+    """
     body = json.dumps(document, separators=(",", ":")).encode()
 
     async def openapi(_: None) -> bytes:
         return body
 
-    async def docs(_: None) -> Response:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{_TITLE} - docs")
-
-    async def redoc(_: None) -> Response:
-        return get_redoc_html(openapi_url="/openapi.json", title=f"{_TITLE} - ReDoc")
-
-    return [
-        Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False),
-        Route("GET", "/docs", docs, "docs", "The document in Swagger UI.", documented=False),
-        Route("GET", "/redoc", redoc, "redoc", "The document in ReDoc.", documented=False),
-    ]
+    return [Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]
 
 
 def store_routes(store: LightningStore) -> list[Route]:

@@ -41,7 +41,8 @@ class StoreServing(BaseModel):
         serve: ``HOST:PORT`` at which to serve the trainer's SQLite file to runners on other machines (an
             ``agl store serve`` child process); ``None``: runners on this machine share the file.
         url: A store already served elsewhere (``agl store serve``) to use instead of a file.
-        token: Bearer token of the served store (``serve`` or ``url``); required, 16+ characters, off loopback.
+        token: Bearer token of the served store (``serve`` or ``url``); required, 16+ characters, off loopback;
+            ``None`` when serving on loopback: a new one (`OpenedStore.token`).
         heartbeat_timeout_s: Seconds without a heartbeat after which a runner's rollout is retried elsewhere.
         access_log: Log every request to the served store with the client's address (``store_server.log``).
     """
@@ -91,7 +92,7 @@ class StoreServing(BaseModel):
         policy = RetryPolicy(heartbeat_timeout=self.heartbeat_timeout_s)
         if self.url is not None:
             client = cast(LightningStore, StoreClient(self.url, token=self.token))
-            return OpenedStore(client, None, ["--store-url", self.url])
+            return OpenedStore(client, None, ["--store-url", self.url], self.token)
         path = Path(db)
         if fresh:
             for suffix in ("", "-wal", "-shm"):
@@ -110,7 +111,7 @@ class StoreServing(BaseModel):
             except BaseException:
                 await store.close()
                 raise
-        return OpenedStore(store, server, ["--db", str(path)])
+        return OpenedStore(store, server, ["--db", str(path)], None if server is None else server.token)
 
 
 @dataclass
@@ -118,12 +119,14 @@ class OpenedStore:
     """A trainer's open store: ``store`` to use, ``server`` serving it (or ``None``), ``runner_args`` for local runners.
 
     ``runner_args`` is what a runner on this machine passes to reach the same store (``--db FILE`` or
-    ``--store-url URL``); the token travels in ``$AGL_STORE_TOKEN``.
+    ``--store-url URL``); ``token`` (the served store's, made by `StoreServer` when none was given) travels in
+    ``$AGL_STORE_TOKEN``, never on a command line.
     """
 
     store: LightningStore
     server: StoreServer | None
     runner_args: list[str]
+    token: str | None = None
 
     async def close(self) -> None:
         """Stop serving and close the store."""

@@ -63,9 +63,10 @@ class ErrorResponse(_Body):
     """Body of every 4xx/5xx answer.
 
     Attributes:
-        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``too_large``,
-            ``not_allowed``, ``storage`` (disk full or read-only database: HTTP 507, not worth retrying) or
-            ``internal``.
+        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``forbidden``
+            (a request a foreign web page could have sent: HTTP 403), ``unsupported_media_type`` (a write that is
+            not ``application/json``: 415), ``too_large``, ``not_allowed``, ``storage`` (disk full or read-only
+            database: HTTP 507, not worth retrying) or ``internal``.
         message: What was wrong, naming the offending field or id.
     """
 

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from agentlightning._netauth import new_token
 from agentlightning.store._base import RetryPolicy
 from agentlightning.store._postgres_schema import is_postgres_dsn
 
@@ -34,7 +35,7 @@ class ServedStoreProcess:
 
     Args:
         db: SQLite file to serve, or a ``postgresql://`` DSN (kept as given); ``None`` serves an in-memory store.
-        token: Bearer token the server requires.
+        token: Bearer token the server requires (``None``: a new one, `token`); passed in the environment.
         retry_policy: Passed as ``--max-attempts`` / ``--heartbeat-timeout`` / ``--rollout-timeout`` / ``--retry-on``.
         port: Port to bind (default: a free one, kept across `restart`).
         extra_args: More ``agl store serve`` arguments.
@@ -51,7 +52,7 @@ class ServedStoreProcess:
         self.db: Path | str | None = None
         if db is not None:
             self.db = str(db) if is_postgres_dsn(str(db)) else Path(db)
-        self.token = token
+        self.token: str = token or new_token()
         self.retry_policy = retry_policy
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
@@ -73,8 +74,6 @@ class ServedStoreProcess:
         """The command line that starts the server."""
         args = [sys.executable, "-c", _LAUNCH, "store", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--memory"] if self.db is None else ["--db", str(self.db)]
-        if self.token:
-            args += ["--token", self.token]
         policy = self.retry_policy
         if policy is not None:
             args += ["--max-attempts", str(policy.max_attempts), "--heartbeat-timeout", repr(policy.heartbeat_timeout)]
@@ -85,7 +84,7 @@ class ServedStoreProcess:
 
     def start(self, timeout: float = 60.0) -> ServedStoreProcess:
         """Start the process and block until it answers ``/healthz``; raises `RuntimeError` if it dies first."""
-        env = {**os.environ, "AGL_STORE_TOKEN": ""}
+        env = {**os.environ, "AGL_STORE_TOKEN": self.token}  # not on the command line: `ps` shows that
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

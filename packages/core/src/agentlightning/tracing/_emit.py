@@ -103,8 +103,10 @@ def llm_base_url() -> str:
 
     Under a runner it is the stable URL of the runner's worker slot (``{proxy}/slot/{key}/v1``): the same from one
     rollout to the next, so a framework that caches HTTP clients per base URL reuses them, while the proxy still
-    records each call under the attempt the slot runs. Otherwise (or when the proxy does not know slots) it is the
-    per-rollout URL ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1``.
+    records each call under the attempt the slot runs. Otherwise (when the LLM resource carries no runner token, see
+    `agentlightning.proxy.LLMProxy.llm_resource`, or the proxy does not know slots) it is the per-rollout URL
+    ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1``. Either way, a call made after the attempt ended is
+    refused (409) when the runner could tell the proxy of the end.
 
     Raises:
         RuntimeError: Outside a rollout, or when the rollout's resources hold no LLM resource.
@@ -118,6 +120,6 @@ def llm_base_url() -> str:
     if llm is None:
         raise RuntimeError(
             f"rollout {ctx.rollout_id} has no LLM resource; add one with "
-            "store.add_resources(Resources(resources_id=..., items={'llm': LLMResource(endpoint=..., model=...)}))"
+            "store.add_resources(Resources(resources_id=..., items={'llm': proxy.llm_resource(model=...)}))"
         )
     return llm.base_url(ctx.rollout_id, ctx.attempt_id)

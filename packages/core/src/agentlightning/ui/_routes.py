@@ -5,8 +5,11 @@
 ``POST /v1/ui/explain``                     `ExplainRequest` -> `ExplainResponse` (behind the token)
 ==========================================  ==========================================
 
-The page keeps the token the user types in ``sessionStorage`` and sends it as a bearer header on every API
-call; it never goes into a URL. Everything else it shows comes from the store API itself.
+The page keeps the token in ``sessionStorage`` and sends it as a bearer header on every API call (never a cookie:
+a request another site makes the browser send carries no token). It takes the token from the address it was
+opened with (``/ui#token=...``, as ``agl store serve`` and ``agl train`` print it: a fragment, never sent to the
+server, removed from the address bar at once) or from its login form. Everything else it shows comes from the store
+API itself.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from types import TracebackType
 
 import uvicorn
 
+from agentlightning._netauth import is_loopback, new_token
 from agentlightning.store import LightningStore, SqliteStore
 
 __all__ = ["DashboardServer"]
@@ -31,33 +32,43 @@ class DashboardServer:
     """The store API and the ``/ui`` dashboard on a port of this process, served from a daemon thread.
 
     Give it the SQLite file the run writes to: it opens its own `SqliteStore` on it (WAL lets it read while the
-    run writes), so the dashboard shows the run live. The quickstart starts one and prints its `url`.
+    run writes), so the dashboard shows the run live. The quickstart starts one and prints its `url`, which carries
+    the token: a web page in the user's browser could otherwise write to a store on this machine.
 
     Args:
         store: A SQLite file, or any store object safe to use from another thread's event loop.
         host: Interface to bind (loopback by default; anything else needs a ``token``).
         port: Port to bind (0: a free one).
-        token: Bearer token the API requires (the page asks for it).
+        token: Bearer token the API requires (``None``: a random one, in `url`).
     """
 
     def __init__(
         self, store: str | Path | LightningStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None
     ) -> None:
-        if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        if not is_loopback(host) and not token:
             raise ValueError(f"refusing to serve the store on {host} without a token; pass token=... or bind loopback")
         self._owns_store = isinstance(store, str | Path)
         self.store: LightningStore = SqliteStore(store) if isinstance(store, str | Path) else store
         self.host = host
         self.port = port
-        self.token = token
+        self.token: str = token or new_token()
         self._server: _QuietServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
-    def url(self) -> str:
-        """The dashboard's address, e.g. ``http://127.0.0.1:4747/ui``."""
+    def base_url(self) -> str:
+        """The store API's address, e.g. ``http://127.0.0.1:4747`` (`StoreClient` with `token`)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/ui"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The address to open, token included: ``http://127.0.0.1:4747/ui#token=...``.
+
+        The token is in the fragment: the browser never sends it to the server (nor in a ``Referer``), and the page
+        moves it to the tab's ``sessionStorage`` and out of the address bar.
+        """
+        return f"{self.base_url}/ui#token={self.token}"
 
     def start(self, timeout: float = 30.0) -> DashboardServer:
         """Start serving; returns once the port listens (raises `RuntimeError` if it cannot bind)."""
@@ -89,7 +100,7 @@ class DashboardServer:
             waited += 0.02
         self.port = int(server.servers[0].sockets[0].getsockname()[1])
         self._server, self._thread = server, thread
-        logger.info("dashboard at %s", self.url)
+        logger.info("dashboard at %s/ui", self.base_url)  # the URL with its token is the caller's to print
         return self
 
     def stop(self) -> None:

@@ -1,4 +1,6 @@
-// The dashboard shell: login (token in sessionStorage, sent as a bearer header, never in a URL) and routing.
+// The dashboard shell: login (token in sessionStorage, sent as a bearer header) and routing.
+// The address agl store serve / agl train print carries the token in its fragment (#token=...): a browser never sends
+// a fragment to the server (nor in a Referer). The page moves it to sessionStorage and out of the address bar.
 
 import { AuthError, TOKEN_KEY, clear, currentRoute, get, h } from "./lib.js";
 import { renderResources } from "./resources.js";
@@ -64,6 +66,16 @@ async function route() {
   }
 }
 
+// "#token=..." -> sessionStorage; the address bar (and the tab's history) keeps the page without it.
+function takeTokenFromUrl() {
+  const match = /^#token=([^&]*)$/.exec(location.hash);
+  if (!match) return false;
+  const token = decodeURIComponent(match[1]).trim();
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  history.replaceState(null, "", location.pathname + location.search);
+  return true;
+}
+
 async function start() {
   try {
     await checkAccess();
@@ -105,7 +117,9 @@ $("logout").addEventListener("click", () => {
 });
 
 window.addEventListener("hashchange", () => {
-  if (document.body.dataset.state === "app") route();
+  if (takeTokenFromUrl()) start(); // a new address with a token pasted into an open tab
+  else if (document.body.dataset.state === "app") route();
 });
 
+takeTokenFromUrl();
 start();
