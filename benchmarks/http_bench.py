@@ -162,6 +162,8 @@ def _fresh_schema(dsn: str) -> str:
     name = f"agl_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    if "options=" in dsn:  # keep the DSN's own settings (e.g. -csynchronous_commit=off)
+        return dsn.replace("options=", f"options=-csearch_path%3D{name}%20", 1)
     return f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{name}"
 
 

@@ -31,7 +31,10 @@ def _schema(db: str | None) -> Iterator[str]:
         name = f"agl_failover_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(db, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-        yield f"{db}{'&' if '?' in db else '?'}options=-csearch_path%3D{name}"
+        if "options=" in db:  # keep the DSN's own settings (e.g. -csynchronous_commit=off)
+            yield db.replace("options=", f"options=-csearch_path%3D{name}%20", 1)
+        else:
+            yield f"{db}{'&' if '?' in db else '?'}options=-csearch_path%3D{name}"
         return
     with PostgresServer() as server:
         yield server.new_schema()
