@@ -1,8 +1,12 @@
 """HTTP benchmarks over loopback: the served store (``agl store serve`` + `StoreClient`).
 
-Run: ``.venv/bin/python benchmarks/http_bench.py [--quick]``. Prints a table per section and, last, one line
-that is a JSON object of every figure. The server runs in its own process (SQLite file, bearer token), so the
-figures include real HTTP, JSON (de)serialisation, validation and SQLite commits.
+Run: ``.venv/bin/python benchmarks/http_bench.py [--quick] [--db postgresql://...|--db local]``. Prints a table
+per section and, last, one line that is a JSON object of every figure. The server runs in its own process (SQLite
+file, bearer token), so the figures include real HTTP, JSON (de)serialisation, validation and SQLite commits.
+
+With ``--db``, the same figures are taken for a PostgreSQL store too, side by side: one ``agl store serve`` over
+the database, then two over the same database with the clients split between them (``--db local`` starts a
+throwaway PostgreSQL server with default, durable settings; a given database gets a fresh schema per run).
 
 Sections are plain functions registered in ``SECTIONS``: each takes the parsed args and returns
 ``{figure_name: value}``; add a section (e.g. proxy latency) by appending one.
@@ -12,17 +16,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from agentlightning.store import RolloutRequest, StoreClient
-from agentlightning.testing import ServedStoreProcess, make_span
+from agentlightning.testing import PostgresServer, ServedStoreProcess, make_span
 
 TOKEN = "bench-token"
 Section = Callable[[argparse.Namespace], dict[str, float]]
@@ -147,7 +152,108 @@ def store_section(args: argparse.Namespace) -> dict[str, float]:
         return asyncio.run(_store_figures(server.url, server.proc.pid, 0.25 if args.quick else 1.0))
 
 
-SECTIONS: list[tuple[str, Section]] = [("store", store_section)]
+def _fresh_schema(dsn: str) -> str:
+    """A new, empty schema in the database ``dsn``; the DSN with that schema as its ``search_path``."""
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    name = f"agl_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    if "options=" in dsn:  # keep the DSN's own settings (e.g. -csynchronous_commit=off)
+        return dsn.replace("options=", f"options=-csearch_path%3D{name}%20", 1)
+    return f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{name}"
+
+
+@contextlib.contextmanager
+def _database(args: argparse.Namespace) -> Iterator[str]:
+    if args.db == "local":
+        with PostgresServer() as server:
+            yield server.dsn
+    else:
+        yield args.db
+
+
+def postgres_section(args: argparse.Namespace) -> dict[str, float]:
+    """Served PostgreSQL store (--db): one server, as the SQLite section measures it."""
+    if args.db is None:
+        return {}
+    with _database(args) as dsn, ServedStoreProcess(_fresh_schema(dsn), token=TOKEN) as server:
+        assert server.proc is not None
+        return asyncio.run(_store_figures(server.url, server.proc.pid, 0.25 if args.quick else 1.0))
+
+
+async def _two_server_figures(urls: list[str], scale: float) -> dict[str, float]:
+    """Dequeues and batched span writes with the clients split evenly between the servers."""
+    clients = [StoreClient(url, token=TOKEN) for url in urls]
+    figures: dict[str, float] = {}
+    n = int(2_000 * scale)
+    try:
+        await clients[0].enqueue_rollouts([RolloutRequest(rollout_id=f"t-{i}") for i in range(3 * n + 1)])
+        for in_flight in (8, 16):
+            counter = iter(range(n))
+
+            async def dequeue(client: StoreClient, counter: Iterator[int] = counter) -> None:
+                for _ in counter:
+                    assert await client.dequeue_rollout(worker_id="bench") is not None
+
+            start = time.perf_counter()
+            await asyncio.gather(*(dequeue(clients[k % len(clients)]) for k in range(in_flight)))
+            figures[f"dequeue_per_s_{in_flight}_in_flight"] = n / (time.perf_counter() - start)
+        claim = await clients[0].dequeue_rollout()
+        assert claim is not None
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        batch, n_batches = 500, max(8, int(160 * scale))
+        batches = iter(range(n_batches))
+
+        async def add(client: StoreClient) -> None:
+            for i in batches:
+                await client.add_spans([make_span(rid, aid, j) for j in range(i * batch, (i + 1) * batch)])
+
+        start = time.perf_counter()
+        await asyncio.gather(*(add(clients[k % len(clients)]) for k in range(4)))
+        figures["batched_spans_per_s_4_in_flight"] = n_batches * batch / (time.perf_counter() - start)
+        stats = await clients[-1].stats()
+        assert stats.spans == n_batches * batch, "every span must be stored exactly once"
+    finally:
+        for client in clients:
+            await client.close()
+    return figures
+
+
+def postgres_two_servers_section(args: argparse.Namespace) -> dict[str, float]:
+    """Side by side (--db): SQLite, PostgreSQL with one server, PostgreSQL with two (clients split between them)."""
+    if args.db is None:
+        return {}
+    scale = 0.25 if args.quick else 1.0
+    with (
+        tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
+        ServedStoreProcess(Path(tmp) / "side.db", token=TOKEN) as sqlite,
+    ):
+        lite = asyncio.run(_two_server_figures([sqlite.url], scale))
+    with _database(args) as dsn:
+        fresh = _fresh_schema(dsn)
+        with (
+            ServedStoreProcess(fresh, token=TOKEN) as first,
+            ServedStoreProcess(fresh, token=TOKEN) as second,
+        ):
+            two = asyncio.run(_two_server_figures([first.url, second.url], scale))
+        with ServedStoreProcess(_fresh_schema(dsn), token=TOKEN) as only:
+            one = asyncio.run(_two_server_figures([only.url], scale))
+    return (
+        {f"sqlite_{k}": v for k, v in lite.items()}
+        | {f"postgres_one_server_{k}": v for k, v in one.items()}
+        | {f"postgres_two_servers_{k}": v for k, v in two.items()}
+    )
+
+
+SECTIONS: list[tuple[str, Section]] = [
+    ("store", store_section),
+    ("postgres", postgres_section),
+    ("side_by_side", postgres_two_servers_section),
+]
 """Benchmark sections in run order: (name, function). Figures are prefixed with the section name."""
 
 
@@ -155,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test of the script)")
     parser.add_argument("--only", default=None, help="comma-separated section names to run")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="also measure a PostgreSQL store: postgresql://user@host/db (a fresh schema per run), or 'local' to "
+        "start a throwaway PostgreSQL server here",
+    )
     args = parser.parse_args(argv)
     wanted = None if args.only is None else set(args.only.split(","))
     everything: dict[str, float] = {}
@@ -162,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         if wanted is not None and name not in wanted:
             continue
         figures = section(args)
+        if not figures:
+            continue
         print(f"\n{name}: {section.__doc__ or ''}".rstrip())
         width = max(len(k) for k in figures)
         for key, value in figures.items():

@@ -34,7 +34,7 @@ QUICKSTART_PACKAGES = ["packages/core", "packages/adapter-langchain", "packages/
 # The example agent is an ordinary LangGraph app calling an OpenAI-compatible endpoint.
 QUICKSTART_AGENT = ["langgraph>=1.0", "langchain-openai>=0.3"]
 ALL_PACKAGES = [
-    "packages/core[openai,litellm,otlp]",
+    "packages/core[openai,litellm,otlp,postgres]",
     "packages/adapter-langchain",
     "packages/adapter-openai-agents",
     "packages/adapter-autogen",
@@ -46,8 +46,8 @@ ALL_PACKAGES = [
 CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 EXPORT_ARGS = [
     "export", "--frozen", "--all-packages", "--group", "dev", "--no-hashes", "--no-emit-workspace", "--no-header",
-    "--no-annotate", "--extra", "openai", "--extra", "litellm", "--extra", "otlp", "--extra", "test", "--extra", "lora",
-    "--extra", "plot",
+    "--no-annotate", "--extra", "openai", "--extra", "litellm", "--extra", "otlp", "--extra", "postgres",
+    "--extra", "test", "--extra", "lora", "--extra", "plot",
 ]  # fmt: skip
 CONSTRAINTS_HEADER = "# uv.lock as pip constraints; made by `python3 scripts/dev.py lock`, do not edit by hand\n"
 
@@ -60,8 +60,16 @@ def dev_tools() -> list[str]:
 
 
 # System packages the tests need; installed with apt when the job runs as root (CI does).
-APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2"}
-"""Command -> Debian package: the browser the dashboard tests drive, `ip` for the network-namespace tests."""
+APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2", "initdb": "postgresql"}
+"""Command -> Debian package: the browser the dashboard tests drive, `ip` for the network-namespace tests,
+PostgreSQL's server (`initdb`, `pg_ctl`) for the PostgreSQL store's tests, which start one of their own."""
+
+
+def _has_command(cmd: str) -> bool:
+    """Whether ``cmd`` is on PATH or, for PostgreSQL's programs, where Debian puts them (off PATH)."""
+    if shutil.which(cmd) is not None:
+        return True
+    return cmd == "initdb" and any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
 
 
 def _bin(name: str) -> str:
@@ -99,12 +107,12 @@ def quickstart(args: list[str]) -> int:
 
 def _install_system_packages() -> None:
     """Install `APT_PACKAGES` that are missing when apt can run (root on Debian, as in CI)."""
-    missing = [pkg for cmd, pkg in APT_PACKAGES.items() if shutil.which(cmd) is None]
+    missing = [pkg for cmd, pkg in APT_PACKAGES.items() if not _has_command(cmd)]
     if not missing:
         return
     if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         print(f"note: {', '.join(missing)} not installed and apt-get cannot run here (needs root on Debian); "
-              "the tests that need them (browser, network namespaces) will be skipped", flush=True)  # fmt: skip
+              "the tests that need them (browser, netns, PostgreSQL) will be skipped", flush=True)  # fmt: skip
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     print("+ apt-get update && apt-get install -y " + " ".join(missing), flush=True)

@@ -1,4 +1,5 @@
-"""The core never imports a framework, torch or verl: importing every core module must leave them unloaded."""
+"""The core never imports a framework, torch, verl or an optional driver: importing every core module must leave
+them unloaded."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ FORBIDDEN = (
     "autogen_core",
     "litellm",
     "openai",
+    # the PostgreSQL driver is an optional extra, imported only when a PostgresStore is opened
+    "psycopg",
+    "psycopg_pool",
 )
 
 

@@ -25,6 +25,7 @@ from agentlightning import LLMCall, Span
 from agentlightning.store import (
     MemoryStore,
     NotFoundError,
+    PostgresStore,
     RolloutRequest,
     SqliteStore,
     StorageError,
@@ -36,9 +37,15 @@ TOKEN = "reliability-token-0123456789"
 AGL = [sys.executable, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[agl.LightningStore]:
-    backend: agl.LightningStore = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "s.db")
+    backend: agl.LightningStore
+    if request.param == "memory":
+        backend = MemoryStore()
+    elif request.param == "sqlite":
+        backend = SqliteStore(tmp_path / "s.db")
+    else:
+        backend = PostgresStore(request.getfixturevalue("agl_postgres").new_schema(), pool_size=2)
     yield backend
     await backend.close()
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from agentlightning import LLMCall, LLMResource, MemoryStore, Resources, Span, SqliteStore
+from agentlightning import LLMCall, LLMResource, MemoryStore, PostgresStore, Resources, Span, SqliteStore
 from agentlightning._models import SpanEvent
 from agentlightning.store import LightningStore, RolloutRequest, StoreClient
 from agentlightning.testing import ServedStoreProcess, make_call, make_span
@@ -31,12 +31,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStoreProc
         yield server
 
 
-@pytest.fixture(params=["memory", "sqlite", "served"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "served"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
     if request.param == "memory":
         backend: LightningStore = MemoryStore()
     elif request.param == "sqlite":
         backend = SqliteStore(tmp_path / "b.db")
+    elif request.param == "postgres":
+        backend = PostgresStore(request.getfixturevalue("agl_postgres").new_schema(), pool_size=2)
     else:
         backend = StoreClient(request.getfixturevalue("served").url, token=TOKEN)
     yield backend

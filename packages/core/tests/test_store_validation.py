@@ -9,14 +9,20 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentlightning import MemoryStore, SqliteStore
+from agentlightning import MemoryStore, PostgresStore, SqliteStore
 from agentlightning.store import ConflictError, LightningStore, NotFoundError, RolloutRequest, StoreStats
 from agentlightning.testing._store_kit import make_call, make_span
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
-    backend: LightningStore = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "v.db")
+    backend: LightningStore
+    if request.param == "memory":
+        backend = MemoryStore()
+    elif request.param == "sqlite":
+        backend = SqliteStore(tmp_path / "v.db")
+    else:
+        backend = PostgresStore(request.getfixturevalue("agl_postgres").new_schema(), pool_size=2)
     yield backend
     await backend.close()
 

@@ -17,7 +17,7 @@ import signal
 from typing import Any
 
 from agentlightning._eventloop import run_async
-from agentlightning.cli._store import add_store_arguments, connect_store
+from agentlightning.cli._store import add_store_arguments, connect_store, store_location
 
 __all__ = ["register", "run"]
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             heartbeat_interval=args.heartbeat_interval,
             poll_interval=args.poll_interval,
         )
-    except (ValueError, OSError, KeyError, ImportError) as exc:
+    except (ValueError, OSError, KeyError, ImportError, agl.StoreError) as exc:
         console.print(f"[red]{exc}[/red]")
         return 2
     signals = {"count": 0}
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    where = args.store_url or os.path.abspath(args.db)
+    where = store_location(args.store_url, args.db)
     console.print(
         f"runner: {args.workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
         f"(pid {os.getpid()})"

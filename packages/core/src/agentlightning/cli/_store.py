@@ -1,4 +1,8 @@
-"""``agl store serve``: serve a SQLite (or in-memory) store over HTTP for runners on other machines."""
+"""``agl store serve``: serve a SQLite, PostgreSQL (or in-memory) store over HTTP for runners on other machines.
+
+With ``--db postgresql://...`` any number of these servers may serve one database (behind a load balancer or
+DNS): they keep no state of their own, and every claim is decided in the database.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ __all__ = [
     "connect_store",
     "register",
     "serve",
+    "store_location",
     "weak_token_message",
 ]
 
@@ -34,7 +39,12 @@ def register(subparsers: Any) -> None:
         description="Serve a LightningStore over HTTP (clients: agentlightning.StoreClient).",
     )
     where = serve_parser.add_mutually_exclusive_group()
-    where.add_argument("--db", default="agentlightning.db", help="SQLite file (created if missing)")
+    where.add_argument(
+        "--db",
+        default="agentlightning.db",
+        help="SQLite file (created if missing), or a PostgreSQL database: postgresql://user:password@host:port/dbname "
+        "(needs agentlightning-core[postgres]; several servers may share one)",
+    )
     where.add_argument("--memory", action="store_true", help="keep everything in memory (lost on exit)")
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=4747, help="port to bind (default: 4747)")
@@ -75,17 +85,36 @@ def add_store_arguments(parser: argparse.ArgumentParser, token_flag: str) -> Non
     """
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--store-url", help="URL of a served store (`agl store serve`), e.g. http://trainer:4747")
-    where.add_argument("--db", help="a SQLite store file on this machine (created if missing)")
+    where.add_argument("--db", help="a SQLite store file on this machine (created if missing), or postgresql://...")
     parser.add_argument(token_flag, default=None, help=f"the served store's bearer token (default: ${TOKEN_ENV})")
 
 
 def connect_store(store_url: str | None, db: str, token: str | None) -> Any:
-    """The store of `add_store_arguments`' options: a `StoreClient` for ``--store-url``, else a `SqliteStore`."""
-    from agentlightning.store import SqliteStore, StoreClient
+    """The store of `add_store_arguments`' options: a `StoreClient` for ``--store-url``, a `PostgresStore` for a
+    ``postgresql://`` ``--db``, else a `SqliteStore`."""
+    from agentlightning.store import PostgresStore, SqliteStore, StoreClient
+    from agentlightning.store._postgres_schema import is_postgres_dsn
 
     if store_url:
         return StoreClient(store_url, token=token or os.environ.get(TOKEN_ENV) or None)
+    if is_postgres_dsn(db):
+        return PostgresStore(db)
     return SqliteStore(db)
+
+
+def store_location(store_url: str | None, db: str) -> str:
+    """Where the store of `add_store_arguments`' options is, for messages (a DSN without its password)."""
+    from agentlightning.store._base import StoreError
+    from agentlightning.store._postgres_schema import describe_dsn, is_postgres_dsn
+
+    if store_url:
+        return store_url
+    if is_postgres_dsn(db):
+        try:
+            return "postgresql://" + describe_dsn(db)
+        except (ImportError, ValueError, StoreError):
+            return "a PostgreSQL database"
+    return os.path.abspath(db)
 
 
 def _is_loopback(host: str) -> bool:
@@ -135,7 +164,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         store = _open_store(args)
-    except (OSError, ValueError, StoreError) as exc:
+    except (OSError, ValueError, ImportError, StoreError) as exc:
         console.print(f"[red]cannot open the store:[/red] {exc}")
         return 2
 
@@ -146,7 +175,7 @@ def serve(args: argparse.Namespace) -> int:
     # Always a token, even on loopback: a web page open in the user's browser can reach this port.
     token = given or new_token()
     app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), ui=not args.no_ui)
-    where = "memory" if args.memory else os.path.abspath(args.db)
+    where = "memory" if args.memory else store_location(None, args.db)
     host = f"[{args.host}]" if ":" in args.host else args.host
     console.print(
         f"[bold green]Agent Lightning store[/bold green] serving {where} at [bold]http://{host}:{args.port}[/bold]"
@@ -213,6 +242,12 @@ def _open_store(args: argparse.Namespace) -> Any:
         from agentlightning.store._memory import MemoryStore
 
         return MemoryStore(**kwargs)
+    from agentlightning.store._postgres_schema import is_postgres_dsn
+
+    if is_postgres_dsn(args.db):
+        from agentlightning.store._postgres import PostgresStore
+
+        return PostgresStore(args.db, **kwargs)
     from agentlightning.store._sqlite import SqliteStore
 
     return SqliteStore(args.db, synchronous=args.synchronous, **kwargs)

@@ -13,6 +13,7 @@ from agentlightning.store._base import (
 )
 from agentlightning.store._client import InvalidRequestError, StoreClient, StoreUnavailableError, UnauthorizedError
 from agentlightning.store._memory import MemoryStore
+from agentlightning.store._postgres import PostgresStore
 from agentlightning.store._process import StoreServer
 from agentlightning.store._query import (
     RolloutPage,
@@ -34,6 +35,7 @@ __all__ = [
     "MemoryStore",
     "NotFoundError",
     "OpenedStore",
+    "PostgresStore",
     "RetryPolicy",
     "RolloutPage",
     "RolloutQuery",

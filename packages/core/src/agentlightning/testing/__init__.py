@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentlightning.testing._adapter_kit import AdapterConformanceTests, KitHarness, RunRecord
     from agentlightning.testing._attempts import start_attempts
+    from agentlightning.testing._failover import FailoverReport, TcpFailover, run_failover
     from agentlightning.testing._guard import KitGuard, silent_overrides
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
+    from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
     from agentlightning.testing._served_store import ServedStoreProcess, free_port
     from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
 
@@ -30,6 +32,11 @@ _EXPORTS: dict[str, str] = {
     "start_attempts": "agentlightning.testing._attempts",
     "ServedCall": "agentlightning.testing._model_server",
     "ServedStoreProcess": "agentlightning.testing._served_store",
+    "PostgresServer": "agentlightning.testing._postgres_server",
+    "FailoverReport": "agentlightning.testing._failover",
+    "TcpFailover": "agentlightning.testing._failover",
+    "run_failover": "agentlightning.testing._failover",
+    "find_pg_bin": "agentlightning.testing._postgres_server",
     "free_port": "agentlightning.testing._served_store",
     "StoreFactory": "agentlightning.testing._store_kit",
     "make_call": "agentlightning.testing._store_kit",
@@ -40,8 +47,10 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AdapterConformanceTests",
+    "FailoverReport",
     "KitGuard",
     "KitHarness",
+    "PostgresServer",
     "RunRecord",
     "ScriptedModelServer",
     "ScriptedReply",
@@ -49,10 +58,13 @@ __all__ = [
     "ServedStoreProcess",
     "StoreConformanceTests",
     "StoreFactory",
+    "TcpFailover",
     "ToyTokenizer",
+    "find_pg_bin",
     "free_port",
     "make_call",
     "make_span",
+    "run_failover",
     "silent_overrides",
     "start_attempts",
 ]

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from agentlightning._netauth import new_token
 from agentlightning.store._base import RetryPolicy
+from agentlightning.store._postgres_schema import is_postgres_dsn
 
 __all__ = ["ServedStoreProcess", "free_port"]
 
@@ -33,7 +34,7 @@ class ServedStoreProcess:
     """Runs ``agl store serve`` in a child process and waits until ``/healthz`` answers.
 
     Args:
-        db: SQLite file to serve; ``None`` serves an in-memory store.
+        db: SQLite file to serve, or a ``postgresql://`` DSN (kept as given); ``None`` serves an in-memory store.
         token: Bearer token the server requires (``None``: a new one, `token`); passed in the environment.
         retry_policy: Passed as ``--max-attempts`` / ``--heartbeat-timeout`` / ``--rollout-timeout`` / ``--retry-on``.
         port: Port to bind (default: a free one, kept across `restart`).
@@ -48,7 +49,9 @@ class ServedStoreProcess:
         port: int | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
-        self.db = None if db is None else Path(db)
+        self.db: Path | str | None = None
+        if db is not None:
+            self.db = str(db) if is_postgres_dsn(str(db)) else Path(db)
         self.token: str = token or new_token()
         self.retry_policy = retry_policy
         self.port = port or free_port()

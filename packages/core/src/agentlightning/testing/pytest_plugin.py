@@ -11,7 +11,9 @@ with no import and no conftest:
 - ``agl_harness``: a `KitHarness` over the three: ``run(agent, task)`` runs ``agent(base_url, task)`` inside a
   fresh rollout with its per-rollout proxy URL, ``collect(record)`` reads back spans, calls and transitions,
   ``instrumented(adapter, ...)`` instruments adapters for a ``with`` block;
-- ``agl_tracer``: a tracer whose spans, started inside a rollout, are stored in that rollout's store.
+- ``agl_tracer``: a tracer whose spans, started inside a rollout, are stored in that rollout's store;
+- ``agl_postgres``: one `PostgresServer` for the whole test session (skipped where PostgreSQL's server programs
+  or the psycopg driver are not installed); ``agl_postgres.new_schema()`` gives a DSN of a fresh, empty store.
 
 Async fixtures need pytest-asyncio (an async test is collected in its ``auto`` mode, or marked
 ``@pytest.mark.asyncio`` in ``strict`` mode). Heavy imports happen inside the fixtures, so a pytest run that
@@ -32,10 +34,12 @@ if TYPE_CHECKING:
     from agentlightning.store import MemoryStore
     from agentlightning.testing._adapter_kit import KitHarness
     from agentlightning.testing._model_server import Script, ScriptedModelServer
+    from agentlightning.testing._postgres_server import PostgresServer
 
 __all__ = [
     "agl_harness",
     "agl_model_server",
+    "agl_postgres",
     "agl_proxy",
     "agl_script",
     "agl_store",
@@ -101,3 +105,23 @@ def agl_tracer() -> Tracer:
     from agentlightning.adapters import lightning_tracer
 
     return lightning_tracer("agentlightning.pytest")
+
+
+@pytest.fixture(scope="session")
+def agl_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server started once for the test session and stopped at its end.
+
+    Skipped where ``initdb`` / ``pg_ctl`` (Debian: ``apt-get install postgresql``) or the driver
+    (``pip install "agentlightning-core[postgres]"``) are missing. Its data is scratch: ``fsync`` is off, which
+    only matters if the machine itself crashes (a killed store server is what the tests exercise).
+    """
+    import importlib.util
+
+    from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
+
+    if find_pg_bin() is None:
+        pytest.skip("PostgreSQL's server programs are not installed (apt-get install postgresql)")
+    if importlib.util.find_spec("psycopg") is None or importlib.util.find_spec("psycopg_pool") is None:
+        pytest.skip('the PostgreSQL driver is not installed (pip install "agentlightning-core[postgres]")')
+    with PostgresServer(settings={"fsync": "off"}) as server:
+        yield server
