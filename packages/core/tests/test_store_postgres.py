@@ -147,9 +147,12 @@ async def test_a_database_that_refuses_writes_is_a_storage_error_until_it_accept
 async def test_text_postgresql_cannot_hold_is_refused_as_bad_input(agl_postgres: PostgresServer) -> None:
     store = PostgresStore(agl_postgres.new_schema())
     try:
-        with pytest.raises(ValueError, match="NUL"):
-            await store.enqueue_rollout("x", group_id="a\x00b")
-        assert await store.query_rollouts() == []
+        await store.enqueue_rollout({"question": "a\x00b"})  # JSON text: a NUL travels escaped, and comes back
+        (rollout,) = await store.query_rollouts()
+        assert rollout.input == {"question": "a\x00b"}
+        with pytest.raises(ValueError, match="NUL"):  # plain text (ids are refused before, by the one id rule)
+            await store.dequeue_rollout("worker\x00")
+        assert (await store.stats()).attempts == 0
     finally:
         await store.close()
 
