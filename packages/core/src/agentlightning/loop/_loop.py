@@ -5,7 +5,8 @@ One iteration:
 1. enqueue ``tasks_per_iteration`` groups of ``samples_per_task`` rollouts, pinned to the resources version that
    publishes the current model version;
 2. wait for the runners (at most ``rollout_timeout_s``), then cancel the rollouts still queued or running (they
-   would train on a stale policy);
+   would train on a stale policy) and have the proxy abort their calls in flight, so the backend stops generating
+   them before the weights change;
 3. pause the LLM proxy (refuse new calls, drain those in flight) and flush its records;
 4. spans + the proxy's token records → transitions → LightningRL credit → advantages (`build_batch_from_results`,
    with staleness metrics against the current model version);
@@ -393,7 +394,10 @@ class RLLoop(Algorithm):
             except ConflictError:  # it finished meanwhile; too late for this iteration either way
                 logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
         if late:
-            logger.info("cancelled %d rollout(s) still queued or running %s", len(late), why)
+            # Their calls still generating are aborted now, not when their runners notice: the backend must stop
+            # generating before the weights change (an orphaned request would span two versions, or outlive them).
+            aborted = self._proxy.abort_rollouts(r.rollout_id for r in late) if self._proxy is not None else 0
+            logger.info("cancelled %d rollout(s) still queued or running %s (%d call(s) aborted)", len(late), why, aborted)
 
     def _transition_config(self) -> TransitionConfig:
         return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)
