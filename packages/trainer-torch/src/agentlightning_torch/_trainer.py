@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,19 @@ class TorchTrainer(Engine, Algorithm):
             self._server = None
         elif self._backend is not None:
             self._backend.stop()
+
+    async def drain_servers(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the backend generates nothing: the calls the proxy aborted have left
+        `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests still running."""
+        if self.vllm is not None:
+            return await self.vllm.wait_idle(timeout_s)
+        backend = self._backend
+        if backend is None:
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while backend.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
+        return backend.running
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the Engine and Algorithm contract)."""

@@ -168,6 +168,12 @@ class VLLMServing:
             return 0
         return await self._sync.client.running()
 
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until vLLM generates nothing; returns the requests still running."""
+        if self._sync is None:
+            return 0
+        return await self._sync.client.wait_idle(timeout_s)
+
     def metrics(self) -> dict[str, float]:
         """The last sync's timings and its probe's largest log-prob difference."""
         return {} if self._sync is None else dict(self._sync.last)
