@@ -14,7 +14,7 @@ folder in ``examples/calc``, served and trained through the same path as any oth
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
 """
 
-from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
+from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._chat_model import (
     CHAT_SPECIAL_TOKENS,
@@ -64,6 +64,9 @@ from agentlightning_torch._tool_parsers import (
 )
 from agentlightning_torch._trainer import IterationReport, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch._vllm_server import VLLMClient, VLLMError, VLLMServer, vllm_python
+from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
+from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
 
 __version__ = "0.1.0"
 
@@ -79,6 +82,7 @@ __all__ = [
     "IterationReport",
     "LoadedModel",
     "LocalBackend",
+    "RequestCancelled",
     "LoraSettings",
     "MissingChatTemplateError",
     "OpenAIEndpoint",
@@ -92,6 +96,13 @@ __all__ = [
     "ToolParser",
     "TorchTrainer",
     "TorchTrainerConfig",
+    "VLLMClient",
+    "VLLMError",
+    "VLLMServer",
+    "VLLMServing",
+    "VLLMSettings",
+    "VLLMWeightSync",
+    "WeightSyncMismatch",
     "__version__",
     "apply_lora",
     "build_chat_model",
@@ -122,4 +133,5 @@ __all__ = [
     "tokenize_conversation",
     "tool_parser_names",
     "train_chat_tokenizer",
+    "vllm_python",
 ]
