@@ -194,3 +194,17 @@ def test_interrupted_agl_train_stops_its_runner_processes(tmp_path: Path, sig: s
     assert agl.returncode == code, stderr[-3000:]
     left = [pid for pid in children if _alive(pid)]
     assert left == [], f"processes left running after agl train exited: {left}"
+
+
+def test_vllm_backend_without_vllm_is_refused_with_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGL_VLLM_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--backend", "vllm", "--output", str(out),
+    )  # fmt: skip
+    _refused(done, "--backend vllm: vLLM python", out)
+    assert "pip install vllm" in done.stderr
