@@ -123,6 +123,13 @@ class VLLMServer:
             raise RuntimeError("the vLLM server is not started; call start()")
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (vLLM's API server; its engine core runs in a child process)."""
+        if self._process is None:
+            raise RuntimeError("the vLLM server is not started; call start()")
+        return self._process.pid
+
     def command(self) -> list[str]:
         """The server's command line."""
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir]
