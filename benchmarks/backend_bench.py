@@ -8,9 +8,9 @@ asked for — are served twice:
   as many steps as the longest request; only the tokens each request asked for are counted);
 - **backend**: all submitted at once to a started `LocalBackend` (rows leave as they finish, KV cache per row);
 - **vLLM**: the same requests sent at once to a real vLLM OpenAI server serving the same model folder (completions
-  with token-id prompts over loopback HTTP, ``min_tokens = max_tokens``, float32), launched by this script with the
-  Python in ``$AGL_VLLM_PYTHON`` (``--no-vllm`` leaves the column out). Its server is its own processes: on a small
-  machine it competes with this one for the same cores, as it would in training.
+  with token-id prompts over loopback HTTP, ``min_tokens = max_tokens``, float32), launched by this script from
+  ``$AGL_VLLM_VENV`` or ``.venv-vllm`` (``--no-vllm`` leaves the column out). Its server is its own processes: on a
+  small machine it competes with this one for the same cores, as it would in training.
 
 Throughput is requested tokens / wall seconds (best of ``--repeats``); the ratio backend / transformers is printed per
 concurrency, in one run on one machine. Ends with one JSON line of all figures.
@@ -128,11 +128,11 @@ def main() -> int:
     loaded = load_model(folder, device=args.device)
     server = None
     if not args.no_vllm:
-        from agentlightning_torch import VLLMError, VLLMServer
+        from agentlightning_torch import VLLMNotInstalledError, VLLMServer, VLLMStartError
 
         try:
-            server = VLLMServer(folder, model_name="bench", kv_cache_gib=2).start()
-        except VLLMError as error:
+            server = VLLMServer(folder, served_model_name="bench", kv_cache_gib=2, enforce_eager=True).start()
+        except (VLLMNotInstalledError, VLLMStartError) as error:
             print(f"error: {str(error).splitlines()[0]} (or pass --no-vllm)", file=sys.stderr)
             return 2
     parameters = sum(p.numel() for p in loaded.model.parameters())

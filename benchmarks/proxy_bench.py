@@ -12,8 +12,8 @@ difference is only the proxy's own work: receive, parse, forward, read the ids, 
 Configurations: ``sync`` (the default: each call written to an in-memory store before answering), ``background``
 (writes batched), ``sqlite-sync`` (``agl proxy serve --db``: one SQLite commit per call before answering), and
 ``stream`` (the same request with ``stream: true``, timed to the last byte). With ``--vllm``, also ``vllm`` (and
-``vllm-stream``): the ``sync`` proxy in front of a real vLLM server (``$AGL_VLLM_PYTHON``) serving a tiny Qwen2 built
-here, greedy replies of 8 tokens; vLLM's own latency is the "direct" column.
+``vllm-stream``): the ``sync`` proxy in front of a real vLLM server (``$AGL_VLLM_VENV`` or ``.venv-vllm``) serving
+a tiny Qwen2 built here, greedy replies of 8 tokens; vLLM's own latency is the "direct" column.
 
 Prints a table and ends with ONE line: a JSON object of every figure (milliseconds).
 """
@@ -181,7 +181,7 @@ async def _measure_vllm(n: int, results: dict[str, Any], children: list[subproce
 
     scratch = tempfile.mkdtemp(prefix="agl-proxy-bench-vllm-")
     folder = make_tiny_chat_model(os.path.join(scratch, "model"), hidden_size=128, num_layers=4, num_heads=4)
-    server = VLLMServer(folder, model_name="toy").start()
+    server = VLLMServer(folder, served_model_name="toy", enforce_eager=True).start()
     try:
         pid = server.pid  # the API server process (its engine core is a child process)
         for name, stream in (("vllm", False), ("vllm-stream", True)):
@@ -253,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per configuration and path")
     parser.add_argument("--quick", action="store_true", help="200 requests per configuration")
-    parser.add_argument("--vllm", action="store_true", help="also in front of a real vLLM server ($AGL_VLLM_PYTHON)")
+    parser.add_argument("--vllm", action="store_true", help="also in front of a real vLLM server")
     args = parser.parse_args()
     n = 200 if args.quick else args.requests
     results = asyncio.run(_run(n, args.vllm))

@@ -199,12 +199,12 @@ def test_interrupted_agl_train_stops_its_runner_processes(tmp_path: Path, sig: s
 def test_vllm_backend_without_vllm_is_refused_with_how_to_install_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("AGL_VLLM_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
+    monkeypatch.setenv("AGL_VLLM_VENV", str(tmp_path / "no-venv"))
     out = tmp_path / "run"
     done = agl_train_here(
         capsys,
         "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--backend", "vllm", "--output", str(out),
     )  # fmt: skip
-    _refused(done, "--backend vllm: vLLM python", out)
-    assert "pip install vllm" in done.stderr
+    _refused(done, "--backend vllm: vLLM is not installed in", out)
+    assert "scripts/dev.py vllm" in done.stderr

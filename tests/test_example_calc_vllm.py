@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.timeout(1200)  # vLLM's CPU start (~100 s, minutes on a loaded 2-core machine) plus two iterations
 def test_calc_example_trains_through_vllm_for_two_iterations(tmp_path: Path) -> None:
-    from agentlightning_torch import VLLMError, vllm_python
+    from agentlightning_torch import VLLMNotInstalledError, find_vllm_python
 
     try:
-        vllm_python()
-    except VLLMError as error:
+        find_vllm_python()
+    except VLLMNotInstalledError as error:
         pytest.fail(str(error), pytrace=False)
     out = tmp_path / "run"
     cmd = [

@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("local", "vllm"),
         default="local",
         help="serve the policy with the embedded backend, or with a real vLLM server (its weights synced and verified "
-        "each iteration; vLLM from $AGL_VLLM_PYTHON)",
+        "each iteration; vLLM from $AGL_VLLM_VENV or .venv-vllm: `python3 scripts/dev.py vllm`)",
     )
     parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (see README)")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")

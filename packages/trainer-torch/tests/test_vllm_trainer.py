@@ -10,8 +10,8 @@ checkpoint with a longer context (so a generation can be cut off mid-way). What 
 - a cancelled rollout's long generation stops in the server before the update (LocalBackend and vLLM alike): the
   proxy aborts the call, the agent gets 409, the server's running count is 0 when ``update`` starts.
 
-vLLM is found through ``AGL_VLLM_PYTHON`` (``python3 scripts/dev.py test`` installs it); without it these tests fail
-with one line saying how to install it.
+vLLM is found by `find_vllm_python` (``python3 scripts/dev.py test`` installs it); without it these tests fail with
+one line saying how to install it.
 """
 
 from __future__ import annotations
@@ -33,8 +33,15 @@ import torch
 import agentlightning as agl
 from agentlightning import semconv
 from agentlightning.testing import start_attempts
-from agentlightning_torch import TorchTrainer, TorchTrainerConfig, VLLMError, VLLMSettings, WeightSyncMismatch
-from agentlightning_torch._vllm_server import running_requests, vllm_python
+from agentlightning_torch import (
+    TorchTrainer,
+    TorchTrainerConfig,
+    VLLMNotInstalledError,
+    VLLMSettings,
+    WeightSyncMismatch,
+    find_vllm_python,
+)
+from agentlightning_torch._vllm_client import running_requests
 from agentlightning_torch._vllm_sync import reference_logprobs
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
@@ -43,10 +50,10 @@ CALC_CHECKPOINT = Path(__file__).resolve().parents[3] / "examples" / "calc" / "c
 LONG = 1500  # tokens of the generation that gets cancelled: far more than it can make before the abort lands
 
 
-def _vllm_or_fail() -> str:
+def _vllm_or_fail() -> None:
     try:
-        return vllm_python()
-    except VLLMError as error:
+        find_vllm_python()
+    except VLLMNotInstalledError as error:
         pytest.fail(str(error), pytrace=False)
 
 
@@ -110,7 +117,7 @@ async def test_start_loads_and_verifies_the_trainers_weights(vllm_trainer: tuple
     assert probe is not None and probe.version == 0 and probe.tokens == 23
     assert probe.max_abs_diff <= trainer.config.vllm.tolerance
     # The server really is vLLM with the weight-sync extension (the CPU backend empties its packed linear weights).
-    assert trainer.vllm.server is not None and "vllm.entrypoints.openai.api_server" in trainer.vllm.server.command()
+    assert trainer.vllm.server is not None and "agl_vllm_worker.WeightSyncExtension" in trainer.vllm.server.command
 
 
 async def test_a_synced_update_is_served_and_recorded_as_the_new_version(

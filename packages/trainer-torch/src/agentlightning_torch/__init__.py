@@ -64,7 +64,8 @@ from agentlightning_torch._tool_parsers import (
 )
 from agentlightning_torch._trainer import IterationReport, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
-from agentlightning_torch._vllm_server import VLLMClient, VLLMError, VLLMServer, vllm_python
+from agentlightning_torch._vllm_client import VLLMClient, VLLMError
+from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
 from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
 from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
 
@@ -98,9 +99,11 @@ __all__ = [
     "TorchTrainerConfig",
     "VLLMClient",
     "VLLMError",
+    "VLLMNotInstalledError",
     "VLLMServer",
     "VLLMServing",
     "VLLMSettings",
+    "VLLMStartError",
     "VLLMWeightSync",
     "WeightSyncMismatch",
     "__version__",
@@ -109,6 +112,7 @@ __all__ = [
     "count_parameters",
     "create_app",
     "eos_token_ids",
+    "find_vllm_python",
     "fit_examples",
     "generate_batch",
     "get_tool_parser",
@@ -133,5 +137,4 @@ __all__ = [
     "tokenize_conversation",
     "tool_parser_names",
     "train_chat_tokenizer",
-    "vllm_python",
 ]

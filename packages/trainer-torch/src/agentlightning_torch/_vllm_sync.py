@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentlightning_torch._vllm_server import VLLMClient, VLLMError
+from agentlightning_torch._vllm_client import VLLMClient, VLLMError
 
 __all__ = ["ProbeResult", "SyncMethod", "VLLMWeightSync", "WeightSyncMismatch", "probe_prompt", "reference_logprobs"]
 

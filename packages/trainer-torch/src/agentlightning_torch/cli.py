@@ -127,11 +127,11 @@ def _validate(args: argparse.Namespace) -> _Plan:
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     _check_model(args.model)
     if args.backend == "vllm" and args.vllm_url is None:
-        from agentlightning_torch._vllm_server import VLLMError, vllm_python
+        from agentlightning_torch._vllm_server import VLLMNotInstalledError, find_vllm_python
 
         try:
-            vllm_python()
-        except VLLMError as error:
+            find_vllm_python()
+        except VLLMNotInstalledError as error:
             raise UsageError(f"--backend vllm: {error}") from None
     train_tasks = load_tasks(Path(args.tasks), "--tasks")
     val_tasks = load_tasks(Path(args.val_tasks), "--val-tasks") if args.val_tasks else []

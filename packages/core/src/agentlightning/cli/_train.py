@@ -71,8 +71,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=("local", "vllm"),
         default="local",
-        help="inference server: the embedded backend (default) or vLLM (launched for --model from $AGL_VLLM_PYTHON, "
-        "or the one at --vllm-url; each weight sync is verified by log-probs)",
+        help="inference server: the embedded backend (default) or vLLM (launched for --model from $AGL_VLLM_VENV or "
+        ".venv-vllm, or the one at --vllm-url; each weight sync is verified by log-probs)",
     )
     parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
     parser.add_argument(
