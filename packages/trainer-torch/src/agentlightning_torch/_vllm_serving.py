@@ -36,8 +36,8 @@ class VLLMSettings(BaseModel):
         python: The Python with vLLM (default: `find_vllm_python`, i.e. ``$AGL_VLLM_VENV`` or a ``.venv-vllm``).
         max_model_len: Context vLLM allocates for (default: the model's ``max_position_embeddings``, at most 4096).
         sync: ``extension`` (the worker extension: correct on CPU and GPUs), ``reload`` (vLLM's own
-            ``reload_weights``; wrong on CPU, which verification catches), ``auto``: ``reload`` when the trainer runs
-            on CUDA, else ``extension``.
+            ``reload_weights``; wrong on CPU in vLLM 0.30/0.31, which verification catches), ``auto``: ``reload``
+            where CUDA is available (vLLM's own interface on GPUs), else ``extension``.
         tolerance: Largest accepted |log-prob difference| between vLLM and the trainer on the probe (float32).
         startup_timeout_s: How long a launched server may take to become healthy.
         idle_timeout_s: How long a sync waits for vLLM to finish generating before it refuses to swap weights.
@@ -93,7 +93,8 @@ class VLLMServing:
         self.model_name = model_name
         self.tool_parser = tool_parser
         method: SyncMethod = "extension"
-        if settings.sync == "reload" or (settings.sync == "auto" and device.startswith("cuda")):
+        on_gpu = device.startswith("cuda") or torch.cuda.is_available()  # a vLLM launched here runs on CUDA then
+        if settings.sync == "reload" or (settings.sync == "auto" and on_gpu):
             method = "reload"
         self.method: SyncMethod = method
         self.tokenizer = tokenizer
@@ -170,6 +171,13 @@ class VLLMServing:
         self.last_probe = await self._sync.sync(weights, model, version)
         self.syncs += 1
         return self.last_probe
+
+    @property
+    def client(self) -> VLLMClient:
+        """The server's control client (after `start`)."""
+        if self._sync is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        return self._sync.client
 
     async def running(self) -> int:
         """Requests vLLM is generating now."""

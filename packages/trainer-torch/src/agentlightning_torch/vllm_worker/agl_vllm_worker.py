@@ -23,15 +23,15 @@ import torch
 __all__ = ["WeightSyncExtension"]
 
 
-def _emptied_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Linear layers whose weight the CPU backend emptied after packing it (``numel() == 0``)."""
-    layers: list[torch.nn.Module] = []
-    for module in model.modules():
+def _emptied_linear_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Linear layers (name, layer) whose weight the CPU backend emptied after packing it (``numel() == 0``)."""
+    layers: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if getattr(module, "quant_method", None) is None or not isinstance(weight, torch.Tensor):
             continue
         if weight.numel() == 0 and hasattr(module, "output_partition_sizes"):
-            layers.append(module)
+            layers.append((name, module))
     return layers
 
 
@@ -73,10 +73,17 @@ class WeightSyncExtension:
         device = next(model.parameters()).device
         weights = load_file(path, device=str(device))
         emptied = _emptied_linear_layers(model)
-        for layer in emptied:
+        for _, layer in emptied:
             _restore_full_weight(layer)
         with torch.no_grad():
-            model.load_weights(weights=iter(weights.items()))  # pyright: ignore[reportCallIssue]
+            loaded = model.load_weights(weights=iter(weights.items()))  # pyright: ignore[reportCallIssue]
+            # A restored weight the file did not fill holds uninitialised memory: refuse rather than serve it.
+            missing = [name for name, _ in emptied if isinstance(loaded, set) and f"{name}.weight" not in loaded]
+            if missing:
+                raise ValueError(
+                    f"the weights file {path} lacks {len(missing)} linear layer(s) ({', '.join(missing[:3])}...): "
+                    "send the whole state dict"
+                )
             self._process_after_loading(model)
         return {"tensors": len(weights), "restored_layers": len(emptied), "seconds": time.perf_counter() - started}
 
