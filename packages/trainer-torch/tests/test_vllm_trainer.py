@@ -258,8 +258,8 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
 async def test_vllm_a_cancelled_long_generation_stops_before_the_update(
     vllm_trainer: tuple[TorchTrainer, agl.LightningStore],
 ) -> None:
-    trainer, _ = vllm_trainer
-    await _cancelled_generation_frees_its_slot(trainer, agl.MemoryStore())
+    trainer, store = vllm_trainer  # the store the trainer's proxy records into
+    await _cancelled_generation_frees_its_slot(trainer, store)
     assert trainer.vllm is not None and trainer.vllm.last_probe is not None  # the update was synced and verified
     assert trainer.vllm.last_probe.version == trainer.model_version
 
