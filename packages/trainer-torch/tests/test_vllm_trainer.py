@@ -275,3 +275,25 @@ async def test_local_backend_a_cancelled_long_generation_stops_before_the_update
         assert trainer.model_version == 1
     finally:
         await trainer.stop()
+
+
+async def test_a_server_given_by_url_is_synced_and_verified_at_start(
+    vllm_trainer: tuple[TorchTrainer, Any], long_context_model: Path, tmp_path: Path
+) -> None:
+    """``--vllm-url``: a second trainer uses the running server (with the extension) instead of launching one; its
+    own weights (the checkpoint's, not the first trainer's) are loaded and verified at start. Runs last: it leaves
+    the shared server serving the second trainer's weights."""
+    trainer, _ = vllm_trainer
+    assert trainer.vllm is not None
+    config = _config(long_context_model, tmp_path, "vllm").model_copy(
+        update={"vllm": VLLMSettings(url=f"{trainer.vllm.url}/v1")}
+    )
+    other = TorchTrainer(config)
+    await other.start(agl.MemoryStore())
+    try:
+        assert other.vllm is not None and other.vllm.server is None  # nothing launched
+        probe = other.vllm.last_probe
+        assert probe is not None and probe.version == 0 and probe.max_abs_diff <= config.vllm.tolerance
+    finally:
+        await other.stop()
+    assert await trainer.vllm.running() == 0  # stopping the second trainer left the server it did not launch running
