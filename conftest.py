@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -72,3 +73,35 @@ def _restore_sys_path() -> Iterator[None]:
     path = list(sys.path)
     yield
     sys.path[:] = path
+
+
+# ----- a real vLLM, shared by every test of the session that asks for it (starting one costs ~1-2 minutes) -----
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The warm-started tool-calling test model (`make_tool_chat_model`), tool-call markers as special tokens."""
+    from agentlightning_torch.testing import make_tool_chat_model
+
+    return make_tool_chat_model(tmp_path_factory.mktemp("tool-model"), special_tool_tokens=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tool_model_dir: Path) -> Iterator[Any]:
+    """A real vLLM (`VLLMServer`) serving ``tool_model_dir`` as model ``tiny`` with hermes tool calls.
+
+    Without vLLM the test fails (never skips) with the one line that installs it. Do not change its weights:
+    other tests share it (start your own `VLLMServer` for that).
+    """
+    from agentlightning_torch.testing import VLLM_TOOL_ARGS, VLLMNotInstalledError, VLLMServer, find_vllm_python
+
+    try:
+        python = find_vllm_python()
+    except VLLMNotInstalledError as error:
+        pytest.fail(str(error), pytrace=False)
+    server = VLLMServer(
+        tool_model_dir, served_model_name="tiny", args=VLLM_TOOL_ARGS, max_model_len=1024, enforce_eager=True,
+        python=python,
+    )  # fmt: skip
+    with server:
+        yield server

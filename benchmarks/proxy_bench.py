@@ -1,6 +1,6 @@
 """LLM proxy: latency it adds per request, over real loopback HTTP.
 
-Run: ``.venv/bin/python benchmarks/proxy_bench.py [--requests N] [--quick]``
+Run: ``.venv/bin/python benchmarks/proxy_bench.py [--requests N] [--quick] [--vllm]``
 
 Setup: the scripted model server (``agentlightning.testing.ScriptedModelServer``) runs in its own process; each
 proxy configuration runs in its own process too (so the client, the proxy and the backend do not share a GIL).
@@ -11,7 +11,9 @@ difference is only the proxy's own work: receive, parse, forward, read the ids, 
 
 Configurations: ``sync`` (the default: each call written to an in-memory store before answering), ``background``
 (writes batched), ``sqlite-sync`` (``agl proxy serve --db``: one SQLite commit per call before answering), and
-``stream`` (the same request with ``stream: true``, timed to the last byte).
+``stream`` (the same request with ``stream: true``, timed to the last byte). With ``--vllm``, also ``vllm`` (and
+``vllm-stream``): the ``sync`` proxy in front of a real vLLM server (``$AGL_VLLM_VENV`` or ``.venv-vllm``) serving
+a tiny Qwen2 built here, greedy replies of 8 tokens; vLLM's own latency is the "direct" column.
 
 Prints a table and ends with ONE line: a JSON object of every figure (milliseconds).
 """
@@ -120,10 +122,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+VLLM_BODY = {**BODY, "max_tokens": 8, "temperature": 0.0}
+
+
 async def _measure(
-    backend: str, proxy: str, prefix: str, n: int, stream: bool, pids: tuple[int, int]
+    backend: str, proxy: str, prefix: str, n: int, stream: bool, pids: tuple[int, int], body: dict[str, Any] = BODY
 ) -> dict[str, float]:
-    agent_body = dict(BODY, stream=stream)
+    agent_body = dict(body, stream=stream)
     backend_body = dict(agent_body, return_token_ids=True, logprobs=True)  # what the proxy forwards
     direct_url = f"{backend}/v1/chat/completions"
     proxy_url = f"{proxy}{prefix}/v1/chat/completions"
@@ -169,7 +174,32 @@ def _figures(direct: list[float], proxied: list[float]) -> dict[str, float]:
     }
 
 
-async def _run(n: int) -> dict[str, Any]:
+async def _measure_vllm(n: int, results: dict[str, Any], children: list[subprocess.Popen[str]]) -> None:
+    """The ``sync`` proxy in front of a real vLLM server, plain and streamed."""
+    from agentlightning_torch import VLLMServer
+    from agentlightning_torch.testing import make_tiny_chat_model
+
+    scratch = tempfile.mkdtemp(prefix="agl-proxy-bench-vllm-")
+    folder = make_tiny_chat_model(os.path.join(scratch, "model"), hidden_size=128, num_layers=4, num_heads=4)
+    server = VLLMServer(folder, served_model_name="toy", enforce_eager=True).start()
+    try:
+        pid = server.pid  # the API server process (its engine core is a child process)
+        for name, stream in (("vllm", False), ("vllm-stream", True)):
+            port = _free_port()
+            proc = _spawn([sys.executable, HERE, "_proxy", server.url, str(port), "sync"])
+            children.append(proc)
+            assert proc.stdout is not None
+            prefix = proc.stdout.readline().strip()
+            url = f"http://127.0.0.1:{port}"
+            await _wait_ready(f"{url}/v1/models", proc)
+            results[name] = await _measure(server.url, url, prefix, n, stream, (proc.pid, pid), VLLM_BODY)
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        server.stop()
+
+
+async def _run(n: int, vllm: bool = False) -> dict[str, Any]:
     py = sys.executable
     children: list[subprocess.Popen[str]] = []
     results: dict[str, Any] = {"requests": n}
@@ -201,6 +231,8 @@ async def _run(n: int) -> dict[str, Any]:
             results[name] = await _measure(backend, url, prefix, n, stream, (proc.pid, backend_proc.pid))
             proc.terminate()
             proc.wait(timeout=30)
+        if vllm:
+            await _measure_vllm(n, results, children)
     finally:
         for proc in children:
             if proc.poll() is None:
@@ -221,9 +253,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per configuration and path")
     parser.add_argument("--quick", action="store_true", help="200 requests per configuration")
+    parser.add_argument("--vllm", action="store_true", help="also in front of a real vLLM server")
     args = parser.parse_args()
     n = 200 if args.quick else args.requests
-    results = asyncio.run(_run(n))
+    results = asyncio.run(_run(n, args.vllm))
     header = f"{'config':<12} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'direct p99':>10} "
     header += f"{'proxy p99':>10} {'added p99':>10} {'added mean':>10} {'proxy CPU':>10} {'backend CPU':>11}"
     print(f"LLM proxy added latency, {n} sequential requests per path, ms; load average {os.getloadavg()[0]:.1f}")

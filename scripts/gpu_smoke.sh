@@ -9,6 +9,11 @@
 #    Checks: every step's calls were served by the version of the step before; vLLM's log-probs of the sampled
 #    tokens agree with the actor's (it serves the synced weights); the resumed actor holds the checkpoint's weights.
 #    Prints one JSON line: step times, generated tokens/s, rollouts/s, versions served.
+# 3. The project's real-vLLM tests on the GPU (`vllm` in its own venv: AGL_VLLM_VENV, default .venv-vllm, made by
+#    `python3 scripts/dev.py vllm`, which installs `vllm` where CUDA is found): the proxy in front of vLLM, the agents
+#    of each framework through it, TorchTrainer(backend="vllm") with its weight syncs through vLLM's own
+#    reload_weights (the GPU interface; verified by log-probs), cancelled generations leaving vLLM before the update,
+#    and the calc example at toy size. Same tests as on CPU, unskipped.
 #
 #   bash scripts/gpu_smoke.sh            # uses .venv/bin/python when present, else python3
 #   PYTHON=/path/to/python bash scripts/gpu_smoke.sh
@@ -100,3 +105,11 @@ for p in problems:
 print(json.dumps(summary))
 sys.exit(0 if not problems else 1)
 PY
+
+echo "== 3. real-vLLM tests on the GPU (proxy, agents, TorchTrainer backend=vllm with reload_weights syncs, aborts) =="
+VLLM_TESTS_LOG=/tmp/agl_vllm_gpu_tests.log
+timeout 1800 "$PY" -m pytest -x -q -p no:cacheprovider \
+  tests/test_vllm_proxy.py tests/test_vllm_agents.py tests/test_example_calc_vllm.py \
+  packages/trainer-torch/tests/test_vllm_trainer.py packages/trainer-torch/tests/test_vllm_server.py \
+  > "$VLLM_TESTS_LOG" 2>&1 || { tail -80 "$VLLM_TESTS_LOG"; exit 1; }
+tail -3 "$VLLM_TESTS_LOG"

@@ -336,3 +336,17 @@ def test_output_that_cannot_be_written_is_refused(
     assert "cannot write to --output" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert inside is False or not out.exists()
+
+
+def test_vllm_backend_without_vllm_is_refused_with_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGL_VLLM_VENV", str(tmp_path / "no-venv"))
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--backend", "vllm", "--output", str(out),
+    )  # fmt: skip
+    _refused(done, "--backend vllm: vLLM is not installed in", out)
+    assert "scripts/dev.py vllm" in done.stderr

@@ -114,6 +114,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="0: synchronous; 1: the next iteration's rollouts run during the update (one version off-policy)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "vllm"),
+        default="local",
+        help="serve the policy with the embedded backend, or with a real vLLM server (its weights synced and verified "
+        "each iteration; vLLM from $AGL_VLLM_VENV or .venv-vllm: `python3 scripts/dev.py vllm`)",
+    )
+    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (see README)")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     parser.add_argument(
         "--rollout-timeout", type=float, default=120.0, help="seconds an iteration waits for its rollouts"
@@ -128,7 +136,7 @@ def build_config(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
     import agentlightning as agl
-    from agentlightning_torch import PPOConfig, TorchTrainerConfig
+    from agentlightning_torch import PPOConfig, TorchTrainerConfig, VLLMSettings
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
@@ -160,6 +168,9 @@ def build_config(args: argparse.Namespace) -> Any:
             rollout_timeout_s=args.rollout_timeout,
             max_staleness=args.max_staleness,
             proxy=proxy,
+            backend=args.backend,
+            # vLLM parses CALC(...) with the plugin shipped here, as the embedded backend's "calc" parser does
+            vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=HERE / "vllm_calc_parser.py"),
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
@@ -331,6 +342,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         "iterations": len(history),
         "seconds_per_iteration": round(sum(r.seconds for r in history) / len(history), 3),
         "max_staleness": args.max_staleness,
+        "backend": args.backend,
         "plot": str(args.output / "reward_curve.png"),
         # CPU seconds of the whole run (setup and evaluations included): this process, and the runner processes
         "trainer_cpu_seconds": round(_cpu(resource.RUSAGE_SELF), 1),

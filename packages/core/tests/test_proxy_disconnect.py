@@ -87,3 +87,36 @@ async def test_agent_disconnect_closes_the_backend_leg(store: MemoryStore, backe
         await asyncio.wait_for(backend.closed.wait(), 30)
         while proxy.in_flight:  # settles right after the backend leg closed
             await asyncio.sleep(0.01)
+
+
+async def test_aborting_a_cancelled_rollout_closes_its_backend_leg_while_the_agent_waits(
+    store: MemoryStore, backend: SilentBackend
+) -> None:
+    """`LLMProxy.abort_rollouts` (what the training loop calls for late rollouts it cancels): the backend connection
+    closes at once (vLLM aborts the request), the agent gets 409 (plain) or a stream that ends without ``[DONE]``, and
+    other rollouts' calls are left alone."""
+    attempts = await start_attempts(store, ["ro-1", "ro-2"])
+    async with LLMProxy(store, [backend.url]) as proxy:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": backend.stream}
+        url = f"{proxy.base_url('ro-1', attempts['ro-1'])}/chat/completions"
+        answered: list[tuple[int, bytes]] = []
+
+        async def agent() -> None:
+            async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+                answered.append((resp.status, await resp.read()))
+
+        call = asyncio.ensure_future(agent())
+        await asyncio.wait_for(backend.arrived.wait(), 30)
+        assert proxy.in_flight == 1
+        assert proxy.abort_rollouts(["ro-2"]) == 0  # another rollout: nothing of this call is touched
+        assert proxy.abort_rollouts(["ro-1"]) == 1
+        await asyncio.wait_for(backend.closed.wait(), 30)
+        await asyncio.wait_for(call, 30)  # the agent is answered, not left hanging
+        [(status, payload)] = answered
+        if backend.stream:
+            assert status == 200 and b"[DONE]" not in payload
+        else:
+            assert status == 409 and b"aborted" in payload
+        while proxy.in_flight:  # settles right after the call ends
+            await asyncio.sleep(0.01)
+        assert proxy.abort_rollouts(["ro-1"]) == 0  # nothing left in flight

@@ -186,3 +186,21 @@ def test_assembler_and_extract_accept_ids_inside_the_choice() -> None:
     found = extract(full, "chat")
     assert found.prompt_token_ids == [3] and found.response_token_ids == [4, 5]
     assert found.response_logprobs is None and found.note is not None and "do not match" in found.note
+
+
+def test_assembler_records_choice_zero_of_interleaved_n_choices() -> None:
+    """vLLM streams ``n > 1`` as chunks of one choice each (by ``index``): only choice 0's ids and text count."""
+
+    def chunk(index: int, text: str, ids: list[int], finish: str | None = None) -> dict[str, Any]:
+        entries = [{"token": str(i), "logprob": -0.5 * i} for i in ids]
+        choice = {"index": index, "delta": {"content": text}, "token_ids": ids, "logprobs": {"content": entries}}
+        return {"id": "x", "choices": [{**choice, "finish_reason": finish}]}
+
+    assembler = StreamAssembler("chat")
+    assembler.feed({"id": "x", "prompt_token_ids": [1, 2], "choices": []})
+    for piece in (chunk(0, "a", [10]), chunk(1, "b", [20]), chunk(1, "c", [21], "length"), chunk(0, "d", [11], "stop")):
+        assembler.feed(piece)
+    got = assembler.extracted()
+    assert (got.prompt_token_ids, got.response_token_ids, got.response_logprobs) == ([1, 2], [10, 11], [-5.0, -5.5])
+    response = assembler.response()
+    assert response["choices"][0]["message"]["content"] == "ad" and response["choices"][0]["finish_reason"] == "stop"

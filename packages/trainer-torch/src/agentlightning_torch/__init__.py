@@ -14,7 +14,7 @@ folder in ``examples/calc``, served and trained through the same path as any oth
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
 """
 
-from agentlightning_torch._backend import BackendStats, LocalBackend, merged_state_dict
+from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate, ParsedResponse, TemplateError
 from agentlightning_torch._chat_model import (
     CHAT_SPECIAL_TOKENS,
@@ -64,6 +64,10 @@ from agentlightning_torch._tool_parsers import (
 )
 from agentlightning_torch._trainer import IterationReport, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch._vllm_client import VLLMClient, VLLMError
+from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
+from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
+from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
 
 __version__ = "0.1.0"
 
@@ -84,6 +88,7 @@ __all__ = [
     "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
+    "RequestCancelled",
     "SFTConfig",
     "SFTExample",
     "SFTResult",
@@ -92,12 +97,22 @@ __all__ = [
     "ToolParser",
     "TorchTrainer",
     "TorchTrainerConfig",
+    "VLLMClient",
+    "VLLMError",
+    "VLLMNotInstalledError",
+    "VLLMServer",
+    "VLLMServing",
+    "VLLMSettings",
+    "VLLMStartError",
+    "VLLMWeightSync",
+    "WeightSyncMismatch",
     "__version__",
     "apply_lora",
     "build_chat_model",
     "count_parameters",
     "create_app",
     "eos_token_ids",
+    "find_vllm_python",
     "fit_examples",
     "generate_batch",
     "get_tool_parser",

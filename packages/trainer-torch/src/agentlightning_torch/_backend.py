@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCall
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
 
-__all__ = ["BackendStats", "LocalBackend", "merged_state_dict"]
+__all__ = ["BackendStats", "LocalBackend", "RequestCancelled", "merged_state_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,10 @@ class BackendStats:
     kv_tokens: int = 0
     peak_kv_tokens: int = 0
     preemptions: int = 0
+
+
+class RequestCancelled(RuntimeError):
+    """A request was cancelled (`LocalBackend.cancel`) while it was generating."""
 
 
 @dataclass
@@ -193,6 +197,7 @@ class LocalBackend:
         self._resumed: deque[RunningSequence] = deque()  # evicted sequences, admitted before new requests
         self._inflight = 0  # sequences admitted and not finished (the worker's count)
         self._swaps_waiting = 0
+        self._cancelled: set[Future[GenerationResult]] = set()  # requests whose client left: dropped by the worker
         self._condition = threading.Condition()
         self._weights_lock = threading.Lock()
         self._paused = False
@@ -288,6 +293,16 @@ class LocalBackend:
             self._condition.notify_all()
         return job.future
 
+    def cancel(self, futures: Iterable[Future[GenerationResult]]) -> None:
+        """Stop generating these requests (their client left, or their rollout was cancelled).
+
+        Queued ones never start; running ones leave the batch before the next decode step and their futures fail
+        with `RequestCancelled`, so `running` drops without waiting for them to finish.
+        """
+        with self._condition:
+            self._cancelled.update(f for f in futures if not f.done())
+            self._condition.notify_all()
+
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
         """Blocking convenience around `submit`."""
         return self.submit(prompt_ids, params).result()
@@ -357,6 +372,8 @@ class LocalBackend:
         """Under the condition: block until there is something to do; ``None`` when stopping."""
         with self._condition:
             while True:
+                if self._cancelled:
+                    self._drop_cancelled(batch)
                 self._inflight = len(batch.rows) + len(self._resumed)
                 if not self._running:
                     return None
@@ -370,6 +387,16 @@ class LocalBackend:
             taken = self._admissible(batch)
             self._inflight += len(taken)
             return taken
+
+    def _drop_cancelled(self, batch: DecodeBatch) -> None:
+        """Under the condition, in the worker: remove cancelled requests from the queue, the evicted and the batch."""
+        cancelled, self._cancelled = self._cancelled, set()
+        self._queue = deque(job for job in self._queue if job.future not in cancelled or not job.future.cancel())
+        dropped = [s for s in self._resumed if s.tag.future in cancelled]
+        self._resumed = deque(s for s in self._resumed if s.tag.future not in cancelled)
+        dropped += batch.remove([row for row in batch.rows if row.tag.future in cancelled])
+        for sequence in dropped:
+            sequence.tag.future.set_exception(RequestCancelled("the request was cancelled before it finished"))
 
     def _gather_burst(self) -> None:
         """When idle, wait while requests keep coming (agents reach their call spread over a few ms)."""

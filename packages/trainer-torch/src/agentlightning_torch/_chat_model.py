@@ -63,6 +63,7 @@ def train_chat_tokenizer(
     chat_template: str = HERMES_CHAT_TEMPLATE,
     include_template_text: bool = True,
     model_max_length: int | None = None,
+    special_tool_tokens: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE chat tokenizer with the ChatML special tokens and a chat template.
 
@@ -78,6 +79,8 @@ def train_chat_tokenizer(
         chat_template: The Jinja chat template to set (it must use the ChatML tokens above).
         include_template_text: Also train on the fixed text `HERMES_CHAT_TEMPLATE` writes (its tool preamble).
         model_max_length: The tokenizer's ``model_max_length`` (e.g. the model's context length).
+        special_tool_tokens: Add ``<tool_call>`` and ``</tool_call>`` as *special* tokens (as some Hermes models
+            do), which a decode that skips special tokens drops: a server must keep them for its tool-call parser.
 
     Returns:
         A transformers fast tokenizer with ``chat_template`` set.
@@ -115,7 +118,11 @@ def train_chat_tokenizer(
         clean_up_tokenization_spaces=False,
         **extra,
     )
-    tokenizer.add_tokens(list(CHAT_TOOL_TOKENS))  # pyright: ignore[reportUnknownMemberType]
+    special = CHAT_TOOL_TOKENS[:2] if special_tool_tokens else ()
+    ordinary = [token for token in CHAT_TOOL_TOKENS if token not in special]
+    if special:
+        tokenizer.add_tokens(list(special), special_tokens=True)  # pyright: ignore[reportUnknownMemberType]
+    tokenizer.add_tokens(ordinary)  # pyright: ignore[reportUnknownMemberType]
     tokenizer.chat_template = chat_template
     return tokenizer
 

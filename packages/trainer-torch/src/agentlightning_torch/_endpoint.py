@@ -105,6 +105,15 @@ def _submit(
     return futures
 
 
+async def _results(backend: LocalBackend, futures: list[Future[GenerationResult]]) -> list[GenerationResult]:
+    """The choices' results; if the caller is cancelled (its client left), the backend stops generating them."""
+    try:
+        return [await asyncio.wrap_future(f) for f in futures]
+    except asyncio.CancelledError:
+        backend.cancel(futures)
+        raise
+
+
 class OpenAIEndpoint:
     """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health`` of ``backend``.
 
@@ -153,7 +162,7 @@ class OpenAIEndpoint:
             futures = _submit(backend, prompt, params, body.n, events)
             stream = _chat_stream(backend, body, prompt, tools, futures, events)
             return StreamingResponse(stream, media_type="text/event-stream")
-        results = [await asyncio.wrap_future(f) for f in _submit(backend, prompt, params, body.n, None)]
+        results = await _results(backend, _submit(backend, prompt, params, body.n, None))
         choices: list[dict[str, Any]] = []
         for index, result in enumerate(results):
             message, finish = chat_message(template, result, prompt, tools, body.include_reasoning)
@@ -186,7 +195,7 @@ class OpenAIEndpoint:
         else:
             prompt = list(body.prompt)
         params = sampling_params(body, len(prompt), backend.max_context, body.logprobs or 0)
-        results = [await asyncio.wrap_future(f) for f in _submit(backend, prompt, params, body.n, None)]
+        results = await _results(backend, _submit(backend, prompt, params, body.n, None))
         choices: list[dict[str, Any]] = []
         for index, result in enumerate(results):
             choice: dict[str, Any] = {
@@ -366,35 +375,43 @@ async def _chat_stream(
         "created": int(time.time()),
         "model": body.model or backend.model_name,
     }
-    for index in range(body.n):
-        chunk: dict[str, Any] = {
-            **head,
-            "choices": [
-                {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            ],
-        }
-        if index == 0 and body.return_token_ids:
-            chunk["prompt_token_ids"] = prompt
-        yield _sse(chunk)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    streams = [ChoiceStream(template, prompt, tools, stop, body.include_reasoning) for _ in range(body.n)]
-    open_choices = body.n
-    while open_choices:
-        index, token, logprob, top, end, version = await events.get()
-        finish: str | None = None
-        if end is None:
-            delta = streams[index].push(token)
-        else:
-            open_choices -= 1
-            result = await asyncio.wrap_future(futures[index])
-            delta, finish = streams[index].finish(result)
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        if body.logprobs:
-            choice["logprobs"] = {"content": [logprob_entry(template, token, logprob, top)]}
-        if body.return_token_ids:
-            choice["token_ids"] = [token]
-        yield _sse({**head, "choices": [choice], "model_version": version})
-    if body.stream_options and body.stream_options.get("include_usage"):
-        results = [await asyncio.wrap_future(f) for f in futures]
-        yield _sse({**head, "choices": [], "usage": usage(prompt, results)})
-    yield "data: [DONE]\n\n"
+    try:
+        for index in range(body.n):
+            chunk: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if index == 0 and body.return_token_ids:
+                chunk["prompt_token_ids"] = prompt
+            yield _sse(chunk)
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        streams = [ChoiceStream(template, prompt, tools, stop, body.include_reasoning) for _ in range(body.n)]
+        open_choices = body.n
+        while open_choices:
+            index, token, logprob, top, end, version = await events.get()
+            finish: str | None = None
+            if end is None:
+                delta = streams[index].push(token)
+            else:
+                open_choices -= 1
+                result = await asyncio.wrap_future(futures[index])
+                delta, finish = streams[index].finish(result)
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if body.logprobs:
+                choice["logprobs"] = {"content": [logprob_entry(template, token, logprob, top)]}
+            if body.return_token_ids:
+                choice["token_ids"] = [token]
+            yield _sse({**head, "choices": [choice], "model_version": version})
+        if body.stream_options and body.stream_options.get("include_usage"):
+            results = [await asyncio.wrap_future(f) for f in futures]
+            yield _sse({**head, "choices": [], "usage": usage(prompt, results)})
+        yield "data: [DONE]\n\n"
+    finally:  # also when the stream is closed early (the client left, the call was aborted): stop generating it
+        backend.cancel(futures)

@@ -235,6 +235,14 @@ class DecodeBatch:
         self._select(list(range(len(self.rows) - count)))
         return evicted
 
+    def remove(self, sequences: Sequence[RunningSequence]) -> list[RunningSequence]:
+        """Take these rows out (their cache dropped, nothing more generated); returns those that were rows."""
+        gone = {id(s) for s in sequences}
+        removed = [row for row in self.rows if id(row) in gone]
+        if removed:
+            self._select([i for i, row in enumerate(self.rows) if id(row) not in gone])
+        return removed
+
     def clear(self) -> list[RunningSequence]:
         """Drop every row and the cache; returns the rows."""
         rows, self.rows = self.rows, []

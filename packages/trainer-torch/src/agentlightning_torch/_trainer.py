@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from agentlightning_torch._loading import load_model
 from agentlightning_torch._ppo import is_lora, make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch._vllm_serving import VLLMServing
 
 __all__ = ["IterationReport", "TorchTrainer"]
 
@@ -67,6 +69,17 @@ class TorchTrainer(Engine, Algorithm):
         if config.ppo.kl_coef > 0 and not is_lora(self.policy):
             self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
         self._backend: LocalBackend | None = None
+        self.vllm: VLLMServing | None = None
+        if config.backend == "vllm":
+            self.vllm = VLLMServing(
+                config.vllm,
+                model_dir=config.model_dir,
+                model_name=config.model_name,
+                tool_parser=config.tool_parser,
+                device=config.device,
+                tokenizer=self.tokenizer,
+                vocab_size=int(getattr(loaded.model.config, "vocab_size", len(self.tokenizer))),
+            )
         self._server: BackendServer | None = None
         self._backend_url: str | None = None
         # backend batches, requests, busy seconds, decode steps and rows decoded at the last iteration_metrics
@@ -132,7 +145,13 @@ class TorchTrainer(Engine, Algorithm):
 
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
-        reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``."""
+        reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``.
+
+        With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them."""
+        if self.vllm is not None:
+            if self._backend_url is None:
+                self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
+            return [self._backend_url]
         if self._backend_url is None:
             served: Any = self.policy if self.serves_adapter else merged_model(self.policy)
             backend = LocalBackend(
@@ -159,7 +178,11 @@ class TorchTrainer(Engine, Algorithm):
         return [self._backend_url]
 
     async def stop_servers(self) -> None:
-        """Stop the backend (and its HTTP server)."""
+        """Stop the backend (and its HTTP server), or a vLLM server the trainer launched."""
+        if self.vllm is not None:
+            self._backend_url = None
+            await asyncio.to_thread(self.vllm.stop)
+            return
         if self._backend_url is not None:
             unregister_backend(self._backend_url)
             self._backend_url = None
@@ -168,6 +191,19 @@ class TorchTrainer(Engine, Algorithm):
             self._server = None
         elif self._backend is not None:
             self._backend.stop()
+
+    async def drain_servers(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the backend generates nothing: the calls the proxy aborted have left
+        `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests still running."""
+        if self.vllm is not None:
+            return await self.vllm.wait_idle(timeout_s)
+        backend = self._backend
+        if backend is None:
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while backend.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
+        return backend.running
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the Engine and Algorithm contract)."""
@@ -188,14 +224,22 @@ class TorchTrainer(Engine, Algorithm):
         return merged_state_dict(self.policy)
 
     async def sync_weights(self, version: int) -> None:
-        """Copy the policy's weights (see `served_weights`) into the backend, which reports ``version`` from now on."""
+        """Copy the policy's weights (see `served_weights`) into the backend, which reports ``version`` from now on.
+
+        vLLM: the merged weights are loaded and verified by log-probs (`VLLMServing.sync`); a mismatch raises
+        `WeightSyncMismatch` naming ``version``, which stops the run."""
+        if self.vllm is not None:
+            await self.vllm.sync(merged_state_dict(self.policy), self.policy, version)
+            return
         if self._backend is None:
             raise RuntimeError("the backend is not started; call `await trainer.start(store)` first")
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
     def iteration_metrics(self) -> dict[str, float]:
         """Backend admission groups and their mean size, decode steps and their mean rows, generation time since the
-        previous call."""
+        previous call; with vLLM, the last sync's timings and probe difference."""
+        if self.vllm is not None:
+            return self.vllm.metrics()
         if self._backend is None:
             return {}
         stats = self._backend.stats

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentlightning import CreditConfig, LoopConfig, ProxySettings
 from agentlightning_torch._ppo import PPOConfig
+from agentlightning_torch._vllm_serving import VLLMSettings
 
 __all__ = ["TorchTrainerConfig"]
 
@@ -53,6 +54,9 @@ class TorchTrainerConfig(BaseModel):
         backend_http: Serve the local backend over HTTP on 127.0.0.1 and have the LLM proxy call it there, instead of
             calling it in-process (the default: same answers and records, without the HTTP machinery's CPU).
         proxy: Where the LLM proxy listens and how agents reach it (loopback by default).
+        backend: ``local``: the embedded `LocalBackend`; ``vllm``: a real vLLM server (launched for ``model_dir``, or
+            the one at ``vllm.url``), each weight sync verified by log-probs (see `VLLMSettings`).
+        vllm: How vLLM runs and syncs (``backend="vllm"`` only).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -85,6 +89,8 @@ class TorchTrainerConfig(BaseModel):
     seed: int = 0
     backend_http: bool = False
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    backend: Literal["local", "vllm"] = "local"
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""

@@ -126,6 +126,13 @@ def _validate(args: argparse.Namespace) -> _Plan:
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     _check_model(args.model)
+    if args.backend == "vllm" and args.vllm_url is None:
+        from agentlightning_torch._vllm_server import VLLMNotInstalledError, find_vllm_python
+
+        try:
+            find_vllm_python()
+        except VLLMNotInstalledError as error:
+            raise UsageError(f"--backend vllm: {error}") from None
     train_tasks = load_tasks(Path(args.tasks), "--tasks")
     val_tasks = load_tasks(Path(args.val_tasks), "--val-tasks") if args.val_tasks else []
     agent = resolve_agent(args.agent, args.app_dir)
@@ -242,6 +249,7 @@ def _trainer_config(plan: _Plan) -> Any:
 
     from agentlightning_torch._ppo import LoraSettings, PPOConfig
     from agentlightning_torch._trainer_config import TorchTrainerConfig
+    from agentlightning_torch._vllm_serving import VLLMSettings
 
     args = plan.args
     try:
@@ -263,6 +271,8 @@ def _trainer_config(plan: _Plan) -> Any:
             ppo=PPOConfig(lr=args.lr, lora=lora, num_threads=args.threads),
             seed=args.seed,
             proxy=_proxy_settings(args),
+            backend=args.backend,
+            vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=args.tool_parser_plugin),
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())

@@ -5,6 +5,11 @@ tokens, `HERMES_CHAT_TEMPLATE`), `build_chat_model` (a random ``Qwen2ForCausalLM
 ``<|im_end|>`` and ``<|endoftext|>``) and `save_checkpoint` (a standard transformers folder, loadable with
 `load_model` or plain transformers). `memorize` overfits a model on (prompt, continuation) id pairs so greedy
 decoding reproduces the continuations.
+
+For tests against a real vLLM: `make_tool_chat_model` (a warm-started tool-calling Qwen2 whose head size vLLM's CPU
+attention serves; optionally with *special* ``<tool_call>`` tokens), `VLLMServer` (vLLM's OpenAI server for a
+folder, as a subprocess, waited for on ``/health``), `find_vllm_python` (vLLM's own venv; `VLLMNotInstalledError`
+says how to install it) and `VLLM_TOOL_ARGS` (the tool-calling flags the tests serve with).
 """
 
 from __future__ import annotations
@@ -26,8 +31,33 @@ from agentlightning_torch._sft import (
     SFTExample,
     fit_examples,
 )
+from agentlightning_torch._tool_model import TOOL_MODEL_ANSWER, TOOL_MODEL_CALL, add_tool_schema, make_tool_chat_model
+from agentlightning_torch._vllm_server import (
+    VLLM_INSTALL_HINT,
+    VLLMNotInstalledError,
+    VLLMServer,
+    VLLMStartError,
+    find_vllm_python,
+)
 
-__all__ = ["CHAT_SPECIAL_TOKENS", "make_tiny_chat_model", "memorize"]
+__all__ = [
+    "CHAT_SPECIAL_TOKENS",
+    "TOOL_MODEL_ANSWER",
+    "TOOL_MODEL_CALL",
+    "VLLM_INSTALL_HINT",
+    "VLLM_TOOL_ARGS",
+    "VLLMNotInstalledError",
+    "VLLMServer",
+    "VLLMStartError",
+    "add_tool_schema",
+    "find_vllm_python",
+    "make_tiny_chat_model",
+    "make_tool_chat_model",
+    "memorize",
+]
+
+VLLM_TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+"""vLLM flags for hermes tool calls (what Qwen2.5-style models are served with)."""
 
 
 def make_tiny_chat_model(

@@ -67,6 +67,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
     parser.add_argument("--model-name", default="policy", help="name the model is served under")
     parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "vllm"),
+        default="local",
+        help="inference server: the embedded backend (default) or vLLM (launched for --model from $AGL_VLLM_VENV or "
+        ".venv-vllm, or the one at --vllm-url; each weight sync is verified by log-probs)",
+    )
+    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
+    parser.add_argument(
+        "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)

@@ -5,12 +5,15 @@ One iteration:
 1. enqueue ``tasks_per_iteration`` groups of ``samples_per_task`` rollouts, pinned to the resources version that
    publishes the current model version;
 2. wait for the runners (at most ``rollout_timeout_s``), then cancel the rollouts still queued or running (they
-   would train on a stale policy);
-3. pause the LLM proxy (refuse new calls, drain those in flight) and flush its records;
+   would train on a stale policy) and have the proxy abort their calls in flight, so the backend stops generating
+   them before the weights change;
+3. pause the LLM proxy (refuse new calls, drain those in flight), wait until the engine's servers generate nothing
+   (`Engine.drain_servers`), and flush the proxy's records;
 4. spans + the proxy's token records → transitions → LightningRL credit → advantages (`build_batch_from_results`,
    with staleness metrics against the current model version);
 5. ``engine.update(batch)`` in a worker thread;
-6. ``engine.sync_weights(version + 1)``: the inference servers now serve the new weights as the new version;
+6. ``engine.drain_servers`` again, then ``engine.sync_weights(version + 1)``: the inference servers now serve the new
+   weights as the new version;
 7. publish the new resources (sampling and greedy), resume the proxy with the new version recorded for backends
    that do not report one;
 8. report: one `IterationReport` appended to ``metrics.jsonl``, passed to ``on_iteration``; checkpoint every
@@ -249,6 +252,7 @@ class RLLoop(Algorithm):
             if not config.max_staleness:
                 paused = True
                 await self._pause()
+                await self._drain("the update")
             # The finished rollouts' calls were queued for recording before they ended; with max_staleness 1 the
             # proxy keeps serving the next iteration's meanwhile, and the flush does not wait for those.
             await proxy.flush()
@@ -267,6 +271,7 @@ class RLLoop(Algorithm):
                     # the agents keep working: their new calls wait for the new weights instead of a 503
                     await self._pause(hold_s=self.config.proxy.pause_timeout_s)
                 version = self.model_version + 1
+                await self._drain(f"the weight sync to version {version}")
                 await self.engine.sync_weights(version)
                 self.model_version = version
                 await self._publish(store)
@@ -331,6 +336,18 @@ class RLLoop(Algorithm):
             await self.proxy.pause(timeout=self.config.proxy.pause_timeout_s, hold_s=hold_s)
         except TimeoutError as error:  # a straggler of a cancelled rollout; new calls are refused meanwhile
             logger.warning("iteration %d: %s; training anyway", self.iteration, error)
+
+    async def _drain(self, before: str) -> None:
+        """Wait for the engine's servers to stop generating (aborted calls leaving them) before ``before``."""
+        running = await self.engine.drain_servers(self.config.proxy.pause_timeout_s)
+        if running:
+            logger.warning(
+                "iteration %d: %d request(s) still generating in the inference server before %s (pause_timeout_s=%.0f)",
+                self.iteration,
+                running,
+                before,
+                self.config.proxy.pause_timeout_s,
+            )
 
     def _next_iteration_runs(self) -> bool:
         """Whether `run` starts another iteration after this one (as far as can be told before the update)."""
@@ -397,7 +414,15 @@ class RLLoop(Algorithm):
             except ConflictError:  # it finished meanwhile; too late for this iteration either way
                 logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
         if late:
-            logger.info("cancelled %d rollout(s) still queued or running %s", len(late), why)
+            # Their calls still generating are aborted now, not when their runners notice: the backend must stop
+            # generating before the weights change (an orphaned request would span two versions, or outlive them).
+            aborted = self._proxy.abort_rollouts(r.rollout_id for r in late) if self._proxy is not None else 0
+            logger.info(
+                "cancelled %d rollout(s) still queued or running %s (%d call(s) aborted)",
+                len(late),
+                why,
+                aborted,
+            )
 
     def _transition_config(self) -> TransitionConfig:
         return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)

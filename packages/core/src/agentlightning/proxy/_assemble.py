@@ -10,7 +10,8 @@ Liberal in what it accepts (vLLM-compatible wire format):
   of the weights that generated it, as the backend reports it (`MODEL_VERSION_FIELD`; our backends also send the
   `MODEL_VERSION_HEADER` header on non-streamed answers).
 
-Only choice 0 is recorded (agents use ``n=1``).
+Only choice 0 is recorded (agents use ``n=1``); with ``n > 1`` a stream's chunks each carry one choice, picked out
+by its ``index`` (vLLM streams the choices interleaved).
 """
 
 from __future__ import annotations
@@ -118,9 +119,13 @@ def _choice_logprobs(choice: dict[str, Any], kind: Kind) -> list[float] | None:
 
 
 def _first_choice(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The choice with index 0 (an entry without an index counts as 0), or ``None``."""
     choices = data.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        return cast(dict[str, Any], choices[0])
+    if not isinstance(choices, list):
+        return None
+    for choice in cast(list[Any], choices):
+        if isinstance(choice, dict) and cast(dict[str, Any], choice).get("index", 0) == 0:
+            return cast(dict[str, Any], choice)
     return None
 
 

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import aiohttp
@@ -66,6 +67,9 @@ class Forwarder(CallRecorder):
     _resumed: asyncio.Event | None
     _in_flight: int
     _idle: asyncio.Event | None
+    _calls: dict[str, dict[object, Callable[[], None]]]
+    """Per rollout, its calls in flight: key (the handler task, or a stream's backend reply) -> how to abort it."""
+    _aborted: set[asyncio.Task[Any]]
     resent: int
     """Requests sent to a backend a second time because their pooled connection had been closed (`send`)."""
 
@@ -203,12 +207,50 @@ class Forwarder(CallRecorder):
         self._in_flight += 1
         self._idle_event().clear()
         streamed = False
+        task = asyncio.current_task()
+        if rollout_id is not None and task is not None:
+            self._calls.setdefault(rollout_id, {})[task] = task.cancel  # pyright: ignore[reportArgumentType]
         try:
             response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
             return response
+        except asyncio.CancelledError:
+            if task is None or task not in self._aborted:
+                raise  # the agent hung up, or the server stops
+            task.uncancel()
+            return error(409, f"rollout {rollout_id} was cancelled; the LLM proxy aborted this call", "call_aborted")
         finally:
+            if rollout_id is not None and task is not None:
+                self._untrack(rollout_id, task)
+                self._aborted.discard(task)
             if not streamed:
                 self._done()
+
+    def _untrack(self, rollout_id: str, key: object) -> None:
+        calls = self._calls.get(rollout_id)
+        if calls is not None:
+            calls.pop(key, None)
+            if not calls:
+                del self._calls[rollout_id]
+
+    def abort_rollouts(self, rollout_ids: Iterable[str]) -> int:
+        """Abort the calls in flight of these rollouts (cancelled ones: their answers would train nothing).
+
+        A call still waiting for its answer is cancelled (its backend connection closes: vLLM aborts the request, the
+        embedded backend frees the sequence) and its agent gets 409; a stream being relayed ends with an error (the
+        backend connection closed, or the in-process stream stopped at its next chunk). Call it on the proxy's event
+        loop.
+
+        Returns:
+            How many calls were aborted.
+        """
+        aborted = 0
+        for rollout_id in rollout_ids:
+            for key, abort in list(self._calls.get(rollout_id, {}).items()):
+                if isinstance(key, asyncio.Task):
+                    self._aborted.add(cast("asyncio.Task[Any]", key))
+                abort()
+                aborted += 1
+        return aborted
 
     def _done(self) -> None:
         self._in_flight -= 1
@@ -266,7 +308,9 @@ class Forwarder(CallRecorder):
             state = StreamState(StreamAssembler(kind), meta if record else None, backend, view=view)
             media = resp.header("content-type") or "text/event-stream"
             streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
-            streaming.on_close = lambda: self._stream_closed(resp, state)
+            streaming.on_close = lambda: self._stream_closed(resp, state, rollout_id)
+            if rollout_id is not None:
+                self._calls.setdefault(rollout_id, {})[resp] = resp.abort
             return streaming, True
         data = resp.parsed if resp.status < 400 else None
         try:  # an in-process backend's parsed answer need not be encoded when the agent gets a stripped copy
@@ -308,8 +352,10 @@ class Forwarder(CallRecorder):
                 return unrecorded(failure, headers), False
         return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
 
-    def _stream_closed(self, resp: BackendReply, state: StreamState) -> None:
+    def _stream_closed(self, resp: BackendReply, state: StreamState, rollout_id: str | None) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""
+        if rollout_id is not None:
+            self._untrack(rollout_id, resp)
         resp.release()
         self._done()
         if state.meta is not None and not state.recorded:

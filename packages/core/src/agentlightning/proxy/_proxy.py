@@ -166,6 +166,8 @@ class LLMProxy(Forwarder):
         self._resumed: asyncio.Event | None = None
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._calls: dict[str, dict[object, Any]] = {}
+        self._aborted: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[LLMCall] = []
         self._flush_wakeup: asyncio.Event | None = None

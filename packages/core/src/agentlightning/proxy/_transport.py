@@ -81,6 +81,11 @@ class BackendReply(Protocol):
         """Give back what the answer holds (the connection, the backend's generator); safe to call twice."""
         ...
 
+    def abort(self) -> None:
+        """Stop a streamed answer from another task: the backend stops generating, `chunks` ends (the proxy aborts
+        the calls of a cancelled rollout this way)."""
+        ...
+
 
 class InProcessBackend(Protocol):
     """A backend served in this process; see the module docs."""
@@ -124,6 +129,7 @@ class InProcessReply:
         self.parsed = parsed
         self._headers = headers
         self._body = body
+        self._aborted = False
         media = headers.get("content-type", "application/octet-stream")
         self.content_type = media.split(";", 1)[0].strip().lower()
 
@@ -155,8 +161,10 @@ class InProcessReply:
             return
         try:
             async for chunk in body:
+                if self._aborted:  # `abort` cannot close the generator while this loop awaits it; stop here
+                    raise BackendLost("the call was aborted (its rollout was cancelled)")
                 yield chunk
-        except (asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit, BackendLost):
             raise
         except Exception as exc:
             raise BackendLost(f"the in-process backend failed while streaming: {exc!r}") from exc
@@ -172,6 +180,10 @@ class InProcessReply:
             task = asyncio.ensure_future(aclose())
             _closing.add(task)
             task.add_done_callback(_closing.discard)
+
+    def abort(self) -> None:
+        """End the stream at the backend's next chunk (then `release` closes its generator, which frees it)."""
+        self._aborted = True
 
 
 _closing: set[asyncio.Future[object]] = set()
@@ -201,6 +213,10 @@ class HttpReply:
     def release(self) -> None:
         """Give the connection back."""
         self._response.release()
+
+    def abort(self) -> None:
+        """Close the connection: vLLM (any HTTP backend) aborts a request whose client hung up; `chunks` raises."""
+        self._response.close()
 
 
 # ---------------------------------------------------------------------------------------------- the registry

@@ -1,0 +1,213 @@
+"""vLLM as `TorchTrainer`'s inference server (``backend="vllm"``): launch or connect, sync, verify, report.
+
+The trainer keeps its policy; vLLM serves its own copy of the weights (so it serves while the policy updates,
+``max_staleness=1`` works). Model versions: vLLM reports none on its answers, so the LLM proxy records the version it
+was told when it admitted each call. That is truthful because the loop drains the proxy before `sync` (no call in
+flight), `sync` refuses to swap while vLLM still generates anything (its ``vllm:num_requests_running``), the new
+weights are verified by log-probs before `sync` returns, and only then does the loop resume the proxy with the new
+version.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentlightning_torch._vllm_client import VLLMClient, VLLMError, extension_launch
+from agentlightning_torch._vllm_server import VLLMServer
+from agentlightning_torch._vllm_sync import ProbeResult, SyncMethod, VLLMWeightSync
+
+__all__ = ["VLLMServing", "VLLMSettings"]
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMSettings(BaseModel):
+    """How `TorchTrainer` runs vLLM (``TorchTrainerConfig.backend == "vllm"``).
+
+    Attributes:
+        url: Use the vLLM server already running there (started with ``VLLM_SERVER_DEV_MODE=1``,
+            ``--worker-extension-cls agl_vllm_worker.WeightSyncExtension`` and that module's folder on its
+            ``PYTHONPATH``: `extension_launch`); ``None`` launches one for the model folder.
+        python: The Python with vLLM (default: `find_vllm_python`, i.e. ``$AGL_VLLM_VENV`` or a ``.venv-vllm``).
+        max_model_len: Context vLLM allocates for (default: the model's ``max_position_embeddings``, at most 4096).
+        sync: ``extension`` (the worker extension: correct on CPU and GPUs), ``reload`` (vLLM's own
+            ``reload_weights``; wrong on CPU in vLLM 0.30/0.31, which verification catches), ``auto``: ``reload``
+            where CUDA is available (vLLM's own interface on GPUs), else ``extension``.
+        tolerance: Largest accepted |log-prob difference| between vLLM and the trainer on the probe (float32).
+        startup_timeout_s: How long a launched server may take to become healthy.
+        idle_timeout_s: How long a sync waits for vLLM to finish generating before it refuses to swap weights.
+        enforce_eager: ``--enforce-eager`` for a launched server (see `VLLMServer`).
+        kv_cache_gib: KV-cache size of a launched CPU server.
+        tool_parser_plugin: ``--tool-parser-plugin`` file registering the config's ``tool_parser`` with vLLM.
+        extra_args: More arguments for a launched server.
+        log_path: The launched server's log (default: a file in the system temp folder).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    python: str | None = None
+    max_model_len: int | None = Field(default=None, ge=16)
+    sync: Literal["auto", "extension", "reload"] = "auto"
+    tolerance: float = Field(default=1e-3, gt=0)
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    enforce_eager: bool = True
+    kv_cache_gib: int = Field(default=1, ge=1)
+    tool_parser_plugin: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    log_path: Path | None = None
+
+
+class VLLMServing:
+    """One vLLM server for the trainer: start (launch or connect) → sync + verify per version → stop.
+
+    Args:
+        settings: The vLLM settings.
+        model_dir: The model folder a launched server loads (its weights are replaced at `start` anyway).
+        model_name: The served model name.
+        tool_parser: vLLM's ``--tool-call-parser`` (``None``: no tool-call parsing).
+        device: The trainer's device (``auto`` sync picks vLLM's reload on CUDA).
+        tokenizer: The model's tokenizer (probe prompt).
+        vocab_size: The model's vocabulary size.
+    """
+
+    def __init__(
+        self,
+        settings: VLLMSettings,
+        *,
+        model_dir: str | Path,
+        model_name: str,
+        tool_parser: str | None,
+        device: str,
+        tokenizer: Any,
+        vocab_size: int,
+    ) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.model_name = model_name
+        self.tool_parser = tool_parser
+        method: SyncMethod = "extension"
+        on_gpu = device.startswith("cuda") or torch.cuda.is_available()  # a vLLM launched here runs on CUDA then
+        if settings.sync == "reload" or (settings.sync == "auto" and on_gpu):
+            method = "reload"
+        self.method: SyncMethod = method
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.server: VLLMServer | None = None
+        self._sync: VLLMWeightSync | None = None
+        self.syncs = 0
+        self.last_probe: ProbeResult | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        if self.settings.url is not None:
+            return self.settings.url.rstrip("/").removesuffix("/v1")
+        if self.server is None:
+            raise RuntimeError("vLLM is not started")
+        return self.server.url
+
+    def _server_args(self) -> list[str]:
+        args, _ = extension_launch()
+        args += self.settings.extra_args
+        if self.tool_parser is not None:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+            if self.settings.tool_parser_plugin is not None:
+                args += ["--tool-parser-plugin", str(self.settings.tool_parser_plugin)]
+        return args
+
+    async def start(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> str:
+        """Launch (or reach) vLLM, load the trainer's current weights into it and verify them; returns its URL.
+
+        The weights are synced even when vLLM loaded the same folder: a resumed run's policy differs from the
+        folder, and a server given by ``url`` may have loaded anything of the same architecture.
+        """
+        import asyncio
+
+        if self.settings.url is None and self.server is None:
+            _, env = extension_launch()
+            server = VLLMServer(
+                self.model_dir,
+                served_model_name=self.model_name,
+                args=self._server_args(),
+                max_model_len=self.settings.max_model_len or _context_length(self.model_dir),
+                enforce_eager=self.settings.enforce_eager,
+                kv_cache_gib=self.settings.kv_cache_gib,
+                env=env,
+                python=self.settings.python,
+                startup_timeout=self.settings.startup_timeout_s,
+                log_path=self.settings.log_path,
+                metrics=True,  # sync waits on vllm:num_requests_running
+            )
+            await asyncio.to_thread(server.start)
+            self.server = server
+        client = VLLMClient(self.url, self.model_name)
+        self._sync = VLLMWeightSync(
+            client,
+            self.tokenizer,
+            self.vocab_size,
+            method=self.method,
+            tolerance=self.settings.tolerance,
+            idle_timeout_s=self.settings.idle_timeout_s,
+        )
+        await self.sync(weights, model, version)
+        return self.url
+
+    async def sync(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> ProbeResult:
+        """Load ``weights`` into vLLM and verify them against ``model``; vLLM serves ``version`` from now on.
+
+        Raises:
+            WeightSyncMismatch: vLLM's probe log-probs differ from ``model``'s (the message names ``version``).
+            VLLMError: vLLM was busy past ``idle_timeout_s`` or refused the load.
+        """
+        if self._sync is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        self.last_probe = await self._sync.sync(weights, model, version)
+        self.syncs += 1
+        return self.last_probe
+
+    @property
+    def client(self) -> VLLMClient:
+        """The server's control client (after `start`)."""
+        if self._sync is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        return self._sync.client
+
+    async def running(self) -> int:
+        """Requests vLLM is generating now."""
+        if self._sync is None:
+            return 0
+        return await self._sync.client.running()
+
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until vLLM generates nothing; returns the requests still running."""
+        if self._sync is None:
+            return 0
+        return await self._sync.client.wait_idle(timeout_s)
+
+    def metrics(self) -> dict[str, float]:
+        """The last sync's timings and its probe's largest log-prob difference."""
+        return {} if self._sync is None else dict(self._sync.last)
+
+    def stop(self) -> None:
+        """Stop a launched server (a server given by ``url`` keeps running)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _context_length(model_dir: str | Path) -> int:
+    """The model's ``max_position_embeddings`` (at most 4096: the KV cache vLLM allocates per sequence on a CPU)."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return 4096
+    data = json.loads(config.read_text(encoding="utf-8"))
+    return min(int(data.get("max_position_embeddings", 4096)), 4096)

@@ -1,0 +1,299 @@
+"""Real vLLM (its CPU build here, ``vllm`` on GPUs) as `TorchTrainer`'s inference server.
+
+One vLLM server for the module, launched by the trainer itself (``backend="vllm"``) for a copy of the calculator
+checkpoint with a longer context (so a generation can be cut off mid-way). What must hold:
+
+- every sync is verified by log-probs: the start, each update, and a deliberately broken sync (only embeddings and
+  norms arrive: what vLLM's reload did on CPU) is caught with an error naming the version;
+- what vLLM serves after a sync is what the trainer trained: a call through the proxy is recorded with the new
+  version and its log-probs equal the trainer's own;
+- a cancelled rollout's long generation stops in the server before the update (LocalBackend and vLLM alike): the
+  proxy aborts the call, the agent gets 409, the server's running count is 0 when ``update`` starts.
+
+vLLM is found by `find_vllm_python` (``python3 scripts/dev.py test`` installs it); without it these tests fail with
+one line saying how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import torch
+
+import agentlightning as agl
+from agentlightning import semconv
+from agentlightning.testing import start_attempts
+from agentlightning_torch import (
+    TorchTrainer,
+    TorchTrainerConfig,
+    VLLMError,
+    VLLMNotInstalledError,
+    VLLMSettings,
+    VLLMWeightSync,
+    WeightSyncMismatch,
+    find_vllm_python,
+)
+from agentlightning_torch._vllm_client import running_requests
+from agentlightning_torch._vllm_sync import reference_logprobs
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+
+CALC_CHECKPOINT = Path(__file__).resolve().parents[3] / "examples" / "calc" / "checkpoint"
+LONG = 1500  # tokens of the generation that gets cancelled: far more than it can make before the abort lands
+
+
+def _vllm_or_fail() -> None:
+    try:
+        find_vllm_python()
+    except VLLMNotInstalledError as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The calculator checkpoint with a 2048-token context (rotary positions extend; the weights are the same)."""
+    folder = tmp_path_factory.mktemp("calc-long")
+    for item in CALC_CHECKPOINT.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 2048
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _config(model: Path, output: Path, backend: str) -> TorchTrainerConfig:
+    return TorchTrainerConfig(
+        model_dir=model,
+        output_dir=output,
+        model_name="calc",
+        tool_parser=None,
+        backend=backend,  # pyright: ignore[reportArgumentType]
+        vllm=VLLMSettings(startup_timeout_s=800),
+        iterations=1,
+        tasks_per_iteration=2,
+        samples_per_task=2,
+        estimator="passthrough",
+        drop_equal_groups=False,
+        max_tokens=8,
+        checkpoint_every=0,
+        proxy=agl.ProxySettings(pause_timeout_s=120),
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def vllm_trainer(
+    long_context_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[TorchTrainer, agl.LightningStore]]:
+    """A started trainer serving through its own vLLM server (verified at start)."""
+    _vllm_or_fail()
+    trainer = TorchTrainer(_config(long_context_model, tmp_path_factory.mktemp("run"), "vllm"))
+    store = agl.MemoryStore()
+    await trainer.start(store)
+    try:
+        yield trainer, store
+    finally:
+        await trainer.stop()
+
+
+def _perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+
+
+async def test_start_loads_and_verifies_the_trainers_weights(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
+    trainer, _ = vllm_trainer
+    assert trainer.vllm is not None and trainer.vllm.syncs == 1
+    probe = trainer.vllm.last_probe
+    assert probe is not None and probe.version == 0 and probe.tokens == 23
+    assert probe.max_abs_diff <= trainer.config.vllm.tolerance
+    # The server really is vLLM with the weight-sync extension (the CPU backend empties its packed linear weights).
+    assert trainer.vllm.server is not None and "agl_vllm_worker.WeightSyncExtension" in trainer.vllm.server.command
+
+
+async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
+    vllm_trainer: tuple[TorchTrainer, agl.LightningStore],
+) -> None:
+    trainer, store = vllm_trainer
+    _perturb(trainer.policy, seed=1)  # stands in for a PPO step: every weight changes
+    version = trainer.model_version + 1
+    await trainer.proxy.pause(timeout=60)
+    await trainer.sync_weights(version)
+    trainer.proxy.resume(model_version=version)
+    assert trainer.vllm is not None and trainer.vllm.last_probe is not None
+    assert trainer.vllm.last_probe.version == version
+    assert trainer.vllm.metrics()["vllm_sync_max_logprob_diff"] <= trainer.config.vllm.tolerance
+
+    attempts = await start_attempts(store, ["served-1"])
+    url = f"{trainer.proxy.base_url('served-1', attempts['served-1'])}/completions"
+    prompt = "Q:12*34+5="
+    body = {"model": "calc", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1}
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+    await trainer.proxy.flush()
+    [call] = await store.query_llm_calls("served-1")
+    assert call.model_version == version
+    ours = reference_logprobs(trainer.policy, list(call.prompt_token_ids), list(call.response_token_ids))
+    served = ours[len(call.prompt_token_ids) - 1 :]
+    logprobs = call.response_logprobs or []
+    assert len(logprobs) == len(served) == len(call.response_token_ids) > 0
+    assert max(abs(a - b) for a, b in zip(logprobs, served, strict=True)) <= trainer.config.vllm.tolerance
+
+
+async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
+    trainer, _ = vllm_trainer
+    assert trainer.vllm is not None
+    stale = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    _perturb(trainer.policy, seed=2)  # the trainer moves on...
+    # ...but the sync delivers the old weights (a transport that lost the update): vLLM answers 200 all the same.
+    extension = VLLMWeightSync(trainer.vllm.client, trainer.tokenizer, 27, method="extension")
+    with pytest.raises(WeightSyncMismatch, match=r"weight sync to version 41 failed verification"):
+        await extension.sync(stale, trainer.policy, 41)
+    # A file without the linear layers is refused by the extension (those weights would be uninitialised memory).
+    weights = {k: v.detach() for k, v in trainer.policy.state_dict().items()}
+    partial = {k: v for k, v in weights.items() if "proj" not in k}
+    with pytest.raises(VLLMError, match=r"lacks \d+ linear layer"):
+        await extension.sync(partial, trainer.policy, 42)
+    # The whole current state dict repairs it (and is verified).
+    probe = await trainer.vllm.sync(weights, trainer.policy, 43)
+    assert probe.version == 43 and probe.max_abs_diff <= trainer.config.vllm.tolerance
+
+
+# ----- cancelled rollouts stop generating -------------------------------------------------------------------
+
+STATUS: list[tuple[str, int]] = []
+
+
+def _is_long(rollout_id: str) -> bool:
+    return rollout_id.endswith("-s0")  # the first sample of each group generates long
+
+
+@agl.rollout
+async def long_or_short_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """One call: a short answer, or (a group's first sample) a generation of `LONG` tokens cancelled mid-way."""
+    llm, rollout = resources.llm, agl.current_rollout()
+    assert llm is not None and rollout is not None
+    long = _is_long(rollout.rollout_id)
+    request: dict[str, Any] = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}]}
+    if long:
+        request.update(max_tokens=LONG, ignore_eos=True, temperature=1.0)
+    else:
+        request.update(max_tokens=4, temperature=1.0)
+    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{agl.llm_base_url()}/chat/completions", json=request) as resp,
+        ):
+            body = await resp.json()
+            STATUS.append(("long" if long else "short", resp.status))
+        if resp.status == 200:
+            span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    return 1.0
+
+
+def _running_now(trainer: TorchTrainer) -> int:
+    """The server's running requests, read synchronously (from the update's worker thread)."""
+    if trainer.vllm is not None:
+        with urllib.request.urlopen(f"{trainer.vllm.url}/metrics", timeout=30) as answer:
+            return running_requests(answer.read().decode())
+    assert trainer._backend is not None  # pyright: ignore[reportPrivateUsage]
+    return trainer._backend.running  # pyright: ignore[reportPrivateUsage]
+
+
+async def _running(trainer: TorchTrainer) -> int:
+    return await asyncio.to_thread(_running_now, trainer)
+
+
+async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl.LightningStore) -> None:
+    STATUS.clear()
+    real_wait = store.wait_for_rollouts
+    at_update: list[int] = []
+    real_update = trainer.update
+
+    async def wait_until_the_long_call_generates(rollout_ids: Sequence[str], timeout: float | None = None) -> Any:
+        # Stands in for the rollout timeout without a clock: "late" = the long rollouts, their call generating.
+        long_ids = {i for i in rollout_ids if _is_long(i)}
+        await real_wait([i for i in rollout_ids if i not in long_ids])
+        deadline = time.monotonic() + 300
+        while await _running(trainer) < 1:  # the long calls are in the server (polled, bounded)
+            assert time.monotonic() < deadline, f"the long generation never started (answers: {STATUS})"
+            await asyncio.sleep(0.05)
+        return await real_wait(rollout_ids, timeout=0)
+
+    def recording_update(batch: agl.TrainingBatch) -> dict[str, float]:
+        at_update.append(_running_now(trainer))
+        return real_update(batch)
+
+    store.wait_for_rollouts = wait_until_the_long_call_generates  # type: ignore[method-assign]
+    trainer.update = recording_update  # type: ignore[method-assign]
+    runner = agl.Runner(long_or_short_agent, store=store, n_workers=8, worker_mode="async", poll_interval=0.01)
+    runner_task = asyncio.create_task(runner.arun())
+    tasks = [{"q": "Q:1+2="}, {"q": "Q:3*4="}]
+    try:
+        report = await trainer.train_iteration(store, tasks)
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 120)
+        store.wait_for_rollouts = real_wait  # type: ignore[method-assign]
+        del trainer.update
+    assert at_update == [0], "a cancelled rollout's generation was still running when the update started"
+    assert report.metrics.get("skipped_update") is None and report.finished == 2
+    assert sorted(STATUS) == [("long", 409), ("long", 409), ("short", 200), ("short", 200)]  # aborted, not answered
+    assert trainer.proxy.in_flight == 0 and await _running(trainer) == 0
+    cancelled = await store.query_rollouts(status=["cancelled"])
+    assert len(cancelled) == 2 and all(_is_long(r.rollout_id) for r in cancelled)
+
+
+async def test_vllm_a_cancelled_long_generation_stops_before_the_update(
+    vllm_trainer: tuple[TorchTrainer, agl.LightningStore],
+) -> None:
+    trainer, store = vllm_trainer  # the store the trainer's proxy records into
+    await _cancelled_generation_frees_its_slot(trainer, store)
+    assert trainer.vllm is not None and trainer.vllm.last_probe is not None  # the update was synced and verified
+    assert trainer.vllm.last_probe.version == trainer.model_version
+
+
+async def test_local_backend_a_cancelled_long_generation_stops_before_the_update(
+    long_context_model: Path, tmp_path: Path
+) -> None:
+    trainer = TorchTrainer(_config(long_context_model, tmp_path, "local"))
+    store = agl.MemoryStore()
+    await trainer.start(store)
+    try:
+        await _cancelled_generation_frees_its_slot(trainer, store)
+        assert trainer.model_version == 1
+    finally:
+        await trainer.stop()
+
+
+async def test_a_server_given_by_url_is_synced_and_verified_at_start(
+    vllm_trainer: tuple[TorchTrainer, Any], long_context_model: Path, tmp_path: Path
+) -> None:
+    """``--vllm-url``: a second trainer uses the running server (with the extension) instead of launching one; its
+    own weights (the checkpoint's, not the first trainer's) are loaded and verified at start. Runs last: it leaves
+    the shared server serving the second trainer's weights."""
+    trainer, _ = vllm_trainer
+    assert trainer.vllm is not None
+    config = _config(long_context_model, tmp_path, "vllm").model_copy(
+        update={"vllm": VLLMSettings(url=f"{trainer.vllm.url}/v1")}
+    )
+    other = TorchTrainer(config)
+    await other.start(agl.MemoryStore())
+    try:
+        assert other.vllm is not None and other.vllm.server is None  # nothing launched
+        probe = other.vllm.last_probe
+        assert probe is not None and probe.version == 0 and probe.max_abs_diff <= config.vllm.tolerance
+    finally:
+        await other.stop()
+    assert await trainer.vllm.running() == 0  # stopping the second trainer left the server it did not launch running
