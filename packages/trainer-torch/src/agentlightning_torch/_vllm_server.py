@@ -147,7 +147,7 @@ class VLLMServer:
         self.command = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", dtype, "--max-model-len", str(max_model_len), "--disable-log-stats",
+            "--dtype", dtype, "--max-model-len", str(max_model_len),
             *(["--enforce-eager"] if enforce_eager else []), *args,
         ]  # fmt: skip
         self.env = {
