@@ -134,6 +134,8 @@ class VLLMServer:
         port: The port; default a free one.
         startup_timeout: Seconds to wait for ``/health`` before giving up (a deadline, not a synchronisation).
         log_path: Where the server's output goes; default a temporary file.
+        metrics: Keep vLLM's request statistics on (``/metrics``'s ``vllm:num_requests_running``, which the trainer
+            waits on before a weight sync); off by default, as they cost the engine a little per step.
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class VLLMServer:
         port: int | None = None,
         startup_timeout: float = 900.0,
         log_path: str | Path | None = None,
+        metrics: bool = False,
     ) -> None:
         self.model = Path(model)
         self.served_model_name = served_model_name
@@ -166,7 +169,7 @@ class VLLMServer:
         self.command = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--dtype", dtype, "--max-model-len", str(max_model_len), *([] if metrics else ["--disable-log-stats"]),
             *(["--enforce-eager"] if enforce_eager else []), *args,
         ]  # fmt: skip
         self.env = {
@@ -185,6 +188,13 @@ class VLLMServer:
         self.env.pop("VIRTUAL_ENV", None)
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+
+    @property
+    def pid(self) -> int:
+        """The server process's id (vLLM's API server; its engine core runs in a child process)."""
+        if self.process is None:
+            raise RuntimeError("the vLLM server is not started; call start()")
+        return self.process.pid
 
     @property
     def url(self) -> str:
