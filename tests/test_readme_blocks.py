@@ -71,7 +71,12 @@ class Block:
 
 def _readmes() -> list[Path]:
     skip = {".venv", "node_modules", ".git", "__pycache__"}
-    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+
+    def in_a_venv(path: Path) -> bool:  # .venv-vllm (vLLM's own venv) or any venv made inside the checkout
+        return any((ROOT / Path(*path.parts[:i]) / "pyvenv.cfg").exists() for i in range(1, len(path.parts)))
+
+    found = (p.relative_to(ROOT) for p in ROOT.rglob("README.md"))
+    return sorted(ROOT / p for p in found if not skip & set(p.parts) and not in_a_venv(p))
 
 
 def parse_blocks(readme: Path, text: str | None = None) -> list[Block]:
