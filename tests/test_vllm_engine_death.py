@@ -30,11 +30,12 @@ ASK = {"model": "tiny", "messages": [{"role": "user", "content": "What is 2 plus
 
 
 @pytest.fixture(scope="module")
-def doomed_server(tool_model_dir: Path) -> Iterator[VLLMServer]:
+def doomed_server(request: pytest.FixtureRequest) -> Iterator[VLLMServer]:
     try:
         python = find_vllm_python()
     except VLLMNotInstalledError as error:
         pytest.fail(str(error), pytrace=False)
+    tool_model_dir: Path = request.getfixturevalue("tool_model_dir")
     server = VLLMServer(
         tool_model_dir, served_model_name="tiny", enforce_eager=True, python=python,
         args=["--enable-server-load-tracking"],  # /load counts the requests inside the API server
