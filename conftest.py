@@ -87,7 +87,7 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tool_model_dir: Path) -> Iterator[Any]:
+def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real vLLM (`VLLMServer`) serving ``tool_model_dir`` as model ``tiny`` with hermes tool calls.
 
     Without vLLM the test fails (never skips) with the one line that installs it. Do not change its weights:
@@ -99,6 +99,7 @@ def vllm_server(tool_model_dir: Path) -> Iterator[Any]:
         python = find_vllm_python()
     except VLLMNotInstalledError as error:
         pytest.fail(str(error), pytrace=False)
+    tool_model_dir: Path = request.getfixturevalue("tool_model_dir")  # built only once vLLM is known to be there
     server = VLLMServer(
         tool_model_dir, served_model_name="tiny", args=VLLM_TOOL_ARGS, max_model_len=1024, enforce_eager=True,
         python=python,

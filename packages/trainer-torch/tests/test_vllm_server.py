@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,32 @@ def test_a_server_that_dies_reports_its_log(tmp_path: Path) -> None:
     message = str(info.value)
     assert "exited with code 3" in message and "engine core failed: model folder unreadable" in message
     assert server.process is None
+
+
+def test_another_server_on_the_port_is_not_taken_for_ours(tmp_path: Path) -> None:
+    """A port still served by something else answers /health; the launcher notices it is not its own vLLM."""
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"data": [{"id": "model", "root": "/somewhere/else"}]}' if "models" in self.path else b""
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nexec sleep 600\n")  # a launched server that never gets to serve
+    script.chmod(0o755)
+    try:
+        server = VLLMServer(tmp_path / "model", python=script, port=other.server_address[1], log_path=tmp_path / "log")
+        with pytest.raises(VLLMStartError, match="served by another process"):
+            server.start()
+        assert server.process is None
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -69,8 +69,8 @@ class ChatTemplate(Protocol):
         """Interpret generated ids (without the prompt) as content or tool calls (``text``: the decoded ids)."""
         ...
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ids, special tokens skipped."""
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of ids, special tokens skipped unless ``skip_special_tokens`` is false."""
         ...
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
@@ -279,9 +279,10 @@ class HFChatTemplate:
 
     # ----- responses ----------------------------------------------------------------------------------------
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ids, special tokens skipped (vLLM's default)."""
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))  # pyright: ignore[reportUnknownMemberType]
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of ids; special tokens skipped by default (vLLM's default; kept for a tool-call parser)."""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)  # pyright: ignore[reportUnknownMemberType]
+        return str(text)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each id's own text (for logprobs entries)."""

@@ -39,6 +39,7 @@ from agentlightning_torch._wire import (
     ChoiceStream,
     CompletionRequest,
     chat_message,
+    keeps_special_tokens,
     logprob_content,
     logprob_entry,
     parse_body,
@@ -148,6 +149,7 @@ class OpenAIEndpoint:
         backend, template = self.backend, self.template
         body: ChatRequest = parse_body(ChatRequest, raw)
         tools = body.tools if body.tool_choice != "none" else None
+        keep_special = keeps_special_tokens(body.skip_special_tokens, tools)
         try:
             prompt = template.render(
                 body.messages, tools=body.tools, add_generation_prompt=True, template_kwargs=body.chat_template_kwargs
@@ -165,7 +167,9 @@ class OpenAIEndpoint:
         results = await _results(backend, _submit(backend, prompt, params, body.n, None))
         choices: list[dict[str, Any]] = []
         for index, result in enumerate(results):
-            message, finish = chat_message(template, result, prompt, tools, body.include_reasoning)
+            message, finish = chat_message(
+                template, result, prompt, tools, body.include_reasoning, keep_special=keep_special
+            )
             choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
             if result.stop_reason is not None:
                 choice["stop_reason"] = result.stop_reason
@@ -200,7 +204,7 @@ class OpenAIEndpoint:
         for index, result in enumerate(results):
             choice: dict[str, Any] = {
                 "index": index,
-                "text": response_text(template, result),
+                "text": response_text(template, result, keep_special=not body.skip_special_tokens),
                 "logprobs": None,
                 "finish_reason": result.finish_reason,
             }
@@ -392,7 +396,11 @@ async def _chat_stream(
                 chunk["prompt_token_ids"] = prompt
             yield _sse(chunk)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        streams = [ChoiceStream(template, prompt, tools, stop, body.include_reasoning) for _ in range(body.n)]
+        keep_special = keeps_special_tokens(body.skip_special_tokens, tools)
+        streams = [
+            ChoiceStream(template, prompt, tools, stop, body.include_reasoning, keep_special=keep_special)
+            for _ in range(body.n)
+        ]
         open_choices = body.n
         while open_choices:
             index, token, logprob, top, end, version = await events.get()

@@ -12,7 +12,9 @@ whole process group (vLLM's engine runs in a child process) on `VLLMServer.stop`
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -20,10 +22,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -87,6 +90,22 @@ def find_vllm_python(venv: str | Path | None = None) -> Path:
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
     raise VLLMNotInstalledError(f"vLLM not found (no .venv-vllm, {VLLM_VENV_ENV} unset): {VLLM_INSTALL_HINT}")
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, started from the main thread: the server gets SIGTERM when this process dies (a killed test run
+    leaves no vLLM behind). Not from other threads: the signal follows the thread that started it."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def _free_port() -> int:
@@ -213,7 +232,12 @@ class VLLMServer:
         began = time.monotonic()
         with open(self.log_path, "wb") as log:
             process = self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
         logger.info("vLLM starting for %s on port %d (log %s)", self.model, self.port, self.log_path)
         deadline = began + self.startup_timeout
@@ -232,9 +256,35 @@ class VLLMServer:
                 raise VLLMStartError(
                     f"vLLM did not answer /health within {self.startup_timeout:.0f} s; log {self.log_path}:\n{tail}"
                 )
+        self._check_identity()
         self.startup_seconds = time.monotonic() - began
         logger.info("vLLM serving %s after %.1f s", self.model, self.startup_seconds)
         return self
+
+    def _check_identity(self) -> None:
+        """The server that answered is ours: our process lives and ``/v1/models`` lists our folder under our name.
+
+        Another server on the same port (a fixed ``port`` still taken by an earlier run) would answer ``/health``.
+        """
+        process = self.process
+        answered: object = None
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/models", timeout=30) as resp:
+                answered = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            answered = repr(error)
+        models = answered.get("data") if isinstance(answered, dict) else None
+        ours = isinstance(models, list) and any(
+            isinstance(m, dict) and m.get("id") == self.served_model_name and m.get("root") == str(self.model)
+            for m in models  # pyright: ignore[reportUnknownVariableType]
+        )
+        if process is None or process.poll() is not None or not ours:
+            tail = self.log_tail()
+            self.stop()
+            raise VLLMStartError(
+                f"port {self.port} is served by another process (models: {str(answered)[:300]}), not by the vLLM "
+                f"started for {self.model}; log {self.log_path}:\n{tail}"
+            )
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout`` seconds)."""

@@ -32,6 +32,7 @@ class SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
 
 
 class ChatRequest(SamplingRequest):
@@ -105,9 +106,26 @@ def sampling_params(request: SamplingRequest, prompt_length: int, context: int, 
     )
 
 
-def response_text(template: ChatTemplate, result: GenerationResult) -> str:
-    """The decoded response, cut before the stop string that ended it (vLLM leaves the stop string out)."""
-    text = template.decode(result.token_ids)
+def keeps_special_tokens(skip_special_tokens: bool, tools: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether a response is decoded with its special tokens: asked for, or tools to parse (as vLLM does).
+
+    vLLM's tool parsers (hermes among them) turn ``skip_special_tokens`` off when a request has tools and
+    ``tool_choice`` is not ``none``: tool-call markers are special tokens in some models (``<tool_call>`` in some
+    Hermes models), and a decode that skips them leaves the parser a bare JSON object, returned as content.
+    """
+    return not skip_special_tokens or bool(tools)
+
+
+def response_text(template: ChatTemplate, result: GenerationResult, *, keep_special: bool = False) -> str:
+    """The decoded response, cut before the stop string that ended it (vLLM leaves the stop string out).
+
+    With ``keep_special`` special tokens are decoded too, except the stop token (eos or a ``stop_token_ids`` id)
+    that ended the response, whose text vLLM leaves out as well.
+    """
+    ids = result.token_ids
+    if keep_special and result.finish_reason == "stop" and not isinstance(result.stop_reason, str) and ids:
+        ids = ids[:-1]
+    text = template.decode(ids, skip_special_tokens=not keep_special)
     if isinstance(result.stop_reason, str):
         cut = text.find(result.stop_reason)
         if cut >= 0:
@@ -121,13 +139,15 @@ def chat_message(
     prompt: Sequence[int],
     tools: Sequence[Mapping[str, Any]] | None,
     include_reasoning: bool,
+    *,
+    keep_special: bool = False,
 ) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason of one choice.
 
     Parsed tool calls make the finish reason ``tool_calls``; a response cut off by ``max_tokens`` is not a complete
-    call, so it stays text.
+    call, so it stays text. ``keep_special``: see `keeps_special_tokens`.
     """
-    text = response_text(template, result)
+    text = response_text(template, result, keep_special=keep_special)
     parsed: ParsedResponse = template.parse_response(result.token_ids, tools=tools, prompt_ids=prompt, text=text)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     finish: str = result.finish_reason
@@ -201,11 +221,14 @@ class ChoiceStream:
         tools: Sequence[Mapping[str, Any]] | None,
         stop: Sequence[str],
         include_reasoning: bool,
+        *,
+        keep_special: bool = False,
     ) -> None:
         self.template = template
         self.prompt = prompt
         self.tools = tools
         self.include_reasoning = include_reasoning
+        self.keep_special = keep_special
         markers = list(template.markers) if tools else [m for m in template.markers if "think" in m]
         self.markers = [*markers, *stop]
         self.held_always = bool(markers) and _opens_reasoning(template, prompt)
@@ -217,7 +240,7 @@ class ChoiceStream:
         self.tokens.append(token)
         if self.held_always:
             return {}
-        text = self.template.decode(self.tokens)
+        text = self.template.decode(self.tokens, skip_special_tokens=not self.keep_special)
         safe = text[: held_from(text, self.markers)]
         if len(safe) > len(self.sent) and safe.startswith(self.sent):
             delta, self.sent = safe[len(self.sent) :], safe
@@ -226,7 +249,9 @@ class ChoiceStream:
 
     def finish(self, result: GenerationResult) -> tuple[dict[str, Any], str]:
         """The last delta (with the final token) and the finish reason."""
-        message, finish = chat_message(self.template, result, self.prompt, self.tools, self.include_reasoning)
+        message, finish = chat_message(
+            self.template, result, self.prompt, self.tools, self.include_reasoning, keep_special=self.keep_special
+        )
         delta: dict[str, Any] = {}
         if "reasoning_content" in message:
             delta["reasoning_content"] = message["reasoning_content"]
