@@ -10,8 +10,8 @@ from agentlightning.testing import PostgresServer, run_failover
 
 pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
 
-ROLLOUTS = 240
-RUNNERS = 8
+ROLLOUTS = 2000  # the size: ~11 s on a quiet 2-core machine
+RUNNERS = 16
 
 
 async def test_two_servers_one_killed_lose_nothing_acknowledged(agl_postgres: PostgresServer) -> None:
@@ -30,7 +30,7 @@ async def test_two_servers_one_killed_lose_nothing_acknowledged(agl_postgres: Po
         assert report.spans[rid] == report.acked_spans[rid] == 4, rid  # every span stored once
     assert report.finished == {r.rollout_id for r in report.rollouts}
     # each runner of the killed server had requests answered after the kill (through the other server)
-    assert sorted(report.answered_after_kill) == [f"runner-{n}" for n in range(0, RUNNERS, 2)]
+    assert set(report.answered_after_kill) == {f"runner-{n}" for n in range(0, RUNNERS, 2)}
     assert all(count > 0 for count in report.answered_after_kill.values())
     # and no request failed inside a server on the way (claims never collide: they skip each other's locked rows)
     for output in report.server_output:

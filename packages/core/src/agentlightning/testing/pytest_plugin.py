@@ -22,6 +22,7 @@ uses none of them pays nothing for this plugin.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -112,16 +113,19 @@ def agl_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server started once for the test session and stopped at its end.
 
     Skipped where ``initdb`` / ``pg_ctl`` (Debian: ``apt-get install postgresql``) or the driver
-    (``pip install "agentlightning-core[postgres]"``) are missing. Its data is scratch: ``fsync`` is off, which
-    only matters if the machine itself crashes (a killed store server is what the tests exercise).
+    (``pip install "agentlightning-core[postgres]"``) are missing, and failed there when the ``CI`` environment
+    variable is set. Its data is scratch: ``fsync`` is off, which only matters if the machine itself crashes (a
+    killed store server is what the tests exercise).
     """
     import importlib.util
 
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
 
+    # Under CI (``CI`` set) a missing server or driver fails the tests that need it instead of skipping them.
+    missing = pytest.fail if os.environ.get("CI") else pytest.skip
     if find_pg_bin() is None:
-        pytest.skip("PostgreSQL's server programs are not installed (apt-get install postgresql)")
+        missing("PostgreSQL's server programs are not installed (apt-get install postgresql)")
     if importlib.util.find_spec("psycopg") is None or importlib.util.find_spec("psycopg_pool") is None:
-        pytest.skip('the PostgreSQL driver is not installed (pip install "agentlightning-core[postgres]")')
+        missing('the PostgreSQL driver is not installed (pip install "agentlightning-core[postgres]")')
     with PostgresServer(settings={"fsync": "off"}) as server:
         yield server
