@@ -308,7 +308,7 @@ def execute_sync(
                 outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
                 logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
         ending = None
-        if on_agent_end is not None:  # overlaps the flush
+        if on_agent_end is not None and store_loop.is_running():  # overlaps the flush (a stopped loop: shutting down)
             ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)
         _drain_adapters_sync()
         try:
