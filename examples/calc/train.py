@@ -200,41 +200,19 @@ def store_serving(args: argparse.Namespace) -> Any:
 def start_runners(
     where: list[str], workers: int, runners: int, token: str | None, agent: str = "langgraph"
 ) -> list[subprocess.Popen[bytes]]:
-    """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts."""
+    """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts.
+
+    Tied to this process (`agentlightning.cli.start_runners`): even a ``kill -9`` of the trainer ends them.
+    """
+    from agentlightning.cli import start_runners as start_runner_processes
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
-    processes = []
+    commands = []
     for index in range(runners):
         share = workers // runners + (1 if index < workers % runners else 0)
         cmd = [sys.executable, str(HERE / "run_agents.py"), *where, *AGENTS[agent], "--workers", str(max(share, 1))]
-        processes.append(subprocess.Popen(cmd, env=env))
-    return processes
-
-
-class RunnerDied(Exception):
-    """A local runner process exited while the trainer was waiting for rollouts."""
-
-
-async def _watch(runners: list[subprocess.Popen[bytes]]) -> None:
-    while True:
-        for runner in runners:
-            if runner.poll() is not None:
-                raise RunnerDied(f"a runner process exited with code {runner.returncode}; its error is printed above")
-        await asyncio.sleep(0.5)
-
-
-async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work`` but stop at once, with a clear error, if a local runner dies (no silent 0-reward run)."""
-    if not runners:
-        return await work
-    watch = asyncio.ensure_future(_watch(runners))
-    job = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({watch, job}, return_when=asyncio.FIRST_COMPLETED)
-    if job not in done:
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        watch.result()
-    watch.cancel()
-    return job.result()
+        commands.append(cmd)
+    return start_runner_processes(commands, env)
 
 
 def plot(history: list[Any], path: Path) -> None:
@@ -264,8 +242,10 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
     from agentlightning_torch import TorchTrainer
 
+    cancel_on_sigterm()  # a `kill` ends the run like Ctrl-C: through the cleanup below, then one line
     console = Console(stderr=True)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
     args.output.mkdir(parents=True, exist_ok=True)
@@ -310,19 +290,18 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         if not runners:
             console.print("no local runner (--runners 0): waiting for runners on other machines")
         console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(val_tasks)} held-out tasks")
-        before = await _guarded(runners, trainer.evaluate(store, val_tasks))
+        before = await guarded(runners, trainer.evaluate(store, val_tasks))
         console.print(f"greedy accuracy before RL: {before.reward_mean:.2f}")
         started = time.monotonic()
         with progress:
-            await _guarded(runners, trainer.run(store, train_tasks))
+            await guarded(runners, trainer.run(store, train_tasks))
         rl_seconds = time.monotonic() - started
-        after = await _guarded(runners, trainer.evaluate(store, val_tasks))
+        after = await guarded(runners, trainer.evaluate(store, val_tasks))
     finally:
+        # The runners first, while the proxy still answers them (they hand their rollouts back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(stop_children, runners)
         await trainer.stop()
-        for runner in runners:
-            runner.terminate()
-        for runner in runners:
-            runner.wait(timeout=30)
         await opened.close()
         if dashboard is not None:
             dashboard.stop()
@@ -363,6 +342,8 @@ def _accuracy(report: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from agentlightning.cli import RunnerDied
+
     try:
         config = build_config(args)
         store_serving(args)
@@ -377,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except asyncio.CancelledError:  # SIGTERM (cancel_on_sigterm)
+        print("terminated", file=sys.stderr)
+        return 143
     from rich.console import Console
     from rich.table import Table
 

@@ -40,10 +40,6 @@ class UsageError(Exception):
     """Bad input from the command line or a task file; printed as one clear line, exit code 2."""
 
 
-class RunnerDied(Exception):
-    """A local runner process exited while the trainer was waiting for rollouts."""
-
-
 # ----- data -------------------------------------------------------------------------------------------------------
 
 
@@ -129,27 +125,18 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def start_runners(db: Path, workers: int, runners: int) -> list[subprocess.Popen[bytes]]:
-    """``runners`` local runner processes (``run_agents.py``) sharing ``workers`` concurrent rollouts."""
+    """``runners`` local runner processes (``run_agents.py``) sharing ``workers`` concurrent rollouts.
+
+    Tied to this process (`agentlightning.cli.start_runners`): even a ``kill -9`` of the trainer ends them.
+    """
+    from agentlightning.cli import start_runners as start_runner_processes
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = []
+    commands = []
     for index in range(runners):
         share = workers // runners + (1 if index < workers % runners else 0)
-        cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))]
-        processes.append(subprocess.Popen(cmd, env=env))
-    return processes
-
-
-async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Await ``work``, but stop at once with a clear error if a local runner dies (no silent 0-reward run)."""
-    job = asyncio.ensure_future(work)
-    while not job.done():
-        dead = [r.returncode for r in runners if r.poll() is not None]
-        if dead:
-            job.cancel()
-            await asyncio.gather(job, return_exceptions=True)
-            raise RunnerDied(f"a runner process exited with code {dead[0]}; its error is printed above")
-        await asyncio.wait({job}, timeout=0.5)
-    return job.result()
+        commands.append([sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))])
+    return start_runner_processes(commands, env)
 
 
 def plot(history: list[Any], held_out: tuple[float, float], path: Path) -> None:
@@ -176,8 +163,10 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.console import Console
 
     import agentlightning as agl
+    from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
     from agentlightning_torch import TorchTrainer
 
+    cancel_on_sigterm()  # a `kill` ends the run like Ctrl-C: through the cleanup below, then one line
     console = Console(stderr=True)
     train_problems, held_out = problems_from(args)
     args.output.mkdir(parents=True, exist_ok=True)
@@ -200,18 +189,17 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     try:
         await trainer.start(store)
         console.print(f"[bold]evaluating[/] the warm-started policy greedily on {len(held_out)} held-out problems")
-        before = await _guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
+        before = await guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
         console.print(f"held-out accuracy before RL: {_accuracy(before):.2f}, tool rate {before.multi_call_rate:.2f}")
         started = time.monotonic()
-        await _guarded(runners, trainer.run(store, tasks_of(train_problems)))
+        await guarded(runners, trainer.run(store, tasks_of(train_problems)))
         rl_seconds = time.monotonic() - started
-        after = await _guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
+        after = await guarded(runners, trainer.evaluate(store, tasks_of(held_out)))
     finally:
+        # The runners first, while the proxy still answers them (they hand their rollouts back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(stop_children, runners)
         await trainer.stop()
-        for runner in runners:
-            runner.terminate()
-        for runner in runners:
-            runner.wait(timeout=30)
         await store.close()
     history = trainer.history
     if not history:
@@ -241,6 +229,8 @@ def _accuracy(report: Any) -> float:
 
 def run_training(argv: list[str]) -> int:
     args = parse_train_args(argv)
+    from agentlightning.cli import RunnerDied
+
     try:
         problems_from(args)
         config = build_config(args)
@@ -250,6 +240,9 @@ def run_training(argv: list[str]) -> int:
     except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except asyncio.CancelledError:  # SIGTERM (cancel_on_sigterm)
+        print("terminated", file=sys.stderr)
+        return 143
     from rich.console import Console
     from rich.table import Table
 

@@ -219,25 +219,18 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def start_runners(db: Path, workers: int, runners: int, corpus: Path) -> list[subprocess.Popen[bytes]]:
+    """``runners`` local runner processes (``run_agents.py``) sharing ``workers`` concurrent rollouts.
+
+    Tied to this process (`agentlightning.cli.start_runners`): even a ``kill -9`` of the trainer ends them.
+    """
+    from agentlightning.cli import start_runners as start_runner_processes
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAG_CORPUS": str(corpus)}
-    processes = []
+    commands = []
     for index in range(runners):
         share = workers // runners + (1 if index < workers % runners else 0)
-        cmd = [sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))]
-        processes.append(subprocess.Popen(cmd, env=env))
-    return processes
-
-
-async def _guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Await ``work``, but stop at once with a clear error if a runner process dies (no silent 0-reward run)."""
-    job = asyncio.ensure_future(work)
-    while not job.done():
-        if dead := [runner.returncode for runner in runners if runner.poll() is not None]:
-            job.cancel()
-            await asyncio.gather(job, return_exceptions=True)
-            raise UsageError(f"a runner process exited with code {dead[0]}; its error is above")
-        await asyncio.wait({job}, timeout=0.5)
-    return job.result()
+        commands.append([sys.executable, str(HERE / "run_agents.py"), "--db", str(db), "--workers", str(max(share, 1))])
+    return start_runner_processes(commands, env)
 
 
 def plot(history: list[Any], path: Path) -> None:
@@ -269,8 +262,10 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import agentlightning as agl
+    from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
     from agentlightning_torch import TorchTrainer
 
+    cancel_on_sigterm()  # a `kill` ends the run like Ctrl-C: through the cleanup below, then one line
     console = Console(stderr=True)
     corpus, train_tasks, val_tasks = load_data(args.data, args.eval_size)
     args.output.mkdir(parents=True, exist_ok=True)
@@ -285,7 +280,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     trainer = TorchTrainer(config)
 
     async def evaluate(greedy: bool) -> Any:
-        report = await _guarded(runners, trainer.evaluate(store, [t.to_dict() for t in val_tasks], greedy=greedy))
+        report = await guarded(runners, trainer.evaluate(store, [t.to_dict() for t in val_tasks], greedy=greedy))
         report.metrics.update(await search_figures(store, await new_rollouts(store, seen, "eval")))
         report.metrics["greedy"] = float(greedy)
         reports.append(report)
@@ -303,7 +298,7 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         started = time.monotonic()
         with progress:
             while trainer.iteration < config.iterations and time.monotonic() - started < config.time_budget_s:
-                report = await _guarded(runners, trainer.train_iteration(store, [t.to_dict() for t in train_tasks]))
+                report = await guarded(runners, trainer.train_iteration(store, [t.to_dict() for t in train_tasks]))
                 fresh = await new_rollouts(store, seen, f"it{report.iteration - 1}-")
                 report.metrics.update(await search_figures(store, fresh))
                 reports.append(report)
@@ -317,11 +312,10 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         after = {"greedy": await evaluate(True), "sampled": await evaluate(False)}
         trainer.save_checkpoint()
     finally:
+        # The runners first, while the proxy still answers them (they hand their rollouts back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(stop_children, runners)
         await trainer.stop()
-        for runner in runners:
-            runner.terminate()
-        for runner in runners:
-            runner.wait(timeout=30)
         await store.close()
     history = trainer.history
     if not history:
@@ -378,6 +372,8 @@ def print_table(summary: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from agentlightning.cli import RunnerDied
+
     try:
         if args.command == "eval":
             summary = asyncio.run(evaluate_endpoint(args))
@@ -388,12 +384,15 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = run_async(train(args, config))
             print_table(summary)
-    except UsageError as error:
+    except (UsageError, RunnerDied) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except asyncio.CancelledError:  # SIGTERM (cancel_on_sigterm)
+        print("terminated", file=sys.stderr)
+        return 143
     print(json.dumps(summary))
     return 0
 

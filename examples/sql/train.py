@@ -41,10 +41,6 @@ class UsageError(Exception):
     """Bad input from the command line or a task file; printed as one clear line, exit code 2."""
 
 
-class RunnerDied(Exception):
-    """A local runner process exited while the trainer was waiting for rollouts."""
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=HERE / "checkpoint", help="warm-started model folder")
@@ -123,32 +119,17 @@ def make_trainer(config: Any, on_iteration: Any = None) -> Any:
 
 
 def start_runners(where: list[str], workers: int, runners: int) -> list[subprocess.Popen[bytes]]:
-    """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts."""
+    """``runners`` local runner processes (``run_agents.py``, i.e. ``agl runner``) sharing ``workers`` rollouts.
+
+    Tied to this process (`agentlightning.cli.start_runners`): even a ``kill -9`` of the trainer ends them.
+    """
+    from agentlightning.cli import start_runners as start_runner_processes
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     shares = [workers // runners + (1 if i < workers % runners else 0) for i in range(runners)]
     run_agents = str(HERE / "run_agents.py")
-    return [
-        subprocess.Popen([sys.executable, run_agents, *where, "--workers", str(max(n, 1))], env=env) for n in shares
-    ]
-
-
-async def guarded(runners: list[subprocess.Popen[bytes]], work: Any) -> Any:
-    """Run ``work`` but stop at once, with a clear error, if a local runner dies (no silent 0-reward run)."""
-
-    async def watch() -> None:
-        while not any(runner.poll() is not None for runner in runners):
-            await asyncio.sleep(0.5)
-        code = next(r.returncode for r in runners if r.returncode is not None)
-        raise RunnerDied(f"a runner process exited with code {code}; its error is printed above")
-
-    watcher, job = asyncio.ensure_future(watch()), asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({watcher, job}, return_when=asyncio.FIRST_COMPLETED)
-    if job not in done:
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        watcher.result()
-    watcher.cancel()
-    return job.result()
+    commands = [[sys.executable, run_agents, *where, "--workers", str(max(n, 1))] for n in shares]
+    return start_runner_processes(commands, env)
 
 
 def plot(history: list[Any], evals: list[tuple[float, float]], path: Path) -> None:
@@ -197,7 +178,9 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import agentlightning as agl
+    from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
 
+    cancel_on_sigterm()  # a `kill` ends the run like Ctrl-C: through the cleanup below, then one line
     console = Console(stderr=True)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
     args.output.mkdir(parents=True, exist_ok=True)
@@ -235,11 +218,10 @@ async def train(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         after = await guarded(runners, trainer.evaluate(store, val_tasks))
         shapes_after = await shape_accuracy(store)
     finally:
+        # The runners first, while the proxy still answers them (they hand their rollouts back as they drain), and
+        # from a thread: the proxy runs on this loop.
+        await asyncio.to_thread(stop_children, runners)
         await trainer.stop()
-        for runner in runners:
-            runner.terminate()
-        for runner in runners:
-            runner.wait(timeout=30)
         await opened.close()
     history = trainer.history
     if not history:
@@ -297,6 +279,8 @@ def print_summary(summary: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from agentlightning.cli import RunnerDied
+
     try:
         config = build_config(args)
         for path in (args.train_tasks, args.val_tasks):
@@ -313,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except asyncio.CancelledError:  # SIGTERM (cancel_on_sigterm)
+        print("terminated", file=sys.stderr)
+        return 143
     print_summary(summary)
     print(json.dumps(summary))
     return 0

@@ -2,7 +2,8 @@
 
 Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
 A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
-`start_child`, so that they end when it does, whatever ends it.
+`start_child` (runners: `start_runners`, awaited through `guarded`, stopped by `stop_children`), so that they end
+when it does, whatever ends it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ import sys
 from collections.abc import Sequence
 
 from agentlightning._lifeline import start_child, watch_parent
+from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._train import add_network_arguments
 
-__all__ = ["add_network_arguments", "build_parser", "main", "start_child"]
+__all__ = [
+    "RunnerDied",
+    "add_network_arguments",
+    "build_parser",
+    "cancel_on_sigterm",
+    "guarded",
+    "main",
+    "start_child",
+    "start_runners",
+    "stop_children",
+]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.
 _COMMAND_MODULES = (
