@@ -139,7 +139,8 @@ async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
     url = f"{trainer.proxy.base_url('served-1', attempts['served-1'])}/completions"
     prompt = "Q:12*34+5="
     body = {"model": "calc", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1}
-    async with aiohttp.ClientSession() as http, http.post(url, json=body) as resp:
+    auth = {"Authorization": f"Bearer {trainer.proxy.token}"}  # the loop's proxy always has a token
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=auth) as resp:
         assert resp.status == 200, await resp.text()
     await trainer.proxy.flush()
     [call] = await store.query_llm_calls("served-1")
@@ -193,7 +194,11 @@ async def long_or_short_agent(task: dict[str, Any], resources: agl.Resources) ->
     with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
         async with (
             aiohttp.ClientSession() as http,
-            http.post(f"{agl.llm_base_url()}/chat/completions", json=request) as resp,
+            http.post(
+                f"{agl.llm_base_url()}/chat/completions",
+                json=request,
+                headers={"Authorization": f"Bearer {llm.api_key}"},  # the key the loop publishes with the endpoint
+            ) as resp,
         ):
             body = await resp.json()
             STATUS.append(("long" if long else "short", resp.status))
