@@ -20,7 +20,7 @@ import pytest
 from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
-from agentlightning._models import LLMCall
+from agentlightning import LLMCall
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
 from agentlightning_torch import HFChatTemplate

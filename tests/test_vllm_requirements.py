@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from agentlightning_torch._vllm_server import VLLM_VENV_ENV
+from agentlightning_torch.testing import VLLM_VENV_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 

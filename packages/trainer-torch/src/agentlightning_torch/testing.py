@@ -34,6 +34,7 @@ from agentlightning_torch._sft import (
 from agentlightning_torch._tool_model import TOOL_MODEL_ANSWER, TOOL_MODEL_CALL, add_tool_schema, make_tool_chat_model
 from agentlightning_torch._vllm_server import (
     VLLM_INSTALL_HINT,
+    VLLM_VENV_ENV,
     VLLMNotInstalledError,
     VLLMServer,
     VLLMStartError,
@@ -46,6 +47,7 @@ __all__ = [
     "TOOL_MODEL_CALL",
     "VLLM_INSTALL_HINT",
     "VLLM_TOOL_ARGS",
+    "VLLM_VENV_ENV",
     "VLLMNotInstalledError",
     "VLLMServer",
     "VLLMStartError",
