@@ -14,6 +14,7 @@ from agentlightning.credit._advantages import (
     AdvantageEstimator,
     get_advantage_estimator,
     grpo,
+    is_group_estimator,
     passthrough,
     reinforce_pp,
     rloo,
@@ -102,8 +103,8 @@ def build_training_batch(
 
     Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
     ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
-    final and intermediate rewards into one credit per transition (``TrainingSample.credit`` and
-    ``returns``); the estimator turns credits into advantages.
+    final and intermediate rewards into one credit per transition (``TrainingSample.credit``); the estimator
+    turns credits into advantages.
 
     Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
     stalled (all successes or all failures), and nothing in the batch moves the policy.
@@ -245,7 +246,7 @@ def build_training_batch(
             dropped = 0
             for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
                 values = step.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
-                response_ids = values["response_ids"]
+                response_ids = values["response_token_ids"]
                 if not response_ids:
                     dropped += 1
                     continue
@@ -253,13 +254,12 @@ def build_training_batch(
                 add_sample(
                     new_sample(
                         {
-                            "prompt_ids": values["prompt_ids"],
-                            "response_ids": response_ids,
+                            "prompt_token_ids": values["prompt_token_ids"],
+                            "response_token_ids": response_ids,
                             "response_mask": mask,
-                            "old_logprobs": values["logprobs"],
+                            "response_logprobs": values["response_logprobs"],
                             "credit": credit_value,
                             "advantage": advantage,
-                            "returns": credit_value,
                             "group_id": key,
                             "rollout_id": values["rollout_id"],
                             "attempt_id": values["attempt_id"],
@@ -273,7 +273,7 @@ def build_training_batch(
                 trained_tokens += sum(mask)
             if dropped:
                 empty += dropped
-                kept = [bool(step.response_ids) for step in steps]
+                kept = [bool(step.response_token_ids) for step in steps]
                 all_advantages.extend(a for a, keep in zip(rollout_adv, kept, strict=True) if keep)
                 all_credits.extend(c for c, keep in zip(credits, kept, strict=True) if keep)
             else:
@@ -282,10 +282,7 @@ def build_training_batch(
 
     n_groups = len(groups)
     single = sum(1 for members in groups.values() if len(members) == 1)
-    group_estimator = (estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "")) in (
-        "grpo",
-        "rloo",
-    )
+    group_estimator = is_group_estimator(estimator)
     if n_groups and single == n_groups and group_estimator and all(abs(a) <= tol for a in all_advantages):
         logger.warning(
             "no learning signal: every one of the %d group(s) holds ONE rollout, and the %s estimator compares "

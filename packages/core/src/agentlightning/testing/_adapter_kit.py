@@ -250,8 +250,8 @@ class AdapterConformanceTests(KitGuard):
         for transition in result.transitions:
             (call_id,) = transition.call_ids
             sent = served[by_call[call_id].response_id]
-            assert transition.prompt_ids == sent.prompt_token_ids
-            assert transition.response_ids == sent.token_ids
+            assert transition.prompt_token_ids == sent.prompt_token_ids
+            assert transition.response_token_ids == sent.token_ids
 
     async def test_streaming_transitions(self, harness: KitHarness, agent_streaming: AgentFn) -> None:
         """A streaming agent still yields one transition per call with the served token ids."""

@@ -298,9 +298,9 @@ class TransitionBuilder:
                     pass
                 elif samples:
                     last = samples[-1]
-                    total = key if last["reward"] is None else last["reward"] + key
+                    total = key if last["intermediate_reward"] is None else last["intermediate_reward"] + key
                     if math.isfinite(total):
-                        last["reward"] = total
+                        last["intermediate_reward"] = total
                     else:
                         reward_overflow(f"reward span {span.span_id if span is not None else '?'}", diag, problems)
                 else:
@@ -406,11 +406,11 @@ class TransitionBuilder:
                 "group_id": group_id,
                 "agent_name": agent,
                 "step_index": len(samples),
-                "prompt_ids": prompt,
-                "response_ids": response,
+                "prompt_token_ids": prompt,
+                "response_token_ids": response,
                 "response_mask": [1] * len(response),
-                "logprobs": logprobs,
-                "reward": None,
+                "response_logprobs": logprobs,
+                "intermediate_reward": None,
                 "final_reward": final_reward,
                 "call_ids": [] if call_id is None else [call_id],
                 "model_version": model_version,

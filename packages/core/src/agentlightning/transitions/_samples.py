@@ -52,11 +52,11 @@ def proxy_sample(
         "group_id": group_id,
         "agent_name": agent,
         "step_index": step_index,
-        "prompt_ids": call.prompt_token_ids,
-        "response_ids": call.response_token_ids,
+        "prompt_token_ids": call.prompt_token_ids,
+        "response_token_ids": call.response_token_ids,
         "response_mask": [1] * len(call.response_token_ids),
-        "logprobs": call.response_logprobs,
-        "reward": None,
+        "response_logprobs": call.response_logprobs,
+        "intermediate_reward": None,
         "final_reward": final_reward,
         "call_ids": [call.call_id],
         "model_version": call.model_version,
@@ -110,12 +110,12 @@ def merge_trajectories(
     open_by_agent: dict[str | None, dict[str, Any]] = {}
     for call in calls:
         agent = call["agent_name"]
-        prompt: list[int] = call["prompt_ids"]
-        response: list[int] = call["response_ids"]
+        prompt: list[int] = call["prompt_token_ids"]
+        response: list[int] = call["response_token_ids"]
         current = open_by_agent.get(agent)
         if current is not None:
-            head: list[int] = current["prompt_ids"]
-            tail: list[int] = current["response_ids"]
+            head: list[int] = current["prompt_token_ids"]
+            tail: list[int] = current["response_token_ids"]
             n, m = len(head), len(tail)
             if len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
                 observation = prompt[n + m :]
@@ -124,16 +124,16 @@ def merge_trajectories(
                 mask: list[int] = current["response_mask"]
                 mask += [0] * len(observation)
                 mask += call["response_mask"]
-                logprobs: list[float] | None = current["logprobs"]
-                if logprobs is not None and call["logprobs"] is not None:
+                logprobs: list[float] | None = current["response_logprobs"]
+                if logprobs is not None and call["response_logprobs"] is not None:
                     logprobs += [0.0] * len(observation)
-                    logprobs += call["logprobs"]
+                    logprobs += call["response_logprobs"]
                 else:
-                    current["logprobs"] = None
-                if call["reward"] is not None:
-                    total = call["reward"] + (current["reward"] or 0.0)
+                    current["response_logprobs"] = None
+                if call["intermediate_reward"] is not None:
+                    total = call["intermediate_reward"] + (current["intermediate_reward"] or 0.0)
                     if math.isfinite(total):
-                        current["reward"] = total
+                        current["intermediate_reward"] = total
                     else:
                         reward_overflow(f"rewards of {describe(call)}", diag, problems)
                 current["call_ids"] += call["call_ids"]
@@ -147,9 +147,9 @@ def merge_trajectories(
                 "response (non-append history); started a new sample"
             )
         # copies: the lists grow when later calls are appended, and the proxy records must stay untouched
-        call["response_ids"] = list(response)
-        if call["logprobs"] is not None:
-            call["logprobs"] = list(call["logprobs"])
+        call["response_token_ids"] = list(response)
+        if call["response_logprobs"] is not None:
+            call["response_logprobs"] = list(call["response_logprobs"])
         call["step_index"] = len(samples)
         samples.append(call)
         open_by_agent[agent] = call

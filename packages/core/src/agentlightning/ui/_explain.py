@@ -62,7 +62,7 @@ class TransitionRow(BaseModel):
     prompt_tokens: int
     response_tokens: int
     trained_tokens: int
-    reward: float | None
+    intermediate_reward: float | None
     final_reward: float | None
     in_batch: bool
     credit: float | None
@@ -191,10 +191,10 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
                 span_ids=span_ids,
                 call_ids=list(t.call_ids),
                 model_version=t.model_version,
-                prompt_tokens=len(t.prompt_ids),
-                response_tokens=len(t.response_ids),
+                prompt_tokens=len(t.prompt_token_ids),
+                response_tokens=len(t.response_token_ids),
                 trained_tokens=sum(t.response_mask),
-                reward=t.reward,
+                intermediate_reward=t.intermediate_reward,
                 final_reward=t.final_reward,
                 in_batch=sample is not None,
                 credit=None if sample is None else sample.credit,
