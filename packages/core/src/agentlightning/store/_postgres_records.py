@@ -13,6 +13,7 @@ servers do not deadlock; a deadlock or serialization failure PostgreSQL reports 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,6 @@ from agentlightning.store._common import (
     validate_resources,
     validate_spans,
 )
-from agentlightning.store._postgres_dashboard import list_rollouts_sql, run_stats_sql
 from agentlightning.store._postgres_schema import (
     RESOURCES_LOCK,
     PostgresHealth,
@@ -40,6 +40,7 @@ from agentlightning.store._postgres_schema import (
     one_line,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery, final_reward_of
+from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
 from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
 
 __all__ = ["PostgresRecords"]
@@ -445,12 +446,12 @@ class PostgresRecords:
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, one snapshot)."""
         query = RolloutQuery.model_validate(query if query is not None else {})
-        return await self._read(_snapshot, list_rollouts_sql, query)
+        return await self._read(_snapshot, functools.partial(list_rollouts, POSTGRES), query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
         query = RunStatsQuery.model_validate(query if query is not None else {})
-        return await self._read(_snapshot, run_stats_sql, query)
+        return await self._read(_snapshot, functools.partial(run_stats, POSTGRES), query)
 
     async def stats(self) -> StoreStats:
         """Counts of what is stored (one consistent snapshot)."""
