@@ -97,6 +97,8 @@ _WIDE = 1 << 31  # in the prompt-length slot: ids are int64
 _JSON_IDS = 1 << 30  # ids too large for int64: kept in the JSON document
 _LITTLE = sys.byteorder == "little"
 _LOGPROB_KEYS = ["token", "logprob", "bytes", "top_logprobs"]
+_CALL_FIELDS = tuple(LLMCall.model_fields)
+_ABSENT = object()
 # Deflate's preset dictionary for format-1 calls: the JSON a chat completion's record repeats in every row, so even
 # a short record compresses. Fixed forever for format 1 (a new dictionary needs a new format byte).
 _CALL_ZDICT = (
@@ -387,23 +389,24 @@ def _call_values(row: Sequence[Any], payload: bytes, meta: list[Any], blobs: dic
             {"token": e["token"], "logprob": lp, "bytes": e["bytes"], "top_logprobs": e["top_logprobs"]}
             for e, lp in zip(content, logprobs, strict=True)
         ]
-    return {
-        "call_id": call_id,
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "response_id": doc["response_id"],
-        "request": request,
-        "response": doc["response"],
-        "prompt_token_ids": prompt,
-        "response_token_ids": response_ids,
-        "response_logprobs": logprobs,
-        "model": doc["model"],
-        "model_version": doc["model_version"],
-        "backend": doc["backend"],
-        "start_time": start_time,
-        "end_time": doc["end_time"],
-        "error": doc["error"],
-    }
+    values: dict[str, Any] = {}
+    for name in _CALL_FIELDS:  # the model's field order, whatever fields a later version adds
+        if name in doc:
+            values[name] = doc[name]
+        else:
+            values[name] = {
+                "call_id": call_id,
+                "rollout_id": rollout_id,
+                "attempt_id": attempt_id,
+                "start_time": start_time,
+                "request": request,
+                "prompt_token_ids": prompt,
+                "response_token_ids": response_ids,
+                "response_logprobs": logprobs,
+            }.get(name, _ABSENT)
+            if values[name] is _ABSENT:
+                del values[name]  # a field this row predates: the model's default (validation fills it in)
+    return values
 
 
 def decode_calls(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[LLMCall]:
