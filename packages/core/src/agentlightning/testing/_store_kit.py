@@ -50,6 +50,7 @@ from agentlightning.store._base import (
 from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
+from agentlightning.testing._store_kit_claims import ClaimConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
 
 __all__ = ["StoreConformanceTests", "StoreFactory", "make_call", "make_span"]
@@ -110,7 +111,7 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
     results.put(asyncio.run(main()))
 
 
-class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, KitGuard):
+class StoreConformanceTests(AttemptConformanceTests, ClaimConformanceTests, DashboardConformanceTests, KitGuard):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
     supports_reopen: ClassVar[bool] = False
