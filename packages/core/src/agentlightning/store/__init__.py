@@ -4,6 +4,7 @@ from typing import Any
 
 from agentlightning._deprecation import warn_renamed
 from agentlightning.store._base import (
+    MAX_DEQUEUE_MANY,
     RELEASED,
     ConflictError,
     LightningStore,
@@ -31,6 +32,7 @@ from agentlightning.store._serving import OpenedStore, StoreServing
 from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
+    "MAX_DEQUEUE_MANY",
     "RELEASED",
     "ConflictError",
     "InvalidRequestError",
