@@ -6,14 +6,14 @@ once; code past the store boundary builds them through `agentlightning._fast`.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from pydantic import Field, field_validator, model_validator
 
 from agentlightning._deprecation import warn_renamed
 from agentlightning._models import RecordModel
 
-__all__ = ["TrainingBatch", "TrainingSample", "Transition"]
+__all__ = ["TrainingBatch", "TrainingSample", "TrainingSampleFields", "Transition", "TransitionFields"]
 
 
 _TRANSITION_RENAMED = {
@@ -213,6 +213,46 @@ class TrainingSample(RecordModel):
         """Deprecated: `credit` (it always held the credit)."""
         warn_renamed("TrainingSample.returns", "TrainingSample.credit")
         return self.credit
+
+
+class TransitionFields(TypedDict):
+    """Every field of a `Transition`, typed: what code past the store boundary builds one from.
+
+    `agentlightning._fast.new_transition` turns it into the model without validating again; pyright checks each
+    dict literal of this type against the fields (``test_fast.py`` checks they name exactly the model's fields).
+    """
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None
+    agent_name: str | None
+    step_index: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    intermediate_reward: float | None
+    final_reward: float | None
+    call_ids: list[str]
+    model_version: int | None
+    metadata: dict[str, Any]
+
+
+class TrainingSampleFields(TypedDict):
+    """Every field of a `TrainingSample`, typed (see `TransitionFields`; built by ``_fast.new_training_sample``)."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    credit: float
+    advantage: float
+    group_id: str
+    rollout_id: str
+    attempt_id: str
+    step_index: int
+    agent_name: str | None
+    model_version: int | None
 
 
 class TrainingBatch(RecordModel):
