@@ -302,6 +302,18 @@ def test_shape_tables_name_exactly_the_model_fields() -> None:
         assert set(table) == set(model.model_fields), model.__name__
 
 
+def test_typed_fields_name_exactly_the_training_models_fields_in_order() -> None:
+    from agentlightning._training_models import (
+        TrainingSample,
+        TrainingSampleFields,
+        Transition,
+        TransitionFields,
+    )
+
+    for model, fields in ((Transition, TransitionFields), (TrainingSample, TrainingSampleFields)):
+        assert list(fields.__annotations__) == list(model.model_fields), model.__name__
+
+
 def test_records_in_an_older_layout_are_validated_not_half_built() -> None:
     span = Span(
         rollout_id="r", attempt_id="a", sequence_id=0, trace_id="0" * 32, span_id="1" * 16, name="x",
