@@ -31,7 +31,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate
-from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCallback
+from agentlightning_torch._decode_batch import DecodeBatch, RunningSequence, TokenCallback
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
 
