@@ -370,6 +370,9 @@ class LLMCall(RecordModel):
         start_time: When the proxy received the request.
         end_time: When the proxy finished answering.
         error: Backend error, if the call failed.
+        policy: The policy that served it (a LoRA adapter's name, or ``frozen`` for the base model), when the proxy
+            routes calls by agent (`agentlightning.PolicyMap`); ``None`` otherwise.
+        agent_name: The agent that made it, as the agent header named it (``None``: not named).
     """
 
     call_id: StoreId
@@ -387,6 +390,8 @@ class LLMCall(RecordModel):
     start_time: float = Field(default_factory=now)
     end_time: float | None = None
     error: str | None = None
+    policy: str | None = None
+    agent_name: str | None = None
 
     @field_validator("request", "response")
     @classmethod

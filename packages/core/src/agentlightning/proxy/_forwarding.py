@@ -18,6 +18,7 @@ import aiohttp
 from starlette.responses import Response
 
 from agentlightning._models import new_id, now
+from agentlightning._policies import decode_agent_header
 from agentlightning.proxy._asgi import RawResponse, error, raw_headers
 from agentlightning.proxy._assemble import (
     MODEL_VERSION_HEADER,
@@ -30,6 +31,7 @@ from agentlightning.proxy._assemble import (
     loads,
     model_version_of,
 )
+from agentlightning.proxy._policy_routing import PolicyRouter
 from agentlightning.proxy._recording import CallRecorder, unrecorded
 from agentlightning.proxy._routes import Target
 from agentlightning.proxy._slots import ATTEMPT_FINISHED, SLOT_NOT_REGISTERED, SlotTable
@@ -50,6 +52,7 @@ class Forwarder(CallRecorder):
 
     token: str | None
     served_model: str | None
+    policy_router: PolicyRouter | None
     allow_unrecorded: bool
     backend_api_key: str | None
     retry_after: int
@@ -167,8 +170,13 @@ class Forwarder(CallRecorder):
         except UNREACHABLE as exc:
             return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
-    async def complete(self, target: Target, raw_body: bytes, authorization: str | None) -> Response:
-        """Forward one completion request and record it (the handler of every completion route)."""
+    async def complete(
+        self, target: Target, raw_body: bytes, authorization: str | None, agent: str | None = None
+    ) -> Response:
+        """Forward one completion request and record it (the handler of every completion route).
+
+        ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the agent that makes the call).
+        """
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
         if target.slot is not None:
@@ -211,7 +219,9 @@ class Forwarder(CallRecorder):
         if rollout_id is not None and task is not None:
             self._calls.setdefault(rollout_id, {})[task] = task.cancel  # pyright: ignore[reportArgumentType]
         try:
-            response, streamed = await self._forward(agent_request, kind, rollout_id, attempt_id, start, authorization)
+            response, streamed = await self._forward(
+                agent_request, kind, rollout_id, attempt_id, start, authorization, decode_agent_header(agent)
+            )
             return response
         except asyncio.CancelledError:
             if task is None or task not in self._aborted:
@@ -265,6 +275,7 @@ class Forwarder(CallRecorder):
         attempt_id: str | None,
         start: float,
         authorization: str | None,
+        agent: str | None = None,
     ) -> tuple[Response, bool]:
         forwarded = dict(agent_request)
         record = rollout_id is not None and attempt_id is not None
@@ -276,13 +287,22 @@ class Forwarder(CallRecorder):
                 forwarded["logprobs"] = 1
         if self.served_model:
             forwarded["model"] = self.served_model
+        policy: str | None = None
+        admitted = self._model_version
+        if self.policy_router is not None:
+            policy, model = self.policy_router.route(agent, agent_request.get("model"))
+            if model is not None:
+                forwarded["model"] = model
+            admitted = self.policy_router.version(policy, admitted)
         backend = self._pick_backend(rollout_id)
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         call_id = new_id("call")
         headers = {CALL_ID_HEADER: call_id} if record else {}
         # The version admitted with the request: what a backend that reports none was serving (the trainer
         # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
-        meta: Meta = (call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, self._model_version)
+        meta: Meta = (
+            call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, admitted, policy, agent
+        )  # fmt: skip
         try:
             resp = await send(
                 self._session,
@@ -301,7 +321,7 @@ class Forwarder(CallRecorder):
             return error(502, message, "proxy_backend_error", headers=headers), False
         header_version = model_version_of(resp.header(MODEL_VERSION_HEADER))
         if header_version is not None:
-            meta = (*meta[:6], header_version)
+            meta = (*meta[:6], header_version, policy, agent)
             headers[MODEL_VERSION_HEADER] = str(header_version)
         view = AgentView.of(agent_request, kind) if record else _AS_IS
         if agent_request.get("stream") and resp.status < 400:

@@ -143,15 +143,15 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
 
     async def chat(request: ProxyRequest) -> Response:
         found = target("chat", request.params)
-        return (
-            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
-        )
+        if isinstance(found, Response):
+            return found
+        return await proxy.complete(found, request.body, request.authorization, request.agent)
 
     async def completions(request: ProxyRequest) -> Response:
         found = target("completion", request.params)
-        return (
-            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
-        )
+        if isinstance(found, Response):
+            return found
+        return await proxy.complete(found, request.body, request.authorization, request.agent)
 
     async def models(request: ProxyRequest) -> Response:
         found = target("chat", request.params)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 
 from agentlightning._models import LLMCall, RequestId, Resources, Rollout, Span, StoreId
 from agentlightning.store import _common
-from agentlightning.store._base import InvalidRequestError, RolloutRequest
+from agentlightning.store._base import MAX_DEQUEUE_MANY, InvalidRequestError, RolloutRequest
 from agentlightning.store._query import RolloutQuery, RunStatsQuery
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "check_request_id",
     "describe_validation",
     "invalid",
-    "refuse_non_finite_spans",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
@@ -102,14 +101,6 @@ def check_error(value: Any) -> str | None:
     if not isinstance(value, str):
         raise InvalidRequestError(f"error must be a string or None, got {type(value).__name__}")
     raise InvalidRequestError("error must not contain NUL characters (\\x00); replace them before reporting")
-
-
-def refuse_non_finite_spans(spans: Sequence[Span]) -> None:
-    """`_common.check_spans_finite` as the boundary's refusal (for backends that look at the JSON first)."""
-    try:
-        _common.check_spans_finite(spans)
-    except ValueError as exc:
-        raise invalid(exc) from None
 
 
 def _first_message(exc: ValidationError) -> str:
@@ -182,6 +173,21 @@ def _dequeue_rollout(method: Any) -> Any:
     return dequeue_rollout
 
 
+def _dequeue_many(method: Any) -> Any:
+    async def dequeue_many(self: Any, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> Any:
+        if isinstance(worker_ids, str | bytes) or not hasattr(worker_ids, "__iter__"):
+            raise InvalidRequestError(f"worker_ids must be a list of ids or None, got {type(worker_ids).__name__}")
+        workers = [_optional_id(f"worker_ids.{index}", worker) for index, worker in enumerate(worker_ids)]
+        if len(workers) > MAX_DEQUEUE_MANY:
+            message = f"dequeue_many claims at most {MAX_DEQUEUE_MANY} rollouts per request, got {len(workers)}"
+            raise InvalidRequestError(message)
+        if request_id is None:
+            return await method(self, workers)
+        return await method(self, workers, request_id=check_request_id(request_id))
+
+    return dequeue_many
+
+
 def _attempt_ref(method: Any) -> Any:
     async def attempt_ref(self: Any, rollout_id: str, attempt_id: str) -> Any:
         return await method(self, check_id("rollout_id", rollout_id), check_id("attempt_id", attempt_id))
@@ -225,8 +231,7 @@ def _wait_for_rollouts(method: Any) -> Any:
 
 def _add_spans(method: Any) -> Any:
     async def add_spans(self: Any, spans: Sequence[Span], *, request_id: str | None = None) -> Any:
-        # A backend that serialises the spans anyway checks NaN / Infinity on the JSON (`refuse_non_finite_spans`).
-        batch = _records(_common.validate_spans, spans, "spans", not self.checks_finite_on_json)
+        batch = _records(_common.validate_spans, spans, "spans")
         if request_id is None:
             return await method(self, batch)
         return await method(self, batch, request_id=check_request_id(request_id))
@@ -282,6 +287,7 @@ def _run_stats(method: Any) -> Any:
 GUARDS: dict[str, Callable[[Any], Any]] = {
     "enqueue_rollouts": _enqueue_rollouts,
     "dequeue_rollout": _dequeue_rollout,
+    "dequeue_many": _dequeue_many,
     "heartbeat": _attempt_ref,
     "finish_attempt": _finish_attempt,
     "release_claim": _attempt_ref,
@@ -314,13 +320,7 @@ class StoreBoundary:
     Subclasses implement the protocol as usual; each method named in `GUARDS` that a subclass defines is replaced,
     when the class is created, by its guard around it (see the module docstring). Their code receives checked
     arguments: validated record models, ids that follow `StoreId`.
-
-    Attributes:
-        checks_finite_on_json: The backend serialises spans before storing them and refuses NaN / Infinity found in
-            that JSON itself (`refuse_non_finite_spans`), so the guard skips that check (faster).
     """
-
-    checks_finite_on_json: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -24,7 +24,7 @@ from agentlightning._models import (
     Span,
     StoreId,
 )
-from agentlightning.store._base import RolloutRequest
+from agentlightning.store._base import MAX_DEQUEUE_MANY, RolloutRequest
 
 __all__ = [
     "API_PREFIX",
@@ -32,6 +32,8 @@ __all__ = [
     "AddedResponse",
     "AttemptRef",
     "AttemptsResponse",
+    "DequeueManyRequest",
+    "DequeueManyResponse",
     "DequeueRequest",
     "DequeueResponse",
     "EnqueueRequest",
@@ -129,6 +131,24 @@ class DequeueResponse(_Body):
     """The claim, or ``null`` when the queue was empty."""
 
     claim: Claim | None
+
+
+class DequeueManyRequest(_Body):
+    """Claim up to ``len(worker_ids)`` of the oldest queuing rollouts, the i-th for ``worker_ids[i]``.
+
+    Attributes:
+        worker_ids: Who claims them (one entry per idle worker; at most `MAX_DEQUEUE_MANY`).
+        request_id: As in `DequeueRequest`: a retried request gets the same claims back.
+    """
+
+    worker_ids: list[StoreId | None] = Field(max_length=MAX_DEQUEUE_MANY)
+    request_id: RequestId | None = None
+
+
+class DequeueManyResponse(_Body):
+    """The claims in queue order (fewer than asked when the queue ran short, ``[]`` when it was empty)."""
+
+    claims: list[Claim]
 
 
 class AttemptRef(_Body):

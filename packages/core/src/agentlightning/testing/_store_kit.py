@@ -25,9 +25,10 @@ closed). Backends that several processes can share set ``supports_processes`` an
 ``reopen_spec() -> (cls, kwargs)`` so a worker process can open the same store with ``cls(**kwargs)``.
 
 The suite uses only the public protocol, so the same tests run against an HTTP client and a server.
-Its tests come in four parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
-lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`) and the refusal of bad
-input, the same on every backend (`RefusalConformanceTests`).
+Its tests come in parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
+lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`), the exact round trip
+of every field of spans and LLM calls (`RecordRoundTripTests`) and the refusal of bad input, the same on every
+backend (`RefusalConformanceTests`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ from agentlightning.store._base import (
 from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
+from agentlightning.testing._store_kit_claims import ClaimConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
+from agentlightning.testing._store_kit_records import RecordRoundTripTests
 from agentlightning.testing._store_kit_refusals import RefusalConformanceTests
 
 __all__ = ["StoreConformanceTests", "StoreFactory", "make_call", "make_span"]
@@ -112,7 +115,14 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
     results.put(asyncio.run(main()))
 
 
-class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, RefusalConformanceTests, KitGuard):
+class StoreConformanceTests(
+    AttemptConformanceTests,
+    ClaimConformanceTests,
+    DashboardConformanceTests,
+    RecordRoundTripTests,
+    RefusalConformanceTests,
+    KitGuard,
+):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
     supports_reopen: ClassVar[bool] = False
