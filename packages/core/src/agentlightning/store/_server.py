@@ -295,8 +295,6 @@ def store_routes(store: LightningStore) -> list[Route]:
         return _dump(LLMCallsResponse.model_construct(calls=calls))
 
     async def add_resources(body: Resources) -> bytes:
-        if "\x00" in body.resources_id:
-            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
         return _dump(await store.add_resources(body))
 
     async def get_resources(body: ResourcesQuery) -> bytes:
