@@ -115,13 +115,21 @@ async def test_one_unreadable_row_does_not_hide_the_rest_of_the_trace(tmp_path: 
     path = tmp_path / "old.db"
     store = SqliteStore(path)
     rid, aid = await _claim(store)
-    await store.add_spans([make_span(rid, aid, i) for i in range(3)])
-    await store.add_llm_calls([make_call(rid, aid, i, 1.0 + i) for i in range(2)])
-    # what an older version stored for a NaN time: null
+    await store.add_spans([make_span(rid, aid, i) for i in (0, 2)])
+    await store.add_llm_calls([make_call(rid, aid, 0, 1.0)])
+    # rows as an older version (JSON text) stored them: one readable, and one with a NaN time stored as null
+    legacy = [make_span(rid, aid, 1).model_dump(mode="json"), make_span(rid, aid, 3).model_dump(mode="json")]
+    legacy[0]["start_time"] = None
+    call = make_call(rid, aid, 1, 2.0).model_dump(mode="json")
+    call["prompt_token_ids"] = None
     with sqlite3.connect(path) as raw:
-        raw.execute("UPDATE spans SET data = json_set(data, '$.start_time', json('null')) WHERE sequence_id = 1")
-        raw.execute("UPDATE llm_calls SET data = json_set(data, '$.prompt_token_ids', json('null')) WHERE rowid = 1")
-    assert [s.sequence_id for s in await store.query_spans(rid)] == [0, 2]
+        for span in legacy:
+            raw.execute(
+                "INSERT INTO spans VALUES (?, ?, ?, ?, ?)",
+                (rid, aid, span["span_id"], span["sequence_id"], json.dumps(span)),
+            )
+        raw.execute("INSERT INTO llm_calls VALUES (?, ?, ?, 2.0, ?)", (call["call_id"], rid, aid, json.dumps(call)))
+    assert [s.sequence_id for s in await store.query_spans(rid)] == [0, 2, 3]
     assert len(await store.query_llm_calls(rid, aid)) == 1
     await store.close()
 

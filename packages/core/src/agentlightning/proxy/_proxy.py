@@ -56,6 +56,7 @@ from agentlightning._models import LLMCall, LLMResource
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
 from agentlightning._routing import RouteTable
+from agentlightning._server_base import STORE_MAX_BODY_BYTES
 from agentlightning._urls import rollout_base_url, slot_base_url
 from agentlightning.proxy._asgi import ProxyASGI, error
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
@@ -65,7 +66,6 @@ from agentlightning.proxy._routes import proxy_routes
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
-from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 
@@ -134,7 +134,7 @@ class LLMProxy(Forwarder):
         allow_unrecorded: bool = False,
         backend_api_key: str | None = None,
         request_timeout: float = 600.0,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES // 2,
+        max_body_bytes: int = STORE_MAX_BODY_BYTES // 2,
         retry_after: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,

@@ -1,9 +1,10 @@
 """The store served over HTTP: an ASGI app wrapping any `LightningStore` (what ``agl store serve`` runs).
 
-Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and, with ``ui=True``,
-`agentlightning.ui.ui_routes`; the same table is dispatched by `StoreASGI` and written out as the OpenAPI 3.1
-document at ``/openapi.json`` (no Swagger UI or ReDoc page: they load their scripts from a CDN; open the document in
-any OpenAPI viewer). Bodies are JSON `_wire` models.
+Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and the caller's
+``extra_routes`` (``agl store serve`` adds the browser dashboard's, `agentlightning.ui.ui_routes`: the store never
+imports the dashboard, which imports the store); the same table is dispatched by `StoreASGI` and written out as
+the OpenAPI 3.1 document at ``/openapi.json`` (no Swagger UI or ReDoc page: they load their scripts from a CDN;
+open the document in any OpenAPI viewer). Bodies are JSON `_wire` models.
 
 A served store always has a bearer token (a browser can reach a server on this machine: see
 `agentlightning._netauth.cross_site_refusal` for what else keeps web pages out).
@@ -23,12 +24,14 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
 from agentlightning._models import Attempt, Claim, Resources, Rollout
 from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
+from agentlightning._server_base import STORE_MAX_BODY_BYTES
 from agentlightning.store._asgi import Answer, StoreASGI
 from agentlightning.store._base import LightningStore, RetryPolicy, StoreStats
 from agentlightning.store._server_dashboard import dashboard_routes
@@ -60,7 +63,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_store_app"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = STORE_MAX_BODY_BYTES
 """Largest request body accepted by default (32 MiB); larger ones get 413."""
 
 _DEQUEUE_MEMORY_SECONDS = 300.0
@@ -131,7 +134,7 @@ def create_store_app(
     store: LightningStore,
     token: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ui: bool = True,
+    extra_routes: Sequence[Route] = (),
 ) -> StoreASGI:
     """Build the ASGI app that serves ``store`` over HTTP.
 
@@ -142,8 +145,9 @@ def create_store_app(
             this machine; ``secrets.token_urlsafe(32)`` makes one). ``/healthz`` stays open so load balancers
             and process supervisors can probe it; it reveals nothing but liveness.
         max_body_bytes: Request bodies larger than this get 413 before they are read into memory.
-        ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and takes it from the URL's
-            ``#token=`` fragment or asks for it).
+        extra_routes: More routes served from the same table and document, e.g. the browser dashboard's
+            (`agentlightning.ui.ui_routes`: its page loads without a token and takes it from the URL's ``#token=``
+            fragment or asks for it).
 
     Returns:
         The ASGI app; run it with uvicorn (``agl store serve`` does).
@@ -155,11 +159,7 @@ def create_store_app(
         raise ValueError("a served store needs a bearer token: pass token=... (secrets.token_urlsafe(32) makes one)")
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    routes = store_routes(store) + dashboard_routes(store)
-    if ui:
-        from agentlightning.ui import ui_routes  # the dashboard imports transitions and credit: only when served
-
-        routes += ui_routes(store)
+    routes = [*store_routes(store), *dashboard_routes(store), *extra_routes]
     document = openapi_document(
         routes,
         title=_TITLE,

@@ -15,14 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from agentlightning._fast import (
-    call_from_json,
-    calls_from_json,
-    fast_replace,
-    resources_from_json,
-    span_from_json,
-    spans_from_json,
-)
+from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import (
     Attempt,
     LLMCall,
@@ -36,12 +29,11 @@ from agentlightning.store._base import (
     RetryPolicy,
     StoreStats,
 )
+from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
     check_id,
-    check_spans_finite,
-    json_has_non_finite,
     validate_calls,
     validate_resources,
     validate_spans,
@@ -61,7 +53,6 @@ from agentlightning.store._sqlite_schema import (
     StorageHealth,
     attempt_from_row,
     connect,
-    readable_rows,
     rollout_from_row,
 )
 
@@ -78,7 +69,8 @@ _SET_VERSION = (
     "UPDATE attempts SET model_version = ? WHERE attempt_id = ? AND rollout_id = ? "
     "AND (model_version IS NULL OR model_version < ?)"
 )
-_SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
+_INSERT_BLOB = "INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)"
+_SELECT_BLOBS = "SELECT key, data FROM blobs WHERE key IN ({})"
 _KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
 
@@ -199,14 +191,12 @@ class SqliteRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id) gets the count of the first one, not 0.
         """
-        batch = validate_spans(spans, check_finite=False)  # checked on the JSON below, at C speed
+        batch = validate_spans(spans)
         if not batch:
             return 0
         key = None if request_id is None else "spans:" + check_id("request_id", request_id)
-        dump = _SPAN_JSON
-        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
-        if any(json_has_non_finite(row[4]) for row in rows):
-            check_spans_finite(batch)
+        blobs: dict[bytes, bytes] = {}
+        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, encode_span(s, blobs)) for s in batch]
         finals = [
             (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
             for s in batch
@@ -215,6 +205,8 @@ class SqliteRecords:
         pairs = {(row[0], row[1]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "spans")
+            if blobs:
+                conn.executemany(_INSERT_BLOB, blobs.items())
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
             added = conn.total_changes - before
@@ -230,7 +222,8 @@ class SqliteRecords:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
         check_id("rollout_id", rollout_id)
         sql = (
-            "SELECT s.data FROM spans s LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
+            "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM spans s "
+            "LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
             "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
             "s.sequence_id, s.span_id"
         )
@@ -242,10 +235,7 @@ class SqliteRecords:
             sql = sql.format("")
         with self._read as conn:
             rows = conn.execute(sql, params).fetchall()
-        try:
-            return spans_from_json([row[0] for row in rows])
-        except ValueError:  # one unreadable row (written by an older version, say) must not hide the others
-            return readable_rows(rows, span_from_json, f"span of rollout {rollout_id!r}")
+        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
@@ -253,9 +243,10 @@ class SqliteRecords:
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
         batch = validate_calls(calls)
-        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
-        if not rows:
+        if not batch:
             return 0
+        blobs: dict[bytes, bytes] = {}
+        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, encode_call(c, blobs)) for c in batch]
         versions = [
             (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
         ]
@@ -263,6 +254,8 @@ class SqliteRecords:
         pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "LLM calls")
+            if blobs:
+                conn.executemany(_INSERT_BLOB, blobs.items())
             before = conn.total_changes
             conn.executemany(
                 "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
@@ -281,21 +274,23 @@ class SqliteRecords:
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
         check_id("rollout_id", rollout_id)
+        sql = "SELECT call_id, rollout_id, attempt_id, start_time, data FROM llm_calls WHERE rollout_id = ?"
+        params: tuple[str, ...] = (rollout_id,)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
+            sql, params = sql + " AND attempt_id = ?", (rollout_id, attempt_id)
         with self._read as conn:
-            if attempt_id is None:
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? ORDER BY start_time, rowid", (rollout_id,)
-                ).fetchall()
-            else:
-                check_id("attempt_id", attempt_id)
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? AND attempt_id = ? ORDER BY start_time, rowid",
-                    (rollout_id, attempt_id),
-                ).fetchall()
-        try:
-            return calls_from_json([row[0] for row in rows])
-        except ValueError:
-            return readable_rows(rows, call_from_json, f"LLM call of rollout {rollout_id!r}")
+            rows = conn.execute(sql + " ORDER BY start_time, rowid", params).fetchall()
+        return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
+
+    def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """Stored values by content key (they never change once written: no need to read with the records)."""
+        found: dict[bytes, bytes] = {}
+        with self._read as conn:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                found.update(conn.execute(_SELECT_BLOBS.format(", ".join("?" * len(chunk))), chunk).fetchall())
+        return found
 
     # ----------------------------------------------------------------- resources
 

@@ -25,8 +25,9 @@ closed). Backends that several processes can share set ``supports_processes`` an
 ``reopen_spec() -> (cls, kwargs)`` so a worker process can open the same store with ``cls(**kwargs)``.
 
 The suite uses only the public protocol, so the same tests run against an HTTP client and a server.
-Its tests come in three parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
-lifecycle (`AttemptConformanceTests`) and the dashboard queries (`DashboardConformanceTests`).
+Its tests come in four parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
+lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`) and the exact round trip
+of every field of spans and LLM calls (`RecordRoundTripTests`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
+from agentlightning.testing._store_kit_records import RecordRoundTripTests
 
 __all__ = ["StoreConformanceTests", "StoreFactory", "make_call", "make_span"]
 
@@ -110,7 +112,7 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
     results.put(asyncio.run(main()))
 
 
-class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, KitGuard):
+class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, RecordRoundTripTests, KitGuard):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
     supports_reopen: ClassVar[bool] = False
