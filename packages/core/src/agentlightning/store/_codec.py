@@ -387,6 +387,9 @@ def _call_values(row: Sequence[Any], payload: bytes, meta: list[Any], blobs: dic
         "start_time": start_time,
         "end_time": doc["end_time"],
         "error": doc["error"],
+        # absent from records written before calls carried them
+        "policy": doc.get("policy"),
+        "agent_name": doc.get("agent_name"),
     }
 
 

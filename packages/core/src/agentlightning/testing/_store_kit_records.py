@@ -86,6 +86,8 @@ def round_trip_calls(rollout_id: str, attempt_id: str) -> list[LLMCall]:
             start_time=1_700_000_000.123_456_7,
             end_time=1_700_000_001.000_000_1,
             error=None,
+            policy="writer",
+            agent_name="rédacteur",
         ),
         LLMCall(
             call_id="rt-call-2",
