@@ -301,9 +301,9 @@ class PostgresRecords:
 
         def write(conn: Any) -> int:
             self._check_attempts(conn, pairs, "spans")
-            if blobs:
-                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             added = conn.execute(_INSERT_SPANS, columns).rowcount
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             if key is not None and added < len(batch):
                 seen = self._lock_request(conn, key)
                 if seen is not None:
@@ -361,9 +361,9 @@ class PostgresRecords:
 
         def write(conn: Any) -> int:
             self._check_attempts(conn, pairs, "LLM calls")
-            if blobs:
-                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             added = conn.execute(_INSERT_CALLS, columns).rowcount
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             if key is not None and added < len(batch):
                 seen = self._lock_request(conn, key)
                 if seen is not None:

@@ -205,11 +205,11 @@ class SqliteRecords:
         pairs = {(row[0], row[1]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "spans")
-            if blobs:
-                conn.executemany(_INSERT_BLOB, blobs.items())
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
             added = conn.total_changes - before
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.executemany(_INSERT_BLOB, blobs.items())
             if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
                 return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
             if finals:
@@ -254,8 +254,6 @@ class SqliteRecords:
         pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "LLM calls")
-            if blobs:
-                conn.executemany(_INSERT_BLOB, blobs.items())
             before = conn.total_changes
             conn.executemany(
                 "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
@@ -263,6 +261,8 @@ class SqliteRecords:
                 rows,
             )
             added = conn.total_changes - before
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.executemany(_INSERT_BLOB, blobs.items())
             if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
                 return int(seen)
             if versions:
