@@ -193,6 +193,30 @@ def test_network_options_are_checked_before_anything_starts(
     _refused(done, message, out)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--policy", "writer"], "AGENT=POLICY"),
+        (["--policy", "a=x", "--policy", "a=y"], "mapped twice"),
+        (["--policy", "a=../up"], "policy name"),
+        (["--policy", "calc=frozen"], "nothing would train"),
+        (["--default-policy", "writer"], "needs --policy"),
+        (["--policies", "/nonexistent/policies.json"], "--policies"),
+        (["--policy", "a=b", "--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"], "backend='local'"),
+    ],
+)
+def test_bad_policy_maps_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out), *options,
+    )  # fmt: skip
+    _refused(done, message, out)
+
+
 @pytest.mark.timeout(900)
 def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
     (tmp_path / "lazy_agent.py").write_text(

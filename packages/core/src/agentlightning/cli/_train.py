@@ -132,6 +132,23 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
     )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="AGENT=POLICY",
+        help="train one LoRA adapter per policy: agent name or glob pattern -> policy (repeatable; 'frozen' is the "
+        "untrained base), e.g. --policy writer=writer --policy rewriter=rewriter --policy checker=frozen",
+    )
+    parser.add_argument(
+        "--default-policy", default=None, help="with --policy: the policy of unmapped agents (default: frozen)"
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        metavar="FILE",
+        help='the policy map as JSON: {"agents": {"writer": "writer", "checker": "frozen"}, "default": "frozen"}',
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)
