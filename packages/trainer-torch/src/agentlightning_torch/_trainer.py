@@ -61,6 +61,8 @@ class TorchEngine(Engine):
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
         self.adapters: PolicyAdapters | None = None
+        # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
+        self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
         """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
         if config.policies is not None:
             lora = config.ppo.lora or LoraSettings()
