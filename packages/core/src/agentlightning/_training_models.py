@@ -66,6 +66,8 @@ class Transition(RecordModel):
         call_ids: The LLM calls merged into this sample.
         model_version: Version of the weights that generated the response (the oldest one when calls of several
             versions were merged); ``None`` when any merged call's version is unknown.
+        policy: The policy whose weights generated it (`LLMCall.policy`: the LoRA adapter the proxy routed the call
+            to), ``None`` when the run routes no policies.
         metadata: Free-form extras (span ids, ...).
 
     The names ``prompt_ids``, ``response_ids``, ``logprobs`` and ``reward`` are deprecated aliases (as keyword
@@ -86,6 +88,7 @@ class Transition(RecordModel):
     final_reward: float | None = None
     call_ids: list[str] = Field(default_factory=list)
     model_version: int | None = Field(default=None, ge=0)
+    policy: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -148,6 +151,8 @@ class TrainingSample(RecordModel):
         agent_name: Source agent.
         model_version: Version of the weights that generated the response (see `Transition.model_version`); the
             trainer's current version minus this is the sample's staleness.
+        policy: The policy that generated it (`Transition.policy`): a multi-policy engine trains it on that
+            policy's adapter only.
 
     The names ``prompt_ids``, ``response_ids`` and ``old_logprobs`` are deprecated aliases (as keyword arguments
     and attributes) of ``prompt_token_ids``, ``response_token_ids`` and ``response_logprobs``; ``returns`` is a
@@ -166,6 +171,7 @@ class TrainingSample(RecordModel):
     step_index: int
     agent_name: str | None = None
     model_version: int | None = Field(default=None, ge=0)
+    policy: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +241,7 @@ class TransitionFields(TypedDict):
     final_reward: float | None
     call_ids: list[str]
     model_version: int | None
+    policy: str | None
     metadata: dict[str, Any]
 
 
@@ -253,6 +260,7 @@ class TrainingSampleFields(TypedDict):
     step_index: int
     agent_name: str | None
     model_version: int | None
+    policy: str | None
 
 
 class TrainingBatch(RecordModel):

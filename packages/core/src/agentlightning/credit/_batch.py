@@ -95,12 +95,15 @@ def staleness_metrics(samples: Sequence[TrainingSample], current_version: int) -
 _Credited = tuple[list[Transition], float, list[float]]
 """One rollout's transitions in step order, its final reward and the credit of each transition."""
 
+_GroupKey = tuple[str, str | None]
+"""A group: the rollouts' group id (or the rollout id) and the policy that generated the transitions."""
+
 
 @dataclass
 class _Grouped:
     """Credit assignment's output: the credited rollouts by group, and what it saw along the way."""
 
-    groups: dict[str, list[_Credited]] = field(default_factory=dict[str, list[_Credited]])
+    groups: dict[_GroupKey, list[_Credited]] = field(default_factory=dict[_GroupKey, list[_Credited]])
     finals: list[float] = field(default_factory=list[float])  # final reward of every kept rollout
     without_reward: list[str] = field(default_factory=list[str])  # rollouts that reported no final reward
 
@@ -109,7 +112,7 @@ class _Grouped:
 class _Estimated:
     """The groups that are estimated (equal groups dropped on request) and their advantages."""
 
-    keys: list[str]
+    keys: list[_GroupKey]
     advantages: GroupedValues
     equal_groups: int
     dropped_samples: int
@@ -171,6 +174,21 @@ def _in_step_order(rollout_id: str, steps: list[Transition]) -> float | None:
     return final
 
 
+def _by_policy(
+    steps: list[Transition], credits: list[float]
+) -> list[tuple[str | None, list[Transition], list[float]]]:
+    """A rollout's steps and credits split by policy (one part, in order, when every step has the same one)."""
+    first = steps[0].policy
+    if all(step.policy == first for step in steps):
+        return [(first, steps, credits)]
+    parts: dict[str | None, tuple[list[Transition], list[float]]] = {}
+    for step, credit in zip(steps, credits, strict=True):
+        part = parts.setdefault(step.policy, ([], []))
+        part[0].append(step)
+        part[1].append(credit)
+    return [(policy, part[0], part[1]) for policy, part in parts.items()]
+
+
 def _assign_credit(
     rollouts: dict[tuple[str, str], list[Transition]], strategy: CreditStrategy, config: CreditConfig, check: bool
 ) -> _Grouped:
@@ -190,12 +208,13 @@ def _assign_credit(
         if len(credits) != len(steps):
             raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
         grouped.finals.append(final)
-        group_key = steps[0].group_id or rollout_id
-        group = groups.get(group_key)
-        if group is None:
-            groups[group_key] = [(steps, final, credits)]
-        else:
-            group.append((steps, final, credits))
+        group_id = steps[0].group_id or rollout_id
+        for policy, policy_steps, policy_credits in _by_policy(steps, credits):
+            group = groups.get((group_id, policy))
+            if group is None:
+                groups[(group_id, policy)] = [(policy_steps, final, policy_credits)]
+            else:
+                group.append((policy_steps, final, policy_credits))
     _report_missing_rewards(grouped.without_reward, config)
     return grouped
 
@@ -214,7 +233,7 @@ def _report_missing_rewards(without_reward: list[str], config: CreditConfig) -> 
 
 
 def _estimate_advantages(
-    groups: dict[str, list[_Credited]], estimate: AdvantageEstimator, config: CreditConfig
+    groups: dict[_GroupKey, list[_Credited]], estimate: AdvantageEstimator, config: CreditConfig
 ) -> _Estimated:
     """Estimate phase: drop equal groups on request, then the estimator turns credits into advantages.
 
@@ -222,7 +241,7 @@ def _estimate_advantages(
         ValueError: The estimator's answer has another shape than the credits it was given.
     """
     tol = config.equal_tolerance
-    keys: list[str] = []
+    keys: list[_GroupKey] = []
     kept_credits: GroupedValues = []
     equal_groups = 0
     dropped_samples = 0
@@ -244,7 +263,7 @@ def _estimate_advantages(
     return _Estimated(keys, advantages, equal_groups, dropped_samples)
 
 
-def _make_samples(groups: dict[str, list[_Credited]], estimated: _Estimated, check: bool) -> _Samples:
+def _make_samples(groups: dict[_GroupKey, list[_Credited]], estimated: _Estimated, check: bool) -> _Samples:
     """Samples phase: one `TrainingSample` per transition with a response, its credit and advantage.
 
     Raises:
@@ -275,12 +294,13 @@ def _make_samples(groups: dict[str, list[_Credited]], estimated: _Estimated, che
                     "response_logprobs": values["response_logprobs"],
                     "credit": credit_value,
                     "advantage": advantage,
-                    "group_id": key,
+                    "group_id": key[0],
                     "rollout_id": values["rollout_id"],
                     "attempt_id": values["attempt_id"],
                     "step_index": values["step_index"],
                     "agent_name": values["agent_name"],
                     "model_version": values["model_version"],
+                    "policy": values["policy"],
                 }
                 add_sample(new_sample(fields))
                 out.response_tokens += len(response)
@@ -370,7 +390,9 @@ def build_training_batch(
     Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
     ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
     final and intermediate rewards into one credit per transition (``TrainingSample.credit``); the estimator
-    turns credits into advantages.
+    turns credits into advantages. Transitions of several policies (`Transition.policy`: one LoRA adapter per
+    agent) are compared only with their own policy's: each group is split by policy before the estimator sees it,
+    so a policy's advantages come from its own samples.
 
     Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
     stalled (all successes or all failures), and nothing in the batch moves the policy.

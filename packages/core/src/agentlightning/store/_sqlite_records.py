@@ -29,14 +29,11 @@ from agentlightning.store._base import (
     RetryPolicy,
     StoreStats,
 )
+from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
-    validate_calls,
-    validate_resources,
-    validate_spans,
 )
 from agentlightning.store._query import (
     RolloutPage,
@@ -78,7 +75,7 @@ REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class SqliteRecords:
+class SqliteRecords(StoreBoundary):
     """The connection and the appended records of a `SqliteStore` (its base class; use `SqliteStore`).
 
     Args: as `SqliteStore`.
@@ -191,10 +188,10 @@ class SqliteRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id) gets the count of the first one, not 0.
         """
-        batch = validate_spans(spans)
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
         if not batch:
             return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
+        key = None if request_id is None else "spans:" + request_id
         blobs: dict[bytes, bytes] = {}
         rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, encode_span(s, blobs)) for s in batch]
         finals = [
@@ -220,7 +217,6 @@ class SqliteRecords:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        check_id("rollout_id", rollout_id)
         sql = (
             "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM spans s "
             "LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
@@ -229,7 +225,6 @@ class SqliteRecords:
         )
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
             sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
         else:
             sql = sql.format("")
@@ -242,7 +237,7 @@ class SqliteRecords:
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
+        batch = calls
         if not batch:
             return 0
         blobs: dict[bytes, bytes] = {}
@@ -250,7 +245,7 @@ class SqliteRecords:
         versions = [
             (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
         ]
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        key = None if request_id is None else "calls:" + request_id
         pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "LLM calls")
@@ -273,11 +268,9 @@ class SqliteRecords:
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        check_id("rollout_id", rollout_id)
         sql = "SELECT call_id, rollout_id, attempt_id, start_time, data FROM llm_calls WHERE rollout_id = ?"
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
             sql, params = sql + " AND attempt_id = ?", (rollout_id, attempt_id)
         with self._read as conn:
             rows = conn.execute(sql + " ORDER BY start_time, rowid", params).fetchall()
@@ -296,7 +289,7 @@ class SqliteRecords:
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        res = validate_resources(resources)
+        res = resources
         with self._write as conn:
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
             if row is not None:
@@ -315,7 +308,6 @@ class SqliteRecords:
             if resources_id is None:
                 row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
                 return None if row is None else resources_from_json(row[0])
-            check_id("resources_id", resources_id)
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"resources {resources_id!r} not found")
@@ -331,12 +323,12 @@ class SqliteRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, off the event loop)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
+        query = query or RolloutQuery()  # the boundary passes a validated query
         return await self._dashboard.run(self._dashboard.list_rollouts, query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
+        query = query or RunStatsQuery()
         return await self._dashboard.run(self._dashboard.run_stats, query)
 
     # ----------------------------------------------------------------- misc

@@ -193,7 +193,8 @@ class _Join:
         elif on_span is not None:
             prompt, response = on_span
             self.diag.joined_by_span_attributes += 1
-            self._add(agent, prompt, response, span_logprobs(span, response, self.problems), None, None, [span_id])
+            logprobs = span_logprobs(span, response, self.problems)
+            self._add(agent, prompt, response, logprobs, None, None, None, [span_id])
         else:
             self._missing_ids(span, response_id)
 
@@ -245,7 +246,8 @@ class _Join:
             return
         span_ids = [] if span_id is None else [span_id]
         call_ids = [values["call_id"]]
-        self._add(agent, prompt, response, values["response_logprobs"], call_ids, values["model_version"], span_ids)
+        version, policy = values["model_version"], values["policy"]
+        self._add(agent, prompt, response, values["response_logprobs"], call_ids, version, policy, span_ids)
 
     def _add(
         self,
@@ -255,6 +257,7 @@ class _Join:
         logprobs: list[float] | None,
         call_ids: list[str] | None,
         model_version: int | None,
+        policy: str | None,
         span_ids: list[str],
     ) -> None:
         """The one place a trained call becomes a `Transition`'s fields (token-id lists shared with the record)."""
@@ -272,6 +275,7 @@ class _Join:
             "final_reward": self.final_reward,
             "call_ids": call_ids or [],
             "model_version": model_version,
+            "policy": policy,
             "metadata": {"span_ids": span_ids},
         }
         self.samples.append(fields)
@@ -374,7 +378,7 @@ class TransitionBuilder:
             _warn_proxy_only(rollout_id, len(calls.unreferenced), self.config.agent_filter is not None)
             proxy_only = interleave_proxy_only(events, calls, problems)
         ids = (rollout_id, attempt_id, group_id)
-        join = _Join(self.config, tree, calls, ids, events.final_reward(), diag, problems)
+        join = _Join(self.config, tree, calls, ids, events.final_reward, diag, problems)
         join.run(events)
         _report(join, diag, self.config, len(llm_calls) - calls.foreign, proxy_only)
         if self.config.mode == "trajectory":

@@ -45,6 +45,7 @@ class Events:
     final_index: int | None = None
     referenced: set[Any] = field(default_factory=set[Any])
 
+    @property
     def final_reward(self) -> float | None:
         """The episode's final reward (``None`` if the attempt gave none)."""
         return self.items[self.final_index][1] if self.final_index is not None else None

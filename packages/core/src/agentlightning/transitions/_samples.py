@@ -87,7 +87,8 @@ def merge_trajectories(
             head: list[int] = current["prompt_token_ids"]
             tail: list[int] = current["response_token_ids"]
             n, m = len(head), len(tail)
-            if len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
+            same_policy = current["policy"] == call["policy"]  # one sample trains one policy's weights
+            if same_policy and len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
                 observation = prompt[n + m :]
                 tail += observation
                 tail += response
