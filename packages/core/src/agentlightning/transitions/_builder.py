@@ -139,6 +139,7 @@ class _Join:
     def run(self, events: Events) -> None:
         """Join every event: a reward goes to the latest trained call, a call becomes a sample."""
         final_index = events.final_index
+        llm_span = self._llm_span  # bound once: this loop runs for every LLM call of every attempt
         for index, (span, key, is_final) in enumerate(events.items):
             if is_final is not None:
                 if index != final_index:
@@ -146,7 +147,7 @@ class _Join:
             elif span is None:
                 self._proxy_record(key)
             else:
-                self._llm_span(span, key)
+                llm_span(span, key)
 
     def _add_reward(self, span: Span | None, value: float) -> None:
         where = span.span_id if span is not None else "?"
@@ -189,7 +190,14 @@ class _Join:
         if self._keep is not None and not self._keep(agent):
             self.diag.calls_filtered += 1
         elif call is not None:
-            self._add_call(call, agent, span_id, span_id, values["name"])
+            record = call.__dict__
+            prompt = record["prompt_token_ids"]
+            response = record["response_token_ids"]
+            if prompt and response:  # the common case, without a further call (see _add_call)
+                logprobs, version, policy = record["response_logprobs"], record["model_version"], record["policy"]
+                self._add(agent, prompt, response, logprobs, [record["call_id"]], version, policy, [span_id])
+            else:
+                self._add_call(call, agent, span_id, span_id, values["name"])
         elif on_span is not None:
             prompt, response = on_span
             self.diag.joined_by_span_attributes += 1
