@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from agentlightning import Algorithm, Engine, IterationReport, LightningStore, RLLoop, TrainingBatch
+from agentlightning.loop import BEST_CHECKPOINT
 from agentlightning.proxy import LLMProxy, register_backend, unregister_backend
 from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
@@ -137,9 +138,12 @@ class TorchTrainer(Engine, Algorithm):
         """Run one iteration: rollouts → batch → update → serve the new weights."""
         return await self.loop.train_iteration(store, train_tasks)
 
-    async def evaluate(self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True) -> IterationReport:
-        """Run each task once with the current policy (greedy by default) and report the mean reward."""
-        return await self.loop.evaluate(store, tasks, greedy=greedy)
+    async def evaluate(
+        self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True, keep_best: bool = False
+    ) -> IterationReport:
+        """Run each task once with the current policy (greedy by default) and report the mean reward; with
+        ``keep_best``, save ``checkpoint/best`` when it is the best evaluation so far (`RLLoop.evaluate`)."""
+        return await self.loop.evaluate(store, tasks, greedy=greedy, keep_best=keep_best)
 
     # ----- the engine --------------------------------------------------------------------------------------
 
@@ -255,8 +259,10 @@ class TorchTrainer(Engine, Algorithm):
         }
 
     def save_state(self, directory: Path) -> None:
-        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state."""
-        save_checkpoint(self.policy, self.tokenizer, directory, {"optimizer": self.optimizer.state_dict()})
+        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state; the
+        best checkpoint inside it (``best/``) is kept."""
+        state = {"optimizer": self.optimizer.state_dict()}
+        save_checkpoint(self.policy, self.tokenizer, directory, state, keep=(BEST_CHECKPOINT,))
 
     def load_state(self, directory: Path) -> None:
         """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote."""

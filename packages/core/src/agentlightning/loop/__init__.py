@@ -7,7 +7,17 @@ its inference servers. Settings: `LoopConfig` (with `ProxySettings`).
 
 from agentlightning.loop._config import LoopConfig, ProxySettings
 from agentlightning.loop._engine import Engine
-from agentlightning.loop._loop import LOOP_STATE_FILE, RLLoop
-from agentlightning.loop._report import IterationReport, summarize_results
+from agentlightning.loop._loop import BEST_CHECKPOINT, LOOP_STATE_FILE, RLLoop
+from agentlightning.loop._report import IterationReport, held_out_score, summarize_results
 
-__all__ = ["LOOP_STATE_FILE", "Engine", "IterationReport", "LoopConfig", "ProxySettings", "RLLoop", "summarize_results"]
+__all__ = [
+    "BEST_CHECKPOINT",
+    "LOOP_STATE_FILE",
+    "Engine",
+    "IterationReport",
+    "LoopConfig",
+    "ProxySettings",
+    "RLLoop",
+    "held_out_score",
+    "summarize_results",
+]
