@@ -452,7 +452,7 @@ async def test_eval_every_writes_held_out_points_and_keeps_the_best_checkpoint(t
 
     assert before.reward_mean == 0.25 and loop.model_version == 3
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    evals = [(row["iteration"], row["reward_mean"], row["metrics"].get("best")) for row in rows if row["kind"] == "eval"]
+    evals = [(r["iteration"], r["reward_mean"], r["metrics"].get("best")) for r in rows if r["kind"] == "eval"]
     # one held-out point before RL and one after each iteration, in metrics.jsonl between the training lines
     assert evals == [(0, 0.25, 1.0), (1, 0.75, 1.0), (2, 0.5, None), (3, 0.75, None)]
     assert [row["kind"] for row in rows] == ["eval", "train", "eval", "train", "eval", "train", "eval"]

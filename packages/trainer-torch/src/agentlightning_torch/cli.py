@@ -37,7 +37,9 @@ from agentlightning_torch.runkit import (
     UsageError,
     load_jsonl_tasks,
     plot_run,
+    proxy_settings,
     start_dashboard,
+    store_serving,
     trainer_config,
 )
 
@@ -147,41 +149,6 @@ def _check_writable(output: Path) -> None:
         raise UsageError(f"cannot write to --output {str(output)!r}: {error.strerror or error}") from None
 
 
-def _store_serving(args: argparse.Namespace) -> Any:
-    """Where this run's store lives and who can reach it (`agl.StoreServing`), from the command line."""
-    from pydantic import ValidationError
-
-    import agentlightning as agl
-
-    try:
-        return agl.StoreServing(
-            serve=args.serve_store,
-            url=args.store_url,
-            token=args.store_token,
-            heartbeat_timeout_s=args.heartbeat_timeout,
-        )
-    except ValidationError as error:
-        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
-
-
-def _proxy_settings(args: argparse.Namespace) -> Any:
-    """Where the LLM proxy listens and how runners reach it (`agl.ProxySettings`), checked before anything starts."""
-    from pydantic import ValidationError
-
-    import agentlightning as agl
-
-    try:
-        proxy = agl.ProxySettings(
-            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
-        )
-        proxy.check_exposure()
-    except ValidationError as error:
-        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
-    except ValueError as error:
-        raise UsageError(str(error).splitlines()[0]) from None
-    return proxy
-
-
 def _check_llm_used(report: Any) -> None:
     if report.finished == 0:
         raise UsageError(
@@ -210,7 +177,7 @@ def _trainer_config(plan: _Plan) -> Any:
         max_staleness=args.max_staleness,
         checkpoint_every=25,
         ppo_settings={"lora": lora},
-        proxy=_proxy_settings(args),
+        proxy=proxy_settings(args),
         backend=args.backend,
         vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=args.tool_parser_plugin),
     )
@@ -237,7 +204,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
 
     args = plan.args
     config = _trainer_config(plan)
-    serving = _store_serving(args)  # refused here, before anything is written
+    serving = store_serving(args)  # refused here, before anything is written
     if args.quiet:  # no progress bar means none of transformers' either (loading and saving weights)
         from transformers.utils import logging as transformers_logging
 

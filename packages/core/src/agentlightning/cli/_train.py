@@ -73,6 +73,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting model (default: 0)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the loss (default: 0)")
     parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each batch (default: 1)")
     parser.add_argument("--model-name", default="policy", help="name the model is served under")
     parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")

@@ -26,7 +26,14 @@ Example::
 from agentlightning_torch.runkit._output import Curve, plot_run, print_table, run_main
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, free_port, start_dashboard
-from agentlightning_torch.runkit._setup import UsageError, add_run_arguments, load_jsonl_tasks, trainer_config
+from agentlightning_torch.runkit._setup import (
+    UsageError,
+    add_run_arguments,
+    load_jsonl_tasks,
+    proxy_settings,
+    store_serving,
+    trainer_config,
+)
 
 __all__ = [
     "AgentRunners",
@@ -40,7 +47,9 @@ __all__ = [
     "load_jsonl_tasks",
     "plot_run",
     "print_table",
+    "proxy_settings",
     "run_main",
     "start_dashboard",
+    "store_serving",
     "trainer_config",
 ]

@@ -8,10 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UsageError", "add_run_arguments", "load_jsonl_tasks", "trainer_config"]
+__all__ = [
+    "UsageError",
+    "add_run_arguments",
+    "load_jsonl_tasks",
+    "proxy_settings",
+    "store_serving",
+    "trainer_config",
+]
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """Bad input (an option, a task file, a model folder): printed as one line, exit code 2 (`run_main`)."""
 
 
@@ -66,7 +73,8 @@ def add_run_arguments(
     """The options every training script shares, with the script's defaults.
 
     ``--output``, the budgets (``--minutes``, ``--iterations``: whichever ends first), ``--eval-every``, the batch
-    shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--ppo-epochs``), ``--threads``, ``--device``,
+    shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``,
+    ``--ppo-epochs``), ``--threads``, ``--device``,
     the local runners (``--workers`` concurrent rollouts over ``--runners`` processes), ``--rollout-timeout``,
     ``--seed`` and ``--quiet``.
     """
@@ -86,6 +94,7 @@ def add_run_arguments(
     parser.add_argument("--samples-per-task", type=int, default=samples_per_task, help="rollouts per task (a group)")
     parser.add_argument("--lr", type=float, default=lr, help="policy learning rate")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting policy (0: none)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the PPO loss (0: none)")
     parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each iteration's batch")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -129,6 +138,7 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
 
     _check_budgets(args)
     ppo_settings: dict[str, Any] = {"lr": args.lr, "kl_coef": args.kl_coef, "epochs": args.ppo_epochs}
+    ppo_settings["entropy_coef"] = args.entropy_coef
     ppo_settings.update(specific.pop("ppo_settings", {}))
     settings: dict[str, Any] = {
         "model_dir": model_dir,
@@ -153,3 +163,53 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
         raise UsageError(f"invalid setting: {problems}") from None
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
+
+
+def _messages(error: Any) -> str:
+    return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())
+
+
+def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
+    """Where the run's store lives and who can reach it (`agentlightning.StoreServing`), from the options of
+    `agentlightning.cli.add_network_arguments`; ``settings``: further fields (``access_log``...).
+
+    Raises:
+        UsageError: The options contradict each other (one line).
+    """
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        return agl.StoreServing(
+            serve=args.serve_store,
+            url=args.store_url,
+            token=args.store_token,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            **settings,
+        )
+    except ValidationError as error:
+        raise UsageError(_messages(error)) from None
+
+
+def proxy_settings(args: argparse.Namespace) -> Any:
+    """Where the LLM proxy listens and how runners reach it (`agentlightning.ProxySettings`), from the options of
+    `agentlightning.cli.add_network_arguments`; its exposure is checked (a proxy off loopback needs a token).
+
+    Raises:
+        UsageError: A bad or unsafe setting (one line).
+    """
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        proxy = agl.ProxySettings(
+            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
+        )
+        proxy.check_exposure()
+    except ValidationError as error:
+        raise UsageError(_messages(error)) from None
+    except ValueError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+    return proxy
