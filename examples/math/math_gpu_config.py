@@ -2,7 +2,7 @@
 
 The agent is unchanged (``math_agent.py``); only the model behind the proxy changes. Serve the store and start runners
 first (``agl store serve``, ``agl runner --app-dir examples/math --agent math_agent:math_agent --instrument autogen
---store-url ...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlAlgorithm`` (see
+--store-url ...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlTrainer`` (see
 ``packages/trainer-verl/examples/grpo_1gpu.py`` for the driver script; pass ``split_problems`` tasks). The serving
 engine must turn the model's hermes ``<tool_call>`` blocks into OpenAI ``tool_calls`` (vLLM: ``--enable-auto-tool-choice
 --tool-call-parser hermes``).

@@ -48,13 +48,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
-from agentlightning._training_models import TrainingBatch
-from agentlightning.algorithm import Algorithm
 from agentlightning.credit._batch import build_batch_from_results
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
@@ -66,7 +64,7 @@ from agentlightning.transitions._store import results_from_store
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["BEST_CHECKPOINT", "LOOP_STATE_FILE", "RLLoop"]
+__all__ = ["BEST_CHECKPOINT", "LOOP_STATE_FILE", "EngineT", "RLLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +75,16 @@ BEST_CHECKPOINT = "best"
 """The folder inside ``checkpoint/`` holding the checkpoint of the best held-out evaluation (an engine's
 `Engine.save_state` keeps it when it replaces the last checkpoint)."""
 
+EngineT = TypeVar("EngineT", bound=Engine)
+"""The type of a loop's engine: ``RLLoop[TorchEngine].engine`` is a ``TorchEngine`` to a type checker."""
 
-class RLLoop(Algorithm):
+
+class RLLoop(Generic[EngineT]):
     """Train the policy of an `Engine` with rollouts from any runners, serving it through the LLM proxy.
+
+    This is the one way to train: the loop owns the step (tasks, rollouts, proxy, credit, versions, metrics,
+    checkpoints), ``loop.engine`` owns the model and its servers. A trainer package's convenience class (such as a
+    ``TorchTrainer``) is an `RLLoop` whose engine it builds from one config; everything model-side is on ``.engine``.
 
     Args:
         config: Validated settings.
@@ -90,7 +95,7 @@ class RLLoop(Algorithm):
     def __init__(
         self,
         config: LoopConfig,
-        engine: Engine,
+        engine: EngineT,
         *,
         on_iteration: Callable[[IterationReport], None] | None = None,
     ) -> None:
@@ -164,6 +169,7 @@ class RLLoop(Algorithm):
             host=settings.host,
             port=settings.port,
             advertise_url=settings.advertised_url,
+            policies=self.config.policies,
         )
         await proxy.start()
         self._proxy = proxy
@@ -350,10 +356,6 @@ class RLLoop(Algorithm):
         self.best = report
         report.metrics["best"] = 1.0
         logger.info("best held-out %s so far: %.4f at iteration %d", metric, score, self.iteration)
-
-    def update(self, batch: TrainingBatch) -> dict[str, float]:
-        """The engine's update (the `Algorithm` contract); `train_iteration` calls it in a worker thread."""
-        return self.engine.update(batch)
 
     # ----- helpers ---------------------------------------------------------------------------------------
 

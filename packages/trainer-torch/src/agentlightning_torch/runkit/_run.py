@@ -119,7 +119,7 @@ class TrainingRun:
     still open).
 
     Args:
-        trainer: A `TorchTrainer` (or any trainer with its `start`/`run`/`evaluate`/`stop` and ``loop``).
+        trainer: The `agentlightning.RLLoop` to run (a `TorchTrainer`, or an ``RLLoop`` over any engine).
         settings: The run's tasks, runners and store.
         console: A ``rich`` console for the progress and messages (default: stderr).
     """
@@ -227,7 +227,7 @@ class TrainingRun:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         trainer, settings = self.trainer, self.settings
-        trainer.loop.on_iteration = self.on_iteration
+        trainer.on_iteration = self.on_iteration
         await trainer.start(self.store)
         before = after = None
         metric = trainer.config.best_metric
@@ -249,16 +249,15 @@ class TrainingRun:
             raise UsageError("no RL iteration finished within the time budget; raise --minutes")
         if settings.val_tasks:
             after = await self.evaluate(when="after")
-        loop = trainer.loop
         result = RunResult(
             history=list(trainer.history),
-            evaluations=list(loop.evaluations),
+            evaluations=list(trainer.evaluations),
             before=before,
             after=after,
-            best=loop.best,
+            best=trainer.best,
             rl_seconds=rl_seconds,
-            checkpoint=loop.checkpoint_dir,
-            best_checkpoint=loop.best_checkpoint_dir if loop.best is not None else None,
+            checkpoint=trainer.checkpoint_dir,
+            best_checkpoint=trainer.best_checkpoint_dir if trainer.best is not None else None,
             metric=metric,
         )
         await self.finished(result)
