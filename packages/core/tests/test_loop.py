@@ -399,6 +399,13 @@ def test_max_staleness_is_0_or_1_and_needs_an_engine_that_serves_during_the_upda
         RLLoop(_config(tmp_path, max_staleness=1), FakeEngine())
 
 
+def test_policies_need_an_engine_that_trains_several(tmp_path: Path) -> None:
+    from agentlightning import PolicyMap
+
+    with pytest.raises(ValueError, match="FakeEngine cannot train several policies: it trains one policy"):
+        RLLoop(_config(tmp_path, policies=PolicyMap(agents={"writer": "writer"})), FakeEngine())
+
+
 async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Path) -> None:
     """No ``ProxySettings.token`` on loopback: the loop makes one (a web page in a local browser reaches the port)."""
     engine = FakeEngine()

@@ -111,6 +111,8 @@ class RLLoop(Generic[EngineT]):
                 f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
                 f"{type(engine).__name__} does not (Engine.serves_during_update is False): use max_staleness=0"
             )
+        if config.policies is not None and engine.policies_unsupported is not None:
+            raise ValueError(f"{type(engine).__name__} cannot train several policies: {engine.policies_unsupported}")
 
     # ----- serving ---------------------------------------------------------------------------------------
 
@@ -159,6 +161,7 @@ class RLLoop(Generic[EngineT]):
             host=settings.host,
             port=settings.port,
             advertise_url=settings.advertised_url,
+            policies=self.config.policies,
         )
         await proxy.start()
         self._proxy = proxy
