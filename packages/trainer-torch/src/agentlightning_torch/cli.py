@@ -354,7 +354,7 @@ async def _run(
         status = f"it {report.iteration:3d}  reward {report.reward_mean:+.3f}  {report.seconds:.1f}s/it"
         progress.update(bar, completed=min(time.monotonic() - started, budget), status=status)
 
-    trainer.loop.on_iteration = on_iteration
+    trainer.on_iteration = on_iteration
     before = after = None
     try:
         await trainer.start(store)

@@ -231,9 +231,12 @@ class Adapter(ABC):
         """Undo ``_instrument``."""
 
 
-def _entry_points() -> dict[str, type[Adapter]]:
+def _entry_points(name: str | None = None) -> dict[str, type[Adapter]]:
+    """The adapter classes registered in the entry point group (only those named ``name`` when given)."""
     found: dict[str, type[Adapter]] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if name is not None and ep.name != name:
+            continue
         try:
             cls = ep.load()
         except Exception as exc:  # a broken optional adapter must not break the others
@@ -252,9 +255,10 @@ def get_adapter(name: str) -> Adapter:
     Raises:
         KeyError: No installed adapter has that name (the message lists the installed ones).
     """
-    classes = _entry_points()
+    classes = _entry_points(name)  # only that one: importing every adapter's framework costs seconds of CPU
     if name not in classes:
-        raise KeyError(f"no adapter named {name!r} is installed; installed adapters: {sorted(classes)}")
+        installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        raise KeyError(f"no adapter named {name!r} is installed; installed adapters: {installed}")
     return classes[name].default()
 
 

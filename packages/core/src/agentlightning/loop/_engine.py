@@ -7,7 +7,15 @@ from pathlib import Path
 
 from agentlightning._training_models import TrainingBatch
 
-__all__ = ["Engine"]
+__all__ = ["ENGINE_ENTRY_POINTS", "Engine"]
+
+ENGINE_ENTRY_POINTS = "agentlightning.engines"
+"""The entry-point group through which trainer packages offer their engine to ``agl train``.
+
+Each entry point is named after the engine (``agl train --engine NAME``) and points at the function that runs
+``agl train`` with it: ``train(args: argparse.Namespace) -> int`` (the parsed options, returning the exit code).
+The engine named NAME is installed with ``pip install agentlightning-NAME``; the core never names the package.
+"""
 
 
 class Engine(ABC):

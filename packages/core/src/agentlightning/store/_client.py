@@ -46,6 +46,7 @@ from agentlightning.store._common import (
     check_finish_status,
     check_id,
     check_statuses,
+    check_worker_ids,
     validate_calls,
     validate_ids,
     validate_requests,
@@ -58,6 +59,8 @@ from agentlightning.store._wire import (
     AddedResponse,
     AttemptRef,
     AttemptsResponse,
+    DequeueManyRequest,
+    DequeueManyResponse,
     DequeueRequest,
     DequeueResponse,
     EnqueueRequest,
@@ -193,6 +196,17 @@ class StoreClient(StoreTransport):
         """
         body = DequeueRequest(worker_id=worker_id, request_id=request_id or uuid.uuid4().hex)
         return (await self._call("POST", "/rollouts/dequeue", body, DequeueResponse)).claim
+
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts in one request, the i-th for ``worker_ids[i]``.
+
+        Every try carries the same request id (as in `dequeue_rollout`), so a retry gets the same claims.
+        """
+        workers = check_worker_ids(worker_ids)
+        if not workers:
+            return []
+        body = DequeueManyRequest(worker_ids=workers, request_id=request_id or uuid.uuid4().hex)
+        return (await self._call("POST", "/rollouts/dequeue_many", body, DequeueManyResponse)).claims
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""

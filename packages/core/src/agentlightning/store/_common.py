@@ -37,7 +37,7 @@ from agentlightning._models import (
     check_json_finite,
     is_validated,
 )
-from agentlightning.store._base import RetryPolicy, RolloutRequest
+from agentlightning.store._base import MAX_DEQUEUE_MANY, RetryPolicy, RolloutRequest
 
 __all__ = [
     "ALL_ROLLOUT_STATUSES",
@@ -46,6 +46,7 @@ __all__ = [
     "check_id",
     "check_spans_finite",
     "check_statuses",
+    "check_worker_ids",
     "json_has_non_finite",
     "revalidate_unchecked",
     "rollout_status_after",
@@ -220,6 +221,17 @@ def check_id(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def check_worker_ids(worker_ids: Sequence[str | None] | Any) -> list[str | None]:
+    """Validate the workers of a `dequeue_many` (a list of non-empty strings or ``None``, at most the maximum)."""
+    values = _as_list(worker_ids, "worker_ids")
+    if len(values) > MAX_DEQUEUE_MANY:
+        raise ValueError(f"dequeue_many claims at most {MAX_DEQUEUE_MANY} rollouts per request, got {len(values)}")
+    for value in values:
+        if value is not None:
+            check_id("worker_id", value)
+    return values
 
 
 def check_finish_status(status: Any) -> AttemptStatus:

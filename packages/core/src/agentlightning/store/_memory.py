@@ -100,6 +100,29 @@ class MemoryStore(MemoryRecords):
                 self._remember(key, None if claim is None else (claim.rollout.rollout_id, claim.attempt.attempt_id))
             return claim
 
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts at once, the i-th for ``worker_ids[i]`` (oldest first).
+
+        A retried request with the same ``request_id`` gets the same claims back (answers are kept in memory).
+        """
+        workers = boundary.check_worker_ids(worker_ids)
+        key = None if request_id is None else "dequeue_many:" + boundary.check_id("request_id", request_id)
+        with self._lock:
+            if key is not None and key in self._requests:
+                return [
+                    Claim(rollout=self._rollouts[r], attempt=self._get_attempt_locked(r, a)[1])
+                    for r, a in self._requests[key]
+                ]
+            claims: list[Claim] = []
+            for worker_id in workers:
+                claim = self._dequeue_locked(worker_id)
+                if claim is None:
+                    break
+                claims.append(claim)
+            if key is not None:
+                self._remember(key, [(c.rollout.rollout_id, c.attempt.attempt_id) for c in claims])
+            return claims
+
     def _dequeue_locked(self, worker_id: str | None) -> Claim | None:
         self._check_timeouts_locked()
         while self._queue:

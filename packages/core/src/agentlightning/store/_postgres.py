@@ -33,6 +33,7 @@ from agentlightning.store._common import (
     check_finish_status,
     check_id,
     check_statuses,
+    check_worker_ids,
     rollout_status_after,
     timed_out_status,
     validate_ids,
@@ -83,10 +84,23 @@ WITH claimed AS (
 SELECT {ROLLOUT_COLUMNS}, NULL FROM claimed
 UNION ALL SELECT {", ".join(["NULL"] * 10)}, result FROM agl_requests WHERE request_id = %(key)s
 """
+# `dequeue_many`: claim the n oldest queuing rollouts nobody else is claiming (``seq`` last: the queue order)
+_CLAIM_MANY = f"""
+UPDATE agl_rollouts SET status = 'running', updated_at = %(t)s WHERE seq IN (
+    SELECT seq FROM agl_rollouts WHERE status = 'queuing' ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+RETURNING {ROLLOUT_COLUMNS}, seq
+"""
+_INSERT_ATTEMPT = (
+    f"INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode) VALUES (%s, %s, %s, %s, 'running', %s, NULL, %s, NULL, %s)"
+)
 _UPDATE_ROLLOUT = (
     "UPDATE agl_rollouts SET status = %s, updated_at = %s, retry_count = retry_count + %s WHERE rollout_id = %s "
     f"RETURNING {ROLLOUT_COLUMNS}"
 )
+
+
+class _AnsweredMeanwhile(Exception):
+    """A `PostgresStore.dequeue_many` whose request id another try remembered first (its transaction is undone)."""
 
 
 class PostgresStore(PostgresRecords):
@@ -263,6 +277,64 @@ class PostgresStore(PostgresRecords):
             return Claim(rollout=rollout, attempt=attempt)
 
         return await self._write_statement(claim)
+
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts in one transaction, the i-th for ``worker_ids[i]``.
+
+        With a ``request_id``, the claims are remembered in the same transaction: a retried request gets the same
+        claims back through any server sharing the database (two tries racing: the second one replays the first).
+        """
+        workers = check_worker_ids(worker_ids)
+        key = None if request_id is None else "dequeue_many:" + check_id("request_id", request_id)
+        if not workers:
+            return []
+        if now() > self._no_timeout_before:
+            await self.check_timeouts()
+        try:
+            return await self._write(self._claim_many, workers, key)
+        except _AnsweredMeanwhile:
+            return await self._write(self._claim_many, workers, key)
+
+    def _claim_many(self, conn: Any, workers: list[str | None], key: str | None) -> list[Claim]:
+        if key is not None:
+            seen = conn.execute("SELECT result FROM agl_requests WHERE request_id = %s", (key,)).fetchone()
+            if seen is not None:
+                return [self._claim_of(conn, rollout_id, attempt_id) for rollout_id, attempt_id in from_json(seen[0])]
+        t = now()
+        rows = sorted(conn.execute(_CLAIM_MANY, {"t": t, "n": len(workers)}).fetchall(), key=lambda row: row[-1])
+        claims: list[Claim] = []
+        for row, worker_id in zip(rows, workers, strict=False):
+            rollout = rollout_from_row(row)
+            attempt = Attempt(
+                rollout_id=rollout.rollout_id,
+                attempt_id=new_id("at"),
+                sequence=rollout.retry_count + 1,
+                worker_id=worker_id,
+                start_time=t,
+                last_heartbeat=t,
+            )
+            claims.append(Claim(rollout=rollout, attempt=attempt))
+        if claims:
+            conn.cursor().executemany(
+                _INSERT_ATTEMPT,
+                [(a.rollout_id, a.attempt_id, a.sequence, a.worker_id, t, t, c.rollout.mode) for c in claims
+                 for a in (c.attempt,)],
+            )  # fmt: skip
+        if key is not None:
+            ids = dump_json([[c.rollout.rollout_id, c.attempt.attempt_id] for c in claims], "claims")
+            inserted = conn.execute(
+                "INSERT INTO agl_requests (request_id, result, created_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
+                (key, ids, t),
+            ).fetchone()
+            if inserted is None:  # another try of this request committed first: roll this one back, replay it
+                raise _AnsweredMeanwhile
+            self._count_request(conn, t)
+        return claims
+
+    def _claim_of(self, conn: Any, rollout_id: str, attempt_id: str) -> Claim:
+        rollout = self._get_rollout(conn, rollout_id)
+        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
 
     def _replay_claim(self, conn: Any, result: str) -> Claim | None:
         ids = from_json(result)

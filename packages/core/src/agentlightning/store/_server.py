@@ -40,6 +40,8 @@ from agentlightning.store._wire import (
     AddedResponse,
     AttemptRef,
     AttemptsResponse,
+    DequeueManyRequest,
+    DequeueManyResponse,
     DequeueRequest,
     DequeueResponse,
     EnqueueRequest,
@@ -105,8 +107,14 @@ class _DequeueMemory:
         self._entries[request_id] = (now + _DEQUEUE_MEMORY_SECONDS, fut)
         return fut, True
 
-    def forget(self, request_id: str) -> None:
+    def fail(self, request_id: str, fut: asyncio.Future[bytes], exc: BaseException) -> None:
+        """Forget ``request_id`` (a retry tries again) and hand ``exc`` to the tries waiting on ``fut``."""
         self._entries.pop(request_id, None)
+        if isinstance(exc, asyncio.CancelledError):
+            fut.cancel()
+        else:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: concurrent waiters re-raise it themselves
 
 
 # The hot answers are written straight from the serializers: the same bytes as dumping the `_wire` response
@@ -122,6 +130,10 @@ def _dump(model: BaseModel) -> bytes:
 
 def _claim_answer(claim: Claim | None) -> bytes:
     return b'{"claim":null}' if claim is None else b'{"claim":' + _CLAIM_JSON(claim) + b"}"
+
+
+def _claims_answer(claims: list[Claim]) -> bytes:
+    return b'{"claims":[' + b",".join(_CLAIM_JSON(claim) for claim in claims) + b"]}"
 
 
 def _added_answer(added: int) -> bytes:
@@ -217,15 +229,27 @@ def store_routes(store: LightningStore) -> list[Route]:
             try:
                 claim = await store.dequeue_rollout(body.worker_id, request_id=body.request_id)
             except BaseException as exc:
-                dequeues.forget(body.request_id)
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
-                    fut.exception()  # mark retrieved: concurrent waiters re-raise it themselves
+                dequeues.fail(body.request_id, fut, exc)
                 raise
             fut.set_result(_claim_answer(claim))
         return await asyncio.shield(fut)
+
+    async def dequeue_many(body: DequeueManyRequest) -> bytes:
+        if body.request_id is None:
+            claims = await store.dequeue_many(body.worker_ids)
+        else:  # concurrent tries share one answer, as for `dequeue`
+            key = "many:" + body.request_id
+            fut, first = dequeues.get_or_start(key)
+            if not first:
+                return await asyncio.shield(fut)
+            try:
+                claims = await store.dequeue_many(body.worker_ids, request_id=body.request_id)
+            except BaseException as exc:
+                dequeues.fail(key, fut, exc)
+                raise
+            fut.set_result(_claims_answer(claims))
+            return await asyncio.shield(fut)
+        return _claims_answer(claims)
 
     async def query_rollouts(body: QueryRolloutsRequest) -> bytes:
         rollouts = await store.query_rollouts(status=body.status, rollout_ids=body.rollout_ids)
@@ -295,6 +319,10 @@ def store_routes(store: LightningStore) -> list[Route]:
         Route("POST", f"{p}/rollouts/dequeue", dequeue, "dequeue",
               "Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back.",
               body=DequeueRequest, response=DequeueResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/dequeue_many", dequeue_many, "dequeue_many",
+              "Claim up to one queuing rollout per worker in ``worker_ids`` (oldest first); a repeated "
+              "``request_id`` gets the same answer back.",
+              body=DequeueManyRequest, response=DequeueManyResponse, tags=("rollouts",)),
         Route("POST", f"{p}/rollouts/query", query_rollouts, "query_rollouts",
               "Rollouts filtered by status and/or ids, in enqueue order.",
               body=QueryRolloutsRequest, response=RolloutsResponse, tags=("rollouts",)),

@@ -34,6 +34,7 @@ from agentlightning.store._common import (
     check_finish_status,
     check_id,
     check_statuses,
+    check_worker_ids,
     rollout_status_after,
     timed_out_status,
     validate_ids,
@@ -95,9 +96,11 @@ class SqliteStore(SqliteRecords):
 
     def _replay_claim(self, conn: sqlite3.Connection, result: str) -> Claim | None:
         ids = from_json(result)
-        if ids is None:
-            return None
-        return Claim(rollout=self._get_rollout(conn, ids[0]), attempt=self._get_attempt(conn, ids[0], ids[1]))
+        return None if ids is None else self._claim_of(conn, ids[0], ids[1])
+
+    def _claim_of(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Claim:
+        rollout = self._get_rollout(conn, rollout_id)
+        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
 
     def _end_attempt(
         self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
@@ -227,42 +230,61 @@ class SqliteStore(SqliteRecords):
                     return self._replay_claim(conn, seen)
             t = now()  # taken under the write lock, so start times are in commit order across processes
             _, finished = self._apply_timeouts(conn, t)
-            row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
-            if row is None:
-                if key is not None:
-                    self._remember_request(conn, key, "null", t)
-            else:
-                rollout = rollout_from_row(row)
-                sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
-                attempt = Attempt(
-                    rollout_id=rollout.rollout_id,
-                    attempt_id=new_id("at"),
-                    sequence=sequence,
-                    worker_id=worker_id,
-                    start_time=t,
-                    last_heartbeat=t,
-                )
-                conn.execute(
-                    _INSERT_ATTEMPT,
-                    (
-                        attempt.rollout_id,
-                        attempt.attempt_id,
-                        sequence,
-                        worker_id,
-                        "running",
-                        t,
-                        None,
-                        t,
-                        None,
-                        rollout.mode,
-                    ),
-                )
-                claim = Claim(rollout=rollout, attempt=attempt)
-                if key is not None:
-                    self._remember_request(conn, key, dump_json([rollout.rollout_id, attempt.attempt_id], "claim"), t)
+            claim = self._claim_oldest(conn, worker_id, t)
+            if key is not None:
+                ids = None if claim is None else [claim.rollout.rollout_id, claim.attempt.attempt_id]
+                self._remember_request(conn, key, dump_json(ids, "claim"), t)
         if finished:
             self._notifier.notify()
         return claim
+
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts in one transaction, the i-th for ``worker_ids[i]``.
+
+        With a ``request_id``, the claims are remembered in the same transaction (as in `dequeue_rollout`).
+        """
+        workers = check_worker_ids(worker_ids)
+        key = None if request_id is None else "dequeue_many:" + check_id("request_id", request_id)
+        finished = False
+        claims: list[Claim] = []
+        with self._write as conn:
+            if key is not None:
+                seen = self._seen_request(conn, key)
+                if seen is not None:
+                    return [self._claim_of(conn, rollout_id, attempt_id) for rollout_id, attempt_id in from_json(seen)]
+            t = now()
+            if workers:
+                _, finished = self._apply_timeouts(conn, t)
+            for worker_id in workers:
+                claim = self._claim_oldest(conn, worker_id, t)
+                if claim is None:
+                    break
+                claims.append(claim)
+            if key is not None:
+                ids = [[c.rollout.rollout_id, c.attempt.attempt_id] for c in claims]
+                self._remember_request(conn, key, dump_json(ids, "claims"), t)
+        if finished:
+            self._notifier.notify()
+        return claims
+
+    def _claim_oldest(self, conn: sqlite3.Connection, worker_id: str | None, t: float) -> Claim | None:
+        """Move the oldest queuing rollout to running and start its attempt (inside the caller's transaction)."""
+        row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
+        if row is None:
+            return None
+        rollout = rollout_from_row(row)
+        sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
+        attempt = Attempt(
+            rollout_id=rollout.rollout_id,
+            attempt_id=new_id("at"),
+            sequence=sequence,
+            worker_id=worker_id,
+            start_time=t,
+            last_heartbeat=t,
+        )
+        row = (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None, rollout.mode)
+        conn.execute(_INSERT_ATTEMPT, row)
+        return Claim(rollout=rollout, attempt=attempt)
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""

@@ -6,12 +6,12 @@ describes exactly what the server accepts and a malformed request fails with a m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentlightning._models import Attempt, AttemptStatus, Claim, LLMCall, Resources, Rollout, RolloutStatus, Span
-from agentlightning.store._base import RolloutRequest
+from agentlightning.store._base import MAX_DEQUEUE_MANY, RolloutRequest
 
 __all__ = [
     "API_PREFIX",
@@ -19,6 +19,8 @@ __all__ = [
     "AddedResponse",
     "AttemptRef",
     "AttemptsResponse",
+    "DequeueManyRequest",
+    "DequeueManyResponse",
     "DequeueRequest",
     "DequeueResponse",
     "EnqueueRequest",
@@ -122,6 +124,24 @@ class DequeueResponse(_Body):
     """The claim, or ``null`` when the queue was empty."""
 
     claim: Claim | None
+
+
+class DequeueManyRequest(_Body):
+    """Claim up to ``len(worker_ids)`` of the oldest queuing rollouts, the i-th for ``worker_ids[i]``.
+
+    Attributes:
+        worker_ids: Who claims them (one entry per idle worker; at most `MAX_DEQUEUE_MANY`).
+        request_id: As in `DequeueRequest`: a retried request gets the same claims back.
+    """
+
+    worker_ids: list[Annotated[str, Field(max_length=256)] | None] = Field(max_length=MAX_DEQUEUE_MANY)
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class DequeueManyResponse(_Body):
+    """The claims in queue order (fewer than asked when the queue ran short, ``[]`` when it was empty)."""
+
+    claims: list[Claim]
 
 
 class AttemptRef(_Body):

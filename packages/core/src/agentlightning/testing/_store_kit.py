@@ -51,6 +51,7 @@ from agentlightning.store._base import (
 from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
+from agentlightning.testing._store_kit_claims import ClaimConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
 from agentlightning.testing._store_kit_records import RecordRoundTripTests
 
@@ -112,7 +113,9 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
     results.put(asyncio.run(main()))
 
 
-class StoreConformanceTests(AttemptConformanceTests, DashboardConformanceTests, RecordRoundTripTests, KitGuard):
+class StoreConformanceTests(
+    AttemptConformanceTests, ClaimConformanceTests, DashboardConformanceTests, RecordRoundTripTests, KitGuard
+):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
     supports_reopen: ClassVar[bool] = False
