@@ -68,15 +68,20 @@ def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:
     return RecordBatch(rows, blobs, updates, {(row[1], row[2]) for row in rows})
 
 
-def spans_query(d: SqlDialect, rollout_id: str, attempt_id: str | None) -> tuple[str, tuple[str, ...]]:
-    """The statement and parameters that read a rollout's (or attempt's) span rows in the store's order."""
+def _where(d: SqlDialect, column_prefix: str, rollout_id: str, attempt_id: str | None) -> tuple[str, tuple[str, ...]]:
+    """The clause and parameters selecting one rollout's (or one attempt's) rows (ids checked first)."""
     check_id("rollout_id", rollout_id)
-    p = d.param
-    where, params = f"s.rollout_id = {p}", (rollout_id,)
+    where, params = f"{column_prefix}rollout_id = {d.param}", (rollout_id,)
     if attempt_id is not None:
         check_id("attempt_id", attempt_id)
-        where, params = f"{where} AND s.attempt_id = {p}", (rollout_id, attempt_id)
-    # attempts the table does not know (none: records are refused for them) would sort last
+        where, params = f"{where} AND {column_prefix}attempt_id = {d.param}", (rollout_id, attempt_id)
+    return where, params
+
+
+def spans_query(d: SqlDialect, rollout_id: str, attempt_id: str | None) -> tuple[str, tuple[str, ...]]:
+    """The statement and parameters that read a rollout's (or attempt's) span rows in the store's order."""
+    where, params = _where(d, "s.", rollout_id, attempt_id)
+    # spans of an attempt the attempts table does not know would sort last (none: such records are refused)
     return (
         f"SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM {d.prefix}spans s "
         f"LEFT JOIN {d.prefix}attempts a ON a.attempt_id = s.attempt_id WHERE {where} "
@@ -87,12 +92,7 @@ def spans_query(d: SqlDialect, rollout_id: str, attempt_id: str | None) -> tuple
 
 def calls_query(d: SqlDialect, rollout_id: str, attempt_id: str | None) -> tuple[str, tuple[str, ...]]:
     """The statement and parameters that read a rollout's (or attempt's) LLM-call rows in start order."""
-    check_id("rollout_id", rollout_id)
-    p = d.param
-    where, params = f"rollout_id = {p}", (rollout_id,)
-    if attempt_id is not None:
-        check_id("attempt_id", attempt_id)
-        where, params = f"{where} AND attempt_id = {p}", (rollout_id, attempt_id)
+    where, params = _where(d, "", rollout_id, attempt_id)
     return (
         f"SELECT call_id, rollout_id, attempt_id, start_time, data FROM {d.prefix}llm_calls WHERE {where} "
         f"ORDER BY start_time, {d.insertion_order}",
