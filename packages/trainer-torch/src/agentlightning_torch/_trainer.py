@@ -25,7 +25,8 @@ from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
-from agentlightning_torch._ppo import is_lora, make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch._policy_adapters import PolicyAdapters
+from agentlightning_torch._ppo import LoraSettings, is_lora, make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_serving import VLLMServing
@@ -59,8 +60,16 @@ class TorchEngine(Engine):
         loaded = load_model(config.model_dir, device=config.device)
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
-        self.policy = prepare_policy(loaded.model, config.ppo)
-        self.optimizer = make_optimizer(self.policy, config.ppo)
+        self.adapters: PolicyAdapters | None = None
+        """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
+        if config.policies is not None:
+            lora = config.ppo.lora or LoraSettings()
+            self.adapters = PolicyAdapters(loaded.model, config.policies.trained, lora, config.ppo)
+            self.policy: torch.nn.Module = self.adapters.model
+            self.optimizer = self.adapters.optimizers[self.adapters.names[0]]
+        else:
+            self.policy = prepare_policy(loaded.model, config.ppo)
+            self.optimizer = make_optimizer(self.policy, config.ppo)
         # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
         # with the adapters switched off (no copy at all).
         self.ref_model: torch.nn.Module | None = None
@@ -93,7 +102,8 @@ class TorchEngine(Engine):
                 self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
             return [self._backend_url]
         if self._backend_url is None:
-            served: Any = self.policy if self.serves_adapter else merged_model(self.policy)
+            multi = self.adapters is not None
+            served: Any = self.policy if self.serves_adapter or multi else merged_model(self.policy)
             backend = LocalBackend(
                 served,
                 self.tokenizer,
@@ -108,6 +118,9 @@ class TorchEngine(Engine):
                 generation_config=self.generation_config,
             )
             backend.model_version = model_version
+            if self.adapters is not None:  # every policy's adapter, served beside the frozen base
+                for name in self.adapters.names:
+                    backend.load_adapter(name, self.policy, version=model_version)
             self._backend = backend
             if self.config.backend_http:
                 self._server = BackendServer(backend).start()
@@ -146,7 +159,9 @@ class TorchEngine(Engine):
         return backend.running
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
-        """One PPO step on ``batch`` (the `Engine` contract)."""
+        """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
+        if self.adapters is not None:
+            return self.adapters.update(batch, self.config.device)
         return ppo_update(
             self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
         )
@@ -173,6 +188,10 @@ class TorchEngine(Engine):
             return
         if self._backend is None:
             raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
+        if self.adapters is not None:  # only the adapters this update changed get the new version
+            for name in self.adapters.updated:
+                await asyncio.to_thread(self._backend.load_adapter, name, self.policy, version=version)
+            return
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
     def iteration_metrics(self) -> dict[str, float]:
@@ -195,11 +214,21 @@ class TorchEngine(Engine):
         }
 
     def save_state(self, directory: Path) -> None:
-        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state."""
+        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state.
+
+        With policies: every adapter as ``adapters/<policy>/`` (``save_pretrained``) with every optimizer's state,
+        and the tokenizer."""
+        if self.adapters is not None:
+            self.adapters.save(directory)
+            self.tokenizer.save_pretrained(str(directory))
+            return
         save_checkpoint(self.policy, self.tokenizer, directory, {"optimizer": self.optimizer.state_dict()})
 
     def load_state(self, directory: Path) -> None:
-        """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote."""
+        """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote (with policies: all of them)."""
+        if self.adapters is not None:
+            self.adapters.load(directory, self.config.device)
+            return
         if is_lora(self.policy):
             load_adapter_weights(self.policy, directory)
         else:

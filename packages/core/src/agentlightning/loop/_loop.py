@@ -159,6 +159,7 @@ class RLLoop(Generic[EngineT]):
             host=settings.host,
             port=settings.port,
             advertise_url=settings.advertised_url,
+            policies=self.config.policies,
         )
         await proxy.start()
         self._proxy = proxy

@@ -22,14 +22,11 @@ from typing import Any, TypeVar
 from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
 from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
+from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._codec import decode_calls, decode_rows, decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
-    validate_calls,
-    validate_resources,
-    validate_spans,
 )
 from agentlightning.store._postgres_schema import (
     RESOURCES_LOCK,
@@ -82,7 +79,7 @@ REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class PostgresRecords:
+class PostgresRecords(StoreBoundary):
     """The connection pool and the appended records of a `PostgresStore` (its base class; use `PostgresStore`).
 
     Args: as `PostgresStore`.
@@ -278,10 +275,10 @@ class PostgresRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id), through any server, gets the count of the first one.
         """
-        batch = validate_spans(spans)
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
         if not batch:
             return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
+        key = None if request_id is None else "spans:" + request_id
         return await self._write(self._add_records, span_batch(batch), _INSERT_SPANS, _SET_REWARD, key, "spans")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
@@ -289,10 +286,10 @@ class PostgresRecords:
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
+        batch = calls
         if not batch:
             return 0
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        key = None if request_id is None else "calls:" + request_id
         records = call_batch(batch)
         return await self._write(self._add_records, records, _INSERT_CALLS, _SET_VERSION, key, "LLM calls")
 
@@ -338,7 +335,7 @@ class PostgresRecords:
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version (one at a time across servers)."""
-        res = validate_resources(resources)
+        res = resources
 
         def write(conn: Any) -> Resources:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESOURCES_LOCK,))
@@ -360,7 +357,6 @@ class PostgresRecords:
         if resources_id is None:
             sql, params = "SELECT data FROM agl_resources ORDER BY version DESC LIMIT 1", ()
         else:
-            check_id("resources_id", resources_id)
             sql, params = "SELECT data FROM agl_resources WHERE resources_id = %s", (resources_id,)
         row = await self._read(lambda conn: conn.execute(sql, params).fetchone())
         if row is None:
@@ -378,12 +374,12 @@ class PostgresRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, one snapshot)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
+        query = query or RolloutQuery()  # the boundary passes a validated query
         return await self._read(_snapshot, functools.partial(list_rollouts, POSTGRES), query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
+        query = query or RunStatsQuery()
         return await self._read(_snapshot, functools.partial(run_stats, POSTGRES), query)
 
     async def stats(self) -> StoreStats:

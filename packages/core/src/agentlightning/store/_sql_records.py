@@ -14,7 +14,6 @@ from typing import Any
 
 from agentlightning._models import LLMCall, Span
 from agentlightning.store._codec import encode_call, encode_span
-from agentlightning.store._common import check_id
 from agentlightning.store._query import final_reward_of
 from agentlightning.store._sql_dashboard import SqlDialect
 
@@ -69,11 +68,9 @@ def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:
 
 
 def _where(d: SqlDialect, column_prefix: str, rollout_id: str, attempt_id: str | None) -> tuple[str, tuple[str, ...]]:
-    """The clause and parameters selecting one rollout's (or one attempt's) rows (ids checked first)."""
-    check_id("rollout_id", rollout_id)
+    """The clause and parameters selecting one rollout's (or one attempt's) rows (ids validated at the boundary)."""
     where, params = f"{column_prefix}rollout_id = {d.param}", (rollout_id,)
     if attempt_id is not None:
-        check_id("attempt_id", attempt_id)
         where, params = f"{where} AND {column_prefix}attempt_id = {d.param}", (rollout_id, attempt_id)
     return where, params
 

@@ -29,14 +29,11 @@ from agentlightning.store._base import (
     RetryPolicy,
     StoreStats,
 )
+from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._codec import decode_calls, decode_rows, decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
-    validate_calls,
-    validate_resources,
-    validate_spans,
 )
 from agentlightning.store._query import (
     RolloutPage,
@@ -82,7 +79,7 @@ REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class SqliteRecords:
+class SqliteRecords(StoreBoundary):
     """The connection and the appended records of a `SqliteStore` (its base class; use `SqliteStore`).
 
     Args: as `SqliteStore`.
@@ -195,10 +192,10 @@ class SqliteRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id) gets the count of the first one, not 0.
         """
-        batch = validate_spans(spans)
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
         if not batch:
             return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
+        key = None if request_id is None else "spans:" + request_id
         return self._add_records(span_batch(batch), _INSERT_SPAN, _SET_REWARD, key, "spans")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
@@ -206,10 +203,10 @@ class SqliteRecords:
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
+        batch = calls
         if not batch:
             return 0
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        key = None if request_id is None else "calls:" + request_id
         return self._add_records(call_batch(batch), _INSERT_CALL, _SET_VERSION, key, "LLM calls")
 
     def _add_records(self, records: RecordBatch, insert: str, update: str, key: str | None, what: str) -> int:
@@ -255,7 +252,7 @@ class SqliteRecords:
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        res = validate_resources(resources)
+        res = resources
         with self._write as conn:
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
             if row is not None:
@@ -274,7 +271,6 @@ class SqliteRecords:
             if resources_id is None:
                 row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
                 return None if row is None else resources_from_json(row[0])
-            check_id("resources_id", resources_id)
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"resources {resources_id!r} not found")
@@ -290,12 +286,12 @@ class SqliteRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, off the event loop)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
+        query = query or RolloutQuery()  # the boundary passes a validated query
         return await self._dashboard.run(self._dashboard.list_rollouts, query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
+        query = query or RunStatsQuery()
         return await self._dashboard.run(self._dashboard.run_stats, query)
 
     # ----------------------------------------------------------------- misc
