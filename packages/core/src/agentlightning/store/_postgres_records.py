@@ -23,7 +23,7 @@ from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
 from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._codec import decode_calls, decode_rows, decode_spans
+from agentlightning.store._codec import BlobFetch, decode_calls, decode_rows, decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
@@ -313,23 +313,12 @@ class PostgresRecords(StoreBoundary):
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
         sql, params = spans_query(POSTGRES, rollout_id, attempt_id)
-        rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
+        return await self._read(_read_records, sql, params, decode_spans, f"span of rollout {rollout_id!r}")
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
         sql, params = calls_query(POSTGRES, rollout_id, attempt_id)
-        rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
-
-    def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        """Stored values by content key (run in the caller's thread: decoding happens after the records' read)."""
-
-        def read(conn: Any) -> dict[bytes, bytes]:
-            rows = conn.execute("SELECT key, data FROM agl_blobs WHERE key = ANY(%s)", (keys,)).fetchall()
-            return {bytes(row[0]): bytes(row[1]) for row in rows}
-
-        return self._run(read, (), False, False)
+        return await self._read(_read_records, sql, params, decode_calls, f"LLM call of rollout {rollout_id!r}")
 
     # ----------------------------------------------------------------- resources
 
@@ -420,3 +409,16 @@ def _snapshot(conn: Any, fn: Callable[[Any, Any], _R], query: Any) -> _R:
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         return fn(conn, query)
+
+
+def _read_records(
+    conn: Any, sql: str, params: tuple[str, ...], decode: Callable[[Any, BlobFetch], list[_R]], what: str
+) -> list[_R]:
+    """Rows of ``sql`` decoded, with the shared values they reference read on the same connection (in the worker
+    thread: the event loop never waits on the database)."""
+
+    def fetch(keys: list[bytes]) -> dict[bytes, bytes]:
+        rows = conn.execute("SELECT key, data FROM agl_blobs WHERE key = ANY(%s)", (keys,)).fetchall()
+        return {bytes(row[0]): bytes(row[1]) for row in rows}
+
+    return decode_rows(conn.execute(sql, params).fetchall(), decode, fetch, what)
