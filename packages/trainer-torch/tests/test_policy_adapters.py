@@ -20,12 +20,11 @@ PPO = PPOConfig(lr=1e-2)
 
 def _sample(policy: str | None, advantage: float, index: int) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[3, 4, 5, 6 + index % 3],
-        response_ids=[7, 8, 9],
+        prompt_token_ids=[3, 4, 5, 6 + index % 3],
+        response_token_ids=[7, 8, 9],
         response_mask=[1, 1, 1],
         credit=advantage,
         advantage=advantage,
-        returns=advantage,
         group_id="g",
         rollout_id=f"r{index}",
         attempt_id="a",
