@@ -5,6 +5,11 @@ Measures, for N spans (create, set one attribute, end):
   * agl_hot_path: our tracer inside a rollout context, time in the agent's thread only (spans still queued).
   * agl_end_to_end_<store>: same, plus flush() until the store acknowledged every span (MemoryStore, SqliteStore).
   * agl_outside_rollout: our tracer with no rollout (spans are dropped).
+  * agl_cpu_memory / light_record_cpu_memory: process CPU µs per span, from the first span to every span stored in a
+    MemoryStore: through our tracer (the SDK's span objects, our processor's conversion on its writer thread), and
+    building the same `Span` records directly (ids, clock, attributes with rollout/attempt ids, sequence numbers,
+    validation) and storing them in batches of the same size: what a lighter recording path for our own spans
+    (root, LLM, reward) could save at most, before the OTLP export both would still feed.
 Run: .venv/bin/python benchmarks/bench_tracing_overhead.py [N]
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import tempfile
 import time
@@ -21,6 +27,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from agentlightning import Span, semconv
 from agentlightning.store import MemoryStore, SqliteStore
 from agentlightning.tracing import flush, get_span_processor, get_tracer, rollout_context
 
@@ -63,7 +70,7 @@ def _claim(store) -> tuple[str, str]:
     return asyncio.run(go())
 
 
-def bench_agl(store, n: int) -> tuple[float, float]:
+def bench_agl(store, n: int) -> tuple[float, float, float]:
     tracer = get_tracer("bench")
     rid, aid = _claim(store)
     with rollout_context(store, rid, aid):
@@ -71,14 +78,49 @@ def bench_agl(store, n: int) -> tuple[float, float]:
     flush(60)
     rid, aid = _claim(store)
     with rollout_context(store, rid, aid):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         _make_spans(tracer, n)
         hot = time.perf_counter() - t0
     flush(120)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     stored = len(asyncio.run(store.query_spans(rid)))
     assert stored == n, f"{stored} of {n} spans stored"
-    return _per_span_us(hot, n), _per_span_us(total, n)
+    return _per_span_us(hot, n), _per_span_us(total, n), _per_span_us(cpu, n)
+
+
+def bench_light(store, n: int, batch: int) -> float:
+    """Process CPU µs per span to build the same records as `bench_agl` directly and store them."""
+    rid, aid = _claim(store)
+    trace_id = format(random.getrandbits(128), "032x")
+    cpu0 = time.process_time()
+    records: list[Span] = []
+    for i in range(n):
+        start = time.time_ns()
+        records.append(
+            Span.model_validate(
+                {
+                    "rollout_id": rid,
+                    "attempt_id": aid,
+                    "sequence_id": i,
+                    "trace_id": trace_id,
+                    "span_id": format(random.getrandbits(64), "016x"),
+                    "parent_id": None,
+                    "name": "llm",
+                    "start_time": start / 1e9,
+                    "end_time": time.time_ns() / 1e9,
+                    "attributes": {semconv.ROLLOUT_ID: rid, semconv.ATTEMPT_ID: aid, "i": i},
+                }
+            )
+        )
+
+    async def store_all() -> None:
+        for k in range(0, n, batch):
+            await store.add_spans(records[k : k + batch])
+
+    asyncio.run(store_all())
+    cpu = time.process_time() - cpu0
+    assert len(asyncio.run(store.query_spans(rid))) == n
+    return _per_span_us(cpu, n)
 
 
 def bench_outside(n: int) -> float:
@@ -92,12 +134,16 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
     figures: dict[str, float] = {"spans": n}
     figures["otel_batch_noop_us"] = bench_otel(n)
-    hot, total = bench_agl(MemoryStore(), n)
+    hot, total, cpu = bench_agl(MemoryStore(), n)
     figures["agl_hot_path_memory_us"] = hot
     figures["agl_end_to_end_memory_us"] = total
+    figures["agl_cpu_memory_us"] = cpu
+    stats = get_span_processor().stats()
+    batch = max(1, round(stats["spans_written"] / max(1, stats["batches_written"])))
+    figures["light_record_cpu_memory_us"] = bench_light(MemoryStore(), n, batch)
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(Path(tmp) / "bench.db")
-        hot, total = bench_agl(store, n)
+        hot, total, _ = bench_agl(store, n)
         asyncio.run(store.close())
     figures["agl_hot_path_sqlite_us"] = hot
     figures["agl_end_to_end_sqlite_us"] = total
@@ -112,6 +158,8 @@ def main() -> None:
             print(f"{key:34} {value:12.1f}")
     print(f"{'spans per run':34} {n:12d}")
     print(f"{'mean batch size':34} {figures['mean_batch_size']:12.1f}")
+    saved = 1 - figures["light_record_cpu_memory_us"] / figures["agl_cpu_memory_us"]
+    print(f"a lighter recording path would save at most {saved:.0%} of our tracer's CPU per span")
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in figures.items()}))
 
 

@@ -217,7 +217,13 @@ def install_vllm(args: list[str] | None = None) -> int:
 
 
 def install_verl_vllm(args: list[str] | None = None) -> int:
-    """Make ``VERL_VLLM_VENV`` hold verl + vLLM's CPU build at the pinned versions + the project's packages."""
+    """Make ``VERL_VLLM_VENV`` hold verl + vLLM's CPU build at the pinned versions + the project's packages.
+
+    Not on a machine with CUDA: there the GPU stack (``agentlightning-verl[gpu]``) runs the same path for real.
+    """
+    if shutil.which("nvidia-smi") is not None:
+        print("CUDA found: skipping the CPU rehearsal venv (scripts/gpu_smoke.sh runs the vLLM path on the GPU)")
+        return 0
     stamp = VERL_VLLM_VENV / "agl-verl-vllm.stamp"
     wanted = hashlib.sha256(VERL_VLLM_REQUIREMENTS.read_bytes()).hexdigest()
     python = _bin("python", VERL_VLLM_VENV)

@@ -8,8 +8,8 @@ it, and the run ends with the same JSON line as the other backends.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("agentlightning_torch")
 pytest.importorskip("langgraph")
+
+from agentlightning import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +48,19 @@ def test_calc_example_trains_through_vllm_for_two_iterations(tmp_path: Path) -> 
     assert [r["model_version"] for r in train] == [1, 2]
     for report in train:  # each sync verified against the trainer's weights (tolerance 1e-3)
         assert report["metrics"]["vllm_sync_max_logprob_diff"] <= 1e-3
-    with sqlite3.connect(out / "store.db") as db:
-        rows = db.execute("SELECT DISTINCT json_extract(data, '$.model_version') FROM llm_calls").fetchall()
-    versions = {row[0] for row in rows}
+    versions = asyncio.run(_call_versions(out / "store.db"))
     assert versions == {0, 1, 2}  # before RL + iteration 1, iteration 2, the evaluation after RL
     # vLLM parsed CALC(...) as a tool call: the agent used its calculator in some rollouts
     assert max(r["multi_call_rate"] for r in train) > 0
+
+
+async def _call_versions(path: Path) -> set[int | None]:
+    """Model versions of every stored LLM call (read through the store: calls are stored compactly, not as JSON)."""
+    store = SqliteStore(path)
+    try:
+        versions: set[int | None] = set()
+        for rollout in await store.query_rollouts():
+            versions |= {call.model_version for call in await store.query_llm_calls(rollout.rollout_id)}
+        return versions
+    finally:
+        await store.close()

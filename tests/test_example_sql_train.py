@@ -123,7 +123,7 @@ def test_a_checker_sample_in_the_batch_stops_the_update(tmp_path: Path) -> None:
     trainer = sql_train.make_trainer(sql_train.build_config(args))
     batch = TrainingBatch(samples=[_sample("writer"), _sample("checker")])
     with pytest.raises(RuntimeError, match=r"agent filter let samples of \['checker'\] into the batch"):
-        trainer.update(batch)
+        trainer.engine.update(batch)
 
 
 @pytest.mark.parametrize(

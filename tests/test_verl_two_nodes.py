@@ -5,8 +5,8 @@ this test's addresses): the head and the worker node each get one actor rank (FS
 and one vLLM replica (vLLM's CPU build) on their own node; the trainer, in the head's namespace, runs 2 GRPO steps
 and checks, after every sync, that each replica received the actor's exact tensors and computes its log-probs.
 
-Needs root and iproute2 (``ip netns``) and the verl + vLLM environment (``python3 scripts/dev.py verl-vllm``); skipped
-elsewhere with the reason.
+Needs root and iproute2 (``ip netns``) and the verl + vLLM environment (``python3 scripts/dev.py verl-vllm``), and
+``AGL_TEST_TWO_NODES=1`` (it takes ~10 minutes); skipped otherwise with the reason.
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ def recipe() -> tuple[list[list[str]], list[str]]:
     return starts, trainer
 
 
+TWO_NODES_ENV = "AGL_TEST_TWO_NODES"
+"""Set to 1 to run the two-node rehearsal (~10 minutes on a busy 2-core box: two vLLM engines and two FSDP ranks
+start), which CI's time budget leaves out by default; the recipe check below always runs."""
+
+
 def _why_not() -> str | None:
+    if os.environ.get(TWO_NODES_ENV) != "1":
+        return f"the two-node rehearsal takes ~10 minutes: {TWO_NODES_ENV}=1 runs it"
     if shutil.which("ip") is None:
         return "needs iproute2 (ip netns)"
     if os.geteuid() != 0:

@@ -11,9 +11,9 @@ hands it that rollout's chat model in its config.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from calc_rules import MAX_LLM_CALLS, evaluate, score_text
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
@@ -23,20 +23,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 import agentlightning as agl
 
-MAX_LLM_CALLS = 2
-_ANSWER = re.compile(r"^A:(-?\d+)$")
-_EXPRESSION = re.compile(r"^[0-9+\-*() ]{1,64}$")
-
-
-def evaluate(expression: str) -> str:
-    """The calculator's answer: the integer value of ``expression``, or "E" for anything it cannot evaluate."""
-    if not _EXPRESSION.match(expression):
-        return "E"
-    try:
-        value = eval(expression, {"__builtins__": {}}, {})  # only digits and + - * ( ) reach here
-    except Exception:
-        return "E"
-    return str(int(value))
+__all__ = ["GRAPH", "MAX_LLM_CALLS", "build_graph", "calc_agent", "calculator", "evaluate", "score", "score_text"]
 
 
 @tool
@@ -72,14 +59,6 @@ def build_graph() -> Any:
 
 
 GRAPH = build_graph()
-
-
-def score_text(text: str, expected: int) -> float:
-    """1 for ``A:<expected>``, 0 for another ``A:<number>``, -0.1 for anything else (the recipe's reward)."""
-    match = _ANSWER.match(text.strip())
-    if match is None:
-        return -0.1
-    return 1.0 if int(match.group(1)) == expected else 0.0
 
 
 def score(final: AIMessage | Any, expected: int) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning import ProxySettings
-from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
+from agentlightning_verl import VerlTrainer, VerlTrainerConfig
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -69,11 +69,11 @@ async def main() -> None:
         transition_mode="trajectory",
         proxy=ProxySettings(host="127.0.0.1", port=8765, token=args.proxy_token),
     )
-    algorithm = VerlAlgorithm(CONFIG, loop=loop)
+    trainer = VerlTrainer(CONFIG, loop=loop)
     try:
-        await algorithm.run(store, tasks)
+        await trainer.run(store, tasks)
     finally:
-        await algorithm.stop()
+        await trainer.stop()
 
 
 if __name__ == "__main__":

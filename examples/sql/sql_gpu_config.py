@@ -3,7 +3,7 @@
 The agents are unchanged (``sql_agent.py``); only the model behind the proxy changes, and the agent filter is the
 same: only the ``writer`` and ``rewriter`` calls are trained, the ``checker`` runs on the same model untrained.
 Serve the store and start runners first (``agl store serve``, ``python examples/sql/run_agents.py --store-url
-...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlAlgorithm`` (see
+...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlTrainer`` (see
 ``packages/trainer-verl/examples/grpo_1gpu.py`` for the driver script) with the tasks of ``data/train.jsonl`` or
 Spider's (``sql_spider.load_spider``). The agents call no tools, so any chat model works as it is served.
 """

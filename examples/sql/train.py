@@ -5,7 +5,7 @@
     python examples/sql/sql_eval.py --base-url http://127.0.0.1:8000/v1 --model NAME   # score any served model
 
 What runs: this process serves the warm-started model (``checkpoint/``, local batched backend) behind the LLM proxy
-and trains it with `agentlightning_torch.TorchTrainer`; runner processes (``run_agents.py``, i.e. ``agl runner``)
+and trains it (`agl.RLLoop` over a `TorchEngine`); runner processes (``run_agents.py``, i.e. ``agl runner``)
 run the three-agent graph of ``sql_agent.py`` on rollouts from the SQLite store. Each iteration turns spans + token
 records into transitions of the ``writer`` and ``rewriter`` only (``agent_filter``: the ``checker``'s calls are
 filtered out, though it runs on the same model), LightningRL credit (GRPO), a PPO step, and a new model version
@@ -101,11 +101,11 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def make_trainer(config: Any, on_iteration: Any = None) -> Any:
-    """A `TorchTrainer` that checks every training batch holds only the trained agents' samples, and counts them."""
-    from agentlightning import TrainingBatch
-    from agentlightning_torch import TorchTrainer
+    """An `RLLoop` whose `TorchEngine` checks every training batch holds only the trained agents' samples (counted)."""
+    from agentlightning import RLLoop, TrainingBatch
+    from agentlightning_torch import TorchEngine
 
-    class FilteredTrainer(TorchTrainer):
+    class FilteredEngine(TorchEngine):
         def update(self, batch: TrainingBatch) -> dict[str, float]:
             counts = Counter(sample.agent_name or "(none)" for sample in batch.samples)
             stray = sorted(set(counts) - set(TRAINED_AGENTS))
@@ -115,7 +115,7 @@ def make_trainer(config: Any, on_iteration: Any = None) -> Any:
             metrics.update({f"samples_{agent}": float(counts.get(agent, 0)) for agent in AGENTS})
             return metrics
 
-    return FilteredTrainer(config, on_iteration=on_iteration)
+    return RLLoop(config.loop_config(), FilteredEngine(config), on_iteration=on_iteration)
 
 
 def start_runners(where: list[str], workers: int, runners: int) -> list[subprocess.Popen[bytes]]:

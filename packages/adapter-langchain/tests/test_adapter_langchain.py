@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -11,6 +13,9 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentlightning import semconv
 from agentlightning.testing import AdapterConformanceTests, KitHarness, ScriptedReply
@@ -121,3 +126,38 @@ async def test_explicit_handler_needs_no_instrument(agl_harness: KitHarness) -> 
     (transition,) = record.transitions.transitions
     (served,) = agl_harness.server.served
     assert transition.response_ids == served.token_ids and transition.final_reward == 1.0
+
+
+async def test_spans_go_through_the_given_tracer_provider(agl_harness: KitHarness) -> None:
+    """``instrument(tracer_provider=...)``, as OpenTelemetry's instrumentors take it: the app's provider (and its
+    exporter) gets the spans, and the rollout's store still does."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    adapter = LangChainAdapter.default()
+    adapter.uninstrument()
+    adapter.instrument(tracer_provider=provider)
+    try:
+        graph_agent = lambda url, task: build_graph(url).ainvoke({"messages": [HumanMessage(task)]})  # noqa: E731
+        record = await agl_harness.collect(await agl_harness.run(graph_agent, "what is 2+3?"))
+    finally:
+        adapter.uninstrument()
+    exported = [span for span in exporter.get_finished_spans() if span.instrumentation_scope is not None]
+    assert {span.instrumentation_scope.name for span in exported} == {"agentlightning_langchain"}  # type: ignore[union-attr]
+    stored = record.of_kind(semconv.KIND_LLM)
+    assert len(stored) == 3
+    exported_llm = [s for s in exported if (s.attributes or {}).get(semconv.SPAN_KIND) == semconv.KIND_LLM]
+    assert len(exported_llm) == 3
+
+
+def test_instrument_leaves_the_global_tracer_provider_alone() -> None:
+    """An instrumentor never sets the global OpenTelemetry provider (a fresh interpreter tells)."""
+    code = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "import agentlightning_langchain\n"
+        "agentlightning_langchain.instrument()\n"
+        "print(type(trace.get_tracer_provider()).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.strip() == "ProxyTracerProvider", done.stderr

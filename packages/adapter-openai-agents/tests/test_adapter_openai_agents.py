@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
 from openai import AsyncOpenAI
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentlightning import semconv
 from agentlightning.testing import AdapterConformanceTests, KitHarness, ScriptedReply
@@ -77,3 +82,41 @@ async def test_handoff_and_agents_recorded(agl_harness: KitHarness) -> None:
     assert handoffs and handoffs[0].attributes.get("agentlightning.handoff.to_agent") == "math"
     tools = record.of_kind(semconv.KIND_TOOL)
     assert [s.attributes.get(semconv.GEN_AI_TOOL_NAME) for s in tools] == ["add"]
+
+
+async def test_spans_go_through_the_given_tracer_provider(agl_harness: KitHarness) -> None:
+    """``instrument(tracer_provider=...)``, as OpenTelemetry's instrumentors take it: the app's provider (and its
+    exporter) gets the agent spans, and the rollout's store still does."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    adapter = OpenAIAgentsAdapter.default()
+    adapter.uninstrument()
+    adapter.instrument(tracer_provider=provider)
+    try:
+        record = await agl_harness.collect(
+            await agl_harness.run(lambda url, task: Runner.run(build_agent(url), task), "2+3?")
+        )
+    finally:
+        adapter.uninstrument()
+        adapter.instrument()  # back to the default provider for the tests after this one
+        adapter.uninstrument()
+    exported = {
+        str((span.attributes or {}).get(semconv.GEN_AI_AGENT_NAME))
+        for span in exporter.get_finished_spans()
+        if (span.attributes or {}).get(semconv.SPAN_KIND) == semconv.KIND_AGENT
+    }
+    stored = {str(span.attributes.get(semconv.GEN_AI_AGENT_NAME)) for span in record.of_kind(semconv.KIND_AGENT)}
+    assert exported == stored == {"triage", "math"}
+
+
+def test_instrument_leaves_the_global_tracer_provider_alone() -> None:
+    """An instrumentor never sets the global OpenTelemetry provider (a fresh interpreter tells)."""
+    code = (
+        "from opentelemetry import trace\n"
+        "import agentlightning_openai_agents\n"
+        "agentlightning_openai_agents.instrument()\n"
+        "print(type(trace.get_tracer_provider()).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.strip() == "ProxyTracerProvider", done.stderr

@@ -31,6 +31,7 @@ from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore, SqliteStore
 from agentlightning.store._server import create_store_app
 from agentlightning.testing import ScriptedModelServer, free_port, start_attempts
+from agentlightning.ui import ui_routes
 
 TOKEN = "cross-site-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -69,7 +70,7 @@ class _Served:
 @pytest.fixture(scope="module")
 def store_server() -> Iterator[tuple[_Served, MemoryStore]]:
     store = MemoryStore()
-    with _Served(create_store_app(store, token=TOKEN)) as served:
+    with _Served(create_store_app(store, token=TOKEN, extra_routes=ui_routes(store))) as served:
         yield served, store
 
 

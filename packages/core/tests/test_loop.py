@@ -399,6 +399,13 @@ def test_max_staleness_is_0_or_1_and_needs_an_engine_that_serves_during_the_upda
         RLLoop(_config(tmp_path, max_staleness=1), FakeEngine())
 
 
+def test_policies_need_an_engine_that_trains_several(tmp_path: Path) -> None:
+    from agentlightning import PolicyMap
+
+    with pytest.raises(ValueError, match="FakeEngine cannot train several policies: it trains one policy"):
+        RLLoop(_config(tmp_path, policies=PolicyMap(agents={"writer": "writer"})), FakeEngine())
+
+
 async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Path) -> None:
     """No ``ProxySettings.token`` on loopback: the loop makes one (a web page in a local browser reaches the port)."""
     engine = FakeEngine()
@@ -418,3 +425,17 @@ async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Pat
                 assert resp.status == 200
     finally:
         await loop.stop()
+
+
+def test_algorithm_is_a_deprecated_base_and_the_loop_is_not_one() -> None:
+    """One training contract: an `Engine` driven by `RLLoop`; the old `Algorithm` base warns when subclassed."""
+    with pytest.warns(DeprecationWarning, match=r"implement agentlightning\.Engine"):
+
+        class OldStyle(agl.Algorithm):  # pyright: ignore[reportUnusedClass]
+            async def run(self, store: Any, train_tasks: Any, val_tasks: Any = None) -> None:
+                del store, train_tasks, val_tasks
+
+            def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
+                return {}
+
+    assert not issubclass(agl.RLLoop, agl.Algorithm) and not hasattr(agl.RLLoop, "update")

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 import agentlightning as agl
 from agentlightning import LLMCall, Span
 from agentlightning.store import (
+    InvalidRequestError,
     MemoryStore,
     NotFoundError,
     PostgresStore,
@@ -77,13 +78,13 @@ async def test_non_finite_numbers_are_refused_naming_the_field(store: agl.Lightn
     rid, aid = await _claim(store)
     good = make_span(rid, aid, 0)
     built = Span.model_construct(**{**good.__dict__, "start_time": math.nan, "end_time": math.nan})
-    with pytest.raises(ValidationError, match=r"0\.start_time"):  # made without validation: validated now
+    with pytest.raises(InvalidRequestError, match=r"0\.start_time"):  # made without validation: validated now
         await store.add_spans([built])
-    with pytest.raises(ValidationError, match="start_time"):
+    with pytest.raises(InvalidRequestError, match="start_time"):
         await store.add_spans([{**good.model_dump(), "start_time": math.inf}])  # type: ignore[list-item]
-    with pytest.raises(ValidationError, match="finite"):
+    with pytest.raises(ValidationError, match="finite"):  # the model itself refuses it
         Span(**{**good.model_dump(), "attributes": {"score": math.nan}})
-    with pytest.raises(ValidationError, match=r"input\['scores'\]\[1\]"):
+    with pytest.raises(InvalidRequestError, match=r"input\['scores'\]\[1\]"):
         await store.enqueue_rollout({"scores": [1.0, math.nan]})
     with pytest.raises(ValidationError, match=r"request\['temperature'\]"):
         LLMCall.model_validate({**make_call(rid, aid, 0, 1.0).model_dump(), "request": {"temperature": math.inf}})
@@ -115,13 +116,21 @@ async def test_one_unreadable_row_does_not_hide_the_rest_of_the_trace(tmp_path: 
     path = tmp_path / "old.db"
     store = SqliteStore(path)
     rid, aid = await _claim(store)
-    await store.add_spans([make_span(rid, aid, i) for i in range(3)])
-    await store.add_llm_calls([make_call(rid, aid, i, 1.0 + i) for i in range(2)])
-    # what an older version stored for a NaN time: null
+    await store.add_spans([make_span(rid, aid, i) for i in (0, 2)])
+    await store.add_llm_calls([make_call(rid, aid, 0, 1.0)])
+    # rows as an older version (JSON text) stored them: one readable, and one with a NaN time stored as null
+    legacy = [make_span(rid, aid, 1).model_dump(mode="json"), make_span(rid, aid, 3).model_dump(mode="json")]
+    legacy[0]["start_time"] = None
+    call = make_call(rid, aid, 1, 2.0).model_dump(mode="json")
+    call["prompt_token_ids"] = None
     with sqlite3.connect(path) as raw:
-        raw.execute("UPDATE spans SET data = json_set(data, '$.start_time', json('null')) WHERE sequence_id = 1")
-        raw.execute("UPDATE llm_calls SET data = json_set(data, '$.prompt_token_ids', json('null')) WHERE rowid = 1")
-    assert [s.sequence_id for s in await store.query_spans(rid)] == [0, 2]
+        for span in legacy:
+            raw.execute(
+                "INSERT INTO spans VALUES (?, ?, ?, ?, ?)",
+                (rid, aid, span["span_id"], span["sequence_id"], json.dumps(span)),
+            )
+        raw.execute("INSERT INTO llm_calls VALUES (?, ?, ?, 2.0, ?)", (call["call_id"], rid, aid, json.dumps(call)))
+    assert [s.sequence_id for s in await store.query_spans(rid)] == [0, 2, 3]
     assert len(await store.query_llm_calls(rid, aid)) == 1
     await store.close()
 
@@ -137,7 +146,7 @@ async def test_records_of_attempts_the_store_never_started_are_refused(store: ag
         await store.add_spans([make_span(rid, aid, 0), make_span(rid, "at-forged", 1)])
     with pytest.raises(NotFoundError, match="attempt 'at-forged'"):
         await store.add_llm_calls([make_call(rid, "at-forged", 0, 1.0)])
-    with pytest.raises(ValidationError, match="span_id"):
+    with pytest.raises(InvalidRequestError, match="span_id"):
         await store.add_spans([{**make_span(rid, aid, 0).model_dump(), "span_id": "abc"}])  # type: ignore[list-item]
     assert await store.query_spans(rid) == [] and await store.query_llm_calls(rid) == []
 

@@ -13,6 +13,7 @@ from agentlightning._routing import Route, RouteTable
 from agentlightning.proxy import create_proxy_app
 from agentlightning.store import MemoryStore
 from agentlightning.store._server import create_store_app
+from agentlightning.ui import ui_routes
 
 TOKEN = "routes-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -86,7 +87,8 @@ def _concrete(template: str) -> str:
 
 
 def _store() -> Any:
-    return create_store_app(MemoryStore(), token=TOKEN, ui=True)
+    store = MemoryStore()
+    return create_store_app(store, token=TOKEN, extra_routes=ui_routes(store))
 
 
 def _proxy() -> Any:

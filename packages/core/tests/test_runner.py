@@ -312,3 +312,43 @@ async def test_served_store_async_workers_and_worker_processes(tmp_path: Path) -
             await _check_clean_rollouts(client, ids, {"step0", "step1", "step2"})
         finally:
             await client.close()
+
+
+class _CountingStore(MemoryStore):
+    """A memory store that counts the claim requests it answers."""
+
+    def __init__(self) -> None:
+        super().__init__(retry_policy=agl.RetryPolicy(max_attempts=1))
+        self.claim_requests = 0
+
+    async def dequeue_rollout(self, worker_id=None, *, request_id=None):
+        self.claim_requests += 1
+        return await super().dequeue_rollout(worker_id, request_id=request_id)
+
+    async def dequeue_many(self, worker_ids, *, request_id=None):
+        self.claim_requests += 1
+        return await super().dequeue_many(worker_ids, request_id=request_id)
+
+
+async def test_idle_async_workers_claim_in_one_request() -> None:
+    store = _CountingStore()
+    ids = await _enqueue(store, 4)
+    started: list[str] = []
+    all_started = asyncio.Event()
+    requests_when_all_started: list[int] = []
+
+    @agl.rollout
+    async def gather(task):
+        started.append(task["id"])
+        if len(started) == 4:
+            requests_when_all_started.append(store.claim_requests)
+            all_started.set()
+        await all_started.wait()  # the four run at once: one per worker slot
+        return task["value"]
+
+    await agl.Runner(gather, store, n_workers=4, stop_when_idle=True, poll_interval=0.01).arun()
+    assert requests_when_all_started == [1]  # four idle workers, one claim request
+    claims = [(await store.query_attempts(rid))[0] for rid in ids]
+    assert len({a.worker_id for a in claims}) == 4  # each rollout ran in its own slot
+    assert [r.status for r in await store.query_rollouts(rollout_ids=ids)] == ["succeeded"] * 4
+    await store.close()

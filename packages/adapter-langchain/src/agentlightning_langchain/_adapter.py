@@ -6,6 +6,8 @@ import logging
 import threading
 from typing import Any, ClassVar
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from agentlightning.adapters import (
     Adapter,
     UnsupportedVersionError,
@@ -68,7 +70,7 @@ class LangChainAdapter(Adapter):
 
     def _instrument(self) -> None:
         _register_hook()
-        _VAR.handler = LightningCallbackHandler()
+        _VAR.handler = LightningCallbackHandler(tracer_provider=self.tracer_provider)
         # LangChain drops the response id of streamed calls; the openai client span hands it up (if installed).
         try:
             acquire_openai_hook()
@@ -88,14 +90,18 @@ class LangChainAdapter(Adapter):
         return _VAR.handler
 
 
-def instrument() -> LangChainAdapter:
+def instrument(tracer_provider: TracerProvider | None = None) -> LangChainAdapter:
     """Record every LangChain / LangGraph run inside a rollout (idempotent).
+
+    Args:
+        tracer_provider: The OpenTelemetry SDK provider the spans go through (default: Agent Lightning's own); the
+            global provider is never set.
 
     Raises:
         UnsupportedVersionError: langchain-core is missing or outside `SUPPORTED_RANGE`.
     """
     adapter = LangChainAdapter.default()
-    adapter.instrument()
+    adapter.instrument(tracer_provider)
     return adapter
 
 

@@ -19,6 +19,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import ChatGeneration, LLMResult
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Status, StatusCode
 
 from agentlightning import semconv
@@ -48,6 +49,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
 
     Args:
         tracer_name: Instrumentation scope of the spans.
+        tracer_provider: The OpenTelemetry SDK provider the spans go through (default: Agent Lightning's own).
     """
 
     run_inline = True  # called in the caller's context, so the rollout context variable is visible
@@ -70,9 +72,11 @@ class LightningCallbackHandler(BaseCallbackHandler):
         """Custom events are not recorded."""
         return True
 
-    def __init__(self, tracer_name: str = "agentlightning_langchain") -> None:
+    def __init__(
+        self, tracer_name: str = "agentlightning_langchain", tracer_provider: TracerProvider | None = None
+    ) -> None:
         super().__init__()
-        self._tracer = lightning_tracer(tracer_name)
+        self._tracer = lightning_tracer(tracer_name, tracer_provider)
         self._runs: dict[UUID, _Run] = {}
         self._lock = threading.Lock()
 

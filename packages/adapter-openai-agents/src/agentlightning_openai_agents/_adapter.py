@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from agentlightning.adapters import Adapter, acquire_openai_hook, release_openai_hook, supported_range
 from agentlightning_openai_agents._processor import LightningTracingProcessor
 
@@ -46,14 +48,16 @@ class OpenAIAgentsAdapter(Adapter):
         # The Chat Completions path records no response id on its generation span: the client span hands it up.
         acquire_openai_hook()
         if self._processor is None:
-            self._processor = LightningTracingProcessor()
+            self._processor = LightningTracingProcessor(tracer_provider=self.tracer_provider)
             if not self.keep_openai_export:
                 set_trace_processors([self._processor])  # public API: replaces the OpenAI upload processor
                 self._replaced = True
             else:
                 add_trace_processor(self._processor)
-        elif self._replaced:
-            set_trace_processors([self._processor])
+        else:
+            self._processor.use_tracer_provider(self.tracer_provider)
+            if self._replaced:
+                set_trace_processors([self._processor])
         self._processor.enabled = True
 
     def _uninstrument(self) -> None:
@@ -62,11 +66,15 @@ class OpenAIAgentsAdapter(Adapter):
         release_openai_hook()
 
 
-def instrument(keep_openai_export: bool = False) -> OpenAIAgentsAdapter:
+def instrument(
+    keep_openai_export: bool = False, tracer_provider: TracerProvider | None = None
+) -> OpenAIAgentsAdapter:
     """Record every Agents SDK run inside a rollout (idempotent).
 
     Args:
         keep_openai_export: Keep uploading traces to OpenAI as well (first call only).
+        tracer_provider: The OpenTelemetry SDK provider the spans go through (default: Agent Lightning's own); the
+            global provider is never set.
 
     Raises:
         UnsupportedVersionError: openai-agents is missing or outside `SUPPORTED_RANGE`.
@@ -74,7 +82,7 @@ def instrument(keep_openai_export: bool = False) -> OpenAIAgentsAdapter:
     adapter = OpenAIAgentsAdapter.default()
     if adapter.processor is None:
         adapter.keep_openai_export = keep_openai_export
-    adapter.instrument()
+    adapter.instrument(tracer_provider)
     return adapter
 
 

@@ -18,6 +18,7 @@ from agents.tracing import Trace as AgentsTrace
 from agents.tracing import TracingProcessor
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Status, StatusCode
 
 from agentlightning import semconv
@@ -44,13 +45,21 @@ class LightningTracingProcessor(TracingProcessor):
 
     Args:
         tracer_name: Instrumentation scope of the spans.
+        tracer_provider: The OpenTelemetry SDK provider the spans go through (default: Agent Lightning's own).
     """
 
-    def __init__(self, tracer_name: str = "agentlightning_openai_agents") -> None:
+    def __init__(
+        self, tracer_name: str = "agentlightning_openai_agents", tracer_provider: TracerProvider | None = None
+    ) -> None:
         self.enabled = True
-        self._tracer = lightning_tracer(tracer_name)
+        self._tracer_name = tracer_name
+        self._tracer = lightning_tracer(tracer_name, tracer_provider)
         self._open: dict[str, _Open] = {}
         self._lock = threading.Lock()
+
+    def use_tracer_provider(self, tracer_provider: TracerProvider | None) -> None:
+        """Start the next spans through ``tracer_provider`` (``None``: Agent Lightning's own provider)."""
+        self._tracer = lightning_tracer(self._tracer_name, tracer_provider)
 
     # ------------------------------------------------------------------ helpers
     def _begin(self, key: str, parent_key: str | None, name: str, attributes: dict[str, Any]) -> None:

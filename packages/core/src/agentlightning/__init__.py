@@ -19,6 +19,7 @@ from agentlightning._models import (
     ValueResource,
     new_id,
 )
+from agentlightning._policies import AGENT_HEADER, FROZEN, PolicyMap
 from agentlightning._training_models import TrainingBatch, TrainingSample, Transition
 from agentlightning.adapters import instrument_all, instrument_openai, uninstrument_all, uninstrument_openai
 from agentlightning.algorithm import Algorithm
@@ -78,6 +79,8 @@ __version__ = installed_version("0.1.0")
 warn_if_foreign()
 
 __all__ = [
+    "AGENT_HEADER",
+    "FROZEN",
     "Algorithm",
     "Attempt",
     "Claim",
@@ -93,6 +96,7 @@ __all__ = [
     "MemoryStore",
     "MissingTokenIdsError",
     "NotFoundError",
+    "PolicyMap",
     "PostgresStore",
     "PromptTemplateResource",
     "ProxySettings",

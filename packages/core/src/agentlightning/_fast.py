@@ -140,6 +140,8 @@ _CALL_TYPES: dict[str, tuple[type, ...]] = {
     "start_time": (float,),
     "end_time": (float, _N),
     "error": (str, _N),
+    "policy": (str, _N),
+    "agent_name": (str, _N),
 }
 _RESOURCES_TYPES: dict[str, tuple[type, ...]] = {
     "resources_id": (str,),

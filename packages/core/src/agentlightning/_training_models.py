@@ -35,6 +35,8 @@ class Transition(RecordModel):
         call_ids: The LLM calls merged into this sample.
         model_version: Version of the weights that generated the response (the oldest one when calls of several
             versions were merged); ``None`` when any merged call's version is unknown.
+        policy: The policy whose weights generated it (`LLMCall.policy`: the LoRA adapter the proxy routed the call
+            to), ``None`` when the run routes no policies.
         metadata: Free-form extras (span ids, ...).
     """
 
@@ -51,6 +53,7 @@ class Transition(RecordModel):
     final_reward: float | None = None
     call_ids: list[str] = Field(default_factory=list)
     model_version: int | None = Field(default=None, ge=0)
+    policy: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -82,6 +85,8 @@ class TrainingSample(RecordModel):
         agent_name: Source agent.
         model_version: Version of the weights that generated the response (see `Transition.model_version`); the
             trainer's current version minus this is the sample's staleness.
+        policy: The policy that generated it (`Transition.policy`): a multi-policy engine trains it on that
+            policy's adapter only.
     """
 
     prompt_ids: list[int]
@@ -97,6 +102,7 @@ class TrainingSample(RecordModel):
     step_index: int
     agent_name: str | None = None
     model_version: int | None = Field(default=None, ge=0)
+    policy: str | None = None
 
     @field_validator("response_ids")
     @classmethod

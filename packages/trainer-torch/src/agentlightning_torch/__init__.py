@@ -12,6 +12,8 @@ folder in ``examples/calc``, served and trained through the same path as any oth
 - `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and continuous
   batching of concurrent requests.
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
+- `TorchEngine`: the policy, its optimizer and its server as an `agentlightning.Engine`; `TorchTrainer` builds it
+  and the `agentlightning.RLLoop` that trains it from one `TorchTrainerConfig`.
 """
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
@@ -62,7 +64,7 @@ from agentlightning_torch._tool_parsers import (
     split_reasoning,
     tool_parser_names,
 )
-from agentlightning_torch._trainer import IterationReport, TorchTrainer
+from agentlightning_torch._trainer import IterationReport, TorchEngine, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError
 from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
@@ -95,6 +97,7 @@ __all__ = [
     "SamplingParams",
     "TemplateError",
     "ToolParser",
+    "TorchEngine",
     "TorchTrainer",
     "TorchTrainerConfig",
     "VLLMClient",

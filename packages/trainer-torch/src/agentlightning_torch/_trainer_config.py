@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentlightning import CreditConfig, LoopConfig, ProxySettings
+from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._vllm_serving import VLLMSettings
 
@@ -57,6 +57,10 @@ class TorchTrainerConfig(BaseModel):
         backend: ``local``: the embedded `LocalBackend`; ``vllm``: a real vLLM server (launched for ``model_dir``, or
             the one at ``vllm.url``), each weight sync verified by log-probs (see `VLLMSettings`).
         vllm: How vLLM runs and syncs (``backend="vllm"`` only).
+        policies: One LoRA adapter per policy on one base model (`agentlightning.PolicyMap`: agent names or
+            patterns -> policy; ``frozen`` is the untrained base). Each trained policy gets its own adapter (rank and
+            targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
+            backend serves every adapter beside the base. ``None``: one shared policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -91,6 +95,7 @@ class TorchTrainerConfig(BaseModel):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     backend: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    policies: PolicyMap | None = None
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
@@ -114,6 +119,7 @@ class TorchTrainerConfig(BaseModel):
             resume=self.resume,
             seed=self.seed,
             proxy=self.proxy,
+            policies=self.policies,
         )
 
     @field_validator("model_dir")
@@ -133,3 +139,17 @@ class TorchTrainerConfig(BaseModel):
         if value != "cpu" and not value.startswith("cuda"):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _policies_train_adapters(self) -> TorchTrainerConfig:
+        if self.policies is None:
+            return self
+        if not self.policies.trained:
+            raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
+        if self.backend == "vllm":
+            raise ValueError(
+                "policies (one LoRA adapter per agent) are served by backend='local' for now: vLLM's multi-LoRA "
+                "serving works on this CPU build but the trainer does not load its adapters into vLLM yet"
+            )
+        return self
+

@@ -111,6 +111,7 @@ class _Plan:
     train_tasks: list[dict[str, Any]]
     val_tasks: list[dict[str, Any]]
     output: Path
+    policies: Any = None
 
 
 def _validate(args: argparse.Namespace) -> _Plan:
@@ -146,7 +147,39 @@ def _validate(args: argparse.Namespace) -> _Plan:
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {str(output)!r} exists and is not a folder")
     _check_writable(output)
-    return _Plan(args, train_tasks, val_tasks, output)
+    return _Plan(args, train_tasks, val_tasks, output, _policies(args))
+
+
+def _policies(args: argparse.Namespace) -> Any:
+    """The `agentlightning.PolicyMap` of ``--policy`` entries or a ``--policies`` file (``None``: one policy)."""
+    from pydantic import ValidationError
+
+    from agentlightning import PolicyMap
+
+    entries: list[str] = list(getattr(args, "policy", None) or [])
+    path: str | None = getattr(args, "policies", None)
+    if path is not None and entries:
+        raise UsageError("give the policy map once: --policy entries or a --policies file, not both")
+    try:
+        if path is not None:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as error:
+                raise UsageError(f"--policies {path!r}: {error.strerror or error}") from None
+            return PolicyMap.model_validate_json(text)
+        if entries:
+            return PolicyMap.parse(entries, getattr(args, "default_policy", None))
+    except (ValueError, ValidationError) as error:
+        flag = "--policies" if path is not None else "--policy"
+        raise UsageError(f"{flag}: {' '.join(str(error).split())}") from None
+    if getattr(args, "default_policy", None):
+        raise UsageError("--default-policy needs --policy entries")
+    return None
+
+
+def _policy_status(metrics: dict[str, float], name: str) -> str:
+    reward = metrics.get(f"policy/{name}/reward_mean")
+    return f"  {name} {reward:+.3f}" if reward is not None else f"  {name} -"
 
 
 def _check_writable(output: Path) -> None:
@@ -273,6 +306,7 @@ def _trainer_config(plan: _Plan) -> Any:
             proxy=_proxy_settings(args),
             backend=args.backend,
             vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=args.tool_parser_plugin),
+            policies=plan.policies,
         )
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
@@ -352,9 +386,11 @@ async def _run(
             first.append(report)
             _check_llm_used(report)
         status = f"it {report.iteration:3d}  reward {report.reward_mean:+.3f}  {report.seconds:.1f}s/it"
+        if plan.policies is not None:  # one reward per policy: what each adapter trained on this iteration
+            status += "".join(_policy_status(report.metrics, name) for name in plan.policies.trained)
         progress.update(bar, completed=min(time.monotonic() - started, budget), status=status)
 
-    trainer.loop.on_iteration = on_iteration
+    trainer.on_iteration = on_iteration
     before = after = None
     try:
         await trainer.start(store)

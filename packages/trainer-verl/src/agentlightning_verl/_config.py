@@ -159,7 +159,7 @@ class VerlTrainerConfig(BaseModel):
         return self.algorithm == "ppo"
 
     def loop_config(self, **settings: Any) -> LoopConfig:
-        """The `LoopConfig` of `VerlAlgorithm`'s `RLLoop`: the loop's share of these settings, plus ``settings``.
+        """The `LoopConfig` of `VerlTrainer` (a `VerlEngine`'s `RLLoop`): the loop's share of these, + ``settings``.
 
         Maps ``total_steps`` → ``iterations``, ``tasks_per_step`` → ``tasks_per_iteration``,
         ``n_rollouts_per_task`` → ``samples_per_task``, ``credit_strategy`` → ``credit``, the algorithm to our

@@ -1,6 +1,6 @@
 """How trained weights reach the inference servers: one interface, `RolloutServing`, two implementations.
 
-`VerlAlgorithm` calls the same two methods whatever serves the rollouts: `RolloutServing.release` before an update
+`VerlEngine` calls the same two methods whatever serves the rollouts: `RolloutServing.release` before an update
 (the proxy is paused, nothing is generating) and `RolloutServing.sync_weights` after it.
 
 * `VllmServing`: verl's colocated vLLM replicas. ``release`` is verl's ``CheckpointEngineManager.sleep_replicas``

@@ -15,12 +15,15 @@ import importlib.metadata
 import logging
 import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self, cast
+from typing import TYPE_CHECKING, ClassVar, Self, cast
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -107,6 +110,8 @@ class Adapter(ABC):
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._instrumented = False
+        self.tracer_provider: TracerProvider | None = None
+        """The provider given to the last `instrument` (``None``: the spans go through `lightning_provider`)."""
 
     @staticmethod
     def instances() -> list[Adapter]:
@@ -165,16 +170,25 @@ class Adapter(ABC):
             )
         return found
 
-    def instrument(self) -> None:
+    def instrument(self, tracer_provider: TracerProvider | None = None) -> None:
         """Hook the framework. Calling it again while hooked does nothing.
+
+        Args:
+            tracer_provider: The OpenTelemetry SDK provider the adapter's spans go through, as OpenTelemetry's
+                instrumentors take it (the rollouts' span processor is attached to it, so spans started inside a
+                rollout are still stored). ``None``: Agent Lightning's own provider. No adapter sets the global
+                provider.
 
         Raises:
             UnsupportedVersionError: The framework is missing or its version is outside ``SUPPORTED_RANGE``.
         """
         with self._lock:
             if self._instrumented:
+                if tracer_provider is not None and tracer_provider is not self.tracer_provider:
+                    logger.warning("%s is already instrumented; the new tracer_provider is ignored", self.NAME)
                 return
             version = self.check_version()
+            self.tracer_provider = tracer_provider
             self._instrument()
             self._instrumented = True
             logger.debug("instrumented %s (%s==%s)", self.NAME, self.FRAMEWORK, version)
@@ -217,9 +231,12 @@ class Adapter(ABC):
         """Undo ``_instrument``."""
 
 
-def _entry_points() -> dict[str, type[Adapter]]:
+def _entry_points(name: str | None = None) -> dict[str, type[Adapter]]:
+    """The adapter classes registered in the entry point group (only those named ``name`` when given)."""
     found: dict[str, type[Adapter]] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if name is not None and ep.name != name:
+            continue
         try:
             cls = ep.load()
         except Exception as exc:  # a broken optional adapter must not break the others
@@ -238,19 +255,23 @@ def get_adapter(name: str) -> Adapter:
     Raises:
         KeyError: No installed adapter has that name (the message lists the installed ones).
     """
-    classes = _entry_points()
+    classes = _entry_points(name)  # only that one: importing every adapter's framework costs seconds of CPU
     if name not in classes:
-        raise KeyError(f"no adapter named {name!r} is installed; installed adapters: {sorted(classes)}")
+        installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        raise KeyError(f"no adapter named {name!r} is installed; installed adapters: {installed}")
     return classes[name].default()
 
 
-def instrument_all(*, include: list[str] | None = None, low_level: bool = False) -> list[str]:
+def instrument_all(
+    *, include: list[str] | None = None, low_level: bool = False, tracer_provider: TracerProvider | None = None
+) -> list[str]:
     """Instrument every installed adapter whose framework is installed in a supported version.
 
     Args:
         include: Only these adapter names (default: all found through the entry point group).
         low_level: Also instrument raw client adapters (``openai``, ``litellm``). Off by default because the
             framework adapters already record those calls.
+        tracer_provider: Passed to every adapter's `Adapter.instrument`.
 
     An active span source (the app's own OpenLLMetry or OpenTelemetry GenAI instrumentation, see
     `agentlightning.adapters.SpanSource`) is used first, and our adapters for the same calls are then skipped, so
@@ -277,7 +298,7 @@ def instrument_all(*, include: list[str] | None = None, low_level: bool = False)
             logger.info("adapter %s not instrumented: the app's own instrumentation already records its calls", name)
             continue
         try:
-            adapter.instrument()
+            adapter.instrument(tracer_provider)
         except UnsupportedVersionError as exc:
             version = adapter.installed_version()
             if version is None:  # the framework is not installed: nothing to instrument, nothing wrong

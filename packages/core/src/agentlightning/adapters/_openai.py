@@ -13,8 +13,10 @@ wrapped. Inside a rollout each call maps onto our conventions:
 
 Streams (``stream=True``) are handed back wrapped: the id comes from the first chunk, usage from the chunk that
 carries it, and the span ends when the stream is exhausted or closed. Nothing else is recorded: no message
-contents, no metrics, no trace headers, no per-chunk events. Outside a rollout, or with the hook off, the
-wrapper calls straight through. The original methods are put back when nobody holds the hook.
+contents, no metrics, no trace headers, no per-chunk events. A call made under an agent span (a LangGraph node, an
+Agents SDK agent, an AutoGen agent) carries one request header, `agentlightning.AGENT_HEADER`, naming that agent:
+the LLM proxy routes the call to the agent's policy with it (`agentlightning.PolicyMap`). Outside a rollout, or
+with the hook off, the wrapper calls straight through. The original methods are put back when nobody holds the hook.
 
 Framework adapters whose own LLM spans lack the response id turn the hook on with :func:`acquire_openai_hook`
 (reference counted); users call :func:`instrument_openai`.
@@ -28,15 +30,16 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Status, StatusCode, Tracer, get_current_span
 
 from agentlightning import semconv
+from agentlightning._policies import AGENT_HEADER, encode_agent_header
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError, supported_range
 from agentlightning.adapters._otel import is_llm_span, lightning_tracer, pending_llm_spans
-from agentlightning.tracing import current_rollout
+from agentlightning.tracing import agent_of_span, current_rollout
 from agentlightning.tracing._genai import client_calls_recorded, is_source_span
 
 __all__ = [
@@ -215,6 +218,7 @@ class _Hook:
             framework = pending_llm_spans.claim() or parent
         else:
             framework = parent
+        _name_agent(kwargs, framework or parent)
         if framework is not None:
             return _RelaySink(framework)
         if client_calls_recorded():  # the app's own client instrumentation records this call: one span per call
@@ -286,6 +290,21 @@ class _Hook:
             return self._finish(sink, result)
 
         return traced
+
+
+def _name_agent(kwargs: dict[str, Any], span: Any) -> None:
+    """Add the agent making the call (known from the adapter's agent span) as a request header for the proxy.
+
+    The LLM proxy routes the call to that agent's policy (`agentlightning.PolicyMap`); an ``extra_headers`` the
+    caller passes keeps its own entries (and its own agent header, if it sets one).
+    """
+    agent = agent_of_span(span)
+    if agent is None:
+        return
+    extra = kwargs.get("extra_headers")
+    headers: dict[str, Any] = dict(cast(dict[str, Any], extra)) if isinstance(extra, dict) else {}
+    headers.setdefault(AGENT_HEADER, encode_agent_header(agent))
+    kwargs["extra_headers"] = headers
 
 
 @functools.cache

@@ -37,11 +37,21 @@ def lightning_provider() -> TracerProvider:
     return provider
 
 
-def lightning_tracer(name: str) -> trace.Tracer:
-    """A tracer from :func:`lightning_provider` (spans are stamped with the current rollout and stored)."""
-    from agentlightning.tracing import get_tracer
+def lightning_tracer(name: str, tracer_provider: TracerProvider | None = None) -> trace.Tracer:
+    """A tracer whose spans started inside a rollout are stamped with it and stored.
 
-    return get_tracer(name)
+    Args:
+        name: Instrumentation scope name.
+        tracer_provider: An adapter's ``instrument(tracer_provider=...)``: the tracer comes from it, and the
+            rollouts' span processor is attached to it (`agentlightning.tracing.attach_to`). ``None``:
+            :func:`lightning_provider`.
+    """
+    from agentlightning.tracing import attach_to, get_tracer
+
+    if tracer_provider is None:
+        return get_tracer(name)
+    attach_to(tracer_provider)
+    return tracer_provider.get_tracer(name)
 
 
 class GatedSpanProcessor(SpanProcessor):

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     import agentlightning as agl
     from agentlightning.adapters import get_adapter
+    from agentlightning.tracing import set_as_global
 
     console = Console(stderr=True, soft_wrap=True)  # one line per message, however long the path
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -83,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent = agl.load_agent(args.agent, args.app_dir)
         store = connect_store(args.store_url, args.db, args.token)
+        if args.instrument or not args.no_instrument:
+            # The runner is the application here: it routes the global OpenTelemetry provider into rollouts, for
+            # frameworks that trace only through the global one (AutoGen). Adapters never set it themselves.
+            set_as_global()
         if args.instrument:
             names = [name.strip() for name in args.instrument.split(",") if name.strip()]
             for name in names:

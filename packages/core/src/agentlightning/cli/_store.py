@@ -170,11 +170,17 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from agentlightning._routing import Route
     from agentlightning.store._server import create_store_app
 
     # Always a token, even on loopback: a web page open in the user's browser can reach this port.
     token = given or new_token()
-    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), ui=not args.no_ui)
+    extra: list[Route] = []
+    if not args.no_ui:
+        from agentlightning.ui import ui_routes  # the dashboard imports transitions and credit: only when served
+
+        extra = ui_routes(store)
+    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), extra_routes=extra)
     where = "memory" if args.memory else store_location(None, args.db)
     host = f"[{args.host}]" if ":" in args.host else args.host
     console.print(

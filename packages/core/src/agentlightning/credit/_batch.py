@@ -103,7 +103,9 @@ def build_training_batch(
     Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
     ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
     final and intermediate rewards into one credit per transition (``TrainingSample.credit`` and
-    ``returns``); the estimator turns credits into advantages.
+    ``returns``); the estimator turns credits into advantages. Transitions of several policies
+    (`Transition.policy`: one LoRA adapter per agent) are compared only with their own policy's: each group is
+    split by policy before the estimator sees it, so a policy's advantages come from its own samples.
 
     Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
     stalled (all successes or all failures), and nothing in the batch moves the policy.
@@ -149,7 +151,7 @@ def build_training_batch(
         else:
             bucket.append(transition)
 
-    groups: dict[str, list[tuple[list[Transition], float, list[float]]]] = {}
+    groups: dict[tuple[str, str | None], list[tuple[list[Transition], float, list[float]]]] = {}
     finals: list[float] = []
     without_reward: list[str] = []
     for (rollout_id, _), steps in rollouts.items():
@@ -186,12 +188,13 @@ def build_training_batch(
         if len(credits) != len(steps):
             raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
         finals.append(final)
-        group_key = steps[0].group_id or rollout_id
-        group = groups.get(group_key)
-        if group is None:
-            groups[group_key] = [(steps, final, credits)]
-        else:
-            group.append((steps, final, credits))
+        group_id = steps[0].group_id or rollout_id
+        for policy, policy_steps, policy_credits in _by_policy(steps, credits):
+            group = groups.get((group_id, policy))
+            if group is None:
+                groups[(group_id, policy)] = [(policy_steps, final, policy_credits)]
+            else:
+                group.append((policy_steps, final, policy_credits))
     if without_reward:
         if config.missing_final_reward == "raise":
             raise ValueError(
@@ -205,7 +208,7 @@ def build_training_batch(
         )
 
     tol = config.equal_tolerance
-    kept_keys: list[str] = []
+    kept_keys: list[tuple[str, str | None]] = []
     kept_credits: list[list[list[float]]] = []
     equal_groups = 0
     dropped_samples = 0
@@ -260,12 +263,13 @@ def build_training_batch(
                             "credit": credit_value,
                             "advantage": advantage,
                             "returns": credit_value,
-                            "group_id": key,
+                            "group_id": key[0],
                             "rollout_id": values["rollout_id"],
                             "attempt_id": values["attempt_id"],
                             "step_index": values["step_index"],
                             "agent_name": values["agent_name"],
                             "model_version": values["model_version"],
+                            "policy": values["policy"],
                         }
                     )
                 )
@@ -384,3 +388,18 @@ def build_batch_from_results(
     return build_training_batch(
         transitions, credit, estimator, config, diagnostics=diagnostics, current_version=current_version
     )
+
+
+def _by_policy(
+    steps: list[Transition], credits: list[float]
+) -> list[tuple[str | None, list[Transition], list[float]]]:
+    """A rollout's steps and credits split by policy (one part, in order, when every step has the same one)."""
+    first = steps[0].policy
+    if all(step.policy == first for step in steps):
+        return [(first, steps, credits)]
+    parts: dict[str | None, tuple[list[Transition], list[float]]] = {}
+    for step, credit in zip(steps, credits, strict=True):
+        part = parts.setdefault(step.policy, ([], []))
+        part[0].append(step)
+        part[1].append(credit)
+    return [(policy, part[0], part[1]) for policy, part in parts.items()]

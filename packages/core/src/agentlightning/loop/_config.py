@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning._netauth import check_bind_token, is_wildcard
+from agentlightning._policies import PolicyMap
 from agentlightning.credit._config import CreditConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
@@ -103,6 +104,9 @@ class LoopConfig(BaseModel):
         success_reward: A finished rollout whose final reward reaches this counts as a success (the reports'
             ``accuracy``).
         proxy: Where the LLM proxy listens and how agents reach it.
+        policies: Train several policies in one run (one LoRA adapter per agent, say): which agent uses which
+            policy (`agentlightning.PolicyMap`). The proxy routes each call to its agent's policy and records it;
+            samples carry it, and the engine trains each policy on its own samples. ``None``: one policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -130,6 +134,7 @@ class LoopConfig(BaseModel):
     seed: int = 0
     success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    policies: PolicyMap | None = None
 
     @field_validator("max_staleness")
     @classmethod

@@ -44,13 +44,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
-from agentlightning._training_models import TrainingBatch
-from agentlightning.algorithm import Algorithm
 from agentlightning.credit._batch import build_batch_from_results
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
@@ -62,16 +60,23 @@ from agentlightning.transitions._store import results_from_store
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["LOOP_STATE_FILE", "RLLoop"]
+__all__ = ["LOOP_STATE_FILE", "EngineT", "RLLoop"]
 
 logger = logging.getLogger(__name__)
 
 LOOP_STATE_FILE = "loop_state.json"
 """The loop's own part of a checkpoint (iteration, model version), next to the engine's files."""
 
+EngineT = TypeVar("EngineT", bound=Engine)
+"""The type of a loop's engine: ``RLLoop[TorchEngine].engine`` is a ``TorchEngine`` to a type checker."""
 
-class RLLoop(Algorithm):
+
+class RLLoop(Generic[EngineT]):
     """Train the policy of an `Engine` with rollouts from any runners, serving it through the LLM proxy.
+
+    This is the one way to train: the loop owns the step (tasks, rollouts, proxy, credit, versions, metrics,
+    checkpoints), ``loop.engine`` owns the model and its servers. A trainer package's convenience class (such as a
+    ``TorchTrainer``) is an `RLLoop` whose engine it builds from one config; everything model-side is on ``.engine``.
 
     Args:
         config: Validated settings.
@@ -82,7 +87,7 @@ class RLLoop(Algorithm):
     def __init__(
         self,
         config: LoopConfig,
-        engine: Engine,
+        engine: EngineT,
         *,
         on_iteration: Callable[[IterationReport], None] | None = None,
     ) -> None:
@@ -106,6 +111,8 @@ class RLLoop(Algorithm):
                 f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
                 f"{type(engine).__name__} does not (Engine.serves_during_update is False): use max_staleness=0"
             )
+        if config.policies is not None and engine.policies_unsupported is not None:
+            raise ValueError(f"{type(engine).__name__} cannot train several policies: {engine.policies_unsupported}")
 
     # ----- serving ---------------------------------------------------------------------------------------
 
@@ -154,6 +161,7 @@ class RLLoop(Algorithm):
             host=settings.host,
             port=settings.port,
             advertise_url=settings.advertised_url,
+            policies=self.config.policies,
         )
         await proxy.start()
         self._proxy = proxy
@@ -322,10 +330,6 @@ class RLLoop(Algorithm):
         report = self._report("eval", len(rollout_ids), results, t0, {"greedy": float(greedy)})
         self._write(report)
         return report
-
-    def update(self, batch: TrainingBatch) -> dict[str, float]:
-        """The engine's update (the `Algorithm` contract); `train_iteration` calls it in a worker thread."""
-        return self.engine.update(batch)
 
     # ----- helpers ---------------------------------------------------------------------------------------
 

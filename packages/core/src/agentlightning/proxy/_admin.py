@@ -62,6 +62,14 @@ class ProxyStatus(BaseModel):
     """Runner slots registered."""
     late_calls: int = 0
     """Calls refused because their attempt had already ended (409 ``attempt_finished``) since the start."""
+    policy_calls: dict[str, int] = {}
+    """With policies: calls routed to each policy since the start."""
+    unmapped_calls: int = 0
+    """With policies: calls whose agent matched no entry (or was not named), served by the default policy."""
+    unmapped_agents: dict[str, int] = {}
+    """Those calls by agent name (``<no agent header>`` for calls that named none)."""
+    policy_versions: dict[str, int] = {}
+    """With policies: the version recorded per policy for backends that report none."""
 
 
 def admin_routes(proxy: LLMProxy) -> list[Route]:
@@ -130,6 +138,7 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
         "resent": proxy.resent,
         "slots": len(proxy.slots),
         "late_calls": proxy.late_calls,
+        **(proxy.policy_router.status() if proxy.policy_router is not None else {}),
     }
 
 

@@ -54,6 +54,8 @@ class ProxyRequest(NamedTuple):
     body: bytes
     authorization: str | None
     """The ``Authorization`` header."""
+    agent: str | None = None
+    """The ``x-agentlightning-agent`` header, raw (`agentlightning.AGENT_HEADER`: the agent making the call)."""
 
 
 Handler = Callable[[ProxyRequest], Awaitable[Response]]
@@ -189,11 +191,14 @@ class ProxyASGI:
                 await self._lifespan(receive, send)
             return  # a websocket is refused by the server when the app does not accept it
         authorization: str | None = None
+        agent: str | None = None
         host = origin = content_type = b""
         has_body = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
+            elif name == b"x-agentlightning-agent":
+                agent = value.decode("latin-1")
             elif name == b"host":
                 host = value
             elif name == b"origin":
@@ -235,7 +240,7 @@ class ProxyASGI:
             if read is None:
                 return
             body = read
-        request = ProxyRequest(method, found.params, body, authorization)
+        request = ProxyRequest(method, found.params, body, authorization, agent)
         route = found.route
         if COMPLETIONS_TAG in route.tags:
             answer = await _unless_disconnected(route.handler(request), receive)

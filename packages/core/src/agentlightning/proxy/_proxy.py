@@ -54,16 +54,18 @@ from starlette.responses import Response
 
 from agentlightning._models import LLMCall, LLMResource
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
+from agentlightning._policies import PolicyMap
 from agentlightning._routing import RouteTable
+from agentlightning._server_base import STORE_MAX_BODY_BYTES
 from agentlightning._urls import rollout_base_url, slot_base_url
 from agentlightning.proxy._asgi import ProxyASGI, error
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
+from agentlightning.proxy._policy_routing import PolicyRouter
 from agentlightning.proxy._routes import proxy_routes
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
-from agentlightning.store._server import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 
@@ -98,6 +100,11 @@ class LLMProxy(Forwarder):
         model_version: Version recorded on calls whose backend does not report one (see the module docs); the
             trainer updates it with ``resume(model_version=...)`` after each weight sync. ``None``: unknown.
         served_model: If set, replaces the ``model`` of every forwarded request (the name the backend serves).
+        policies: Route each call to the policy of the agent that makes it (`agentlightning.PolicyMap`; the
+            agent is named by the `agentlightning.AGENT_HEADER` our openai instrumentation sends): the backend is
+            asked for the policy's adapter (its name as the model), or for ``served_model`` (the base) for
+            `agentlightning.FROZEN`; the call's `LLMCall` records its policy and agent. Calls no entry matches go to
+            the default policy and are counted (``/admin/status``: ``unmapped_calls``, ``unmapped_agents``).
         record: ``"sync"`` writes each record before answering; ``"background"`` batches writes (see `flush`).
         allow_unrecorded: Forward plain ``/v1/...`` completions unrecorded instead of rejecting them.
         backend_api_key: Sent to backends as a bearer token; by default the agent's ``Authorization`` is forwarded.
@@ -122,11 +129,12 @@ class LLMProxy(Forwarder):
         runner_token: str | None = None,
         model_version: int | None = None,
         served_model: str | None = None,
+        policies: PolicyMap | None = None,
         record: Literal["sync", "background"] = "sync",
         allow_unrecorded: bool = False,
         backend_api_key: str | None = None,
         request_timeout: float = 600.0,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES // 2,
+        max_body_bytes: int = STORE_MAX_BODY_BYTES // 2,
         retry_after: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -147,6 +155,7 @@ class LLMProxy(Forwarder):
         self.admin_token = admin_token or None
         self._model_version = model_version
         self.served_model = served_model
+        self.policy_router = PolicyRouter(policies, served_model) if policies is not None else None
         self.record = record
         self.allow_unrecorded = allow_unrecorded
         self.backend_api_key = backend_api_key
@@ -303,10 +312,20 @@ class LLMProxy(Forwarder):
             raise TimeoutError(f"{self._in_flight} request(s) still in flight after {timeout} s") from None
         logger.info("LLM proxy paused (no request in flight)")
 
-    def resume(self, model_version: int | None = None) -> None:
-        """Admit requests again, optionally recording a new ``model_version`` from now on."""
+    def resume(self, model_version: int | None = None, policy_versions: dict[str, int] | None = None) -> None:
+        """Admit requests again, optionally recording a new ``model_version`` from now on.
+
+        Args:
+            model_version: The version recorded on calls whose backend reports none.
+            policy_versions: Per policy, the version recorded on its calls instead (with ``policies``; a policy's
+                adapter is updated on its own, so each has its own version).
+        """
         if model_version is not None:
             self.model_version = model_version
+        if policy_versions:
+            if self.policy_router is None:
+                raise ValueError("policy_versions needs a proxy started with policies=PolicyMap(...)")
+            self.policy_router.versions.update(policy_versions)
         self._paused = False
         self._resumed_event().set()
         logger.info("LLM proxy resumed (model_version=%s)", self._model_version)

@@ -97,7 +97,7 @@ class CallRecorder:
     def _call_record(
         self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None
     ) -> LLMCall:
-        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version = meta
+        call_id, rollout_id, attempt_id, agent_request, backend, start, admitted_version, policy, agent = meta
         return LLMCall(
             call_id=call_id,
             rollout_id=rollout_id,
@@ -114,6 +114,8 @@ class CallRecorder:
             start_time=start,
             end_time=now(),
             error=error,
+            policy=policy,
+            agent_name=agent,
         )
 
     def _warn_missing_ids(self, backend: str, call_id: str, rollout_id: str) -> None:

@@ -131,33 +131,66 @@ _COMPLETION_ERRORS = {
 
 def proxy_routes(proxy: LLMProxy) -> list[Route]:
     """Every route of ``proxy``, ``/openapi.json`` included (written from the others)."""
+    routes = [*_completion_routes(proxy), *_slot_routes(proxy), *admin_routes(proxy)]
+    body = json.dumps(_document(proxy, routes), separators=(",", ":")).encode()
 
-    def target(kind: Kind, params: dict[str, str]) -> Target | Response:
-        slot = params.get("slot")
-        if slot is None:
-            return Target(kind, params.get("rollout_id"), params.get("attempt_id"))
-        try:
-            return Target(kind, slot=check_slot_key(slot))
-        except ValueError as exc:
-            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+    async def openapi(_: ProxyRequest) -> Response:
+        return Response(body, media_type="application/json")
+
+    return [*routes, Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]
+
+
+def _target(kind: Kind, params: dict[str, str]) -> Target | Response:
+    """What a completion path names, or the 404 of a malformed slot key."""
+    slot = params.get("slot")
+    if slot is None:
+        return Target(kind, params.get("rollout_id"), params.get("attempt_id"))
+    try:
+        return Target(kind, slot=check_slot_key(slot))
+    except ValueError as exc:
+        return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+
+
+def _completion_routes(proxy: LLMProxy) -> list[Route]:
+    """Chat and text completions and the model list, under each of the three URL shapes."""
 
     async def chat(request: ProxyRequest) -> Response:
-        found = target("chat", request.params)
-        return (
-            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
-        )
+        found = _target("chat", request.params)
+        if isinstance(found, Response):
+            return found
+        return await proxy.complete(found, request.body, request.authorization, request.agent)
 
     async def completions(request: ProxyRequest) -> Response:
-        found = target("completion", request.params)
-        return (
-            found if isinstance(found, Response) else await proxy.complete(found, request.body, request.authorization)
-        )
+        found = _target("completion", request.params)
+        if isinstance(found, Response):
+            return found
+        return await proxy.complete(found, request.body, request.authorization, request.agent)
 
     async def models(request: ProxyRequest) -> Response:
-        found = target("chat", request.params)
+        found = _target("chat", request.params)
         if isinstance(found, Response):
             return found
         return await proxy.models(found, request.authorization)
+
+    routes: list[Route] = []
+    for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
+                                (SLOT_PREFIX, "runner slot", "slot_")):  # fmt: skip
+        where = f" ({scope} URL)"
+        routes += [
+            Route("POST", f"{prefix}/v1/chat/completions", chat, f"{name}chat_completions",
+                  f"A chat completion, forwarded and recorded{where}.", body=ChatCompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
+            Route("POST", f"{prefix}/v1/completions", completions, f"{name}completions",
+                  f"A text completion, forwarded and recorded{where}.", body=CompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
+            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
+                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
+        ]  # fmt: skip
+    return routes
+
+
+def _slot_routes(proxy: LLMProxy) -> list[Route]:
+    """Register and clear runner slots (runner token)."""
 
     def runner_refusal(request: ProxyRequest) -> Response | None:
         if bearer_matches(request.authorization, proxy.runner_token):
@@ -184,22 +217,8 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
         refusal = runner_refusal(request)
         return refusal if refusal is not None else slots_route(proxy.slots, request.body)
 
-    routes: list[Route] = []
-    for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
-                                (SLOT_PREFIX, "runner slot", "slot_")):  # fmt: skip
-        where = f" ({scope} URL)"
-        routes += [
-            Route("POST", f"{prefix}/v1/chat/completions", chat, f"{name}chat_completions",
-                  f"A chat completion, forwarded and recorded{where}.", body=ChatCompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
-            Route("POST", f"{prefix}/v1/completions", completions, f"{name}completions",
-                  f"A text completion, forwarded and recorded{where}.", body=CompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
-            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
-                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
-        ]  # fmt: skip
     full = {400: "invalid body", 401: _RUNNER_401, 503: "the slot table is full of live slots"}
-    routes += [
+    return [
         Route("PUT", SLOT_PREFIX, slot, "register_slot", "Register the attempt a runner slot runs from now on.",
               body=SlotBody, response=SlotAnswer, errors=full, tags=("slots",), auth=RUNNER),
         Route("DELETE", SLOT_PREFIX, slot, "clear_slot",
@@ -210,14 +229,17 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
               body=SlotsBody, response=SlotsAnswer, errors={**full, 413: f"more than {MAX_PER_REQUEST} entries"},
               tags=("slots",), auth=RUNNER),
     ]  # fmt: skip
-    routes += admin_routes(proxy)
+
+
+def _document(proxy: LLMProxy, routes: list[Route]) -> dict[str, Any]:
+    """The OpenAPI document of ``routes``, with the auth rules this proxy enforces."""
     security: dict[str, dict[str, str]] = {}
     if proxy.token is not None:
         security["bearer"] = {"type": "http", "scheme": "bearer"}
     security[RUNNER] = {"type": "http", "scheme": "bearer", "description": "the runner token"}
     if proxy.admin_token is not None:
         security[ADMIN] = {"type": "http", "scheme": "bearer", "description": "the admin token"}
-    document = openapi_document(
+    return openapi_document(
         routes,
         title=_TITLE,
         version="1",
@@ -226,9 +248,3 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
         common_errors=_COMMON_ERRORS,
         security=security,
     )
-    body = json.dumps(document, separators=(",", ":")).encode()
-
-    async def openapi(_: ProxyRequest) -> Response:
-        return Response(body, media_type="application/json")
-
-    return [*routes, Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]

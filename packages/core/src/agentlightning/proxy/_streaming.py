@@ -15,8 +15,9 @@ from agentlightning.proxy._transport import UNREACHABLE, BackendReply
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
 
-Meta = tuple[str, str, str, dict[str, Any], str, float, int | None]
-"""call id, rollout, attempt, request, backend, start, model version known before the answer (header or admitted)"""
+Meta = tuple[str, str, str, dict[str, Any], str, float, int | None, str | None, str | None]
+"""call id, rollout, attempt, request, backend, start, model version known before the answer (header or admitted),
+policy (with a `PolicyMap`) and agent name (from the agent header)"""
 
 
 RecordFn = Callable[[Meta, dict[str, Any] | None, Extracted], Awaitable[str | None]]

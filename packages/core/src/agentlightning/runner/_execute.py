@@ -116,7 +116,8 @@ agent_failures = _FailureLog()
 
 def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollout_id: str) -> None:
     outcome.status = "failed"
-    outcome.error = f"{type(exc).__name__}: {exc}"
+    # No store keeps NUL in an attempt's error (the boundary refuses it): an agent's message may hold one.
+    outcome.error = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")
     root.record_exception(exc)
     root.set_status(Status(StatusCode.ERROR, outcome.error))
     if not isinstance(exc, asyncio.CancelledError):

@@ -252,41 +252,56 @@ class Runner:
                 slot_freed.clear()
                 await slot_freed.wait()
                 continue
-            # Taken before claiming: a rollout ending meanwhile gives its slot back, and two rollouts must never
-            # share a slot (its worker id, its LLM proxy URL).
-            index = free_slots.pop()
-            worker_id = worker_id_of(index)
+            # Every idle slot claims in one request. Slots are taken before claiming: a rollout ending meanwhile
+            # gives its slot back, and two rollouts must never share a slot (its worker id, its LLM proxy URL).
+            indexes = free_slots[::-1]
+            free_slots.clear()
             try:
-                claim = await self._claim_unless_stopped(loop, worker_id, stopping)
+                claims = await self._claim_unless_stopped(loop, [worker_id_of(i) for i in indexes], stopping)
             except Exception as exc:
-                free_slots.append(index)
+                free_slots.extend(indexes[::-1])
                 await self._async_sleep(loop.outage.failed(exc))
                 continue
-            if not isinstance(claim, Claim):
-                free_slots.append(index)
-            if claim == "stop" or (claim == "idle" and not running):
-                break
-            if claim == "wait" or claim == "idle":
+            if not isinstance(claims, list):
+                free_slots.extend(indexes[::-1])
+                if claims == "stop" or (claims == "idle" and not running):
+                    break
                 await self._async_sleep(settings.poll_interval)
                 continue
-            assert isinstance(claim, Claim)
+            free_slots.extend(indexes[len(claims) :][::-1])
+            for claim, index in zip(claims, indexes, strict=False):
+                self._start_claim(loop, claim, index, free_slots, slot_freed, running)
+            if len(claims) < len(indexes):  # the queue ran short: poll again later, not at once
+                await self._async_sleep(settings.poll_interval)
 
-            async def run_one(claim: Claim, index: int, worker_id: str) -> None:
-                try:
-                    await self._run_claim(loop, claim, worker_id, index)
-                finally:
-                    free_slots.append(index)
-                    slot_freed.set()
+    def _start_claim(
+        self,
+        loop: WorkerLoop,
+        claim: Claim,
+        index: int,
+        free_slots: list[int],
+        slot_freed: asyncio.Event,
+        running: set[asyncio.Task[None]],
+    ) -> None:
+        """Run ``claim`` in slot ``index`` as a task of this loop; the slot is freed when it ends."""
+        worker_id = worker_id_of(index)
 
-            task = asyncio.create_task(run_one(claim, index, worker_id), name=f"agentlightning-{worker_id}")
-            running.add(task)
-            task.add_done_callback(running.discard)
+        async def run_one() -> None:
+            try:
+                await self._run_claim(loop, claim, worker_id, index)
+            finally:
+                free_slots.append(index)
+                slot_freed.set()
+
+        task = asyncio.create_task(run_one(), name=f"agentlightning-{worker_id}")
+        running.add(task)
+        task.add_done_callback(running.discard)
 
     async def _claim_unless_stopped(
-        self, loop: WorkerLoop, worker_id: str, stopping: asyncio.Event
-    ) -> Claim | Literal["idle", "stop", "wait"]:
-        """`WorkerLoop.claim`, abandoned when the runner stops while the store does not answer (it may be down)."""
-        claiming = asyncio.ensure_future(loop.claim(worker_id))
+        self, loop: WorkerLoop, worker_ids: list[str], stopping: asyncio.Event
+    ) -> list[Claim] | Literal["idle", "stop", "wait"]:
+        """`WorkerLoop.claim_many`, abandoned when the runner stops while the store does not answer (it may be down)."""
+        claiming = asyncio.ensure_future(loop.claim_many(worker_ids))
         stop = asyncio.ensure_future(stopping.wait())
         try:
             await asyncio.wait({claiming, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -298,11 +313,12 @@ class Runner:
             claiming.cancel()
             await asyncio.gather(claiming, return_exceptions=True)
             return "stop"
-        claim = claiming.result()
-        if isinstance(claim, Claim) and self._stop.is_set():
-            await release(self.store, claim)  # claimed as the runner stopped: hand it straight back
+        claims = claiming.result()
+        if isinstance(claims, list) and self._stop.is_set():
+            for claim in claims:  # claimed as the runner stopped: hand them straight back
+                await release(self.store, claim)
             return "stop"
-        return claim
+        return claims
 
     async def _finish_running(self, running: set[asyncio.Task[None]], wakeup: asyncio.Event) -> None:
         """Let running rollouts finish; once a drain's grace is over, cancel them (which releases their claims)."""

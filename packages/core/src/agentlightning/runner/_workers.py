@@ -171,23 +171,43 @@ class WorkerLoop:
         self._resources: dict[str, tuple[Resources | None, Resources | None]] = {}
 
     async def claim(self, worker_id: str) -> Claim | Literal["idle", "stop", "wait"]:
-        if self.stopped() or not self.budget.take():
+        claims = await self.claim_many([worker_id])
+        return claims[0] if isinstance(claims, list) else claims
+
+    async def claim_many(self, worker_ids: list[str]) -> list[Claim] | Literal["idle", "stop", "wait"]:
+        """Claim a rollout for each of ``worker_ids`` (idle workers) in one store request; at least one, or why not.
+
+        The claims come in ``worker_ids`` order (fewer when the queue or the budget runs short).
+        """
+        granted = 0
+        while granted < len(worker_ids) and self.budget.take():
+            granted += 1
+        if self.stopped() or not granted:
+            self._give_back(granted)
             return "stop"
         try:
-            claim = await self.store.dequeue_rollout(worker_id)
+            if granted == 1:
+                one = await self.store.dequeue_rollout(worker_ids[0])
+                claims = [] if one is None else [one]
+            else:  # one round trip for every idle worker
+                claims = await self.store.dequeue_many(worker_ids[:granted])
         except BaseException:
-            self.budget.give_back()
+            self._give_back(granted)
             raise
         self.outage.succeeded()
-        if claim is not None:
-            return claim
-        self.budget.give_back()
+        self._give_back(granted - len(claims))
+        if claims:
+            return claims
         if self.settings.stop_when_idle:
             # Idle only when nothing is running anywhere: a running attempt may still be retried.
             counts = (await self.store.stats()).rollouts
             if counts.get("queuing", 0) + counts.get("running", 0) == 0:
                 return "idle"
         return "wait"
+
+    def _give_back(self, n: int) -> None:
+        for _ in range(n):
+            self.budget.give_back()
 
     async def resources(self, claim: Claim) -> tuple[Resources | None, Resources | None]:
         """The claim's resources: as published (for the runner) and as its agent gets them (`for_agents`)."""

@@ -1,6 +1,7 @@
 """Store protocol and backends."""
 
 from agentlightning.store._base import (
+    MAX_DEQUEUE_MANY,
     RELEASED,
     ConflictError,
     LightningStore,
@@ -28,6 +29,7 @@ from agentlightning.store._serving import OpenedStore, StoreServing
 from agentlightning.store._sqlite import SqliteStore
 
 __all__ = [
+    "MAX_DEQUEUE_MANY",
     "RELEASED",
     "ConflictError",
     "InvalidRequestError",

@@ -22,7 +22,8 @@ from starlette.types import Receive, Scope, Send
 
 from agentlightning._netauth import bearer_matches, cross_site_refusal
 from agentlightning._routing import OPEN, Match, Route, RouteTable
-from agentlightning.store._base import ConflictError, NotFoundError, StorageError, StoreError
+from agentlightning.store._base import ConflictError, InvalidRequestError, NotFoundError, StorageError, StoreError
+from agentlightning.store._boundary import describe_validation
 from agentlightning.store._wire import ErrorResponse
 
 __all__ = ["Answer", "StoreASGI", "classify_error", "describe_validation", "error_bytes"]
@@ -43,19 +44,6 @@ def error_bytes(error: str, message: str) -> bytes:
     return ErrorResponse(error=error, message=message).model_dump_json().encode()
 
 
-def describe_validation(errors: Any) -> str:
-    """One line naming each (of the first five) invalid fields, e.g. ``spans.2.span_id: String should match...``."""
-    parts: list[str] = []
-    for err in list(errors)[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        if err.get("type") == "json_invalid":
-            ctx = err.get("ctx") or {}
-            parts.append(f"malformed JSON: {ctx.get('error', err.get('msg', ''))}")
-        else:
-            parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
-
-
 def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
     """(HTTP status, error kind, message) for an exception caused by the request; ``None`` for a server bug."""
     if isinstance(exc, NotFoundError):
@@ -64,6 +52,8 @@ def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
         return 409, "conflict", str(exc)
     if isinstance(exc, StorageError):  # disk full / read-only: not the request's fault, and not transient
         return 507, "storage", str(exc)
+    if isinstance(exc, InvalidRequestError):  # refused at the store boundary: as a body that failed validation
+        return 422, "invalid", str(exc)
     if isinstance(exc, StoreError):
         return 400, "invalid", str(exc)
     if isinstance(exc, ValidationError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -24,8 +24,10 @@ from agentlightning._models import (
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 
 __all__ = [
+    "MAX_DEQUEUE_MANY",
     "RELEASED",
     "ConflictError",
+    "InvalidRequestError",
     "LightningStore",
     "NotFoundError",
     "RetryPolicy",
@@ -35,6 +37,9 @@ __all__ = [
     "StoreStats",
 ]
 
+
+MAX_DEQUEUE_MANY = 1024
+"""The most rollouts one `LightningStore.dequeue_many` request may claim."""
 
 RELEASED = "released by its worker before it finished (the runner was shutting down)"
 """The ``error`` of an attempt given back with ``release_claim``."""
@@ -56,6 +61,25 @@ class StorageError(StoreError):
 
     The message says which (``database or disk is full`` / ``database is read-only``) and where.
     """
+
+
+class InvalidRequestError(StoreError, ValueError):
+    """A request a store refuses as invalid, the same way on every backend (a served store answers 400/413/422).
+
+    Raised at the store boundary (`agentlightning.store._boundary`) before anything is stored; the message is one
+    line naming the argument or field (``spans.2.span_id: ...``).
+    """
+
+    def __init__(self, message: str, errors: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self._errors = [dict(error) for error in errors]
+
+    def errors(self) -> list[dict[str, Any]]:
+        """pydantic's description of each invalid field (``loc``, ``type``, ``msg``), where a model found them.
+
+        Empty for a rule outside a model, and for a served store's refusal (its client gets the message only).
+        """
+        return list(self._errors)
 
 
 class ConflictError(StoreError):
@@ -115,7 +139,8 @@ class LightningStore(Protocol):
     Semantics every backend shares (``agentlightning.testing.StoreConformanceTests`` checks them):
 
     * ``enqueue_rollouts`` with an existing ``rollout_id`` returns the stored rollout unchanged.
-    * ``dequeue_rollout`` atomically moves the oldest ``queuing`` rollout to ``running`` and starts an attempt.
+    * ``dequeue_rollout`` atomically moves the oldest ``queuing`` rollout to ``running`` and starts an attempt;
+      ``dequeue_many`` does the same for several workers in one request (and one transaction).
     * ``finish_attempt`` with ``succeeded`` finishes the rollout; with a status in ``retry_on`` and attempts
       left it sends the rollout back to ``queuing`` (``retry_count`` + 1); otherwise the rollout ``failed``.
       Finishing an already finished attempt with the same status is a no-op; with another status a conflict.
@@ -127,8 +152,8 @@ class LightningStore(Protocol):
     * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
       new. A batch is validated as a whole first: one bad record (a NaN or Infinity included, or an attempt the
       store never started) rejects the batch and stores nothing.
-    * ``dequeue_rollout``, ``add_spans`` and ``add_llm_calls`` take an optional ``request_id``: a repeated
-      request returns the first answer (what a retry after a lost answer needs).
+    * ``dequeue_rollout``, ``dequeue_many``, ``add_spans`` and ``add_llm_calls`` take an optional ``request_id``: a
+      repeated request returns the first answer (what a retry after a lost answer needs).
     * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.
     * Every attempt keeps its final reward (the last span of kind ``reward`` marked final, by sequence id) and
       the newest ``model_version`` of its LLM calls; ``list_rollouts`` and ``run_stats`` report them.
@@ -149,6 +174,16 @@ class LightningStore(Protocol):
 
         ``request_id``: a client-chosen id; repeating a request with the same id returns the first answer (the
         same claim) instead of claiming another rollout, so a retry after a lost answer leaves no orphan attempt.
+        """
+        ...
+
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` of the oldest queuing rollouts at once, the i-th for ``worker_ids[i]``.
+
+        One request for a runner with several idle workers instead of one per worker. Returns the claims in queue
+        order (fewer than asked when the queue runs short, ``[]`` when it is empty); each is what
+        `dequeue_rollout` would have returned for that worker. ``request_id``: a repeated request returns the
+        first answer (the same claims). At most `MAX_DEQUEUE_MANY` workers per request.
         """
         ...
 

@@ -3,14 +3,11 @@
 Backends keep their own storage; what a rollout or attempt becomes is decided here, once, so the
 in-memory and SQLite stores (and a served store behind them) cannot drift apart.
 
-The validation boundary: every method of every backend that takes records (``enqueue_rollouts``, ``add_spans``,
-``add_llm_calls``, ``add_resources``, ids and status filters) passes them through the ``validate_*`` functions
-below before anything else. Dicts are validated; models made by validation are kept as they are (they were
-validated once, when made); models made without it (``model_construct``, ``model_copy(update=...)``, see
-`agentlightning._models.is_validated`) are validated again, so an unchecked record is refused by every backend
-with the same `pydantic.ValidationError`. The served store's client runs the same functions before sending, and
-its server validates the request body it receives. Past this boundary records are trusted
-(`agentlightning._fast`).
+How records are validated at the boundary (`agentlightning.store._boundary`, which every backend goes through and
+which calls the ``validate_*`` functions below). Dicts are validated; models made by validation are kept as they
+are (they were validated once, when made); models made without it (``model_construct``, ``model_copy(update=...)``,
+see `agentlightning._models.is_validated`) are validated again, so an unchecked record is refused by every backend
+the same way. Past this boundary records are trusted (`agentlightning._fast`).
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ __all__ = [
     "ALL_ROLLOUT_STATUSES",
     "ChangeNotifier",
     "check_finish_status",
-    "check_id",
     "check_spans_finite",
     "check_statuses",
     "json_has_non_finite",
@@ -51,7 +47,6 @@ __all__ = [
     "rollout_status_after",
     "timed_out_status",
     "validate_calls",
-    "validate_ids",
     "validate_requests",
     "validate_resources",
     "validate_spans",
@@ -69,7 +64,6 @@ _SPANS = TypeAdapter(list[Span])
 _CALLS = TypeAdapter(list[LLMCall])
 _REQUESTS = TypeAdapter(list[RolloutRequest])
 _RESOURCES = TypeAdapter(Resources)
-_IDS = TypeAdapter(list[str])
 # readers of a model's validation mark (see agentlightning._models.is_validated) and fields, for C-level passes
 _fields_set = operator.attrgetter("__pydantic_fields_set__")
 
@@ -205,21 +199,6 @@ def validate_resources(resources: Resources | Any) -> Resources:
     if isinstance(resources, Resources) and not is_validated(resources):
         resources = _plain(resources)
     return _RESOURCES.validate_python(resources)
-
-
-def validate_ids(ids: Sequence[str] | Any, what: str) -> list[str]:
-    """Validate a list of ids (each a non-empty string)."""
-    values = _IDS.validate_python(_as_list(ids, what))
-    for value in values:
-        check_id(what, value)
-    return values
-
-
-def check_id(name: str, value: Any) -> str:
-    """Return ``value`` if it is a non-empty string, else raise a `ValueError` naming the argument."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
 
 
 def check_finish_status(status: Any) -> AttemptStatus:

@@ -30,13 +30,8 @@ from agentlightning._models import (
 )
 from agentlightning.store._base import RELEASED, ConflictError, NotFoundError, RolloutRequest
 from agentlightning.store._common import (
-    check_finish_status,
-    check_id,
-    check_statuses,
     rollout_status_after,
     timed_out_status,
-    validate_ids,
-    validate_requests,
     wait_until_finished,
 )
 from agentlightning.store._postgres_records import REQUEST_MEMORY_SECONDS, PostgresRecords
@@ -83,10 +78,23 @@ WITH claimed AS (
 SELECT {ROLLOUT_COLUMNS}, NULL FROM claimed
 UNION ALL SELECT {", ".join(["NULL"] * 10)}, result FROM agl_requests WHERE request_id = %(key)s
 """
+# `dequeue_many`: claim the n oldest queuing rollouts nobody else is claiming (``seq`` last: the queue order)
+_CLAIM_MANY = f"""
+UPDATE agl_rollouts SET status = 'running', updated_at = %(t)s WHERE seq IN (
+    SELECT seq FROM agl_rollouts WHERE status = 'queuing' ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+RETURNING {ROLLOUT_COLUMNS}, seq
+"""
+_INSERT_ATTEMPT = (
+    f"INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode) VALUES (%s, %s, %s, %s, 'running', %s, NULL, %s, NULL, %s)"
+)
 _UPDATE_ROLLOUT = (
     "UPDATE agl_rollouts SET status = %s, updated_at = %s, retry_count = retry_count + %s WHERE rollout_id = %s "
     f"RETURNING {ROLLOUT_COLUMNS}"
 )
+
+
+class _AnsweredMeanwhile(Exception):
+    """A `PostgresStore.dequeue_many` whose request id another try remembered first (its transaction is undone)."""
 
 
 class PostgresStore(PostgresRecords):
@@ -179,7 +187,7 @@ class PostgresStore(PostgresRecords):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = validate_requests(requests)
+        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
         order: list[str] = []
         for req in reqs:
@@ -217,20 +225,13 @@ class PostgresStore(PostgresRecords):
         cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM agl_rollouts WHERE {where} ORDER BY seq", params)
         return [rollout_from_row(row) for row in cursor]
 
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
-        return rollout
-
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
         With a ``request_id``, the claim is remembered in the database in the same statement: a retried
         request (same id) gets the same rollout and attempt back, through any server sharing the database.
         """
-        if worker_id is not None:
-            check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+        key = None if request_id is None else "dequeue:" + request_id
         if now() > self._no_timeout_before:  # an attempt may have timed out (of any server): end it first
             await self.check_timeouts()
         unique_violation = self._psycopg.errors.UniqueViolation
@@ -264,6 +265,64 @@ class PostgresStore(PostgresRecords):
 
         return await self._write_statement(claim)
 
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts in one transaction, the i-th for ``worker_ids[i]``.
+
+        With a ``request_id``, the claims are remembered in the same transaction: a retried request gets the same
+        claims back through any server sharing the database (two tries racing: the second one replays the first).
+        """
+        workers = worker_ids  # checked at the boundary (StoreBoundary)
+        key = None if request_id is None else "dequeue_many:" + request_id
+        if not workers:
+            return []
+        if now() > self._no_timeout_before:
+            await self.check_timeouts()
+        try:
+            return await self._write(self._claim_many, workers, key)
+        except _AnsweredMeanwhile:
+            return await self._write(self._claim_many, workers, key)
+
+    def _claim_many(self, conn: Any, workers: list[str | None], key: str | None) -> list[Claim]:
+        if key is not None:
+            seen = conn.execute("SELECT result FROM agl_requests WHERE request_id = %s", (key,)).fetchone()
+            if seen is not None:
+                return [self._claim_of(conn, rollout_id, attempt_id) for rollout_id, attempt_id in from_json(seen[0])]
+        t = now()
+        rows = sorted(conn.execute(_CLAIM_MANY, {"t": t, "n": len(workers)}).fetchall(), key=lambda row: row[-1])
+        claims: list[Claim] = []
+        for row, worker_id in zip(rows, workers, strict=False):
+            rollout = rollout_from_row(row)
+            attempt = Attempt(
+                rollout_id=rollout.rollout_id,
+                attempt_id=new_id("at"),
+                sequence=rollout.retry_count + 1,
+                worker_id=worker_id,
+                start_time=t,
+                last_heartbeat=t,
+            )
+            claims.append(Claim(rollout=rollout, attempt=attempt))
+        if claims:
+            conn.cursor().executemany(
+                _INSERT_ATTEMPT,
+                [(a.rollout_id, a.attempt_id, a.sequence, a.worker_id, t, t, c.rollout.mode) for c in claims
+                 for a in (c.attempt,)],
+            )  # fmt: skip
+        if key is not None:
+            ids = dump_json([[c.rollout.rollout_id, c.attempt.attempt_id] for c in claims], "claims")
+            inserted = conn.execute(
+                "INSERT INTO agl_requests (request_id, result, created_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
+                (key, ids, t),
+            ).fetchone()
+            if inserted is None:  # another try of this request committed first: roll this one back, replay it
+                raise _AnsweredMeanwhile
+            self._count_request(conn, t)
+        return claims
+
+    def _claim_of(self, conn: Any, rollout_id: str, attempt_id: str) -> Claim:
+        rollout = self._get_rollout(conn, rollout_id)
+        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
+
     def _replay_claim(self, conn: Any, result: str) -> Claim | None:
         ids = from_json(result)
         if ids is None:
@@ -272,8 +331,6 @@ class PostgresStore(PostgresRecords):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
 
         def write(conn: Any) -> Attempt:
             row = conn.execute(
@@ -292,9 +349,6 @@ class PostgresStore(PostgresRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
-        check_finish_status(status)
         if error is not None and not isinstance(cast(Any, error), str):
             raise ValueError(f"error must be a string or None, got {type(error).__name__}")
 
@@ -316,8 +370,6 @@ class PostgresStore(PostgresRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
 
         def write(conn: Any) -> Rollout:
             current = self._get_rollout(conn, rollout_id, lock=True)
@@ -335,7 +387,6 @@ class PostgresStore(PostgresRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        check_id("rollout_id", rollout_id)
 
         def write(conn: Any) -> Rollout:
             rollout = self._get_rollout(conn, rollout_id, lock=True)
@@ -366,15 +417,13 @@ class PostgresStore(PostgresRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        check_id("rollout_id", rollout_id)
         return await self._read(self._get_rollout, rollout_id)
 
     async def query_rollouts(
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = check_statuses(status)
-        ids = None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids")
+        statuses, ids = status, rollout_ids
         clauses: list[str] = []
         params: list[Any] = []
         if statuses is not None:
@@ -387,7 +436,6 @@ class PostgresStore(PostgresRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        check_id("rollout_id", rollout_id)
 
         def read(conn: Any) -> list[Attempt]:
             self._get_rollout(conn, rollout_id)
@@ -404,7 +452,7 @@ class PostgresStore(PostgresRecords):
         Changes made through this object wake the waiter at once; changes made through other servers are seen
         within ``poll_interval``.
         """
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = rollout_ids
 
         def check_known(conn: Any) -> None:
             cursor = conn.execute("SELECT rollout_id FROM agl_rollouts WHERE rollout_id = ANY(%s)", (ids,))

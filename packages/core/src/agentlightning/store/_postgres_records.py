@@ -13,25 +13,21 @@ servers do not deadlock; a deadlock or serialization failure PostgreSQL reports 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from agentlightning._fast import calls_from_json, fast_replace, resources_from_json, spans_from_json
+from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
 from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
+from agentlightning.store._boundary import StoreBoundary
+from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
-    check_spans_finite,
-    json_has_non_finite,
-    validate_calls,
-    validate_resources,
-    validate_spans,
 )
-from agentlightning.store._postgres_dashboard import list_rollouts_sql, run_stats_sql
 from agentlightning.store._postgres_schema import (
     RESOURCES_LOCK,
     PostgresHealth,
@@ -41,6 +37,7 @@ from agentlightning.store._postgres_schema import (
     one_line,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery, final_reward_of
+from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
 from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
 
 __all__ = ["PostgresRecords"]
@@ -51,12 +48,12 @@ _R = TypeVar("_R")
 
 _INSERT_SPANS = (
     "INSERT INTO agl_spans (rollout_id, attempt_id, span_id, sequence_id, data) "
-    "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[]) ORDER BY 1, 2, 3 "
+    "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::bytea[]) ORDER BY 1, 2, 3 "
     "ON CONFLICT DO NOTHING"
 )
 _INSERT_CALLS = (
     "INSERT INTO agl_llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
-    "SELECT c, r, a, s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::text[]) WITH ORDINALITY "
+    "SELECT c, r, a, s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bytea[]) WITH ORDINALITY "
     "AS t(c, r, a, s, d, n) ORDER BY n ON CONFLICT DO NOTHING"
 )
 _SET_REWARD = (
@@ -69,7 +66,10 @@ _SET_VERSION = (
 )
 # Batches travel as arrays in PostgreSQL's binary format (%b): the text format quotes every JSON document inside
 # the array literal, which made a batch of 500 spans cost ~70 ms in the driver instead of ~10 ms.
-_SPAN_JSON = Span.__pydantic_serializer__.to_json
+# Shared values in key order: two transactions storing the same new values lock them in one order.
+_INSERT_BLOBS = (
+    "INSERT INTO agl_blobs (key, data) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING"
+)
 _KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
 _TRANSACTION_TRIES = 5
@@ -78,7 +78,7 @@ REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class PostgresRecords:
+class PostgresRecords(StoreBoundary):
     """The connection pool and the appended records of a `PostgresStore` (its base class; use `PostgresStore`).
 
     Args: as `PostgresStore`.
@@ -274,19 +274,18 @@ class PostgresRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id), through any server, gets the count of the first one.
         """
-        batch = validate_spans(spans, check_finite=False)  # checked on the JSON below, at C speed
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
         if not batch:
             return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
+        key = None if request_id is None else "spans:" + request_id
+        blobs: dict[bytes, bytes] = {}
         columns = (
             [s.rollout_id for s in batch],
             [s.attempt_id for s in batch],
             [s.span_id for s in batch],
             [s.sequence_id for s in batch],
-            [_SPAN_JSON(s).decode() for s in batch],
+            [encode_span(s, blobs) for s in batch],
         )
-        if any(json_has_non_finite(data) for data in columns[4]):
-            check_spans_finite(batch)
         # one final reward per attempt: the last by sequence id (a later one in the batch wins a tie, as in SQLite)
         finals: dict[tuple[str, str], tuple[float, int]] = {}
         for span in batch:
@@ -300,6 +299,8 @@ class PostgresRecords:
         def write(conn: Any) -> int:
             self._check_attempts(conn, pairs, "spans")
             added = conn.execute(_INSERT_SPANS, columns).rowcount
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             if key is not None and added < len(batch):
                 seen = self._lock_request(conn, key)
                 if seen is not None:
@@ -314,35 +315,35 @@ class PostgresRecords:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        check_id("rollout_id", rollout_id)
         sql = (
-            "SELECT s.data FROM agl_spans s LEFT JOIN agl_attempts a ON a.attempt_id = s.attempt_id "
+            "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM agl_spans s "
+            "LEFT JOIN agl_attempts a ON a.attempt_id = s.attempt_id "
             "WHERE s.rollout_id = %s{} ORDER BY COALESCE(a.sequence, 2147483647), s.attempt_id, s.sequence_id, "
             "s.span_id"
         )
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
             sql, params = sql.format(" AND s.attempt_id = %s"), (rollout_id, attempt_id)
         else:
             sql = sql.format("")
         rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return spans_from_json([row[0] for row in rows])
+        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
+        batch = calls
         if not batch:
             return 0
+        blobs: dict[bytes, bytes] = {}
         columns = (
             [c.call_id for c in batch],
             [c.rollout_id for c in batch],
             [c.attempt_id for c in batch],
             [c.start_time for c in batch],
-            [c.model_dump_json() for c in batch],
+            [encode_call(c, blobs) for c in batch],
         )
         newest: dict[tuple[str, str], int] = {}
         for c in batch:
@@ -350,12 +351,14 @@ class PostgresRecords:
                 pair = (c.rollout_id, c.attempt_id)
                 newest[pair] = max(newest.get(pair, c.model_version), c.model_version)
         versions = [(v, a, rid, v) for (rid, a), v in sorted(newest.items())]
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        key = None if request_id is None else "calls:" + request_id
         pairs = set(zip(columns[1], columns[2], strict=False))
 
         def write(conn: Any) -> int:
             self._check_attempts(conn, pairs, "LLM calls")
             added = conn.execute(_INSERT_CALLS, columns).rowcount
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
             if key is not None and added < len(batch):
                 seen = self._lock_request(conn, key)
                 if seen is not None:
@@ -370,22 +373,32 @@ class PostgresRecords:
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        check_id("rollout_id", rollout_id)
-        sql = "SELECT data FROM agl_llm_calls WHERE rollout_id = %s{} ORDER BY start_time, seq"
+        sql = (
+            "SELECT call_id, rollout_id, attempt_id, start_time, data FROM agl_llm_calls WHERE rollout_id = %s{} "
+            "ORDER BY start_time, seq"
+        )
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
             sql, params = sql.format(" AND attempt_id = %s"), (rollout_id, attempt_id)
         else:
             sql = sql.format("")
         rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return calls_from_json([row[0] for row in rows])
+        return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
+
+    def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """Stored values by content key (run in the caller's thread: decoding happens after the records' read)."""
+
+        def read(conn: Any) -> dict[bytes, bytes]:
+            rows = conn.execute("SELECT key, data FROM agl_blobs WHERE key = ANY(%s)", (keys,)).fetchall()
+            return {bytes(row[0]): bytes(row[1]) for row in rows}
+
+        return self._run(read, (), False, False)
 
     # ----------------------------------------------------------------- resources
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version (one at a time across servers)."""
-        res = validate_resources(resources)
+        res = resources
 
         def write(conn: Any) -> Resources:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESOURCES_LOCK,))
@@ -407,7 +420,6 @@ class PostgresRecords:
         if resources_id is None:
             sql, params = "SELECT data FROM agl_resources ORDER BY version DESC LIMIT 1", ()
         else:
-            check_id("resources_id", resources_id)
             sql, params = "SELECT data FROM agl_resources WHERE resources_id = %s", (resources_id,)
         row = await self._read(lambda conn: conn.execute(sql, params).fetchone())
         if row is None:
@@ -425,13 +437,13 @@ class PostgresRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, one snapshot)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
-        return await self._read(_snapshot, list_rollouts_sql, query)
+        query = query or RolloutQuery()  # the boundary passes a validated query
+        return await self._read(_snapshot, functools.partial(list_rollouts, POSTGRES), query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
-        return await self._read(_snapshot, run_stats_sql, query)
+        query = query or RunStatsQuery()
+        return await self._read(_snapshot, functools.partial(run_stats, POSTGRES), query)
 
     async def stats(self) -> StoreStats:
         """Counts of what is stored (one consistent snapshot)."""

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install "agentlightning-core[postgres]"'
 """The command that installs the PostgreSQL driver."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The schema this code writes; `migrate` brings older databases up to it and refuses newer ones."""
 
 # Ids are compared byte by byte (COLLATE "C"), as SQLite compares text: orderings by id do not depend on the
@@ -100,9 +100,20 @@ CREATE TABLE IF NOT EXISTS agl_resources (
 )
 """
 
+# Version 2: spans and LLM calls are written in the compact formats of `_codec` (bytes; rows of version 1 become
+# the bytes of their JSON text, which the codec still reads), and values they share are stored once in agl_blobs.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE agl_spans ALTER COLUMN data TYPE BYTEA USING convert_to(data, 'UTF8');
+ALTER TABLE agl_llm_calls ALTER COLUMN data TYPE BYTEA USING convert_to(data, 'UTF8');
+CREATE TABLE IF NOT EXISTS agl_blobs (
+    key BYTEA PRIMARY KEY,
+    data BYTEA NOT NULL
+)
+"""
+
 # Version n -> n + 1 scripts go here (run in one transaction, under the migration lock); version 0 is an empty
-# database, which gets the whole schema.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+# database, which gets the version-1 schema and then every migration.
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _MIGRATE_1_TO_2}
 
 # pg_advisory_xact_lock keys (any constant bigint, the same in every process sharing the database)
 MIGRATION_LOCK = 0x61676C0001

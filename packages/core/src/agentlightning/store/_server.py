@@ -1,9 +1,10 @@
 """The store served over HTTP: an ASGI app wrapping any `LightningStore` (what ``agl store serve`` runs).
 
-Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and, with ``ui=True``,
-`agentlightning.ui.ui_routes`; the same table is dispatched by `StoreASGI` and written out as the OpenAPI 3.1
-document at ``/openapi.json`` (no Swagger UI or ReDoc page: they load their scripts from a CDN; open the document in
-any OpenAPI viewer). Bodies are JSON `_wire` models.
+Every route is declared once, in `store_routes` (the store protocol), `dashboard_routes` and the caller's
+``extra_routes`` (``agl store serve`` adds the browser dashboard's, `agentlightning.ui.ui_routes`: the store never
+imports the dashboard, which imports the store); the same table is dispatched by `StoreASGI` and written out as
+the OpenAPI 3.1 document at ``/openapi.json`` (no Swagger UI or ReDoc page: they load their scripts from a CDN;
+open the document in any OpenAPI viewer). Bodies are JSON `_wire` models.
 
 A served store always has a bearer token (a browser can reach a server on this machine: see
 `agentlightning._netauth.cross_site_refusal` for what else keeps web pages out).
@@ -23,12 +24,14 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
 from agentlightning._models import Attempt, Claim, Resources, Rollout
 from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
+from agentlightning._server_base import STORE_MAX_BODY_BYTES
 from agentlightning.store._asgi import Answer, StoreASGI
 from agentlightning.store._base import LightningStore, RetryPolicy, StoreStats
 from agentlightning.store._server_dashboard import dashboard_routes
@@ -37,6 +40,8 @@ from agentlightning.store._wire import (
     AddedResponse,
     AttemptRef,
     AttemptsResponse,
+    DequeueManyRequest,
+    DequeueManyResponse,
     DequeueRequest,
     DequeueResponse,
     EnqueueRequest,
@@ -60,7 +65,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_store_app"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = STORE_MAX_BODY_BYTES
 """Largest request body accepted by default (32 MiB); larger ones get 413."""
 
 _DEQUEUE_MEMORY_SECONDS = 300.0
@@ -102,8 +107,14 @@ class _DequeueMemory:
         self._entries[request_id] = (now + _DEQUEUE_MEMORY_SECONDS, fut)
         return fut, True
 
-    def forget(self, request_id: str) -> None:
+    def fail(self, request_id: str, fut: asyncio.Future[bytes], exc: BaseException) -> None:
+        """Forget ``request_id`` (a retry tries again) and hand ``exc`` to the tries waiting on ``fut``."""
         self._entries.pop(request_id, None)
+        if isinstance(exc, asyncio.CancelledError):
+            fut.cancel()
+        else:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: concurrent waiters re-raise it themselves
 
 
 # The hot answers are written straight from the serializers: the same bytes as dumping the `_wire` response
@@ -121,6 +132,10 @@ def _claim_answer(claim: Claim | None) -> bytes:
     return b'{"claim":null}' if claim is None else b'{"claim":' + _CLAIM_JSON(claim) + b"}"
 
 
+def _claims_answer(claims: list[Claim]) -> bytes:
+    return b'{"claims":[' + b",".join(_CLAIM_JSON(claim) for claim in claims) + b"]}"
+
+
 def _added_answer(added: int) -> bytes:
     if type(added) is not int:  # exactly int (not bool or a subclass): anything else is validated as before
         return _dump(AddedResponse(added=added))
@@ -131,7 +146,7 @@ def create_store_app(
     store: LightningStore,
     token: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ui: bool = True,
+    extra_routes: Sequence[Route] = (),
 ) -> StoreASGI:
     """Build the ASGI app that serves ``store`` over HTTP.
 
@@ -142,8 +157,9 @@ def create_store_app(
             this machine; ``secrets.token_urlsafe(32)`` makes one). ``/healthz`` stays open so load balancers
             and process supervisors can probe it; it reveals nothing but liveness.
         max_body_bytes: Request bodies larger than this get 413 before they are read into memory.
-        ui: Serve the browser dashboard at ``/ui`` (its page loads without a token and takes it from the URL's
-            ``#token=`` fragment or asks for it).
+        extra_routes: More routes served from the same table and document, e.g. the browser dashboard's
+            (`agentlightning.ui.ui_routes`: its page loads without a token and takes it from the URL's ``#token=``
+            fragment or asks for it).
 
     Returns:
         The ASGI app; run it with uvicorn (``agl store serve`` does).
@@ -155,11 +171,7 @@ def create_store_app(
         raise ValueError("a served store needs a bearer token: pass token=... (secrets.token_urlsafe(32) makes one)")
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    routes = store_routes(store) + dashboard_routes(store)
-    if ui:
-        from agentlightning.ui import ui_routes  # the dashboard imports transitions and credit: only when served
-
-        routes += ui_routes(store)
+    routes = [*store_routes(store), *dashboard_routes(store), *extra_routes]
     document = openapi_document(
         routes,
         title=_TITLE,
@@ -188,7 +200,17 @@ def _document_routes(document: dict[str, Any]) -> list[Route]:
 
 def store_routes(store: LightningStore) -> list[Route]:
     """The store protocol's routes over ``store``: the one declaration both served and documented."""
-    dequeues = _DequeueMemory()
+    return [
+        *_health_routes(store),
+        *_rollout_routes(store),
+        *_attempt_routes(store),
+        *_record_routes(store),
+        *_resource_routes(store),
+    ]
+
+
+def _health_routes(store: LightningStore) -> list[Route]:
+    """``/healthz``, the retry policy and the counts."""
 
     async def healthz(_: None) -> Answer:
         error: str | None = getattr(store, "storage_error", None)
@@ -201,6 +223,22 @@ def store_routes(store: LightningStore) -> list[Route]:
 
     async def stats(_: None) -> bytes:
         return _dump(await store.stats())
+
+    p = API_PREFIX
+    return [
+        Route("GET", "/healthz", healthz, "healthz",
+              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
+              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
+              tags=("health",), auth=OPEN),
+        Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
+              response=RetryPolicy, tags=("store",)),
+        Route("GET", f"{p}/stats", stats, "stats", "Counts of what is stored.", response=StoreStats, tags=("store",)),
+    ]  # fmt: skip
+
+
+def _rollout_routes(store: LightningStore) -> list[Route]:
+    """Rollouts: get, enqueue, dequeue (one or many), query, cancel, wait."""
+    dequeues = _DequeueMemory()
 
     async def get_rollout(params: dict[str, str]) -> bytes:
         return _dump(await store.get_rollout(params["rollout_id"]))
@@ -217,15 +255,27 @@ def store_routes(store: LightningStore) -> list[Route]:
             try:
                 claim = await store.dequeue_rollout(body.worker_id, request_id=body.request_id)
             except BaseException as exc:
-                dequeues.forget(body.request_id)
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
-                    fut.exception()  # mark retrieved: concurrent waiters re-raise it themselves
+                dequeues.fail(body.request_id, fut, exc)
                 raise
             fut.set_result(_claim_answer(claim))
         return await asyncio.shield(fut)
+
+    async def dequeue_many(body: DequeueManyRequest) -> bytes:
+        if body.request_id is None:
+            claims = await store.dequeue_many(body.worker_ids)
+        else:  # concurrent tries share one answer, as for `dequeue`
+            key = "many:" + body.request_id
+            fut, first = dequeues.get_or_start(key)
+            if not first:
+                return await asyncio.shield(fut)
+            try:
+                claims = await store.dequeue_many(body.worker_ids, request_id=body.request_id)
+            except BaseException as exc:
+                dequeues.fail(key, fut, exc)
+                raise
+            fut.set_result(_claims_answer(claims))
+            return await asyncio.shield(fut)
+        return _claims_answer(claims)
 
     async def query_rollouts(body: QueryRolloutsRequest) -> bytes:
         rollouts = await store.query_rollouts(status=body.status, rollout_ids=body.rollout_ids)
@@ -237,6 +287,34 @@ def store_routes(store: LightningStore) -> list[Route]:
     async def wait(body: WaitRequest) -> bytes:
         rollouts = await store.wait_for_rollouts(body.rollout_ids, timeout=body.timeout)
         return _dump(RolloutsResponse.model_construct(rollouts=rollouts))
+
+    p = API_PREFIX
+    return [
+        Route("GET", f"{p}/rollouts/{{rollout_id:path}}", get_rollout, "get_rollout", "One rollout by id.",
+              response=Rollout, errors=_NOT_FOUND, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/enqueue", enqueue, "enqueue",
+              "Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged.",
+              body=EnqueueRequest, response=RolloutsResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/dequeue", dequeue, "dequeue",
+              "Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back.",
+              body=DequeueRequest, response=DequeueResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/dequeue_many", dequeue_many, "dequeue_many",
+              "Claim up to one queuing rollout per worker in ``worker_ids`` (oldest first); a repeated "
+              "``request_id`` gets the same answer back.",
+              body=DequeueManyRequest, response=DequeueManyResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/query", query_rollouts, "query_rollouts",
+              "Rollouts filtered by status and/or ids, in enqueue order.",
+              body=QueryRolloutsRequest, response=RolloutsResponse, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/cancel", cancel, "cancel", "Cancel a rollout that has not finished.",
+              body=RolloutRef, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("rollouts",)),
+        Route("POST", f"{p}/rollouts/wait", wait, "wait",
+              "Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones.",
+              body=WaitRequest, response=RolloutsResponse, errors=_NOT_FOUND, tags=("rollouts",)),
+    ]  # fmt: skip
+
+
+def _attempt_routes(store: LightningStore) -> list[Route]:
+    """Attempts: heartbeat, finish, release, query, timeouts."""
 
     async def heartbeat(body: AttemptRef) -> bytes:
         return _dump(await store.heartbeat(body.rollout_id, body.attempt_id))
@@ -252,6 +330,27 @@ def store_routes(store: LightningStore) -> list[Route]:
 
     async def check_timeouts(_: None) -> bytes:
         return _dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
+
+    p = API_PREFIX
+    return [
+        Route("POST", f"{p}/attempts/heartbeat", heartbeat, "heartbeat", "Record a sign of life of a running attempt.",
+              body=AttemptRef, response=Attempt, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/finish", finish, "finish",
+              "End an attempt; the rollout moves on according to the retry policy.",
+              body=FinishRequest, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/release", release, "release",
+              "Give a running attempt back (a runner shutting down): its rollout is queued again at once.",
+              body=AttemptRef, response=Rollout, errors=_NOT_FOUND, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/query", query_attempts, "query_attempts", "Attempts of a rollout in order.",
+              body=RolloutRef, response=AttemptsResponse, errors=_NOT_FOUND, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/check_timeouts", check_timeouts, "check_timeouts",
+              "Apply heartbeat and rollout timeouts now; returns the attempts that were ended.",
+              response=AttemptsResponse, tags=("attempts",)),
+    ]  # fmt: skip
+
+
+def _record_routes(store: LightningStore) -> list[Route]:
+    """Spans and LLM calls: add (a batch) and query."""
 
     async def add_spans(body: SpansRequest) -> bytes:
         if body.request_id is None:
@@ -270,52 +369,8 @@ def store_routes(store: LightningStore) -> list[Route]:
         calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
         return _dump(LLMCallsResponse.model_construct(calls=calls))
 
-    async def add_resources(body: Resources) -> bytes:
-        if "\x00" in body.resources_id:
-            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
-        return _dump(await store.add_resources(body))
-
-    async def get_resources(body: ResourcesQuery) -> bytes:
-        return _dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
-
     p = API_PREFIX
     return [
-        Route("GET", "/healthz", healthz, "healthz",
-              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
-              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
-              tags=("health",), auth=OPEN),
-        Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
-              response=RetryPolicy, tags=("store",)),
-        Route("GET", f"{p}/stats", stats, "stats", "Counts of what is stored.", response=StoreStats, tags=("store",)),
-        Route("GET", f"{p}/rollouts/{{rollout_id:path}}", get_rollout, "get_rollout", "One rollout by id.",
-              response=Rollout, errors=_NOT_FOUND, tags=("rollouts",)),
-        Route("POST", f"{p}/rollouts/enqueue", enqueue, "enqueue",
-              "Queue rollouts; an already known ``rollout_id`` returns the stored rollout unchanged.",
-              body=EnqueueRequest, response=RolloutsResponse, tags=("rollouts",)),
-        Route("POST", f"{p}/rollouts/dequeue", dequeue, "dequeue",
-              "Claim the oldest queuing rollout; a repeated ``request_id`` gets the same answer back.",
-              body=DequeueRequest, response=DequeueResponse, tags=("rollouts",)),
-        Route("POST", f"{p}/rollouts/query", query_rollouts, "query_rollouts",
-              "Rollouts filtered by status and/or ids, in enqueue order.",
-              body=QueryRolloutsRequest, response=RolloutsResponse, tags=("rollouts",)),
-        Route("POST", f"{p}/rollouts/cancel", cancel, "cancel", "Cancel a rollout that has not finished.",
-              body=RolloutRef, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("rollouts",)),
-        Route("POST", f"{p}/rollouts/wait", wait, "wait",
-              "Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones.",
-              body=WaitRequest, response=RolloutsResponse, errors=_NOT_FOUND, tags=("rollouts",)),
-        Route("POST", f"{p}/attempts/heartbeat", heartbeat, "heartbeat", "Record a sign of life of a running attempt.",
-              body=AttemptRef, response=Attempt, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
-        Route("POST", f"{p}/attempts/finish", finish, "finish",
-              "End an attempt; the rollout moves on according to the retry policy.",
-              body=FinishRequest, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
-        Route("POST", f"{p}/attempts/release", release, "release",
-              "Give a running attempt back (a runner shutting down): its rollout is queued again at once.",
-              body=AttemptRef, response=Rollout, errors=_NOT_FOUND, tags=("attempts",)),
-        Route("POST", f"{p}/attempts/query", query_attempts, "query_attempts", "Attempts of a rollout in order.",
-              body=RolloutRef, response=AttemptsResponse, errors=_NOT_FOUND, tags=("attempts",)),
-        Route("POST", f"{p}/attempts/check_timeouts", check_timeouts, "check_timeouts",
-              "Apply heartbeat and rollout timeouts now; returns the attempts that were ended.",
-              response=AttemptsResponse, tags=("attempts",)),
         Route("POST", f"{p}/spans", add_spans, "add_spans",
               "Store a batch of spans (idempotent on rollout, attempt and span id).",
               body=SpansRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
@@ -327,6 +382,20 @@ def store_routes(store: LightningStore) -> list[Route]:
         Route("POST", f"{p}/llm_calls/query", query_llm_calls, "query_llm_calls",
               "LLM calls of a rollout (or one attempt).",
               body=RecordQuery, response=LLMCallsResponse, tags=("records",)),
+    ]  # fmt: skip
+
+
+def _resource_routes(store: LightningStore) -> list[Route]:
+    """Resources versions: add and get."""
+
+    async def add_resources(body: Resources) -> bytes:
+        return _dump(await store.add_resources(body))
+
+    async def get_resources(body: ResourcesQuery) -> bytes:
+        return _dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
+
+    p = API_PREFIX
+    return [
         Route("POST", f"{p}/resources", add_resources, "add_resources",
               "Store a new resources version (a known ``resources_id`` returns the stored one).",
               body=Resources, response=Resources, tags=("resources",)),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic_core import from_json
 
@@ -31,13 +31,8 @@ from agentlightning.store._base import (
     RolloutRequest,
 )
 from agentlightning.store._common import (
-    check_finish_status,
-    check_id,
-    check_statuses,
     rollout_status_after,
     timed_out_status,
-    validate_ids,
-    validate_requests,
     wait_until_finished,
 )
 from agentlightning.store._sqlite_records import REQUEST_MEMORY_SECONDS, SqliteRecords
@@ -95,9 +90,11 @@ class SqliteStore(SqliteRecords):
 
     def _replay_claim(self, conn: sqlite3.Connection, result: str) -> Claim | None:
         ids = from_json(result)
-        if ids is None:
-            return None
-        return Claim(rollout=self._get_rollout(conn, ids[0]), attempt=self._get_attempt(conn, ids[0], ids[1]))
+        return None if ids is None else self._claim_of(conn, ids[0], ids[1])
+
+    def _claim_of(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Claim:
+        rollout = self._get_rollout(conn, rollout_id)
+        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
 
     def _end_attempt(
         self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
@@ -166,7 +163,7 @@ class SqliteStore(SqliteRecords):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = validate_requests(requests)
+        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
         t = now()
         rows = [
             (
@@ -204,20 +201,13 @@ class SqliteStore(SqliteRecords):
         cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE {where} ORDER BY seq", params)
         return [rollout_from_row(row) for row in cursor]
 
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
-        return rollout
-
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
         With a ``request_id``, the claim is remembered in the database in the same transaction: a retried
         request (same id) gets the same rollout and attempt back, even after the server restarted.
         """
-        if worker_id is not None:
-            check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+        key = None if request_id is None else "dequeue:" + request_id
         finished = False
         claim: Claim | None = None
         with self._write as conn:
@@ -227,47 +217,64 @@ class SqliteStore(SqliteRecords):
                     return self._replay_claim(conn, seen)
             t = now()  # taken under the write lock, so start times are in commit order across processes
             _, finished = self._apply_timeouts(conn, t)
-            row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
-            if row is None:
-                if key is not None:
-                    self._remember_request(conn, key, "null", t)
-            else:
-                rollout = rollout_from_row(row)
-                sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
-                attempt = Attempt(
-                    rollout_id=rollout.rollout_id,
-                    attempt_id=new_id("at"),
-                    sequence=sequence,
-                    worker_id=worker_id,
-                    start_time=t,
-                    last_heartbeat=t,
-                )
-                conn.execute(
-                    _INSERT_ATTEMPT,
-                    (
-                        attempt.rollout_id,
-                        attempt.attempt_id,
-                        sequence,
-                        worker_id,
-                        "running",
-                        t,
-                        None,
-                        t,
-                        None,
-                        rollout.mode,
-                    ),
-                )
-                claim = Claim(rollout=rollout, attempt=attempt)
-                if key is not None:
-                    self._remember_request(conn, key, dump_json([rollout.rollout_id, attempt.attempt_id], "claim"), t)
+            claim = self._claim_oldest(conn, worker_id, t)
+            if key is not None:
+                ids = None if claim is None else [claim.rollout.rollout_id, claim.attempt.attempt_id]
+                self._remember_request(conn, key, dump_json(ids, "claim"), t)
         if finished:
             self._notifier.notify()
         return claim
 
+    async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
+        """Claim up to ``len(worker_ids)`` queuing rollouts in one transaction, the i-th for ``worker_ids[i]``.
+
+        With a ``request_id``, the claims are remembered in the same transaction (as in `dequeue_rollout`).
+        """
+        workers = worker_ids  # checked at the boundary (StoreBoundary)
+        key = None if request_id is None else "dequeue_many:" + request_id
+        finished = False
+        claims: list[Claim] = []
+        with self._write as conn:
+            if key is not None:
+                seen = self._seen_request(conn, key)
+                if seen is not None:
+                    return [self._claim_of(conn, rollout_id, attempt_id) for rollout_id, attempt_id in from_json(seen)]
+            t = now()
+            if workers:
+                _, finished = self._apply_timeouts(conn, t)
+            for worker_id in workers:
+                claim = self._claim_oldest(conn, worker_id, t)
+                if claim is None:
+                    break
+                claims.append(claim)
+            if key is not None:
+                ids = [[c.rollout.rollout_id, c.attempt.attempt_id] for c in claims]
+                self._remember_request(conn, key, dump_json(ids, "claims"), t)
+        if finished:
+            self._notifier.notify()
+        return claims
+
+    def _claim_oldest(self, conn: sqlite3.Connection, worker_id: str | None, t: float) -> Claim | None:
+        """Move the oldest queuing rollout to running and start its attempt (inside the caller's transaction)."""
+        row = conn.execute(_CLAIM_OLDEST, (t,)).fetchone()
+        if row is None:
+            return None
+        rollout = rollout_from_row(row)
+        sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
+        attempt = Attempt(
+            rollout_id=rollout.rollout_id,
+            attempt_id=new_id("at"),
+            sequence=sequence,
+            worker_id=worker_id,
+            start_time=t,
+            last_heartbeat=t,
+        )
+        row = (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None, rollout.mode)
+        conn.execute(_INSERT_ATTEMPT, row)
+        return Claim(rollout=rollout, attempt=attempt)
+
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -280,11 +287,6 @@ class SqliteStore(SqliteRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
-        check_finish_status(status)
-        if error is not None and not isinstance(cast(Any, error), str):
-            raise ValueError(f"error must be a string or None, got {type(error).__name__}")
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -300,8 +302,6 @@ class SqliteStore(SqliteRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -320,7 +320,6 @@ class SqliteStore(SqliteRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        check_id("rollout_id", rollout_id)
         with self._write as conn:
             rollout = self._get_rollout(conn, rollout_id)
             if rollout.status == "cancelled":
@@ -352,7 +351,6 @@ class SqliteStore(SqliteRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        check_id("rollout_id", rollout_id)
         with self._read as conn:
             return self._get_rollout(conn, rollout_id)
 
@@ -360,8 +358,7 @@ class SqliteStore(SqliteRecords):
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = check_statuses(status)
-        ids = None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids")
+        statuses, ids = status, rollout_ids
         clauses: list[str] = []
         params: list[Any] = []
         if statuses is not None:
@@ -375,7 +372,6 @@ class SqliteStore(SqliteRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        check_id("rollout_id", rollout_id)
         with self._read as conn:
             self._get_rollout(conn, rollout_id)
             cursor = conn.execute(
@@ -389,7 +385,7 @@ class SqliteStore(SqliteRecords):
         Changes made through this object wake the waiter at once; changes made by other processes are seen
         within ``poll_interval``.
         """
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = rollout_ids
         with self._read as conn:
             for rollout_id in ids:
                 self._get_rollout(conn, rollout_id)

@@ -15,14 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from agentlightning._fast import (
-    call_from_json,
-    calls_from_json,
-    fast_replace,
-    resources_from_json,
-    span_from_json,
-    spans_from_json,
-)
+from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import (
     Attempt,
     LLMCall,
@@ -36,15 +29,11 @@ from agentlightning.store._base import (
     RetryPolicy,
     StoreStats,
 )
+from agentlightning.store._boundary import StoreBoundary
+from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
-    check_spans_finite,
-    json_has_non_finite,
-    validate_calls,
-    validate_resources,
-    validate_spans,
 )
 from agentlightning.store._query import (
     RolloutPage,
@@ -61,7 +50,6 @@ from agentlightning.store._sqlite_schema import (
     StorageHealth,
     attempt_from_row,
     connect,
-    readable_rows,
     rollout_from_row,
 )
 
@@ -78,7 +66,8 @@ _SET_VERSION = (
     "UPDATE attempts SET model_version = ? WHERE attempt_id = ? AND rollout_id = ? "
     "AND (model_version IS NULL OR model_version < ?)"
 )
-_SPAN_JSON = Span.__pydantic_serializer__.to_json  # the serializer itself: model_dump_json adds argument handling
+_INSERT_BLOB = "INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)"
+_SELECT_BLOBS = "SELECT key, data FROM blobs WHERE key IN ({})"
 _KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
 
@@ -86,7 +75,7 @@ REQUEST_MEMORY_SECONDS = 3600.0
 """How long the answer to a request with a client request id is kept for retries of that request."""
 
 
-class SqliteRecords:
+class SqliteRecords(StoreBoundary):
     """The connection and the appended records of a `SqliteStore` (its base class; use `SqliteStore`).
 
     Args: as `SqliteStore`.
@@ -199,14 +188,12 @@ class SqliteRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. With a ``request_id`` the count
         is remembered: a retried request (same id) gets the count of the first one, not 0.
         """
-        batch = validate_spans(spans, check_finite=False)  # checked on the JSON below, at C speed
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
         if not batch:
             return 0
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
-        dump = _SPAN_JSON
-        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, dump(s).decode()) for s in batch]
-        if any(json_has_non_finite(row[4]) for row in rows):
-            check_spans_finite(batch)
+        key = None if request_id is None else "spans:" + request_id
+        blobs: dict[bytes, bytes] = {}
+        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, encode_span(s, blobs)) for s in batch]
         finals = [
             (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
             for s in batch
@@ -218,6 +205,8 @@ class SqliteRecords:
             before = conn.total_changes
             conn.executemany(_INSERT_SPAN, rows)
             added = conn.total_changes - before
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.executemany(_INSERT_BLOB, blobs.items())
             if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
                 return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
             if finals:
@@ -228,38 +217,35 @@ class SqliteRecords:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        check_id("rollout_id", rollout_id)
         sql = (
-            "SELECT s.data FROM spans s LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
+            "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM spans s "
+            "LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
             "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
             "s.sequence_id, s.span_id"
         )
         params: tuple[str, ...] = (rollout_id,)
         if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
             sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
         else:
             sql = sql.format("")
         with self._read as conn:
             rows = conn.execute(sql, params).fetchall()
-        try:
-            return spans_from_json([row[0] for row in rows])
-        except ValueError:  # one unreadable row (written by an older version, say) must not hide the others
-            return readable_rows(rows, span_from_json, f"span of rollout {rollout_id!r}")
+        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = validate_calls(calls)
-        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.model_dump_json()) for c in batch]
-        if not rows:
+        batch = calls
+        if not batch:
             return 0
+        blobs: dict[bytes, bytes] = {}
+        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, encode_call(c, blobs)) for c in batch]
         versions = [
             (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
         ]
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        key = None if request_id is None else "calls:" + request_id
         pairs = {(row[1], row[2]) for row in rows}
         with self._write as conn:
             self._check_attempts(conn, pairs, "LLM calls")
@@ -270,6 +256,8 @@ class SqliteRecords:
                 rows,
             )
             added = conn.total_changes - before
+            if blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.executemany(_INSERT_BLOB, blobs.items())
             if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
                 return int(seen)
             if versions:
@@ -280,28 +268,28 @@ class SqliteRecords:
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        check_id("rollout_id", rollout_id)
+        sql = "SELECT call_id, rollout_id, attempt_id, start_time, data FROM llm_calls WHERE rollout_id = ?"
+        params: tuple[str, ...] = (rollout_id,)
+        if attempt_id is not None:
+            sql, params = sql + " AND attempt_id = ?", (rollout_id, attempt_id)
         with self._read as conn:
-            if attempt_id is None:
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? ORDER BY start_time, rowid", (rollout_id,)
-                ).fetchall()
-            else:
-                check_id("attempt_id", attempt_id)
-                rows = conn.execute(
-                    "SELECT data FROM llm_calls WHERE rollout_id = ? AND attempt_id = ? ORDER BY start_time, rowid",
-                    (rollout_id, attempt_id),
-                ).fetchall()
-        try:
-            return calls_from_json([row[0] for row in rows])
-        except ValueError:
-            return readable_rows(rows, call_from_json, f"LLM call of rollout {rollout_id!r}")
+            rows = conn.execute(sql + " ORDER BY start_time, rowid", params).fetchall()
+        return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
+
+    def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """Stored values by content key (they never change once written: no need to read with the records)."""
+        found: dict[bytes, bytes] = {}
+        with self._read as conn:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                found.update(conn.execute(_SELECT_BLOBS.format(", ".join("?" * len(chunk))), chunk).fetchall())
+        return found
 
     # ----------------------------------------------------------------- resources
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        res = validate_resources(resources)
+        res = resources
         with self._write as conn:
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (res.resources_id,)).fetchone()
             if row is not None:
@@ -320,7 +308,6 @@ class SqliteRecords:
             if resources_id is None:
                 row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
                 return None if row is None else resources_from_json(row[0])
-            check_id("resources_id", resources_id)
             row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"resources {resources_id!r} not found")
@@ -336,12 +323,12 @@ class SqliteRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first (SQL, off the event loop)."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
+        query = query or RolloutQuery()  # the boundary passes a validated query
         return await self._dashboard.run(self._dashboard.list_rollouts, query)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
+        query = query or RunStatsQuery()
         return await self._dashboard.run(self._dashboard.run_stats, query)
 
     # ----------------------------------------------------------------- misc

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
 from agentlightning._fast import fast_factory
@@ -25,19 +24,25 @@ __all__ = [
     "attempt_from_row",
     "connect",
     "dump_json",
-    "readable_rows",
     "rollout_from_row",
 ]
 
 logger = logging.getLogger(__name__)
 
-_M = TypeVar("_M", bound=BaseModel)
 _new_rollout = fast_factory(Rollout)
 _new_attempt = fast_factory(Attempt)
 
-_SCHEMA_VERSION = 4
+_SCHEMA_VERSION = 5
 # Version 3 added the requests table (answers of retried requests, by client request id).
 # Version 4: attempts keep their rollout's mode, and finished attempts are indexed for dashboard statistics.
+# Version 5: spans and LLM calls are written in the compact formats of `_codec` (rows of older versions stay JSON
+# text and are still read), and values they share are stored once in the blobs table.
+_BLOBS_TABLE = """
+CREATE TABLE IF NOT EXISTS blobs (
+    key BLOB PRIMARY KEY,
+    data BLOB NOT NULL
+) WITHOUT ROWID
+"""
 _REQUESTS_TABLE = """
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
@@ -93,7 +98,7 @@ CREATE TABLE IF NOT EXISTS spans (
     attempt_id TEXT NOT NULL,
     span_id TEXT NOT NULL,
     sequence_id INTEGER NOT NULL,
-    data TEXT NOT NULL,
+    data BLOB NOT NULL,
     PRIMARY KEY (rollout_id, attempt_id, span_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS llm_calls (
@@ -101,7 +106,7 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     rollout_id TEXT NOT NULL,
     attempt_id TEXT NOT NULL,
     start_time REAL NOT NULL,
-    data TEXT NOT NULL
+    data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ix_llm_calls_rollout ON llm_calls (rollout_id, attempt_id, start_time);
 CREATE TABLE IF NOT EXISTS resources (
@@ -110,6 +115,7 @@ CREATE TABLE IF NOT EXISTS resources (
     data TEXT NOT NULL
 );
 """
+    + _BLOBS_TABLE
 )
 
 # Version 1 -> 2: attempts keep their final reward and serving model version (for dashboards); filled in from
@@ -180,21 +186,6 @@ def attempt_from_row(row: Any) -> Attempt:
     )
 
 
-def readable_rows(rows: Sequence[Any], read: Callable[[str], _M], what: str) -> list[_M]:
-    """Records of the rows (``row[0]`` is JSON, ``read`` parses it) that still validate; others are logged and skipped.
-
-    Reads of a rollout must not fail because of one bad row: earlier versions stored NaN as ``null``, which the
-    model now refuses. Losing that one record is logged as an error; the rest of the trace stays readable.
-    """
-    out: list[_M] = []
-    for row in rows:
-        try:
-            out.append(read(row[0]))
-        except ValueError as exc:
-            logger.error("skipped an unreadable %s in the SQLite store: %s", what, str(exc).replace("\n", " "))
-    return out
-
-
 def dump_json(value: Any, what: str) -> str:
     """JSON text of ``value``; a `ValueError` naming ``what`` if it cannot be serialised."""
     try:
@@ -214,9 +205,10 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, 3, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, 4, _SCHEMA_VERSION):
             raise StoreError(
-                f"{path} has store schema version {version}; this agentlightning reads versions 1 to {_SCHEMA_VERSION}"
+                f"{path} has store schema version {version}; this agentlightning reads versions 1 to "
+                f"{_SCHEMA_VERSION} (a newer agentlightning-core wrote it: upgrade to open it)"
             )
         if version != _SCHEMA_VERSION:
             conn.execute("BEGIN IMMEDIATE")
@@ -225,9 +217,10 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 script = {
                     0: _SCHEMA,
-                    1: _MIGRATE_1_TO_2 + ";" + _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4,
-                    2: _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4,
-                    3: _MIGRATE_3_TO_4,
+                    1: _MIGRATE_1_TO_2 + ";" + _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4 + ";" + _BLOBS_TABLE,
+                    2: _REQUESTS_TABLE + ";" + _MIGRATE_3_TO_4 + ";" + _BLOBS_TABLE,
+                    3: _MIGRATE_3_TO_4 + ";" + _BLOBS_TABLE,
+                    4: _BLOBS_TABLE,
                 }.get(version, "")
                 for statement in script.split(";"):
                     if statement.strip():

@@ -253,6 +253,25 @@ class AdapterConformanceTests(KitGuard):
             assert transition.prompt_ids == sent.prompt_token_ids
             assert transition.response_ids == sent.token_ids
 
+    async def test_calls_name_their_agent(self, harness: KitHarness, agent: AgentFn) -> None:
+        """Each call reaches the proxy naming the agent that made it (the header the proxy routes policies by).
+
+        The name the proxy recorded is the name of the call's nearest agent span, as its transition says: no agent
+        code passes it.
+        """
+        if not self.supports_agent_spans:
+            pytest.skip("the framework has no agents")
+        record = await harness.collect(await harness.run(agent, "task-agent-header"))
+        assert record.transitions is not None and record.calls
+        by_call = {c.call_id: c for c in record.calls}
+        for transition in record.transitions.transitions:
+            (call_id,) = transition.call_ids
+            assert transition.agent_name, "a transition without an agent name"
+            assert by_call[call_id].agent_name == transition.agent_name, (
+                f"call {call_id} reached the proxy naming agent {by_call[call_id].agent_name!r}, "
+                f"but it runs under agent {transition.agent_name!r}"
+            )
+
     async def test_streaming_transitions(self, harness: KitHarness, agent_streaming: AgentFn) -> None:
         """A streaming agent still yields one transition per call with the served token ids."""
         if not self.supports_streaming:

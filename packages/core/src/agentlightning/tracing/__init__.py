@@ -18,6 +18,7 @@ from agentlightning.tracing._otlp import (
 from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError, to_span_model
 from agentlightning.tracing._provider import (
     aflush,
+    agent_of_span,
     attach_to,
     flush,
     get_span_processor,
@@ -34,6 +35,7 @@ __all__ = [
     "RolloutContext",
     "SpanWriteError",
     "aflush",
+    "agent_of_span",
     "attach_to",
     "current_rollout",
     "emit_annotation",

@@ -235,6 +235,9 @@ class LightningSpanProcessor(SpanProcessor):
     def _init_state(self) -> None:
         # Also the fork handler: a forked child starts with no writer thread and nothing pending.
         self._active: dict[tuple[int, int], tuple[RolloutContext, int]] = {}
+        # live span -> the agent it runs under (its own gen_ai.agent.name, else its parent's): what the openai
+        # client instrumentation names in each call's agent header, so the proxy can route it to the agent's policy
+        self._agents: dict[tuple[int, int], str] = {}
         self._pending: collections.deque[tuple[RolloutContext, int, ReadableSpan]] = collections.deque()
         self._sending = threading.Lock()  # taking pending spans and handing them to their stores: one thread at once
         self._wake = threading.Event()
@@ -264,6 +267,13 @@ class LightningSpanProcessor(SpanProcessor):
                 return
             ctx = entry[0]
         sc = span.get_span_context()
+        attributes = span.attributes
+        agent = attributes.get(semconv.GEN_AI_AGENT_NAME) if attributes else None
+        if not isinstance(agent, str) or not agent:
+            parent_sc = span.parent
+            agent = self._agents.get((parent_sc.trace_id, parent_sc.span_id)) if parent_sc is not None else None
+        if agent:
+            self._agents[(sc.trace_id, sc.span_id)] = agent
         span.set_attributes({semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id})
         if _genai.by_scope:  # another instrumentation's spans are read
             _genai.mark_start(span)
@@ -273,6 +283,8 @@ class LightningSpanProcessor(SpanProcessor):
         """Queue the finished span for its store (waking the writer only for the first span of a batch)."""
         sc = span.context
         entry = self._active.pop((sc.trace_id, sc.span_id), None) if sc is not None else None
+        if entry is not None:
+            self._agents.pop((sc.trace_id, sc.span_id), None)  # pyright: ignore[reportOptionalMemberAccess]
         if _genai.by_scope and entry is not None:  # another instrumentation's spans are read
             _genai.mark_end(span)
         if entry is None:
@@ -290,6 +302,11 @@ class LightningSpanProcessor(SpanProcessor):
             if self._writer is None:
                 self._ensure_writer()
             self._wake.set()
+
+    def agent_of(self, span: trace.Span) -> str | None:
+        """The agent a live span of a rollout runs under (its own ``gen_ai.agent.name`` or its nearest ancestor's)."""
+        sc = span.get_span_context()
+        return self._agents.get((sc.trace_id, sc.span_id)) if sc.is_valid else None
 
     def _count_retry(self) -> None:
         self.write_retries += 1

@@ -13,7 +13,16 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from agentlightning.tracing._processor import LightningSpanProcessor
 
-__all__ = ["aflush", "attach_to", "flush", "get_span_processor", "get_tracer", "get_tracer_provider", "set_as_global"]
+__all__ = [
+    "aflush",
+    "agent_of_span",
+    "attach_to",
+    "flush",
+    "get_span_processor",
+    "get_tracer",
+    "get_tracer_provider",
+    "set_as_global",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +78,16 @@ def get_tracer(name: str = "agentlightning", version: str | None = None) -> trac
     if tracer is None:
         tracer = _tracers[(name, version)] = get_tracer_provider().get_tracer(name, version)
     return tracer
+
+
+def agent_of_span(span: trace.Span) -> str | None:
+    """The agent a live span of a rollout runs under: its own ``gen_ai.agent.name``, else its nearest ancestor's.
+
+    Known for spans started inside a rollout through a provider this module's processor is attached to, while they
+    are live; ``None`` otherwise.
+    """
+    processor = _processor
+    return processor.agent_of(span) if processor is not None else None
 
 
 def attach_to(provider: TracerProvider) -> None:

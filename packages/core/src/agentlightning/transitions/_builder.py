@@ -351,9 +351,11 @@ class TransitionBuilder:
                 logprobs = values["response_logprobs"]
                 call_id = values["call_id"]
                 model_version = values["model_version"]
+                policy = values["policy"]
             else:
                 call_id = None
                 model_version = None
+                policy = None
                 prompt = _int_list(attrs.get(PROMPT_TOKEN_IDS))
                 response = _int_list(attrs.get(RESPONSE_TOKEN_IDS))
                 if prompt is None or response is None:
@@ -376,7 +378,7 @@ class TransitionBuilder:
                     prompt = call.prompt_token_ids
                     response = call.response_token_ids
                     logprobs = call.response_logprobs
-                    call_id, model_version = call.call_id, call.model_version
+                    call_id, model_version, policy = call.call_id, call.model_version, call.policy
                     if not prompt or not response:
                         reason = no_ids_reason(call)
                         missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
@@ -414,6 +416,7 @@ class TransitionBuilder:
                 "final_reward": final_reward,
                 "call_ids": [] if call_id is None else [call_id],
                 "model_version": model_version,
+                "policy": policy,
                 "metadata": {"span_ids": [span_id]},
             }
             samples.append(sample)

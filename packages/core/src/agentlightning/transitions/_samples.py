@@ -60,6 +60,7 @@ def proxy_sample(
         "final_reward": final_reward,
         "call_ids": [call.call_id],
         "model_version": call.model_version,
+        "policy": call.policy,
         "metadata": {"span_ids": [] if span_id is None else [span_id]},
     }
 
@@ -117,7 +118,8 @@ def merge_trajectories(
             head: list[int] = current["prompt_ids"]
             tail: list[int] = current["response_ids"]
             n, m = len(head), len(tail)
-            if len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
+            same_policy = current["policy"] == call["policy"]  # one sample trains one policy's weights
+            if same_policy and len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
                 observation = prompt[n + m :]
                 tail += observation
                 tail += response

@@ -73,8 +73,9 @@ class DashboardServer:
     def start(self, timeout: float = 30.0) -> DashboardServer:
         """Start serving; returns once the port listens (raises `RuntimeError` if it cannot bind)."""
         from agentlightning.store._server import create_store_app
+        from agentlightning.ui._routes import ui_routes
 
-        app = create_store_app(self.store, token=self.token, ui=True)
+        app = create_store_app(self.store, token=self.token, extra_routes=ui_routes(self.store))
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
                                 lifespan="off")  # fmt: skip
         server = _QuietServer(config)
