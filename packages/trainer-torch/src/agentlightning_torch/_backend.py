@@ -38,7 +38,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from agentlightning_torch._adapters import BASE_ADAPTER, adapter_weights, install_adapter, merged_state_dict
 from agentlightning_torch._backend_stats import BackendStats
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate
-from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCallback
+from agentlightning_torch._decode_batch import DecodeBatch, RunningSequence, TokenCallback
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
 
