@@ -273,6 +273,7 @@ def _make_samples(groups: dict[_GroupKey, list[_Credited]], estimated: _Estimate
     new_sample = _new_sample
     add_sample = out.samples.append
     isfinite = math.isfinite
+    response_tokens = trained_tokens = 0  # locals in the per-sample loop, stored once at the end
     for key, group_adv in zip(estimated.keys, estimated.advantages, strict=True):
         for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
             if check:
@@ -303,8 +304,8 @@ def _make_samples(groups: dict[_GroupKey, list[_Credited]], estimated: _Estimate
                     "policy": values["policy"],
                 }
                 add_sample(new_sample(fields))
-                out.response_tokens += len(response)
-                out.trained_tokens += sum(mask)
+                response_tokens += len(response)
+                trained_tokens += sum(mask)
             if dropped:
                 out.empty += dropped
                 kept = [bool(step.response_token_ids) for step in steps]
@@ -313,6 +314,7 @@ def _make_samples(groups: dict[_GroupKey, list[_Credited]], estimated: _Estimate
             else:
                 out.advantages.extend(rollout_adv)
                 out.credits.extend(credits)
+    out.response_tokens, out.trained_tokens = response_tokens, trained_tokens
     return out
 
 
