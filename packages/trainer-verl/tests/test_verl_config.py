@@ -61,6 +61,16 @@ def test_bad_settings_are_refused(kwargs, message) -> None:
         VerlTrainerConfig(model_path="m", **kwargs)
 
 
+def test_reinforce_pp_is_one_name_and_verls_spelling_an_alias() -> None:
+    for name in ("reinforce_pp", "reinforce_plus_plus"):
+        cfg = VerlTrainerConfig(model_path="unused", algorithm=name)  # pyright: ignore[reportArgumentType]
+        assert cfg.algorithm == "reinforce_pp"
+        assert cfg.to_verl_config().algorithm.adv_estimator == "reinforce_plus_plus"  # verl's own name, for verl
+        assert cfg.loop_config(output_dir="unused").estimator == "reinforce_pp"
+    with pytest.raises(ValidationError, match="n_rollouts_per_task >= 2"):
+        VerlTrainerConfig(model_path="unused", algorithm="rloo", n_rollouts_per_task=1)
+
+
 def test_unknown_override_key_is_refused() -> None:
     with pytest.raises(KeyError, match=r"trainer\.no_such_key"):
         VerlTrainerConfig(model_path="m", overrides={"trainer.no_such_key": 1}).to_verl_config()

@@ -64,6 +64,8 @@ class PPOConfig(BaseModel):
         clip_ratio: PPO clip range epsilon.
         grad_clip: Max global gradient norm.
         kl_coef: Weight of the k3 KL penalty to a reference model (0 disables it; >0 needs ``ref_model``).
+        entropy_coef: Weight of an entropy bonus (the loss minus ``entropy_coef`` times the mean token entropy): keeps
+            the policy from collapsing onto one answer early (0 disables it; ``entropy`` is reported either way).
         loss_agg: ``token-mean`` over all trained tokens of a mini-batch, or ``seq-mean-token-mean``.
         micro_batch_size: Most samples per forward/backward pass (gradients accumulate across micro-batches).
         micro_batch_tokens: Most padded tokens (rows x longest row) per forward/backward pass; a sample longer than
@@ -86,6 +88,7 @@ class PPOConfig(BaseModel):
     clip_ratio: float = Field(default=0.2, gt=0)
     grad_clip: float = Field(default=1.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     micro_batch_size: int = Field(default=64, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=1)
@@ -152,16 +155,16 @@ def _max_positions(model: torch.nn.Module) -> int:
 
 def _validate(samples: Sequence[TrainingSample], vocab: int, max_positions: int) -> None:
     for index, sample in enumerate(samples):
-        if not sample.prompt_ids:
+        if not sample.prompt_token_ids:
             raise ValueError(f"sample {index} has no prompt tokens")
-        length = len(sample.prompt_ids) + len(sample.response_ids)
+        length = len(sample.prompt_token_ids) + len(sample.response_token_ids)
         if length > max_positions:
             raise ValueError(f"sample {index} has {length} tokens; the model's context is {max_positions}")
-        bad = [t for t in (*sample.prompt_ids, *sample.response_ids) if not 0 <= t < vocab]
+        bad = [t for t in (*sample.prompt_token_ids, *sample.response_token_ids) if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"sample {index} has token ids {bad[:5]} outside the vocabulary (size {vocab})")
-        if sample.old_logprobs is not None and len(sample.old_logprobs) != len(sample.response_ids):
-            raise ValueError(f"sample {index}: old_logprobs must have one entry per response token")
+        if sample.response_logprobs is not None and len(sample.response_logprobs) != len(sample.response_token_ids):
+            raise ValueError(f"sample {index}: response_logprobs must have one entry per response token")
 
 
 def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
@@ -188,28 +191,32 @@ def _autocast(device: torch.device, bf16: bool) -> Any:
 
 
 def _forward(
-    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device, bf16: bool = True
+    model: torch.nn.Module,
+    samples: Sequence[TrainingSample],
+    device: torch.device,
+    bf16: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of every response token (padded to the longest response) and the pad mask.
 
     Only the positions from the shortest prompt on get logits (``logits_to_keep``): with a large vocabulary the
     prompt's logits would otherwise be most of the memory.
     """
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    longest = max(len(s.response_ids) for s in samples)
-    first = min(len(s.prompt_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
+    width = max(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples)
+    longest = max(len(s.response_token_ids) for s in samples)
+    first = min(len(s.prompt_token_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
     input_ids = torch.zeros((len(samples), width), dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     targets = torch.zeros((len(samples), longest), dtype=torch.long)
     index = torch.zeros((len(samples), longest), dtype=torch.long)
     valid = torch.zeros((len(samples), longest), dtype=torch.bool)
     for row, sample in enumerate(samples):
-        ids = [*sample.prompt_ids, *sample.response_ids]
+        ids = [*sample.prompt_token_ids, *sample.response_token_ids]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
-        count = len(sample.response_ids)
-        targets[row, :count] = torch.tensor(sample.response_ids)
-        start = len(sample.prompt_ids) - 1 - first
+        count = len(sample.response_token_ids)
+        targets[row, :count] = torch.tensor(sample.response_token_ids)
+        start = len(sample.prompt_token_ids) - 1 - first
         index[row, :count] = torch.arange(start, start + count)
         valid[row, :count] = True
     input_ids, attention, targets, index = (t.to(device) for t in (input_ids, attention, targets, index))
@@ -222,7 +229,7 @@ def _forward(
     del logits
     logprobs_all = torch.log_softmax(picked, dim=-1)
     logprobs = logprobs_all.gather(-1, targets[..., None]).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # differentiable for an entropy bonus
         entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     return logprobs, entropy, valid.to(device)
 
@@ -241,13 +248,13 @@ def response_logprobs(
     was_training = model.training
     model.eval()
     out: list[list[float]] = [[] for _ in samples]
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     try:
         for group in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
             chunk = [samples[i] for i in group]
             logprobs, _, _ = _forward(model, chunk, torch.device(device), bf16)
             for row, i in enumerate(group):
-                out[i] = logprobs[row, : len(samples[i].response_ids)].tolist()
+                out[i] = logprobs[row, : len(samples[i].response_token_ids)].tolist()
     finally:
         model.train(was_training)
     return out
@@ -316,8 +323,8 @@ def _anchors(
 ) -> _Anchors:
     """The behaviour log-probs (recorded, or recomputed with the weights before the update for a sample without
     them) and, with a KL penalty, the reference policy's log-probs."""
-    missing = [i for i, s in enumerate(samples) if s.old_logprobs is None]
-    old_rows: list[list[float]] = [list(s.old_logprobs) if s.old_logprobs is not None else [] for s in samples]
+    missing = [i for i, s in enumerate(samples) if s.response_logprobs is None]
+    old_rows: list[list[float]] = [list(s.response_logprobs or ()) for s in samples]
     if missing:
         chunk = [samples[i] for i in missing]
         recomputed = response_logprobs(
@@ -350,7 +357,7 @@ def _micro_batch_backward(
 ) -> None:
     """Forward and backward of the micro-batch ``rows`` (sample indices); gradients accumulate, terms are tallied."""
     part = [samples[i] for i in rows]
-    logprobs, entropy, valid = _forward(model, part, device, config.bf16)
+    logprobs, entropy, valid = _forward(model, part, device, config.bf16, config.entropy_coef > 0)
     mask = _padded([s.response_mask for s in part], device) * valid
     # Weights are normalised over the whole mini-batch, so accumulating micro-batches sums to it.
     if config.loss_agg == "token-mean":
@@ -370,6 +377,8 @@ def _micro_batch_backward(
         delta = _padded([anchors.ref[i] for i in rows], device) - logprobs
         kl = torch.exp(delta) - delta - 1
         loss_tokens = pg + config.kl_coef * kl
+    if config.entropy_coef > 0:  # a bonus for keeping the policy's entropy: against collapse
+        loss_tokens = loss_tokens - config.entropy_coef * entropy
     loss = (loss_tokens * weights).sum()
     loss.backward()
     with torch.no_grad():
@@ -380,7 +389,7 @@ def _micro_batch_backward(
         totals["kl"] += float((kl * share).sum())
         totals["approx_kl"] += float(((old - logprobs) * share).sum())
         totals["clip_fraction"] += float(((clipped > unclipped).float() * share).sum())
-        totals["entropy"] += float((entropy * share).sum())
+        totals["entropy"] += float((entropy.detach() * share).sum())
 
 
 def _optimizer_step(
@@ -472,7 +481,7 @@ def ppo_update(
     was_training = model.training
     model.train()
     tally = _Tally()
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     minis = _mini_batches(samples, config.mini_batch_size or len(samples))
     try:
         for _epoch in range(config.epochs):

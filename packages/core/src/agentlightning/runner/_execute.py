@@ -20,7 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 from agentlightning import semconv
 from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
 from agentlightning.adapters import use_active_sources
-from agentlightning.runner._agent import RolloutAgent, final_reward
+from agentlightning.runner._agent import RolloutAgent, reward_from_result
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
 
@@ -125,7 +125,7 @@ def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollou
 
 
 def _accept_result(result: Any, outcome: Outcome) -> None:
-    reward = final_reward(result)
+    reward = reward_from_result(result)
     outcome.reward = reward
     if reward is not None:
         emit_reward(reward, final=True)
