@@ -42,6 +42,7 @@ from agentlightning.store._base import MAX_DEQUEUE_MANY, RetryPolicy, RolloutReq
 __all__ = [
     "ALL_ROLLOUT_STATUSES",
     "ChangeNotifier",
+    "check_attempt_refs",
     "check_finish_status",
     "check_id",
     "check_spans_finite",
@@ -232,6 +233,20 @@ def check_worker_ids(worker_ids: Sequence[str | None] | Any) -> list[str | None]
         if value is not None:
             check_id("worker_id", value)
     return values
+
+
+def check_attempt_refs(attempts: Sequence[tuple[str, str]] | Any) -> list[tuple[str, str]]:
+    """Validate the (rollout id, attempt id) pairs of a ``heartbeat_many`` (at most `MAX_DEQUEUE_MANY`)."""
+    values = _as_list(attempts, "attempts")
+    if len(values) > MAX_DEQUEUE_MANY:
+        raise ValueError(f"heartbeat_many takes at most {MAX_DEQUEUE_MANY} attempts per request, got {len(values)}")
+    refs: list[tuple[str, str]] = []
+    for value in values:
+        if not isinstance(value, tuple | list) or len(value) != 2:  # pyright: ignore[reportUnknownArgumentType]
+            raise ValueError(f"each attempt must be a (rollout_id, attempt_id) pair, got {value!r}")
+        rollout_id, attempt_id = value  # pyright: ignore[reportUnknownVariableType]
+        refs.append((check_id("rollout_id", rollout_id), check_id("attempt_id", attempt_id)))
+    return refs
 
 
 def check_finish_status(status: Any) -> AttemptStatus:
