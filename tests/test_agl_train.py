@@ -53,6 +53,17 @@ def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path
     assert (max(deltas) > 0) == (updates > 0)
 
 
+def test_agl_train_finds_the_torch_engine_through_its_entry_point() -> None:
+    """The core names no trainer package: agentlightning-torch registers its command in the engines group."""
+    from importlib.metadata import entry_points
+
+    from agentlightning.loop import ENGINE_ENTRY_POINTS
+    from agentlightning_torch import cli
+
+    (torch_engine,) = [ep for ep in entry_points(group=ENGINE_ENTRY_POINTS) if ep.name == "torch"]
+    assert torch_engine.value == "agentlightning_torch.cli:train" and torch_engine.load() is cli.train
+
+
 def _answer(url: str, token: str | None = None) -> int:
     import urllib.error
     import urllib.request
@@ -173,6 +184,30 @@ def test_network_options_are_checked_before_anything_starts(
 ) -> None:
     monkeypatch.delenv("AGL_STORE_TOKEN", raising=False)
     monkeypatch.delenv("AGL_PROXY_TOKEN", raising=False)
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out), *options,
+    )  # fmt: skip
+    _refused(done, message, out)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--policy", "writer"], "AGENT=POLICY"),
+        (["--policy", "a=x", "--policy", "a=y"], "mapped twice"),
+        (["--policy", "a=../up"], "policy name"),
+        (["--policy", "calc=frozen"], "nothing would train"),
+        (["--default-policy", "writer"], "needs --policy"),
+        (["--policies", "/nonexistent/policies.json"], "--policies"),
+        (["--policy", "a=b", "--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"], "backend='local'"),
+    ],
+)
+def test_bad_policy_maps_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
     out = tmp_path / "run"
     done = agl_train_here(
         capsys,

@@ -103,12 +103,11 @@ def test_two_iterations_train_only_the_writer_and_rewriter_and_serve_new_version
 
 def _sample(agent: str) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[1, 2],
-        response_ids=[3],
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3],
         response_mask=[1],
         credit=1.0,
         advantage=1.0,
-        returns=1.0,
         group_id="g",
         rollout_id="r",
         attempt_id="a",
@@ -123,7 +122,7 @@ def test_a_checker_sample_in_the_batch_stops_the_update(tmp_path: Path) -> None:
     trainer = sql_train.make_trainer(sql_train.build_config(args))
     batch = TrainingBatch(samples=[_sample("writer"), _sample("checker")])
     with pytest.raises(RuntimeError, match=r"agent filter let samples of \['checker'\] into the batch"):
-        trainer.update(batch)
+        trainer.engine.update(batch)
 
 
 @pytest.mark.parametrize(

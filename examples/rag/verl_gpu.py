@@ -4,7 +4,8 @@ On the GPU machine, three processes (see ``examples/rag/README.md``)::
 
     export AGL_STORE_TOKEN=$(python3 -c "import secrets; print(secrets.token_urlsafe(32))")
     agl store serve --db runs/rag-verl/store.db --host 127.0.0.1 --port 4747
-    python examples/rag/run_agents.py --store-url http://127.0.0.1:4747 --workers 128
+    agl runner --app-dir examples/rag --agent rag_agent:rag_agent --instrument openai_agents \
+        --store-url http://127.0.0.1:4747 --workers 128
     python examples/rag/verl_gpu.py --store http://127.0.0.1:4747 --proxy-token "$AGL_PROXY_TOKEN"
 
 The agent is the same ``rag_agent.rag_agent`` as on the CPU (same tool, same instructions, same F1 reward); only
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning import ProxySettings
-from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
+from agentlightning_verl import VerlTrainer, VerlTrainerConfig
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -69,11 +70,11 @@ async def main() -> None:
         transition_mode="trajectory",
         proxy=ProxySettings(host="127.0.0.1", port=8765, token=args.proxy_token),
     )
-    algorithm = VerlAlgorithm(CONFIG, loop=loop)
+    trainer = VerlTrainer(CONFIG, loop=loop)
     try:
-        await algorithm.run(store, tasks)
+        await trainer.run(store, tasks)
     finally:
-        await algorithm.stop()
+        await trainer.stop()
 
 
 if __name__ == "__main__":

@@ -37,11 +37,11 @@ def tr(
         group_id=group,
         agent_name="a",
         step_index=step,
-        prompt_ids=[1, 2],
-        response_ids=list(response),
+        prompt_token_ids=[1, 2],
+        response_token_ids=list(response),
         response_mask=[1] * len(response),
-        logprobs=[-0.5] * len(response),
-        reward=reward,
+        response_logprobs=[-0.5] * len(response),
+        intermediate_reward=reward,
         final_reward=final,
     )
 
@@ -84,7 +84,6 @@ def test_grpo_without_std_only_centres() -> None:
     )
     assert by_rollout(batch.samples, "advantage") == {"a": [1.0, 1.0], "b": [-1.0]}
     assert by_rollout(batch.samples, "credit") == {"a": [3.0, 3.0], "b": [1.0]}
-    assert all(s.returns == s.credit for s in batch.samples)
 
 
 def test_grpo_per_step_uses_rollout_weighted_group_statistics() -> None:
@@ -303,3 +302,27 @@ async def test_build_batch_from_store() -> None:
     assert batch.metrics["dropped_groups"] == 1 and batch.metrics["joined_by_response_id"] == 4
     assert batch.metrics["trajectory_breaks"] == 0
     await store.close()
+
+
+def test_each_policy_is_normalised_within_its_own_groups() -> None:
+    """A rollout's writer and rewriter steps train two adapters: each is compared with its own policy's steps only."""
+
+    def step(name: str, index: int, final: float, policy: str) -> Transition:
+        return tr(name, index, final).model_copy(update={"policy": policy, "agent_name": policy})
+
+    transitions = [
+        step("A", 0, 1.0, "writer"),
+        step("A", 1, 1.0, "rewriter"),
+        step("B", 0, 0.0, "writer"),
+        step("B", 1, 0.0, "rewriter"),
+        step("C", 0, 1.0, "writer"),  # only the writer acted in C
+    ]
+    batch = build_training_batch(transitions)
+    adv = {(s.rollout_id, s.policy): s.advantage for s in batch.samples}
+    # rewriter: A and B only (rewards 1, 0): +1 / -1; pooled with the writer's C it would be +0.71 / -1.41
+    assert adv[("A", "rewriter")] == pytest.approx(1.0, abs=1e-4)
+    assert adv[("B", "rewriter")] == pytest.approx(-1.0, abs=1e-4)
+    # writer: A, B, C (rewards 1, 0, 1)
+    assert adv[("A", "writer")] == pytest.approx(adv[("C", "writer")]) == pytest.approx(0.7071, abs=1e-3)
+    assert adv[("B", "writer")] == pytest.approx(-1.4142, abs=1e-3)
+    assert {s.group_id for s in batch.samples} == {"g"}

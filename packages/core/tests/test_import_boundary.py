@@ -84,3 +84,76 @@ def test_the_proxy_never_imports_the_store_server() -> None:
     """Shared server constants live in a neutral module (agentlightning._server_base), not in the store's server."""
     banned = ("agentlightning.store._server", "agentlightning.store._asgi", "agentlightning.store._server_dashboard")
     assert _offenders("proxy", banned) == []
+
+
+# Packages the core may never import, at any depth, nor name in an import by string: the ML frameworks the trainer
+# packages are built on, the agent frameworks the adapters hook, and every other package of the workspace.
+FRAMEWORKS = (
+    "torch",
+    "transformers",
+    "verl",
+    "vllm",
+    "ray",
+    "peft",
+    "langchain",
+    "langchain_core",
+    "langchain_openai",
+    "langgraph",
+    "agents",
+    "autogen_agentchat",
+    "autogen_core",
+    "autogen_ext",
+)
+IMPORT_BY_NAME = {"import_module", "__import__", "find_spec", "import_string"}
+CORE_SRC = Path(agentlightning.__path__[0])
+PACKAGES = CORE_SRC.parents[2]  # packages/ (core/src/agentlightning -> packages)
+
+
+def _trainer_names() -> list[str]:
+    """Distribution and import names of every trainer package in the workspace (both spellings of each)."""
+    names = {"agentlightning-torch", "agentlightning_torch", "agentlightning-verl", "agentlightning_verl"}
+    for src in PACKAGES.glob("trainer-*/src/*/__init__.py"):
+        module = src.parent.name
+        names.update({module, module.replace("_", "-")})
+    return sorted(names)
+
+
+def _banned(module: str) -> bool:
+    root = module.split(".")[0]
+    return root in FRAMEWORKS or (root.startswith("agentlightning_") and root != "agentlightning")
+
+
+def test_core_imports_no_framework_or_other_package_even_lazily_by_name() -> None:
+    """No ``import`` anywhere in the core's code (inside functions too) and no ``importlib.import_module("...")``-like
+    call with a literal name reaches a framework, a trainer or an adapter package: engines and adapters are found
+    through entry points (``agentlightning.engines``, ``agentlightning.adapters``)."""
+    offenders: list[str] = []
+    for path in sorted(CORE_SRC.rglob("*.py")):
+        where = path.relative_to(CORE_SRC.parent)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            named: list[str] = []
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named = [node.module]
+            elif isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+                if called in IMPORT_BY_NAME:
+                    named = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            offenders += [f"{where}:{node.lineno} imports {name}" for name in named if _banned(name)]
+    assert offenders == [], "the core imports packages it must not know:\n" + "\n".join(offenders)
+
+
+def test_core_never_names_a_trainer_package() -> None:
+    """Not in code, strings or docs: the core finds trainer packages' engines through entry points only."""
+    names = _trainer_names()
+    assert "agentlightning_torch" in names
+    offenders = [
+        f"{path.relative_to(CORE_SRC.parent)}:{number}: {line.strip()}"
+        for path in sorted(CORE_SRC.rglob("*"))
+        if path.is_file() and path.suffix in {".py", ".md", ".txt", ".toml", ".json", ".js", ".html", ".css"}
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1)
+        if any(name in line for name in names)
+    ]
+    assert offenders == [], "the core names a trainer package:\n" + "\n".join(offenders)

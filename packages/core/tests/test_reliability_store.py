@@ -23,6 +23,7 @@ from pydantic import ValidationError
 import agentlightning as agl
 from agentlightning import LLMCall, Span
 from agentlightning.store import (
+    InvalidRequestError,
     MemoryStore,
     NotFoundError,
     PostgresStore,
@@ -77,13 +78,13 @@ async def test_non_finite_numbers_are_refused_naming_the_field(store: agl.Lightn
     rid, aid = await _claim(store)
     good = make_span(rid, aid, 0)
     built = Span.model_construct(**{**good.__dict__, "start_time": math.nan, "end_time": math.nan})
-    with pytest.raises(ValidationError, match=r"0\.start_time"):  # made without validation: validated now
+    with pytest.raises(InvalidRequestError, match=r"0\.start_time"):  # made without validation: validated now
         await store.add_spans([built])
-    with pytest.raises(ValidationError, match="start_time"):
+    with pytest.raises(InvalidRequestError, match="start_time"):
         await store.add_spans([{**good.model_dump(), "start_time": math.inf}])  # type: ignore[list-item]
-    with pytest.raises(ValidationError, match="finite"):
+    with pytest.raises(ValidationError, match="finite"):  # the model itself refuses it
         Span(**{**good.model_dump(), "attributes": {"score": math.nan}})
-    with pytest.raises(ValidationError, match=r"input\['scores'\]\[1\]"):
+    with pytest.raises(InvalidRequestError, match=r"input\['scores'\]\[1\]"):
         await store.enqueue_rollout({"scores": [1.0, math.nan]})
     with pytest.raises(ValidationError, match=r"request\['temperature'\]"):
         LLMCall.model_validate({**make_call(rid, aid, 0, 1.0).model_dump(), "request": {"temperature": math.inf}})
@@ -145,7 +146,7 @@ async def test_records_of_attempts_the_store_never_started_are_refused(store: ag
         await store.add_spans([make_span(rid, aid, 0), make_span(rid, "at-forged", 1)])
     with pytest.raises(NotFoundError, match="attempt 'at-forged'"):
         await store.add_llm_calls([make_call(rid, "at-forged", 0, 1.0)])
-    with pytest.raises(ValidationError, match="span_id"):
+    with pytest.raises(InvalidRequestError, match="span_id"):
         await store.add_spans([{**make_span(rid, aid, 0).model_dump(), "span_id": "abc"}])  # type: ignore[list-item]
     assert await store.query_spans(rid) == [] and await store.query_llm_calls(rid) == []
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from agentlightning import LLMCall, LLMResource, MemoryStore, PostgresStore, Resources, Span, SqliteStore
 from agentlightning._models import SpanEvent
-from agentlightning.store import LightningStore, RolloutRequest, StoreClient
+from agentlightning.store import InvalidRequestError, LightningStore, RolloutRequest, StoreClient
 from agentlightning.testing import ServedStoreProcess, make_call, make_span
 
 TOKEN = "boundary-token-0123456789"
@@ -117,7 +117,7 @@ async def _add(store: LightningStore, kind: str, value: Any) -> Any:
     return await store.enqueue_rollouts(value)
 
 
-def _signature(error: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+def _signature(error: InvalidRequestError) -> list[tuple[tuple[Any, ...], str]]:
     return sorted((tuple(e["loc"]), e["type"]) for e in error.errors())
 
 
@@ -127,7 +127,7 @@ async def test_every_backend_refuses_the_same_bad_record_the_same_way(store: Lig
     rid, aid = await _running(store)
     before = (await store.query_spans(rid), await store.query_llm_calls(rid), await store.query_resources())
     rollouts = len(await store.query_rollouts())
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(InvalidRequestError) as info:
         await _add(store, kind, make(rid, aid))
     locations = [loc for loc, _ in _signature(info.value)]
     for want in expected:
@@ -135,7 +135,7 @@ async def test_every_backend_refuses_the_same_bad_record_the_same_way(store: Lig
     # the same signature on a fresh local store: the reference every backend must match
     reference = MemoryStore()
     ref_rid, ref_aid = await _running(reference)
-    with pytest.raises(ValidationError) as ref_info:
+    with pytest.raises(InvalidRequestError) as ref_info:
         await _add(reference, kind, make(ref_rid, ref_aid))
     assert _signature(info.value) == _signature(ref_info.value)
     after = (await store.query_spans(rid), await store.query_llm_calls(rid), await store.query_resources())
@@ -144,7 +144,7 @@ async def test_every_backend_refuses_the_same_bad_record_the_same_way(store: Lig
 
 async def test_every_backend_refuses_a_bad_request_id_the_same_way(store: LightningStore) -> None:
     rid, aid = await _running(store)
-    with pytest.raises(ValueError, match="request_id must be a non-empty string"):
+    with pytest.raises(InvalidRequestError, match="request_id: String should have at least 1 character"):
         await store.add_spans([_span(rid, aid)], request_id="")
     assert await store.query_spans(rid) == []
 

@@ -118,7 +118,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str]] = [
     ("/v1/rollouts/enqueue", b"[1, 2]", 422, "body"),
     ("/v1/rollouts/dequeue", b'{"worker_id": 5}', 422, "worker_id"),
     ("/v1/attempts/finish", b'{"rollout_id": "r", "attempt_id": "a", "status": "great"}', 422, "status"),
-    ("/v1/attempts/finish", b'{"rollout_id": "r", "attempt_id": "a", "status": "running"}', 400, "running"),
+    ("/v1/attempts/finish", b'{"rollout_id": "r", "attempt_id": "a", "status": "running"}', 422, "running"),
     ("/v1/attempts/heartbeat", b'{"rollout_id": "", "attempt_id": "a"}', 422, "rollout_id"),
     ("/v1/spans", b'{"spans": [{"span_id": "xyz"}]}', 422, "spans.0"),
     ("/v1/rollouts/wait", b'{"rollout_ids": ["a"], "timeout": -1}', 422, "timeout"),

@@ -61,10 +61,10 @@ def test_inputs_the_fuzzer_found_are_rejected_cleanly(tmp_path: Path) -> None:
         assert resp.status_code == 422 and "too large" in resp.json()["message"]
         resp = http.post("/v1/rollouts/enqueue", json={"requests": [{"rollout_id": "bad\u0000id"}]})
         message = resp.json()["message"]
-        assert resp.status_code == 422 and "rollout_id" in message and "pattern" in message
+        assert resp.status_code == 422 and "rollout_id" in message and "control characters" in message
         resp = http.post("/v1/resources", json={"resources_id": "res\u0000"})  # the same id rule as a rollout's
         message = resp.json()["message"]
-        assert resp.status_code == 422 and "resources_id" in message and "pattern" in message
+        assert resp.status_code == 422 and "resources_id" in message and "control characters" in message
         assert http.get("/v1/stats").json() == before
 
 

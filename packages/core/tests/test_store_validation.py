@@ -7,10 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from agentlightning import MemoryStore, PostgresStore, SqliteStore
-from agentlightning.store import ConflictError, LightningStore, NotFoundError, RolloutRequest, StoreStats
+from agentlightning.store import (
+    ConflictError,
+    InvalidRequestError,
+    LightningStore,
+    NotFoundError,
+    RolloutRequest,
+    StoreStats,
+)
 from agentlightning.testing._store_kit import make_call, make_span
 
 
@@ -61,7 +67,7 @@ async def test_malformed_span_rejects_whole_batch(store: LightningStore, field: 
     bad = make_span(rid, aid, 2).model_dump()
     bad[field] = value
     batch: list[Any] = [make_span(rid, aid, 0), make_span(rid, aid, 1).model_dump(), bad, make_span(rid, aid, 3)]
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(InvalidRequestError) as info:
         await store.add_spans(batch)
     assert expected in str(info.value)
     assert await _snapshot(store, rid) == before
@@ -69,7 +75,7 @@ async def test_malformed_span_rejects_whole_batch(store: LightningStore, field: 
 
 async def test_span_batch_must_be_a_sequence(store: LightningStore) -> None:
     rid, aid = await _running(store)
-    with pytest.raises(TypeError, match="sequence"):
+    with pytest.raises(InvalidRequestError, match="sequence"):
         await store.add_spans(make_span(rid, aid, 0))  # type: ignore[arg-type]
     assert await store.query_spans(rid) == []
 
@@ -84,16 +90,16 @@ async def test_malformed_llm_call_rejects_whole_batch(store: LightningStore) -> 
     rid, aid = await _running(store)
     bad = make_call(rid, aid, 1, 2.0).model_dump()
     bad["prompt_token_ids"] = ["not", "ints"]
-    with pytest.raises(ValidationError, match=r"1\.prompt_token_ids"):
+    with pytest.raises(InvalidRequestError, match=r"1\.prompt_token_ids"):
         await store.add_llm_calls([make_call(rid, aid, 0, 1.0), bad])  # type: ignore[list-item]
     assert await store.query_llm_calls(rid) == []
     assert (await store.stats()).llm_calls == 0
 
 
 async def test_malformed_enqueue_rejects_whole_batch(store: LightningStore) -> None:
-    with pytest.raises(ValidationError, match="inptu"):
+    with pytest.raises(InvalidRequestError, match="inptu"):
         await store.enqueue_rollouts([RolloutRequest(rollout_id="a"), {"inptu": 1}])  # type: ignore[list-item]
-    with pytest.raises(ValidationError, match="rollout_id"):
+    with pytest.raises(InvalidRequestError, match="rollout_id"):
         await store.enqueue_rollout("x", rollout_id="")
     assert await store.query_rollouts() == []
 
@@ -127,7 +133,7 @@ async def test_conflicting_finish_changes_nothing(store: LightningStore) -> None
 
 
 async def test_bad_resources_rejected(store: LightningStore) -> None:
-    with pytest.raises(ValidationError, match="kind"):
+    with pytest.raises(InvalidRequestError, match="kind"):
         await store.add_resources({"resources_id": "r", "items": {"x": {"kind": "gpu"}}})  # type: ignore[arg-type]
     assert await store.get_resources() is None
     assert (await store.stats()).resources == 0

@@ -15,6 +15,7 @@ from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
     LoraSettings,
     PPOConfig,
+    TorchEngine,
     TorchTrainer,
     TorchTrainerConfig,
     load_trainer_state,
@@ -70,12 +71,11 @@ def model_folder(tmp_path: Path) -> Path:
 def batch() -> TrainingBatch:
     def sample(response: list[int], advantage: float) -> TrainingSample:
         return TrainingSample(
-            prompt_ids=[3, 4, 5, 6],
-            response_ids=response,
+            prompt_token_ids=[3, 4, 5, 6],
+            response_token_ids=response,
             response_mask=[1] * len(response),
             credit=advantage,
             advantage=advantage,
-            returns=advantage,
             group_id="g",
             rollout_id="r",
             attempt_id="a",
@@ -141,33 +141,34 @@ def test_resume_continues_weights_optimizer_iteration_and_version(
     settings = {"model_dir": model_folder, "output_dir": tmp_path / "run", "ppo": PPOConfig(lr=1e-2, lora=lora)}
     first = TorchTrainer(TorchTrainerConfig(**settings))
     ids = [3, 4, 5, 6, 7, 8]
-    base = logits(first.policy, ids)
-    first.update(batch())
-    assert not torch.allclose(logits(first.policy, ids), base)  # moved: resuming the base weights would fail below
-    first.loop.iteration, first.loop.model_version = 3, 7  # as after 3 iterations and 7 weight syncs
-    folder = first.loop.save_checkpoint()
+    base = logits(first.engine.policy, ids)
+    first.engine.update(batch())
+    assert not torch.allclose(logits(first.engine.policy, ids), base)  # moved: resuming the base would fail below
+    first.iteration, first.model_version = 3, 7  # as after 3 iterations and 7 weight syncs
+    folder = first.save_checkpoint()
     assert AutoModelForCausalLM.from_pretrained(folder) is not None  # the checkpoint is a plain model folder
 
     resumed = TorchTrainer(TorchTrainerConfig(**settings, resume=True))
     assert (resumed.iteration, resumed.model_version) == (3, 7)
-    torch.testing.assert_close(logits(resumed.policy, ids), logits(first.policy, ids), atol=1e-6, rtol=1e-6)
-    before, after = first.optimizer.state_dict(), resumed.optimizer.state_dict()
+    old, new = first.engine, resumed.engine
+    torch.testing.assert_close(logits(new.policy, ids), logits(old.policy, ids), atol=1e-6, rtol=1e-6)
+    before, after = old.optimizer.state_dict(), new.optimizer.state_dict()
     assert len(before["state"]) == len(after["state"]) > 0
     for key, value in before["state"].items():
         assert torch.equal(value["exp_avg"], after["state"][key]["exp_avg"])
     # the next update continues Adam (same step count), so both trainers make the same step
-    first.update(batch())
-    resumed.update(batch())
-    torch.testing.assert_close(logits(resumed.policy, ids), logits(first.policy, ids), atol=1e-5, rtol=1e-5)
+    old.update(batch())
+    new.update(batch())
+    torch.testing.assert_close(logits(new.policy, ids), logits(old.policy, ids), atol=1e-5, rtol=1e-5)
 
     fresh = TorchTrainer(TorchTrainerConfig(**{**settings, "output_dir": tmp_path / "other"}, resume=True))
     assert (fresh.iteration, fresh.model_version) == (0, 0)  # nothing to resume from: starts from the base
 
 
 def test_reference_model_only_with_a_kl_coefficient(model_folder: Path, tmp_path: Path) -> None:
-    without = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path))
+    without = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path))
     assert without.ref_model is None
-    with_kl = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path, ppo=PPOConfig(kl_coef=0.1)))
+    with_kl = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path, ppo=PPOConfig(kl_coef=0.1)))
     assert with_kl.ref_model is not None
     assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
     assert with_kl.update(batch())["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy starts at the reference
@@ -177,3 +178,22 @@ def test_missing_model_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         TorchTrainerConfig(model_dir=tmp_path / "nowhere")
     assert TorchTrainerConfig(model_dir="Qwen/Qwen2.5-0.5B-Instruct").model_dir == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_the_best_checkpoint_survives_saving_the_last_one(model_folder: Path, tmp_path: Path) -> None:
+    """``checkpoint/best`` sits inside the last checkpoint's folder, which every save replaces: it is carried over."""
+    run = tmp_path / "run"
+    trainer = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=run, ppo=PPOConfig(lr=1e-2)))
+    ids = [3, 4, 5, 6, 7, 8]
+    trainer.iteration, trainer.model_version = 1, 1
+    best = trainer.save_checkpoint(trainer.best_checkpoint_dir)
+    best_logits = logits(trainer.engine.policy, ids)
+    trainer.engine.update(batch())
+    trainer.iteration, trainer.model_version = 2, 2
+    last = trainer.save_checkpoint()
+    trainer.iteration, trainer.model_version = 3, 3
+    last = trainer.save_checkpoint()  # a second replacement carries it again
+    assert best == last / "best"
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(best), ids), best_logits)
+    assert not torch.allclose(logits(AutoModelForCausalLM.from_pretrained(last), ids), best_logits)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint"]  # no staging or old folder left behind

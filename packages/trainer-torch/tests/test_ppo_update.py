@@ -44,12 +44,11 @@ def tiny_model(seed: int = 0) -> PreTrainedModel:
 
 def sample(response: list[int], advantage: float, prompt: list[int] = PROMPT, **fields: object) -> TrainingSample:
     values: dict[str, object] = {
-        "prompt_ids": prompt,
-        "response_ids": response,
+        "prompt_token_ids": prompt,
+        "response_token_ids": response,
         "response_mask": [1] * len(response),
         "credit": advantage,
         "advantage": advantage,
-        "returns": advantage,
         "group_id": "g",
         "rollout_id": "r",
         "attempt_id": "a",
@@ -116,7 +115,7 @@ def test_recorded_old_logprobs_are_used() -> None:
     metrics = ppo_update(
         model,
         make_optimizer(model, config),
-        TrainingBatch(samples=[good.model_copy(update={"old_logprobs": stale})]),
+        TrainingBatch(samples=[good.model_copy(update={"response_logprobs": stale})]),
         config,
     )
     assert metrics["clip_fraction"] == 1.0
@@ -193,10 +192,10 @@ def test_bad_samples_are_rejected_before_anything_changes() -> None:
     config = PPOConfig()
     optimizer = make_optimizer(model, config)
     good = sample(GOOD, 1.0)
-    out_of_vocab = good.model_copy(update={"response_ids": [500, 1], "response_mask": [1, 1]})
+    out_of_vocab = good.model_copy(update={"response_token_ids": [500, 1], "response_mask": [1, 1]})
     with pytest.raises(ValueError, match="sample 1 has token ids"):
         ppo_update(model, optimizer, TrainingBatch(samples=[good, out_of_vocab]), config)
-    too_long = good.model_copy(update={"prompt_ids": [2] * 200})
+    too_long = good.model_copy(update={"prompt_token_ids": [2] * 200})
     with pytest.raises(ValueError, match="context"):
         ppo_update(model, optimizer, TrainingBatch(samples=[too_long]), config)
     with pytest.raises(ValueError, match="ref_model"):
@@ -263,3 +262,23 @@ def test_bf16_autocast_step_on_cuda() -> None:
     after = [sum(r) for r in response_logprobs(model, [good, bad], "cuda", bf16=False)]
     assert metrics["optimizer_steps"] == 1 and after[0] > before[0] and after[1] < before[1]
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast: master weights stay fp32
+
+
+def test_entropy_bonus_raises_the_entropy_when_the_advantage_is_zero() -> None:
+    """With zero advantage the policy gradient is zero: only the entropy bonus moves the weights, upwards in entropy."""
+    batch = TrainingBatch(samples=[sample([5, 6, 7], 0.0), sample([8, 9, 2], 0.0)])
+    peaked = tiny_model()  # a policy that has learnt to prefer its answers: entropy well below the maximum
+    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-2)), TrainingBatch(samples=[sample([5, 6, 7], 1.0)]),
+               PPOConfig(lr=1e-2, epochs=5))  # fmt: skip
+    measure = PPOConfig(lr=1e-12)  # an update that changes nothing measurable: reports the entropy
+
+    def entropy(model: torch.nn.Module) -> float:
+        return ppo_update(model, make_optimizer(model, measure), batch, measure)["entropy"]
+
+    start = entropy(peaked)
+    before = snapshot(peaked)
+    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-3)), batch, PPOConfig(lr=1e-3))
+    assert all(torch.equal(before[k], v) for k, v in snapshot(peaked).items())  # nothing to learn without the bonus
+    config = PPOConfig(lr=1e-3, entropy_coef=1.0)
+    ppo_update(peaked, make_optimizer(peaked, config), batch, config)
+    assert entropy(peaked) > start

@@ -1,4 +1,4 @@
-"""`TorchTrainer` as an engine behind `agl.RLLoop`: checkpoint/resume of weights, optimizer, iteration, version."""
+"""`TorchTrainer`: `agl.RLLoop` driving a `TorchEngine`; checkpoint/resume of weights, optimizer, iteration, version."""
 
 from __future__ import annotations
 
@@ -14,19 +14,18 @@ from transformers import AutoModelForCausalLM
 import agentlightning as agl
 from agentlightning.proxy import IN_PROCESS_SCHEME, registered_backend
 from agentlightning.testing import start_attempts
-from agentlightning_torch import TorchTrainer, TorchTrainerConfig
+from agentlightning_torch import TorchEngine, TorchTrainer, TorchTrainerConfig
 from agentlightning_torch.testing import make_tiny_chat_model
 
 
 def _batch() -> agl.TrainingBatch:
     prompt, response = [5, 6, 7, 8], [9, 10, 11]
     sample = agl.TrainingSample(
-        prompt_ids=prompt,
-        response_ids=response,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
         response_mask=[1] * len(response),
         credit=1.0,
         advantage=1.0,
-        returns=1.0,
         group_id="g",
         rollout_id="r",
         attempt_id="a",
@@ -54,22 +53,25 @@ async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_versi
         model_dir=tmp_path / "model", output_dir=tmp_path / "run", model_name="small", backend_http=backend_http
     )
     trainer = TorchTrainer(config)
-    assert isinstance(trainer, agl.Engine) and trainer.loop.engine is trainer
-    base = [p.detach().clone() for p in trainer.policy.parameters()]
-    trainer.update(_batch())  # weights and optimizer state move
-    assert any(not torch.equal(b, p.detach()) for b, p in zip(base, trainer.policy.parameters(), strict=True))
-    trainer.loop.iteration, trainer.loop.model_version = 3, 4
-    folder = trainer.loop.save_checkpoint()
+    # one shape: the trainer is the core's RLLoop, the model side is its engine
+    assert isinstance(trainer, agl.RLLoop) and isinstance(trainer.engine, TorchEngine)
+    assert not isinstance(trainer, agl.Engine) and not hasattr(trainer, "update")
+    engine = trainer.engine
+    base = [p.detach().clone() for p in engine.policy.parameters()]
+    engine.update(_batch())  # weights and optimizer state move
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(base, engine.policy.parameters(), strict=True))
+    trainer.iteration, trainer.model_version = 3, 4
+    folder = trainer.save_checkpoint()
     reloaded = AutoModelForCausalLM.from_pretrained(folder)  # a plain transformers folder, identical logits
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
-        assert torch.equal(reloaded(input_ids=ids).logits, trainer.policy(input_ids=ids).logits)
+        assert torch.equal(reloaded(input_ids=ids).logits, engine.policy(input_ids=ids).logits)
 
     resumed = TorchTrainer(config.model_copy(update={"resume": True}))
     assert (resumed.iteration, resumed.model_version) == (3, 4)
-    for saved, loaded in zip(trainer.policy.parameters(), resumed.policy.parameters(), strict=True):
+    for saved, loaded in zip(engine.policy.parameters(), resumed.engine.policy.parameters(), strict=True):
         assert torch.equal(saved.detach(), loaded.detach())
-    steps = [state["step"] for state in resumed.optimizer.state_dict()["state"].values()]
+    steps = [state["step"] for state in resumed.engine.optimizer.state_dict()["state"].values()]
     assert steps and all(float(step) == 1.0 for step in steps)
     store = agl.MemoryStore()
     try:
@@ -89,10 +91,11 @@ async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the
         TorchTrainerConfig(model_dir=tmp_path / "model", max_staleness=2)  # type: ignore[arg-type]
     config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", max_staleness=1)
     trainer = TorchTrainer(config)
-    assert trainer.serves_during_update and trainer.loop.config.max_staleness == 1
+    engine = trainer.engine
+    assert engine.serves_during_update and trainer.config.max_staleness == 1
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
-        policy_before = trainer.policy(input_ids=ids).logits
+        policy_before = engine.policy(input_ids=ids).logits
     store = agl.MemoryStore()
     try:
         await trainer.start(store)
@@ -114,11 +117,11 @@ async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the
                 return reply.json()["model_version"], calls[-1].response_token_ids, calls[-1].response_logprobs or []
 
             before = await ask()
-            trainer.update(_batch())  # the policy's weights change in place, as during the loop's update
+            engine.update(_batch())  # the policy's weights change in place, as during the loop's update
             with torch.no_grad():
-                assert not torch.equal(trainer.policy(input_ids=ids).logits, policy_before)
+                assert not torch.equal(engine.policy(input_ids=ids).logits, policy_before)
             assert await ask() == before  # the backend still serves version 0's weights, bit for bit
-            await trainer.sync_weights(1)
+            await engine.sync_weights(1)
             version, tokens, logprobs = await ask()
             assert before[0] == 0 and version == 1 and (tokens, logprobs) != before[1:]
     finally:

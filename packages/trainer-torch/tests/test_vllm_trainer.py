@@ -114,26 +114,27 @@ def _perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
 
 async def test_start_loads_and_verifies_the_trainers_weights(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
     trainer, _ = vllm_trainer
-    assert trainer.vllm is not None and trainer.vllm.syncs == 1
-    probe = trainer.vllm.last_probe
+    assert trainer.engine.vllm is not None and trainer.engine.vllm.syncs == 1
+    probe = trainer.engine.vllm.last_probe
     assert probe is not None and probe.version == 0 and probe.tokens == 23
-    assert probe.max_abs_diff <= trainer.config.vllm.tolerance
+    assert probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
     # The server really is vLLM with the weight-sync extension (the CPU backend empties its packed linear weights).
-    assert trainer.vllm.server is not None and "agl_vllm_worker.WeightSyncExtension" in trainer.vllm.server.command
+    server = trainer.engine.vllm.server
+    assert server is not None and "agl_vllm_worker.WeightSyncExtension" in server.command
 
 
 async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
     vllm_trainer: tuple[TorchTrainer, agl.LightningStore],
 ) -> None:
     trainer, store = vllm_trainer
-    _perturb(trainer.policy, seed=1)  # stands in for a PPO step: every weight changes
+    _perturb(trainer.engine.policy, seed=1)  # stands in for a PPO step: every weight changes
     version = trainer.model_version + 1
     await trainer.proxy.pause(timeout=60)
-    await trainer.sync_weights(version)
+    await trainer.engine.sync_weights(version)
     trainer.proxy.resume(model_version=version)
-    assert trainer.vllm is not None and trainer.vllm.last_probe is not None
-    assert trainer.vllm.last_probe.version == version
-    assert trainer.vllm.metrics()["vllm_sync_max_logprob_diff"] <= trainer.config.vllm.tolerance
+    assert trainer.engine.vllm is not None and trainer.engine.vllm.last_probe is not None
+    assert trainer.engine.vllm.last_probe.version == version
+    assert trainer.engine.vllm.metrics()["vllm_sync_max_logprob_diff"] <= trainer.engine.config.vllm.tolerance
 
     attempts = await start_attempts(store, ["served-1"])
     url = f"{trainer.proxy.base_url('served-1', attempts['served-1'])}/completions"
@@ -145,30 +146,30 @@ async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
     await trainer.proxy.flush()
     [call] = await store.query_llm_calls("served-1")
     assert call.model_version == version
-    ours = reference_logprobs(trainer.policy, list(call.prompt_token_ids), list(call.response_token_ids))
+    ours = reference_logprobs(trainer.engine.policy, list(call.prompt_token_ids), list(call.response_token_ids))
     served = ours[len(call.prompt_token_ids) - 1 :]
     logprobs = call.response_logprobs or []
     assert len(logprobs) == len(served) == len(call.response_token_ids) > 0
-    assert max(abs(a - b) for a, b in zip(logprobs, served, strict=True)) <= trainer.config.vllm.tolerance
+    assert max(abs(a - b) for a, b in zip(logprobs, served, strict=True)) <= trainer.engine.config.vllm.tolerance
 
 
 async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
     trainer, _ = vllm_trainer
-    assert trainer.vllm is not None
-    stale = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
-    _perturb(trainer.policy, seed=2)  # the trainer moves on...
+    assert trainer.engine.vllm is not None
+    stale = {k: v.detach().clone() for k, v in trainer.engine.policy.state_dict().items()}
+    _perturb(trainer.engine.policy, seed=2)  # the trainer moves on...
     # ...but the sync delivers the old weights (a transport that lost the update): vLLM answers 200 all the same.
-    extension = VLLMWeightSync(trainer.vllm.client, trainer.tokenizer, 27, method="extension")
+    extension = VLLMWeightSync(trainer.engine.vllm.client, trainer.engine.tokenizer, 27, method="extension")
     with pytest.raises(WeightSyncMismatch, match=r"weight sync to version 41 failed verification"):
-        await extension.sync(stale, trainer.policy, 41)
+        await extension.sync(stale, trainer.engine.policy, 41)
     # A file without the linear layers is refused by the extension (those weights would be uninitialised memory).
-    weights = {k: v.detach() for k, v in trainer.policy.state_dict().items()}
+    weights = {k: v.detach() for k, v in trainer.engine.policy.state_dict().items()}
     partial = {k: v for k, v in weights.items() if "proj" not in k}
     with pytest.raises(VLLMError, match=r"lacks \d+ linear layer"):
-        await extension.sync(partial, trainer.policy, 42)
+        await extension.sync(partial, trainer.engine.policy, 42)
     # The whole current state dict repairs it (and is verified).
-    probe = await trainer.vllm.sync(weights, trainer.policy, 43)
-    assert probe.version == 43 and probe.max_abs_diff <= trainer.config.vllm.tolerance
+    probe = await trainer.engine.vllm.sync(weights, trainer.engine.policy, 43)
+    assert probe.version == 43 and probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
 
 
 # ----- cancelled rollouts stop generating -------------------------------------------------------------------
@@ -209,11 +210,11 @@ async def long_or_short_agent(task: dict[str, Any], resources: agl.Resources) ->
 
 def _running_now(trainer: TorchTrainer) -> int:
     """The server's running requests, read synchronously (from the update's worker thread)."""
-    if trainer.vllm is not None:
-        with urllib.request.urlopen(f"{trainer.vllm.url}/metrics", timeout=30) as answer:
+    if trainer.engine.vllm is not None:
+        with urllib.request.urlopen(f"{trainer.engine.vllm.url}/metrics", timeout=30) as answer:
             return running_requests(answer.read().decode())
-    assert trainer._backend is not None  # pyright: ignore[reportPrivateUsage]
-    return trainer._backend.running  # pyright: ignore[reportPrivateUsage]
+    assert trainer.engine._backend is not None  # pyright: ignore[reportPrivateUsage]
+    return trainer.engine._backend.running  # pyright: ignore[reportPrivateUsage]
 
 
 async def _running(trainer: TorchTrainer) -> int:
@@ -224,7 +225,7 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
     STATUS.clear()
     real_wait = store.wait_for_rollouts
     at_update: list[int] = []
-    real_update = trainer.update
+    real_update = trainer.engine.update
 
     async def wait_until_the_long_call_generates(rollout_ids: Sequence[str], timeout: float | None = None) -> Any:
         # Stands in for the rollout timeout without a clock: "late" = the long rollouts, their call generating.
@@ -241,7 +242,7 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
         return real_update(batch)
 
     store.wait_for_rollouts = wait_until_the_long_call_generates  # type: ignore[method-assign]
-    trainer.update = recording_update  # type: ignore[method-assign]
+    trainer.engine.update = recording_update  # type: ignore[method-assign]
     runner = agl.Runner(long_or_short_agent, store=store, n_workers=8, worker_mode="async", poll_interval=0.01)
     runner_task = asyncio.create_task(runner.arun())
     tasks = [{"q": "Q:1+2="}, {"q": "Q:3*4="}]
@@ -251,7 +252,7 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
         runner.stop()
         await asyncio.wait_for(runner_task, 120)
         store.wait_for_rollouts = real_wait  # type: ignore[method-assign]
-        del trainer.update
+        del trainer.engine.update
     assert at_update == [0], "a cancelled rollout's generation was still running when the update started"
     assert report.metrics.get("skipped_update") is None and report.finished == 2
     assert sorted(STATUS) == [("long", 409), ("long", 409), ("short", 200), ("short", 200)]  # aborted, not answered
@@ -265,8 +266,9 @@ async def test_vllm_a_cancelled_long_generation_stops_before_the_update(
 ) -> None:
     trainer, store = vllm_trainer  # the store the trainer's proxy records into
     await _cancelled_generation_frees_its_slot(trainer, store)
-    assert trainer.vllm is not None and trainer.vllm.last_probe is not None  # the update was synced and verified
-    assert trainer.vllm.last_probe.version == trainer.model_version
+    vllm = trainer.engine.vllm
+    assert vllm is not None and vllm.last_probe is not None  # the update was synced and verified
+    assert vllm.last_probe.version == trainer.model_version
 
 
 async def test_local_backend_a_cancelled_long_generation_stops_before_the_update(
@@ -289,16 +291,16 @@ async def test_a_server_given_by_url_is_synced_and_verified_at_start(
     own weights (the checkpoint's, not the first trainer's) are loaded and verified at start. Runs last: it leaves
     the shared server serving the second trainer's weights."""
     trainer, _ = vllm_trainer
-    assert trainer.vllm is not None
+    assert trainer.engine.vllm is not None
     config = _config(long_context_model, tmp_path, "vllm").model_copy(
-        update={"vllm": VLLMSettings(url=f"{trainer.vllm.url}/v1")}
+        update={"vllm": VLLMSettings(url=f"{trainer.engine.vllm.url}/v1")}
     )
     other = TorchTrainer(config)
     await other.start(agl.MemoryStore())
     try:
-        assert other.vllm is not None and other.vllm.server is None  # nothing launched
-        probe = other.vllm.last_probe
+        assert other.engine.vllm is not None and other.engine.vllm.server is None  # nothing launched
+        probe = other.engine.vllm.last_probe
         assert probe is not None and probe.version == 0 and probe.max_abs_diff <= config.vllm.tolerance
     finally:
         await other.stop()
-    assert await trainer.vllm.running() == 0  # stopping the second trainer left the server it did not launch running
+    assert await trainer.engine.vllm.running() == 0  # stopping the second trainer left the server it had not launched

@@ -16,7 +16,7 @@ import logging
 import os
 
 from agentlightning import ProxySettings
-from agentlightning_verl import VerlAlgorithm, VerlTrainerConfig
+from agentlightning_verl import VerlTrainer, VerlTrainerConfig
 
 CONFIG = VerlTrainerConfig(
     model_path="Qwen/Qwen2.5-0.5B-Instruct",
@@ -55,11 +55,11 @@ async def main() -> None:
         checkpoint_every=20,
         proxy=ProxySettings(host="0.0.0.0", port=8765, token=args.proxy_token),
     )
-    algorithm = VerlAlgorithm(CONFIG, loop=loop)
+    trainer = VerlTrainer(CONFIG, loop=loop)
     try:
-        await algorithm.run(store, tasks)
+        await trainer.run(store, tasks)
     finally:
-        await algorithm.stop()
+        await trainer.stop()
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def test_verl_actor_update_step_on_cpu() -> None:
     assert result["objective_after"] > result["objective_before"]
     assert result["logprob_change_on_padding"] == 0.0
     assert result["n_samples"] == 4
-    # VerlAlgorithm.update: old log-probs recomputed by the actor (so on-policy again), GRPO advantages by group
+    # VerlEngine.update: old log-probs recomputed by the actor (so on-policy again), GRPO advantages by group
     algo = result["algorithm_update_metrics"]
     assert algo["batch/samples"] == 4.0
     assert algo["batch/reward_mean"] == pytest.approx(0.5)

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 from verl.utils.config import omega_conf_to_dataclass
 
-from agentlightning_verl import RayVerlBackend, VerlAlgorithm, VerlTrainerConfig, named_tensors_checksum
+import agentlightning as agl
+from agentlightning_verl import RayVerlBackend, VerlEngine, VerlTrainer, VerlTrainerConfig, named_tensors_checksum
 
 
 def test_expands_into_verl_dataclasses() -> None:
@@ -60,6 +61,16 @@ def test_bad_settings_are_refused(kwargs, message) -> None:
         VerlTrainerConfig(model_path="m", **kwargs)
 
 
+def test_reinforce_pp_is_one_name_and_verls_spelling_an_alias() -> None:
+    for name in ("reinforce_pp", "reinforce_plus_plus"):
+        cfg = VerlTrainerConfig(model_path="unused", algorithm=name)  # pyright: ignore[reportArgumentType]
+        assert cfg.algorithm == "reinforce_pp"
+        assert cfg.to_verl_config().algorithm.adv_estimator == "reinforce_plus_plus"  # verl's own name, for verl
+        assert cfg.loop_config(output_dir="unused").estimator == "reinforce_pp"
+    with pytest.raises(ValidationError, match="n_rollouts_per_task >= 2"):
+        VerlTrainerConfig(model_path="unused", algorithm="rloo", n_rollouts_per_task=1)
+
+
 def test_unknown_override_key_is_refused() -> None:
     with pytest.raises(KeyError, match=r"trainer\.no_such_key"):
         VerlTrainerConfig(model_path="m", overrides={"trainer.no_such_key": 1}).to_verl_config()
@@ -80,8 +91,14 @@ def test_dtype_attention_and_padding_reach_actor_and_critic() -> None:
     assert bf16.critic.fsdp.mixed_precision.param_dtype == "bf16"
 
 
-def test_cpu_backend_without_a_local_server_is_refused() -> None:
-    with pytest.raises(ValueError, match="needs a local_server"):
+def test_cpu_backend_without_vllm_names_the_cpu_build_and_the_command() -> None:
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match=r"vLLM's CPU build with: python3 scripts/dev.py verl-vllm"):
         RayVerlBackend(VerlTrainerConfig(model_path="m"), device="cpu")
 
 
@@ -92,9 +109,16 @@ def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> No
         pytest.skip("vLLM is installed here")
     except ImportError:
         pass
-    algorithm = VerlAlgorithm(VerlTrainerConfig(model_path="m"))
+    engine = VerlEngine(VerlTrainerConfig(model_path="m"))
     with pytest.raises(ImportError, match=r"needs vllm; install it with: pip install 'agentlightning-verl\[gpu\]'"):
-        _ = algorithm.backend
+        _ = engine.backend
+
+
+def test_a_multi_policy_loop_is_refused_in_one_line(tmp_path) -> None:
+    cfg = VerlTrainerConfig(model_path="m")
+    loop = cfg.loop_config(output_dir=tmp_path, policies=agl.PolicyMap(agents={"writer": "writer"}))
+    with pytest.raises(ValueError, match="VerlEngine cannot train several policies: verl trains one actor model"):
+        agl.RLLoop(loop, VerlEngine(cfg))
 
 
 def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> None:
@@ -116,12 +140,21 @@ def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> N
     assert loop.model_name == "/models/m"  # the name vLLM serves the model under
     assert (loop.output_dir, loop.checkpoint_every, loop.resume) == (tmp_path, 2, True)
     assert VerlTrainerConfig(model_path="m", algorithm="rloo").loop_config().estimator == "rloo"
-    assert VerlAlgorithm(cfg, loop=loop).loop.config is loop
+    trainer = VerlTrainer(cfg, loop=loop)
+    assert isinstance(trainer, agl.RLLoop) and isinstance(trainer.engine, VerlEngine) and trainer.config is loop
     with pytest.raises(ValueError, match=r"\['iterations'\] come from VerlTrainerConfig"):
         cfg.loop_config(iterations=3)
     # colocated vLLM sleeps while verl updates: no one-step off-policy loop
-    with pytest.raises(ValueError, match="max_staleness=1 needs an engine that serves while it updates; VerlAlgorithm"):
-        VerlAlgorithm(cfg, loop=cfg.loop_config(max_staleness=1))
+    with pytest.raises(ValueError, match="max_staleness=1 needs an engine that serves while it updates; VerlEngine"):
+        VerlTrainer(cfg, loop=cfg.loop_config(max_staleness=1))
+
+
+def test_verl_algorithm_is_a_deprecated_name_of_verl_trainer() -> None:
+    import agentlightning_verl
+
+    with pytest.warns(DeprecationWarning, match="VerlAlgorithm is deprecated: use VerlTrainer"):
+        old = agentlightning_verl.VerlAlgorithm
+    assert old is VerlTrainer
 
 
 def test_checksum_sees_every_bit_name_and_dtype() -> None:
@@ -142,3 +175,14 @@ def test_importing_the_package_imports_neither_verl_nor_torch() -> None:
     code = "import sys, agentlightning_verl; print(sorted(m for m in ('verl', 'torch', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_short_batch_gets_micro_batches_that_split_it_evenly() -> None:
+    from agentlightning_verl._ray_backend import fitting_micro_batch
+
+    # verl asserts rows % micro_batch_size_per_gpu == 0: a step whose late rollouts were cancelled has fewer rows
+    assert fitting_micro_batch(4, 8) == 4
+    assert fitting_micro_batch(4, 2) == 2
+    assert fitting_micro_batch(4, 6) == 3
+    assert fitting_micro_batch(4, 7) == 1
+    assert fitting_micro_batch(4, 0) == 1

@@ -1,4 +1,4 @@
-"""`VerlAlgorithm.run` on a local Ray cluster (CPU): GRPO and PPO-with-critic, weight sync, checkpoint + resume.
+"""`VerlTrainer.run` on a local Ray cluster (CPU): GRPO and PPO-with-critic, weight sync, checkpoint + resume.
 
 verl's actor and critic worker groups run as Ray actors on the CPU platform; rollouts are served by the embedded
 torch backend (loaded from the same model folder) behind the LLM proxy, to runners with a plain OpenAI agent.

@@ -66,13 +66,12 @@ def build_batch(n_groups: int, n_per_group: int, prompt_len: int, response_len: 
             credit = float(k % 2)
             samples.append(
                 TrainingSample(
-                    prompt_ids=[rng.randint(2, VOCAB - 1) for _ in range(p)],
-                    response_ids=[rng.randint(2, VOCAB - 1) for _ in range(r)],
+                    prompt_token_ids=[rng.randint(2, VOCAB - 1) for _ in range(p)],
+                    response_token_ids=[rng.randint(2, VOCAB - 1) for _ in range(r)],
                     response_mask=mask,
-                    old_logprobs=[0.0] * r,  # replaced by the policy's own log-probs below
+                    response_logprobs=[0.0] * r,  # replaced by the policy's own log-probs below
                     credit=credit,
                     advantage=1.0 if credit else -0.5,
-                    returns=credit,
                     group_id=f"task-{g}",
                     rollout_id=f"ro-{g}-{k}",
                     attempt_id=f"at-{g}-{k}",
@@ -172,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)
     verl_after = actor.compute_log_prob(data)
-    # The whole VerlAlgorithm.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
-    from agentlightning_verl import LocalVerlBackend, VerlAlgorithm
+    # The whole VerlEngine.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
+    from agentlightning_verl import LocalVerlBackend, VerlEngine
 
-    algorithm_metrics = VerlAlgorithm(cfg, backend=LocalVerlBackend(actor)).update(batch)
+    algorithm_metrics = VerlEngine(cfg, backend=LocalVerlBackend(actor)).update(batch)
     result = {
         "device": args.device,
         "n_samples": len(data),

@@ -1,4 +1,4 @@
-"""`VerlAlgorithm.run` end to end on a local Ray cluster: verl worker groups as Ray actors, rollouts served by the
+"""`VerlTrainer.run` end to end on a local Ray cluster: verl worker groups as Ray actors, rollouts served by the
 embedded torch backend behind the LLM proxy, runners with a plain OpenAI agent. Prints ``RESULT {json}``.
 
 Run in a FRESH process (Ray, torch.distributed and verl's platform are process-global):
@@ -12,7 +12,7 @@ One Ray worker process holds verl's actor (``ActorRolloutRefWorker``, role ``act
 1. GRPO, 2 steps.
 2. PPO with the critic, 1 step, checkpoint (verl's actor + critic checkpoints and our step/version).
 3. The workers are rebuilt from the model folder (weights back to the initial ones, as in a new process), then a
-   new `VerlAlgorithm` resumes from that checkpoint into step 2.
+   new `VerlTrainer` resumes from that checkpoint into step 2.
 
 After every weight sync it records the actor's checksum (verl's engine export) and the served model's checksum;
 it records the model version of every LLM call per step. No network: model and tokenizer are made here.
@@ -261,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
 async def _phases(
     backend: Any, local: Any, grpo_cfg: Any, ppo_cfg: Any, workdir: Path, timings: dict[str, float]
 ) -> dict[str, Any]:
-    from agentlightning_verl import VerlAlgorithm, named_tensors_checksum
+    from agentlightning import RLLoop
+    from agentlightning_verl import VerlEngine, named_tensors_checksum
 
-    class Observed(VerlAlgorithm):
-        """`VerlAlgorithm` noting, after every sync, what the actor holds and what the server serves."""
+    class Observed(VerlEngine):
+        """`VerlEngine` noting, after every sync, what the actor holds and what the server serves."""
 
         syncs: list[dict[str, Any]]
 
@@ -292,7 +293,7 @@ async def _phases(
     out: dict[str, Any] = {}
 
     t = time.monotonic()
-    grpo = Observed(grpo_cfg, backend=backend, loop=grpo_cfg.loop_config(output_dir=workdir / "grpo"))
+    grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, backend=backend))
     out["grpo"] = await _run_phase(grpo, tasks)
     timings["grpo_s"] = time.monotonic() - t
 
@@ -300,7 +301,7 @@ async def _phases(
     t = time.monotonic()
     backend.reset()  # fresh actor and critic for PPO
     first_cfg = ppo_cfg.model_copy(update={"total_steps": 1})
-    first = Observed(first_cfg, backend=backend, loop=first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1))
+    first = RLLoop(first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1), Observed(first_cfg, backend=backend))
     from agentlightning import MemoryStore
 
     ppo_store = MemoryStore()
@@ -310,7 +311,7 @@ async def _phases(
     t = time.monotonic()
     backend.reset()  # as a new process would: the initial weights, fresh optimizers
     out["after_reset_checksum"] = backend.actor_checksum()
-    resumed = Observed(ppo_cfg, backend=backend, loop=ppo_cfg.loop_config(output_dir=ppo_dir, resume=True))
+    resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, backend=backend))
     out["ppo_resumed"] = await _run_phase(resumed, tasks, ppo_store)
     timings["ppo_resumed_s"] = time.monotonic() - t
     checkpoint = ppo_dir / "checkpoint"
@@ -318,7 +319,7 @@ async def _phases(
     return out
 
 
-async def _run_phase(algorithm: Any, tasks: list[dict[str, Any]], store: Any = None) -> dict[str, Any]:
+async def _run_phase(loop: Any, tasks: list[dict[str, Any]], store: Any = None) -> dict[str, Any]:
     import agentlightning as agl
     from agentlightning.adapters import instrument_openai, uninstrument_openai
 
@@ -327,9 +328,9 @@ async def _run_phase(algorithm: Any, tasks: list[dict[str, Any]], store: Any = N
     runner = agl.Runner(make_agent(), store=store, n_workers=4, worker_mode="async", poll_interval=0.02)
     runner_task = asyncio.create_task(runner.arun())
     try:
-        await algorithm.run(store, tasks)  # the RLLoop: it starts the LLM proxy in front of the rollout servers
+        await loop.run(store, tasks)  # the RLLoop: it starts the LLM proxy in front of the rollout servers
     finally:
-        await algorithm.stop()
+        await loop.stop()
         runner.stop()
         await asyncio.wait_for(runner_task, 60)
         uninstrument_openai()
@@ -340,13 +341,13 @@ async def _run_phase(algorithm: Any, tasks: list[dict[str, Any]], store: Any = N
         versions.setdefault(step, []).extend(call.model_version for call in calls)
     history = [
         {**r.metrics, "iteration": r.iteration, "seconds": r.seconds, "rollouts": r.rollouts, "finished": r.finished}
-        for r in algorithm.history
+        for r in loop.history
     ]
     return {
-        "steps": algorithm.iteration,
-        "model_version": algorithm.model_version,
+        "steps": loop.iteration,
+        "model_version": loop.model_version,
         "history": history,
-        "syncs": algorithm.syncs,
+        "syncs": loop.engine.syncs,
         "call_versions": {k: sorted(set(v), key=lambda x: -1 if x is None else x) for k, v in versions.items()},
         "calls_per_step": {k: len(v) for k, v in versions.items()},
     }

@@ -14,6 +14,7 @@ validates it again. Past the boundary, code that builds models from known-good d
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ __all__ = [
     "LLMCall",
     "LLMResource",
     "PromptTemplateResource",
+    "RequestId",
     "Resource",
     "Resources",
     "Rollout",
@@ -73,20 +75,37 @@ MAX_ID_LENGTH = 256
 """Longest id a store accepts (the served store's routes and the dashboard's filters take no longer)."""
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _printable(value: str) -> str:
+    # NUL and the other control characters: PostgreSQL cannot store NUL, and logs, terminals and URLs mangle them.
+    if not value.isprintable() and _CONTROL.search(value) is not None:  # isprintable: the usual id, at C speed
+        raise ValueError("an id must not contain control characters (NUL, newline, tab...)")
+    return value
+
+
 def _routable(value: str) -> str:
     # ``.`` and ``..`` are dot segments: HTTP clients and browsers resolve them away, so no URL can name such a
     # rollout (``/v1/rollouts/..`` becomes ``/v1/``). Every other printable id survives percent-encoding.
     if value in (".", ".."):
         raise ValueError(f"an id cannot be {value!r}: no URL can carry it (a client resolves it as a path segment)")
-    return value
+    return _printable(value)
 
 
 StoreId = Annotated[
-    str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID_PATTERN), AfterValidator(_routable)
+    str,
+    Field(min_length=1, max_length=MAX_ID_LENGTH, json_schema_extra={"pattern": _ID_PATTERN}),
+    AfterValidator(_routable),
 ]
-"""The one rule for every client-given id a store keeps (rollout, group, resources): 1-256 printable characters,
-not ``.`` or ``..``. Refused at enqueue by every backend, so whatever a store holds the HTTP API and the
-dashboard can name."""
+"""The one rule for every id a store is given (rollout, attempt, group, resources, call, worker): 1-256 printable
+characters, not ``.`` or ``..``. Refused by every backend, in records and in arguments alike (the store boundary,
+`agentlightning.store`), so whatever a store holds the HTTP API and the dashboard can name."""
+
+RequestId = Annotated[
+    str, Field(min_length=1, max_length=128, json_schema_extra={"pattern": _ID_PATTERN}), AfterValidator(_printable)
+]
+"""A client's request id (what makes a retried store request answer as the first one): 1-128 printable characters."""
 
 
 def new_id(prefix: str) -> str:
@@ -309,8 +328,8 @@ class Span(RecordModel):
         status: Span status.
     """
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    rollout_id: StoreId
+    attempt_id: StoreId
     sequence_id: int = Field(ge=0)
     trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
@@ -356,9 +375,9 @@ class LLMCall(RecordModel):
         agent_name: The agent that made it, as the agent header named it (``None``: not named).
     """
 
-    call_id: str = Field(min_length=1)
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    call_id: StoreId
+    rollout_id: StoreId
+    attempt_id: StoreId
     response_id: str | None = None
     request: dict[str, Any] = Field(default_factory=dict)
     response: dict[str, Any] | None = None

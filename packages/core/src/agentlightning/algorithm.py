@@ -1,7 +1,9 @@
-"""The Algorithm contract every trainer package implements (trainer-torch, trainer-verl)."""
+"""Deprecated: the old ``Algorithm`` base class. Implement an `agentlightning.Engine` and train it with
+`agentlightning.RLLoop` instead; nothing in Agent Lightning subclasses ``Algorithm`` any more."""
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -13,13 +15,21 @@ __all__ = ["Algorithm"]
 
 
 class Algorithm(ABC):
-    """Turns rollouts collected in a store into model updates.
+    """Deprecated (kept for one release): a trainer with its own ``run`` and ``update``.
 
-    A trainer enqueues tasks in ``store`` (``group_id`` = task id, ``n`` rollouts per task for group
-    estimators), waits for runners to finish them, builds a `TrainingBatch` with
-    ``agentlightning.build_training_batch`` (transitions + LightningRL credit + advantages), calls `update`,
-    then publishes the new model version as `Resources` in the store.
+    The one training contract is now an `agentlightning.Engine` (the model, its optimizer and inference servers:
+    ``update``, ``sync_weights``, state) driven by `agentlightning.RLLoop` (the RL step); subclassing this class
+    warns with a `DeprecationWarning`.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        warnings.warn(
+            f"{cls.__name__} subclasses agentlightning.Algorithm, which is deprecated: implement agentlightning.Engine "
+            "(update, sync_weights, start_servers) and train it with agentlightning.RLLoop(config, engine)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     @abstractmethod
     async def run(

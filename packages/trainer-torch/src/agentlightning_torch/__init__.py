@@ -5,13 +5,16 @@ folder in ``examples/calc``, served and trained through the same path as any oth
 
 - `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
 - `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
-  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template.
+  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template
+  (`chatml_template`: the same turns with a system turn of your own).
 - Warm starts of small chat models made from scratch: `train_chat_tokenizer` (byte-level BPE + hermes chat template),
   `build_chat_model` (random Qwen2/Llama), `supervised_finetune` (OpenAI-format conversations rendered as the
   backend renders them, loss on assistant tokens only), `save_checkpoint` (a plain ``save_pretrained`` folder).
 - `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and continuous
   batching of concurrent requests.
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
+- `TorchEngine`: the policy, its optimizer and its server as an `agentlightning.Engine`; `TorchTrainer` builds it
+  and the `agentlightning.RLLoop` that trains it from one `TorchTrainerConfig`.
 """
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
@@ -22,7 +25,7 @@ from agentlightning_torch._chat_model import (
     build_chat_model,
     train_chat_tokenizer,
 )
-from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
+from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE, chatml_template
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
@@ -33,6 +36,7 @@ from agentlightning_torch._loading import (
     eos_token_ids,
     load_model,
 )
+from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._ppo import (
     LoraSettings,
     PPOConfig,
@@ -62,9 +66,10 @@ from agentlightning_torch._tool_parsers import (
     split_reasoning,
     tool_parser_names,
 )
-from agentlightning_torch._trainer import IterationReport, TorchTrainer
+from agentlightning_torch._trainer import IterationReport, TorchEngine, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError
+from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV, VLLMAdapterError, load_vllm_adapter
 from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
 from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
 from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
@@ -75,6 +80,8 @@ __all__ = [
     "CHAT_SPECIAL_TOKENS",
     "CHAT_TOOL_TOKENS",
     "HERMES_CHAT_TEMPLATE",
+    "VLLM_LORA_ARGS",
+    "VLLM_LORA_ENV",
     "BackendServer",
     "BackendStats",
     "ChatTemplate",
@@ -88,6 +95,7 @@ __all__ = [
     "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
+    "PolicyAdapters",
     "RequestCancelled",
     "SFTConfig",
     "SFTExample",
@@ -95,8 +103,10 @@ __all__ = [
     "SamplingParams",
     "TemplateError",
     "ToolParser",
+    "TorchEngine",
     "TorchTrainer",
     "TorchTrainerConfig",
+    "VLLMAdapterError",
     "VLLMClient",
     "VLLMError",
     "VLLMNotInstalledError",
@@ -109,6 +119,7 @@ __all__ = [
     "__version__",
     "apply_lora",
     "build_chat_model",
+    "chatml_template",
     "count_parameters",
     "create_app",
     "eos_token_ids",
@@ -121,11 +132,13 @@ __all__ = [
     "load_adapter_weights",
     "load_model",
     "load_trainer_state",
+    "load_vllm_adapter",
     "make_optimizer",
     "make_tool_call",
     "merged_model",
     "merged_state_dict",
     "plan_micro_batches",
+    "policy_metric",
     "ppo_update",
     "prepare_policy",
     "register_tool_parser",

@@ -10,6 +10,11 @@ Weights are swapped only between sequences: `load_state_dict` stops admitting ne
 finish on the old weights, swaps, and admits again. Every `GenerationResult` carries the ``model_version`` that
 generated all of its tokens. (The trainer pauses and drains the LLM proxy before a swap, so normally nothing is in
 flight then.)
+
+LoRA adapters (one per policy) are served beside the base model: `load_adapter` adds or replaces one (swapped the
+same way), a request names its adapter (`submit`'s ``adapter``; the OpenAI endpoints take it from the request's
+``model``, as vLLM does), and rows of different adapters decode together in one step. Each adapter has its own
+version (`adapter_versions`), which its results carry.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,47 +35,16 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from agentlightning_torch._adapters import BASE_ADAPTER, adapter_weights, install_adapter, merged_state_dict
+from agentlightning_torch._backend_stats import BackendStats
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate
-from agentlightning_torch._engine import DecodeBatch, RunningSequence, TokenCallback
+from agentlightning_torch._decode_batch import DecodeBatch, RunningSequence, TokenCallback
 from agentlightning_torch._generate import GenerationResult, SamplingParams, StepCallback
 from agentlightning_torch._loading import LoadedModel, eos_token_ids, load_model
 
 __all__ = ["BackendStats", "LocalBackend", "RequestCancelled", "merged_state_dict"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class BackendStats:
-    """Counters of what the backend has done (read them, do not write them).
-
-    Attributes:
-        requests: Generation requests completed (one per choice).
-        batches: Admission groups: sets of requests prefilled together and joined to the running batch.
-        tokens: Tokens generated.
-        last_batch_size: Requests in the most recent admission group.
-        max_batch_size: Most sequences decoded together so far.
-        batch_sizes: Size of every admission group, in order (capped at the last 10,000).
-        busy_seconds: Wall time spent prefilling and decoding.
-        steps: Decode steps run.
-        row_steps: Sequences summed over decode steps (``row_steps / steps`` is the mean decode batch).
-        kv_tokens: Token slots the KV cache holds now (read from the cache tensors).
-        peak_kv_tokens: The most token slots the KV cache has held.
-        preemptions: Sequences evicted to keep the KV cache under its bound (they resumed later).
-    """
-
-    requests: int = 0
-    batches: int = 0
-    tokens: int = 0
-    last_batch_size: int = 0
-    max_batch_size: int = 0
-    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
-    busy_seconds: float = 0.0
-    steps: int = 0
-    row_steps: int = 0
-    kv_tokens: int = 0
-    peak_kv_tokens: int = 0
-    preemptions: int = 0
 
 
 class RequestCancelled(RuntimeError):
@@ -84,6 +58,7 @@ class _Job:
     future: Future[GenerationResult]
     on_step: StepCallback | None
     queued_at: float
+    adapter: str | None = None
 
 
 def _forward_token(on_step: StepCallback, token: int, logprob: float, top: list[tuple[int, float]], end: Any) -> None:
@@ -91,14 +66,6 @@ def _forward_token(on_step: StepCallback, token: int, logprob: float, top: list[
         on_step(0, token, logprob, top, end)
     except Exception:  # a listener that went away must not fail the other rows
         logger.debug("dropping a token event for a listener that failed", exc_info=True)
-
-
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The plain (non-LoRA) state dict of ``model``: a PEFT model's adapters are merged into a copy first."""
-    if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
-        merged = copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
-        return {k: v.detach() for k, v in merged.state_dict().items()}
-    return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 class LocalBackend:
@@ -192,6 +159,9 @@ class LocalBackend:
         self.num_threads = num_threads
         self.stats = BackendStats()
         self.model_version = 0
+        self.adapter_versions: dict[str, int] = {}
+        """The LoRA adapters served, each with the version of its weights (`load_adapter`)."""
+        self._batch: DecodeBatch | None = None
         self._generator = torch.Generator().manual_seed(seed)
         self._queue: deque[_Job] = deque()
         self._resumed: deque[RunningSequence] = deque()  # evicted sequences, admitted before new requests
@@ -258,15 +228,20 @@ class LocalBackend:
             self._condition.notify_all()
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, on_step: StepCallback | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_step: StepCallback | None = None,
+        adapter: str | None = None,
     ) -> Future[GenerationResult]:
         """Queue one generation; it joins the running batch at the next decode step (bounds permitting).
 
         ``on_step`` is called from the worker thread for every token (``row`` is always 0 for the caller).
+        ``adapter`` names the LoRA adapter that generates it (``None``: the base model).
 
         Raises:
             ValueError: If the prompt is empty, holds an id outside the vocabulary, or with ``max_tokens`` does not
-                fit the context or the KV-cache bound.
+                fit the context or the KV-cache bound, or the adapter is not served.
             RuntimeError: If the backend is not started.
         """
         if not prompt_ids:
@@ -285,7 +260,10 @@ class LocalBackend:
                 f"the prompt has {len(prompt_ids)} tokens; with max_tokens={params.max_tokens} it needs more than the "
                 f"backend's KV-cache bound of {self.max_kv_tokens} tokens"
             )
-        job = _Job(list(prompt_ids), params, Future(), on_step, time.monotonic())
+        if adapter is not None and adapter not in self.adapter_versions:
+            served = sorted(self.adapter_versions)
+            raise ValueError(f"no LoRA adapter {adapter!r} is served (served: {served}); load it with load_adapter")
+        job = _Job(list(prompt_ids), params, Future(), on_step, time.monotonic(), adapter)
         with self._condition:
             if not self._running:
                 raise RuntimeError("the backend is not started; call start() first")
@@ -316,19 +294,61 @@ class LocalBackend:
         Raises:
             RuntimeError: If the state dict does not match the model (nothing changes then).
         """
+        if self.adapter_versions:
+            raise RuntimeError(
+                "this backend serves LoRA adapters over a frozen base model: update an adapter with load_adapter"
+            )
+
+        def swap() -> None:
+            self.model.load_state_dict(dict(state_dict), strict=True)
+            self.model_version = self.model_version + 1 if version is None else version
+
+        self._swap(swap)
+        logger.info("backend now serves model version %d", self.model_version)
+        return self.model_version
+
+    def load_adapter(self, name: str, source: Any, *, config: Any = None, version: int | None = None) -> int:
+        """Serve LoRA adapter ``name`` (added, or its weights replaced); returns its new version.
+
+        Swapped as `load_state_dict` swaps: sequences in flight finish on the old weights first.
+
+        Args:
+            name: The adapter's name (requests name it as their ``model``).
+            source: A peft model holding adapter ``name`` (the trainer's copy), a ``save_pretrained`` folder, or a
+                state dict (with ``config``).
+            config: The ``LoraConfig`` of a state dict.
+            version: The adapter's new version (default: its old one + 1, or 0 for a new adapter).
+
+        Raises:
+            ValueError: The weights do not fit (another rank or targets than the served adapter); nothing changes.
+        """
+        if name == BASE_ADAPTER or not name:
+            raise ValueError(f"{name!r} cannot name an adapter")
+        weights = adapter_weights(source, name, config)
+
+        def swap() -> None:
+            self.model = install_adapter(self.model, name, weights)
+            if self._batch is not None:
+                self._batch.model, self._batch.lora = self.model, True
+            old = self.adapter_versions.get(name)
+            self.adapter_versions[name] = version if version is not None else (0 if old is None else old + 1)
+
+        self._swap(swap)
+        logger.info("backend now serves adapter %s version %d", name, self.adapter_versions[name])
+        return self.adapter_versions[name]
+
+    def _swap(self, change: Callable[[], None]) -> None:
+        """Run ``change`` once no sequence is in flight, holding new ones back meanwhile."""
         with self._condition:
             self._swaps_waiting += 1
             try:
                 while self._running and self._worker is not None and self._inflight:
                     self._condition.wait()
                 with self._weights_lock:
-                    self.model.load_state_dict(dict(state_dict), strict=True)
-                    self.model_version = self.model_version + 1 if version is None else version
+                    change()
             finally:
                 self._swaps_waiting -= 1
                 self._condition.notify_all()
-        logger.info("backend now serves model version %d", self.model_version)
-        return self.model_version
 
     def update_weights(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Copy the weights of ``model`` (LoRA adapters merged) into the served model; returns the new version."""
@@ -342,8 +362,11 @@ class LocalBackend:
         callback: TokenCallback | None = None
         if job.on_step is not None:
             callback = functools.partial(_forward_token, job.on_step)
-        sequence = RunningSequence(job.prompt_ids, params, stop_ids, self.max_context, callback, tag=job)
-        sequence.result.model_version = self.model_version
+        sequence = RunningSequence(
+            job.prompt_ids, params, stop_ids, self.max_context, callback, tag=job, adapter=job.adapter
+        )
+        adapter = job.adapter
+        sequence.result.model_version = self.model_version if adapter is None else self.adapter_versions[adapter]
         return sequence
 
     def _admissible(self, batch: DecodeBatch) -> list[RunningSequence]:
@@ -412,6 +435,7 @@ class LocalBackend:
         batch = DecodeBatch(
             self.model, pad_token_id=self.pad_token_id, decode=self.template.decode, generator=self._generator
         )
+        self._batch = batch
         while True:
             taken = self._wait_for_work(batch)
             if taken is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -63,6 +64,8 @@ class PPOConfig(BaseModel):
         clip_ratio: PPO clip range epsilon.
         grad_clip: Max global gradient norm.
         kl_coef: Weight of the k3 KL penalty to a reference model (0 disables it; >0 needs ``ref_model``).
+        entropy_coef: Weight of an entropy bonus (the loss minus ``entropy_coef`` times the mean token entropy): keeps
+            the policy from collapsing onto one answer early (0 disables it; ``entropy`` is reported either way).
         loss_agg: ``token-mean`` over all trained tokens of a mini-batch, or ``seq-mean-token-mean``.
         micro_batch_size: Most samples per forward/backward pass (gradients accumulate across micro-batches).
         micro_batch_tokens: Most padded tokens (rows x longest row) per forward/backward pass; a sample longer than
@@ -85,6 +88,7 @@ class PPOConfig(BaseModel):
     clip_ratio: float = Field(default=0.2, gt=0)
     grad_clip: float = Field(default=1.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     micro_batch_size: int = Field(default=64, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=1)
@@ -151,16 +155,16 @@ def _max_positions(model: torch.nn.Module) -> int:
 
 def _validate(samples: Sequence[TrainingSample], vocab: int, max_positions: int) -> None:
     for index, sample in enumerate(samples):
-        if not sample.prompt_ids:
+        if not sample.prompt_token_ids:
             raise ValueError(f"sample {index} has no prompt tokens")
-        length = len(sample.prompt_ids) + len(sample.response_ids)
+        length = len(sample.prompt_token_ids) + len(sample.response_token_ids)
         if length > max_positions:
             raise ValueError(f"sample {index} has {length} tokens; the model's context is {max_positions}")
-        bad = [t for t in (*sample.prompt_ids, *sample.response_ids) if not 0 <= t < vocab]
+        bad = [t for t in (*sample.prompt_token_ids, *sample.response_token_ids) if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"sample {index} has token ids {bad[:5]} outside the vocabulary (size {vocab})")
-        if sample.old_logprobs is not None and len(sample.old_logprobs) != len(sample.response_ids):
-            raise ValueError(f"sample {index}: old_logprobs must have one entry per response token")
+        if sample.response_logprobs is not None and len(sample.response_logprobs) != len(sample.response_token_ids):
+            raise ValueError(f"sample {index}: response_logprobs must have one entry per response token")
 
 
 def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
@@ -187,28 +191,32 @@ def _autocast(device: torch.device, bf16: bool) -> Any:
 
 
 def _forward(
-    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device, bf16: bool = True
+    model: torch.nn.Module,
+    samples: Sequence[TrainingSample],
+    device: torch.device,
+    bf16: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of every response token (padded to the longest response) and the pad mask.
 
     Only the positions from the shortest prompt on get logits (``logits_to_keep``): with a large vocabulary the
     prompt's logits would otherwise be most of the memory.
     """
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    longest = max(len(s.response_ids) for s in samples)
-    first = min(len(s.prompt_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
+    width = max(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples)
+    longest = max(len(s.response_token_ids) for s in samples)
+    first = min(len(s.prompt_token_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
     input_ids = torch.zeros((len(samples), width), dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     targets = torch.zeros((len(samples), longest), dtype=torch.long)
     index = torch.zeros((len(samples), longest), dtype=torch.long)
     valid = torch.zeros((len(samples), longest), dtype=torch.bool)
     for row, sample in enumerate(samples):
-        ids = [*sample.prompt_ids, *sample.response_ids]
+        ids = [*sample.prompt_token_ids, *sample.response_token_ids]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
-        count = len(sample.response_ids)
-        targets[row, :count] = torch.tensor(sample.response_ids)
-        start = len(sample.prompt_ids) - 1 - first
+        count = len(sample.response_token_ids)
+        targets[row, :count] = torch.tensor(sample.response_token_ids)
+        start = len(sample.prompt_token_ids) - 1 - first
         index[row, :count] = torch.arange(start, start + count)
         valid[row, :count] = True
     input_ids, attention, targets, index = (t.to(device) for t in (input_ids, attention, targets, index))
@@ -221,7 +229,7 @@ def _forward(
     del logits
     logprobs_all = torch.log_softmax(picked, dim=-1)
     logprobs = logprobs_all.gather(-1, targets[..., None]).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # differentiable for an entropy bonus
         entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     return logprobs, entropy, valid.to(device)
 
@@ -240,13 +248,13 @@ def response_logprobs(
     was_training = model.training
     model.eval()
     out: list[list[float]] = [[] for _ in samples]
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     try:
         for group in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
             chunk = [samples[i] for i in group]
             logprobs, _, _ = _forward(model, chunk, torch.device(device), bf16)
             for row, i in enumerate(group):
-                out[i] = logprobs[row, : len(samples[i].response_ids)].tolist()
+                out[i] = logprobs[row, : len(samples[i].response_token_ids)].tolist()
     finally:
         model.train(was_training)
     return out
@@ -279,6 +287,147 @@ def _reference_logprobs(
         )
 
 
+_LOSS_KEYS = ("loss", "pg_loss", "kl", "approx_kl", "clip_fraction", "entropy")
+
+
+@dataclass
+class _Anchors:
+    """What each sample's new log-probs are compared with: the behaviour (old) log-probs and the reference's."""
+
+    old: list[list[float]]
+    ref: list[list[float]] | None
+
+
+@dataclass
+class _Tally:
+    """Sums over one `ppo_update`: the loss terms (summed per optimizer step) and the step counts."""
+
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_LOSS_KEYS, 0.0))
+    grad_norms: list[float] = field(default_factory=list[float])
+    micro_batches: int = 0
+    max_micro_tokens: int = 0
+
+
+def _no_step_metrics(num_samples: int, lr: float) -> dict[str, float]:
+    """The metrics of an update that takes no step (nothing to train on)."""
+    counts = ("grad_norm", "num_tokens", "optimizer_steps", "micro_batches", "max_micro_batch_tokens")
+    return {**dict.fromkeys((*_LOSS_KEYS, *counts), 0.0), "num_samples": float(num_samples), "lr": lr}
+
+
+def _anchors(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    samples: Sequence[TrainingSample],
+    device: torch.device,
+    config: PPOConfig,
+) -> _Anchors:
+    """The behaviour log-probs (recorded, or recomputed with the weights before the update for a sample without
+    them) and, with a KL penalty, the reference policy's log-probs."""
+    missing = [i for i, s in enumerate(samples) if s.response_logprobs is None]
+    old_rows: list[list[float]] = [list(s.response_logprobs or ()) for s in samples]
+    if missing:
+        chunk = [samples[i] for i in missing]
+        recomputed = response_logprobs(
+            model, chunk, device, config.micro_batch_size, config.micro_batch_tokens, bf16=config.bf16
+        )
+        for i, row in zip(missing, recomputed, strict=True):
+            old_rows[i] = row
+    ref_rows = _reference_logprobs(model, ref_model, samples, device, config) if config.kl_coef > 0 else None
+    return _Anchors(old_rows, ref_rows)
+
+
+@dataclass
+class _MiniBatch:
+    """One optimizer step's samples: their indices, trained-token count per sample, and the total."""
+
+    indices: list[int]
+    counts: dict[int, int]
+    tokens: int
+
+
+def _micro_batch_backward(
+    model: torch.nn.Module,
+    samples: Sequence[TrainingSample],
+    rows: list[int],
+    mini: _MiniBatch,
+    anchors: _Anchors,
+    device: torch.device,
+    config: PPOConfig,
+    tally: _Tally,
+) -> None:
+    """Forward and backward of the micro-batch ``rows`` (sample indices); gradients accumulate, terms are tallied."""
+    part = [samples[i] for i in rows]
+    logprobs, entropy, valid = _forward(model, part, device, config.bf16, config.entropy_coef > 0)
+    mask = _padded([s.response_mask for s in part], device) * valid
+    # Weights are normalised over the whole mini-batch, so accumulating micro-batches sums to it.
+    if config.loss_agg == "token-mean":
+        weights = mask / mini.tokens
+    else:
+        per_sample = torch.tensor([1.0 / (max(mini.counts[i], 1) * len(mini.indices)) for i in rows], device=device)
+        weights = mask * per_sample[:, None]
+    old = _padded([anchors.old[i] for i in rows], device)
+    advantage = torch.tensor([samples[i].advantage for i in rows], device=device)[:, None]
+    ratio = torch.exp(logprobs - old)
+    unclipped = -advantage * ratio
+    clipped = -advantage * ratio.clamp(1 - config.clip_ratio, 1 + config.clip_ratio)
+    pg = torch.maximum(unclipped, clipped)
+    loss_tokens = pg
+    kl = torch.zeros_like(pg)
+    if anchors.ref is not None:
+        delta = _padded([anchors.ref[i] for i in rows], device) - logprobs
+        kl = torch.exp(delta) - delta - 1
+        loss_tokens = pg + config.kl_coef * kl
+    if config.entropy_coef > 0:  # a bonus for keeping the policy's entropy: against collapse
+        loss_tokens = loss_tokens - config.entropy_coef * entropy
+    loss = (loss_tokens * weights).sum()
+    loss.backward()
+    with torch.no_grad():
+        share = mask / mini.tokens
+        totals = tally.totals
+        totals["loss"] += float(loss)
+        totals["pg_loss"] += float((pg * weights).sum())
+        totals["kl"] += float((kl * share).sum())
+        totals["approx_kl"] += float(((old - logprobs) * share).sum())
+        totals["clip_fraction"] += float(((clipped > unclipped).float() * share).sum())
+        totals["entropy"] += float((entropy.detach() * share).sum())
+
+
+def _optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainingSample],
+    lengths: Sequence[int],
+    mini: _MiniBatch,
+    anchors: _Anchors,
+    device: torch.device,
+    config: PPOConfig,
+    tally: _Tally,
+) -> None:
+    """One optimizer step on ``mini``: its micro-batches' gradients accumulated, clipped, applied."""
+    optimizer.zero_grad(set_to_none=True)
+    plan = plan_micro_batches([lengths[i] for i in mini.indices], config.micro_batch_size, config.micro_batch_tokens)
+    for group in plan:
+        rows = [mini.indices[g] for g in group]
+        tally.micro_batches += 1
+        tally.max_micro_tokens = max(tally.max_micro_tokens, len(rows) * max(lengths[i] for i in rows))
+        _micro_batch_backward(model, samples, rows, mini, anchors, device, config, tally)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    tally.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip)))
+    optimizer.step()
+
+
+def _mini_batches(samples: Sequence[TrainingSample], size: int) -> list[_MiniBatch]:
+    """Consecutive mini-batches of ``size`` samples; those without a trained token are left out (no step)."""
+    out: list[_MiniBatch] = []
+    for start in range(0, len(samples), size):
+        indices = list(range(start, min(start + size, len(samples))))
+        counts = {i: sum(1 for m in samples[i].response_mask if m) for i in indices}
+        tokens = sum(counts.values())
+        if tokens:
+            out.append(_MiniBatch(indices, counts, tokens))
+    return out
+
+
 def ppo_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -292,7 +441,8 @@ def ppo_update(
 
     Each mini-batch (``mini_batch_size`` samples, or the whole batch) is one optimizer step; its forward/backward
     passes run in micro-batches bounded by ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens,
-    with gradients accumulated, so the step is the same whatever the micro-batching.
+    with gradients accumulated, so the step is the same whatever the micro-batching. Phases: check the samples →
+    behaviour and reference log-probs (`_anchors`) → per epoch, one `_optimizer_step` per mini-batch → metrics.
 
     Args:
         model: The policy (possibly LoRA-wrapped by `prepare_policy`), on ``device``.
@@ -318,108 +468,36 @@ def ppo_update(
         raise ValueError("kl_coef > 0 needs a ref_model to compute the KL penalty against (or a LoRA policy)")
     samples = list(batch.samples)
     lr = float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else config.lr
-    empty = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
     trained_tokens = sum(sum(1 for m in s.response_mask if m) for s in samples)
     if not samples or trained_tokens == 0:
         logger.warning("ppo_update got no trained tokens (%d samples); no step taken", len(samples))
-        return {
-            **empty,
-            "grad_norm": 0.0,
-            "num_samples": float(len(samples)),
-            "num_tokens": 0.0,
-            "optimizer_steps": 0.0,
-            "micro_batches": 0.0,
-            "max_micro_batch_tokens": 0.0,
-            "lr": lr,
-        }
+        return _no_step_metrics(len(samples), lr)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 1 << 62))
     _validate(samples, vocab, _max_positions(model))
     if config.num_threads is not None and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
-    missing = [i for i, s in enumerate(samples) if s.old_logprobs is None]
-    old_rows: list[list[float]] = [list(s.old_logprobs) if s.old_logprobs is not None else [] for s in samples]
-    if missing:
-        recomputed = response_logprobs(
-            model,
-            [samples[i] for i in missing],
-            device,
-            config.micro_batch_size,
-            config.micro_batch_tokens,
-            bf16=config.bf16,
-        )
-        for i, row in zip(missing, recomputed, strict=True):
-            old_rows[i] = row
-    ref_rows = _reference_logprobs(model, ref_model, samples, device, config) if config.kl_coef > 0 else None
+    anchors = _anchors(model, ref_model, samples, device, config)
 
     was_training = model.training
     model.train()
-    totals = {key: 0.0 for key in empty}
-    grad_norms: list[float] = []
-    micro_batches = 0
-    max_micro_tokens = 0
-    step_size = config.mini_batch_size or len(samples)
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    tally = _Tally()
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+    minis = _mini_batches(samples, config.mini_batch_size or len(samples))
     try:
         for _epoch in range(config.epochs):
-            for start in range(0, len(samples), step_size):
-                mini = list(range(start, min(start + step_size, len(samples))))
-                counts = {i: sum(1 for m in samples[i].response_mask if m) for i in mini}
-                mini_tokens = sum(counts.values())
-                if mini_tokens == 0:
-                    continue
-                optimizer.zero_grad(set_to_none=True)
-                plan = plan_micro_batches(
-                    [lengths[i] for i in mini], config.micro_batch_size, config.micro_batch_tokens
-                )
-                for group in plan:
-                    rows = [mini[g] for g in group]
-                    part = [samples[i] for i in rows]
-                    micro_batches += 1
-                    max_micro_tokens = max(max_micro_tokens, len(rows) * max(lengths[i] for i in rows))
-                    logprobs, entropy, valid = _forward(model, part, device, config.bf16)
-                    mask = _padded([s.response_mask for s in part], device) * valid
-                    # Weights are normalised over the whole mini-batch, so accumulating micro-batches sums to it.
-                    if config.loss_agg == "token-mean":
-                        weights = mask / mini_tokens
-                    else:
-                        per_sample = torch.tensor([1.0 / (max(counts[i], 1) * len(mini)) for i in rows], device=device)
-                        weights = mask * per_sample[:, None]
-                    old = _padded([old_rows[i] for i in rows], device)
-                    advantage = torch.tensor([samples[i].advantage for i in rows], device=device)[:, None]
-                    ratio = torch.exp(logprobs - old)
-                    unclipped = -advantage * ratio
-                    clipped = -advantage * ratio.clamp(1 - config.clip_ratio, 1 + config.clip_ratio)
-                    pg = torch.maximum(unclipped, clipped)
-                    loss_tokens = pg
-                    kl = torch.zeros_like(pg)
-                    if ref_rows is not None:
-                        delta = _padded([ref_rows[i] for i in rows], device) - logprobs
-                        kl = torch.exp(delta) - delta - 1
-                        loss_tokens = pg + config.kl_coef * kl
-                    loss = (loss_tokens * weights).sum()
-                    loss.backward()
-                    with torch.no_grad():
-                        share = mask / mini_tokens
-                        totals["loss"] += float(loss)
-                        totals["pg_loss"] += float((pg * weights).sum())
-                        totals["kl"] += float((kl * share).sum())
-                        totals["approx_kl"] += float(((old - logprobs) * share).sum())
-                        totals["clip_fraction"] += float(((clipped > unclipped).float() * share).sum())
-                        totals["entropy"] += float((entropy * share).sum())
-                params = [p for group in optimizer.param_groups for p in group["params"]]
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip)))
-                optimizer.step()
+            for mini in minis:
+                _optimizer_step(model, optimizer, samples, lengths, mini, anchors, device, config, tally)
     finally:
         model.train(was_training)
-    steps = max(len(grad_norms), 1)
-    metrics = {key: value / steps for key, value in totals.items()}
+    steps = max(len(tally.grad_norms), 1)
+    metrics = {key: value / steps for key, value in tally.totals.items()}
     metrics.update(
-        grad_norm=sum(grad_norms) / steps,
+        grad_norm=sum(tally.grad_norms) / steps,
         num_samples=float(len(samples)),
         num_tokens=float(trained_tokens),
-        optimizer_steps=float(len(grad_norms)),
-        micro_batches=float(micro_batches),
-        max_micro_batch_tokens=float(max_micro_tokens),
+        optimizer_steps=float(len(tally.grad_norms)),
+        micro_batches=float(tally.micro_batches),
+        max_micro_batch_tokens=float(tally.max_micro_tokens),
         lr=lr,
     )
     return metrics

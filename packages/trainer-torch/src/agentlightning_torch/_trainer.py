@@ -1,10 +1,11 @@
-"""`TorchTrainer`: the embedded-default engine — a local batched backend behind the LLM proxy, PPO on one machine.
+"""`TorchEngine`: the embedded-default engine — a local batched backend behind the LLM proxy, PPO on one machine.
 
 The RL step itself is core's `agentlightning.RLLoop` (rollouts → transitions → LightningRL credit → update → new
-model version served); this module is the engine behind it: it builds the policy and its optimizer, serves the
-policy with `LocalBackend` (which reports the version of the weights behind every answer), runs `ppo_update`, swaps
-the weights into the backend, and saves/loads checkpoints. Rollouts run wherever runners are (other processes,
-other machines); the trainer only talks to the store and serves the model.
+model version served); `TorchEngine` is the engine behind it: it builds the policy and its optimizer, serves the
+policy with `LocalBackend` (which reports the version of the weights behind every answer) or vLLM, runs
+`ppo_update`, swaps the weights into the backend, and saves/loads checkpoints. `TorchTrainer` is the convenience
+that builds both from one `TorchTrainerConfig`: an `RLLoop` whose ``engine`` is a `TorchEngine`. Rollouts run
+wherever runners are (other processes, other machines); the trainer only talks to the store and serves the model.
 """
 
 from __future__ import annotations
@@ -12,33 +13,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentlightning import Algorithm, Engine, IterationReport, LightningStore, RLLoop, TrainingBatch
-from agentlightning.proxy import LLMProxy, register_backend, unregister_backend
+from agentlightning import Engine, IterationReport, RLLoop, TrainingBatch
+from agentlightning.loop import BEST_CHECKPOINT
+from agentlightning.proxy import register_backend, unregister_backend
 from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
-from agentlightning_torch._ppo import is_lora, make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch._policy_adapters import PolicyAdapters
+from agentlightning_torch._ppo import LoraSettings, is_lora, make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_serving import VLLMServing
 
-__all__ = ["IterationReport", "TorchTrainer"]
+__all__ = ["IterationReport", "TorchEngine", "TorchTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
-class TorchTrainer(Engine, Algorithm):
-    """PPO/GRPO on one machine (CPU or one CUDA GPU), serving the policy through the LLM proxy.
+class TorchEngine(Engine):
+    """PPO/GRPO on one machine (CPU or one CUDA GPU): the policy, its optimizer and its inference server.
 
-    It is an `Engine` driven by its own `RLLoop` (``trainer.loop``); `run`, `train_iteration`, `evaluate`,
-    `start` and `stop` are the loop's.
+    Train it with ``agentlightning.RLLoop(config.loop_config(), TorchEngine(config))``, or build both at once with
+    `TorchTrainer`. A subclass (to check or record each batch, say) goes to `RLLoop` the same way.
 
     The backend generates with its own copy of the weights (`LocalBackend` copies the model it is given; a
     weight sync copies the policy's state dict into it), so the model's parameters are held twice, plus the
@@ -46,23 +49,30 @@ class TorchTrainer(Engine, Algorithm):
     place, which ``max_staleness=1`` (the next iteration's rollouts run during the update) relies on.
 
     Args:
-        config: Validated settings.
-        on_iteration: Called after every iteration with its report (progress bars, early stopping).
+        config: Validated settings (the loop's share is ``config.loop_config()``).
     """
 
     serves_during_update = True
     """The backend serves its own copy of the weights until `sync_weights`, so it can serve while `update` runs."""
 
-    def __init__(
-        self, config: TorchTrainerConfig, on_iteration: Callable[[IterationReport], None] | None = None
-    ) -> None:
+    def __init__(self, config: TorchTrainerConfig) -> None:
         self.config = config
         torch.set_num_threads(config.num_threads)
         loaded = load_model(config.model_dir, device=config.device)
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
-        self.policy = prepare_policy(loaded.model, config.ppo)
-        self.optimizer = make_optimizer(self.policy, config.ppo)
+        self.adapters: PolicyAdapters | None = None
+        # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
+        self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
+        """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
+        if config.policies is not None:
+            lora = config.ppo.lora or LoraSettings()
+            self.adapters = PolicyAdapters(loaded.model, config.policies.trained, lora, config.ppo)
+            self.policy: torch.nn.Module = self.adapters.model
+            self.optimizer = self.adapters.optimizers[self.adapters.names[0]]
+        else:
+            self.policy = prepare_policy(loaded.model, config.ppo)
+            self.optimizer = make_optimizer(self.policy, config.ppo)
         # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
         # with the adapters switched off (no copy at all).
         self.ref_model: torch.nn.Module | None = None
@@ -84,64 +94,6 @@ class TorchTrainer(Engine, Algorithm):
         self._backend_url: str | None = None
         # backend batches, requests, busy seconds, decode steps and rows decoded at the last iteration_metrics
         self._seen: tuple[int, int, float, int, int] = (0, 0, 0.0, 0, 0)
-        self.loop = RLLoop(config.loop_config(), self, on_iteration=on_iteration)
-        if config.resume:
-            self.loop.restore()
-
-    # ----- the loop's API, as before -------------------------------------------------------------------------
-
-    @property
-    def iteration(self) -> int:
-        """Iterations completed."""
-        return self.loop.iteration
-
-    @property
-    def model_version(self) -> int:
-        """The version of the weights being served."""
-        return self.loop.model_version
-
-    @property
-    def history(self) -> list[IterationReport]:
-        """Reports of the training iterations so far."""
-        return self.loop.history
-
-    @property
-    def proxy(self) -> LLMProxy:
-        """The running LLM proxy (after `start`)."""
-        return self.loop.proxy
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        """Where the latest checkpoint lives."""
-        return self.loop.checkpoint_dir
-
-    def save_checkpoint(self) -> Path:
-        """Save a checkpoint now (`save_state` + the loop's iteration and model version); returns the folder."""
-        return self.loop.save_checkpoint()
-
-    async def start(self, store: LightningStore) -> None:
-        """Start the local backend and the LLM proxy in front of it, and publish the current model version."""
-        await self.loop.start(store)
-
-    async def stop(self) -> None:
-        """Stop the proxy and the backend."""
-        await self.loop.stop()
-
-    async def run(
-        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
-    ) -> None:
-        """Train on ``train_tasks`` until ``iterations`` or ``time_budget_s`` is reached; serves while it runs."""
-        await self.loop.run(store, train_tasks, val_tasks)
-
-    async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
-        """Run one iteration: rollouts → batch → update → serve the new weights."""
-        return await self.loop.train_iteration(store, train_tasks)
-
-    async def evaluate(self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True) -> IterationReport:
-        """Run each task once with the current policy (greedy by default) and report the mean reward."""
-        return await self.loop.evaluate(store, tasks, greedy=greedy)
-
-    # ----- the engine --------------------------------------------------------------------------------------
 
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
@@ -153,7 +105,8 @@ class TorchTrainer(Engine, Algorithm):
                 self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
             return [self._backend_url]
         if self._backend_url is None:
-            served: Any = self.policy if self.serves_adapter else merged_model(self.policy)
+            multi = self.adapters is not None
+            served: Any = self.policy if self.serves_adapter or multi else merged_model(self.policy)
             backend = LocalBackend(
                 served,
                 self.tokenizer,
@@ -168,6 +121,9 @@ class TorchTrainer(Engine, Algorithm):
                 generation_config=self.generation_config,
             )
             backend.model_version = model_version
+            if self.adapters is not None:  # every policy's adapter, served beside the frozen base
+                for name in self.adapters.names:
+                    backend.load_adapter(name, self.policy, version=model_version)
             self._backend = backend
             if self.config.backend_http:
                 self._server = BackendServer(backend).start()
@@ -206,7 +162,9 @@ class TorchTrainer(Engine, Algorithm):
         return backend.running
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
-        """One PPO step on ``batch`` (the Engine and Algorithm contract)."""
+        """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
+        if self.adapters is not None:
+            return self.adapters.update(batch, self.config.device)
         return ppo_update(
             self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
         )
@@ -232,7 +190,11 @@ class TorchTrainer(Engine, Algorithm):
             await self.vllm.sync(merged_state_dict(self.policy), self.policy, version)
             return
         if self._backend is None:
-            raise RuntimeError("the backend is not started; call `await trainer.start(store)` first")
+            raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
+        if self.adapters is not None:  # only the adapters this update changed get the new version
+            for name in self.adapters.updated:
+                await asyncio.to_thread(self._backend.load_adapter, name, self.policy, version=version)
+            return
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
     def iteration_metrics(self) -> dict[str, float]:
@@ -255,11 +217,22 @@ class TorchTrainer(Engine, Algorithm):
         }
 
     def save_state(self, directory: Path) -> None:
-        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state."""
-        save_checkpoint(self.policy, self.tokenizer, directory, {"optimizer": self.optimizer.state_dict()})
+        """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state.
+
+        With policies: every adapter as ``adapters/<policy>/`` (``save_pretrained``) with every optimizer's state,
+        and the tokenizer. The best checkpoint inside it (``best/``) is kept."""
+        if self.adapters is not None:
+            self.adapters.save(directory)
+            self.tokenizer.save_pretrained(str(directory))
+            return
+        state = {"optimizer": self.optimizer.state_dict()}
+        save_checkpoint(self.policy, self.tokenizer, directory, state, keep=(BEST_CHECKPOINT,))
 
     def load_state(self, directory: Path) -> None:
-        """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote."""
+        """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote (with policies: all of them)."""
+        if self.adapters is not None:
+            self.adapters.load(directory, self.config.device)
+            return
         if is_lora(self.policy):
             load_adapter_weights(self.policy, directory)
         else:
@@ -267,5 +240,26 @@ class TorchTrainer(Engine, Algorithm):
             self.policy.load_state_dict(saved.state_dict())
         state = load_trainer_state(directory, self.config.device)
         if state is None:
-            raise FileNotFoundError(f"{directory} has no trainer state: not a checkpoint written by TorchTrainer")
+            raise FileNotFoundError(f"{directory} has no trainer state: not a checkpoint written by TorchEngine")
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class TorchTrainer(RLLoop[TorchEngine]):
+    """The `RLLoop` of a `TorchEngine`, both built from one `TorchTrainerConfig`.
+
+    Everything loop-side (`run`, `train_iteration`, `evaluate`, `start`, `stop`, `proxy`, `history`, `iteration`,
+    `model_version`, checkpoints) is `RLLoop`'s own; everything model-side is on ``trainer.engine`` (``policy``,
+    ``tokenizer``, ``update``, ``sync_weights``...). With ``config.resume`` the latest checkpoint in
+    ``config.output_dir`` is loaded here, so ``iteration`` and the weights are restored before `start`.
+
+    Args:
+        config: Validated settings.
+        on_iteration: Called after every iteration with its report (progress bars, early stopping).
+    """
+
+    def __init__(
+        self, config: TorchTrainerConfig, on_iteration: Callable[[IterationReport], None] | None = None
+    ) -> None:
+        super().__init__(config.loop_config(), TorchEngine(config), on_iteration=on_iteration)
+        if config.resume:
+            self.restore()

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentlightning import CreditConfig, LoopConfig, ProxySettings
+from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._vllm_serving import VLLMSettings
 
@@ -45,6 +45,9 @@ class TorchTrainerConfig(BaseModel):
         max_staleness: ``0``: synchronous; ``1``: one-step off-policy, the next iteration's rollouts run on the
             backend's copy of the current weights while the policy is updated (see `LoopConfig.max_staleness`).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
+        eval_every: With validation tasks, `TorchTrainer.run` evaluates greedily every N iterations (0: never) and
+            keeps the best evaluation's checkpoint in ``checkpoint/best`` (see `LoopConfig.eval_every`).
+        best_metric: The held-out figure that picks ``checkpoint/best`` (``reward_mean``, ``accuracy``...).
         resume: Continue from the latest checkpoint in ``output_dir`` when there is one (weights or LoRA adapter,
             optimizer state, iteration and model version).
         max_batch_size: Most concurrent generations the local backend batches together.
@@ -57,6 +60,10 @@ class TorchTrainerConfig(BaseModel):
         backend: ``local``: the embedded `LocalBackend`; ``vllm``: a real vLLM server (launched for ``model_dir``, or
             the one at ``vllm.url``), each weight sync verified by log-probs (see `VLLMSettings`).
         vllm: How vLLM runs and syncs (``backend="vllm"`` only).
+        policies: One LoRA adapter per policy on one base model (`agentlightning.PolicyMap`: agent names or
+            patterns -> policy; ``frozen`` is the untrained base). Each trained policy gets its own adapter (rank and
+            targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
+            backend serves every adapter beside the base. ``None``: one shared policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +89,8 @@ class TorchTrainerConfig(BaseModel):
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     max_staleness: Literal[0, 1] = 0
     checkpoint_every: int = Field(default=25, ge=0)
+    eval_every: int = Field(default=0, ge=0)
+    best_metric: str = Field(default="reward_mean", min_length=1)
     resume: bool = False
     max_batch_size: int = Field(default=256, ge=1)
     batch_wait_ms: float = Field(default=5.0, ge=0)
@@ -91,6 +100,7 @@ class TorchTrainerConfig(BaseModel):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     backend: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    policies: PolicyMap | None = None
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
@@ -111,9 +121,12 @@ class TorchTrainerConfig(BaseModel):
             rollout_timeout_s=self.rollout_timeout_s,
             max_staleness=self.max_staleness,
             checkpoint_every=self.checkpoint_every,
+            eval_every=self.eval_every,
+            best_metric=self.best_metric,
             resume=self.resume,
             seed=self.seed,
             proxy=self.proxy,
+            policies=self.policies,
         )
 
     @field_validator("model_dir")
@@ -133,3 +146,17 @@ class TorchTrainerConfig(BaseModel):
         if value != "cpu" and not value.startswith("cuda"):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _policies_train_adapters(self) -> TorchTrainerConfig:
+        if self.policies is None:
+            return self
+        if not self.policies.trained:
+            raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
+        if self.backend == "vllm":
+            raise ValueError(
+                "policies (one LoRA adapter per agent) are served by backend='local' for now: vLLM's multi-LoRA "
+                "serving works on this CPU build but the trainer does not load its adapters into vLLM yet"
+            )
+        return self
+

@@ -1,12 +1,18 @@
 """Agent Lightning on verl: `TrainingBatch` -> verl `DataProto`, verl's PPO/GRPO updates, vLLM weight sync.
 
 Importing this package imports neither verl nor torch; each entry point imports them when called.
+`VerlEngine` is the `agentlightning.Engine` (verl's actor, critic and rollout servers); `VerlTrainer` is the
+`agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. ``VerlAlgorithm`` is the deprecated
+old name of `VerlTrainer`.
 """
 
-from agentlightning_verl._algorithm import VerlAlgorithm, VerlBackend
+import warnings
+from typing import Any
+
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
 from agentlightning_verl._cpu_platform import install_cpu_platform
+from agentlightning_verl._engine import VerlBackend, VerlEngine, VerlTrainer
 from agentlightning_verl._local_actor import LocalVerlActor, LocalVerlBackend
 from agentlightning_verl._ray_backend import (
     CPU_WORKER_SETUP_HOOK,
@@ -38,8 +44,9 @@ __all__ = [
     "RolloutServing",
     "SequenceTooLongError",
     "TruncationPolicy",
-    "VerlAlgorithm",
     "VerlBackend",
+    "VerlEngine",
+    "VerlTrainer",
     "VerlTrainerConfig",
     "VllmServing",
     "cpu_ray_init_kwargs",
@@ -47,3 +54,16 @@ __all__ = [
     "named_tensors_checksum",
     "to_data_proto",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``VerlAlgorithm``: the deprecated name of `VerlTrainer` (kept for one release; warns)."""
+    if name == "VerlAlgorithm":
+        warnings.warn(
+            "agentlightning_verl.VerlAlgorithm is deprecated: use VerlTrainer (an agentlightning.RLLoop whose "
+            "engine, a VerlEngine, is trainer.engine)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VerlTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

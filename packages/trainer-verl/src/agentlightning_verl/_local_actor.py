@@ -190,10 +190,10 @@ class LocalVerlActor:
 
 
 class LocalVerlBackend:
-    """`VerlAlgorithm` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
+    """`VerlEngine` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
 
     It trains but serves nothing: there is no inference server to sync weights into, so `rollout_addresses` is
-    empty and `sync_weights` only records the version. Use it to run `VerlAlgorithm.update` on one device (tests,
+    empty and `sync_weights` only records the version. Use it to run `VerlEngine.update` on one device (tests,
     debugging, offline data); `RayVerlBackend` serves rollouts.
     """
 
@@ -211,11 +211,11 @@ class LocalVerlBackend:
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """No critic here: PPO needs `RayVerlBackend`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """See `compute_values`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """See `LocalVerlActor.update`."""

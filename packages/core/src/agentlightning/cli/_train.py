@@ -1,27 +1,75 @@
-"""``agl train``: the options are defined here, the work is done by ``agentlightning-torch``.
+"""``agl train``: the options are defined here, the training is done by an engine package.
 
-The core never imports torch: ``agentlightning_torch.cli`` is imported only when ``agl train`` runs, and without
-that package the command says how to install it (one line, exit code 2).
+The core names no engine package: ``--engine NAME`` (default ``torch``) is looked up in the
+`agentlightning.loop.ENGINE_ENTRY_POINTS` entry-point group, which the engine packages register in their
+``pyproject.toml``; the entry point is loaded (and its package imported) only when ``agl train`` runs. An engine
+that is not installed, or whose package fails to import, is one line naming the package to install
+(``agentlightning-NAME``), exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, cast
 
-__all__ = ["add_network_arguments", "add_train_arguments", "register"]
+from agentlightning.loop import ENGINE_ENTRY_POINTS
 
-INSTALL_HINT = "agl train needs the torch trainer: pip install agentlightning-torch"
+__all__ = [
+    "DEFAULT_ENGINE",
+    "EngineNotFoundError",
+    "add_network_arguments",
+    "add_train_arguments",
+    "load_engine",
+    "register",
+]
+
+DEFAULT_ENGINE = "torch"
+"""The engine ``agl train`` uses without ``--engine``: one machine, CPU or one GPU."""
+
+
+class EngineNotFoundError(Exception):
+    """No usable engine of that name: the message is one line that names the package to install."""
+
+
+def _engine_entry_points() -> list[EntryPoint]:
+    return sorted(entry_points(group=ENGINE_ENTRY_POINTS), key=lambda ep: ep.name)
+
+
+def load_engine(name: str) -> Callable[[argparse.Namespace], int]:
+    """The ``train(args) -> exit code`` function that the engine package registered as ``name``.
+
+    Raises:
+        EngineNotFoundError: No entry point ``name`` in the group, its package does not import, or it names
+            something that is not a function.
+    """
+    install = f"pip install agentlightning-{name}"
+    found = _engine_entry_points()
+    matches = [ep for ep in found if ep.name == name]
+    if not matches:
+        others = f" (installed: {', '.join(ep.name for ep in found)})" if found else ""
+        raise EngineNotFoundError(f"agl train --engine {name}: no such engine is installed{others}; {install}")
+    entry = matches[0]
+    try:
+        target: Any = entry.load()
+    except (ImportError, AttributeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise EngineNotFoundError(
+            f"agl train --engine {name}: its entry point {entry.value} does not load ({reason}); {install}"
+        ) from None
+    if not callable(target):
+        raise EngineNotFoundError(f"agl train --engine {name}: its entry point {entry.value} is not a function")
+    return cast("Callable[[argparse.Namespace], int]", target)
 
 
 def register(subparsers: Any) -> None:
     """Add ``agl train`` to the ``agl`` parser."""
     parser = subparsers.add_parser(
         "train",
-        help="train an @agl.rollout agent on a Hugging Face model (needs agentlightning-torch)",
+        help="train an @agl.rollout agent on a Hugging Face model (needs an engine package; default: torch)",
         description=(
             "Run the agent (module:function decorated with @agl.rollout) on the tasks in runner processes, serve "
             "the model behind the LLM proxy and train it with PPO/GRPO; writes the store, metrics.jsonl, a reward "
@@ -34,12 +82,25 @@ def register(subparsers: Any) -> None:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``agl train`` (the core CLI registers them without importing torch)."""
+    parser.add_argument(
+        "--engine",
+        default=DEFAULT_ENGINE,
+        help=f"the engine that trains, as registered in the {ENGINE_ENTRY_POINTS} entry points (default: "
+        f"{DEFAULT_ENGINE}; pip install agentlightning-NAME)",
+    )
     parser.add_argument("--agent", required=True, help="the @agl.rollout function as module:function")
     parser.add_argument("--model", required=True, help="a Hugging Face model folder or hub id")
     parser.add_argument("--tasks", required=True, help="JSONL training tasks, one task dict per line")
     parser.add_argument("--val-tasks", default=None, help="JSONL held-out tasks, evaluated before and after")
     parser.add_argument("--minutes", type=float, default=10.0, help="RL time budget (default: 10)")
-    parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations")
+    parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations (either budget ends it)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="with --val-tasks: evaluate greedily every N iterations, keep the best in checkpoint/best (default: 0, "
+        "only before and after)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument(
         "--runners", type=int, default=1, help="local runner processes (default: 1; 0: wait for remote runners)"
@@ -65,6 +126,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="0: synchronous (default); 1: the next iteration's rollouts run during the update (one version old)",
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting model (default: 0)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the loss (default: 0)")
+    parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each batch (default: 1)")
     parser.add_argument("--model-name", default="policy", help="name the model is served under")
     parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
     parser.add_argument(
@@ -77,6 +141,23 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
     parser.add_argument(
         "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="AGENT=POLICY",
+        help="train one LoRA adapter per policy: agent name or glob pattern -> policy (repeatable; 'frozen' is the "
+        "untrained base), e.g. --policy writer=writer --policy rewriter=rewriter --policy checker=frozen",
+    )
+    parser.add_argument(
+        "--default-policy", default=None, help="with --policy: the policy of unmapped agents (default: frozen)"
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        metavar="FILE",
+        help='the policy map as JSON: {"agents": {"writer": "writer", "checker": "frozen"}, "default": "frozen"}',
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
@@ -113,10 +194,8 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        cli = importlib.import_module("agentlightning_torch.cli")
-    except ModuleNotFoundError as error:
-        if error.name is None or not error.name.startswith("agentlightning_torch"):
-            raise
-        print(f"error: {INSTALL_HINT}", file=sys.stderr)
+        train = load_engine(args.engine)
+    except EngineNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    return int(cli.train(args))
+    return int(train(args))

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning._netauth import check_bind_token, is_wildcard
+from agentlightning._policies import PolicyMap
+from agentlightning.credit._advantages import is_group_estimator
 from agentlightning.credit._config import CreditConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
@@ -95,7 +97,10 @@ class LoopConfig(BaseModel):
             updated). Needs an engine that serves while it updates (`Engine.serves_during_update`).
         max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
             down?) instead of spinning forever.
-        eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`).
+        eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`); each such
+            evaluation that beats every earlier one saves the policy to ``checkpoint/best`` (see `best_metric`).
+        best_metric: The held-out figure that picks ``checkpoint/best``: ``reward_mean``, or a key of the evaluation
+            report's ``metrics`` (``accuracy``: the fraction of held-out rollouts reaching ``success_reward``).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end of `run`).
         resume: Continue from the checkpoint in ``output_dir`` when there is one (iteration, model version and
             the engine's state).
@@ -103,6 +108,9 @@ class LoopConfig(BaseModel):
         success_reward: A finished rollout whose final reward reaches this counts as a success (the reports'
             ``accuracy``).
         proxy: Where the LLM proxy listens and how agents reach it.
+        policies: Train several policies in one run (one LoRA adapter per agent, say): which agent uses which
+            policy (`agentlightning.PolicyMap`). The proxy routes each call to its agent's policy and records it;
+            samples carry it, and the engine trains each policy on its own samples. ``None``: one policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -125,11 +133,13 @@ class LoopConfig(BaseModel):
     max_staleness: int = 0
     max_idle_iterations: int = Field(default=3, ge=1)
     eval_every: int = Field(default=0, ge=0)
+    best_metric: str = Field(default="reward_mean", min_length=1)
     checkpoint_every: int = Field(default=25, ge=0)
     resume: bool = False
     seed: int = 0
     success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    policies: PolicyMap | None = None
 
     @field_validator("max_staleness")
     @classmethod
@@ -143,7 +153,7 @@ class LoopConfig(BaseModel):
 
     @model_validator(mode="after")
     def _group_estimator_needs_groups(self) -> LoopConfig:
-        if self.samples_per_task == 1 and self.estimator in ("grpo", "rloo"):
+        if self.samples_per_task == 1 and is_group_estimator(self.estimator):
             raise ValueError(
                 f"samples_per_task=1 with estimator={self.estimator!r} gives every sample advantage 0 "
                 f"({self.estimator} compares the rollouts of one task); use samples_per_task >= 2 or "

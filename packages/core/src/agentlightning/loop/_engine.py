@@ -7,7 +7,15 @@ from pathlib import Path
 
 from agentlightning._training_models import TrainingBatch
 
-__all__ = ["Engine"]
+__all__ = ["ENGINE_ENTRY_POINTS", "Engine"]
+
+ENGINE_ENTRY_POINTS = "agentlightning.engines"
+"""The entry-point group through which trainer packages offer their engine to ``agl train``.
+
+Each entry point is named after the engine (``agl train --engine NAME``) and points at the function that runs
+``agl train`` with it: ``train(args: argparse.Namespace) -> int`` (the parsed options, returning the exit code).
+The engine named NAME is installed with ``pip install agentlightning-NAME``; the core never names the package.
+"""
 
 
 class Engine(ABC):
@@ -29,6 +37,11 @@ class Engine(ABC):
     serves_during_update: bool = False
     """Whether the inference servers keep serving the current weights while `update` runs (they hold their own
     copy of the weights, and stay awake): what ``LoopConfig.max_staleness=1`` needs."""
+
+    policies_unsupported: str | None = "it trains one policy (LoopConfig.policies needs a multi-policy engine)"
+    """Why this engine cannot train several policies (``LoopConfig.policies``: one LoRA adapter per agent); ``None``
+    for an engine that can (it then trains each `TrainingSample.policy` on its own weights). `RLLoop` refuses a
+    config with policies for an engine that gives a reason."""
 
     @abstractmethod
     async def start_servers(self, model_version: int) -> list[str]:

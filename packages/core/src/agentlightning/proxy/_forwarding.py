@@ -171,11 +171,13 @@ class Forwarder(CallRecorder):
             return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
     async def complete(
-        self, target: Target, raw_body: bytes, authorization: str | None, agent: str | None = None
+        self, target: Target, agent_request: dict[str, Any], authorization: str | None, agent: str | None = None
     ) -> Response:
         """Forward one completion request and record it (the handler of every completion route).
 
-        ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the agent that makes the call).
+        ``agent_request`` is the request body as the agent sent it, a JSON object whose fields the proxy reads were
+        validated by the route's model. ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the
+        agent that makes the call).
         """
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
@@ -205,13 +207,6 @@ class Forwarder(CallRecorder):
                 "proxy_paused",
                 headers={"Retry-After": str(self.retry_after)},
             )
-        try:
-            body = loads(raw_body)
-        except ValueError as exc:
-            return error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "request body must be a JSON object", "invalid_request_error")
-        agent_request = cast(dict[str, Any], body)
         self._in_flight += 1
         self._idle_event().clear()
         streamed = False
@@ -267,18 +262,16 @@ class Forwarder(CallRecorder):
         if self._in_flight == 0:
             self._idle_event().set()
 
-    async def _forward(
-        self,
-        agent_request: dict[str, Any],
-        kind: Kind,
-        rollout_id: str | None,
-        attempt_id: str | None,
-        start: float,
-        authorization: str | None,
-        agent: str | None = None,
-    ) -> tuple[Response, bool]:
+    def _backend_body(
+        self, agent_request: dict[str, Any], kind: Kind, record: bool, agent: str | None
+    ) -> tuple[dict[str, Any], str | None, int | None]:
+        """The body the backend gets, the call's policy, and the model version admitted with the request.
+
+        A recorded call asks for token ids and logprobs; the served model (or the policy's) replaces ``model``.
+        The admitted version is what a backend that reports none was serving (the trainer pauses the proxy and
+        drains it before it swaps weights, and resumes with the new version).
+        """
         forwarded = dict(agent_request)
-        record = rollout_id is not None and attempt_id is not None
         if record:
             forwarded["return_token_ids"] = True
             if kind == "chat":
@@ -294,12 +287,25 @@ class Forwarder(CallRecorder):
             if model is not None:
                 forwarded["model"] = model
             admitted = self.policy_router.version(policy, admitted)
+        return forwarded, policy, admitted
+
+    async def _forward(
+        self,
+        agent_request: dict[str, Any],
+        kind: Kind,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        start: float,
+        authorization: str | None,
+        agent: str | None = None,
+    ) -> tuple[Response, bool]:
+        """Send the call to its backend and answer the agent: (the response, whether it is a stream still open)."""
+        record = rollout_id is not None and attempt_id is not None
+        forwarded, policy, admitted = self._backend_body(agent_request, kind, record, agent)
         backend = self._pick_backend(rollout_id)
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         call_id = new_id("call")
         headers = {CALL_ID_HEADER: call_id} if record else {}
-        # The version admitted with the request: what a backend that reports none was serving (the trainer
-        # pauses the proxy and drains it before it swaps weights, and resumes with the new version).
         meta: Meta = (
             call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, admitted, policy, agent
         )  # fmt: skip
@@ -324,33 +330,59 @@ class Forwarder(CallRecorder):
             meta = (*meta[:6], header_version, policy, agent)
             headers[MODEL_VERSION_HEADER] = str(header_version)
         view = AgentView.of(agent_request, kind) if record else _AS_IS
+        kept = meta if record else None
         if agent_request.get("stream") and resp.status < 400:
-            state = StreamState(StreamAssembler(kind), meta if record else None, backend, view=view)
-            media = resp.header("content-type") or "text/event-stream"
-            streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
-            streaming.on_close = lambda: self._stream_closed(resp, state, rollout_id)
-            if rollout_id is not None:
-                self._calls.setdefault(rollout_id, {})[resp] = resp.abort
-            return streaming, True
+            return self._relay_stream(resp, kind, kept, backend, view, headers, rollout_id), True
+        return await self._whole_answer(resp, kind, kept, backend, view, headers), False
+
+    def _relay_stream(
+        self,
+        resp: BackendReply,
+        kind: Kind,
+        meta: Meta | None,
+        backend: str,
+        view: AgentView,
+        headers: dict[str, str],
+        rollout_id: str | None,
+    ) -> Response:
+        """Relay a streamed answer chunk by chunk; it is recorded once the stream is over (``meta``: recorded)."""
+        state = StreamState(StreamAssembler(kind), meta, backend, view=view)
+        media = resp.header("content-type") or "text/event-stream"
+        streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
+        streaming.on_close = lambda: self._stream_closed(resp, state, rollout_id)
+        if rollout_id is not None:
+            self._calls.setdefault(rollout_id, {})[resp] = resp.abort
+        return streaming
+
+    async def _whole_answer(
+        self,
+        resp: BackendReply,
+        kind: Kind,
+        meta: Meta | None,
+        backend: str,
+        view: AgentView,
+        headers: dict[str, str],
+    ) -> Response:
+        """Read a whole answer, record it (``meta``: recorded) and pass it on without the proxy's token-id options."""
         data = resp.parsed if resp.status < 400 else None
         try:  # an in-process backend's parsed answer need not be encoded when the agent gets a stripped copy
-            raw = b"" if isinstance(data, dict) and record and view != _AS_IS else await resp.read()
+            raw = b"" if isinstance(data, dict) and meta is not None and view != _AS_IS else await resp.read()
         except UNREACHABLE as exc:
             resp.release()
             message = f"LLM proxy lost backend {backend} while reading the response: {exc!r}"
-            if record:
+            if meta is not None:
                 await self._record_shielded(meta, None, Extracted(), error=message)
-            return error(502, message, "proxy_backend_error", headers=headers), False
+            return error(502, message, "proxy_backend_error", headers=headers)
         resp.release()
         if resp.status >= 400:
             retry_after = resp.header("retry-after")
             if retry_after is not None:
                 headers["Retry-After"] = retry_after
-            if record:
+            if meta is not None:
                 text = raw.decode("utf-8", errors="replace")[:4000]
                 await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
-            return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
-        if record:
+            return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers))
+        if meta is not None:
             if data is None:
                 try:
                     data = loads(raw)
@@ -369,8 +401,8 @@ class Forwarder(CallRecorder):
                     meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
                 )
             if failure is not None:  # never 200 for a call whose training data was not stored
-                return unrecorded(failure, headers), False
-        return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers)), False
+                return unrecorded(failure, headers)
+        return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers))
 
     def _stream_closed(self, resp: BackendReply, state: StreamState, rollout_id: str | None) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""

@@ -10,7 +10,8 @@
 
 ``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the per-rollout URL), ``/slot/{key}`` (a runner
 slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). The completion bodies
-are OpenAI's; the proxy forwards them as they are, so their models here describe them without checking them.
+are OpenAI's: their models check the fields the proxy reads (400 with a one-line reason) and the body is forwarded
+as it was sent, every other field included (`agentlightning._server_base.validate_body`).
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from agentlightning._netauth import bearer_matches
 from agentlightning._routing import Route, openapi_document
+from agentlightning._server_base import Refusal, validate_body
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
 from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
-from agentlightning.proxy._slots import MAX_PER_REQUEST, slot_route, slots_route
+from agentlightning.proxy._slots import MAX_PER_REQUEST, clear_slot, register_slot, update_slots
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["Target", "proxy_routes"]
+__all__ = ["Target", "proxy_routes", "runner_refusal"]
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 SLOT_PREFIX = "/slot/{slot}"
@@ -53,7 +55,7 @@ class ChatCompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[dict[str, Any]]
-    stream: bool = False
+    stream: StrictBool = False
 
 
 class CompletionBody(BaseModel):
@@ -61,8 +63,8 @@ class CompletionBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    prompt: str | list[int]
-    stream: bool = False
+    prompt: str | list[str] | list[int] | list[list[int]]
+    stream: StrictBool = False
 
 
 class OpenAIAnswer(BaseModel):
@@ -81,16 +83,16 @@ class SlotBody(BaseModel):
     """The attempt a runner slot runs now (``DELETE``: optional, clears only that occupant)."""
 
     model_config = ConfigDict(extra="forbid")
-    rollout_id: str
-    attempt_id: str
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
 
 
 class EndedAttempt(BaseModel):
     """An attempt whose agent returned: its calls are refused from now on (409), on ``slot`` too if it still runs it."""
 
     model_config = ConfigDict(extra="forbid")
-    rollout_id: str
-    attempt_id: str
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
     slot: str | None = None
 
 
@@ -131,58 +133,46 @@ _COMPLETION_ERRORS = {
 
 def proxy_routes(proxy: LLMProxy) -> list[Route]:
     """Every route of ``proxy``, ``/openapi.json`` included (written from the others)."""
+    routes = [*_completion_routes(proxy), *_slot_routes(proxy), *admin_routes(proxy)]
+    body = json.dumps(_document(proxy, routes), separators=(",", ":")).encode()
 
-    def target(kind: Kind, params: dict[str, str]) -> Target | Response:
-        slot = params.get("slot")
-        if slot is None:
-            return Target(kind, params.get("rollout_id"), params.get("attempt_id"))
-        try:
-            return Target(kind, slot=check_slot_key(slot))
-        except ValueError as exc:
-            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+    async def openapi(_: ProxyRequest) -> Response:
+        return Response(body, media_type="application/json")
+
+    return [*routes, Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]
+
+
+def _target(kind: Kind, params: dict[str, str]) -> Target | Response:
+    """What a completion path names, or the 404 of a malformed slot key."""
+    slot = params.get("slot")
+    if slot is None:
+        return Target(kind, params.get("rollout_id"), params.get("attempt_id"))
+    try:
+        return Target(kind, slot=check_slot_key(slot))
+    except ValueError as exc:
+        return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+
+
+def _completion_routes(proxy: LLMProxy) -> list[Route]:
+    """Chat and text completions and the model list, under each of the three URL shapes."""
 
     async def chat(request: ProxyRequest) -> Response:
-        found = target("chat", request.params)
+        found = _target("chat", request.params)
         if isinstance(found, Response):
             return found
-        return await proxy.complete(found, request.body, request.authorization, request.agent)
+        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
 
     async def completions(request: ProxyRequest) -> Response:
-        found = target("completion", request.params)
+        found = _target("completion", request.params)
         if isinstance(found, Response):
             return found
-        return await proxy.complete(found, request.body, request.authorization, request.agent)
+        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
 
     async def models(request: ProxyRequest) -> Response:
-        found = target("chat", request.params)
+        found = _target("chat", request.params)
         if isinstance(found, Response):
             return found
         return await proxy.models(found, request.authorization)
-
-    def runner_refusal(request: ProxyRequest) -> Response | None:
-        if bearer_matches(request.authorization, proxy.runner_token):
-            return None
-        return error(
-            401,
-            "runner slot routes need 'Authorization: Bearer <runner token>' (LLMResource.runner_token, which the "
-            "trainer publishes for runners; the agents' api_key does not open them)",
-            "unauthorized",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-    async def slot(request: ProxyRequest) -> Response:
-        refusal = runner_refusal(request)
-        if refusal is not None:
-            return refusal
-        try:
-            key = check_slot_key(request.params["slot"])
-        except ValueError as exc:
-            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
-        return slot_route(proxy.slots, request.method, key, request.body)
-
-    async def slots(request: ProxyRequest) -> Response:
-        refusal = runner_refusal(request)
-        return refusal if refusal is not None else slots_route(proxy.slots, request.body)
 
     routes: list[Route] = []
     for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
@@ -198,8 +188,48 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
             Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
                   response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
         ]  # fmt: skip
+    return routes
+
+
+def runner_refusal(proxy: LLMProxy, authorization: str | None) -> Refusal | None:
+    """The `RUNNER` rule: the runner token (the agents' api_key does not open the slot routes)."""
+    if bearer_matches(authorization, proxy.runner_token):
+        return None
+    return Refusal(
+        401,
+        "runner slot routes need 'Authorization: Bearer <runner token>' (LLMResource.runner_token, which the "
+        "trainer publishes for runners; the agents' api_key does not open them)",
+        "unauthorized",
+        {"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _slot_routes(proxy: LLMProxy) -> list[Route]:
+    """Register and clear runner slots (auth rule `RUNNER`: `runner_refusal`; bodies validated by their models)."""
+
+    async def slot(request: ProxyRequest) -> Response:
+        try:
+            key = check_slot_key(request.params["slot"])
+        except ValueError as exc:
+            return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
+        if request.method == "PUT":
+            body: SlotBody = request.parsed
+            return register_slot(proxy.slots, key, (body.rollout_id, body.attempt_id))
+        if not request.body.strip():
+            return clear_slot(proxy.slots, key, None)
+        occupant = validate_body(SlotBody, request.body, 400)  # DELETE's body is optional: validated here
+        if isinstance(occupant, Refusal):
+            return error(400, occupant.message, "invalid_request_error")
+        return clear_slot(proxy.slots, key, (occupant.rollout_id, occupant.attempt_id))
+
+    async def slots(request: ProxyRequest) -> Response:
+        body: SlotsBody = request.parsed
+        registrations = [(key, (s.rollout_id, s.attempt_id)) for key, s in body.slots.items()]
+        ends = [((e.rollout_id, e.attempt_id), e.slot) for e in body.ended]
+        return update_slots(proxy.slots, registrations, ends)
+
     full = {400: "invalid body", 401: _RUNNER_401, 503: "the slot table is full of live slots"}
-    routes += [
+    return [
         Route("PUT", SLOT_PREFIX, slot, "register_slot", "Register the attempt a runner slot runs from now on.",
               body=SlotBody, response=SlotAnswer, errors=full, tags=("slots",), auth=RUNNER),
         Route("DELETE", SLOT_PREFIX, slot, "clear_slot",
@@ -210,14 +240,17 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
               body=SlotsBody, response=SlotsAnswer, errors={**full, 413: f"more than {MAX_PER_REQUEST} entries"},
               tags=("slots",), auth=RUNNER),
     ]  # fmt: skip
-    routes += admin_routes(proxy)
+
+
+def _document(proxy: LLMProxy, routes: list[Route]) -> dict[str, Any]:
+    """The OpenAPI document of ``routes``, with the auth rules this proxy enforces."""
     security: dict[str, dict[str, str]] = {}
     if proxy.token is not None:
         security["bearer"] = {"type": "http", "scheme": "bearer"}
     security[RUNNER] = {"type": "http", "scheme": "bearer", "description": "the runner token"}
     if proxy.admin_token is not None:
         security[ADMIN] = {"type": "http", "scheme": "bearer", "description": "the admin token"}
-    document = openapi_document(
+    return openapi_document(
         routes,
         title=_TITLE,
         version="1",
@@ -226,9 +259,3 @@ def proxy_routes(proxy: LLMProxy) -> list[Route]:
         common_errors=_COMMON_ERRORS,
         security=security,
     )
-    body = json.dumps(document, separators=(",", ":")).encode()
-
-    async def openapi(_: ProxyRequest) -> Response:
-        return Response(body, media_type="application/json")
-
-    return [*routes, Route("GET", "/openapi.json", openapi, "openapi", "This document.", documented=False)]

@@ -20,7 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 from agentlightning import semconv
 from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
 from agentlightning.adapters import use_active_sources
-from agentlightning.runner._agent import RolloutAgent, final_reward
+from agentlightning.runner._agent import RolloutAgent, reward_from_result
 from agentlightning.runner._heartbeats import batcher_for, next_tick
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
@@ -124,7 +124,8 @@ agent_failures = _FailureLog()
 
 def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollout_id: str) -> None:
     outcome.status = "failed"
-    outcome.error = f"{type(exc).__name__}: {exc}"
+    # No store keeps NUL in an attempt's error (the boundary refuses it): an agent's message may hold one.
+    outcome.error = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")
     root.record_exception(exc)
     root.set_status(Status(StatusCode.ERROR, outcome.error))
     if not isinstance(exc, asyncio.CancelledError):
@@ -132,7 +133,7 @@ def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollou
 
 
 def _accept_result(result: Any, outcome: Outcome) -> None:
-    reward = final_reward(result)
+    reward = reward_from_result(result)
     outcome.reward = reward
     if reward is not None:
         emit_reward(reward, final=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_DEQUEUE_MANY",
     "RELEASED",
     "ConflictError",
+    "InvalidRequestError",
     "LightningStore",
     "NotFoundError",
     "RetryPolicy",
@@ -60,6 +61,25 @@ class StorageError(StoreError):
 
     The message says which (``database or disk is full`` / ``database is read-only``) and where.
     """
+
+
+class InvalidRequestError(StoreError, ValueError):
+    """A request a store refuses as invalid, the same way on every backend (a served store answers 400/413/422).
+
+    Raised at the store boundary (`agentlightning.store._boundary`) before anything is stored; the message is one
+    line naming the argument or field (``spans.2.span_id: ...``).
+    """
+
+    def __init__(self, message: str, errors: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self._errors = [dict(error) for error in errors]
+
+    def errors(self) -> list[dict[str, Any]]:
+        """pydantic's description of each invalid field (``loc``, ``type``, ``msg``), where a model found them.
+
+        Empty for a rule outside a model, and for a served store's refusal (its client gets the message only).
+        """
+        return list(self._errors)
 
 
 class ConflictError(StoreError):

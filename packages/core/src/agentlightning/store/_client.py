@@ -28,7 +28,6 @@ from agentlightning._models import (
 )
 from agentlightning.store._base import (
     ConflictError,
-    NotFoundError,
     RetryPolicy,
     RolloutRequest,
     StoreError,
@@ -41,18 +40,6 @@ from agentlightning.store._client_transport import (
     StoreUnavailableError,
     UnauthorizedError,
     raise_for,
-)
-from agentlightning.store._common import (
-    check_attempt_refs,
-    check_finish_status,
-    check_id,
-    check_statuses,
-    check_worker_ids,
-    validate_calls,
-    validate_ids,
-    validate_requests,
-    validate_resources,
-    validate_spans,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._wire import (
@@ -180,15 +167,11 @@ class StoreClient(StoreTransport):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched); returns them in request order."""
-        # Give every request an id before the first try so that a retry cannot queue it twice.
-        checked = validate_requests(requests)
-        fixed = [r if r.rollout_id is not None else fast_replace(r, rollout_id=new_id("ro")) for r in checked]
-        body = fast_model(EnqueueRequest, {"requests": fixed})  # validated just above
+        # Validated at the boundary (StoreBoundary), as every argument below. Every request gets an id before the
+        # first try so that a retry cannot queue it twice.
+        fixed = [r if r.rollout_id is not None else fast_replace(r, rollout_id=new_id("ro")) for r in requests]
+        body = fast_model(EnqueueRequest, {"requests": fixed})
         return (await self._call("POST", "/rollouts/enqueue", body, RolloutsResponse)).rollouts
-
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        return (await self.enqueue_rollouts([RolloutRequest(input=input, **fields)]))[0]
 
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout, or ``None`` when the queue is empty.
@@ -196,7 +179,7 @@ class StoreClient(StoreTransport):
         Every try of one call carries the same request id (``request_id`` or a fresh one), so a retry after a lost
         answer gets the same claim.
         """
-        body = DequeueRequest(worker_id=worker_id, request_id=request_id or uuid.uuid4().hex)
+        body = fast_model(DequeueRequest, {"worker_id": worker_id, "request_id": request_id or uuid.uuid4().hex})
         return (await self._call("POST", "/rollouts/dequeue", body, DequeueResponse)).claim
 
     async def dequeue_many(self, worker_ids: Sequence[str | None], *, request_id: str | None = None) -> list[Claim]:
@@ -204,20 +187,19 @@ class StoreClient(StoreTransport):
 
         Every try carries the same request id (as in `dequeue_rollout`), so a retry gets the same claims.
         """
-        workers = check_worker_ids(worker_ids)
-        if not workers:
+        if not worker_ids:
             return []
-        body = DequeueManyRequest(worker_ids=workers, request_id=request_id or uuid.uuid4().hex)
+        body = fast_model(DequeueManyRequest, {"worker_ids": worker_ids, "request_id": request_id or uuid.uuid4().hex})
         return (await self._call("POST", "/rollouts/dequeue_many", body, DequeueManyResponse)).claims
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        body = AttemptRef(rollout_id=rollout_id, attempt_id=attempt_id)
+        body = fast_model(AttemptRef, {"rollout_id": rollout_id, "attempt_id": attempt_id})
         return await self._call("POST", "/attempts/heartbeat", body, Attempt)
 
     async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
         """Record a sign of life for several attempts in one request; those no longer running come back unchanged."""
-        refs = check_attempt_refs(attempts)
+        refs = list(attempts)  # checked by the store boundary
         if not refs:
             return []
         body = HeartbeatManyRequest(attempts=[AttemptRef(rollout_id=r, attempt_id=a) for r, a in refs])
@@ -227,17 +209,14 @@ class StoreClient(StoreTransport):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        body = FinishRequest(
-            rollout_id=check_id("rollout_id", rollout_id),
-            attempt_id=check_id("attempt_id", attempt_id),
-            status=check_finish_status(status),
-            error=error,
+        body = fast_model(
+            FinishRequest, {"rollout_id": rollout_id, "attempt_id": attempt_id, "status": status, "error": error}
         )
         return await self._call("POST", "/attempts/finish", body, Rollout)
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        body = AttemptRef(rollout_id=check_id("rollout_id", rollout_id), attempt_id=check_id("attempt_id", attempt_id))
+        body = fast_model(AttemptRef, {"rollout_id": rollout_id, "attempt_id": attempt_id})
         return await self._call("POST", "/attempts/release", body, Rollout)
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
@@ -258,18 +237,14 @@ class StoreClient(StoreTransport):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        if not rollout_id:
-            raise NotFoundError("rollout id is empty")
         return await self._call("GET", "/rollouts/" + urllib.parse.quote(rollout_id, safe=""), None, Rollout)
 
     async def query_rollouts(
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        body = QueryRolloutsRequest(
-            status=check_statuses(status),  # pyright: ignore[reportArgumentType]
-            rollout_ids=None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids"),
-        )
+        # the boundary made both lists (or left them None)
+        body = fast_model(QueryRolloutsRequest, {"status": status, "rollout_ids": rollout_ids})
         return (await self._call("POST", "/rollouts/query", body, RolloutsResponse)).rollouts
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
@@ -279,7 +254,7 @@ class StoreClient(StoreTransport):
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
         """Wait until the rollouts finish or ``timeout`` seconds pass (long-polls in slices of up to 20 s)."""
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = list(rollout_ids)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + max(timeout, 0.0)
         while True:
@@ -295,12 +270,9 @@ class StoreClient(StoreTransport):
 
         Every try carries the same request id, so a retry after a lost answer still reports the right count.
         """
-        # NaN / Infinity are sent as such and refused by the server's validation, naming the field
-        checked = validate_spans(spans, check_finite=False)
-        if not checked:
+        if not spans:
             return 0
-        request_id = uuid.uuid4().hex if request_id is None else check_id("request_id", request_id)
-        body = fast_model(SpansRequest, {"spans": checked, "request_id": request_id})
+        body = fast_model(SpansRequest, {"spans": spans, "request_id": request_id or uuid.uuid4().hex})
         return (await self._call("POST", "/spans", body, AddedResponse)).added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -310,11 +282,9 @@ class StoreClient(StoreTransport):
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records (idempotent on call_id); returns how many were new (request ids as in `add_spans`)."""
-        checked = validate_calls(calls)
-        if not checked:
+        if not calls:
             return 0
-        request_id = uuid.uuid4().hex if request_id is None else check_id("request_id", request_id)
-        body = fast_model(LLMCallsRequest, {"calls": checked, "request_id": request_id})
+        body = fast_model(LLMCallsRequest, {"calls": calls, "request_id": request_id or uuid.uuid4().hex})
         return (await self._call("POST", "/llm_calls", body, AddedResponse)).added
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
@@ -324,7 +294,7 @@ class StoreClient(StoreTransport):
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        return await self._call("POST", "/resources", validate_resources(resources), resources_from_json)
+        return await self._call("POST", "/resources", resources, resources_from_json)
 
     async def get_resources(self, resources_id: str | None = None) -> Resources | None:
         """Resources by id, or the latest version when ``resources_id`` is ``None``."""
@@ -337,12 +307,12 @@ class StoreClient(StoreTransport):
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first, with the total number of matches."""
-        body = RolloutQuery.model_validate(query if query is not None else {})
+        body = query or RolloutQuery()  # the boundary passes a validated query
         return await self._call("POST", "/rollouts/list", body, RolloutPage)
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        body = RunStatsQuery.model_validate(query if query is not None else {})
+        body = query or RunStatsQuery()
         return await self._call("POST", "/runs/stats", body, RunStats)
 
     async def stats(self) -> StoreStats:

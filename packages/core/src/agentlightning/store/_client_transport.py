@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, TypeVar, overload
 from pydantic import BaseModel
 
 from agentlightning._connections import connection_went_stale
-from agentlightning.store._base import ConflictError, NotFoundError, RetryPolicy, StorageError, StoreError
+from agentlightning.store._base import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RetryPolicy,
+    StorageError,
+    StoreError,
+)
+from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._wire import API_PREFIX
 
 if TYPE_CHECKING:
@@ -45,11 +53,7 @@ class UnauthorizedError(StoreError):
     """The server refused the bearer token (HTTP 401)."""
 
 
-class InvalidRequestError(StoreError, ValueError):
-    """The server rejected the request as invalid (HTTP 400/413/422); the message names the problem."""
-
-
-class StoreTransport:
+class StoreTransport(StoreBoundary):
     """Connection pools, retries and error mapping of a `StoreClient` (its base class; use `StoreClient`).
 
     Args: as `StoreClient`.

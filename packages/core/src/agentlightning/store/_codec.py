@@ -2,13 +2,15 @@
 
 A row keeps its ids in columns; its ``data`` is one of:
 
-- **Legacy JSON** (schema 4 and older; first byte ``{``): the record as ``model_dump_json`` wrote it. Still read.
+- **Legacy JSON** (SQLite schema 4 and older: text; PostgreSQL schema 1: text, bytes after migration, first byte
+  ``{``): the record as ``model_dump_json`` wrote it. Still read; never rewritten.
 - **Span, format 1** (first byte ``0x01``): a fixed binary header (flags, start and end time as float64 bits,
   trace id and parent id as raw bytes) and a JSON tail ``[name, attributes, events, status]``. Attribute keys of
   the well-known table `_KEYS` are written as their index, and the ``agentlightning.rollout_id`` /
   ``agentlightning.attempt_id`` attributes, when they repeat the row's own ids, as a marker. Events and status
   are left out when empty / unset. Uncompressed on purpose: a span write must stay a few microseconds.
-- **LLM call, format 1** (first byte ``0x01``): raw deflate of a header (array lengths), a JSON document of every
+- **LLM call, format 1** (first byte ``0x01``): raw deflate (with a preset dictionary of the JSON every chat
+  completion repeats) of a header (array lengths), a JSON document of every
   other field, the token ids as little-endian uint32 (int64 when one does not fit) and the log-probs as float64
   bits. The response's per-token ``logprobs.content[*].logprob`` values, when they equal ``response_logprobs``
   bit for bit, are not written again.
@@ -97,6 +99,23 @@ _WIDE = 1 << 31  # in the prompt-length slot: ids are int64
 _JSON_IDS = 1 << 30  # ids too large for int64: kept in the JSON document
 _LITTLE = sys.byteorder == "little"
 _LOGPROB_KEYS = ["token", "logprob", "bytes", "top_logprobs"]
+_CALL_FIELDS = tuple(LLMCall.model_fields)
+_ABSENT = object()
+# Deflate's preset dictionary for format-1 calls: the JSON a chat completion's record repeats in every row, so even
+# a short record compresses. Fixed forever for format 1 (a new dictionary needs a new format byte).
+_CALL_ZDICT = (
+    b'{"token":"","bytes":null,"top_logprobs":[]},{"role":"system","content":"'
+    b'"},{"role":"user","content":"'
+    b'"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_","type":"function","function":{"name":"'
+    b'","arguments":"{\\"expression\\": \\""}}]},{"role":"tool","tool_call_id":"call_","content":"'
+    b'[{"response_id":"chatcmpl-","request":{"model":"","stream":false,"messages":[{"content":"","role":"user"}],'
+    b'"max_completion_tokens":,"max_tokens":,"temperature":1.0,"top_p":1.0,"logprobs":true,"tools":null},'
+    b'"response":{"id":"chatcmpl-","object":"chat.completion","created":17,"model":"","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"","tool_calls":null},"logprobs":{"content":[{"token":"",'
+    b'"bytes":null,"top_logprobs":[]}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":,"completion_tokens":,'
+    b'"total_tokens":},"model_version":0},"model":"","model_version":0,"backend":"inproc://backend-",'
+    b'"end_time":17,"error":null},[[["tools"],"'
+)
 
 
 def _key(data: bytes) -> bytes:
@@ -327,7 +346,7 @@ def encode_call(call: LLMCall, blobs: dict[bytes, bytes]) -> bytes:
         -1 if logprobs is None else len(logprobs),
         len(meta),
     )
-    packer = zlib.compressobj(6, zlib.DEFLATED, -15)
+    packer = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, _CALL_ZDICT)
     body = packer.compress(head + meta + prompt_bytes + response_bytes + lp_bytes) + packer.flush()
     return bytes((_FORMAT_1,)) + body
 
@@ -341,7 +360,8 @@ def _ids(count: int, data: bytes, offset: int) -> tuple[list[int], int]:
 def _call_meta(row: Sequence[Any]) -> tuple[bytes, list[Any]]:
     """The decompressed body of a format-1 call row and its parsed JSON document ``[doc, refs, stripped]``."""
     try:
-        payload = zlib.decompress(bytes(row[4][1:]), -15)
+        unpacker = zlib.decompressobj(-15, _CALL_ZDICT)
+        payload = unpacker.decompress(bytes(row[4][1:])) + unpacker.flush()
     except zlib.error as exc:
         raise ValueError(f"LLM call {row[0]!r} is corrupt in the store: {exc}") from None
     meta_len = _CALL_HEAD.unpack_from(payload)[3]
@@ -371,23 +391,24 @@ def _call_values(row: Sequence[Any], payload: bytes, meta: list[Any], blobs: dic
             {"token": e["token"], "logprob": lp, "bytes": e["bytes"], "top_logprobs": e["top_logprobs"]}
             for e, lp in zip(content, logprobs, strict=True)
         ]
-    return {
-        "call_id": call_id,
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "response_id": doc["response_id"],
-        "request": request,
-        "response": doc["response"],
-        "prompt_token_ids": prompt,
-        "response_token_ids": response_ids,
-        "response_logprobs": logprobs,
-        "model": doc["model"],
-        "model_version": doc["model_version"],
-        "backend": doc["backend"],
-        "start_time": start_time,
-        "end_time": doc["end_time"],
-        "error": doc["error"],
-    }
+    values: dict[str, Any] = {}
+    for name in _CALL_FIELDS:  # the model's field order, whatever fields a later version adds
+        if name in doc:
+            values[name] = doc[name]
+        else:
+            values[name] = {
+                "call_id": call_id,
+                "rollout_id": rollout_id,
+                "attempt_id": attempt_id,
+                "start_time": start_time,
+                "request": request,
+                "prompt_token_ids": prompt,
+                "response_token_ids": response_ids,
+                "response_logprobs": logprobs,
+            }.get(name, _ABSENT)
+            if values[name] is _ABSENT:
+                del values[name]  # a field this row predates: the model's default (validation fills it in)
+    return values
 
 
 def decode_calls(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[LLMCall]:

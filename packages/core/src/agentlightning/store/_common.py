@@ -3,14 +3,11 @@
 Backends keep their own storage; what a rollout or attempt becomes is decided here, once, so the
 in-memory and SQLite stores (and a served store behind them) cannot drift apart.
 
-The validation boundary: every method of every backend that takes records (``enqueue_rollouts``, ``add_spans``,
-``add_llm_calls``, ``add_resources``, ids and status filters) passes them through the ``validate_*`` functions
-below before anything else. Dicts are validated; models made by validation are kept as they are (they were
-validated once, when made); models made without it (``model_construct``, ``model_copy(update=...)``, see
-`agentlightning._models.is_validated`) are validated again, so an unchecked record is refused by every backend
-with the same `pydantic.ValidationError`. The served store's client runs the same functions before sending, and
-its server validates the request body it receives. Past this boundary records are trusted
-(`agentlightning._fast`).
+How records are validated at the boundary (`agentlightning.store._boundary`, which every backend goes through and
+which calls the ``validate_*`` functions below). Dicts are validated; models made by validation are kept as they
+are (they were validated once, when made); models made without it (``model_construct``, ``model_copy(update=...)``,
+see `agentlightning._models.is_validated`) are validated again, so an unchecked record is refused by every backend
+the same way. Past this boundary records are trusted (`agentlightning._fast`).
 """
 
 from __future__ import annotations
@@ -37,23 +34,19 @@ from agentlightning._models import (
     check_json_finite,
     is_validated,
 )
-from agentlightning.store._base import MAX_DEQUEUE_MANY, RetryPolicy, RolloutRequest
+from agentlightning.store._base import RetryPolicy, RolloutRequest
 
 __all__ = [
     "ALL_ROLLOUT_STATUSES",
     "ChangeNotifier",
-    "check_attempt_refs",
     "check_finish_status",
-    "check_id",
     "check_spans_finite",
     "check_statuses",
-    "check_worker_ids",
     "json_has_non_finite",
     "revalidate_unchecked",
     "rollout_status_after",
     "timed_out_status",
     "validate_calls",
-    "validate_ids",
     "validate_requests",
     "validate_resources",
     "validate_spans",
@@ -71,7 +64,6 @@ _SPANS = TypeAdapter(list[Span])
 _CALLS = TypeAdapter(list[LLMCall])
 _REQUESTS = TypeAdapter(list[RolloutRequest])
 _RESOURCES = TypeAdapter(Resources)
-_IDS = TypeAdapter(list[str])
 # readers of a model's validation mark (see agentlightning._models.is_validated) and fields, for C-level passes
 _fields_set = operator.attrgetter("__pydantic_fields_set__")
 
@@ -207,46 +199,6 @@ def validate_resources(resources: Resources | Any) -> Resources:
     if isinstance(resources, Resources) and not is_validated(resources):
         resources = _plain(resources)
     return _RESOURCES.validate_python(resources)
-
-
-def validate_ids(ids: Sequence[str] | Any, what: str) -> list[str]:
-    """Validate a list of ids (each a non-empty string)."""
-    values = _IDS.validate_python(_as_list(ids, what))
-    for value in values:
-        check_id(what, value)
-    return values
-
-
-def check_id(name: str, value: Any) -> str:
-    """Return ``value`` if it is a non-empty string, else raise a `ValueError` naming the argument."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def check_worker_ids(worker_ids: Sequence[str | None] | Any) -> list[str | None]:
-    """Validate the workers of a `dequeue_many` (a list of non-empty strings or ``None``, at most the maximum)."""
-    values = _as_list(worker_ids, "worker_ids")
-    if len(values) > MAX_DEQUEUE_MANY:
-        raise ValueError(f"dequeue_many claims at most {MAX_DEQUEUE_MANY} rollouts per request, got {len(values)}")
-    for value in values:
-        if value is not None:
-            check_id("worker_id", value)
-    return values
-
-
-def check_attempt_refs(attempts: Sequence[tuple[str, str]] | Any) -> list[tuple[str, str]]:
-    """Validate the (rollout id, attempt id) pairs of a ``heartbeat_many`` (at most `MAX_DEQUEUE_MANY`)."""
-    values = _as_list(attempts, "attempts")
-    if len(values) > MAX_DEQUEUE_MANY:
-        raise ValueError(f"heartbeat_many takes at most {MAX_DEQUEUE_MANY} attempts per request, got {len(values)}")
-    refs: list[tuple[str, str]] = []
-    for value in values:
-        if not isinstance(value, tuple | list) or len(value) != 2:  # pyright: ignore[reportUnknownArgumentType]
-            raise ValueError(f"each attempt must be a (rollout_id, attempt_id) pair, got {value!r}")
-        rollout_id, attempt_id = value  # pyright: ignore[reportUnknownVariableType]
-        refs.append((check_id("rollout_id", rollout_id), check_id("attempt_id", attempt_id)))
-    return refs
 
 
 def check_finish_status(status: Any) -> AttemptStatus:

@@ -45,7 +45,7 @@ class MemoryStore(MemoryRecords):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched); returns them in request order."""
-        reqs = boundary.validate_requests(requests)
+        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
         out: list[Rollout] = []
         with self._lock:
             for req in reqs:
@@ -73,19 +73,12 @@ class MemoryStore(MemoryRecords):
                 out.append(rollout)
         return out
 
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
-        return rollout
-
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
         A retried request with the same ``request_id`` gets the same claim back (answers are kept in memory).
         """
-        if worker_id is not None:
-            boundary.check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + boundary.check_id("request_id", request_id)
+        key = None if request_id is None else "dequeue:" + request_id
         with self._lock:
             if key is not None and key in self._requests:
                 ids = self._requests[key]
@@ -105,8 +98,8 @@ class MemoryStore(MemoryRecords):
 
         A retried request with the same ``request_id`` gets the same claims back (answers are kept in memory).
         """
-        workers = boundary.check_worker_ids(worker_ids)
-        key = None if request_id is None else "dequeue_many:" + boundary.check_id("request_id", request_id)
+        workers = worker_ids  # checked at the boundary (StoreBoundary)
+        key = None if request_id is None else "dequeue_many:" + request_id
         with self._lock:
             if key is not None and key in self._requests:
                 return [
@@ -151,8 +144,6 @@ class MemoryStore(MemoryRecords):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        boundary.check_id("rollout_id", rollout_id)
-        boundary.check_id("attempt_id", attempt_id)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
@@ -163,7 +154,7 @@ class MemoryStore(MemoryRecords):
 
     async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
         """Record a sign of life for several attempts; those no longer running come back unchanged."""
-        refs = boundary.check_attempt_refs(attempts)
+        refs = list(attempts)  # checked by the store boundary
         with self._lock:
             found = [self._get_attempt_locked(rollout_id, attempt_id) for rollout_id, attempt_id in refs]
             t = now()
@@ -197,9 +188,6 @@ class MemoryStore(MemoryRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        boundary.check_id("rollout_id", rollout_id)
-        boundary.check_id("attempt_id", attempt_id)
-        boundary.check_finish_status(status)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
@@ -215,8 +203,6 @@ class MemoryStore(MemoryRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        boundary.check_id("rollout_id", rollout_id)
-        boundary.check_id("attempt_id", attempt_id)
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             rollout = self._rollouts[rollout_id]
@@ -232,7 +218,6 @@ class MemoryStore(MemoryRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             rollout = self._get_rollout_locked(rollout_id)
             if rollout.status == "cancelled":
@@ -284,7 +269,6 @@ class MemoryStore(MemoryRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             return self._get_rollout_locked(rollout_id)
 
@@ -292,8 +276,8 @@ class MemoryStore(MemoryRecords):
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = boundary.check_statuses(status)
-        ids = None if rollout_ids is None else set(boundary.validate_ids(rollout_ids, "rollout_ids"))
+        statuses = status
+        ids = None if rollout_ids is None else set(rollout_ids)
         with self._lock:
             rollouts = [
                 r
@@ -304,14 +288,13 @@ class MemoryStore(MemoryRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        boundary.check_id("rollout_id", rollout_id)
         with self._lock:
             self._get_rollout_locked(rollout_id)
             return list(self._attempts[rollout_id])
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
         """Wait until the rollouts reach a terminal status or ``timeout`` seconds pass; returns the finished ones."""
-        ids = boundary.validate_ids(rollout_ids, "rollout_ids")
+        ids = rollout_ids
         with self._lock:
             for rollout_id in ids:
                 self._get_rollout_locked(rollout_id)

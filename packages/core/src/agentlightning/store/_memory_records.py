@@ -21,16 +21,15 @@ from agentlightning._models import (
     Span,
     now,
 )
-from agentlightning.store import _common as boundary
 from agentlightning.store._base import (
     NotFoundError,
     RetryPolicy,
     StoreStats,
 )
+from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
-    check_id,
 )
 from agentlightning.store._query import (
     AttemptFacts,
@@ -49,7 +48,7 @@ __all__ = ["MemoryRecords"]
 _REQUEST_MEMORY_SIZE = 100_000
 
 
-class MemoryRecords:
+class MemoryRecords(StoreBoundary):
     """The state and the appended records of a `MemoryStore` (its base class; use `MemoryStore`).
 
     Args:
@@ -114,8 +113,8 @@ class MemoryRecords:
         Raises `NotFoundError` for a span of an attempt the store did not start. A retried request with the same
         ``request_id`` gets the count of the first one.
         """
-        batch = boundary.validate_spans(spans)
-        key = None if request_id is None else "spans:" + check_id("request_id", request_id)
+        batch = spans  # validated at the boundary (StoreBoundary), as every argument below
+        key = None if request_id is None else "spans:" + request_id
         added = 0
         with self._lock:
             if key is not None and key in self._requests:
@@ -139,9 +138,6 @@ class MemoryRecords:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        check_id("rollout_id", rollout_id)
-        if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
         with self._lock:
             spans = [
                 s for s in self._spans.get(rollout_id, {}).values() if attempt_id is None or s.attempt_id == attempt_id
@@ -156,8 +152,8 @@ class MemoryRecords:
 
         Raises `NotFoundError` for a call of an attempt the store did not start; ``request_id`` as in `add_spans`.
         """
-        batch = boundary.validate_calls(calls)
-        key = None if request_id is None else "calls:" + check_id("request_id", request_id)
+        batch = calls
+        key = None if request_id is None else "calls:" + request_id
         added = 0
         with self._lock:
             if key is not None and key in self._requests:
@@ -176,9 +172,6 @@ class MemoryRecords:
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        check_id("rollout_id", rollout_id)
-        if attempt_id is not None:
-            check_id("attempt_id", attempt_id)
         with self._lock:
             calls = [
                 c
@@ -192,7 +185,7 @@ class MemoryRecords:
 
     async def add_resources(self, resources: Resources) -> Resources:
         """Store a new resources version; returns it with its assigned version."""
-        res = boundary.validate_resources(resources)
+        res = resources
         with self._lock:
             existing = self._resources.get(res.resources_id)
             if existing is not None:
@@ -208,7 +201,6 @@ class MemoryRecords:
         with self._lock:
             if resources_id is None:
                 return self._latest
-            check_id("resources_id", resources_id)
             found = self._resources.get(resources_id)
             if found is None:
                 raise NotFoundError(f"resources {resources_id!r} not found")
@@ -237,7 +229,7 @@ class MemoryRecords:
 
     async def list_rollouts(self, query: RolloutQuery | None = None) -> RolloutPage:
         """A page of rollout summaries matching ``query``, newest first, with the total number of matches."""
-        query = RolloutQuery.model_validate(query if query is not None else {})
+        query = query or RolloutQuery()  # the boundary passes a validated query
         at = now()
         with self._lock:
             served: dict[str, set[int]] = {}
@@ -255,7 +247,7 @@ class MemoryRecords:
 
     async def run_stats(self, query: RunStatsQuery | None = None) -> RunStats:
         """Counts per status, reward and success rate per (model version, mode), and recent throughput."""
-        query = RunStatsQuery.model_validate(query if query is not None else {})
+        query = query or RunStatsQuery()
         at = now()
         with self._lock:
             counts = dict.fromkeys(ALL_ROLLOUT_STATUSES, 0)

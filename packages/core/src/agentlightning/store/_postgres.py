@@ -30,15 +30,8 @@ from agentlightning._models import (
 )
 from agentlightning.store._base import RELEASED, ConflictError, NotFoundError, RolloutRequest
 from agentlightning.store._common import (
-    check_attempt_refs,
-    check_finish_status,
-    check_id,
-    check_statuses,
-    check_worker_ids,
     rollout_status_after,
     timed_out_status,
-    validate_ids,
-    validate_requests,
     wait_until_finished,
 )
 from agentlightning.store._postgres_records import REQUEST_MEMORY_SECONDS, PostgresRecords
@@ -194,7 +187,7 @@ class PostgresStore(PostgresRecords):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = validate_requests(requests)
+        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
         order: list[str] = []
         for req in reqs:
@@ -232,20 +225,13 @@ class PostgresStore(PostgresRecords):
         cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM agl_rollouts WHERE {where} ORDER BY seq", params)
         return [rollout_from_row(row) for row in cursor]
 
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
-        return rollout
-
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
         With a ``request_id``, the claim is remembered in the database in the same statement: a retried
         request (same id) gets the same rollout and attempt back, through any server sharing the database.
         """
-        if worker_id is not None:
-            check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+        key = None if request_id is None else "dequeue:" + request_id
         if now() > self._no_timeout_before:  # an attempt may have timed out (of any server): end it first
             await self.check_timeouts()
         unique_violation = self._psycopg.errors.UniqueViolation
@@ -285,8 +271,8 @@ class PostgresStore(PostgresRecords):
         With a ``request_id``, the claims are remembered in the same transaction: a retried request gets the same
         claims back through any server sharing the database (two tries racing: the second one replays the first).
         """
-        workers = check_worker_ids(worker_ids)
-        key = None if request_id is None else "dequeue_many:" + check_id("request_id", request_id)
+        workers = worker_ids  # checked at the boundary (StoreBoundary)
+        key = None if request_id is None else "dequeue_many:" + request_id
         if not workers:
             return []
         if now() > self._no_timeout_before:
@@ -345,8 +331,6 @@ class PostgresStore(PostgresRecords):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
 
         def write(conn: Any) -> Attempt:
             row = conn.execute(
@@ -363,7 +347,7 @@ class PostgresStore(PostgresRecords):
 
     async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
         """Record a sign of life for several attempts in one transaction; those not running come back unchanged."""
-        refs = check_attempt_refs(attempts)
+        refs = list(attempts)  # checked by the store boundary
 
         def write(conn: Any) -> list[Attempt]:
             t = now()
@@ -384,9 +368,6 @@ class PostgresStore(PostgresRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
-        check_finish_status(status)
         if error is not None and not isinstance(cast(Any, error), str):
             raise ValueError(f"error must be a string or None, got {type(error).__name__}")
 
@@ -408,8 +389,6 @@ class PostgresStore(PostgresRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
 
         def write(conn: Any) -> Rollout:
             current = self._get_rollout(conn, rollout_id, lock=True)
@@ -427,7 +406,6 @@ class PostgresStore(PostgresRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        check_id("rollout_id", rollout_id)
 
         def write(conn: Any) -> Rollout:
             rollout = self._get_rollout(conn, rollout_id, lock=True)
@@ -458,15 +436,13 @@ class PostgresStore(PostgresRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        check_id("rollout_id", rollout_id)
         return await self._read(self._get_rollout, rollout_id)
 
     async def query_rollouts(
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = check_statuses(status)
-        ids = None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids")
+        statuses, ids = status, rollout_ids
         clauses: list[str] = []
         params: list[Any] = []
         if statuses is not None:
@@ -479,7 +455,6 @@ class PostgresStore(PostgresRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        check_id("rollout_id", rollout_id)
 
         def read(conn: Any) -> list[Attempt]:
             self._get_rollout(conn, rollout_id)
@@ -496,7 +471,7 @@ class PostgresStore(PostgresRecords):
         Changes made through this object wake the waiter at once; changes made through other servers are seen
         within ``poll_interval``.
         """
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = rollout_ids
 
         def check_known(conn: Any) -> None:
             cursor = conn.execute("SELECT rollout_id FROM agl_rollouts WHERE rollout_id = ANY(%s)", (ids,))

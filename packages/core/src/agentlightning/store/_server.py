@@ -201,7 +201,17 @@ def _document_routes(document: dict[str, Any]) -> list[Route]:
 
 def store_routes(store: LightningStore) -> list[Route]:
     """The store protocol's routes over ``store``: the one declaration both served and documented."""
-    dequeues = _DequeueMemory()
+    return [
+        *_health_routes(store),
+        *_rollout_routes(store),
+        *_attempt_routes(store),
+        *_record_routes(store),
+        *_resource_routes(store),
+    ]
+
+
+def _health_routes(store: LightningStore) -> list[Route]:
+    """``/healthz``, the retry policy and the counts."""
 
     async def healthz(_: None) -> Answer:
         error: str | None = getattr(store, "storage_error", None)
@@ -214,6 +224,22 @@ def store_routes(store: LightningStore) -> list[Route]:
 
     async def stats(_: None) -> bytes:
         return _dump(await store.stats())
+
+    p = API_PREFIX
+    return [
+        Route("GET", "/healthz", healthz, "healthz",
+              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
+              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
+              tags=("health",), auth=OPEN),
+        Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
+              response=RetryPolicy, tags=("store",)),
+        Route("GET", f"{p}/stats", stats, "stats", "Counts of what is stored.", response=StoreStats, tags=("store",)),
+    ]  # fmt: skip
+
+
+def _rollout_routes(store: LightningStore) -> list[Route]:
+    """Rollouts: get, enqueue, dequeue (one or many), query, cancel, wait."""
+    dequeues = _DequeueMemory()
 
     async def get_rollout(params: dict[str, str]) -> bytes:
         return _dump(await store.get_rollout(params["rollout_id"]))
@@ -263,59 +289,8 @@ def store_routes(store: LightningStore) -> list[Route]:
         rollouts = await store.wait_for_rollouts(body.rollout_ids, timeout=body.timeout)
         return _dump(RolloutsResponse.model_construct(rollouts=rollouts))
 
-    async def heartbeat(body: AttemptRef) -> bytes:
-        return _dump(await store.heartbeat(body.rollout_id, body.attempt_id))
-
-    async def heartbeat_many(body: HeartbeatManyRequest) -> bytes:
-        attempts = await store.heartbeat_many([(ref.rollout_id, ref.attempt_id) for ref in body.attempts])
-        return _dump(AttemptsResponse.model_construct(attempts=attempts))
-
-    async def finish(body: FinishRequest) -> bytes:
-        return _dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
-
-    async def release(body: AttemptRef) -> bytes:
-        return _dump(await store.release_claim(body.rollout_id, body.attempt_id))
-
-    async def query_attempts(body: RolloutRef) -> bytes:
-        return _dump(AttemptsResponse.model_construct(attempts=await store.query_attempts(body.rollout_id)))
-
-    async def check_timeouts(_: None) -> bytes:
-        return _dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
-
-    async def add_spans(body: SpansRequest) -> bytes:
-        if body.request_id is None:
-            return _added_answer(await store.add_spans(body.spans))
-        return _added_answer(await store.add_spans(body.spans, request_id=body.request_id))
-
-    async def query_spans(body: RecordQuery) -> bytes:
-        return _dump(SpansResponse.model_construct(spans=await store.query_spans(body.rollout_id, body.attempt_id)))
-
-    async def add_llm_calls(body: LLMCallsRequest) -> bytes:
-        if body.request_id is None:
-            return _added_answer(await store.add_llm_calls(body.calls))
-        return _added_answer(await store.add_llm_calls(body.calls, request_id=body.request_id))
-
-    async def query_llm_calls(body: RecordQuery) -> bytes:
-        calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
-        return _dump(LLMCallsResponse.model_construct(calls=calls))
-
-    async def add_resources(body: Resources) -> bytes:
-        if "\x00" in body.resources_id:
-            raise ValueError(f"resources_id must not contain NUL characters, got {body.resources_id!r}")
-        return _dump(await store.add_resources(body))
-
-    async def get_resources(body: ResourcesQuery) -> bytes:
-        return _dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
-
     p = API_PREFIX
     return [
-        Route("GET", "/healthz", healthz, "healthz",
-              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
-              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
-              tags=("health",), auth=OPEN),
-        Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
-              response=RetryPolicy, tags=("store",)),
-        Route("GET", f"{p}/stats", stats, "stats", "Counts of what is stored.", response=StoreStats, tags=("store",)),
         Route("GET", f"{p}/rollouts/{{rollout_id:path}}", get_rollout, "get_rollout", "One rollout by id.",
               response=Rollout, errors=_NOT_FOUND, tags=("rollouts",)),
         Route("POST", f"{p}/rollouts/enqueue", enqueue, "enqueue",
@@ -336,6 +311,33 @@ def store_routes(store: LightningStore) -> list[Route]:
         Route("POST", f"{p}/rollouts/wait", wait, "wait",
               "Long-poll until the rollouts finish or ``timeout`` passes; returns the finished ones.",
               body=WaitRequest, response=RolloutsResponse, errors=_NOT_FOUND, tags=("rollouts",)),
+    ]  # fmt: skip
+
+
+def _attempt_routes(store: LightningStore) -> list[Route]:
+    """Attempts: heartbeat, finish, release, query, timeouts."""
+
+    async def heartbeat(body: AttemptRef) -> bytes:
+        return _dump(await store.heartbeat(body.rollout_id, body.attempt_id))
+
+    async def heartbeat_many(body: HeartbeatManyRequest) -> bytes:
+        attempts = await store.heartbeat_many([(ref.rollout_id, ref.attempt_id) for ref in body.attempts])
+        return _dump(AttemptsResponse.model_construct(attempts=attempts))
+
+    async def finish(body: FinishRequest) -> bytes:
+        return _dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
+
+    async def release(body: AttemptRef) -> bytes:
+        return _dump(await store.release_claim(body.rollout_id, body.attempt_id))
+
+    async def query_attempts(body: RolloutRef) -> bytes:
+        return _dump(AttemptsResponse.model_construct(attempts=await store.query_attempts(body.rollout_id)))
+
+    async def check_timeouts(_: None) -> bytes:
+        return _dump(AttemptsResponse.model_construct(attempts=await store.check_timeouts()))
+
+    p = API_PREFIX
+    return [
         Route("POST", f"{p}/attempts/heartbeat", heartbeat, "heartbeat", "Record a sign of life of a running attempt.",
               body=AttemptRef, response=Attempt, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
         Route("POST", f"{p}/attempts/heartbeat_many", heartbeat_many, "heartbeat_many",
@@ -352,6 +354,31 @@ def store_routes(store: LightningStore) -> list[Route]:
         Route("POST", f"{p}/attempts/check_timeouts", check_timeouts, "check_timeouts",
               "Apply heartbeat and rollout timeouts now; returns the attempts that were ended.",
               response=AttemptsResponse, tags=("attempts",)),
+    ]  # fmt: skip
+
+
+def _record_routes(store: LightningStore) -> list[Route]:
+    """Spans and LLM calls: add (a batch) and query."""
+
+    async def add_spans(body: SpansRequest) -> bytes:
+        if body.request_id is None:
+            return _added_answer(await store.add_spans(body.spans))
+        return _added_answer(await store.add_spans(body.spans, request_id=body.request_id))
+
+    async def query_spans(body: RecordQuery) -> bytes:
+        return _dump(SpansResponse.model_construct(spans=await store.query_spans(body.rollout_id, body.attempt_id)))
+
+    async def add_llm_calls(body: LLMCallsRequest) -> bytes:
+        if body.request_id is None:
+            return _added_answer(await store.add_llm_calls(body.calls))
+        return _added_answer(await store.add_llm_calls(body.calls, request_id=body.request_id))
+
+    async def query_llm_calls(body: RecordQuery) -> bytes:
+        calls = await store.query_llm_calls(body.rollout_id, body.attempt_id)
+        return _dump(LLMCallsResponse.model_construct(calls=calls))
+
+    p = API_PREFIX
+    return [
         Route("POST", f"{p}/spans", add_spans, "add_spans",
               "Store a batch of spans (idempotent on rollout, attempt and span id).",
               body=SpansRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
@@ -363,6 +390,20 @@ def store_routes(store: LightningStore) -> list[Route]:
         Route("POST", f"{p}/llm_calls/query", query_llm_calls, "query_llm_calls",
               "LLM calls of a rollout (or one attempt).",
               body=RecordQuery, response=LLMCallsResponse, tags=("records",)),
+    ]  # fmt: skip
+
+
+def _resource_routes(store: LightningStore) -> list[Route]:
+    """Resources versions: add and get."""
+
+    async def add_resources(body: Resources) -> bytes:
+        return _dump(await store.add_resources(body))
+
+    async def get_resources(body: ResourcesQuery) -> bytes:
+        return _dump(ResourcesResponse.model_construct(resources=await store.get_resources(body.resources_id)))
+
+    p = API_PREFIX
+    return [
         Route("POST", f"{p}/resources", add_resources, "add_resources",
               "Store a new resources version (a known ``resources_id`` returns the stored one).",
               body=Resources, response=Resources, tags=("resources",)),

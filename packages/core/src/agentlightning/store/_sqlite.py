@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic_core import from_json
 
@@ -31,15 +31,8 @@ from agentlightning.store._base import (
     RolloutRequest,
 )
 from agentlightning.store._common import (
-    check_attempt_refs,
-    check_finish_status,
-    check_id,
-    check_statuses,
-    check_worker_ids,
     rollout_status_after,
     timed_out_status,
-    validate_ids,
-    validate_requests,
     wait_until_finished,
 )
 from agentlightning.store._sqlite_records import REQUEST_MEMORY_SECONDS, SqliteRecords
@@ -170,7 +163,7 @@ class SqliteStore(SqliteRecords):
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = validate_requests(requests)
+        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
         t = now()
         rows = [
             (
@@ -208,20 +201,13 @@ class SqliteStore(SqliteRecords):
         cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE {where} ORDER BY seq", params)
         return [rollout_from_row(row) for row in cursor]
 
-    async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
-        """Queue one rollout; ``fields`` are those of `RolloutRequest`."""
-        (rollout,) = await self.enqueue_rollouts([RolloutRequest(input=input, **fields)])
-        return rollout
-
     async def dequeue_rollout(self, worker_id: str | None = None, *, request_id: str | None = None) -> Claim | None:
         """Claim the oldest queuing rollout and start an attempt for it, or ``None`` when the queue is empty.
 
         With a ``request_id``, the claim is remembered in the database in the same transaction: a retried
         request (same id) gets the same rollout and attempt back, even after the server restarted.
         """
-        if worker_id is not None:
-            check_id("worker_id", worker_id)
-        key = None if request_id is None else "dequeue:" + check_id("request_id", request_id)
+        key = None if request_id is None else "dequeue:" + request_id
         finished = False
         claim: Claim | None = None
         with self._write as conn:
@@ -244,8 +230,8 @@ class SqliteStore(SqliteRecords):
 
         With a ``request_id``, the claims are remembered in the same transaction (as in `dequeue_rollout`).
         """
-        workers = check_worker_ids(worker_ids)
-        key = None if request_id is None else "dequeue_many:" + check_id("request_id", request_id)
+        workers = worker_ids  # checked at the boundary (StoreBoundary)
+        key = None if request_id is None else "dequeue_many:" + request_id
         finished = False
         claims: list[Claim] = []
         with self._write as conn:
@@ -289,8 +275,6 @@ class SqliteStore(SqliteRecords):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -301,7 +285,7 @@ class SqliteStore(SqliteRecords):
 
     async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
         """Record a sign of life for several attempts in one transaction; those not running come back unchanged."""
-        refs = check_attempt_refs(attempts)
+        refs = list(attempts)  # checked by the store boundary
         out: list[Attempt] = []
         with self._write as conn:
             t = now()
@@ -318,11 +302,6 @@ class SqliteStore(SqliteRecords):
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
-        check_finish_status(status)
-        if error is not None and not isinstance(cast(Any, error), str):
-            raise ValueError(f"error must be a string or None, got {type(error).__name__}")
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -338,8 +317,6 @@ class SqliteStore(SqliteRecords):
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-        check_id("rollout_id", rollout_id)
-        check_id("attempt_id", attempt_id)
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
@@ -358,7 +335,6 @@ class SqliteStore(SqliteRecords):
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-        check_id("rollout_id", rollout_id)
         with self._write as conn:
             rollout = self._get_rollout(conn, rollout_id)
             if rollout.status == "cancelled":
@@ -390,7 +366,6 @@ class SqliteStore(SqliteRecords):
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """One rollout; raises `NotFoundError`."""
-        check_id("rollout_id", rollout_id)
         with self._read as conn:
             return self._get_rollout(conn, rollout_id)
 
@@ -398,8 +373,7 @@ class SqliteStore(SqliteRecords):
         self, status: Sequence[RolloutStatus] | None = None, rollout_ids: Sequence[str] | None = None
     ) -> list[Rollout]:
         """Rollouts filtered by status and/or ids, in enqueue order."""
-        statuses = check_statuses(status)
-        ids = None if rollout_ids is None else validate_ids(rollout_ids, "rollout_ids")
+        statuses, ids = status, rollout_ids
         clauses: list[str] = []
         params: list[Any] = []
         if statuses is not None:
@@ -413,7 +387,6 @@ class SqliteStore(SqliteRecords):
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout in order."""
-        check_id("rollout_id", rollout_id)
         with self._read as conn:
             self._get_rollout(conn, rollout_id)
             cursor = conn.execute(
@@ -427,7 +400,7 @@ class SqliteStore(SqliteRecords):
         Changes made through this object wake the waiter at once; changes made by other processes are seen
         within ``poll_interval``.
         """
-        ids = validate_ids(rollout_ids, "rollout_ids")
+        ids = rollout_ids
         with self._read as conn:
             for rollout_id in ids:
                 self._get_rollout(conn, rollout_id)

@@ -1,16 +1,29 @@
 """Request and response bodies of the served store (``agl store serve``), shared by server and client.
 
 Every body is a frozen pydantic model that rejects unknown fields, so the OpenAPI schema at ``/openapi.json``
-describes exactly what the server accepts and a malformed request fails with a message naming the field.
+describes exactly what the server accepts and a malformed request fails with a message naming the field. Ids follow
+the store's one rule (`agentlightning._models.StoreId`), as at the boundary every backend goes through
+(`agentlightning.store._boundary`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from agentlightning._models import Attempt, AttemptStatus, Claim, LLMCall, Resources, Rollout, RolloutStatus, Span
+from agentlightning._models import (
+    Attempt,
+    AttemptStatus,
+    Claim,
+    LLMCall,
+    RequestId,
+    Resources,
+    Rollout,
+    RolloutStatus,
+    Span,
+    StoreId,
+)
 from agentlightning.store._base import MAX_DEQUEUE_MANY, RolloutRequest
 
 __all__ = [
@@ -48,18 +61,17 @@ API_PREFIX = "/v1"
 MAX_WAIT_SECONDS = 20.0
 """Longest a single ``wait`` long-poll is held open by the server; clients loop for longer waits."""
 
-_ID = Field(min_length=1, max_length=256)
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _no_nul(what: str, values: list[str | None]) -> None:
-    # SQLite and many tools truncate or choke on NUL; an id with one is rejected before it reaches a store.
-    for value in values:
-        if value is not None and "\x00" in value:
-            raise ValueError(f"{what} must not contain NUL characters, got {value!r}")
+def _no_nul(value: str | None) -> str | None:
+    # No database column can hold NUL (PostgreSQL refuses it): the same rule as the store boundary's.
+    if value is not None and "\x00" in value:
+        raise ValueError("error must not contain NUL characters (\\x00); replace them before reporting")
+    return value
 
 
 class ErrorResponse(_Body):
@@ -95,11 +107,6 @@ class EnqueueRequest(_Body):
 
     requests: list[RolloutRequest] = Field(max_length=100_000)
 
-    @model_validator(mode="after")
-    def _check_ids(self) -> EnqueueRequest:
-        _no_nul("ids", [v for r in self.requests for v in (r.rollout_id, r.group_id, r.resources_id)])
-        return self
-
 
 class RolloutsResponse(_Body):
     """A list of rollouts."""
@@ -117,8 +124,8 @@ class DequeueRequest(_Body):
             loses a claim.
     """
 
-    worker_id: str | None = Field(default=None, max_length=256)
-    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    worker_id: StoreId | None = None
+    request_id: RequestId | None = None
 
 
 class DequeueResponse(_Body):
@@ -135,8 +142,8 @@ class DequeueManyRequest(_Body):
         request_id: As in `DequeueRequest`: a retried request gets the same claims back.
     """
 
-    worker_ids: list[Annotated[str, Field(max_length=256)] | None] = Field(max_length=MAX_DEQUEUE_MANY)
-    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    worker_ids: list[StoreId | None] = Field(max_length=MAX_DEQUEUE_MANY)
+    request_id: RequestId | None = None
 
 
 class DequeueManyResponse(_Body):
@@ -148,30 +155,30 @@ class DequeueManyResponse(_Body):
 class AttemptRef(_Body):
     """Names one attempt."""
 
-    rollout_id: str = _ID
-    attempt_id: str = _ID
+    rollout_id: StoreId
+    attempt_id: StoreId
 
 
 class FinishRequest(_Body):
     """End an attempt with a terminal status."""
 
-    rollout_id: str = _ID
-    attempt_id: str = _ID
+    rollout_id: StoreId
+    attempt_id: StoreId
     status: AttemptStatus
-    error: str | None = None
+    error: Annotated[str | None, AfterValidator(_no_nul)] = None
 
 
 class RolloutRef(_Body):
     """Names one rollout."""
 
-    rollout_id: str = _ID
+    rollout_id: StoreId
 
 
 class QueryRolloutsRequest(_Body):
     """Filter rollouts by status and/or ids (``null`` means no filter)."""
 
     status: list[RolloutStatus] | None = None
-    rollout_ids: list[str] | None = None
+    rollout_ids: list[StoreId] | None = None
 
 
 class HeartbeatManyRequest(_Body):
@@ -189,7 +196,7 @@ class AttemptsResponse(_Body):
 class WaitRequest(_Body):
     """Long-poll until the rollouts finish; the server holds the request at most `MAX_WAIT_SECONDS`."""
 
-    rollout_ids: list[str] = Field(max_length=100_000)
+    rollout_ids: list[StoreId] = Field(max_length=100_000)
     timeout: float = Field(default=MAX_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS)
 
 
@@ -202,12 +209,7 @@ class SpansRequest(_Body):
     """
 
     spans: list[Span] = Field(max_length=100_000)
-    request_id: str | None = Field(default=None, min_length=1, max_length=128)
-
-    @model_validator(mode="after")
-    def _check_ids(self) -> SpansRequest:
-        _no_nul("ids", [v for s in self.spans for v in (s.rollout_id, s.attempt_id)])
-        return self
+    request_id: RequestId | None = None
 
 
 class SpansResponse(_Body):
@@ -220,12 +222,7 @@ class LLMCallsRequest(_Body):
     """A batch of LLM-proxy records, validated as a whole (``request_id`` as in `SpansRequest`)."""
 
     calls: list[LLMCall] = Field(max_length=100_000)
-    request_id: str | None = Field(default=None, min_length=1, max_length=128)
-
-    @model_validator(mode="after")
-    def _check_ids(self) -> LLMCallsRequest:
-        _no_nul("ids", [v for c in self.calls for v in (c.call_id, c.rollout_id, c.attempt_id)])
-        return self
+    request_id: RequestId | None = None
 
 
 class LLMCallsResponse(_Body):
@@ -243,14 +240,14 @@ class AddedResponse(_Body):
 class RecordQuery(_Body):
     """Spans or LLM calls of a rollout, optionally of one attempt."""
 
-    rollout_id: str = _ID
-    attempt_id: str | None = Field(default=None, min_length=1, max_length=256)
+    rollout_id: StoreId
+    attempt_id: StoreId | None = None
 
 
 class ResourcesQuery(_Body):
     """Resources by id, or the latest when ``resources_id`` is ``null``."""
 
-    resources_id: str | None = Field(default=None, min_length=1, max_length=256)
+    resources_id: StoreId | None = None
 
 
 class ResourcesResponse(_Body):

@@ -25,9 +25,10 @@ closed). Backends that several processes can share set ``supports_processes`` an
 ``reopen_spec() -> (cls, kwargs)`` so a worker process can open the same store with ``cls(**kwargs)``.
 
 The suite uses only the public protocol, so the same tests run against an HTTP client and a server.
-Its tests come in four parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
-lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`) and the exact round trip
-of every field of spans and LLM calls (`RecordRoundTripTests`).
+Its tests come in parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
+lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`), the exact round trip
+of every field of spans and LLM calls (`RecordRoundTripTests`) and the refusal of bad input, the same on every
+backend (`RefusalConformanceTests`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import pytest
-from pydantic import ValidationError
 
 from agentlightning._models import LLMCall, Resources, Span, ValueResource
 from agentlightning.store._base import (
+    InvalidRequestError,
     LightningStore,
     NotFoundError,
     RetryPolicy,
@@ -54,6 +55,7 @@ from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_claims import ClaimConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
 from agentlightning.testing._store_kit_records import RecordRoundTripTests
+from agentlightning.testing._store_kit_refusals import RefusalConformanceTests
 
 __all__ = ["StoreConformanceTests", "StoreFactory", "make_call", "make_span"]
 
@@ -114,7 +116,12 @@ def _process_dequeue_worker(spec: tuple[type, dict[str, Any]], results: Any) -> 
 
 
 class StoreConformanceTests(
-    AttemptConformanceTests, ClaimConformanceTests, DashboardConformanceTests, RecordRoundTripTests, KitGuard
+    AttemptConformanceTests,
+    ClaimConformanceTests,
+    DashboardConformanceTests,
+    RecordRoundTripTests,
+    RefusalConformanceTests,
+    KitGuard,
 ):
     """Shared semantics of `LightningStore`; subclass and provide ``store_factory``."""
 
@@ -189,7 +196,7 @@ class StoreConformanceTests(
             await store.get_rollout("no-such-rollout")
 
     async def test_bad_enqueue_request_changes_nothing(self, store: LightningStore) -> None:
-        with pytest.raises((ValidationError, ValueError), match="mode"):
+        with pytest.raises(InvalidRequestError, match="mode"):
             await store.enqueue_rollouts(
                 [RolloutRequest(rollout_id="ok-1"), {"rollout_id": "bad", "mode": "nonsense"}]  # pyright: ignore[reportArgumentType]
             )
@@ -215,13 +222,13 @@ class StoreConformanceTests(
     )
     async def test_unroutable_id_refused_at_enqueue(self, store: LightningStore, field: str, value: str) -> None:
         """One rule for every id a store keeps: what no URL or dashboard filter can name never gets in."""
-        with pytest.raises(ValidationError, match=field):
+        with pytest.raises(InvalidRequestError, match=field):
             await store.enqueue_rollouts([RolloutRequest(rollout_id="ok-1"), {"rollout_id": "ok-2", field: value}])  # pyright: ignore[reportArgumentType]
-        with pytest.raises(ValidationError, match=field):
+        with pytest.raises(InvalidRequestError, match=field):
             await store.enqueue_rollout("task", **{"rollout_id": "ok-3", field: value})
         assert await store.query_rollouts() == []
         if field == "resources_id":
-            with pytest.raises(ValidationError, match=field):
+            with pytest.raises(InvalidRequestError, match=field):
                 await store.add_resources({"resources_id": value, "items": {}})  # pyright: ignore[reportArgumentType]
             assert await store.get_resources() is None
 
@@ -273,7 +280,7 @@ class StoreConformanceTests(
         good = [make_span(rid, aid, i).model_dump() for i in range(3)]
         bad = make_span(rid, aid, 3).model_dump()
         bad["span_id"] = "not-hex"
-        with pytest.raises(ValidationError, match="span_id"):
+        with pytest.raises(InvalidRequestError, match="span_id"):
             await store.add_spans([*good, bad])  # pyright: ignore[reportArgumentType]
         assert await store.query_spans(rid) == []
         assert (await store.stats()).spans == 0
@@ -291,7 +298,7 @@ class StoreConformanceTests(
         assert await store.query_llm_calls(rid, "nope") == []
         bad = make_call(rid, aid, 9, 1.0).model_dump()
         bad["response_logprobs"] = [0.0]
-        with pytest.raises(ValidationError, match="response_logprobs"):
+        with pytest.raises(InvalidRequestError, match="response_logprobs"):
             await store.add_llm_calls([make_call(rid, aid, 8, 1.0), bad])  # pyright: ignore[reportArgumentType]
         assert len(await store.query_llm_calls(rid)) == 3
 
@@ -309,7 +316,7 @@ class StoreConformanceTests(
         picked = await store.query_rollouts(rollout_ids=["q-3", "q-0", "unknown"])
         assert [r.rollout_id for r in picked] == ["q-0", "q-3"]
         assert await store.query_rollouts(status=["queuing"], rollout_ids=["q-0"]) == []
-        with pytest.raises((ValueError, ValidationError)):
+        with pytest.raises(InvalidRequestError):
             await store.query_rollouts(status=["sleeping"])  # pyright: ignore[reportArgumentType]
 
     # ---------------------------------------------------------------- resources

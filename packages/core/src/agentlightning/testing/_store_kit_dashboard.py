@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
-from pydantic import ValidationError
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Resources, Span
-from agentlightning.store._base import LightningStore, RetryPolicy, RolloutRequest
+from agentlightning.store._base import InvalidRequestError, LightningStore, RetryPolicy, RolloutRequest
 from agentlightning.store._query import RolloutQuery, RunStatsQuery
 
 __all__ = ["DashboardConformanceTests", "make_reward_span"]
@@ -116,11 +115,11 @@ class DashboardConformanceTests:
         assert counted.total == 4 and len(counted.rollouts) == 1
 
     async def test_list_rollouts_rejects_bad_queries(self, store: LightningStore) -> None:
-        with pytest.raises((ValidationError, ValueError)):
+        with pytest.raises(InvalidRequestError):
             await store.list_rollouts({"limit": 0})  # pyright: ignore[reportArgumentType]
-        with pytest.raises((ValidationError, ValueError)):
+        with pytest.raises(InvalidRequestError):
             await store.list_rollouts({"status": ["nonsense"]})  # pyright: ignore[reportArgumentType]
-        with pytest.raises((ValidationError, ValueError)):
+        with pytest.raises(InvalidRequestError):
             await store.list_rollouts({"unknown": 1})  # pyright: ignore[reportArgumentType]
 
     async def test_final_reward_is_the_last_final_reward_span(self, store: LightningStore) -> None:

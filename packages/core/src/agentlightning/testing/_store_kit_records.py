@@ -83,6 +83,8 @@ def round_trip_calls(rollout_id: str, attempt_id: str) -> list[LLMCall]:
             model="toy",
             model_version=3,
             backend="inproc://backend-7",
+            policy="solver-lora",
+            agent_name="solver ✓",
             start_time=1_700_000_000.123_456_7,
             end_time=1_700_000_001.000_000_1,
             error=None,

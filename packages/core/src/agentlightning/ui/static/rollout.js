@@ -114,7 +114,8 @@ function chat(calls, verdicts) {
     const answer = choice && (choice.message || { role: "assistant", content: choice.text });
     const meta = [
       `call ${i + 1}`,
-      verdict && verdict.agent_name ? `agent ${verdict.agent_name}` : null,
+      verdict && verdict.agent_name ? `agent ${verdict.agent_name}` : call.agent_name ? `agent ${call.agent_name}` : null,
+      call.policy ? `policy ${call.policy}` : null,
       `prompt ${call.prompt_token_ids.length || usage.prompt_tokens || 0} tokens`,
       `response ${call.response_token_ids.length || usage.completion_tokens || 0} tokens`,
       `backend ${call.backend || "—"}`,
@@ -137,7 +138,7 @@ function transitionsTable(result) {
     h("td", { class: "num" }, t.step_index), h("td", {}, t.agent_name || "—"),
     h("td", {}, badge(t.in_batch ? "trained" : "not trained", t.in_batch ? "trained" : "filtered")),
     h("td", { class: "num" }, t.prompt_tokens), h("td", { class: "num" }, `${t.trained_tokens}/${t.response_tokens}`),
-    h("td", { class: "num" }, fmtNum(t.reward)), h("td", { class: "num" }, fmtNum(t.final_reward)),
+    h("td", { class: "num" }, fmtNum(t.intermediate_reward)), h("td", { class: "num" }, fmtNum(t.final_reward)),
     h("td", { class: "num" }, fmtNum(t.credit)), h("td", { class: "num" }, fmtNum(t.advantage, 4)),
     h("td", { class: "num" }, t.model_version ?? "—"), h("td", { class: "note" }, t.note || "")));
   const verdicts = result.calls.filter((c) => !c.trained).map((c) => h("li", {},

@@ -6,6 +6,9 @@ left, the attention mask hides the padding, position ids are kept per row). `ste
 row; rows that finish leave the batch and the cache at once, and cache columns that only padding still uses are
 dropped, so the cache is ``rows x longest live row`` wide. `evict` takes rows out (their cache dropped) so a caller
 can keep the cache under a token bound; an evicted sequence keeps its tokens and resumes by re-prefilling them.
+
+With LoRA adapters (a peft model, `lora` on), every forward names each row's adapter (peft's mixed batch), so rows of
+different policies decode in one step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from agentlightning_torch._adapters import BASE_ADAPTER
 from agentlightning_torch._generate import FinishReason, GenerationResult, SamplingParams
 
 __all__ = ["DecodeBatch", "RunningSequence", "TokenCallback"]
@@ -38,6 +42,7 @@ class RunningSequence:
         result: What it generated so far.
         generator: Its own random generator when the request carries a seed.
         tag: Whatever the owner attaches (the backend keeps its request here).
+        adapter: The LoRA adapter that generates it (``None``: the base model); rows of one step may differ.
     """
 
     prompt_ids: list[int]
@@ -48,6 +53,7 @@ class RunningSequence:
     result: GenerationResult = field(default_factory=GenerationResult)
     generator: torch.Generator | None = None
     tag: Any = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
@@ -105,6 +111,8 @@ class DecodeBatch:
         generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
+        self.lora = hasattr(model, "peft_config")
+        """Whether the model serves LoRA adapters (set again by the owner when it wraps the model)."""
         self.pad_token_id = pad_token_id
         self.decode = decode
         self.generator = generator
@@ -160,7 +168,12 @@ class DecodeBatch:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **self._adapters(sequences),
         ).logits[:, -1, :]
         tokens, keep, finished = self._advance(list(sequences), logits)
         if keep:
@@ -216,6 +229,7 @@ class DecodeBatch:
             position_ids=self._positions[:, None],
             past_key_values=self._cache,
             use_cache=True,
+            **self._adapters(self.rows),
         ).logits[:, -1, :]
         self._mask, self._positions = mask, self._positions + 1
         tokens, keep, finished = self._advance(self.rows, logits)
@@ -223,6 +237,12 @@ class DecodeBatch:
         if len(keep) < len(self.rows):
             self._select(keep)
         return finished
+
+    def _adapters(self, rows: Sequence[RunningSequence]) -> dict[str, Any]:
+        """The forward's per-row adapter names (peft's mixed batch); nothing for a model without adapters."""
+        if not self.lora:
+            return {}
+        return {"adapter_names": [row.adapter or BASE_ADAPTER for row in rows]}
 
     def evict(self, count: int) -> list[RunningSequence]:
         """Take the ``count`` most recently joined rows out (their cache is dropped); returns them to resume later."""

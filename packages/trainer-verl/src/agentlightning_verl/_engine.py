@@ -1,12 +1,12 @@
-"""`VerlAlgorithm`: verl (Ray, FSDP, vLLM or a local stand-in) as an engine behind Agent Lightning's `RLLoop`.
+"""`VerlEngine`: verl (Ray, FSDP, vLLM or a local stand-in) as an engine behind Agent Lightning's `RLLoop`.
 
 The RL step is core's `agentlightning.RLLoop` (rollouts pinned to the served version → wait, cancel late ones →
 pause the proxy, flush → transitions + LightningRL credit → ``update`` → ``sync_weights(version + 1)`` → publish →
-resume). This module is the engine: ``update`` converts the `TrainingBatch` with `to_data_proto`, recomputes
-``old_log_probs`` (and entropy) with verl's actor, (PPO) values with the critic, advantages with verl's
-``compute_advantage``, then updates critic and actor; ``sync_weights`` pushes the new weights into the rollout
-servers through `RolloutServing` (vLLM's checkpoint engine or a local server); ``save_state``/``load_state`` are
-verl's own actor/critic checkpoints.
+resume); `VerlTrainer` is that loop with a `VerlEngine` built from one `VerlTrainerConfig`. The engine: ``update``
+converts the `TrainingBatch` with `to_data_proto`, recomputes ``old_log_probs`` (and entropy) with verl's actor,
+(PPO) values with the critic, advantages with verl's ``compute_advantage``, then updates critic and actor;
+``sync_weights`` pushes the new weights into the rollout servers through `RolloutServing` (vLLM's checkpoint engine
+or a local server); ``save_state``/``load_state`` are verl's own actor/critic checkpoints.
 
 The verl side sits behind the small `VerlBackend` protocol: `RayVerlBackend` (Ray worker groups on GPUs or on the
 CPU platform) or `LocalVerlBackend` (one in-process actor, no serving).
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentlightning import Algorithm, Engine, IterationReport, LightningStore, LoopConfig, RLLoop, TrainingBatch
+from agentlightning import Engine, IterationReport, LoopConfig, RLLoop, TrainingBatch
 from agentlightning_verl._config import VerlTrainerConfig
 from agentlightning_verl._convert import to_data_proto
 
@@ -28,13 +28,13 @@ if TYPE_CHECKING:
     from verl import DataProto
 
 
-__all__ = ["VerlAlgorithm", "VerlBackend"]
+__all__ = ["VerlBackend", "VerlEngine", "VerlTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
 class VerlBackend(Protocol):
-    """What `VerlAlgorithm` needs from verl; `RayVerlBackend` is the real one, `LocalVerlBackend` a one-process one."""
+    """What `VerlEngine` needs from verl; `RayVerlBackend` is the real one, `LocalVerlBackend` a one-process one."""
 
     def rollout_addresses(self) -> list[str]:
         """OpenAI-compatible base URLs of the inference servers (the LLM proxy's backends)."""
@@ -73,37 +73,33 @@ class VerlBackend(Protocol):
         ...
 
 
-class VerlAlgorithm(Engine, Algorithm):
-    """Train the model behind the LLM proxy with verl (GRPO, RLOO, REINFORCE++ or PPO).
+class VerlEngine(Engine):
+    """Train the model behind the LLM proxy with verl (GRPO, RLOO, REINFORCE++ or PPO): an `Engine` for `RLLoop`.
 
-    It is an `Engine` driven by its own `RLLoop` (``algorithm.loop``); `run`, `train_iteration`, `evaluate`,
-    `start` and `stop` are the loop's (it owns the LLM proxy, the published resources, metrics and checkpoints).
+    Train it with ``agentlightning.RLLoop(config.loop_config(), VerlEngine(config))``, or build both at once with
+    `VerlTrainer`.
 
     Args:
         config: Validated settings (`VerlTrainerConfig`).
         backend: A `VerlBackend`; by default a `RayVerlBackend` (GPUs, vLLM) is built on first use. A backend passed
-            in stays the caller's: `stop` does not shut it down.
-        loop: The loop's settings; default ``config.loop_config()`` (pass ``config.loop_config(output_dir=...,
-            checkpoint_every=..., resume=True)`` to change them).
-        on_iteration: Called with every training iteration's report.
+            in stays the caller's: stopping the loop does not shut it down.
     """
 
     serves_during_update = False
     """The colocated vLLM servers sleep while verl updates (they give the accelerator to the actor) and verl's PPO
     anchor is the actor's own recomputed log-probs, so ``LoopConfig.max_staleness=1`` is refused."""
 
-    def __init__(
-        self,
-        config: VerlTrainerConfig,
-        *,
-        backend: VerlBackend | None = None,
-        loop: LoopConfig | None = None,
-        on_iteration: Callable[[IterationReport], None] | None = None,
-    ) -> None:
+    policies_unsupported = (
+        "verl trains one actor model (no per-agent LoRA adapters yet; see the trainer-verl README, 'Several policies')"
+    )
+    """``LoopConfig.policies`` is refused: see the README for what per-policy adapters would take in verl."""
+
+    def __init__(self, config: VerlTrainerConfig, *, backend: VerlBackend | None = None) -> None:
         self.config = config
         self._backend = backend
         self._sync_metrics: dict[str, float] = {}
-        self.loop = RLLoop(loop or config.loop_config(), self, on_iteration=on_iteration)
+        self.steps = 0
+        """verl updates this engine applied (verl's ``global_step`` bookkeeping in its checkpoints)."""
 
     @property
     def backend(self) -> VerlBackend:
@@ -114,57 +110,17 @@ class VerlAlgorithm(Engine, Algorithm):
             self._backend = RayVerlBackend(self.config)
         return self._backend
 
-    # ----- the loop's API ------------------------------------------------------------------------------------
-
-    @property
-    def iteration(self) -> int:
-        """Training steps completed."""
-        return self.loop.iteration
-
-    @property
-    def model_version(self) -> int:
-        """The version of the weights being served."""
-        return self.loop.model_version
-
-    @property
-    def history(self) -> list[IterationReport]:
-        """Reports of the training steps so far."""
-        return self.loop.history
-
-    async def start(self, store: LightningStore) -> None:
-        """Restore a checkpoint (``resume``), serve the actor's weights, start the LLM proxy, publish the policy."""
-        await self.loop.start(store)
-
-    async def stop(self) -> None:
-        """Stop the LLM proxy (the verl backend keeps running)."""
-        await self.loop.stop()
-
-    async def run(
-        self, store: LightningStore, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
-    ) -> None:
-        """Train for ``config.total_steps`` steps (the loop's ``iterations``) on ``train_tasks``.
-
-        Raises:
-            ValueError: ``train_tasks`` is empty.
-            ImportError: The GPU stack is missing (see `GPU_INSTALL_HINT`).
-        """
-        await self.loop.run(store, train_tasks, val_tasks)
-
-    async def train_iteration(self, store: LightningStore, train_tasks: Sequence[Any]) -> IterationReport:
-        """One step: rollouts → batch → verl update → the servers serve the new weights."""
-        return await self.loop.train_iteration(store, train_tasks)
-
-    async def evaluate(self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True) -> IterationReport:
-        """Run each task once with the current policy (greedy by default); nothing is trained."""
-        return await self.loop.evaluate(store, tasks, greedy=greedy)
-
-    # ----- the engine ------------------------------------------------------------------------------------------
-
     async def start_servers(self, model_version: int) -> list[str]:
         """Serve the actor's current weights as ``model_version``; returns the rollout servers' base URLs."""
         backend = self.backend
         self._sync_metrics.update(await backend.sync_weights(model_version))
         return backend.rollout_addresses()
+
+    async def drain_servers(self, timeout_s: float) -> int:
+        """Stop what the rollout servers still generate for cancelled rollouts (vLLM: verl's abort of every
+        request, admission held until the next sync); returns the requests left (0)."""
+        drain = getattr(self.backend, "drain_rollout", None)  # backends without servers have nothing to drain
+        return 0 if drain is None else int(await drain())
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One verl step on ``batch``: old log-probs, (values), advantages, (critic), actor. Weights are not synced.
@@ -230,6 +186,7 @@ class VerlAlgorithm(Engine, Algorithm):
         if cfg.use_critic:
             metrics.update(backend.update_critic(data))
         metrics.update(backend.update_actor(data))
+        self.steps += 1
         return metrics
 
     async def sync_weights(self, version: int) -> None:
@@ -243,8 +200,37 @@ class VerlAlgorithm(Engine, Algorithm):
 
     def save_state(self, directory: Path) -> None:
         """verl's checkpoints of actor and critic (model, optimizer, scheduler, RNG) into ``directory/verl``."""
-        self.backend.save_checkpoint(directory / "verl", self.loop.iteration)
+        self.backend.save_checkpoint(directory / "verl", self.steps)
 
     def load_state(self, directory: Path) -> None:
         """Restore what `save_state` wrote into the running workers."""
         self.backend.load_checkpoint(directory / "verl")
+
+
+class VerlTrainer(RLLoop[VerlEngine]):
+    """The `RLLoop` of a `VerlEngine`, both built from one `VerlTrainerConfig`.
+
+    Everything loop-side (`run`, `train_iteration`, `evaluate`, `start`, `stop`, `history`, checkpoints, the LLM
+    proxy) is `RLLoop`'s own; everything verl-side is on ``trainer.engine`` (``backend``, ``update``...). `stop`
+    stops the LLM proxy; the verl backend keeps running.
+
+    Args:
+        config: Validated settings (`VerlTrainerConfig`); ``config.total_steps`` is the loop's ``iterations``.
+        backend: A `VerlBackend` for the engine (default: a `RayVerlBackend`, built on first use).
+        loop: The loop's settings; default ``config.loop_config()`` (pass ``config.loop_config(output_dir=...,
+            checkpoint_every=..., resume=True)`` to change them).
+        on_iteration: Called with every training iteration's report.
+
+    Raises:
+        ValueError: ``loop.max_staleness`` is 1 (verl's engine does not serve during an update).
+    """
+
+    def __init__(
+        self,
+        config: VerlTrainerConfig,
+        *,
+        backend: VerlBackend | None = None,
+        loop: LoopConfig | None = None,
+        on_iteration: Callable[[IterationReport], None] | None = None,
+    ) -> None:
+        super().__init__(loop or config.loop_config(), VerlEngine(config, backend=backend), on_iteration=on_iteration)

@@ -1,0 +1,168 @@
+"""Several policies on one base model: one LoRA adapter per trained policy, each with its own optimizer.
+
+A multi-policy run (`agentlightning.PolicyMap`) trains one adapter per policy that is not `agentlightning.FROZEN`.
+`PolicyAdapters` holds them on one peft model: an update splits the batch by each sample's policy and runs one PPO
+update per policy with samples, with only that adapter active and trainable and only its own optimizer stepping, so
+the other adapters' weights stay bit-identical. A policy with no samples in an iteration is skipped and counted.
+Metrics come per policy (``policy/<name>/<metric>``). Checkpoints hold every adapter as its own ``save_pretrained``
+folder (``adapters/<name>/``: loadable by peft and by vLLM's ``--lora-modules``) plus each optimizer's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentlightning import FROZEN, TrainingBatch, TrainingSample
+from agentlightning_torch._ppo import LoraSettings, PPOConfig, ppo_update
+
+__all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric"]
+
+logger = logging.getLogger(__name__)
+
+ADAPTERS_FOLDER = "adapters"
+"""A multi-policy checkpoint's folder of adapters: one ``save_pretrained`` folder per policy under it."""
+
+_OPTIMIZERS_FILE = "policy_optimizers.pt"
+
+
+def policy_metric(policy: str, name: str) -> str:
+    """The metrics key of one policy's metric (``policy/writer/reward_mean``)."""
+    return f"policy/{policy}/{name}"
+
+
+def _lora_config(settings: LoraSettings) -> Any:
+    try:
+        from peft import LoraConfig
+    except ImportError as error:
+        raise ImportError("LoRA policies need peft: pip install 'agentlightning-torch[lora]'") from error
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+class PolicyAdapters:
+    """The trained policies of a run: one LoRA adapter each on one shared base model.
+
+    Args:
+        model: The base model (wrapped in place: its layers get the adapters).
+        policies: The trained policies' names (`agentlightning.PolicyMap.trained`), at least one.
+        settings: Rank, alpha and target modules of every adapter.
+        ppo: The update settings (each adapter's AdamW takes its lr, betas and weight decay).
+
+    Raises:
+        ValueError: No policy, a repeated one, or `agentlightning.FROZEN` among them.
+    """
+
+    def __init__(self, model: torch.nn.Module, policies: Sequence[str], settings: LoraSettings, ppo: PPOConfig) -> None:
+        from peft import get_peft_model
+
+        names = list(policies)
+        if not names or len(set(names)) != len(names) or FROZEN in names:
+            raise ValueError(f"PolicyAdapters needs distinct trained policies (not {FROZEN!r}), got {names}")
+        self.names = names
+        self.ppo = ppo
+        peft_model: Any = get_peft_model(model, _lora_config(settings), adapter_name=names[0])  # type: ignore[arg-type]
+        for name in names[1:]:
+            peft_model.add_adapter(name, _lora_config(settings))
+        self.model: Any = peft_model
+        self.optimizers = {
+            name: torch.optim.AdamW(self.parameters(name), lr=ppo.lr, betas=ppo.betas, weight_decay=ppo.weight_decay)
+            for name in names
+        }
+        self.skipped: dict[str, int] = dict.fromkeys(names, 0)
+        """Per policy, the iterations it had no samples in (and so was not updated)."""
+        self.updated: list[str] = []
+        """The policies the last `update` changed."""
+
+    def parameters(self, name: str) -> list[torch.nn.Parameter]:
+        """The LoRA weights of adapter ``name`` (what its optimizer steps)."""
+        marker = f".{name}."
+        found = [p for n, p in self.model.named_parameters() if "lora_" in n and marker in n]
+        if not found:
+            raise ValueError(f"no LoRA weights for adapter {name!r}")
+        return found
+
+    def split(self, batch: TrainingBatch) -> dict[str, list[TrainingSample]]:
+        """The batch's samples by policy (samples of `FROZEN` or of an unknown policy under their own key)."""
+        groups: dict[str, list[TrainingSample]] = {}
+        for sample in batch.samples:
+            groups.setdefault(sample.policy or FROZEN, []).append(sample)
+        return groups
+
+    def update(self, batch: TrainingBatch, device: str | torch.device = "cpu") -> dict[str, float]:
+        """One PPO update per policy with samples, each on its own adapter with its own optimizer.
+
+        Returns:
+            Per policy ``policy/<name>/<metric>``: every `ppo_update` metric (``kl``, ``loss``...), ``samples``,
+            ``reward_mean`` (the mean credit of its samples), ``skipped`` (1 when it had no samples) and
+            ``skipped_total``; plus ``policies_updated``, ``policies_skipped`` and ``samples_untrained`` (samples of
+            the frozen base or of a policy that is not trained here).
+        """
+        groups = self.split(batch)
+        metrics: dict[str, float] = {}
+        self.updated = []
+        for name in self.names:
+            samples = groups.pop(name, [])
+            metrics[policy_metric(name, "samples")] = float(len(samples))
+            if not samples:
+                self.skipped[name] += 1
+                metrics[policy_metric(name, "skipped")] = 1.0
+                metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
+                logger.info("policy %s had no samples this iteration: not updated", name)
+                continue
+            self.model.set_adapter(name)  # only this adapter is active and trainable
+            sub = TrainingBatch(samples=samples, metrics={})
+            result = ppo_update(self.model, self.optimizers[name], sub, self.ppo, device)
+            for key, value in result.items():
+                metrics[policy_metric(name, key)] = value
+            metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
+            metrics[policy_metric(name, "skipped")] = 0.0
+            metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
+            self.updated.append(name)
+        metrics["policies_updated"] = float(len(self.updated))
+        metrics["policies_skipped"] = float(len(self.names) - len(self.updated))
+        metrics["samples_untrained"] = float(sum(len(v) for v in groups.values()))
+        return metrics
+
+    def save(self, directory: Path) -> None:
+        """Every adapter as ``adapters/<name>/`` (``save_pretrained``) and every optimizer's state."""
+        self.model.save_pretrained(str(directory / ADAPTERS_FOLDER), selected_adapters=self.names)
+        states = {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
+        torch.save({"optimizers": states, "skipped": dict(self.skipped)}, directory / _OPTIMIZERS_FILE)
+
+    def load(self, directory: Path, device: str | torch.device = "cpu") -> None:
+        """Restore every adapter and optimizer `save` wrote.
+
+        Raises:
+            FileNotFoundError: An adapter or the optimizers' state is missing (another run's checkpoint).
+        """
+        from peft import load_peft_weights, set_peft_model_state_dict
+
+        for name in self.names:
+            folder = self.adapter_folder(directory, name)
+            if not (folder / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"{folder} holds no adapter: the checkpoint has no policy {name!r}")
+            set_peft_model_state_dict(self.model, load_peft_weights(str(folder), device=str(device)), adapter_name=name)
+        state_file = directory / _OPTIMIZERS_FILE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{state_file} does not exist: not a multi-policy checkpoint")
+        state: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=False)
+        for name in self.names:
+            self.optimizers[name].load_state_dict(state["optimizers"][name])
+        self.skipped.update(state.get("skipped", {}))
+
+    @staticmethod
+    def adapter_folder(directory: Path, name: str) -> Path:
+        """Where a checkpoint keeps adapter ``name`` (what peft's ``save_pretrained`` writes for it)."""
+        root = directory / ADAPTERS_FOLDER
+        # peft writes the first selected adapter named "default" at the root, any other under its name
+        return root if name == "default" else root / name
