@@ -139,7 +139,9 @@ async def _fill(url: str) -> None:
     store = agl.StoreClient(url, token=TOKEN)
     adapter = LangChainAdapter.default()
     with ScriptedModelServer(_script) as model:
-        async with LLMProxy(store, [model.base_url], model_version=1) as proxy:
+        # one LoRA policy per agent: the writer's calls go to adapter "writer", the researcher's to the frozen base
+        policies = agl.PolicyMap(agents={"writer": "writer", "researcher": agl.FROZEN})
+        async with LLMProxy(store, [model.base_url], model_version=1, policies=policies) as proxy:
             adapter.instrument()
             try:
                 for version in (1, 2):
@@ -260,6 +262,9 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     assert page.locator("#chat .call").count() == 3  # researcher (tool call), researcher, writer
     assert page.locator("#chat .msg.response").count() == 3
     assert "model version" in page.inner_text("#chat .call:first-child .meta")
+    # the policy that served every call
+    assert "agent researcher · policy frozen" in page.inner_text("#chat .call:first-child .meta")
+    assert "agent writer · policy writer" in page.inner_text("#chat .call:last-child .meta")
     assert page.locator("#transitions-table tbody tr").count() == 3
     assert "failed" in page.inner_text("#batch-note")
     page.screenshot(path=str(shots / "rollout-failed.png"), full_page=True)

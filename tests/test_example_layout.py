@@ -1,6 +1,6 @@
 """Examples name their modules uniquely, so one process (a test run, a notebook) can import several examples.
 
-Entry scripts (``train.py``, ``make_data.py``, ``run_agents.py``) share names across examples; they are run by path
+Entry scripts (``train.py``, ``make_data.py``) share names across examples; they are run by path
 (``python examples/<x>/train.py``) and no module imports them by name.
 """
 
@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ENTRY_SCRIPTS = {"train", "make_data", "run_agents"}
+ENTRY_SCRIPTS = {"train", "make_data"}
 
 
 def _modules() -> list[Path]:

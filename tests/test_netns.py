@@ -1,7 +1,7 @@
 """Runners on another machine, for real: two network namespaces joined by a veth pair.
 
 The trainer (``examples/calc/train.py --serve-store ... --proxy-host ... --runners 0``) runs in one namespace and
-reaches nothing but its own address; the runners (``examples/calc/run_agents.py``, i.e. ``agl runner``) run in the
+reaches nothing but its own address; the runners (``agl runner`` with the calculator agent) run in the
 other and reach the trainer only through the veth link. In the runners' namespace a trap listens on loopback at the
 trainer's store and proxy ports: any request a runner sent to a loopback address would land there.
 

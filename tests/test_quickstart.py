@@ -40,6 +40,7 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     done = _run_quickstart(
         "--iterations", "2", "--tasks-per-iteration", "4", "--samples-per-task", "4", "--eval-size", "4",
         "--workers", "16", "--minutes", "600", "--output", str(out), "--transition-mode", "trajectory",
+        "--eval-every", "1",
         # however slow the machine: the run ends after 2 iterations (not a time budget), and every rollout
         # finishes (none is cancelled as late); the subprocess timeout is only a safety net
         "--rollout-timeout", "3600", timeout=1800,
@@ -47,11 +48,22 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"reward_before", "reward_after", "greedy_before", "greedy_after", "rl_seconds", "iterations"}
-    assert set(summary) >= expected
+    assert set(summary) >= expected | {"seconds", "best_iteration", "greedy_best"}
     assert summary["iterations"] == 2
     assert (out / "reward_curve.png").stat().st_size > 0
-    train_rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train_rows = [row for row in train_rows if row["kind"] == "train"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # --eval-every 1: a held-out point before RL, after each iteration (in the loop) and after RL (same weights)
+    evals = [row for row in rows if row["kind"] == "eval"]
+    assert [row["iteration"] for row in evals] == [0, 1, 2, 2]
+    # checkpoint/best holds the first evaluation with the highest held-out accuracy (the quickstart's metric)
+    scores = [row["metrics"]["accuracy"] for row in evals]
+    best = evals[scores.index(max(scores))]
+    assert [row for row in evals if row["metrics"].get("best")][-1] is best
+    state = json.loads((out / "checkpoint" / "best" / "loop_state.json").read_text())
+    assert state == {"iteration": best["iteration"], "model_version": best["model_version"]}
+    assert summary["best_iteration"] == best["iteration"] and summary["greedy_best"] == round(max(scores), 4)
+    assert summary["greedy_before"] == round(scores[0], 4) and summary["greedy_after"] == round(scores[-1], 4)
+    train_rows = [row for row in rows if row["kind"] == "train"]
     for row in train_rows:
         metrics = row["metrics"]
         # trajectory mode: one sample per episode, unless a call's prompt did not extend the previous call's

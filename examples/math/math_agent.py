@@ -3,7 +3,7 @@
 The only Agent Lightning lines are the ``@agl.rollout`` decorator (so the runner can call it with a task and the
 current resources) and ``agl.llm_base_url()`` (the per-rollout URL of the LLM proxy; in a deployed app it would be
 configuration). Tracing comes from ``agentlightning_autogen.instrument()``, called once by the runner process
-(``run_agents.py``: ``agl runner --instrument autogen``).
+(``agl runner --app-dir examples/math --agent math_agent:math_agent --instrument autogen``).
 
 An episode is: the question -> the model calls ``calculator`` (or answers at once) -> the tool's result -> the
 model's final answer. ``reflect_on_tool_use=False`` with ``max_tool_iterations=2`` makes AutoGen send the tools

@@ -1,10 +1,11 @@
 """GPU recipe for the math example: GRPO with verl on Qwen2.5-1.5B-Instruct, one GPU (not run here: no GPU).
 
 The agent is unchanged (``math_agent.py``); only the model behind the proxy changes. Serve the store and start runners
-first (``agl store serve``, ``python examples/math/run_agents.py --store-url ...``), then hand ``CONFIG`` and
-``LOOP`` to ``agentlightning_verl.VerlTrainer`` (see ``packages/trainer-verl/examples/grpo_1gpu.py`` for the
-driver script; pass ``split_problems`` tasks). The serving engine must turn the model's hermes ``<tool_call>``
-blocks into OpenAI ``tool_calls`` (vLLM: ``--enable-auto-tool-choice --tool-call-parser hermes``).
+first (``agl store serve``, ``agl runner --app-dir examples/math --agent math_agent:math_agent --instrument autogen
+--store-url ...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlTrainer`` (see
+``packages/trainer-verl/examples/grpo_1gpu.py`` for the driver script; pass ``split_problems`` tasks). The serving
+engine must turn the model's hermes ``<tool_call>`` blocks into OpenAI ``tool_calls`` (vLLM: ``--enable-auto-tool-choice
+--tool-call-parser hermes``).
 """
 
 from __future__ import annotations

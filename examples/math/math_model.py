@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentlightning_torch import chatml_template
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from math_agent import SYSTEM_MESSAGE, calculator
@@ -49,12 +51,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MATH_CHAT_TEMPLATE = (
-    "{%- set ns = namespace(system='') -%}"
-    "{%- if messages and messages[0].role in ['system', 'developer'] -%}"
-    "{%- set ns.system = messages[0].content -%}"
-    "{%- set messages = messages[1:] -%}"
-    "{%- endif -%}"
+MATH_CHAT_TEMPLATE = chatml_template(
     "{%- if tools or ns.system -%}"
     "{{- '<|im_start|>system\\n' + ns.system -}}"
     "{%- if tools -%}"
@@ -70,25 +67,6 @@ MATH_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message.role == 'tool' -%}"
-    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}"
-    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- elif message.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') -}}"
-    "{%- for call in message.tool_calls or [] -%}"
-    "{%- set call = call.function if call.function is defined else call -%}"
-    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    '{{- \'<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' -}}'
-    "{{- (call.arguments | tojson) + '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 """ChatML with hermes tool calls, tools listed as ``name(params): description`` lines (see the module docstring)."""
 

@@ -54,6 +54,8 @@ sys.path.insert(0, str(HERE))
 from rag_index import SearchIndex  # noqa: E402
 from rag_task import CITIES, COUNTRIES, FILMS, PEOPLE, RagTask, make_world  # noqa: E402
 
+from agentlightning_torch import chatml_template  # noqa: E402
+
 __all__ = [
     "BEHAVIOURS",
     "CHAT_TEMPLATE",
@@ -91,12 +93,7 @@ SEARCH_TOOL: dict[str, Any] = {
 }
 """The tool declaration the Agents SDK sends for `rag_agent.search` (a test keeps the two equal)."""
 
-CHAT_TEMPLATE = (
-    "{%- set ns = namespace(system='') -%}"
-    "{%- if messages and messages[0].role in ['system', 'developer'] -%}"
-    "{%- set ns.system = messages[0].content -%}"
-    "{%- set messages = messages[1:] -%}"
-    "{%- endif -%}"
+CHAT_TEMPLATE = chatml_template(
     "{%- if ns.system or tools -%}"
     "{{- '<|im_start|>system\\n' + ns.system -}}"
     "{%- if tools -%}"
@@ -109,25 +106,6 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message.role == 'tool' -%}"
-    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}"
-    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- elif message.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') -}}"
-    "{%- for call in message.tool_calls or [] -%}"
-    "{%- set call = call.function if call.function is defined else call -%}"
-    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    '{{- \'<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' -}}'
-    "{{- (call.arguments | tojson) + '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 """Hermes-style ChatML template whose system turn lists tools as ``Tools: name(arg, ...)`` (prefix-extending)."""
 

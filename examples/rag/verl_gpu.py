@@ -4,7 +4,8 @@ On the GPU machine, three processes (see ``examples/rag/README.md``)::
 
     export AGL_STORE_TOKEN=$(python3 -c "import secrets; print(secrets.token_urlsafe(32))")
     agl store serve --db runs/rag-verl/store.db --host 127.0.0.1 --port 4747
-    python examples/rag/run_agents.py --store-url http://127.0.0.1:4747 --workers 128
+    agl runner --app-dir examples/rag --agent rag_agent:rag_agent --instrument openai_agents \
+        --store-url http://127.0.0.1:4747 --workers 128
     python examples/rag/verl_gpu.py --store http://127.0.0.1:4747 --proxy-token "$AGL_PROXY_TOKEN"
 
 The agent is the same ``rag_agent.rag_agent`` as on the CPU (same tool, same instructions, same F1 reward); only

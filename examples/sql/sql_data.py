@@ -24,7 +24,6 @@ The reward is execution match: the rows of the final query against the gold quer
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -43,6 +42,7 @@ __all__ = [
     "SQLTask",
     "Schema",
     "build_database",
+    "check_task",
     "database_path",
     "execute",
     "execution_match",
@@ -282,32 +282,24 @@ def make_tasks(count: int, *, seed: int, databases: Sequence[int], shapes: Seque
     return tasks
 
 
+def check_task(task: dict[str, Any]) -> str | None:
+    """What is wrong with a `SQLTask.to_dict` task line, if anything."""
+    for key in ("db_id", "schema", "question", "gold"):
+        if not isinstance(task.get(key), str) or not task[key]:
+            return f"{key!r} must be a non-empty string, got {task.get(key)!r}"
+    return None
+
+
 def load_tasks(path: Path) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file of `SQLTask.to_dict` lines, checked.
+    """Tasks from a JSONL file of `SQLTask.to_dict` lines, checked (`agentlightning_torch.runkit.load_jsonl_tasks`).
 
     Raises:
         ValueError: The file is missing, a line is not a JSON object with string ``db_id``, ``schema``,
             ``question`` and ``gold``, or the file holds no task; the message names the line.
     """
-    if not path.is_file():
-        raise ValueError(f"task file {str(path)!r} does not exist")
-    tasks: list[dict[str, Any]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(task, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(task).__name__}")
-        for key in ("db_id", "schema", "question", "gold"):
-            if not isinstance(task.get(key), str) or not task[key]:
-                raise ValueError(f"{path}:{number}: {key!r} must be a non-empty string, got {task.get(key)!r}")
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(f"task file {str(path)!r} holds no tasks")
-    return tasks
+    from agentlightning_torch.runkit import load_jsonl_tasks
+
+    return load_jsonl_tasks(path, "task", check_task)
 
 
 # ----- execution and reward -------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """GPU recipe for the SQL example: GRPO with verl on Llama-3.2-3B-Instruct, one GPU (not run here: no GPU).
 
-The agents are unchanged (``sql_agent.py``); only the model behind the proxy changes, and the agent filter is the
-same: only the ``writer`` and ``rewriter`` calls are trained, the ``checker`` runs on the same model untrained.
-Serve the store and start runners first (``agl store serve``, ``python examples/sql/run_agents.py --store-url
-...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlTrainer`` (see
-``packages/trainer-verl/examples/grpo_1gpu.py`` for the driver script) with the tasks of ``data/train.jsonl`` or
+The agents are unchanged (``sql_agent.py``); only the model behind the proxy changes, and the agent filter is the same:
+only the ``writer`` and ``rewriter`` calls are trained, the ``checker`` runs on the same model untrained. Serve the
+store and start runners first (``agl store serve``, ``agl runner --app-dir examples/sql --agent sql_agent:sql_agent
+--instrument langchain --store-url ...``), then hand ``CONFIG`` and ``LOOP`` to ``agentlightning_verl.VerlTrainer``
+(see ``packages/trainer-verl/examples/grpo_1gpu.py`` for the driver script) with the tasks of ``data/train.jsonl`` or
 Spider's (``sql_spider.load_spider``). The agents call no tools, so any chat model works as it is served.
 """
 

@@ -399,6 +399,13 @@ def test_max_staleness_is_0_or_1_and_needs_an_engine_that_serves_during_the_upda
         RLLoop(_config(tmp_path, max_staleness=1), FakeEngine())
 
 
+def test_policies_need_an_engine_that_trains_several(tmp_path: Path) -> None:
+    from agentlightning import PolicyMap
+
+    with pytest.raises(ValueError, match="FakeEngine cannot train several policies: it trains one policy"):
+        RLLoop(_config(tmp_path, policies=PolicyMap(agents={"writer": "writer"})), FakeEngine())
+
+
 async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Path) -> None:
     """No ``ProxySettings.token`` on loopback: the loop makes one (a web page in a local browser reaches the port)."""
     engine = FakeEngine()
@@ -432,3 +439,58 @@ def test_algorithm_is_a_deprecated_base_and_the_loop_is_not_one() -> None:
                 return {}
 
     assert not issubclass(agl.RLLoop, agl.Algorithm) and not hasattr(agl.RLLoop, "update")
+
+
+HELD_OUT_BY_VERSION = {0: 0.25, 1: 0.75, 2: 0.5, 3: 0.75}
+"""What the held-out evaluation scores with each model version: best at version 1 (a later tie does not replace it)."""
+
+
+@agl.rollout
+async def versioned_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    """Training rollouts: reward 1 for sample 0 of a group; greedy evaluations: a score fixed per model version."""
+    await _call(task, resources)
+    name = resources.resources_id  # policy-v{version}-{mode}-{ns}
+    if "-greedy-" in name:
+        return HELD_OUT_BY_VERSION[int(name.split("-")[1].removeprefix("v"))]
+    return _reward()
+
+
+async def test_eval_every_writes_held_out_points_and_keeps_the_best_checkpoint(tmp_path: Path) -> None:
+    store = agl.MemoryStore()
+    engine = FakeEngine()
+    config = _config(tmp_path, iterations=3, eval_every=1, checkpoint_every=0, tasks_per_iteration=2)
+    loop = RLLoop(config, engine)
+    runner = agl.Runner(versioned_agent, store=store, n_workers=8, worker_mode="async", poll_interval=0.01)
+    running = asyncio.create_task(runner.arun())
+    try:
+        await loop.start(store)
+        before = await loop.evaluate(store, [{"q": "held out"}], keep_best=True)
+        await loop.run(store, [{"q": "one"}, {"q": "two"}], val_tasks=[{"q": "held out"}])
+    finally:
+        runner.stop()
+        await asyncio.wait_for(running, 60)
+        await loop.stop()
+
+    assert before.reward_mean == 0.25 and loop.model_version == 3
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["iteration"], r["reward_mean"], r["metrics"].get("best")) for r in rows if r["kind"] == "eval"]
+    # one held-out point before RL and one after each iteration, in metrics.jsonl between the training lines
+    assert evals == [(0, 0.25, 1.0), (1, 0.75, 1.0), (2, 0.5, None), (3, 0.75, None)]
+    assert [row["kind"] for row in rows] == ["eval", "train", "eval", "train", "eval", "train", "eval"]
+    # checkpoint/best holds the best evaluation's weights (version 1, after iteration 1), the last checkpoint the end's
+    assert loop.best is not None and loop.best.iteration == 1
+    best = loop.best_checkpoint_dir
+    assert best == tmp_path / "checkpoint" / "best"
+    assert json.loads((best / LOOP_STATE_FILE).read_text()) == {"iteration": 1, "model_version": 1}
+    assert json.loads((best / "fake.json").read_text()) == {"updates": 1}
+    assert json.loads((tmp_path / "checkpoint" / LOOP_STATE_FILE).read_text()) == {"iteration": 3, "model_version": 3}
+    assert [r.iteration for r in loop.evaluations] == [0, 1, 2, 3]
+
+
+def test_best_metric_must_be_a_figure_of_the_evaluation() -> None:
+    from agentlightning.loop import IterationReport, held_out_score
+
+    report = IterationReport(1, 1, 4, 4, 0.5, 1.0, 0.0, 1.0, metrics={"accuracy": 0.25})
+    assert held_out_score(report) == 0.5 and held_out_score(report, "accuracy") == 0.25
+    with pytest.raises(ValueError, match="best_metric 'f1' is not a figure of the evaluation report"):
+        held_out_score(report, "f1")

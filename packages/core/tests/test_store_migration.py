@@ -2,21 +2,24 @@
 
 ``data/store_v4.db`` was written by the SQLite store of schema version 4 (the code before the compact format,
 JSON rows) with the kit's round-trip records (`agentlightning.testing._store_kit_records`), a finished attempt and
-one resources version. A database newer than the code is refused with one clear line.
+one resources version. A database newer than the code is refused with one clear line. The record round trip also
+runs through `agl store serve` over PostgreSQL here (the other backends run it in their conformance kits).
 """
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from agentlightning import SqliteStore
-from agentlightning.store import StoreError
+from agentlightning.store import LightningStore, StoreClient, StoreError
 from agentlightning.testing import PostgresServer
-from agentlightning.testing._store_kit_records import round_trip_calls, round_trip_spans
+from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing._store_kit_records import RecordRoundTripTests, round_trip_calls, round_trip_spans
 
 V4_FILE = Path(__file__).parent / "data" / "store_v4.db"
 
@@ -146,3 +149,18 @@ async def test_a_version_1_postgres_database_migrates_on_open_and_reads_back_eve
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(2,)]
         assert conn.execute("SELECT COUNT(*) FROM agl_blobs").fetchone() == (0,)
+
+
+class TestServedPostgresRoundTrip(RecordRoundTripTests):
+    """The record round trip through ``agl store serve`` over PostgreSQL (the other backends run it in their kits)."""
+
+    @pytest.fixture
+    async def store(self, agl_postgres: PostgresServer) -> AsyncIterator[LightningStore]:
+        pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
+        server = ServedStoreProcess(agl_postgres.new_schema(), token="round-trip-token").start()
+        client = StoreClient(server.url, token="round-trip-token")
+        try:
+            yield client
+        finally:
+            await client.close()
+            server.stop()

@@ -179,3 +179,22 @@ def test_missing_model_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         TorchTrainerConfig(model_dir=tmp_path / "nowhere")
     assert TorchTrainerConfig(model_dir="Qwen/Qwen2.5-0.5B-Instruct").model_dir == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_the_best_checkpoint_survives_saving_the_last_one(model_folder: Path, tmp_path: Path) -> None:
+    """``checkpoint/best`` sits inside the last checkpoint's folder, which every save replaces: it is carried over."""
+    run = tmp_path / "run"
+    trainer = TorchTrainer(TorchTrainerConfig(model_dir=model_folder, output_dir=run, ppo=PPOConfig(lr=1e-2)))
+    ids = [3, 4, 5, 6, 7, 8]
+    trainer.iteration, trainer.model_version = 1, 1
+    best = trainer.save_checkpoint(trainer.best_checkpoint_dir)
+    best_logits = logits(trainer.engine.policy, ids)
+    trainer.engine.update(batch())
+    trainer.iteration, trainer.model_version = 2, 2
+    last = trainer.save_checkpoint()
+    trainer.iteration, trainer.model_version = 3, 3
+    last = trainer.save_checkpoint()  # a second replacement carries it again
+    assert best == last / "best"
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(best), ids), best_logits)
+    assert not torch.allclose(logits(AutoModelForCausalLM.from_pretrained(last), ids), best_logits)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint"]  # no staging or old folder left behind

@@ -263,3 +263,23 @@ def test_bf16_autocast_step_on_cuda() -> None:
     after = [sum(r) for r in response_logprobs(model, [good, bad], "cuda", bf16=False)]
     assert metrics["optimizer_steps"] == 1 and after[0] > before[0] and after[1] < before[1]
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast: master weights stay fp32
+
+
+def test_entropy_bonus_raises_the_entropy_when_the_advantage_is_zero() -> None:
+    """With zero advantage the policy gradient is zero: only the entropy bonus moves the weights, upwards in entropy."""
+    batch = TrainingBatch(samples=[sample([5, 6, 7], 0.0), sample([8, 9, 2], 0.0)])
+    peaked = tiny_model()  # a policy that has learnt to prefer its answers: entropy well below the maximum
+    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-2)), TrainingBatch(samples=[sample([5, 6, 7], 1.0)]),
+               PPOConfig(lr=1e-2, epochs=5))  # fmt: skip
+    measure = PPOConfig(lr=1e-12)  # an update that changes nothing measurable: reports the entropy
+
+    def entropy(model: torch.nn.Module) -> float:
+        return ppo_update(model, make_optimizer(model, measure), batch, measure)["entropy"]
+
+    start = entropy(peaked)
+    before = snapshot(peaked)
+    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-3)), batch, PPOConfig(lr=1e-3))
+    assert all(torch.equal(before[k], v) for k, v in snapshot(peaked).items())  # nothing to learn without the bonus
+    config = PPOConfig(lr=1e-3, entropy_coef=1.0)
+    ppo_update(peaked, make_optimizer(peaked, config), batch, config)
+    assert entropy(peaked) > start

@@ -98,6 +98,13 @@ def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> No
         _ = engine.backend
 
 
+def test_a_multi_policy_loop_is_refused_in_one_line(tmp_path) -> None:
+    cfg = VerlTrainerConfig(model_path="m")
+    loop = cfg.loop_config(output_dir=tmp_path, policies=agl.PolicyMap(agents={"writer": "writer"}))
+    with pytest.raises(ValueError, match="VerlEngine cannot train several policies: verl trains one actor model"):
+        agl.RLLoop(loop, VerlEngine(cfg))
+
+
 def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> None:
     cfg = VerlTrainerConfig(
         model_path="/models/m",

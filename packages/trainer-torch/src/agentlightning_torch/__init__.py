@@ -5,7 +5,8 @@ folder in ``examples/calc``, served and trained through the same path as any oth
 
 - `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
 - `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
-  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template.
+  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template
+  (`chatml_template`: the same turns with a system turn of your own).
 - Warm starts of small chat models made from scratch: `train_chat_tokenizer` (byte-level BPE + hermes chat template),
   `build_chat_model` (random Qwen2/Llama), `supervised_finetune` (OpenAI-format conversations rendered as the
   backend renders them, loss on assistant tokens only), `save_checkpoint` (a plain ``save_pretrained`` folder).
@@ -24,7 +25,7 @@ from agentlightning_torch._chat_model import (
     build_chat_model,
     train_chat_tokenizer,
 )
-from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE
+from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE, chatml_template
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
@@ -112,6 +113,7 @@ __all__ = [
     "__version__",
     "apply_lora",
     "build_chat_model",
+    "chatml_template",
     "count_parameters",
     "create_app",
     "eos_token_ids",

@@ -14,27 +14,18 @@ into one training sample.
 
 from __future__ import annotations
 
-__all__ = ["HERMES_CHAT_TEMPLATE"]
+__all__ = ["HERMES_CHAT_TEMPLATE", "chatml_template"]
 
-HERMES_CHAT_TEMPLATE = (
+_SYSTEM_MESSAGE = (
     # Every piece of text is an expression, so the template renders the same with or without trim_blocks.
     "{%- set ns = namespace(system='') -%}"
     "{%- if messages and messages[0].role in ['system', 'developer'] -%}"
     "{%- set ns.system = messages[0].content -%}"
     "{%- set messages = messages[1:] -%}"
     "{%- endif -%}"
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\\n' -}}"
-    "{%- if ns.system -%}{{- ns.system + '\\n\\n' -}}{%- endif -%}"
-    "{{- 'You may call one or more functions. Their signatures are inside <tools></tools>:\\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    "{{- '\\n</tools>\\nTo call a function, write one JSON object per call inside ' -}}"
-    "{{- '<tool_call></tool_call> tags:\\n' -}}"
-    '{{- \'<tool_call>\\n{"name": <function-name>, "arguments": <arguments-object>}\\n\' -}}'
-    "{{- '</tool_call><|im_end|>\\n' -}}"
-    "{%- elif ns.system -%}"
-    "{{- '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
+)
+
+_TURNS = (
     "{%- for message in messages -%}"
     "{%- if message.role == 'tool' -%}"
     "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
@@ -55,4 +46,37 @@ HERMES_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+
+_HERMES_SYSTEM_TURN = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if ns.system -%}{{- ns.system + '\\n\\n' -}}{%- endif -%}"
+    "{{- 'You may call one or more functions. Their signatures are inside <tools></tools>:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\nTo call a function, write one JSON object per call inside ' -}}"
+    "{{- '<tool_call></tool_call> tags:\\n' -}}"
+    '{{- \'<tool_call>\\n{"name": <function-name>, "arguments": <arguments-object>}\\n\' -}}'
+    "{{- '</tool_call><|im_end|>\\n' -}}"
+    "{%- elif ns.system -%}"
+    "{{- '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+)
+
+
+def chatml_template(system_turn: str = _HERMES_SYSTEM_TURN) -> str:
+    """A ChatML chat template with hermes-style tool calls, whose system turn is rendered by ``system_turn``.
+
+    Args:
+        system_turn: A Jinja fragment that renders the system turn (``<|im_start|>system ... <|im_end|>``) from
+            ``ns.system`` (the first message's content when it is a system or developer message, else ``''``) and
+            ``tools``; the default lists the tools' JSON schemas inside ``<tools></tools>`` (`HERMES_CHAT_TEMPLATE`).
+            A small model's template can list them more compactly (the math and RAG examples do).
+
+    Returns:
+        The template: the system turn, then every other turn as in `HERMES_CHAT_TEMPLATE`.
+    """
+    return _SYSTEM_MESSAGE + system_turn + _TURNS
+
+
+HERMES_CHAT_TEMPLATE = chatml_template()
 """A ChatML chat template with hermes-style tool calls (see the module docstring)."""

@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,11 @@ def merged_model(policy: torch.nn.Module) -> torch.nn.Module:
 
 
 def save_checkpoint(
-    policy: torch.nn.Module, tokenizer: Any, directory: str | Path, trainer_state: dict[str, Any] | None = None
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    directory: str | Path,
+    trainer_state: dict[str, Any] | None = None,
+    keep: Sequence[str] = (),
 ) -> Path:
     """Write ``policy`` (merged), ``tokenizer`` and ``trainer_state`` into ``directory``, replacing it atomically.
 
@@ -51,6 +56,8 @@ def save_checkpoint(
         tokenizer: Its tokenizer (saved with its chat template).
         directory: The checkpoint folder.
         trainer_state: Saved with ``torch.save`` as ``trainer_state.pt`` when given.
+        keep: Sub-folders of the folder being replaced that move into the new one (a nested checkpoint such as
+            ``best``).
 
     Returns:
         The folder.
@@ -72,6 +79,9 @@ def save_checkpoint(
         if target.exists():
             target.rename(previous)
         staging.rename(target)
+        for name in keep:  # moved once the new folder is in place: a failed save never loses them
+            if (previous / name).is_dir() and not (target / name).exists():
+                (previous / name).rename(target / name)
         shutil.rmtree(previous, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -64,6 +64,8 @@ class PPOConfig(BaseModel):
         clip_ratio: PPO clip range epsilon.
         grad_clip: Max global gradient norm.
         kl_coef: Weight of the k3 KL penalty to a reference model (0 disables it; >0 needs ``ref_model``).
+        entropy_coef: Weight of an entropy bonus (the loss minus ``entropy_coef`` times the mean token entropy): keeps
+            the policy from collapsing onto one answer early (0 disables it; ``entropy`` is reported either way).
         loss_agg: ``token-mean`` over all trained tokens of a mini-batch, or ``seq-mean-token-mean``.
         micro_batch_size: Most samples per forward/backward pass (gradients accumulate across micro-batches).
         micro_batch_tokens: Most padded tokens (rows x longest row) per forward/backward pass; a sample longer than
@@ -86,6 +88,7 @@ class PPOConfig(BaseModel):
     clip_ratio: float = Field(default=0.2, gt=0)
     grad_clip: float = Field(default=1.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     micro_batch_size: int = Field(default=64, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=1)
@@ -188,7 +191,11 @@ def _autocast(device: torch.device, bf16: bool) -> Any:
 
 
 def _forward(
-    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device, bf16: bool = True
+    model: torch.nn.Module,
+    samples: Sequence[TrainingSample],
+    device: torch.device,
+    bf16: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of every response token (padded to the longest response) and the pad mask.
 
@@ -222,7 +229,7 @@ def _forward(
     del logits
     logprobs_all = torch.log_softmax(picked, dim=-1)
     logprobs = logprobs_all.gather(-1, targets[..., None]).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # differentiable for an entropy bonus
         entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     return logprobs, entropy, valid.to(device)
 
@@ -350,7 +357,7 @@ def _micro_batch_backward(
 ) -> None:
     """Forward and backward of the micro-batch ``rows`` (sample indices); gradients accumulate, terms are tallied."""
     part = [samples[i] for i in rows]
-    logprobs, entropy, valid = _forward(model, part, device, config.bf16)
+    logprobs, entropy, valid = _forward(model, part, device, config.bf16, config.entropy_coef > 0)
     mask = _padded([s.response_mask for s in part], device) * valid
     # Weights are normalised over the whole mini-batch, so accumulating micro-batches sums to it.
     if config.loss_agg == "token-mean":
@@ -370,6 +377,8 @@ def _micro_batch_backward(
         delta = _padded([anchors.ref[i] for i in rows], device) - logprobs
         kl = torch.exp(delta) - delta - 1
         loss_tokens = pg + config.kl_coef * kl
+    if config.entropy_coef > 0:  # a bonus for keeping the policy's entropy: against collapse
+        loss_tokens = loss_tokens - config.entropy_coef * entropy
     loss = (loss_tokens * weights).sum()
     loss.backward()
     with torch.no_grad():
@@ -380,7 +389,7 @@ def _micro_batch_backward(
         totals["kl"] += float((kl * share).sum())
         totals["approx_kl"] += float(((old - logprobs) * share).sum())
         totals["clip_fraction"] += float(((clipped > unclipped).float() * share).sum())
-        totals["entropy"] += float((entropy * share).sum())
+        totals["entropy"] += float((entropy.detach() * share).sum())
 
 
 def _optimizer_step(

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agentlightning import Engine, IterationReport, RLLoop, TrainingBatch
+from agentlightning.loop import BEST_CHECKPOINT
 from agentlightning.proxy import register_backend, unregister_backend
 from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
@@ -61,6 +62,8 @@ class TorchEngine(Engine):
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
         self.adapters: PolicyAdapters | None = None
+        # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
+        self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
         """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
         if config.policies is not None:
             lora = config.ppo.lora or LoraSettings()
@@ -217,12 +220,13 @@ class TorchEngine(Engine):
         """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state.
 
         With policies: every adapter as ``adapters/<policy>/`` (``save_pretrained``) with every optimizer's state,
-        and the tokenizer."""
+        and the tokenizer. The best checkpoint inside it (``best/``) is kept."""
         if self.adapters is not None:
             self.adapters.save(directory)
             self.tokenizer.save_pretrained(str(directory))
             return
-        save_checkpoint(self.policy, self.tokenizer, directory, {"optimizer": self.optimizer.state_dict()})
+        state = {"optimizer": self.optimizer.state_dict()}
+        save_checkpoint(self.policy, self.tokenizer, directory, state, keep=(BEST_CHECKPOINT,))
 
     def load_state(self, directory: Path) -> None:
         """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote (with policies: all of them)."""

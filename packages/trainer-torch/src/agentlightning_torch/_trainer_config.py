@@ -45,6 +45,9 @@ class TorchTrainerConfig(BaseModel):
         max_staleness: ``0``: synchronous; ``1``: one-step off-policy, the next iteration's rollouts run on the
             backend's copy of the current weights while the policy is updated (see `LoopConfig.max_staleness`).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
+        eval_every: With validation tasks, `TorchTrainer.run` evaluates greedily every N iterations (0: never) and
+            keeps the best evaluation's checkpoint in ``checkpoint/best`` (see `LoopConfig.eval_every`).
+        best_metric: The held-out figure that picks ``checkpoint/best`` (``reward_mean``, ``accuracy``...).
         resume: Continue from the latest checkpoint in ``output_dir`` when there is one (weights or LoRA adapter,
             optimizer state, iteration and model version).
         max_batch_size: Most concurrent generations the local backend batches together.
@@ -86,6 +89,8 @@ class TorchTrainerConfig(BaseModel):
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     max_staleness: Literal[0, 1] = 0
     checkpoint_every: int = Field(default=25, ge=0)
+    eval_every: int = Field(default=0, ge=0)
+    best_metric: str = Field(default="reward_mean", min_length=1)
     resume: bool = False
     max_batch_size: int = Field(default=256, ge=1)
     batch_wait_ms: float = Field(default=5.0, ge=0)
@@ -116,6 +121,8 @@ class TorchTrainerConfig(BaseModel):
             rollout_timeout_s=self.rollout_timeout_s,
             max_staleness=self.max_staleness,
             checkpoint_every=self.checkpoint_every,
+            eval_every=self.eval_every,
+            best_metric=self.best_metric,
             resume=self.resume,
             seed=self.seed,
             proxy=self.proxy,

@@ -22,25 +22,30 @@ import json
 import logging
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentlightning_torch._train_children import RunnerDied, guarded, start_dashboard, start_runners, stop_children
+from agentlightning import IterationReport
+from agentlightning.cli import RunnerDied, stop_children
+from agentlightning_torch.runkit import (
+    AgentRunners,
+    RunSettings,
+    TrainingRun,
+    UsageError,
+    load_jsonl_tasks,
+    plot_run,
+    proxy_settings,
+    start_dashboard,
+    store_serving,
+    trainer_config,
+)
 
-__all__ = ["UsageError", "load_tasks", "resolve_agent", "train"]
+__all__ = ["UsageError", "load_tasks", "resolve_agent", "start_dashboard", "stop_children", "train"]
 
 logger = logging.getLogger(__name__)
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
@@ -71,27 +76,12 @@ def resolve_agent(spec: str, app_dir: str | Path = ".") -> Any:
 
 
 def load_tasks(path: Path, flag: str) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file, one JSON object per line (blank lines skipped).
+    """Tasks from a JSONL file, one JSON object per line (`agentlightning_torch.runkit.load_jsonl_tasks`).
 
     Raises:
         UsageError: If the file is missing, a line is not a JSON object, or there is no task.
     """
-    if not path.is_file():
-        raise UsageError(f"{flag} file {str(path)!r} does not exist")
-    tasks: list[dict[str, Any]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(task, dict):
-            raise UsageError(f"{path}:{number}: each line must be a JSON object (one task), got {type(task).__name__}")
-        tasks.append(task)  # pyright: ignore[reportUnknownArgumentType]
-    if not tasks:
-        raise UsageError(f"{flag} file {str(path)!r} holds no tasks")
-    return tasks
+    return load_jsonl_tasks(path, flag)
 
 
 def _check_model(model: str) -> None:
@@ -192,52 +182,6 @@ def _check_writable(output: Path) -> None:
         raise UsageError(f"cannot write to --output {str(output)!r}: {error.strerror or error}") from None
 
 
-def _free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise UsageError("no free port for the dashboard")
-
-
-def _store_serving(args: argparse.Namespace) -> Any:
-    """Where this run's store lives and who can reach it (`agl.StoreServing`), from the command line."""
-    from pydantic import ValidationError
-
-    import agentlightning as agl
-
-    try:
-        return agl.StoreServing(
-            serve=args.serve_store,
-            url=args.store_url,
-            token=args.store_token,
-            heartbeat_timeout_s=args.heartbeat_timeout,
-        )
-    except ValidationError as error:
-        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
-
-
-def _proxy_settings(args: argparse.Namespace) -> Any:
-    """Where the LLM proxy listens and how runners reach it (`agl.ProxySettings`), checked before anything starts."""
-    from pydantic import ValidationError
-
-    import agentlightning as agl
-
-    try:
-        proxy = agl.ProxySettings(
-            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
-        )
-        proxy.check_exposure()
-    except ValidationError as error:
-        raise UsageError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())) from None
-    except ValueError as error:
-        raise UsageError(str(error).splitlines()[0]) from None
-    return proxy
-
-
 def _check_llm_used(report: Any) -> None:
     if report.finished == 0:
         raise UsageError(
@@ -251,66 +195,49 @@ def _check_llm_used(report: Any) -> None:
         )
 
 
-def _plot(history: list[Any], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
-        logger.warning("no reward plot: pip install 'agentlightning-torch[plot]' (matplotlib)")
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    elapsed: list[float] = []
-    total = 0.0
-    for report in history:
-        total += report.seconds
-        elapsed.append(total / 60)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(elapsed, [r.reward_mean for r in history], label="mean sampled reward")
-    ax.set_xlabel("RL time (minutes)")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def _trainer_config(plan: _Plan) -> Any:
-    from pydantic import ValidationError
-
-    from agentlightning_torch._ppo import LoraSettings, PPOConfig
-    from agentlightning_torch._trainer_config import TorchTrainerConfig
+    from agentlightning_torch._ppo import LoraSettings
     from agentlightning_torch._vllm_serving import VLLMSettings
 
     args = plan.args
-    try:
-        lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
-        return TorchTrainerConfig(
-            model_dir=args.model,
-            output_dir=plan.output,
-            model_name=args.model_name,
-            tool_parser=args.tool_parser,
-            device=args.device,
-            num_threads=args.threads,
-            iterations=args.iterations,
-            time_budget_s=args.minutes * 60,
-            tasks_per_iteration=args.tasks_per_iteration,
-            samples_per_task=args.samples_per_task,
-            max_tokens=args.max_tokens,
-            rollout_timeout_s=args.rollout_timeout,
-            max_staleness=args.max_staleness,
-            ppo=PPOConfig(lr=args.lr, lora=lora, num_threads=args.threads),
-            seed=args.seed,
-            proxy=_proxy_settings(args),
-            backend=args.backend,
-            vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=args.tool_parser_plugin),
-            policies=plan.policies,
-        )
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
-        raise UsageError(f"invalid setting: {problems}") from None
+    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
+    return trainer_config(
+        args,
+        model_dir=args.model,
+        model_name=args.model_name,
+        tool_parser=args.tool_parser,
+        max_tokens=args.max_tokens,
+        max_staleness=args.max_staleness,
+        checkpoint_every=25,
+        ppo_settings={"lora": lora},
+        proxy=proxy_settings(args),
+        backend=args.backend,
+        vllm=VLLMSettings(url=args.vllm_url, tool_parser_plugin=args.tool_parser_plugin),
+        policies=plan.policies,
+    )
+
+
+class _AglTrainRun(TrainingRun):
+    """`TrainingRun` that refuses, in one line, an agent whose rollouts fail or never call the LLM."""
+
+    checked = False
+    policies: Any = None  # the run's PolicyMap: the progress line shows each trained policy's reward
+
+    def status(self, report: IterationReport) -> str:
+        line = super().status(report)
+        if self.policies is not None:  # one reward per policy: what each adapter trained on this iteration
+            line += "".join(_policy_status(report.metrics, name) for name in self.policies.trained)
+        return line
+
+    def on_iteration(self, report: IterationReport) -> None:
+        if not self.checked:  # the first iteration (a resumed run's first too)
+            self.checked = True
+            _check_llm_used(report)
+        super().on_iteration(report)
+
+    async def evaluated(self, report: IterationReport, when: str) -> None:
+        if when == "before":
+            _check_llm_used(report)
 
 
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
@@ -318,10 +245,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
 
     args = plan.args
     config = _trainer_config(plan)
-    serving = _store_serving(args)  # refused here, before anything is written
-    plan.output.mkdir(parents=True, exist_ok=True)
-    db = plan.output / "store.db"
-    (plan.output / "metrics.jsonl").unlink(missing_ok=True)
+    serving = store_serving(args)  # refused here, before anything is written
     if args.quiet:  # no progress bar means none of transformers' either (loading and saving weights)
         from transformers.utils import logging as transformers_logging
 
@@ -330,101 +254,35 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
         raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
-    opened = await serving.open(db, fresh=True)
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        return await _run(plan, console, trainer, opened, serving, db, children)
-    finally:
-        stop_children(children)
-        await opened.close()
-
-
-async def _run(
-    plan: _Plan,
-    console: Any,
-    trainer: Any,
-    opened: Any,
-    serving: Any,
-    db: Path,
-    children: list[subprocess.Popen[bytes]],
-) -> dict[str, Any]:
-    """The run proper; every process it starts is appended to ``children`` (the caller stops them)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    args = plan.args
-    store = opened.store
-    loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
-    if main_task is not None:  # SIGTERM ends the run like Ctrl-C: through the cleanup below, not around it
-        loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
-    dashboard: subprocess.Popen[bytes] | None = None
-    if serving.serve is not None:
-        console.print(f"store served at {serving.serve} for runners on other machines (dashboard: /ui there)")
-    elif serving.url is not None:
-        console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
-    else:
-        dashboard, url = start_dashboard(db, _free_port(args.dashboard_port))
-        children.append(dashboard)
-        console.print(f"store: {db}   dashboard: [bold]{url}[/bold]")
-    runners = start_runners(plan.args, opened.runner_args, opened.token)
-    children += runners
-    budget = args.minutes * 60
-    progress = Progress(
-        TextColumn("[bold]RL"),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=args.quiet,
+    runners = AgentRunners(args.agent, app_dir=Path(args.app_dir))
+    settings = RunSettings(
+        output=plan.output,
+        train_tasks=plan.train_tasks,
+        val_tasks=plan.val_tasks,
+        runners=runners,
+        processes=args.runners,
+        workers=args.workers * args.runners,  # --workers is per runner process
+        serving=serving,
+        dashboard=True,
+        dashboard_port=args.dashboard_port,
+        quiet=args.quiet,
     )
-    bar = progress.add_task("rl", total=budget, status="starting")
-    started = time.monotonic()
-    first: list[Any] = []
-
-    def on_iteration(report: Any) -> None:
-        if not first:
-            first.append(report)
-            _check_llm_used(report)
-        status = f"it {report.iteration:3d}  reward {report.reward_mean:+.3f}  {report.seconds:.1f}s/it"
-        if plan.policies is not None:  # one reward per policy: what each adapter trained on this iteration
-            status += "".join(_policy_status(report.metrics, name) for name in plan.policies.trained)
-        progress.update(bar, completed=min(time.monotonic() - started, budget), status=status)
-
-    trainer.on_iteration = on_iteration
-    before = after = None
-    try:
-        await trainer.start(store)
-        if plan.val_tasks:
-            before = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
-            _check_llm_used(before)
-            console.print(f"validation reward before RL: {before.reward_mean:.3f}")
-        started = time.monotonic()
-        with progress:
-            await guarded(runners, trainer.run(store, plan.train_tasks))
-        rl_seconds = time.monotonic() - started
-        if plan.val_tasks:
-            after = await guarded(runners, trainer.evaluate(store, plan.val_tasks))
-    finally:
-        # The runners first, while the proxy still answers them (they hand their slots back as they drain), and
-        # from a thread: the proxy runs on this loop.
-        await asyncio.to_thread(stop_children, children)
-        await trainer.stop()
-    history = trainer.history
-    if not history:
-        raise UsageError("no RL iteration finished within the time budget; raise --minutes")
+    run = _AglTrainRun(trainer, settings, console)
+    run.policies = plan.policies
+    result = await run.execute()
     plot = plan.output / "reward_curve.png"
+    history = result.history
     tail = history[-5:]
     return {
+        **result.summary(),
         "reward_first": round(history[0].reward_mean, 4),
         "reward_last5": round(sum(r.reward_mean for r in tail) / len(tail), 4),
-        "val_before": None if before is None else round(before.reward_mean, 4),
-        "val_after": None if after is None else round(after.reward_mean, 4),
-        "iterations": len(history),
-        "rl_seconds": round(rl_seconds, 1),
+        "val_before": result.summary()["held_out_before"],
+        "val_after": result.summary()["held_out_last"],
+        "rl_seconds": round(result.rl_seconds, 1),
         "model_version": trainer.model_version,
-        "checkpoint": str(trainer.checkpoint_dir),
         "metrics": str(plan.output / "metrics.jsonl"),
-        "plot": str(plot) if _plot(history, plot) else None,
+        "plot": str(plot) if plot_run(result, plot, title=f"agl train: {args.agent}") else None,
     }
 
 
@@ -456,5 +314,11 @@ def train(args: argparse.Namespace) -> int:
         f"{summary['iterations']} iterations in {summary['rl_seconds']:.0f} s; reward {summary['reward_first']:+.3f}"
         f" -> {summary['reward_last5']:+.3f}; checkpoint: {summary['checkpoint']}"
     )
+    if summary["best_checkpoint"] is not None:
+        console.print(
+            f"held-out {summary['held_out_metric']}: before {summary['held_out_before']:.3f}, best "
+            f"{summary['held_out_best']:.3f} (iteration {summary['best_iteration']}, {summary['best_checkpoint']}), "
+            f"last {summary['held_out_last']:.3f}"
+        )
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0

@@ -89,6 +89,11 @@ class VerlEngine(Engine):
     """The colocated vLLM servers sleep while verl updates (they give the accelerator to the actor) and verl's PPO
     anchor is the actor's own recomputed log-probs, so ``LoopConfig.max_staleness=1`` is refused."""
 
+    policies_unsupported = (
+        "verl trains one actor model (no per-agent LoRA adapters yet; see the trainer-verl README, 'Several policies')"
+    )
+    """``LoopConfig.policies`` is refused: see the README for what per-policy adapters would take in verl."""
+
     def __init__(self, config: VerlTrainerConfig, *, backend: VerlBackend | None = None) -> None:
         self.config = config
         self._backend = backend

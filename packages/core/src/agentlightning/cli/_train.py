@@ -93,7 +93,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="JSONL training tasks, one task dict per line")
     parser.add_argument("--val-tasks", default=None, help="JSONL held-out tasks, evaluated before and after")
     parser.add_argument("--minutes", type=float, default=10.0, help="RL time budget (default: 10)")
-    parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations")
+    parser.add_argument("--iterations", type=int, default=100_000, help="most RL iterations (either budget ends it)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="with --val-tasks: evaluate greedily every N iterations, keep the best in checkpoint/best (default: 0, "
+        "only before and after)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument(
         "--runners", type=int, default=1, help="local runner processes (default: 1; 0: wait for remote runners)"
@@ -119,6 +126,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="0: synchronous (default); 1: the next iteration's rollouts run during the update (one version old)",
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting model (default: 0)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the loss (default: 0)")
+    parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each batch (default: 1)")
     parser.add_argument("--model-name", default="policy", help="name the model is served under")
     parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
     parser.add_argument(

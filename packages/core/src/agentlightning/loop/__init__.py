@@ -8,10 +8,11 @@ entry-point group. Settings: `LoopConfig` (with `ProxySettings`).
 
 from agentlightning.loop._config import LoopConfig, ProxySettings
 from agentlightning.loop._engine import ENGINE_ENTRY_POINTS, Engine
-from agentlightning.loop._loop import LOOP_STATE_FILE, EngineT, RLLoop
-from agentlightning.loop._report import IterationReport, summarize_results
+from agentlightning.loop._loop import BEST_CHECKPOINT, LOOP_STATE_FILE, EngineT, RLLoop
+from agentlightning.loop._report import IterationReport, held_out_score, summarize_results
 
 __all__ = [
+    "BEST_CHECKPOINT",
     "ENGINE_ENTRY_POINTS",
     "LOOP_STATE_FILE",
     "Engine",
@@ -20,5 +21,6 @@ __all__ = [
     "LoopConfig",
     "ProxySettings",
     "RLLoop",
+    "held_out_score",
     "summarize_results",
 ]

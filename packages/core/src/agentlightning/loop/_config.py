@@ -96,7 +96,10 @@ class LoopConfig(BaseModel):
             updated). Needs an engine that serves while it updates (`Engine.serves_during_update`).
         max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
             down?) instead of spinning forever.
-        eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`).
+        eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`); each such
+            evaluation that beats every earlier one saves the policy to ``checkpoint/best`` (see `best_metric`).
+        best_metric: The held-out figure that picks ``checkpoint/best``: ``reward_mean``, or a key of the evaluation
+            report's ``metrics`` (``accuracy``: the fraction of held-out rollouts reaching ``success_reward``).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end of `run`).
         resume: Continue from the checkpoint in ``output_dir`` when there is one (iteration, model version and
             the engine's state).
@@ -129,6 +132,7 @@ class LoopConfig(BaseModel):
     max_staleness: int = 0
     max_idle_iterations: int = Field(default=3, ge=1)
     eval_every: int = Field(default=0, ge=0)
+    best_metric: str = Field(default="reward_mean", min_length=1)
     checkpoint_every: int = Field(default=25, ge=0)
     resume: bool = False
     seed: int = 0

@@ -38,6 +38,11 @@ class Engine(ABC):
     """Whether the inference servers keep serving the current weights while `update` runs (they hold their own
     copy of the weights, and stay awake): what ``LoopConfig.max_staleness=1`` needs."""
 
+    policies_unsupported: str | None = "it trains one policy (LoopConfig.policies needs a multi-policy engine)"
+    """Why this engine cannot train several policies (``LoopConfig.policies``: one LoRA adapter per agent); ``None``
+    for an engine that can (it then trains each `TrainingSample.policy` on its own weights). `RLLoop` refuses a
+    config with policies for an engine that gives a reason."""
+
     @abstractmethod
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the inference servers, serving the current weights as ``model_version``.

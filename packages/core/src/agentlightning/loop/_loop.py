@@ -19,6 +19,10 @@ One iteration:
 8. report: one `IterationReport` appended to ``metrics.jsonl``, passed to ``on_iteration``; checkpoint every
    ``checkpoint_every`` iterations (the loop's iteration and model version plus the engine's state).
 
+Every ``eval_every`` iterations `run` evaluates the held-out tasks greedily (a ``kind="eval"`` line of
+``metrics.jsonl``); an evaluation that beats all earlier ones (by ``best_metric``) saves ``checkpoint/best``, kept
+next to the last checkpoint (``checkpoint/``), as training libraries do.
+
 The proxy is paused from step 3 to 7 rather than only around the weight sync: nothing served in between could be
 trained on (the late rollouts are cancelled), and a colocated inference engine (verl with vLLM) sleeps while the
 trainer uses the accelerator.
@@ -52,7 +56,7 @@ from agentlightning._netauth import new_token
 from agentlightning.credit._batch import build_batch_from_results
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
-from agentlightning.loop._report import IterationReport, summarize_results
+from agentlightning.loop._report import IterationReport, held_out_score, summarize_results
 from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
 from agentlightning.transitions._store import results_from_store
@@ -60,12 +64,16 @@ from agentlightning.transitions._store import results_from_store
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["LOOP_STATE_FILE", "EngineT", "RLLoop"]
+__all__ = ["BEST_CHECKPOINT", "LOOP_STATE_FILE", "EngineT", "RLLoop"]
 
 logger = logging.getLogger(__name__)
 
 LOOP_STATE_FILE = "loop_state.json"
 """The loop's own part of a checkpoint (iteration, model version), next to the engine's files."""
+
+BEST_CHECKPOINT = "best"
+"""The folder inside ``checkpoint/`` holding the checkpoint of the best held-out evaluation (an engine's
+`Engine.save_state` keeps it when it replaces the last checkpoint)."""
 
 EngineT = TypeVar("EngineT", bound=Engine)
 """The type of a loop's engine: ``RLLoop[TorchEngine].engine`` is a ``TorchEngine`` to a type checker."""
@@ -97,6 +105,8 @@ class RLLoop(Generic[EngineT]):
         self.iteration = 0
         self.model_version = 0
         self.history: list[IterationReport] = []
+        self.evaluations: list[IterationReport] = []  # every `evaluate` report, in order
+        self.best: IterationReport | None = None  # the evaluation `checkpoint/best` holds (``keep_best``)
         self.rollouts_failed = 0  # of the last iteration (also metrics["rollouts_failed"])
         self._rng = random.Random(config.seed)
         self._next_task = 0
@@ -111,6 +121,8 @@ class RLLoop(Generic[EngineT]):
                 f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
                 f"{type(engine).__name__} does not (Engine.serves_during_update is False): use max_staleness=0"
             )
+        if config.policies is not None and engine.policies_unsupported is not None:
+            raise ValueError(f"{type(engine).__name__} cannot train several policies: {engine.policies_unsupported}")
 
     # ----- serving ---------------------------------------------------------------------------------------
 
@@ -226,7 +238,7 @@ class RLLoop(Generic[EngineT]):
                             "each): are runners running and pointed at this store?"
                         )
                     if val_tasks and config.eval_every and self.iteration % config.eval_every == 0:
-                        await self.evaluate(store, val_tasks)
+                        await self.evaluate(store, val_tasks, keep_best=True)
             finally:
                 self._deadline = None
                 await self._cancel_prefetched()
@@ -313,10 +325,14 @@ class RLLoop(Generic[EngineT]):
             self.save_checkpoint()
         return report
 
-    async def evaluate(self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True) -> IterationReport:
+    async def evaluate(
+        self, store: LightningStore, tasks: Sequence[Any], *, greedy: bool = True, keep_best: bool = False
+    ) -> IterationReport:
         """Run each task once with the current policy (greedy by default) and report; nothing is trained.
 
-        The report (``kind="eval"``) is appended to ``metrics.jsonl`` but not to `history`.
+        The report (``kind="eval"``) is appended to ``metrics.jsonl`` and `evaluations`, not to `history`. With
+        ``keep_best``, a greedy evaluation that beats every earlier one (by ``best_metric``) saves the policy to
+        ``checkpoint/best`` and becomes `best` (its metrics get ``best: 1``).
         """
         await self.start(store)
         t0 = time.monotonic()
@@ -326,8 +342,22 @@ class RLLoop(Generic[EngineT]):
         await self.proxy.flush()
         results = await results_from_store(store, done_ids, self._transition_config())
         report = self._report("eval", len(rollout_ids), results, t0, {"greedy": float(greedy)})
+        if keep_best and greedy:
+            self._keep_if_best(report)
+        self.evaluations.append(report)
         self._write(report)
         return report
+
+    def _keep_if_best(self, report: IterationReport) -> None:
+        """Save ``checkpoint/best`` when ``report`` beats the best evaluation so far (ties keep the earlier one)."""
+        metric = self.config.best_metric
+        score = held_out_score(report, metric)
+        if self.best is not None and score <= held_out_score(self.best, metric):
+            return
+        self.save_checkpoint(self.best_checkpoint_dir)
+        self.best = report
+        report.metrics["best"] = 1.0
+        logger.info("best held-out %s so far: %.4f at iteration %d", metric, score, self.iteration)
 
     # ----- helpers ---------------------------------------------------------------------------------------
 
@@ -466,9 +496,15 @@ class RLLoop(Generic[EngineT]):
         """Where the latest checkpoint lives: ``output_dir/checkpoint``."""
         return self.config.output_dir / "checkpoint"
 
-    def save_checkpoint(self) -> Path:
-        """Save the engine's state, then the loop's iteration and model version; returns the folder."""
-        directory = self.checkpoint_dir
+    @property
+    def best_checkpoint_dir(self) -> Path:
+        """Where the checkpoint of the best held-out evaluation lives: ``output_dir/checkpoint/best``."""
+        return self.checkpoint_dir / BEST_CHECKPOINT
+
+    def save_checkpoint(self, directory: Path | None = None) -> Path:
+        """Save the engine's state, then the loop's iteration and model version, into ``directory`` (default:
+        `checkpoint_dir`); returns the folder."""
+        directory = self.checkpoint_dir if directory is None else directory
         directory.mkdir(parents=True, exist_ok=True)
         self.engine.save_state(directory)
         state = {"iteration": self.iteration, "model_version": self.model_version}

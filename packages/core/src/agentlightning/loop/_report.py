@@ -8,7 +8,7 @@ from typing import Literal
 
 from agentlightning.transitions._config import TransitionResult
 
-__all__ = ["IterationReport", "summarize_results"]
+__all__ = ["IterationReport", "held_out_score", "summarize_results"]
 
 
 @dataclass
@@ -60,3 +60,17 @@ def summarize_results(results: Sequence[TransitionResult], success_reward: float
         "multi_call_rate": sum(1 for c in calls if c > 1) / n,
         "success_rate": sum(1 for r in rewards if r >= success_reward) / n,
     }
+
+
+def held_out_score(report: IterationReport, metric: str = "reward_mean") -> float:
+    """The figure of an evaluation report that ranks checkpoints: ``reward_mean`` or one of its ``metrics``.
+
+    Raises:
+        ValueError: ``metric`` is neither ``reward_mean`` nor in the report's metrics (the message lists them).
+    """
+    if metric == "reward_mean":
+        return report.reward_mean
+    if metric not in report.metrics:
+        known = ", ".join(["reward_mean", *sorted(report.metrics)])
+        raise ValueError(f"best_metric {metric!r} is not a figure of the evaluation report (it has: {known})")
+    return float(report.metrics[metric])

@@ -5,34 +5,34 @@ Every route answers `ProxyStatus`, which counts the late calls refused (calls fo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._netauth import bearer_matches
 from agentlightning._routing import Route
+from agentlightning._server_base import Refusal
 from agentlightning.proxy._asgi import ADMIN, ProxyRequest, error
-from agentlightning.proxy._assemble import loads
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["admin_routes"]
+__all__ = ["admin_refusal", "admin_routes"]
 
 
 class PauseBody(BaseModel):
     """``POST /admin/pause``: how long to wait for requests in flight (``null``: as long as it takes)."""
 
-    model_config = ConfigDict(extra="forbid")
-    timeout: float | None = None
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    timeout: float | None = Field(default=None, ge=0)
 
 
 class ResumeBody(BaseModel):
     """``POST /admin/resume``: the model version recorded from now on (``null``: unchanged)."""
 
     model_config = ConfigDict(extra="forbid")
-    model_version: int | None = None
+    model_version: StrictInt | None = Field(default=None, ge=0)
 
 
 class BackendsBody(BaseModel):
@@ -46,7 +46,7 @@ class ModelVersionBody(BaseModel):
     """``POST /admin/model_version``: the version recorded on calls whose backend reports none."""
 
     model_config = ConfigDict(extra="forbid")
-    model_version: int
+    model_version: StrictInt = Field(ge=0)
 
 
 class ProxyStatus(BaseModel):
@@ -73,7 +73,7 @@ class ProxyStatus(BaseModel):
 
 
 def admin_routes(proxy: LLMProxy) -> list[Route]:
-    """The ``/admin/*`` routes of ``proxy`` (auth rule `ADMIN`: they check the admin token themselves)."""
+    """The ``/admin/*`` routes of ``proxy`` (auth rule `ADMIN`: `admin_refusal`; bodies validated by their models)."""
 
     def bind(handler: Any) -> Any:
         async def endpoint(request: ProxyRequest) -> Response:
@@ -102,31 +102,17 @@ def admin_routes(proxy: LLMProxy) -> list[Route]:
     ]  # fmt: skip
 
 
-def _refusal(proxy: LLMProxy, request: ProxyRequest) -> Response | None:
-    """Admin routes always need the admin token: without one configured they are closed, even on loopback."""
+def admin_refusal(proxy: LLMProxy, authorization: str | None) -> Refusal | None:
+    """The `ADMIN` rule: always the admin token; without one configured the routes are closed, even on loopback."""
     if not proxy.admin_token:
-        return error(
+        return Refusal(
             403,
             "the proxy's admin routes are disabled: start it with an admin token (agl proxy serve --admin-token)",
             "forbidden",
         )
-    if not bearer_matches(request.authorization, proxy.admin_token):
-        return error(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
+    if not bearer_matches(authorization, proxy.admin_token):
+        return Refusal(401, "admin routes need 'Authorization: Bearer <admin token>'", "unauthorized")
     return None
-
-
-async def _admin_json(proxy: LLMProxy, request: ProxyRequest) -> dict[str, Any] | Response:
-    refusal = _refusal(proxy, request)
-    if refusal is not None:
-        return refusal
-    raw = request.body
-    try:
-        data = loads(raw) if raw.strip() else {}
-    except ValueError:
-        return error(400, "admin request body is not valid JSON", "invalid_request_error")
-    if not isinstance(data, dict):
-        return error(400, "admin request body must be a JSON object", "invalid_request_error")
-    return cast(dict[str, Any], data)
 
 
 def _status(proxy: LLMProxy) -> dict[str, Any]:
@@ -143,57 +129,34 @@ def _status(proxy: LLMProxy) -> dict[str, Any]:
 
 
 async def _admin_pause(proxy: LLMProxy, request: ProxyRequest) -> Response:
-    data = await _admin_json(proxy, request)
-    if isinstance(data, Response):
-        return data
-    timeout = data.get("timeout")
-    if timeout is not None and not isinstance(timeout, int | float):
-        return error(400, f"'timeout' must be a number of seconds, got {timeout!r}", "invalid_request_error")
+    body: PauseBody = request.parsed
     try:
-        await proxy.pause(timeout)
+        await proxy.pause(body.timeout)
     except TimeoutError as exc:
         return error(504, str(exc), "proxy_drain_timeout")
     return JSONResponse(_status(proxy))
 
 
 async def _admin_resume(proxy: LLMProxy, request: ProxyRequest) -> Response:
-    data = await _admin_json(proxy, request)
-    if isinstance(data, Response):
-        return data
-    version = data.get("model_version")
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
-        return error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
-    proxy.resume(version)
+    body: ResumeBody = request.parsed
+    proxy.resume(body.model_version)
     return JSONResponse(_status(proxy))
 
 
 async def _admin_backends(proxy: LLMProxy, request: ProxyRequest) -> Response:
-    data = await _admin_json(proxy, request)
-    if isinstance(data, Response):
-        return data
-    backends = data.get("backends")
-    if not isinstance(backends, list) or not all(isinstance(b, str) for b in cast(list[Any], backends)):
-        return error(400, "'backends' must be a list of URLs", "invalid_request_error")
+    body: BackendsBody = request.parsed
     try:
-        proxy.set_backends(cast(list[str], backends))
+        proxy.set_backends(body.backends)
     except ValueError as exc:
         return error(400, str(exc), "invalid_request_error")
     return JSONResponse(_status(proxy))
 
 
 async def _admin_model_version(proxy: LLMProxy, request: ProxyRequest) -> Response:
-    data = await _admin_json(proxy, request)
-    if isinstance(data, Response):
-        return data
-    version = data.get("model_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        return error(400, f"'model_version' must be a non-negative integer, got {version!r}", "invalid_request_error")
-    proxy.model_version = version
+    body: ModelVersionBody = request.parsed
+    proxy.model_version = body.model_version
     return JSONResponse(_status(proxy))
 
 
 async def _admin_status(proxy: LLMProxy, request: ProxyRequest) -> Response:
-    refusal = _refusal(proxy, request)
-    if refusal is not None:
-        return refusal
     return JSONResponse(_status(proxy))

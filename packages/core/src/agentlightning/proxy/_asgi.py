@@ -23,8 +23,8 @@ from starlette.datastructures import State
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from agentlightning._netauth import cross_site_refusal
 from agentlightning._routing import RouteTable
+from agentlightning._server_base import Admitted, Authorizer, Refusal, ServerBase, validate_body
 
 __all__ = [
     "ADMIN",
@@ -56,17 +56,19 @@ class ProxyRequest(NamedTuple):
     """The ``Authorization`` header."""
     agent: str | None = None
     """The ``x-agentlightning-agent`` header, raw (`agentlightning.AGENT_HEADER`: the agent making the call)."""
+    parsed: Any = None
+    """The body validated by the route's model (`agentlightning._server_base.validate_body`): the model, or for a
+    pass-through model (OpenAI's requests) the JSON object as sent; ``None`` for a route without a body model."""
 
 
 Handler = Callable[[ProxyRequest], Awaitable[Response]]
-Authorizer = Callable[[str | None], Response | None]
-"""(Authorization header) -> a refusal, or ``None`` to let the request through."""
+_OWN_KINDS = frozenset({"unauthorized", "forbidden"})
 
 ADMIN = "admin"
-"""The auth rule of the ``/admin/*`` routes: not the agents' token, the admin token (their handlers check it)."""
+"""The auth rule of the ``/admin/*`` routes: not the agents' token, the admin token."""
 
 RUNNER = "runner"
-"""The auth rule of the slot routes: not the agents' token, the runner token (their handlers check it)."""
+"""The auth rule of the slot routes: not the agents' token, the runner token."""
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -127,23 +129,6 @@ class RawResponse(Response):
         self.background = None
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | int | None:
-    """The whole request body, its size so far once it passes ``limit`` bytes, or ``None`` on a disconnect."""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk: bytes = message.get("body", b"")
-        total += len(chunk)
-        if total > limit:
-            return total
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def too_large(size: int, limit: int) -> Response:
     """The 413 answer for a request body of ``size`` bytes over ``limit`` (OpenAI's error shape)."""
     message = (
@@ -153,128 +138,71 @@ def too_large(size: int, limit: int) -> Response:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 413}}, 413)
 
 
-class ProxyASGI:
-    """The proxy's ASGI app: a request is checked by ``authorize`` (not on `ADMIN`, `RUNNER` routes), then answered.
+class ProxyASGI(ServerBase):
+    """The proxy's ASGI app: admission by `ServerBase` (its auth rules: the agents' token, `ADMIN`, `RUNNER`), then the
+    route's handler with the validated body.
 
-    Before that, `cross_site_refusal` turns away what a foreign web page could send (403 for a foreign ``Origin``
-    or, over loopback, ``Host``; 415 for a write whose body is not ``application/json``).
-
-    Exceptions propagate to the server (uvicorn answers 500 and logs them).
+    Refusals are answered in OpenAI's error shape. A route's body model is validated by the shared `validate_body`
+    (400 with a one-line reason when invalid); the completion routes' models check the fields the proxy reads and
+    the body is forwarded as it was sent. Exceptions propagate to the server (uvicorn answers 500 and logs them).
 
     Args:
         table: The proxy's routes (``decode=True``: matched against the raw path).
-        authorize: The token check of every HTTP request.
+        authorizers: The check of each auth rule (``bearer``: the agents' token; `ADMIN`; `RUNNER`).
         max_body_bytes: Larger request bodies get 413.
         startup: Awaited on the server's lifespan startup; ``shutdown`` on its shutdown.
         state: Attributes for the app's users (``state.llm_proxy``).
     """
 
+    name = "LLM proxy"
+
     def __init__(
         self,
         table: RouteTable,
-        authorize: Authorizer,
+        authorizers: Mapping[str, Authorizer],
         max_body_bytes: int,
         startup: Callable[[], Awaitable[None]],
         shutdown: Callable[[], Awaitable[None]],
         state: State,
     ) -> None:
-        self.table = table
-        self.authorize = authorize
-        self.max_body_bytes = max_body_bytes
-        self.startup = startup
-        self.shutdown = shutdown
+        super().__init__(table, max_body_bytes, authorizers, startup, shutdown)
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self._lifespan(receive, send)
-            return  # a websocket is refused by the server when the app does not accept it
-        authorization: str | None = None
-        agent: str | None = None
-        host = origin = content_type = b""
-        has_body = False
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"x-agentlightning-agent":
-                agent = value.decode("latin-1")
-            elif name == b"host":
-                host = value
-            elif name == b"origin":
-                origin = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
-                has_body = True
-        method: str = scope["method"]
-        # A web page in the user's browser reaches a proxy on this machine too: it must not spend its backends.
-        refusal = cross_site_refusal(method, host, origin, content_type, has_body, scope.get("server"))
-        if refusal is not None:
-            kind = "forbidden" if refusal[0] == 403 else "invalid_request_error"
-            await error(refusal[0], refusal[1], kind)(scope, receive, send)
-            return
+    def path_of(self, scope: Scope) -> str:
+        """The raw path (ids may hold an encoded ``/``), without the app's root path."""
         path = raw_path(scope)
         root = scope.get("root_path") or ""
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        found = self.table.match("GET" if method == "HEAD" else method, path)
-        route = found.route if found is not None else self.table.allowed(path)
-        if route is None or (route.auth != ADMIN and route.auth != RUNNER):
-            refusal = self.authorize(authorization)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        if found is None:
-            if route is None:
-                response = error(404, f"no route {method} {path} on the LLM proxy", "invalid_request_error")
-            else:
-                allow = ", ".join(self.table.methods(path))
-                message = f"{method} is not allowed on {path} (allowed: {allow})"
-                response = error(405, message, "invalid_request_error", headers={"Allow": allow})
-            await response(scope, receive, send)
+        return path[len(root) :] if root and path.startswith(root) else path
+
+    async def refuse(self, scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
+        """Send ``refusal`` in OpenAI's error shape."""
+        if refusal.status == 413:
+            await too_large(int(refusal.message), self.max_body_bytes)(scope, receive, send)
             return
-        body = b""
-        if method not in ("GET", "HEAD"):
-            read = await self._body(scope, receive, send)
-            if read is None:
+        kind = refusal.kind if refusal.kind in _OWN_KINDS else "invalid_request_error"
+        await error(refusal.status, refusal.message, kind, headers=dict(refusal.headers))(scope, receive, send)
+
+    def too_large(self, size: int) -> Refusal:
+        """The 413 refusal (its message is written by `too_large` when sent)."""
+        return Refusal(413, str(size), "too_large")
+
+    async def answer(self, scope: Scope, receive: Receive, send: Send, request: Admitted) -> None:
+        """Validate the body by the route's model, run the handler (a completion's is cancelled if the agent hangs
+        up), and send its answer."""
+        route = request.match.route
+        parsed: Any = None
+        if route.body is not None:
+            parsed = validate_body(route.body, request.body, 400)
+            if isinstance(parsed, Refusal):
+                await self.refuse(scope, receive, send, parsed)
                 return
-            body = read
-        request = ProxyRequest(method, found.params, body, authorization, agent)
-        route = found.route
+        call = ProxyRequest(
+            request.method, request.match.params, request.body, request.authorization, request.agent, parsed
+        )
         if COMPLETIONS_TAG in route.tags:
-            answer = await _unless_disconnected(route.handler(request), receive)
+            answer = await _unless_disconnected(route.handler(call), receive)
             if answer is None:
                 return  # the agent hung up: nobody to answer
         else:
-            answer = await route.handler(request)
+            answer = await route.handler(call)
         await answer(scope, receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    logger.exception("LLM proxy could not start")
-                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The request body, or ``None`` once answered (413) or when the client went away."""
-        limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await too_large(int(value), limit)(scope, receive, send)
-                return None
-        body = await _read_body(receive, limit)
-        if isinstance(body, int):
-            await too_large(body, limit)(scope, receive, send)
-            return None
-        return body  # None: the client went away before sending its request

@@ -171,11 +171,13 @@ class Forwarder(CallRecorder):
             return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
     async def complete(
-        self, target: Target, raw_body: bytes, authorization: str | None, agent: str | None = None
+        self, target: Target, agent_request: dict[str, Any], authorization: str | None, agent: str | None = None
     ) -> Response:
         """Forward one completion request and record it (the handler of every completion route).
 
-        ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the agent that makes the call).
+        ``agent_request`` is the request body as the agent sent it, a JSON object whose fields the proxy reads were
+        validated by the route's model. ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the
+        agent that makes the call).
         """
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
@@ -205,13 +207,6 @@ class Forwarder(CallRecorder):
                 "proxy_paused",
                 headers={"Retry-After": str(self.retry_after)},
             )
-        try:
-            body = loads(raw_body)
-        except ValueError as exc:
-            return error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "request body must be a JSON object", "invalid_request_error")
-        agent_request = cast(dict[str, Any], body)
         self._in_flight += 1
         self._idle_event().clear()
         streamed = False

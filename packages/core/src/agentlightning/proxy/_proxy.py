@@ -50,19 +50,19 @@ from typing import Any, Literal
 
 import aiohttp
 from starlette.datastructures import State
-from starlette.responses import Response
 
 from agentlightning._models import LLMCall, LLMResource
 from agentlightning._netauth import bearer_matches, check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
 from agentlightning._routing import RouteTable
-from agentlightning._server_base import STORE_MAX_BODY_BYTES
+from agentlightning._server_base import STORE_MAX_BODY_BYTES, Authorizer, Refusal
 from agentlightning._urls import rollout_base_url, slot_base_url
-from agentlightning.proxy._asgi import ProxyASGI, error
+from agentlightning.proxy._admin import admin_refusal
+from agentlightning.proxy._asgi import ADMIN, RUNNER, ProxyASGI
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
 from agentlightning.proxy._policy_routing import PolicyRouter
-from agentlightning.proxy._routes import proxy_routes
+from agentlightning.proxy._routes import proxy_routes, runner_refusal
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
@@ -364,9 +364,12 @@ class LLMProxy(Forwarder):
     # ------------------------------------------------------------------ app
     def _build_app(self) -> ProxyASGI:
         table = RouteTable(proxy_routes(self), decode=True)  # matched on the raw path: ids may hold an encoded "/"
-        return ProxyASGI(
-            table, self._authorize, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self})
-        )
+        authorizers: dict[str, Authorizer] = {
+            "bearer": self._authorize,
+            ADMIN: lambda authorization: admin_refusal(self, authorization),
+            RUNNER: lambda authorization: runner_refusal(self, authorization),
+        }
+        return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self}))
 
     async def _open(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -391,16 +394,16 @@ class LLMProxy(Forwarder):
             self._session = None
         self._loop = None
 
-    def _authorize(self, authorization: str | None) -> Response | None:
-        """The refusal for a request that lacks the token, or ``None`` (``/admin/*`` checks its own token)."""
+    def _authorize(self, authorization: str | None) -> Refusal | None:
+        """The refusal for a request that lacks the agents' token, or ``None``."""
         if self.authorized(authorization):
             return None
-        return error(
+        return Refusal(
             401,
             "this LLM proxy needs 'Authorization: Bearer <token>' (the agent's api_key; the trainer publishes it "
             "as the LLM resource's api_key)",
             "unauthorized",
-            headers={"WWW-Authenticate": "Bearer"},
+            {"WWW-Authenticate": "Bearer"},
         )
 
 

@@ -10,7 +10,8 @@
 
 ``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the per-rollout URL), ``/slot/{key}`` (a runner
 slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). The completion bodies
-are OpenAI's; the proxy forwards them as they are, so their models here describe them without checking them.
+are OpenAI's: their models check the fields the proxy reads (400 with a one-line reason) and the body is forwarded
+as it was sent, every other field included (`agentlightning._server_base.validate_body`).
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from agentlightning._netauth import bearer_matches
 from agentlightning._routing import Route, openapi_document
+from agentlightning._server_base import Refusal, validate_body
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
 from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
-from agentlightning.proxy._slots import MAX_PER_REQUEST, slot_route, slots_route
+from agentlightning.proxy._slots import MAX_PER_REQUEST, clear_slot, register_slot, update_slots
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["Target", "proxy_routes"]
+__all__ = ["Target", "proxy_routes", "runner_refusal"]
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 SLOT_PREFIX = "/slot/{slot}"
@@ -53,7 +55,7 @@ class ChatCompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[dict[str, Any]]
-    stream: bool = False
+    stream: StrictBool = False
 
 
 class CompletionBody(BaseModel):
@@ -61,8 +63,8 @@ class CompletionBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    prompt: str | list[int]
-    stream: bool = False
+    prompt: str | list[str] | list[int] | list[list[int]]
+    stream: StrictBool = False
 
 
 class OpenAIAnswer(BaseModel):
@@ -81,16 +83,16 @@ class SlotBody(BaseModel):
     """The attempt a runner slot runs now (``DELETE``: optional, clears only that occupant)."""
 
     model_config = ConfigDict(extra="forbid")
-    rollout_id: str
-    attempt_id: str
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
 
 
 class EndedAttempt(BaseModel):
     """An attempt whose agent returned: its calls are refused from now on (409), on ``slot`` too if it still runs it."""
 
     model_config = ConfigDict(extra="forbid")
-    rollout_id: str
-    attempt_id: str
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
     slot: str | None = None
 
 
@@ -158,13 +160,13 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
         found = _target("chat", request.params)
         if isinstance(found, Response):
             return found
-        return await proxy.complete(found, request.body, request.authorization, request.agent)
+        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
 
     async def completions(request: ProxyRequest) -> Response:
         found = _target("completion", request.params)
         if isinstance(found, Response):
             return found
-        return await proxy.complete(found, request.body, request.authorization, request.agent)
+        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
 
     async def models(request: ProxyRequest) -> Response:
         found = _target("chat", request.params)
@@ -189,33 +191,42 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
     return routes
 
 
-def _slot_routes(proxy: LLMProxy) -> list[Route]:
-    """Register and clear runner slots (runner token)."""
+def runner_refusal(proxy: LLMProxy, authorization: str | None) -> Refusal | None:
+    """The `RUNNER` rule: the runner token (the agents' api_key does not open the slot routes)."""
+    if bearer_matches(authorization, proxy.runner_token):
+        return None
+    return Refusal(
+        401,
+        "runner slot routes need 'Authorization: Bearer <runner token>' (LLMResource.runner_token, which the "
+        "trainer publishes for runners; the agents' api_key does not open them)",
+        "unauthorized",
+        {"WWW-Authenticate": "Bearer"},
+    )
 
-    def runner_refusal(request: ProxyRequest) -> Response | None:
-        if bearer_matches(request.authorization, proxy.runner_token):
-            return None
-        return error(
-            401,
-            "runner slot routes need 'Authorization: Bearer <runner token>' (LLMResource.runner_token, which the "
-            "trainer publishes for runners; the agents' api_key does not open them)",
-            "unauthorized",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+
+def _slot_routes(proxy: LLMProxy) -> list[Route]:
+    """Register and clear runner slots (auth rule `RUNNER`: `runner_refusal`; bodies validated by their models)."""
 
     async def slot(request: ProxyRequest) -> Response:
-        refusal = runner_refusal(request)
-        if refusal is not None:
-            return refusal
         try:
             key = check_slot_key(request.params["slot"])
         except ValueError as exc:
             return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
-        return slot_route(proxy.slots, request.method, key, request.body)
+        if request.method == "PUT":
+            body: SlotBody = request.parsed
+            return register_slot(proxy.slots, key, (body.rollout_id, body.attempt_id))
+        if not request.body.strip():
+            return clear_slot(proxy.slots, key, None)
+        occupant = validate_body(SlotBody, request.body, 400)  # DELETE's body is optional: validated here
+        if isinstance(occupant, Refusal):
+            return error(400, occupant.message, "invalid_request_error")
+        return clear_slot(proxy.slots, key, (occupant.rollout_id, occupant.attempt_id))
 
     async def slots(request: ProxyRequest) -> Response:
-        refusal = runner_refusal(request)
-        return refusal if refusal is not None else slots_route(proxy.slots, request.body)
+        body: SlotsBody = request.parsed
+        registrations = [(key, (s.rollout_id, s.attempt_id)) for key, s in body.slots.items()]
+        ends = [((e.rollout_id, e.attempt_id), e.slot) for e in body.ended]
+        return update_slots(proxy.slots, registrations, ends)
 
     full = {400: "invalid body", 401: _RUNNER_401, 503: "the slot table is full of live slots"}
     return [

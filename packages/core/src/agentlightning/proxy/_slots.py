@@ -37,12 +37,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any, cast
 
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._urls import check_slot_key
-from agentlightning.proxy._assemble import loads
 
 __all__ = [
     "ATTEMPT_FINISHED",
@@ -54,8 +52,9 @@ __all__ = [
     "Slot",
     "SlotTable",
     "SlotTableFull",
-    "slot_route",
-    "slots_route",
+    "clear_slot",
+    "register_slot",
+    "update_slots",
 ]
 
 SLOT_NOT_REGISTERED = "slot_not_registered"
@@ -202,113 +201,44 @@ class SlotTable:
         return None if slot is None else (slot.rollout_id, slot.attempt_id)
 
 
-def _ids(body: bytes) -> Ids | str | None:
-    """``(rollout_id, attempt_id)`` from a JSON body, ``None`` for an empty body, or why the body is wrong."""
-    if not body.strip():
-        return None
-    try:
-        data = loads(body)
-    except ValueError:
-        return 'the body must be JSON: {"rollout_id": ..., "attempt_id": ...}'
-    return _ids_of(data)
-
-
-def _ids_of(data: Any) -> Ids | str:
-    """``(rollout_id, attempt_id)`` from a parsed JSON value, or why it is wrong."""
-    if not isinstance(data, dict):
-        return 'the body must be a JSON object: {"rollout_id": ..., "attempt_id": ...}'
-    fields = cast(dict[str, Any], data)
-    rollout_id, attempt_id = fields.get("rollout_id"), fields.get("attempt_id")
-    if not isinstance(rollout_id, str) or not rollout_id or not isinstance(attempt_id, str) or not attempt_id:
-        return "'rollout_id' and 'attempt_id' must be non-empty strings"
-    return rollout_id, attempt_id
-
-
 def _full(exc: SlotTableFull) -> Response:
     return _error(503, str(exc), SLOT_TABLE_FULL)
 
 
-def slot_route(table: SlotTable, method: str, key: str, body: bytes) -> Response:
-    """Answer ``PUT /slot/{key}`` (register) or ``DELETE /slot/{key}`` (clear); the caller checked the runner token."""
-    ids = _ids(body)
-    if isinstance(ids, str):
-        return _error(400, ids)
-    if method == "PUT":
-        if ids is None:
-            return _error(400, 'registering a slot needs {"rollout_id": ..., "attempt_id": ...}')
-        try:
-            table.register(key, *ids)
-        except SlotTableFull as exc:
-            return _full(exc)
-        return JSONResponse({"slot": key, "rollout_id": ids[0], "attempt_id": ids[1]})
-    if method == "DELETE":
-        return JSONResponse({"slot": key, "cleared": table.clear(key, ids)})
-    return _error(405, f"{method} /slot/{{key}} is not supported: use PUT (register) or DELETE (clear)")
-
-
-def _ended_of(data: Any) -> tuple[Ids, str | None] | str:
-    """An ``ended`` entry's ids and slot key, or why it is wrong."""
-    ids = _ids_of(data)
-    if isinstance(ids, str):
-        return ids
-    key = cast(dict[str, Any], data).get("slot")
-    if key is None:
-        return ids, None
-    if not isinstance(key, str):
-        return f"'slot' must be a slot key or null, got {key!r}"
+def register_slot(table: SlotTable, key: str, ids: Ids) -> Response:
+    """Answer ``PUT /slot/{key}`` (the body validated, the runner token checked)."""
     try:
-        return ids, check_slot_key(key)
-    except ValueError as exc:
-        return str(exc)
+        table.register(key, *ids)
+    except SlotTableFull as exc:
+        return _full(exc)
+    return JSONResponse({"slot": key, "rollout_id": ids[0], "attempt_id": ids[1]})
 
 
-_PARTS = {"slots", "ended"}
+def clear_slot(table: SlotTable, key: str, occupant: Ids | None) -> Response:
+    """Answer ``DELETE /slot/{key}`` (with an occupant: only if the slot still runs it)."""
+    return JSONResponse({"slot": key, "cleared": table.clear(key, occupant)})
 
 
-def _parse_slots(body: bytes) -> tuple[list[tuple[str, Ids]], list[tuple[Ids, str | None]]] | Response:
-    """The registrations and ended attempts of a ``PUT /slots`` body, or the refusal of all of it."""
-    try:
-        data = loads(body)
-    except ValueError:
-        data = None
-    fields = cast(dict[str, Any], data) if isinstance(data, dict) else {"": None}
-    entries, ended = fields.get("slots", {}), fields.get("ended", [])
-    if not isinstance(entries, dict) or not isinstance(ended, list) or not fields or set(fields) - _PARTS:
+def update_slots(
+    table: SlotTable, registrations: list[tuple[str, Ids]], ends: list[tuple[Ids, str | None]]
+) -> Response:
+    """Answer ``PUT /slots``: end the ``ended`` attempts, then register the ``slots`` (all of it, or nothing)."""
+    if len(registrations) + len(ends) > MAX_PER_REQUEST:
         return _error(
-            400,
-            'PUT /slots needs {"slots": {key: {"rollout_id": ..., "attempt_id": ...}, ...}, '
-            '"ended": [{"rollout_id": ..., "attempt_id": ..., "slot": key or null}, ...]} (either part optional)',
+            413,
+            f"{len(registrations)} slots and {len(ends)} ended attempts in one request: send at most {MAX_PER_REQUEST}",
         )
-    entries, ended = cast(dict[str, Any], entries), cast(list[Any], ended)
-    if len(entries) + len(ended) > MAX_PER_REQUEST:
-        return _error(
-            413, f"{len(entries)} slots and {len(ended)} ended attempts in one request: send at most {MAX_PER_REQUEST}"
-        )
-    registrations: list[tuple[str, Ids]] = []
-    for key, value in entries.items():
-        ids = _ids_of(value)
+    for key, _ in registrations:
         try:
             check_slot_key(key)
         except ValueError as exc:
-            ids = str(exc)
-        if isinstance(ids, str):
-            return _error(400, f"slot {key!r}: {ids}; nothing was changed")
-        registrations.append((key, ids))
-    ends: list[tuple[Ids, str | None]] = []
-    for index, value in enumerate(ended):
-        entry = _ended_of(value)
-        if isinstance(entry, str):
-            return _error(400, f"ended[{index}]: {entry}; nothing was changed")
-        ends.append(entry)
-    return registrations, ends
-
-
-def slots_route(table: SlotTable, body: bytes) -> Response:
-    """Answer ``PUT /slots``: end the ``ended`` attempts, then register the ``slots`` (all of it, or nothing)."""
-    parsed = _parse_slots(body)
-    if isinstance(parsed, Response):
-        return parsed
-    registrations, ends = parsed
+            return _error(400, f"slot {key!r}: {exc}; nothing was changed")
+    for index, (_, key) in enumerate(ends):
+        if key is not None:
+            try:
+                check_slot_key(key)
+            except ValueError as exc:
+                return _error(400, f"ended[{index}]: {exc}; nothing was changed")
     try:
         table.register_many(registrations)  # first: a full table refuses the whole request
     except SlotTableFull as exc:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 from pydantic import TypeAdapter, ValidationError
 
 from agentlightning._models import LLMCall, RequestId, Resources, Rollout, Span, StoreId
+from agentlightning._server_base import describe_validation
 from agentlightning.store import _common
 from agentlightning.store._base import MAX_DEQUEUE_MANY, InvalidRequestError, RolloutRequest
 from agentlightning.store._query import RolloutQuery, RunStatsQuery
@@ -42,24 +43,6 @@ _STORE_ID: TypeAdapter[str] = TypeAdapter(StoreId)
 _REQUEST_ID: TypeAdapter[str] = TypeAdapter(RequestId)
 _NOT_IDS = frozenset({".", ".."})
 _MAX_ID = 256
-
-
-def describe_validation(errors: Any, prefix: str = "") -> str:
-    """One line naming each (of the first five) invalid fields, e.g. ``spans.2.span_id: String should match...``.
-
-    Args:
-        errors: pydantic's ``ValidationError.errors()``.
-        prefix: The argument the locations are inside (``spans``), written before each.
-    """
-    parts: list[str] = []
-    for err in list(errors)[:5]:
-        loc = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p not in ("", "body"))
-        if err.get("type") == "json_invalid":
-            ctx = err.get("ctx") or {}
-            parts.append(f"malformed JSON: {ctx.get('error', err.get('msg', ''))}")
-        else:
-            parts.append(f"{loc or 'body'}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
-    return "; ".join(parts) or "invalid request"
 
 
 def invalid(exc: Exception, prefix: str = "") -> InvalidRequestError:

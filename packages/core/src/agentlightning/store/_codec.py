@@ -2,13 +2,15 @@
 
 A row keeps its ids in columns; its ``data`` is one of:
 
-- **Legacy JSON** (schema 4 and older; first byte ``{``): the record as ``model_dump_json`` wrote it. Still read.
+- **Legacy JSON** (SQLite schema 4 and older: text; PostgreSQL schema 1: text, bytes after migration, first byte
+  ``{``): the record as ``model_dump_json`` wrote it. Still read; never rewritten.
 - **Span, format 1** (first byte ``0x01``): a fixed binary header (flags, start and end time as float64 bits,
   trace id and parent id as raw bytes) and a JSON tail ``[name, attributes, events, status]``. Attribute keys of
   the well-known table `_KEYS` are written as their index, and the ``agentlightning.rollout_id`` /
   ``agentlightning.attempt_id`` attributes, when they repeat the row's own ids, as a marker. Events and status
   are left out when empty / unset. Uncompressed on purpose: a span write must stay a few microseconds.
-- **LLM call, format 1** (first byte ``0x01``): raw deflate of a header (array lengths), a JSON document of every
+- **LLM call, format 1** (first byte ``0x01``): raw deflate (with a preset dictionary of the JSON every chat
+  completion repeats) of a header (array lengths), a JSON document of every
   other field, the token ids as little-endian uint32 (int64 when one does not fit) and the log-probs as float64
   bits. The response's per-token ``logprobs.content[*].logprob`` values, when they equal ``response_logprobs``
   bit for bit, are not written again.

@@ -23,7 +23,7 @@ from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
 from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
+from agentlightning.store._codec import BlobFetch, decode_calls, decode_rows, decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
@@ -36,8 +36,9 @@ from agentlightning.store._postgres_schema import (
     migrate,
     one_line,
 )
-from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery, final_reward_of
+from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
+from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch, spans_query
 from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
 
 __all__ = ["PostgresRecords"]
@@ -278,56 +279,7 @@ class PostgresRecords(StoreBoundary):
         if not batch:
             return 0
         key = None if request_id is None else "spans:" + request_id
-        blobs: dict[bytes, bytes] = {}
-        columns = (
-            [s.rollout_id for s in batch],
-            [s.attempt_id for s in batch],
-            [s.span_id for s in batch],
-            [s.sequence_id for s in batch],
-            [encode_span(s, blobs) for s in batch],
-        )
-        # one final reward per attempt: the last by sequence id (a later one in the batch wins a tie, as in SQLite)
-        finals: dict[tuple[str, str], tuple[float, int]] = {}
-        for span in batch:
-            reward = final_reward_of(span)
-            pair = (span.rollout_id, span.attempt_id)
-            if reward is not None and (pair not in finals or finals[pair][1] <= span.sequence_id):
-                finals[pair] = (reward, span.sequence_id)
-        rewards = [(r, seq, a, rid, seq) for (rid, a), (r, seq) in sorted(finals.items())]
-        pairs = set(zip(columns[0], columns[1], strict=False))
-
-        def write(conn: Any) -> int:
-            self._check_attempts(conn, pairs, "spans")
-            added = conn.execute(_INSERT_SPANS, columns).rowcount
-            if blobs and added:  # a batch of records stored before adds no values they would not use
-                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
-            if key is not None and added < len(batch):
-                seen = self._lock_request(conn, key)
-                if seen is not None:
-                    return int(seen)  # a retry: nothing was written, the first count is the answer
-            if rewards:
-                conn.cursor().executemany(_SET_REWARD, rewards)
-            if key is not None:
-                self._remember_request(conn, key, str(added), now())
-            return added
-
-        return await self._write(write)
-
-    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        sql = (
-            "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM agl_spans s "
-            "LEFT JOIN agl_attempts a ON a.attempt_id = s.attempt_id "
-            "WHERE s.rollout_id = %s{} ORDER BY COALESCE(a.sequence, 2147483647), s.attempt_id, s.sequence_id, "
-            "s.span_id"
-        )
-        params: tuple[str, ...] = (rollout_id,)
-        if attempt_id is not None:
-            sql, params = sql.format(" AND s.attempt_id = %s"), (rollout_id, attempt_id)
-        else:
-            sql = sql.format("")
-        rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
+        return await self._write(self._add_records, span_batch(batch), _INSERT_SPANS, _SET_REWARD, key, "spans")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
@@ -337,62 +289,36 @@ class PostgresRecords(StoreBoundary):
         batch = calls
         if not batch:
             return 0
-        blobs: dict[bytes, bytes] = {}
-        columns = (
-            [c.call_id for c in batch],
-            [c.rollout_id for c in batch],
-            [c.attempt_id for c in batch],
-            [c.start_time for c in batch],
-            [encode_call(c, blobs) for c in batch],
-        )
-        newest: dict[tuple[str, str], int] = {}
-        for c in batch:
-            if c.model_version is not None:
-                pair = (c.rollout_id, c.attempt_id)
-                newest[pair] = max(newest.get(pair, c.model_version), c.model_version)
-        versions = [(v, a, rid, v) for (rid, a), v in sorted(newest.items())]
         key = None if request_id is None else "calls:" + request_id
-        pairs = set(zip(columns[1], columns[2], strict=False))
+        records = call_batch(batch)
+        return await self._write(self._add_records, records, _INSERT_CALLS, _SET_VERSION, key, "LLM calls")
 
-        def write(conn: Any) -> int:
-            self._check_attempts(conn, pairs, "LLM calls")
-            added = conn.execute(_INSERT_CALLS, columns).rowcount
-            if blobs and added:  # a batch of records stored before adds no values they would not use
-                conn.execute(_INSERT_BLOBS, (list(blobs), list(blobs.values())))
-            if key is not None and added < len(batch):
-                seen = self._lock_request(conn, key)
-                if seen is not None:
-                    return int(seen)
-            if versions:
-                conn.cursor().executemany(_SET_VERSION, versions)
-            if key is not None:
-                self._remember_request(conn, key, str(added), now())
-            return added
+    def _add_records(
+        self, conn: Any, records: RecordBatch, insert: str, update: str, key: str | None, what: str
+    ) -> int:
+        self._check_attempts(conn, records.pairs, what)
+        added = conn.execute(insert, [list(column) for column in zip(*records.rows, strict=True)]).rowcount
+        if key is not None and added < len(records.rows):
+            seen = self._lock_request(conn, key)
+            if seen is not None:
+                return int(seen)  # a retry: nothing was written, the first count is the answer
+        if records.blobs and added:  # a batch of records stored before adds no values they would not use
+            conn.execute(_INSERT_BLOBS, (list(records.blobs), list(records.blobs.values())))
+        if records.updates:
+            conn.cursor().executemany(update, records.updates)
+        if key is not None:
+            self._remember_request(conn, key, str(added), now())
+        return added
 
-        return await self._write(write)
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
+        sql, params = spans_query(POSTGRES, rollout_id, attempt_id)
+        return await self._read(_read_records, sql, params, decode_spans, f"span of rollout {rollout_id!r}")
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        sql = (
-            "SELECT call_id, rollout_id, attempt_id, start_time, data FROM agl_llm_calls WHERE rollout_id = %s{} "
-            "ORDER BY start_time, seq"
-        )
-        params: tuple[str, ...] = (rollout_id,)
-        if attempt_id is not None:
-            sql, params = sql.format(" AND attempt_id = %s"), (rollout_id, attempt_id)
-        else:
-            sql = sql.format("")
-        rows = await self._read(lambda conn: conn.execute(sql, params).fetchall())
-        return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
-
-    def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        """Stored values by content key (run in the caller's thread: decoding happens after the records' read)."""
-
-        def read(conn: Any) -> dict[bytes, bytes]:
-            rows = conn.execute("SELECT key, data FROM agl_blobs WHERE key = ANY(%s)", (keys,)).fetchall()
-            return {bytes(row[0]): bytes(row[1]) for row in rows}
-
-        return self._run(read, (), False, False)
+        sql, params = calls_query(POSTGRES, rollout_id, attempt_id)
+        return await self._read(_read_records, sql, params, decode_calls, f"LLM call of rollout {rollout_id!r}")
 
     # ----------------------------------------------------------------- resources
 
@@ -483,3 +409,16 @@ def _snapshot(conn: Any, fn: Callable[[Any, Any], _R], query: Any) -> _R:
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         return fn(conn, query)
+
+
+def _read_records(
+    conn: Any, sql: str, params: tuple[str, ...], decode: Callable[[Any, BlobFetch], list[_R]], what: str
+) -> list[_R]:
+    """Rows of ``sql`` decoded, with the shared values they reference read on the same connection (in the worker
+    thread: the event loop never waits on the database)."""
+
+    def fetch(keys: list[bytes]) -> dict[bytes, bytes]:
+        rows = conn.execute("SELECT key, data FROM agl_blobs WHERE key = ANY(%s)", (keys,)).fetchall()
+        return {bytes(row[0]): bytes(row[1]) for row in rows}
+
+    return decode_rows(conn.execute(sql, params).fetchall(), decode, fetch, what)

@@ -47,6 +47,7 @@ class SqlDialect:
         any_of: ``(column, values) -> (clause, params)``: the column is one of ``values``.
         contains: Clause: the rollout id contains the parameter.
         bucket: Expression: the integer bucket of ``end_time`` given parameters start and width.
+        insertion_order: Column that orders rows of the LLM-call table as they were inserted.
     """
 
     param: str
@@ -54,6 +55,7 @@ class SqlDialect:
     any_of: Callable[[str, Sequence[Any]], tuple[str, list[Any]]]
     contains: str
     bucket: str
+    insertion_order: str
 
 
 def _sqlite_any_of(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
@@ -71,6 +73,7 @@ SQLITE = SqlDialect(
     any_of=_sqlite_any_of,
     contains="instr(rollout_id, ?) > 0",
     bucket="CAST((end_time - ?) / ? AS INTEGER)",
+    insertion_order="rowid",
 )
 POSTGRES = SqlDialect(
     param="%s",
@@ -78,6 +81,7 @@ POSTGRES = SqlDialect(
     any_of=_postgres_any_of,
     contains="strpos(rollout_id, %s) > 0",
     bucket="floor((end_time - %s) / %s)::bigint",
+    insertion_order="seq",
 )
 
 

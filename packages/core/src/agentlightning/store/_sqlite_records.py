@@ -30,7 +30,7 @@ from agentlightning.store._base import (
     StoreStats,
 )
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._codec import decode_calls, decode_rows, decode_spans, encode_call, encode_span
+from agentlightning.store._codec import decode_calls, decode_rows, decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
@@ -40,8 +40,9 @@ from agentlightning.store._query import (
     RolloutQuery,
     RunStats,
     RunStatsQuery,
-    final_reward_of,
 )
+from agentlightning.store._sql_dashboard import SQLITE
+from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch, spans_query
 from agentlightning.store._sqlite_dashboard import DashboardReader
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
@@ -65,6 +66,9 @@ _SET_REWARD = (
 _SET_VERSION = (
     "UPDATE attempts SET model_version = ? WHERE attempt_id = ? AND rollout_id = ? "
     "AND (model_version IS NULL OR model_version < ?)"
+)
+_INSERT_CALL = (
+    "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) VALUES (?, ?, ?, ?, ?)"
 )
 _INSERT_BLOB = "INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)"
 _SELECT_BLOBS = "SELECT key, data FROM blobs WHERE key IN ({})"
@@ -192,45 +196,7 @@ class SqliteRecords(StoreBoundary):
         if not batch:
             return 0
         key = None if request_id is None else "spans:" + request_id
-        blobs: dict[bytes, bytes] = {}
-        rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, encode_span(s, blobs)) for s in batch]
-        finals = [
-            (reward, s.sequence_id, s.attempt_id, s.rollout_id, s.sequence_id)
-            for s in batch
-            if (reward := final_reward_of(s)) is not None
-        ]
-        pairs = {(row[0], row[1]) for row in rows}
-        with self._write as conn:
-            self._check_attempts(conn, pairs, "spans")
-            before = conn.total_changes
-            conn.executemany(_INSERT_SPAN, rows)
-            added = conn.total_changes - before
-            if blobs and added:  # a batch of records stored before adds no values they would not use
-                conn.executemany(_INSERT_BLOB, blobs.items())
-            if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
-                return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
-            if finals:
-                conn.executemany(_SET_REWARD, finals)
-            if key is not None:
-                self._remember_request(conn, key, str(added), now())
-            return added
-
-    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        sql = (
-            "SELECT s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.data FROM spans s "
-            "LEFT JOIN attempts a ON a.attempt_id = s.attempt_id "
-            "WHERE s.rollout_id = ?{} ORDER BY COALESCE(a.sequence, 4611686018427387904), s.attempt_id, "
-            "s.sequence_id, s.span_id"
-        )
-        params: tuple[str, ...] = (rollout_id,)
-        if attempt_id is not None:
-            sql, params = sql.format(" AND s.attempt_id = ?"), (rollout_id, attempt_id)
-        else:
-            sql = sql.format("")
-        with self._read as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
+        return self._add_records(span_batch(batch), _INSERT_SPAN, _SET_REWARD, key, "spans")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
@@ -240,40 +206,37 @@ class SqliteRecords(StoreBoundary):
         batch = calls
         if not batch:
             return 0
-        blobs: dict[bytes, bytes] = {}
-        rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, encode_call(c, blobs)) for c in batch]
-        versions = [
-            (c.model_version, c.attempt_id, c.rollout_id, c.model_version) for c in batch if c.model_version is not None
-        ]
         key = None if request_id is None else "calls:" + request_id
-        pairs = {(row[1], row[2]) for row in rows}
+        return self._add_records(call_batch(batch), _INSERT_CALL, _SET_VERSION, key, "LLM calls")
+
+    def _add_records(self, records: RecordBatch, insert: str, update: str, key: str | None, what: str) -> int:
         with self._write as conn:
-            self._check_attempts(conn, pairs, "LLM calls")
+            self._check_attempts(conn, records.pairs, what)
             before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
-                "VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
+            conn.executemany(insert, records.rows)
             added = conn.total_changes - before
-            if blobs and added:  # a batch of records stored before adds no values they would not use
-                conn.executemany(_INSERT_BLOB, blobs.items())
-            if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
-                return int(seen)
-            if versions:
-                conn.executemany(_SET_VERSION, versions)
+            if key is not None and added < len(records.rows) and (seen := self._seen_request(conn, key)) is not None:
+                return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
+            if records.blobs and added:  # a batch of records stored before adds no values they would not use
+                conn.executemany(_INSERT_BLOB, records.blobs.items())
+            if records.updates:
+                conn.executemany(update, records.updates)
             if key is not None:
                 self._remember_request(conn, key, str(added), now())
             return added
 
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
+        sql, params = spans_query(SQLITE, rollout_id, attempt_id)
+        with self._read as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
+
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         """LLM calls of a rollout (or one attempt) in start order."""
-        sql = "SELECT call_id, rollout_id, attempt_id, start_time, data FROM llm_calls WHERE rollout_id = ?"
-        params: tuple[str, ...] = (rollout_id,)
-        if attempt_id is not None:
-            sql, params = sql + " AND attempt_id = ?", (rollout_id, attempt_id)
+        sql, params = calls_query(SQLITE, rollout_id, attempt_id)
         with self._read as conn:
-            rows = conn.execute(sql + " ORDER BY start_time, rowid", params).fetchall()
+            rows = conn.execute(sql, params).fetchall()
         return decode_rows(rows, decode_calls, self._fetch_blobs, f"LLM call of rollout {rollout_id!r}")
 
     def _fetch_blobs(self, keys: list[bytes]) -> dict[bytes, bytes]:

@@ -114,7 +114,8 @@ function chat(calls, verdicts) {
     const answer = choice && (choice.message || { role: "assistant", content: choice.text });
     const meta = [
       `call ${i + 1}`,
-      verdict && verdict.agent_name ? `agent ${verdict.agent_name}` : null,
+      verdict && verdict.agent_name ? `agent ${verdict.agent_name}` : call.agent_name ? `agent ${call.agent_name}` : null,
+      call.policy ? `policy ${call.policy}` : null,
       `prompt ${call.prompt_token_ids.length || usage.prompt_tokens || 0} tokens`,
       `response ${call.response_token_ids.length || usage.completion_tokens || 0} tokens`,
       `backend ${call.backend || "—"}`,

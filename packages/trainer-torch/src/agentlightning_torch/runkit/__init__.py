@@ -1,0 +1,55 @@
+"""The scaffolding of a training script, so that a script shows only what is specific to its agent.
+
+A training script (the examples' ``train.py``, ``agl train``) parses its options (`add_run_arguments` for the
+common ones), loads its tasks (`load_jsonl_tasks`), builds a `TorchTrainer` (`trainer_config`), and hands both to a
+`TrainingRun` (a subclass adds the script's own figures), which runs the store, the runner processes
+(`AgentRunners`: ``agl runner`` with the script's agent), the dashboard, the held-out evaluations (before, every
+``--eval-every`` iterations keeping ``checkpoint/best``, after) and the cleanup. `plot_run`, `print_table` and
+`run_main` show the result: the curve, the before / best / last table, one JSON line, and bad input as one line with
+exit code 2.
+
+Example::
+
+    from agentlightning_torch import TorchTrainer
+    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, run_main, trainer_config
+
+    async def train(args):
+        trainer = TorchTrainer(trainer_config(args, model_dir=args.model_dir, tool_parser="hermes"))
+        runners = AgentRunners("my_agent:solve", app_dir=HERE, instrument="langchain")
+        settings = RunSettings(args.output, train_tasks, runners, val_tasks=val_tasks, processes=args.runners)
+        result = await TrainingRun(trainer, settings).execute()
+        return result.summary()
+
+    sys.exit(run_main(lambda: train(args)))
+"""
+
+from agentlightning_torch.runkit._output import Curve, plot_run, print_table, run_main
+from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
+from agentlightning_torch.runkit._runners import AgentRunners, free_port, start_dashboard
+from agentlightning_torch.runkit._setup import (
+    UsageError,
+    add_run_arguments,
+    load_jsonl_tasks,
+    proxy_settings,
+    store_serving,
+    trainer_config,
+)
+
+__all__ = [
+    "AgentRunners",
+    "Curve",
+    "RunResult",
+    "RunSettings",
+    "TrainingRun",
+    "UsageError",
+    "add_run_arguments",
+    "free_port",
+    "load_jsonl_tasks",
+    "plot_run",
+    "print_table",
+    "proxy_settings",
+    "run_main",
+    "start_dashboard",
+    "store_serving",
+    "trainer_config",
+]

@@ -1,0 +1,215 @@
+"""A training script's inputs: one-line errors, JSONL task files, the common options and the trainer's config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "UsageError",
+    "add_run_arguments",
+    "load_jsonl_tasks",
+    "proxy_settings",
+    "store_serving",
+    "trainer_config",
+]
+
+
+class UsageError(ValueError):
+    """Bad input (an option, a task file, a model folder): printed as one line, exit code 2 (`run_main`)."""
+
+
+def load_jsonl_tasks(
+    path: Path, flag: str = "--tasks", check: Callable[[dict[str, Any]], str | None] | None = None
+) -> list[dict[str, Any]]:
+    """Tasks from a JSONL file, one JSON object per line (blank lines skipped).
+
+    Args:
+        path: The file.
+        flag: The option that named it (for the messages).
+        check: Returns what is wrong with one task (``None``: nothing); the message gets the file and line.
+
+    Raises:
+        UsageError: The file is missing, a line is not a JSON object or fails ``check``, or there is no task.
+    """
+    if not path.is_file():
+        raise UsageError(f"{flag} file {str(path)!r} does not exist")
+    tasks: list[dict[str, Any]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(task, dict):
+            raise UsageError(f"{path}:{number}: each line must be a JSON object (one task), got {type(task).__name__}")
+        problem = None if check is None else check(task)  # pyright: ignore[reportUnknownArgumentType]
+        if problem is not None:
+            raise UsageError(f"{path}:{number}: {problem}")
+        tasks.append(task)  # pyright: ignore[reportUnknownArgumentType]
+    if not tasks:
+        raise UsageError(f"{flag} file {str(path)!r} holds no tasks")
+    return tasks
+
+
+def add_run_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    output: Path,
+    minutes: float = 10.0,
+    iterations: int = 1000,
+    eval_every: int = 0,
+    tasks_per_iteration: int = 8,
+    samples_per_task: int = 8,
+    lr: float = 3e-4,
+    workers: int = 64,
+    runners: int = 2,
+    rollout_timeout: float = 180.0,
+) -> None:
+    """The options every training script shares, with the script's defaults.
+
+    ``--output``, the budgets (``--minutes``, ``--iterations``: whichever ends first), ``--eval-every``, the batch
+    shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``,
+    ``--ppo-epochs``), ``--threads``, ``--device``,
+    the local runners (``--workers`` concurrent rollouts over ``--runners`` processes), ``--rollout-timeout``,
+    ``--seed`` and ``--quiet``.
+    """
+    parser.add_argument("--output", type=Path, default=output, help="run folder (store, metrics, plot, checkpoints)")
+    parser.add_argument("--minutes", type=float, default=minutes, help="RL time budget in minutes")
+    parser.add_argument(
+        "--iterations", type=int, default=iterations, help="most RL iterations (the run ends at either budget)"
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=eval_every,
+        help=f"evaluate the held-out tasks greedily every N iterations and keep checkpoint/best (0: only before and "
+        f"after; default {eval_every})",
+    )
+    parser.add_argument("--tasks-per-iteration", type=int, default=tasks_per_iteration)
+    parser.add_argument("--samples-per-task", type=int, default=samples_per_task, help="rollouts per task (a group)")
+    parser.add_argument("--lr", type=float, default=lr, help="policy learning rate")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting policy (0: none)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the PPO loss (0: none)")
+    parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each iteration's batch")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--workers", type=int, default=workers, help="concurrent rollouts over all runner processes")
+    parser.add_argument("--runners", type=int, default=runners, help="local runner processes")
+    parser.add_argument(
+        "--rollout-timeout", type=float, default=rollout_timeout, help="seconds an iteration waits for its rollouts"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_budgets(args: argparse.Namespace) -> None:
+    if args.minutes <= 0:
+        raise UsageError(f"--minutes must be positive, got {args.minutes}")
+    for flag, value in (("--workers", args.workers), ("--iterations", args.iterations)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.runners < 0:
+        raise UsageError(f"--runners must be 0 or more, got {args.runners}")
+    if args.eval_every < 0:
+        raise UsageError(f"--eval-every must be 0 or more, got {args.eval_every}")
+
+
+def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specific: Any) -> Any:
+    """A `TorchTrainerConfig` from the `add_run_arguments` options plus the script's own settings.
+
+    Args:
+        args: The parsed options.
+        model_dir: The model folder (or hub id).
+        **specific: Further `TorchTrainerConfig` fields (``model_name``, ``tool_parser``, ``agent_filter``...);
+            ``ppo_settings`` holds further `PPOConfig` fields.
+
+    Raises:
+        UsageError: A budget or setting is invalid (one line naming the setting).
+    """
+    from pydantic import ValidationError
+
+    from agentlightning_torch._ppo import PPOConfig
+    from agentlightning_torch._trainer_config import TorchTrainerConfig
+
+    _check_budgets(args)
+    ppo_settings: dict[str, Any] = {"lr": args.lr, "kl_coef": args.kl_coef, "epochs": args.ppo_epochs}
+    ppo_settings["entropy_coef"] = args.entropy_coef
+    ppo_settings.update(specific.pop("ppo_settings", {}))
+    settings: dict[str, Any] = {
+        "model_dir": model_dir,
+        "output_dir": args.output,
+        "device": args.device,
+        "num_threads": args.threads,
+        "iterations": args.iterations,
+        "time_budget_s": args.minutes * 60,
+        "eval_every": args.eval_every,
+        "tasks_per_iteration": args.tasks_per_iteration,
+        "samples_per_task": args.samples_per_task,
+        "rollout_timeout_s": args.rollout_timeout,
+        "seed": args.seed,
+        "checkpoint_every": 0,
+        **specific,
+    }
+    try:
+        settings["ppo"] = PPOConfig(num_threads=args.threads, **ppo_settings)
+        return TorchTrainerConfig(**settings)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+        raise UsageError(f"invalid setting: {problems}") from None
+    except ValueError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+
+
+def _messages(error: Any) -> str:
+    return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())
+
+
+def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
+    """Where the run's store lives and who can reach it (`agentlightning.StoreServing`), from the options of
+    `agentlightning.cli.add_network_arguments`; ``settings``: further fields (``access_log``...).
+
+    Raises:
+        UsageError: The options contradict each other (one line).
+    """
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        return agl.StoreServing(
+            serve=args.serve_store,
+            url=args.store_url,
+            token=args.store_token,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            **settings,
+        )
+    except ValidationError as error:
+        raise UsageError(_messages(error)) from None
+
+
+def proxy_settings(args: argparse.Namespace) -> Any:
+    """Where the LLM proxy listens and how runners reach it (`agentlightning.ProxySettings`), from the options of
+    `agentlightning.cli.add_network_arguments`; its exposure is checked (a proxy off loopback needs a token).
+
+    Raises:
+        UsageError: A bad or unsafe setting (one line).
+    """
+    from pydantic import ValidationError
+
+    import agentlightning as agl
+
+    try:
+        proxy = agl.ProxySettings(
+            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
+        )
+        proxy.check_exposure()
+    except ValidationError as error:
+        raise UsageError(_messages(error)) from None
+    except ValueError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+    return proxy
