@@ -41,7 +41,7 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 ids = st.text(
     st.characters(min_codepoint=0x20, max_codepoint=0x2FF, exclude_characters="\x7f"), min_size=1, max_size=12
-)
+).filter(lambda value: value not in (".", ".."))  # dot segments are no id (`StoreId`: no URL can carry them)
 hex16 = st.text("0123456789abcdef", min_size=16, max_size=16)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 times = st.floats(min_value=0.0, max_value=4e9, allow_nan=False)
