@@ -131,29 +131,14 @@ def generate_batch(
     if not prompts:
         return []
     device = next(model.parameters()).device
-    max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-    for row, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
-        if not prompt:
-            raise ValueError(f"prompt {row} is empty")
-        if len(prompt) + param.max_tokens > max_positions:
-            raise ValueError(
-                f"prompt {row} has {len(prompt)} tokens; with max_tokens={param.max_tokens} it exceeds the "
-                f"model's context of {max_positions} tokens"
-            )
-    rows = len(prompts)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-        attention[row, width - len(prompt) :] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    _check_prompts(prompts, params, int(getattr(model.config, "max_position_embeddings", 1 << 30)))
+    input_ids, attention = _left_padded(prompts, pad_token_id, device)
+    step_positions = (attention.cumsum(-1) - 1).clamp(min=0)
     row_generators = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
     results = [GenerationResult() for _ in prompts]
-    active = list(range(rows))  # original row index of each batch position
+    active = list(range(len(prompts)))  # original row index of each batch position
     cache = DynamicCache()
-    step_input, step_positions = input_ids, positions
+    step_input = input_ids
     while active:
         output = model(
             input_ids=step_input,
@@ -163,41 +148,9 @@ def generate_batch(
             use_cache=True,
         )
         logits = output.logits[:, -1, :].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        active_params = [params[r] for r in active]
-        uniforms = torch.rand(len(active), generator=generator)
-        for position, row in enumerate(active):
-            row_generator = row_generators[row]
-            if row_generator is not None:
-                uniforms[position] = torch.rand(1, generator=row_generator)[0]
-        tokens = _sample(logits, active_params, uniforms.to(device))
-        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-        most = max(p.top_logprobs for p in active_params)
-        top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
-        token_list, chosen_list = tokens.tolist(), chosen.tolist()
-        keep: list[int] = []
-        for position, row in enumerate(active):
-            result, token = results[row], token_list[position]
-            result.token_ids.append(token)
-            result.logprobs.append(chosen_list[position])
-            top: list[tuple[int, float]] = []
-            wanted = params[row].top_logprobs
-            if wanted and top_ids is not None and top_values is not None:
-                top = list(
-                    zip(top_ids[position, :wanted].tolist(), top_values[position, :wanted].tolist(), strict=True)
-                )
-                result.top_logprobs.append(top)
-            finish: FinishReason | None = None
-            if token == eos_token_id:
-                finish = "stop"
-            elif len(result.token_ids) >= params[row].max_tokens:
-                finish = "length"
-            if finish is not None:
-                result.finish_reason = finish
-            else:
-                keep.append(position)
-            if on_step is not None:
-                on_step(row, token, chosen_list[position], top, finish)
+        uniforms = _uniforms(active, row_generators, generator)
+        tokens = _sample(logits, [params[r] for r in active], uniforms.to(device))
+        keep = _record_step(torch.log_softmax(logits, dim=-1), tokens, active, params, results, eos_token_id, on_step)
         if not keep:
             break
         if len(keep) < len(active):
@@ -209,3 +162,77 @@ def generate_batch(
         step_positions = step_positions[:, -1:] + 1
         step_input = tokens[:, None]
     return results
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], max_positions: int) -> None:
+    for row, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+        if not prompt:
+            raise ValueError(f"prompt {row} is empty")
+        if len(prompt) + param.max_tokens > max_positions:
+            raise ValueError(
+                f"prompt {row} has {len(prompt)} tokens; with max_tokens={param.max_tokens} it exceeds the "
+                f"model's context of {max_positions} tokens"
+            )
+
+
+def _left_padded(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and attention mask of the prompts, left-padded to the longest."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        attention[row, width - len(prompt) :] = 1
+    return input_ids.to(device), attention.to(device)
+
+
+def _uniforms(
+    active: list[int], row_generators: list[torch.Generator | None], generator: torch.Generator | None
+) -> torch.Tensor:
+    """One uniform draw per active row: from the row's own seeded generator when it has one (same order as before)."""
+    uniforms = torch.rand(len(active), generator=generator)
+    for position, row in enumerate(active):
+        row_generator = row_generators[row]
+        if row_generator is not None:
+            uniforms[position] = torch.rand(1, generator=row_generator)[0]
+    return uniforms
+
+
+def _record_step(
+    logprobs: torch.Tensor,
+    tokens: torch.Tensor,
+    active: list[int],
+    params: Sequence[SamplingParams],
+    results: list[GenerationResult],
+    eos_token_id: int,
+    on_step: StepCallback | None,
+) -> list[int]:
+    """Append this step's token (log-prob, top log-probs) to every active row; returns the positions still going."""
+    chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    most = max(params[r].top_logprobs for r in active)
+    top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
+    token_list, chosen_list = tokens.tolist(), chosen.tolist()
+    keep: list[int] = []
+    for position, row in enumerate(active):
+        result, token = results[row], token_list[position]
+        result.token_ids.append(token)
+        result.logprobs.append(chosen_list[position])
+        top: list[tuple[int, float]] = []
+        wanted = params[row].top_logprobs
+        if wanted and top_ids is not None and top_values is not None:
+            top = list(zip(top_ids[position, :wanted].tolist(), top_values[position, :wanted].tolist(), strict=True))
+            result.top_logprobs.append(top)
+        finish: FinishReason | None = None
+        if token == eos_token_id:
+            finish = "stop"
+        elif len(result.token_ids) >= params[row].max_tokens:
+            finish = "length"
+        if finish is not None:
+            result.finish_reason = finish
+        else:
+            keep.append(position)
+        if on_step is not None:
+            on_step(row, token, chosen_list[position], top, finish)
+    return keep
