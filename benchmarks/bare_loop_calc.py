@@ -43,13 +43,12 @@ def grpo_batch(episodes: list, samples_per_prompt: int) -> tuple[list[TrainingSa
             advantage = (episode.reward - mean) / (std + 1e-4)
             kept.append(
                 TrainingSample(
-                    prompt_ids=episode.prompt_ids,
-                    response_ids=episode.response_ids,
+                    prompt_token_ids=episode.prompt_ids,
+                    response_token_ids=episode.response_ids,
                     response_mask=episode.response_mask,
-                    old_logprobs=episode.logprobs,
+                    response_logprobs=episode.logprobs,
                     credit=episode.reward,
                     advantage=advantage,
-                    returns=episode.reward,
                     group_id=f"g{start}",
                     rollout_id=f"r{start + index}",
                     attempt_id=f"a{start + index}",

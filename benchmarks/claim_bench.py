@@ -71,7 +71,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="agl-claim-bench-") as tmp:
         db, log = Path(tmp) / "store.db", Path(tmp) / "access.log"
         policy = agl.RetryPolicy(max_attempts=1)
-        with agl.StoreServer(db, "127.0.0.1", _free_port(), retry_policy=policy, access_log=True, log_file=log) as srv:
+        port = _free_port()
+        with agl.StoreServerProcess(db, "127.0.0.1", port, retry_policy=policy, access_log=True, log_file=log) as srv:
             trainer = agl.SqliteStore(db, retry_policy=policy)
             requests = [agl.RolloutRequest(input={"i": i}) for i in range(args.rollouts)]
             asyncio.run(trainer.enqueue_rollouts(requests))

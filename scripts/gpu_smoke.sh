@@ -3,12 +3,14 @@
 # No network: the tiny models are built here. Two parts, both must pass; exits non-zero on any mismatch.
 #
 # 1. verl's actor update alone (TrainingWorker + FSDP2 + ppo_loss on CUDA, no Ray, no vLLM): step time, tokens/s.
-# 2. The two-step loop with real vLLM: VerlAlgorithm.run on a local Ray cluster, verl's actor (+ critic for PPO)
-#    colocated with a vLLM replica built by verl, runners with a plain OpenAI agent through the LLM proxy, weights
-#    synced by verl's CheckpointEngineManager. GRPO 2 steps; PPO 1 step + checkpoint + resume into step 2.
-#    Checks: every step's calls were served by the version of the step before; vLLM's log-probs of the sampled
-#    tokens agree with the actor's (it serves the synced weights); the resumed actor holds the checkpoint's weights.
-#    Prints one JSON line: step times, generated tokens/s, rollouts/s, versions served.
+# 2. The two-step loop with real vLLM, the same script as the CPU test (test_verl_vllm_loop.py): RLLoop + VerlEngine
+#    on a local Ray cluster, verl's actor (+ critic for PPO) colocated with a vLLM replica built by verl, runners
+#    with a plain OpenAI agent through the LLM proxy, weights synced by verl's CheckpointEngineManager. GRPO 2 steps;
+#    PPO 1 step + checkpoint + resume into step 2; one step with a late rollout cancelled.
+#    Checks: every step's calls were served by the version of the step before; after every sync vLLM received the
+#    actor's exact tensors and its log-probs of sampled tokens agree with the actor's; the resumed actor holds the
+#    checkpoint's weights; no request runs in vLLM when an update starts.
+#    Prints one JSON line (benchmarks/verl_vllm_bench.py's): rollouts/s, tokens/s, seconds per phase.
 # 3. The project's real-vLLM tests on the GPU (`vllm` in its own venv: AGL_VLLM_VENV, default .venv-vllm, made by
 #    `python3 scripts/dev.py vllm`, which installs `vllm` where CUDA is found): the proxy in front of vLLM, the agents
 #    of each framework through it, TorchTrainer(backend="vllm") with its weight syncs through vLLM's own
@@ -52,13 +54,17 @@ print("verl actor step:", "OK" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY
 
-echo "== 2. VerlAlgorithm.run with vLLM: GRPO 2 steps, PPO 1 step + checkpoint + resume into step 2 =="
-timeout 590 "$PY" packages/trainer-verl/tests/verl_ray_loop.py --device cuda > "$LOOP_LOG" 2>&1 \
+echo "== 2. RLLoop + VerlEngine with verl's vLLM rollout: GRPO 2 steps, PPO 1 step + checkpoint + resume into step 2 =="
+# the same script the CPU test (packages/trainer-verl/tests/test_verl_vllm_loop.py) runs, with `vllm` and CUDA
+timeout 590 "$PY" packages/trainer-verl/tests/verl_vllm_loop.py --device cuda --phases grpo,ppo,late > "$LOOP_LOG" 2>&1 \
   || { tail -80 "$LOOP_LOG"; exit 1; }
 
 "$PY" - "$LOOP_LOG" <<'PY'
 import json
 import sys
+
+sys.path.insert(0, "benchmarks")
+from verl_vllm_bench import summarize
 
 line = [x for x in open(sys.argv[1]) if x.startswith("RESULT ")][-1]
 r = json.loads(line[len("RESULT "):])
@@ -70,36 +76,30 @@ def check(condition: bool, message: str) -> None:
         problems.append(message)
 
 
-grpo, first, resumed = r["grpo"], r["ppo_first"], r["ppo_resumed"]
+grpo, first, resumed, late = r["grpo"], r["ppo_first"], r["ppo_resumed"], r["late"]
 check(grpo["call_versions"] == {"it0": [0], "it1": [1]}, f"GRPO versions served per step: {grpo['call_versions']}")
 check(resumed["call_versions"].get("it1") == [1], f"resumed PPO step 2 served by {resumed['call_versions']}")
 for name, phase, versions in (("grpo", grpo, [0, 1, 2]), ("ppo", first, [0, 1]), ("ppo-resumed", resumed, [1, 2])):
     syncs = phase["syncs"]
     check([s["version"] for s in syncs] == versions, f"{name}: synced versions {[s['version'] for s in syncs]}")
     check(len({s["actor"] for s in syncs}) == len(syncs), f"{name}: an update left the actor's weights unchanged")
+    for s in syncs:
+        check(s["received"] == [s["actor"]], f"{name} v{s['version']}: vLLM received other weights than the actor's")
+        # bf16 vLLM vs a float32 forward pass of the actor's bf16 weights
+        check(s["probe_logprob_diff_max"] < 0.1, f"{name} v{s['version']}: probe gap {s['probe_logprob_diff_max']:.4f}")
     for m in phase["history"]:
         for key in ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"):
             check(key in m, f"{name}: no {key}")
         if name != "grpo":
             check("critic/vf_loss" in m, f"{name}: no critic/vf_loss")
-        # vLLM (bf16) vs the FSDP actor on the same tokens: they agree only if vLLM serves the synced weights
         check(m["rollout/logprob_diff_mean"] < 0.1, f"{name}: vLLM/actor log-prob gap {m['rollout/logprob_diff_mean']:.4f}")
 check(r["after_reset_checksum"] == r["initial_checksum"], "the rebuilt actor does not hold the initial weights")
 check(resumed["syncs"][0]["actor"] == first["syncs"][-1]["actor"], "the resumed actor does not hold the checkpoint")
+check(late["late_status"] == "cancelled" and late["requests_at_release"] == [0], f"late rollouts: {late}")
 
-steps = grpo["history"] + first["history"] + resumed["history"]
-rollout_s = sum(m["time_rollouts"] for m in steps)
-summary = {
-    "step_s": [round(m["seconds"], 3) for m in steps],
-    "update_s": [round(m["time_update"], 3) for m in steps],
-    "sync_s": [round(m["time_sync"], 3) for m in steps],
-    "generated_tokens_per_s": round(sum(m["batch/response_tokens"] for m in steps) / rollout_s, 1),
-    "rollouts_per_s": round(sum(m["finished"] for m in steps) / rollout_s, 2),
-    "versions_served": {"grpo": grpo["call_versions"], "ppo": first["call_versions"], "ppo_resumed": resumed["call_versions"]},
-    "vllm_actor_logprob_gap_max": round(max(m["rollout/logprob_diff_max"] for m in steps), 4),
-    "startup_s": {k: round(v, 1) for k, v in r["timings"].items()},
-    "ok": not problems,
-}
+summary = summarize(r, "cuda")
+summary["versions_served"] = {"grpo": grpo["call_versions"], "ppo": first["call_versions"], "ppo_resumed": resumed["call_versions"]}
+summary["ok"] = not problems
 for p in problems:
     print("MISMATCH:", p)
 print(json.dumps(summary))

@@ -262,7 +262,7 @@ async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens
         by_rollout: dict[str, list[Any]] = {}
         for sample in batch.samples:
             # Transitions: exactly the token ids the backend generated (not re-tokenized), by the version then served.
-            assert (tuple(sample.prompt_ids), tuple(sample.response_ids)) in produced
+            assert (tuple(sample.prompt_token_ids), tuple(sample.response_token_ids)) in produced
             assert sample.model_version == version and sample.agent_name == "solver"
             by_rollout.setdefault(sample.rollout_id, []).append(sample)
         ids = list(by_rollout)
@@ -276,9 +276,9 @@ async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens
             assert all(s.credit == result.final_reward for s in samples)
             if len(samples) == 2:
                 first, second = samples
-                assert second.prompt_ids[: len(first.prompt_ids) + len(first.response_ids)] == [
-                    *first.prompt_ids,
-                    *first.response_ids,
+                assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.response_token_ids)] == [
+                    *first.prompt_token_ids,
+                    *first.response_token_ids,
                 ]
             calls += len(samples)
             groups.setdefault(samples[0].group_id, []).append((result.final_reward, samples[0].advantage))

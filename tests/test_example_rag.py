@@ -233,7 +233,7 @@ async def test_agent_searches_twice_and_is_rewarded_through_runner_and_proxy(
         results[rollout.rollout_id] = (result, note.attributes, len(tools))
     result, note, tools = results[first.rollout_id]
     assert result.final_reward == 1.0 and len(result.transitions) == 3 and tools == 2
-    assert all(t.prompt_ids and t.response_ids and t.agent_name == "researcher" for t in result.transitions)
+    assert all(t.prompt_token_ids and t.response_token_ids and t.agent_name == "researcher" for t in result.transitions)
     prefix = semconv.ANNOTATION_PREFIX
     assert (note[prefix + "searches"], note[prefix + "hop1_hit"], note[prefix + "hop2_hit"]) == (2, True, True)
     result, note, tools = results[second.rollout_id]

@@ -75,7 +75,7 @@ def test_two_iterations_train_on_the_agents_searches_and_serve_new_versions(tmp_
         # one episode of the agent = one trajectory sample: its calls extend one another
         (transition,) = result.transitions
         assert transition.agent_name == "researcher" and transition.model_version == 0
-        assert transition.prompt_ids and transition.response_ids
+        assert transition.prompt_token_ids and transition.response_token_ids
     batch = build_batch_from_results(first, "identical", "grpo", CreditConfig(drop_equal_groups=False))
     assert batch.metrics["n_samples"] == lines[2]["metrics"]["n_samples"] == 8
     rewards = {r.rollout_id: r.final_reward for r in first}

@@ -103,12 +103,11 @@ def test_two_iterations_train_only_the_writer_and_rewriter_and_serve_new_version
 
 def _sample(agent: str) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[1, 2],
-        response_ids=[3],
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3],
         response_mask=[1],
         credit=1.0,
         advantage=1.0,
-        returns=1.0,
         group_id="g",
         rollout_id="r",
         attempt_id="a",

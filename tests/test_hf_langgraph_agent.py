@@ -161,8 +161,8 @@ async def test_langgraph_agent_on_a_hf_model_through_the_proxy(tmp_path: Path) -
     sample = transitions[0]
     first, second = calls
     observation = second.prompt_token_ids[len(first.prompt_token_ids) + len(first.response_token_ids) :]
-    assert sample.prompt_ids == first.prompt_token_ids
-    assert sample.response_ids == first.response_token_ids + observation + second.response_token_ids
+    assert sample.prompt_token_ids == first.prompt_token_ids
+    assert sample.response_token_ids == first.response_token_ids + observation + second.response_token_ids
     assert sample.response_mask == [1] * len(first.response_token_ids) + [0] * len(observation) + [1] * len(
         second.response_token_ids
     )

@@ -24,9 +24,7 @@ from peft import get_peft_model_state_dict
 import agentlightning as agl
 import agentlightning_langchain
 from agentlightning import LLMCall, PolicyMap
-from agentlightning_torch import TorchTrainer, TorchTrainerConfig
-from agentlightning_torch._policy_adapters import policy_metric
-from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch import LoraSettings, PPOConfig, TorchTrainer, TorchTrainerConfig, policy_metric
 from agentlightning_torch.testing import make_tiny_chat_model
 
 

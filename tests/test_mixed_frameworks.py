@@ -75,4 +75,4 @@ async def test_agents_sdk_tool_running_langchain_chain(agl_harness: KitHarness) 
     served = {c.response_id: c for c in agl_harness.server.served}
     by_call = {c.call_id: c for c in record.calls}
     for t in transitions:
-        assert t.response_ids == served[by_call[t.call_ids[0]].response_id].token_ids
+        assert t.response_token_ids == served[by_call[t.call_ids[0]].response_id].token_ids

@@ -109,4 +109,5 @@ async def test_only_selected_agent_is_trained() -> None:
     assert by_credit[1.0] > 0 > by_credit[0.0]
     # the trained prompts are exactly what the writer node sent (its system message is in the prompt ids)
     tok = server.tokenizer
-    assert all("writer" in tok.decode(s.prompt_ids) and "critic" not in tok.decode(s.prompt_ids) for s in batch.samples)
+    prompts = [tok.decode(s.prompt_token_ids) for s in batch.samples]
+    assert all("writer" in prompt and "critic" not in prompt for prompt in prompts)

@@ -182,8 +182,8 @@ def assert_one_transition_per_call(harness: KitHarness, record: RunRecord, agent
     assert len({t.call_ids[0] for t in result.transitions}) == len(record.calls)
     for transition in result.transitions:
         sent = served[by_call[transition.call_ids[0]].response_id]
-        assert transition.prompt_ids == sent.prompt_token_ids
-        assert transition.response_ids == sent.token_ids
+        assert transition.prompt_token_ids == sent.prompt_token_ids
+        assert transition.response_token_ids == sent.token_ids
         assert transition.agent_name == agent_name
 
 
@@ -236,7 +236,8 @@ async def test_runner_trains_an_app_instrumented_with_openllmetry(tmp_path: Any)
     for result in results:
         for transition in result.transitions:
             sent = served[calls[transition.call_ids[0]].response_id]
-            assert (transition.prompt_ids, transition.response_ids) == (sent.prompt_token_ids, sent.token_ids)
+            assert transition.prompt_token_ids == sent.prompt_token_ids
+            assert transition.response_token_ids == sent.token_ids
 
 
 async def test_instrument_all_adds_no_second_hook(case: str, agl_harness: KitHarness) -> None:

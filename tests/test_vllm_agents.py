@@ -149,8 +149,8 @@ async def test_agent_through_vllm_gives_exact_transitions(
     for transition in transitions:
         (call_id,) = transition.call_ids
         call = by_call[call_id]
-        assert transition.prompt_ids == call.prompt_token_ids
-        assert transition.response_ids == call.response_token_ids
+        assert transition.prompt_token_ids == call.prompt_token_ids
+        assert transition.response_token_ids == call.response_token_ids
         assert call.response_logprobs is not None and len(call.response_logprobs) == len(call.response_token_ids)
         assert transition.final_reward == 0.5
         # what vLLM rendered is the model's own template applied to the request the agent sent

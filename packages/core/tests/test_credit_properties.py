@@ -23,10 +23,10 @@ def make_rollout(name: str, group: str, final: float, step_rewards: Sequence[flo
             attempt_id="at",
             group_id=group,
             step_index=i,
-            prompt_ids=[1],
-            response_ids=[2, 3],
+            prompt_token_ids=[1],
+            response_token_ids=[2, 3],
             response_mask=[1, 1],
-            reward=r,
+            intermediate_reward=r,
             final_reward=final,
         )
         for i, r in enumerate(step_rewards)
@@ -134,7 +134,7 @@ def test_reinforce_pp_whitens_the_whole_batch(spec) -> None:
 def test_identical_credit_gives_every_transition_the_final_reward(spec) -> None:
     batch = build_training_batch(make_batch(spec), credit="identical", estimator="passthrough")
     finals = {f"r{g}-{r}": final for g, group in enumerate(spec) for r, (final, _) in enumerate(group)}
-    assert all(s.credit == finals[s.rollout_id] == s.advantage == s.returns for s in batch.samples)
+    assert all(s.credit == finals[s.rollout_id] == s.advantage for s in batch.samples)
 
 
 @settings(max_examples=40, deadline=None)

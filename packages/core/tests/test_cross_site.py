@@ -222,9 +222,9 @@ async def test_dashboard_server_without_a_token_makes_one(tmp_path: Path) -> Non
 
 
 def test_store_server_without_a_token_makes_one_and_passes_it_by_environment(tmp_path: Path) -> None:
-    from agentlightning.store import StoreServer
+    from agentlightning.store import StoreServerProcess
 
-    with StoreServer(tmp_path / "s.db", "127.0.0.1", free_port()) as server:
+    with StoreServerProcess(tmp_path / "s.db", "127.0.0.1", free_port()) as server:
         assert server.token is not None and len(server.token) >= 32
         assert server.token not in " ".join(server.command())
         assert _get(server.url + "/v1/stats") == 401

@@ -278,7 +278,7 @@ def test_transitions_and_samples_equal_validated_ones(
     batch = build_training_batch(result.transitions, credit, "reinforce_pp")
     for sample in batch.samples:
         same(sample, TrainingSample.model_validate(sample.model_dump()))
-        assert all(math.isfinite(x) for x in (sample.credit, sample.advantage, sample.returns))
+        assert all(math.isfinite(x) for x in (sample.credit, sample.advantage))
 
 
 # ------------------------------------------------------------------- the readers' fallback, the marks
@@ -300,6 +300,18 @@ def test_shape_tables_name_exactly_the_model_fields() -> None:
     }
     for model, table in tables.items():
         assert set(table) == set(model.model_fields), model.__name__
+
+
+def test_typed_fields_name_exactly_the_training_models_fields_in_order() -> None:
+    from agentlightning._training_models import (
+        TrainingSample,
+        TrainingSampleFields,
+        Transition,
+        TransitionFields,
+    )
+
+    for model, fields in ((Transition, TransitionFields), (TrainingSample, TrainingSampleFields)):
+        assert list(fields.__annotations__) == list(model.model_fields), model.__name__
 
 
 def test_records_in_an_older_layout_are_validated_not_half_built() -> None:

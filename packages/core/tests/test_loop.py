@@ -341,7 +341,8 @@ async def test_one_step_off_policy_serves_the_next_iteration_during_the_update(t
     for sample in second.samples:
         [call] = await store.query_llm_calls(sample.rollout_id)
         assert sample.model_version == call.model_version == (0 if sample.rollout_id in early else 1)
-        assert sample.response_ids == call.response_token_ids and sample.old_logprobs == call.response_logprobs
+        assert sample.response_token_ids == call.response_token_ids
+        assert sample.response_logprobs == call.response_logprobs
         rollout = await store.get_rollout(sample.rollout_id)
         assert rollout.resources_id is not None and rollout.resources_id.startswith("policy-v0-sample-")
     assert second.metrics["staleness_max"] == 1.0 and second.metrics["staleness_mean"] == 0.5

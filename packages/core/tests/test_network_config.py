@@ -92,7 +92,7 @@ def test_store_server_serves_the_file_with_its_token_and_logs_client_addresses(t
     db = tmp_path / "trainer.db"
     log = tmp_path / "store.log"
     trainer_store = agl.SqliteStore(db)
-    with agl.StoreServer(db, "127.0.0.1", free_port(), token=TOKEN, access_log=True, log_file=log) as server:
+    with agl.StoreServerProcess(db, "127.0.0.1", free_port(), token=TOKEN, access_log=True, log_file=log) as server:
 
         async def remote() -> None:
             ours = await trainer_store.enqueue_rollout({"q": 1})
@@ -114,4 +114,4 @@ def test_store_server_serves_the_file_with_its_token_and_logs_client_addresses(t
 
 def test_store_server_refuses_to_serve_off_loopback_without_a_token(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="without a token"):
-        agl.StoreServer(tmp_path / "x.db", "0.0.0.0", 4747)
+        agl.StoreServerProcess(tmp_path / "x.db", "0.0.0.0", 4747)

@@ -221,8 +221,8 @@ def test_one_rollout_per_task_with_a_group_estimator_is_refused_or_warned(caplog
             attempt_id="at",
             group_id=f"task-{i}",
             step_index=0,
-            prompt_ids=[1],
-            response_ids=[2],
+            prompt_token_ids=[1],
+            response_token_ids=[2],
             response_mask=[1],
             final_reward=float(i % 2),
         )

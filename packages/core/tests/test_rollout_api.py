@@ -9,7 +9,7 @@ import pytest
 
 import agentlightning as agl
 from agentlightning import semconv
-from agentlightning.runner import RolloutAgent, final_reward
+from agentlightning.runner import RolloutAgent, reward_from_result
 from agentlightning.store import MemoryStore
 
 
@@ -77,7 +77,7 @@ def test_decorator_rejects_non_callables() -> None:
     [(1, 1.0), (0.5, 0.5), (None, None), ({"reward": 2}, 2.0), ({"reward": None, "extra": 1}, None)],
 )
 def test_final_reward_accepts(result, expected) -> None:
-    assert final_reward(result) == expected
+    assert reward_from_result(result) == expected
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_final_reward_accepts(result, expected) -> None:
 )
 def test_final_reward_rejects(result, error) -> None:
     with pytest.raises(error):
-        final_reward(result)
+        reward_from_result(result)
 
 
 @pytest.mark.parametrize(

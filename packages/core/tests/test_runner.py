@@ -352,3 +352,32 @@ async def test_idle_async_workers_claim_in_one_request() -> None:
     assert len({a.worker_id for a in claims}) == 4  # each rollout ran in its own slot
     assert [r.status for r in await store.query_rollouts(rollout_ids=ids)] == ["succeeded"] * 4
     await store.close()
+
+
+class _BeatCountingStore(MemoryStore):
+    """A memory store that sets an event once one heartbeat request covered every one of ``n`` attempts."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(retry_policy=agl.RetryPolicy(max_attempts=1))
+        self.n = n
+        self.all_beaten_at_once = asyncio.Event()
+
+    async def heartbeat_many(self, attempts):
+        if len(attempts) == self.n:
+            self.all_beaten_at_once.set()
+        return await super().heartbeat_many(attempts)
+
+
+async def test_running_attempts_of_a_runner_beat_in_one_request() -> None:
+    store = _BeatCountingStore(3)
+    ids = await _enqueue(store, 3)
+
+    @agl.rollout
+    async def wait_for_one_beat(task):
+        await store.all_beaten_at_once.wait()  # ends only once one request beat all three attempts
+        return task["value"]
+
+    runner = agl.Runner(wait_for_one_beat, store, n_workers=3, stop_when_idle=True, heartbeat_interval=0.05)
+    await asyncio.wait_for(runner.arun(), timeout=120)  # a guard against a hang, not a timing assertion
+    assert [r.status for r in await store.query_rollouts(rollout_ids=ids)] == ["succeeded"] * 3
+    await store.close()

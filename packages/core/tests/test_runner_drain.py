@@ -46,11 +46,13 @@ async def done(task):
 
 
 AGENTS = """
-import asyncio, time
+import asyncio, pathlib, time
 import agentlightning as agl
 
 @agl.rollout
 async def stall_async(task):
+    with open(pathlib.Path(__file__).with_name("started.log"), "a") as log:  # the agent runs (its root span too)
+        log.write("started\\n")
     await asyncio.Event().wait()
 
 @agl.rollout
@@ -265,6 +267,9 @@ def test_agl_runner_stops_quietly_on_sigterm(tmp_path: Path, where: str) -> None
         proc = subprocess.Popen(cmd, env={**os.environ, "AGL_STORE_TOKEN": token}, stderr=subprocess.PIPE, text=True)
         try:
             _wait_for(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "two claims")
+            # and both agents started: a claim drained before its agent starts is released without a trace
+            started = tmp_path / "started.log"
+            _wait_for(lambda: started.exists() and len(started.read_text().split()) == 2, "two agents started")
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=60)
         finally:

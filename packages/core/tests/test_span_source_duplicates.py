@@ -30,7 +30,7 @@ def test_source_span_inside_ours_gives_its_id_and_is_dropped() -> None:
     assert len(result.transitions) == 1
     (transition,) = result.transitions
     assert transition.agent_name == "writer" and transition.metadata["span_ids"] == [ours.span_id]
-    assert (transition.prompt_ids, transition.response_ids) == ([1, 2], [3])
+    assert (transition.prompt_token_ids, transition.response_token_ids) == ([1, 2], [3])
     assert result.diagnostics.duplicate_spans == 1 and result.diagnostics.llm_spans == 1
 
 

@@ -116,10 +116,10 @@ def test_per_call_joins_by_response_id_and_credits_rewards() -> None:
     result = TransitionBuilder().build(spans, t.calls, group_id="g-1")
 
     first, second = result.transitions
-    assert (first.prompt_ids, first.response_ids, first.response_mask) == ([1, 2, 3], [4, 5], [1, 1])
-    assert first.logprobs == [-0.1, -0.2]
+    assert (first.prompt_token_ids, first.response_token_ids, first.response_mask) == ([1, 2, 3], [4, 5], [1, 1])
+    assert first.response_logprobs == [-0.1, -0.2]
     assert (first.agent_name, first.step_index, first.group_id) == ("solver", 0, "g-1")
-    assert first.reward == pytest.approx(0.75) and second.reward is None
+    assert first.intermediate_reward == pytest.approx(0.75) and second.intermediate_reward is None
     assert first.final_reward == second.final_reward == 1.0 == result.final_reward
     assert second.step_index == 1 and second.call_ids == [f"call-{t.spans[6].span_id}"]
     assert first.metadata == {"span_ids": [t.spans[2].span_id]}
@@ -140,7 +140,7 @@ def test_last_reward_is_final_when_none_is_marked() -> None:
     t.reward(0.7)
     result = build(t)
     assert result.final_reward == 0.7
-    assert [tr.reward for tr in result.transitions] == [0.1, None]
+    assert [tr.intermediate_reward for tr in result.transitions] == [0.1, None]
 
 
 def test_reward_problems_are_reported() -> None:
@@ -155,7 +155,7 @@ def test_reward_problems_are_reported() -> None:
     d = result.diagnostics
     assert (d.unattached_rewards, d.invalid_rewards, d.multiple_final_rewards) == (1, 2, 1)
     assert result.final_reward == 0.9
-    assert result.transitions[0].reward == 0.2  # the earlier final-marked reward counts as intermediate
+    assert result.transitions[0].intermediate_reward == 0.2  # the earlier final-marked reward counts as intermediate
     assert any("'high'" in p for p in result.problems)
 
 
@@ -204,7 +204,12 @@ def test_token_ids_from_span_attributes_when_no_proxy_record() -> None:
     )
     result = build(t)
     (tr,) = result.transitions
-    assert (tr.prompt_ids, tr.response_ids, tr.logprobs, tr.call_ids) == ([1, 2], [3, 4], [-1.0, -2.0], [])
+    assert (tr.prompt_token_ids, tr.response_token_ids, tr.response_logprobs, tr.call_ids) == (
+        [1, 2],
+        [3, 4],
+        [-1.0, -2.0],
+        [],
+    )
     assert result.diagnostics.joined_by_span_attributes == 1
 
 
@@ -258,7 +263,8 @@ def test_calls_without_llm_spans_train_from_proxy_records_alone(caplog: pytest.L
     with caplog.at_level(logging.WARNING, logger="agentlightning.transitions._builder"):
         result = build(t)
         build(t)
-    assert [(tr.prompt_ids, tr.response_ids, tr.agent_name, tr.step_index) for tr in result.transitions] == [
+    steps = [(tr.prompt_token_ids, tr.response_token_ids, tr.agent_name, tr.step_index) for tr in result.transitions]
+    assert steps == [
         ([1], [2], None, 0),
         ([1, 2, 3], [4, 5], None, 1),
     ]
@@ -266,7 +272,8 @@ def test_calls_without_llm_spans_train_from_proxy_records_alone(caplog: pytest.L
     assert all(tr.final_reward == 1.0 and tr.model_version == 3 for tr in result.transitions)
     assert all(Transition.model_validate(tr.model_dump()) == tr for tr in result.transitions)
     merged = build(t, mode="trajectory").transitions  # the proxy's records alone merge into one trajectory too
-    assert [(tr.response_ids, tr.response_mask, tr.model_version) for tr in merged] == [([2, 3, 4, 5], [1, 0, 1, 1], 3)]
+    merged_steps = [(tr.response_token_ids, tr.response_mask, tr.model_version) for tr in merged]
+    assert merged_steps == [([2, 3, 4, 5], [1, 0, 1, 1], 3)]
     assert Transition.model_validate(merged[0].model_dump()) == merged[0]
     assert result.diagnostics.proxy_only_calls == 2 and result.diagnostics.unused_llm_calls == 0
     warnings = [r.getMessage() for r in caplog.records if "no LLM span" in r.getMessage()]
@@ -331,11 +338,11 @@ def test_trajectory_merges_exact_prefix_with_masked_observations() -> None:
     t.reward(1.0, final=True)
     result = build(t, mode="trajectory")
     (tr,) = result.transitions
-    assert tr.prompt_ids == [1, 2]
-    assert tr.response_ids == [3, 4, 7, 8, 9, 10, 11]
+    assert tr.prompt_token_ids == [1, 2]
+    assert tr.response_token_ids == [3, 4, 7, 8, 9, 10, 11]
     assert tr.response_mask == [1, 1, 0, 0, 1, 1, 1]
-    assert tr.logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3, -0.4, -0.5]
-    assert tr.reward == 0.5 and tr.final_reward == 1.0 and len(tr.call_ids) == 3
+    assert tr.response_logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3, -0.4, -0.5]
+    assert tr.intermediate_reward == 0.5 and tr.final_reward == 1.0 and len(tr.call_ids) == 3
     assert result.diagnostics.merged_calls == 2 and result.diagnostics.trajectory_breaks == 0
     assert Transition.model_validate(tr.model_dump()) == tr
     assert t.calls[0].response_token_ids == [3, 4]  # the proxy records were not mutated
@@ -378,7 +385,7 @@ def test_trajectory_keeps_one_history_per_agent() -> None:
     t.llm([1, 2, 3], [4], a)  # extends a's history although b spoke in between
     t.llm([50, 51], [52], b)
     result = build(t, mode="trajectory")
-    assert [(tr.agent_name, tr.response_ids) for tr in result.transitions] == [("a", [2, 3, 4]), ("b", [51, 52])]
+    assert [(tr.agent_name, tr.response_token_ids) for tr in result.transitions] == [("a", [2, 3, 4]), ("b", [51, 52])]
     assert result.diagnostics.trajectory_breaks == 0
 
 
@@ -388,7 +395,7 @@ def test_trajectory_without_logprobs_drops_them() -> None:
     t.llm([1, 2], [3])
     t.calls[1] = t.calls[1].model_copy(update={"response_logprobs": None})
     (tr,) = build(t, mode="trajectory").transitions
-    assert tr.logprobs is None and tr.response_ids == [2, 3]
+    assert tr.response_logprobs is None and tr.response_token_ids == [2, 3]
 
 
 def test_spans_of_two_attempts_are_rejected() -> None:
@@ -455,7 +462,7 @@ async def test_transitions_from_store_uses_the_last_attempt() -> None:
     await store.finish_attempt(rollout.rollout_id, claim.attempt.attempt_id, "succeeded")
 
     transitions = await transitions_from_store(store, [rollout.rollout_id], TransitionConfig())
-    assert [tr.response_ids for tr in transitions] == [[12], [14]]
+    assert [tr.response_token_ids for tr in transitions] == [[12], [14]]
     assert {tr.attempt_id for tr in transitions} == {claim.attempt.attempt_id}
     assert {tr.group_id for tr in transitions} == {"task-1"}
     assert {tr.final_reward for tr in transitions} == {1.0}
@@ -500,7 +507,7 @@ def test_intermediate_rewards_that_overflow_are_reported_not_made_infinite(mode:
     t.reward(1.0, final=True)
     result = build(t, mode=mode)
     _validates(result)
-    assert result.transitions[0].reward == 1e308
+    assert result.transitions[0].intermediate_reward == 1e308
     assert result.diagnostics.invalid_rewards == (2 if mode == "trajectory" else 1)  # merging overflows too
     assert any("overflow to a non-finite sum" in p for p in result.problems)
 
@@ -511,7 +518,7 @@ def test_span_logprobs_without_a_float_are_dropped() -> None:
                                                  sc.RESPONSE_LOGPROBS: [-1, -(10**400)]})  # fmt: skip
     result = build(t)
     _validates(result)
-    assert result.transitions[0].logprobs is None
+    assert result.transitions[0].response_logprobs is None
     assert any("logprobs that do not match" in p for p in result.problems)
 
 

@@ -71,12 +71,11 @@ def model_folder(tmp_path: Path) -> Path:
 def batch() -> TrainingBatch:
     def sample(response: list[int], advantage: float) -> TrainingSample:
         return TrainingSample(
-            prompt_ids=[3, 4, 5, 6],
-            response_ids=response,
+            prompt_token_ids=[3, 4, 5, 6],
+            response_token_ids=response,
             response_mask=[1] * len(response),
             credit=advantage,
             advantage=advantage,
-            returns=advantage,
             group_id="g",
             rollout_id="r",
             attempt_id="a",

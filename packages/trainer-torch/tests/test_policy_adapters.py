@@ -20,12 +20,11 @@ PPO = PPOConfig(lr=1e-2)
 
 def _sample(policy: str | None, advantage: float, index: int) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[3, 4, 5, 6 + index % 3],
-        response_ids=[7, 8, 9],
+        prompt_token_ids=[3, 4, 5, 6 + index % 3],
+        response_token_ids=[7, 8, 9],
         response_mask=[1, 1, 1],
         credit=advantage,
         advantage=advantage,
-        returns=advantage,
         group_id="g",
         rollout_id=f"r{index}",
         attempt_id="a",
@@ -105,3 +104,36 @@ def test_frozen_cannot_be_a_trained_adapter(
 ) -> None:
     with pytest.raises(ValueError, match="distinct trained policies"):
         PolicyAdapters(make_small_model(tokenizer), ["writer", FROZEN], SETTINGS, PPO)
+
+
+def test_a_multi_policy_trainer_resumes_every_adapter_and_optimizer(tmp_path: Path) -> None:
+    from agentlightning import PolicyMap
+    from agentlightning_torch import TorchTrainer, TorchTrainerConfig
+    from agentlightning_torch.testing import make_tiny_chat_model
+
+    make_tiny_chat_model(tmp_path / "model")
+    config = TorchTrainerConfig(
+        model_dir=tmp_path / "model",
+        output_dir=tmp_path / "run",
+        ppo=PPOConfig(lr=1e-2, lora=SETTINGS),
+        policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN}),
+    )
+    trainer = TorchTrainer(config)
+    adapters = trainer.engine.adapters
+    assert adapters is not None and adapters.names == ["writer", "rewriter"]
+    _step(adapters, ["writer", "rewriter", "writer", "rewriter"])
+    _step(adapters, ["writer", "writer"])
+    trainer.iteration, trainer.model_version = 2, 2
+    folder = trainer.save_checkpoint()
+    assert (folder / "adapters" / "writer" / "adapter_config.json").is_file()
+    assert (folder / "adapters" / "rewriter" / "adapter_config.json").is_file()
+
+    resumed = TorchTrainer(config.model_copy(update={"resume": True}))
+    again = resumed.engine.adapters
+    assert again is not None and (resumed.iteration, resumed.model_version) == (2, 2)
+    for name in ("writer", "rewriter"):
+        saved, loaded = _weights(adapters, name), _weights(again, name)
+        assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+        steps = [s["step"] for s in again.optimizers[name].state_dict()["state"].values()]
+        assert steps and all(float(step) == (2 if name == "writer" else 1) for step in steps)
+    assert again.skipped == {"writer": 0, "rewriter": 1}

@@ -44,12 +44,11 @@ def tiny_model(seed: int = 0) -> PreTrainedModel:
 
 def sample(response: list[int], advantage: float, prompt: list[int] = PROMPT, **fields: object) -> TrainingSample:
     values: dict[str, object] = {
-        "prompt_ids": prompt,
-        "response_ids": response,
+        "prompt_token_ids": prompt,
+        "response_token_ids": response,
         "response_mask": [1] * len(response),
         "credit": advantage,
         "advantage": advantage,
-        "returns": advantage,
         "group_id": "g",
         "rollout_id": "r",
         "attempt_id": "a",
@@ -116,7 +115,7 @@ def test_recorded_old_logprobs_are_used() -> None:
     metrics = ppo_update(
         model,
         make_optimizer(model, config),
-        TrainingBatch(samples=[good.model_copy(update={"old_logprobs": stale})]),
+        TrainingBatch(samples=[good.model_copy(update={"response_logprobs": stale})]),
         config,
     )
     assert metrics["clip_fraction"] == 1.0
@@ -193,10 +192,10 @@ def test_bad_samples_are_rejected_before_anything_changes() -> None:
     config = PPOConfig()
     optimizer = make_optimizer(model, config)
     good = sample(GOOD, 1.0)
-    out_of_vocab = good.model_copy(update={"response_ids": [500, 1], "response_mask": [1, 1]})
+    out_of_vocab = good.model_copy(update={"response_token_ids": [500, 1], "response_mask": [1, 1]})
     with pytest.raises(ValueError, match="sample 1 has token ids"):
         ppo_update(model, optimizer, TrainingBatch(samples=[good, out_of_vocab]), config)
-    too_long = good.model_copy(update={"prompt_ids": [2] * 200})
+    too_long = good.model_copy(update={"prompt_token_ids": [2] * 200})
     with pytest.raises(ValueError, match="context"):
         ppo_update(model, optimizer, TrainingBatch(samples=[too_long]), config)
     with pytest.raises(ValueError, match="ref_model"):

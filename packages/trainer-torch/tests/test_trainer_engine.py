@@ -21,12 +21,11 @@ from agentlightning_torch.testing import make_tiny_chat_model
 def _batch() -> agl.TrainingBatch:
     prompt, response = [5, 6, 7, 8], [9, 10, 11]
     sample = agl.TrainingSample(
-        prompt_ids=prompt,
-        response_ids=response,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
         response_mask=[1] * len(response),
         credit=1.0,
         advantage=1.0,
-        returns=1.0,
         group_id="g",
         rollout_id="r",
         attempt_id="a",

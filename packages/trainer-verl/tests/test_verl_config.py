@@ -61,6 +61,16 @@ def test_bad_settings_are_refused(kwargs, message) -> None:
         VerlTrainerConfig(model_path="m", **kwargs)
 
 
+def test_reinforce_pp_is_one_name_and_verls_spelling_an_alias() -> None:
+    for name in ("reinforce_pp", "reinforce_plus_plus"):
+        cfg = VerlTrainerConfig(model_path="unused", algorithm=name)  # pyright: ignore[reportArgumentType]
+        assert cfg.algorithm == "reinforce_pp"
+        assert cfg.to_verl_config().algorithm.adv_estimator == "reinforce_plus_plus"  # verl's own name, for verl
+        assert cfg.loop_config(output_dir="unused").estimator == "reinforce_pp"
+    with pytest.raises(ValidationError, match="n_rollouts_per_task >= 2"):
+        VerlTrainerConfig(model_path="unused", algorithm="rloo", n_rollouts_per_task=1)
+
+
 def test_unknown_override_key_is_refused() -> None:
     with pytest.raises(KeyError, match=r"trainer\.no_such_key"):
         VerlTrainerConfig(model_path="m", overrides={"trainer.no_such_key": 1}).to_verl_config()
@@ -81,8 +91,14 @@ def test_dtype_attention_and_padding_reach_actor_and_critic() -> None:
     assert bf16.critic.fsdp.mixed_precision.param_dtype == "bf16"
 
 
-def test_cpu_backend_without_a_local_server_is_refused() -> None:
-    with pytest.raises(ValueError, match="needs a local_server"):
+def test_cpu_backend_without_vllm_names_the_cpu_build_and_the_command() -> None:
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match=r"vLLM's CPU build with: python3 scripts/dev.py verl-vllm"):
         RayVerlBackend(VerlTrainerConfig(model_path="m"), device="cpu")
 
 
@@ -159,3 +175,14 @@ def test_importing_the_package_imports_neither_verl_nor_torch() -> None:
     code = "import sys, agentlightning_verl; print(sorted(m for m in ('verl', 'torch', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_short_batch_gets_micro_batches_that_split_it_evenly() -> None:
+    from agentlightning_verl._ray_backend import fitting_micro_batch
+
+    # verl asserts rows % micro_batch_size_per_gpu == 0: a step whose late rollouts were cancelled has fewer rows
+    assert fitting_micro_batch(4, 8) == 4
+    assert fitting_micro_batch(4, 2) == 2
+    assert fitting_micro_batch(4, 6) == 3
+    assert fitting_micro_batch(4, 7) == 1
+    assert fitting_micro_batch(4, 0) == 1

@@ -19,13 +19,12 @@ def close(actual: torch.Tensor, expected: list[list[float]]) -> None:
 
 def sample(prompt, response, mask, credit, group, *, logprobs=None, advantage=0.0, rollout="r", step=0, agent=None):
     return TrainingSample(
-        prompt_ids=prompt,
-        response_ids=response,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
         response_mask=mask,
-        old_logprobs=logprobs,
+        response_logprobs=logprobs,
         credit=credit,
         advantage=advantage,
-        returns=credit,
         group_id=group,
         rollout_id=rollout,
         attempt_id=f"{rollout}-a1",

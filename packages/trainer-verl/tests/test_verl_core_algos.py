@@ -20,13 +20,12 @@ S = 1 / math.sqrt(2)  # 0.5 / std([1, 0]) with torch's unbiased std
 
 def sample(group: str, credit: float, mask: list[int], rollout: str) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[5, 6],
-        response_ids=list(range(10, 10 + len(mask))),
+        prompt_token_ids=[5, 6],
+        response_token_ids=list(range(10, 10 + len(mask))),
         response_mask=mask,
-        old_logprobs=[-1.0] * len(mask),
+        response_logprobs=[-1.0] * len(mask),
         credit=credit,
         advantage=0.0,
-        returns=credit,
         group_id=group,
         rollout_id=rollout,
         attempt_id=rollout + "-a",
@@ -95,7 +94,7 @@ def test_reinforce_plus_plus_returns_skip_observations_and_whiten() -> None:
     batch = TrainingBatch(samples=[sample("A", 1.0, [1, 0, 1], "x"), sample("A", 0.0, [1, 1], "y")])
     dp = to_data_proto(batch, max_prompt_length=2, max_response_length=3, pad_token_id=0)
     cfg = omega_conf_to_dataclass(
-        VerlTrainerConfig(model_path="unused", algorithm="reinforce_plus_plus").to_verl_config().algorithm
+        VerlTrainerConfig(model_path="unused", algorithm="reinforce_pp").to_verl_config().algorithm
     )
     out = compute_advantage(dp, adv_estimator="reinforce_plus_plus", config=cfg)
     # gamma 1: every trained token's return is the sample's credit; 0 on the observation and padding

@@ -66,13 +66,12 @@ def build_batch(n_groups: int, n_per_group: int, prompt_len: int, response_len: 
             credit = float(k % 2)
             samples.append(
                 TrainingSample(
-                    prompt_ids=[rng.randint(2, VOCAB - 1) for _ in range(p)],
-                    response_ids=[rng.randint(2, VOCAB - 1) for _ in range(r)],
+                    prompt_token_ids=[rng.randint(2, VOCAB - 1) for _ in range(p)],
+                    response_token_ids=[rng.randint(2, VOCAB - 1) for _ in range(r)],
                     response_mask=mask,
-                    old_logprobs=[0.0] * r,  # replaced by the policy's own log-probs below
+                    response_logprobs=[0.0] * r,  # replaced by the policy's own log-probs below
                     credit=credit,
                     advantage=1.0 if credit else -0.5,
-                    returns=credit,
                     group_id=f"task-{g}",
                     rollout_id=f"ro-{g}-{k}",
                     attempt_id=f"at-{g}-{k}",

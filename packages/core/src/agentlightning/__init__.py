@@ -3,6 +3,9 @@
 The public API is re-exported here; see the README for the five-line tour.
 """
 
+from typing import Any
+
+from agentlightning._deprecation import warn_renamed
 from agentlightning._distribution import ForeignDistributionWarning, installed_version, warn_if_foreign
 from agentlightning._eventloop import run_async
 from agentlightning._models import (
@@ -51,7 +54,7 @@ from agentlightning.store import (
     SqliteStore,
     StoreClient,
     StoreError,
-    StoreServer,
+    StoreServerProcess,
     StoreServing,
 )
 from agentlightning.tracing import (
@@ -118,7 +121,7 @@ __all__ = [
     "SqliteStore",
     "StoreClient",
     "StoreError",
-    "StoreServer",
+    "StoreServerProcess",
     "StoreServing",
     "TraceTree",
     "TrainingBatch",
@@ -155,3 +158,11 @@ __all__ = [
     "uninstrument_all",
     "uninstrument_openai",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: ``StoreServer`` is `StoreServerProcess` (it runs ``agl store serve`` as a child process)."""
+    if name == "StoreServer":
+        warn_renamed("agentlightning.StoreServer", "agentlightning.StoreServerProcess")
+        return StoreServerProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

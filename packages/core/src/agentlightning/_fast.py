@@ -16,7 +16,7 @@ an old record is upgraded or refused with pydantic's error, never half-built.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 from pydantic_core import from_json
@@ -31,6 +31,7 @@ from agentlightning._models import (
     SpanStatus,
     ValueResource,
 )
+from agentlightning._training_models import TrainingSample, TrainingSampleFields, Transition, TransitionFields
 
 __all__ = [
     "call_from_json",
@@ -38,6 +39,8 @@ __all__ = [
     "fast_factory",
     "fast_model",
     "fast_replace",
+    "new_training_sample",
+    "new_transition",
     "resources_from_json",
     "span_from_json",
     "spans_from_json",
@@ -92,6 +95,18 @@ def fast_factory(cls: type[_M]) -> Callable[[dict[str, Any]], _M]:
 def fast_replace(model: _M, **changes: Any) -> _M:
     """A copy of a validated ``model`` with ``changes`` (known-good values of the declared types) applied."""
     return fast_model(type(model), {**model.__dict__, **changes})
+
+
+# ------------------------------------------------------------------------------------ transitions and samples
+# The one typed constructor of each training model past the boundary: the builder, the trajectory merge and the
+# batch build their values as a `TransitionFields` / `TrainingSampleFields` literal (checked by pyright) and make
+# the model here, without a second validation (the values come from validated records; test_fast.py compares).
+
+new_transition = cast(Callable[[TransitionFields], Transition], fast_factory(Transition))
+"""The `Transition` holding ``fields`` as its ``__dict__`` (no validation; the dict is not copied)."""
+
+new_training_sample = cast(Callable[[TrainingSampleFields], TrainingSample], fast_factory(TrainingSample))
+"""The `TrainingSample` holding ``fields`` as its ``__dict__`` (no validation; the dict is not copied)."""
 
 
 # ----------------------------------------------------------------------------------------------- JSON readers

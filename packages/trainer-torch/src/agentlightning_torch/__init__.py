@@ -36,6 +36,7 @@ from agentlightning_torch._loading import (
     eos_token_ids,
     load_model,
 )
+from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._ppo import (
     LoraSettings,
     PPOConfig,
@@ -68,6 +69,7 @@ from agentlightning_torch._tool_parsers import (
 from agentlightning_torch._trainer import IterationReport, TorchEngine, TorchTrainer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError
+from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV, VLLMAdapterError, load_vllm_adapter
 from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
 from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
 from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
@@ -78,6 +80,8 @@ __all__ = [
     "CHAT_SPECIAL_TOKENS",
     "CHAT_TOOL_TOKENS",
     "HERMES_CHAT_TEMPLATE",
+    "VLLM_LORA_ARGS",
+    "VLLM_LORA_ENV",
     "BackendServer",
     "BackendStats",
     "ChatTemplate",
@@ -91,6 +95,7 @@ __all__ = [
     "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
+    "PolicyAdapters",
     "RequestCancelled",
     "SFTConfig",
     "SFTExample",
@@ -101,6 +106,7 @@ __all__ = [
     "TorchEngine",
     "TorchTrainer",
     "TorchTrainerConfig",
+    "VLLMAdapterError",
     "VLLMClient",
     "VLLMError",
     "VLLMNotInstalledError",
@@ -126,11 +132,13 @@ __all__ = [
     "load_adapter_weights",
     "load_model",
     "load_trainer_state",
+    "load_vllm_adapter",
     "make_optimizer",
     "make_tool_call",
     "merged_model",
     "merged_state_dict",
     "plan_micro_batches",
+    "policy_metric",
     "ppo_update",
     "prepare_policy",
     "register_tool_parser",

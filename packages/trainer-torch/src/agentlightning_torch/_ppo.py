@@ -155,16 +155,16 @@ def _max_positions(model: torch.nn.Module) -> int:
 
 def _validate(samples: Sequence[TrainingSample], vocab: int, max_positions: int) -> None:
     for index, sample in enumerate(samples):
-        if not sample.prompt_ids:
+        if not sample.prompt_token_ids:
             raise ValueError(f"sample {index} has no prompt tokens")
-        length = len(sample.prompt_ids) + len(sample.response_ids)
+        length = len(sample.prompt_token_ids) + len(sample.response_token_ids)
         if length > max_positions:
             raise ValueError(f"sample {index} has {length} tokens; the model's context is {max_positions}")
-        bad = [t for t in (*sample.prompt_ids, *sample.response_ids) if not 0 <= t < vocab]
+        bad = [t for t in (*sample.prompt_token_ids, *sample.response_token_ids) if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"sample {index} has token ids {bad[:5]} outside the vocabulary (size {vocab})")
-        if sample.old_logprobs is not None and len(sample.old_logprobs) != len(sample.response_ids):
-            raise ValueError(f"sample {index}: old_logprobs must have one entry per response token")
+        if sample.response_logprobs is not None and len(sample.response_logprobs) != len(sample.response_token_ids):
+            raise ValueError(f"sample {index}: response_logprobs must have one entry per response token")
 
 
 def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
@@ -202,21 +202,21 @@ def _forward(
     Only the positions from the shortest prompt on get logits (``logits_to_keep``): with a large vocabulary the
     prompt's logits would otherwise be most of the memory.
     """
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    longest = max(len(s.response_ids) for s in samples)
-    first = min(len(s.prompt_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
+    width = max(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples)
+    longest = max(len(s.response_token_ids) for s in samples)
+    first = min(len(s.prompt_token_ids) for s in samples) - 1  # the logit at position p predicts token p + 1
     input_ids = torch.zeros((len(samples), width), dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     targets = torch.zeros((len(samples), longest), dtype=torch.long)
     index = torch.zeros((len(samples), longest), dtype=torch.long)
     valid = torch.zeros((len(samples), longest), dtype=torch.bool)
     for row, sample in enumerate(samples):
-        ids = [*sample.prompt_ids, *sample.response_ids]
+        ids = [*sample.prompt_token_ids, *sample.response_token_ids]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
-        count = len(sample.response_ids)
-        targets[row, :count] = torch.tensor(sample.response_ids)
-        start = len(sample.prompt_ids) - 1 - first
+        count = len(sample.response_token_ids)
+        targets[row, :count] = torch.tensor(sample.response_token_ids)
+        start = len(sample.prompt_token_ids) - 1 - first
         index[row, :count] = torch.arange(start, start + count)
         valid[row, :count] = True
     input_ids, attention, targets, index = (t.to(device) for t in (input_ids, attention, targets, index))
@@ -248,13 +248,13 @@ def response_logprobs(
     was_training = model.training
     model.eval()
     out: list[list[float]] = [[] for _ in samples]
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     try:
         for group in plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens):
             chunk = [samples[i] for i in group]
             logprobs, _, _ = _forward(model, chunk, torch.device(device), bf16)
             for row, i in enumerate(group):
-                out[i] = logprobs[row, : len(samples[i].response_ids)].tolist()
+                out[i] = logprobs[row, : len(samples[i].response_token_ids)].tolist()
     finally:
         model.train(was_training)
     return out
@@ -323,8 +323,8 @@ def _anchors(
 ) -> _Anchors:
     """The behaviour log-probs (recorded, or recomputed with the weights before the update for a sample without
     them) and, with a KL penalty, the reference policy's log-probs."""
-    missing = [i for i, s in enumerate(samples) if s.old_logprobs is None]
-    old_rows: list[list[float]] = [list(s.old_logprobs) if s.old_logprobs is not None else [] for s in samples]
+    missing = [i for i, s in enumerate(samples) if s.response_logprobs is None]
+    old_rows: list[list[float]] = [list(s.response_logprobs or ()) for s in samples]
     if missing:
         chunk = [samples[i] for i in missing]
         recomputed = response_logprobs(
@@ -481,7 +481,7 @@ def ppo_update(
     was_training = model.training
     model.train()
     tally = _Tally()
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     minis = _mini_batches(samples, config.mini_batch_size or len(samples))
     try:
         for _epoch in range(config.epochs):

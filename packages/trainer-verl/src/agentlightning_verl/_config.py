@@ -5,28 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import LoopConfig
+from agentlightning.credit import canonical_estimator_name, is_group_estimator
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = ["ADV_ESTIMATORS", "VerlTrainerConfig"]
 
-AlgorithmName = Literal["grpo", "ppo", "reinforce_plus_plus", "rloo"]
+AlgorithmName = Literal["grpo", "ppo", "reinforce_pp", "rloo"]
+"""The core's advantage estimator names (``agentlightning.credit``), plus ``ppo`` (GAE with a critic)."""
 
 ADV_ESTIMATORS: dict[str, str] = {
     "grpo": "grpo",
     "ppo": "gae",
-    "reinforce_plus_plus": "reinforce_plus_plus",
+    "reinforce_pp": "reinforce_plus_plus",
     "rloo": "rloo",
 }
 """Our algorithm name -> verl's ``algorithm.adv_estimator`` (``verl.trainer.ppo.core_algos.AdvantageEstimator``)."""
 
-_GROUP_ESTIMATORS = {"grpo", "rloo"}
-
-_OUR_ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp", "ppo": "passthrough"}
+_OUR_ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "passthrough"}
 """Agent Lightning's advantage estimator per algorithm: what the batch carries before verl's own estimator runs."""
 
 
@@ -38,8 +38,9 @@ class VerlTrainerConfig(BaseModel):
 
     Attributes:
         model_path: Hugging Face model id or local directory (actor, rollout and, for PPO, critic).
-        algorithm: ``grpo`` | ``rloo`` (group baselines, no critic), ``reinforce_plus_plus`` (batch-whitened
-            returns), ``ppo`` (GAE with a critic model).
+        algorithm: ``grpo`` | ``rloo`` (group baselines, no critic), ``reinforce_pp`` (REINFORCE++, batch-whitened
+            returns; verl's ``reinforce_plus_plus``, also accepted under that name), ``ppo`` (GAE with a critic
+            model).
         n_rollouts_per_task: Rollouts per task (``actor_rollout_ref.rollout.n``); group estimators need >= 2.
         tasks_per_step: Tasks per training step (``data.train_batch_size``).
         total_steps: Training steps to run.
@@ -116,10 +117,16 @@ class VerlTrainerConfig(BaseModel):
     experiment_name: str = Field(default="agentlightning", min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _one_name(cls, value: object) -> object:
+        # verl's spelling of an estimator (reinforce_plus_plus) names the core's one (reinforce_pp)
+        return canonical_estimator_name(value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check(self) -> VerlTrainerConfig:
         world = self.nnodes * self.n_gpus_per_node
-        if self.algorithm in _GROUP_ESTIMATORS and self.n_rollouts_per_task < 2:
+        if is_group_estimator(_OUR_ESTIMATOR[self.algorithm]) and self.n_rollouts_per_task < 2:
             raise ValueError(
                 f"algorithm={self.algorithm!r} normalises within a task's group and needs n_rollouts_per_task >= 2 "
                 f"(got {self.n_rollouts_per_task})"

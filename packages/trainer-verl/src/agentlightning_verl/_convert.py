@@ -64,17 +64,17 @@ def _fit(
     max_response_length: int,
     truncation: TruncationPolicy,
 ) -> tuple[list[int], list[int], list[int], list[float] | None, bool, bool]:
-    prompt = sample.prompt_ids
-    response = sample.response_ids
+    prompt = sample.prompt_token_ids
+    response = sample.response_token_ids
     mask = sample.response_mask
-    logprobs = sample.old_logprobs
+    logprobs = sample.response_logprobs
     where = f"sample {index} (rollout {sample.rollout_id!r}, step {sample.step_index})"
     if not prompt:
         raise ValueError(f"{where} has an empty prompt; verl needs at least one prompt token")
     if len(mask) != len(response):
         raise ValueError(f"{where}: response_mask has {len(mask)} entries for {len(response)} response tokens")
     if logprobs is not None and len(logprobs) != len(response):
-        raise ValueError(f"{where}: old_logprobs has {len(logprobs)} entries for {len(response)} response tokens")
+        raise ValueError(f"{where}: response_logprobs has {len(logprobs)} entries for {len(response)} response tokens")
     if any(m not in (0, 1) for m in mask):
         raise ValueError(f"{where}: response_mask must contain only 0 and 1")
     prompt_cut = len(prompt) > max_prompt_length
@@ -138,7 +138,7 @@ def _fit_all(
     with_logprobs = sum(f[3] is not None for f in fitted)
     if 0 < with_logprobs < len(fitted):
         raise ValueError(
-            f"{with_logprobs} of {len(fitted)} samples carry old_logprobs; verl needs all or none "
+            f"{with_logprobs} of {len(fitted)} samples carry response_logprobs; verl needs all or none "
             "(check the proxy recorded logprobs for every call)"
         )
     return fitted
@@ -177,7 +177,7 @@ def _pad(
         if r_logp is not None:
             out.logprobs[row, :n] = torch.tensor(r_logp, dtype=torch.float32)
         out.advantages[row, :n] = sample.advantage * mask_row.float()
-        out.returns[row, :n] = sample.returns * mask_row.float()
+        out.returns[row, :n] = sample.credit * mask_row.float()  # the return a critic learns is the credit
     return out
 
 

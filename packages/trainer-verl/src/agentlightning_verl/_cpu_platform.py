@@ -173,6 +173,15 @@ def _platform_class() -> type[Any]:
         def is_ipc_supported(self) -> bool:
             return False
 
+        def rollout_env_vars(self) -> dict[str, str]:
+            # vLLM's CPU build: its KV cache size, and no pinning of its threads on cores other jobs share
+            return {
+                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                "VLLM_NO_USAGE_STATS": "1",
+            }
+
         def cudart(self) -> Any:
             return None
 
@@ -187,6 +196,9 @@ def install_cpu_platform() -> None:
     Raises:
         RuntimeError: verl already resolved another platform in this process.
     """
+    from agentlightning_verl._vllm_cpu import install_vllm_cpu_alias
+
+    install_vllm_cpu_alias()  # before verl's vLLM modules read vLLM's version (no-op without vllm-cpu)
     from verl.plugin.platform import platform_manager
 
     current = platform_manager._current_platform  # pyright: ignore[reportPrivateUsage]

@@ -116,6 +116,12 @@ class VerlEngine(Engine):
         self._sync_metrics.update(await backend.sync_weights(model_version))
         return backend.rollout_addresses()
 
+    async def drain_servers(self, timeout_s: float) -> int:
+        """Stop what the rollout servers still generate for cancelled rollouts (vLLM: verl's abort of every
+        request, admission held until the next sync); returns the requests left (0)."""
+        drain = getattr(self.backend, "drain_rollout", None)  # backends without servers have nothing to drain
+        return 0 if drain is None else int(await drain())
+
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One verl step on ``batch``: old log-probs, (values), advantages, (critic), actor. Weights are not synced.
 

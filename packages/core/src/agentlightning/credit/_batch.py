@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter, ValidationError
 
-from agentlightning._fast import fast_factory, fast_model
-from agentlightning._training_models import TrainingBatch, TrainingSample, Transition
+from agentlightning._fast import fast_model, new_training_sample
+from agentlightning._training_models import TrainingBatch, TrainingSample, TrainingSampleFields, Transition
 from agentlightning.credit._advantages import (
     AdvantageEstimator,
+    GroupedValues,
     get_advantage_estimator,
     grpo,
+    is_group_estimator,
     passthrough,
     reinforce_pp,
     rloo,
@@ -29,7 +32,7 @@ __all__ = ["build_batch_from_results", "build_batch_from_store", "build_training
 
 logger = logging.getLogger(__name__)
 
-_new_sample = fast_factory(TrainingSample)
+_new_sample = new_training_sample  # a module global: benchmarks/conversion_bench.py swaps in validation
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -89,6 +92,292 @@ def staleness_metrics(samples: Sequence[TrainingSample], current_version: int) -
     }
 
 
+_Credited = tuple[list[Transition], float, list[float]]
+"""One rollout's transitions in step order, its final reward and the credit of each transition."""
+
+_GroupKey = tuple[str, str | None]
+"""A group: the rollouts' group id (or the rollout id) and the policy that generated the transitions."""
+
+
+@dataclass
+class _Grouped:
+    """Credit assignment's output: the credited rollouts by group, and what it saw along the way."""
+
+    groups: dict[_GroupKey, list[_Credited]] = field(default_factory=dict[_GroupKey, list[_Credited]])
+    finals: list[float] = field(default_factory=list[float])  # final reward of every kept rollout
+    without_reward: list[str] = field(default_factory=list[str])  # rollouts that reported no final reward
+
+
+@dataclass
+class _Estimated:
+    """The groups that are estimated (equal groups dropped on request) and their advantages."""
+
+    keys: list[_GroupKey]
+    advantages: GroupedValues
+    equal_groups: int
+    dropped_samples: int
+
+
+@dataclass
+class _Samples:
+    """The samples and the values of the kept ones, for the metrics."""
+
+    samples: list[TrainingSample] = field(default_factory=list[TrainingSample])
+    advantages: list[float] = field(default_factory=list[float])
+    credits: list[float] = field(default_factory=list[float])
+    response_tokens: int = 0
+    trained_tokens: int = 0
+    empty: int = 0
+
+
+def _by_rollout(transitions: Sequence[Transition]) -> dict[tuple[str, str], list[Transition]]:
+    """Group phase: transitions by (rollout_id, attempt_id), in input order."""
+    rollouts: dict[tuple[str, str], list[Transition]] = {}
+    for transition in transitions:
+        values = transition.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+        key = (values["rollout_id"], values["attempt_id"])
+        bucket = rollouts.get(key)
+        if bucket is None:
+            rollouts[key] = [transition]
+        else:
+            bucket.append(transition)
+    return rollouts
+
+
+def _in_step_order(rollout_id: str, steps: list[Transition]) -> float | None:
+    """Sort one rollout's steps (in place, when needed) and return the final reward they all carry.
+
+    Raises:
+        ValueError: The steps disagree on the final reward (they come from several attempts).
+    """
+    final = steps[0].final_reward
+    previous = steps[0].step_index
+    unordered = disagree = False
+    for step in steps:  # one pass: are the steps in order, and do they agree on the final reward?
+        values = step.__dict__
+        step_index = values["step_index"]
+        if step_index < previous:
+            unordered = True
+        previous = step_index
+        if values["final_reward"] != final:
+            disagree = True
+    if unordered:
+        steps.sort(key=_step_index)
+        final = steps[0].final_reward
+    if disagree:
+        for step in steps:
+            if step.final_reward != final:
+                raise ValueError(
+                    f"transitions of rollout {rollout_id} disagree on the final reward ({final} vs "
+                    f"{step.final_reward}); they must come from one attempt"
+                )
+    return final
+
+
+def _by_policy(
+    steps: list[Transition], credits: list[float]
+) -> list[tuple[str | None, list[Transition], list[float]]]:
+    """A rollout's steps and credits split by policy (one part, in order, when every step has the same one)."""
+    first = steps[0].policy
+    if all(step.policy == first for step in steps):
+        return [(first, steps, credits)]
+    parts: dict[str | None, tuple[list[Transition], list[float]]] = {}
+    for step, credit in zip(steps, credits, strict=True):
+        part = parts.setdefault(step.policy, ([], []))
+        part[0].append(step)
+        part[1].append(credit)
+    return [(policy, part[0], part[1]) for policy, part in parts.items()]
+
+
+def _assign_credit(
+    rollouts: dict[tuple[str, str], list[Transition]], strategy: CreditStrategy, config: CreditConfig, check: bool
+) -> _Grouped:
+    """Credit phase: each rollout's rewards become one credit per transition; rollouts are grouped by group_id."""
+    grouped = _Grouped()
+    groups = grouped.groups
+    for (rollout_id, _), steps in rollouts.items():
+        final = _in_step_order(rollout_id, steps)
+        if final is None:
+            grouped.without_reward.append(rollout_id)
+            if config.missing_final_reward == "drop":
+                continue
+            final = 0.0
+        credits = strategy(steps, final, config)
+        if check:
+            credits = _floats(credits, "credit strategy")
+        if len(credits) != len(steps):
+            raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
+        grouped.finals.append(final)
+        group_id = steps[0].group_id or rollout_id
+        for policy, policy_steps, policy_credits in _by_policy(steps, credits):
+            group = groups.get((group_id, policy))
+            if group is None:
+                groups[(group_id, policy)] = [(policy_steps, final, policy_credits)]
+            else:
+                group.append((policy_steps, final, policy_credits))
+    _report_missing_rewards(grouped.without_reward, config)
+    return grouped
+
+
+def _report_missing_rewards(without_reward: list[str], config: CreditConfig) -> None:
+    if not without_reward:
+        return
+    if config.missing_final_reward == "raise":
+        raise ValueError(f"{len(without_reward)} rollout(s) reported no final reward: {', '.join(without_reward[:10])}")
+    logger.warning(
+        "%d rollout(s) reported no final reward (%s); %s",
+        len(without_reward),
+        ", ".join(without_reward[:5]),
+        "dropped" if config.missing_final_reward == "drop" else "counted as reward 0",
+    )
+
+
+def _estimate_advantages(
+    groups: dict[_GroupKey, list[_Credited]], estimate: AdvantageEstimator, config: CreditConfig
+) -> _Estimated:
+    """Estimate phase: drop equal groups on request, then the estimator turns credits into advantages.
+
+    Raises:
+        ValueError: The estimator's answer has another shape than the credits it was given.
+    """
+    tol = config.equal_tolerance
+    keys: list[_GroupKey] = []
+    kept_credits: GroupedValues = []
+    equal_groups = 0
+    dropped_samples = 0
+    for key, members in groups.items():
+        values = [c for _, _, credits in members for c in credits]
+        if not values or max(values) - min(values) <= tol:
+            equal_groups += 1
+            if config.drop_equal_groups:
+                dropped_samples += len(values)
+                continue
+        keys.append(key)
+        kept_credits.append([credits for _, _, credits in members])
+    advantages = estimate(kept_credits, config)
+    if len(advantages) != len(kept_credits) or any(
+        len(a) != len(c) or any(len(x) != len(y) for x, y in zip(a, c, strict=True))
+        for a, c in zip(advantages, kept_credits, strict=True)
+    ):
+        raise ValueError("advantage estimator returned a different shape than the credits it was given")
+    return _Estimated(keys, advantages, equal_groups, dropped_samples)
+
+
+def _make_samples(groups: dict[_GroupKey, list[_Credited]], estimated: _Estimated, check: bool) -> _Samples:
+    """Samples phase: one `TrainingSample` per transition with a response, its credit and advantage.
+
+    Raises:
+        ValueError: A credit or advantage is not a finite number.
+    """
+    out = _Samples()
+    new_sample = _new_sample
+    add_sample = out.samples.append
+    isfinite = math.isfinite
+    response_tokens = trained_tokens = 0  # locals in the per-sample loop, stored once at the end
+    for key, group_adv in zip(estimated.keys, estimated.advantages, strict=True):
+        for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
+            if check:
+                rollout_adv = _floats(rollout_adv, "advantage estimator")
+            if not isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
+                _raise_non_finite(steps, credits, rollout_adv)
+            dropped = 0
+            for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
+                values = step.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+                response = values["response_token_ids"]
+                if not response:
+                    dropped += 1
+                    continue
+                mask = values["response_mask"]
+                fields: TrainingSampleFields = {
+                    "prompt_token_ids": values["prompt_token_ids"],
+                    "response_token_ids": response,
+                    "response_mask": mask,
+                    "response_logprobs": values["response_logprobs"],
+                    "credit": credit_value,
+                    "advantage": advantage,
+                    "group_id": key[0],
+                    "rollout_id": values["rollout_id"],
+                    "attempt_id": values["attempt_id"],
+                    "step_index": values["step_index"],
+                    "agent_name": values["agent_name"],
+                    "model_version": values["model_version"],
+                    "policy": values["policy"],
+                }
+                add_sample(new_sample(fields))
+                response_tokens += len(response)
+                trained_tokens += sum(mask)
+            if dropped:
+                out.empty += dropped
+                kept = [bool(step.response_token_ids) for step in steps]
+                out.advantages.extend(a for a, keep in zip(rollout_adv, kept, strict=True) if keep)
+                out.credits.extend(c for c, keep in zip(credits, kept, strict=True) if keep)
+            else:
+                out.advantages.extend(rollout_adv)
+                out.credits.extend(credits)
+    out.response_tokens, out.trained_tokens = response_tokens, trained_tokens
+    return out
+
+
+def _warn_no_signal(
+    grouped: _Grouped, estimated: _Estimated, made: _Samples, estimator: str | AdvantageEstimator, tol: float
+) -> int:
+    """Warn when no sample moves the policy (groups of one under a group estimator, or only equal groups).
+
+    Returns:
+        The number of groups holding a single rollout.
+    """
+    n_groups = len(grouped.groups)
+    single = sum(1 for members in grouped.groups.values() if len(members) == 1)
+    if not n_groups or not all(abs(a) <= tol for a in made.advantages):
+        return single
+    if single == n_groups and is_group_estimator(estimator):
+        logger.warning(
+            "no learning signal: every one of the %d group(s) holds ONE rollout, and the %s estimator compares "
+            "rollouts within a group, so every advantage is 0. Run each task several times under one group_id "
+            "(e.g. enqueue it N times with the same group_id) or use estimator='reinforce_pp'.",
+            n_groups,
+            estimator if isinstance(estimator, str) else "group",
+        )
+    elif estimated.equal_groups == n_groups:
+        logger.warning(
+            "learning has stalled: every one of the %d group(s) in the batch has equal rewards, so no sample has a "
+            "non-zero advantage (all successes or all failures; try easier/harder tasks, more samples per task, "
+            "or a lower learning rate)",
+            n_groups,
+        )
+    return single
+
+
+def _batch_metrics(
+    grouped: _Grouped, estimated: _Estimated, made: _Samples, single: int, config: CreditConfig
+) -> dict[str, float]:
+    """Metrics phase: what the batch holds and how its rewards, credits and advantages are spread."""
+    finals = grouped.finals
+    n_groups = len(grouped.groups)
+    reward_mean, reward_std = _mean_std(finals)
+    adv_mean, adv_std = _mean_std(made.advantages)
+    return {
+        "n_samples": float(len(made.samples)),
+        "n_rollouts": float(len(finals)),
+        "n_groups": float(n_groups),
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "reward_min": min(finals) if finals else 0.0,
+        "reward_max": max(finals) if finals else 0.0,
+        "credit_mean": sum(made.credits) / len(made.credits) if made.credits else 0.0,
+        "advantage_mean": adv_mean,
+        "advantage_std": adv_std,
+        "zero_std_group_fraction": estimated.equal_groups / n_groups if n_groups else 0.0,
+        "single_rollout_groups": float(single),
+        "dropped_groups": float(estimated.equal_groups if config.drop_equal_groups else 0),
+        "dropped_samples": float(estimated.dropped_samples),
+        "empty_responses_dropped": float(made.empty),
+        "rollouts_without_reward": float(len(grouped.without_reward)),
+        "response_tokens": float(made.response_tokens),
+        "trained_tokens": float(made.trained_tokens),
+    }
+
+
 def build_training_batch(
     transitions: Sequence[Transition],
     credit: str | CreditStrategy = "identical",
@@ -102,10 +391,10 @@ def build_training_batch(
 
     Transitions are grouped into rollouts by (rollout_id, attempt_id) and rollouts into groups by
     ``group_id`` (a rollout without a group is a group of its own). The credit strategy turns each rollout's
-    final and intermediate rewards into one credit per transition (``TrainingSample.credit`` and
-    ``returns``); the estimator turns credits into advantages. Transitions of several policies
-    (`Transition.policy`: one LoRA adapter per agent) are compared only with their own policy's: each group is
-    split by policy before the estimator sees it, so a policy's advantages come from its own samples.
+    final and intermediate rewards into one credit per transition (``TrainingSample.credit``); the estimator
+    turns credits into advantages. Transitions of several policies (`Transition.policy`: one LoRA adapter per
+    agent) are compared only with their own policy's: each group is split by policy before the estimator sees it,
+    so a policy's advantages come from its own samples.
 
     Logs a WARNING when every group has equal rewards and no sample has a non-zero advantage: learning has
     stalled (all successes or all failures), and nothing in the batch moves the policy.
@@ -138,201 +427,20 @@ def build_training_batch(
     estimate = get_advantage_estimator(estimator) if isinstance(estimator, str) else estimator
     # Ours return floats (tested); a caller's function may return ints or numpy numbers, made floats here.
     check_credits, check_advantages = strategy not in _OURS, estimate not in _OURS
-
     # A caller's transitions made without validation are validated here (see store._common.revalidate_unchecked).
     transitions = revalidate_unchecked(transitions, Transition, "transitions")
-    rollouts: dict[tuple[str, str], list[Transition]] = {}
-    for transition in transitions:
-        values = transition.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
-        key = (values["rollout_id"], values["attempt_id"])
-        bucket = rollouts.get(key)
-        if bucket is None:
-            rollouts[key] = [transition]
-        else:
-            bucket.append(transition)
 
-    groups: dict[tuple[str, str | None], list[tuple[list[Transition], float, list[float]]]] = {}
-    finals: list[float] = []
-    without_reward: list[str] = []
-    for (rollout_id, _), steps in rollouts.items():
-        # One pass: are the steps in order, and do they agree on the final reward?
-        final = steps[0].final_reward
-        previous = steps[0].step_index
-        unordered = disagree = False
-        for step in steps:
-            values = step.__dict__
-            step_index = values["step_index"]
-            if step_index < previous:
-                unordered = True
-            previous = step_index
-            if values["final_reward"] != final:
-                disagree = True
-        if unordered:
-            steps.sort(key=_step_index)
-            final = steps[0].final_reward
-        if disagree:
-            for step in steps:
-                if step.final_reward != final:
-                    raise ValueError(
-                        f"transitions of rollout {rollout_id} disagree on the final reward ({final} vs "
-                        f"{step.final_reward}); they must come from one attempt"
-                    )
-        if final is None:
-            without_reward.append(rollout_id)
-            if config.missing_final_reward == "drop":
-                continue
-            final = 0.0
-        credits = strategy(steps, final, config)
-        if check_credits:
-            credits = _floats(credits, "credit strategy")
-        if len(credits) != len(steps):
-            raise ValueError(f"credit strategy returned {len(credits)} values for {len(steps)} transitions")
-        finals.append(final)
-        group_id = steps[0].group_id or rollout_id
-        for policy, policy_steps, policy_credits in _by_policy(steps, credits):
-            group = groups.get((group_id, policy))
-            if group is None:
-                groups[(group_id, policy)] = [(policy_steps, final, policy_credits)]
-            else:
-                group.append((policy_steps, final, policy_credits))
-    if without_reward:
-        if config.missing_final_reward == "raise":
-            raise ValueError(
-                f"{len(without_reward)} rollout(s) reported no final reward: {', '.join(without_reward[:10])}"
-            )
-        logger.warning(
-            "%d rollout(s) reported no final reward (%s); %s",
-            len(without_reward),
-            ", ".join(without_reward[:5]),
-            "dropped" if config.missing_final_reward == "drop" else "counted as reward 0",
-        )
-
-    tol = config.equal_tolerance
-    kept_keys: list[tuple[str, str | None]] = []
-    kept_credits: list[list[list[float]]] = []
-    equal_groups = 0
-    dropped_samples = 0
-    for key, members in groups.items():
-        values = [c for _, _, credits in members for c in credits]
-        equal = not values or max(values) - min(values) <= tol
-        if equal:
-            equal_groups += 1
-            if config.drop_equal_groups:
-                dropped_samples += len(values)
-                continue
-        kept_keys.append(key)
-        kept_credits.append([credits for _, _, credits in members])
-
-    advantages = estimate(kept_credits, config)
-    if len(advantages) != len(kept_credits) or any(
-        len(a) != len(c) or any(len(x) != len(y) for x, y in zip(a, c, strict=True))
-        for a, c in zip(advantages, kept_credits, strict=True)
-    ):
-        raise ValueError("advantage estimator returned a different shape than the credits it was given")
-
-    samples: list[TrainingSample] = []
-    all_advantages: list[float] = []
-    all_credits: list[float] = []
-    response_tokens = 0
-    trained_tokens = 0
-    empty = 0
-    new_sample = _new_sample
-    add_sample = samples.append
-    isfinite = math.isfinite
-    for key, group_adv in zip(kept_keys, advantages, strict=True):
-        for (steps, _, credits), rollout_adv in zip(groups[key], group_adv, strict=True):
-            if check_advantages:
-                rollout_adv = _floats(rollout_adv, "advantage estimator")
-            if not isfinite(sum(credits) + sum(rollout_adv)):  # any inf or nan makes the sum non-finite
-                _raise_non_finite(steps, credits, rollout_adv)
-            dropped = 0
-            for step, credit_value, advantage in zip(steps, credits, rollout_adv, strict=True):
-                values = step.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
-                response_ids = values["response_ids"]
-                if not response_ids:
-                    dropped += 1
-                    continue
-                mask = values["response_mask"]
-                add_sample(
-                    new_sample(
-                        {
-                            "prompt_ids": values["prompt_ids"],
-                            "response_ids": response_ids,
-                            "response_mask": mask,
-                            "old_logprobs": values["logprobs"],
-                            "credit": credit_value,
-                            "advantage": advantage,
-                            "returns": credit_value,
-                            "group_id": key[0],
-                            "rollout_id": values["rollout_id"],
-                            "attempt_id": values["attempt_id"],
-                            "step_index": values["step_index"],
-                            "agent_name": values["agent_name"],
-                            "model_version": values["model_version"],
-                            "policy": values["policy"],
-                        }
-                    )
-                )
-                response_tokens += len(response_ids)
-                trained_tokens += sum(mask)
-            if dropped:
-                empty += dropped
-                kept = [bool(step.response_ids) for step in steps]
-                all_advantages.extend(a for a, keep in zip(rollout_adv, kept, strict=True) if keep)
-                all_credits.extend(c for c, keep in zip(credits, kept, strict=True) if keep)
-            else:
-                all_advantages.extend(rollout_adv)
-                all_credits.extend(credits)
-
-    n_groups = len(groups)
-    single = sum(1 for members in groups.values() if len(members) == 1)
-    group_estimator = (estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "")) in (
-        "grpo",
-        "rloo",
-    )
-    if n_groups and single == n_groups and group_estimator and all(abs(a) <= tol for a in all_advantages):
-        logger.warning(
-            "no learning signal: every one of the %d group(s) holds ONE rollout, and the %s estimator compares "
-            "rollouts within a group, so every advantage is 0. Run each task several times under one group_id "
-            "(e.g. enqueue it N times with the same group_id) or use estimator='reinforce_pp'.",
-            n_groups,
-            estimator if isinstance(estimator, str) else "group",
-        )
-    elif n_groups and equal_groups == n_groups and all(abs(a) <= tol for a in all_advantages):
-        logger.warning(
-            "learning has stalled: every one of the %d group(s) in the batch has equal rewards, so no sample has a "
-            "non-zero advantage (all successes or all failures; try easier/harder tasks, more samples per task, "
-            "or a lower learning rate)",
-            n_groups,
-        )
-
-    reward_mean, reward_std = _mean_std(finals)
-    adv_mean, adv_std = _mean_std(all_advantages)
-    metrics: dict[str, float] = {
-        "n_samples": float(len(samples)),
-        "n_rollouts": float(len(finals)),
-        "n_groups": float(n_groups),
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        "reward_min": min(finals) if finals else 0.0,
-        "reward_max": max(finals) if finals else 0.0,
-        "credit_mean": sum(all_credits) / len(all_credits) if all_credits else 0.0,
-        "advantage_mean": adv_mean,
-        "advantage_std": adv_std,
-        "zero_std_group_fraction": equal_groups / n_groups if n_groups else 0.0,
-        "single_rollout_groups": float(single),
-        "dropped_groups": float(equal_groups if config.drop_equal_groups else 0),
-        "dropped_samples": float(dropped_samples),
-        "empty_responses_dropped": float(empty),
-        "rollouts_without_reward": float(len(without_reward)),
-        "response_tokens": float(response_tokens),
-        "trained_tokens": float(trained_tokens),
-    }
+    # Phases: group by rollout -> credit per rollout, grouped by task -> estimate advantages -> samples -> metrics.
+    grouped = _assign_credit(_by_rollout(transitions), strategy, config, check_credits)
+    estimated = _estimate_advantages(grouped.groups, estimate, config)
+    made = _make_samples(grouped.groups, estimated, check_advantages)
+    single = _warn_no_signal(grouped, estimated, made, estimator, config.equal_tolerance)
+    metrics = _batch_metrics(grouped, estimated, made, single, config)
     if current_version is not None:
-        metrics.update(staleness_metrics(samples, current_version))
+        metrics.update(staleness_metrics(made.samples, current_version))
     if diagnostics is not None:
         metrics.update(diagnostics.as_metrics())
-    return fast_model(TrainingBatch, {"samples": samples, "metrics": metrics})
+    return fast_model(TrainingBatch, {"samples": made.samples, "metrics": metrics})
 
 
 async def build_batch_from_store(
@@ -388,18 +496,3 @@ def build_batch_from_results(
     return build_training_batch(
         transitions, credit, estimator, config, diagnostics=diagnostics, current_version=current_version
     )
-
-
-def _by_policy(
-    steps: list[Transition], credits: list[float]
-) -> list[tuple[str | None, list[Transition], list[float]]]:
-    """A rollout's steps and credits split by policy (one part, in order, when every step has the same one)."""
-    first = steps[0].policy
-    if all(step.policy == first for step in steps):
-        return [(first, steps, credits)]
-    parts: dict[str | None, tuple[list[Transition], list[float]]] = {}
-    for step, credit in zip(steps, credits, strict=True):
-        part = parts.setdefault(step.policy, ([], []))
-        part[0].append(step)
-        part[1].append(credit)
-    return [(policy, part[0], part[1]) for policy, part in parts.items()]

@@ -13,9 +13,10 @@ _F = TypeVar("_F", bound=Callable[..., object])
 class Registry(Generic[_F]):
     """Functions by name, with a clear error for unknown names and for accidental re-registration."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, aliases: dict[str, str] | None = None) -> None:
         self._what = what
         self._items: dict[str, _F] = {}
+        self._aliases = dict(aliases or {})  # another spelling -> the registered name (not listed in `names`)
 
     def register(self, name: str, *, replace: bool = False) -> Callable[[_F], _F]:
         """Decorator registering a function under ``name``."""
@@ -32,10 +33,14 @@ class Registry(Generic[_F]):
 
         return decorator
 
+    def canonical(self, name: str) -> str:
+        """The registered name ``name`` stands for (itself unless it is an alias)."""
+        return self._aliases.get(name, name)
+
     def get(self, name: str) -> _F:
-        """The function registered as ``name``; raises ``ValueError`` listing the known names otherwise."""
+        """The function registered as ``name`` (or an alias of it); ``ValueError`` listing the known names otherwise."""
         try:
-            return self._items[name]
+            return self._items[self._aliases.get(name, name)]
         except KeyError:
             known = ", ".join(sorted(self._items)) or "none"
             raise ValueError(f"unknown {self._what} {name!r}; registered: {known}") from None

@@ -8,7 +8,7 @@ credit per transition. Which to use:
 * ``discounted``: ``gamma ** (T - 1 - t) * final``; later calls get more of the outcome. Use for long
   episodes where early calls matter less.
 * ``per_step``: return-to-go ``sum_{k >= t} gamma ** (k - t) * r_k + gamma ** (T - 1 - t) * final`` using the
-  intermediate rewards (``Transition.reward``). Use when the agent emits rewards along the way (tests
+  intermediate rewards (``Transition.intermediate_reward``). Use when the agent emits rewards along the way (tests
   passed, sub-goals reached) so they are not ignored.
 """
 
@@ -78,7 +78,7 @@ def per_step(transitions: Sequence[Transition], final: float, config: CreditConf
     out = [0.0] * len(transitions)
     running = final  # the final reward arrives with the last step
     for t in range(len(transitions) - 1, -1, -1):
-        reward = transitions[t].reward
+        reward = transitions[t].intermediate_reward
         if reward is not None:
             running += reward
         out[t] = running

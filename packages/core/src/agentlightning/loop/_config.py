@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentlightning._netauth import check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
+from agentlightning.credit._advantages import is_group_estimator
 from agentlightning.credit._config import CreditConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
@@ -152,7 +153,7 @@ class LoopConfig(BaseModel):
 
     @model_validator(mode="after")
     def _group_estimator_needs_groups(self) -> LoopConfig:
-        if self.samples_per_task == 1 and self.estimator in ("grpo", "rloo"):
+        if self.samples_per_task == 1 and is_group_estimator(self.estimator):
             raise ValueError(
                 f"samples_per_task=1 with estimator={self.estimator!r} gives every sample advantage 0 "
                 f"({self.estimator} compares the rollouts of one task); use samples_per_task >= 2 or "

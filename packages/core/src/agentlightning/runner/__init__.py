@@ -1,6 +1,9 @@
 """The runner and the ``@rollout`` decorator for the user's agent function."""
 
-from agentlightning.runner._agent import RolloutAgent, as_agent, final_reward, rollout
+from typing import Any
+
+from agentlightning._deprecation import warn_renamed
+from agentlightning.runner._agent import RolloutAgent, as_agent, reward_from_result, rollout
 from agentlightning.runner._execute import ROOT_SPAN_NAME, Outcome
 from agentlightning.runner._load import load_agent
 from agentlightning.runner._runner import Runner, WorkerMode
@@ -14,7 +17,15 @@ __all__ = [
     "SlotRegistrar",
     "WorkerMode",
     "as_agent",
-    "final_reward",
     "load_agent",
+    "reward_from_result",
     "rollout",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: ``final_reward`` is `reward_from_result` (a function, not the `Transition` field)."""
+    if name == "final_reward":
+        warn_renamed("agentlightning.runner.final_reward", "agentlightning.runner.reward_from_result")
+        return reward_from_result
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

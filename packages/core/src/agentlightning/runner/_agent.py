@@ -10,7 +10,7 @@ from typing import Any
 
 from agentlightning._models import Resources
 
-__all__ = ["RolloutAgent", "as_agent", "final_reward", "rollout"]
+__all__ = ["RolloutAgent", "as_agent", "reward_from_result", "rollout"]
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -106,8 +106,8 @@ def as_agent(agent: Callable[..., Any]) -> RolloutAgent:
     return agent if isinstance(agent, RolloutAgent) else RolloutAgent(agent)
 
 
-def final_reward(result: Any) -> float | None:
-    """The final reward an agent's return value stands for.
+def reward_from_result(result: Any) -> float | None:
+    """The final reward an agent's return value stands for (``x`` or ``{"reward": x}``: the rollout's final reward).
 
     Raises:
         TypeError: For a value that is neither a number, ``None``, nor a dict with a ``"reward"`` key.

@@ -20,7 +20,8 @@ from opentelemetry.trace import Status, StatusCode
 from agentlightning import semconv
 from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
 from agentlightning.adapters import use_active_sources
-from agentlightning.runner._agent import RolloutAgent, final_reward
+from agentlightning.runner._agent import RolloutAgent, reward_from_result
+from agentlightning.runner._heartbeats import batcher_for, next_tick
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
 
@@ -52,19 +53,26 @@ async def heartbeat_loop(
 ) -> None:
     """Beat every ``interval`` seconds until cancelled or the store says the attempt is over.
 
+    After the first, beats fall on the multiples of ``interval`` of the loop's clock and go through `batcher_for`:
+    the attempts of one process share one ``heartbeat_many`` request per beat.
+
     ``on_beat`` runs after each beat (the runner registers the attempt's slot on the LLM proxy again); ``on_gone``
     once the store says the attempt is over while its agent still runs (cancelled by the trainer, timed out): the
     runner tells the LLM proxy, which then refuses the agent's further calls.
     """
+    loop = asyncio.get_running_loop()
+    delay = interval  # the first beat one interval after the start, as ever; then never later than one interval
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(delay)
+        # later beats on the loop's common ticks: every attempt of this process beats at once, in one store request
+        delay = next_tick(loop, interval)
         if on_beat is not None:
             try:
                 await on_beat()
             except Exception as exc:
                 logger.warning("attempt %s: refreshing its LLM proxy slot failed: %r", attempt_id, exc)
         try:
-            await store.heartbeat(rollout_id, attempt_id)
+            await batcher_for(store).beat(rollout_id, attempt_id)
         except StoreError as exc:
             logger.warning("attempt %s of rollout %s no longer runs in the store (%s)", attempt_id, rollout_id, exc)
             if on_gone is not None:
@@ -125,7 +133,7 @@ def _record_failure(root: OtelSpan, outcome: Outcome, exc: BaseException, rollou
 
 
 def _accept_result(result: Any, outcome: Outcome) -> None:
-    reward = final_reward(result)
+    reward = reward_from_result(result)
     outcome.reward = reward
     if reward is not None:
         emit_reward(reward, final=True)

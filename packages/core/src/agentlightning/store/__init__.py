@@ -1,5 +1,8 @@
 """Store protocol and backends."""
 
+from typing import Any
+
+from agentlightning._deprecation import warn_renamed
 from agentlightning.store._base import (
     MAX_DEQUEUE_MANY,
     RELEASED,
@@ -15,7 +18,7 @@ from agentlightning.store._base import (
 from agentlightning.store._client import InvalidRequestError, StoreClient, StoreUnavailableError, UnauthorizedError
 from agentlightning.store._memory import MemoryStore
 from agentlightning.store._postgres import PostgresStore
-from agentlightning.store._process import StoreServer
+from agentlightning.store._process import StoreServerProcess
 from agentlightning.store._query import (
     RolloutPage,
     RolloutQuery,
@@ -49,7 +52,7 @@ __all__ = [
     "StorageError",
     "StoreClient",
     "StoreError",
-    "StoreServer",
+    "StoreServerProcess",
     "StoreServing",
     "StoreStats",
     "StoreUnavailableError",
@@ -57,3 +60,11 @@ __all__ = [
     "UnauthorizedError",
     "VersionStats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: ``StoreServer`` is `StoreServerProcess` (it runs ``agl store serve`` as a child process)."""
+    if name == "StoreServer":
+        warn_renamed("agentlightning.store.StoreServer", "agentlightning.store.StoreServerProcess")
+        return StoreServerProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,7 @@ __all__ = [
 
 
 MAX_DEQUEUE_MANY = 1024
-"""The most rollouts one `LightningStore.dequeue_many` request may claim."""
+"""The most rollouts one `LightningStore.dequeue_many` request may claim (and attempts one ``heartbeat_many`` beats)."""
 
 RELEASED = "released by its worker before it finished (the runner was shutting down)"
 """The ``error`` of an attempt given back with ``release_claim``."""
@@ -189,6 +189,15 @@ class LightningStore(Protocol):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
+        ...
+
+    async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
+        """Record a sign of life for several attempts, given as (rollout id, attempt id), in one request.
+
+        Returns each attempt as stored afterwards, in order: one that no longer runs comes back unchanged (its status
+        says why) instead of raising `ConflictError`. An unknown id raises `NotFoundError` and records nothing.
+        At most `MAX_DEQUEUE_MANY` attempts per request.
+        """
         ...
 
     async def finish_attempt(

@@ -171,6 +171,28 @@ def _dequeue_many(method: Any) -> Any:
     return dequeue_many
 
 
+def _heartbeat_many(method: Any) -> Any:
+    async def heartbeat_many(self: Any, attempts: Sequence[tuple[str, str]]) -> Any:
+        if isinstance(attempts, str | bytes) or not hasattr(attempts, "__iter__"):
+            raise InvalidRequestError(
+                f"attempts must be a list of (rollout_id, attempt_id), got {type(attempts).__name__}"
+            )
+        refs: list[tuple[str, str]] = []
+        for index, ref in enumerate(cast(Sequence[Any], attempts)):
+            if not isinstance(ref, tuple | list) or len(ref) != 2:  # pyright: ignore[reportUnknownArgumentType]
+                raise InvalidRequestError(
+                    f"attempts.{index} must be a (rollout_id, attempt_id) pair, got {_short(ref)}"
+                )
+            refs.append(
+                (check_id(f"attempts.{index}.rollout_id", ref[0]), check_id(f"attempts.{index}.attempt_id", ref[1]))
+            )
+        if len(refs) > MAX_DEQUEUE_MANY:
+            raise InvalidRequestError(f"heartbeat_many takes at most {MAX_DEQUEUE_MANY} attempts, got {len(refs)}")
+        return await method(self, refs)
+
+    return heartbeat_many
+
+
 def _attempt_ref(method: Any) -> Any:
     async def attempt_ref(self: Any, rollout_id: str, attempt_id: str) -> Any:
         return await method(self, check_id("rollout_id", rollout_id), check_id("attempt_id", attempt_id))
@@ -272,6 +294,7 @@ GUARDS: dict[str, Callable[[Any], Any]] = {
     "dequeue_rollout": _dequeue_rollout,
     "dequeue_many": _dequeue_many,
     "heartbeat": _attempt_ref,
+    "heartbeat_many": _heartbeat_many,
     "finish_attempt": _finish_attempt,
     "release_claim": _attempt_ref,
     "cancel_rollout": _rollout_ref,

@@ -53,6 +53,7 @@ from agentlightning.store._wire import (
     DequeueResponse,
     EnqueueRequest,
     FinishRequest,
+    HeartbeatManyRequest,
     LLMCallsRequest,
     QueryRolloutsRequest,
     RecordQuery,
@@ -195,6 +196,14 @@ class StoreClient(StoreTransport):
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
         body = fast_model(AttemptRef, {"rollout_id": rollout_id, "attempt_id": attempt_id})
         return await self._call("POST", "/attempts/heartbeat", body, Attempt)
+
+    async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
+        """Record a sign of life for several attempts in one request; those no longer running come back unchanged."""
+        refs = list(attempts)  # checked by the store boundary
+        if not refs:
+            return []
+        body = HeartbeatManyRequest(attempts=[AttemptRef(rollout_id=r, attempt_id=a) for r, a in refs])
+        return (await self._call("POST", "/attempts/heartbeat_many", body, AttemptsResponse)).attempts
 
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None

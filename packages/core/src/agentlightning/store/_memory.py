@@ -152,6 +152,20 @@ class MemoryStore(MemoryRecords):
             self._attempts[rollout_id][index] = attempt
             return attempt
 
+    async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
+        """Record a sign of life for several attempts; those no longer running come back unchanged."""
+        refs = list(attempts)  # checked by the store boundary
+        with self._lock:
+            found = [self._get_attempt_locked(rollout_id, attempt_id) for rollout_id, attempt_id in refs]
+            t = now()
+            out: list[Attempt] = []
+            for index, attempt in found:
+                if attempt.status == "running":
+                    attempt = fast_replace(attempt, last_heartbeat=max(t, attempt.last_heartbeat))
+                    self._attempts[attempt.rollout_id][index] = attempt
+                out.append(attempt)
+            return out
+
     def _end_attempt_locked(
         self, index: int, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
     ) -> tuple[Attempt, Rollout]:

@@ -345,6 +345,25 @@ class PostgresStore(PostgresRecords):
 
         return await self._write(write)
 
+    async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
+        """Record a sign of life for several attempts in one transaction; those not running come back unchanged."""
+        refs = list(attempts)  # checked by the store boundary
+
+        def write(conn: Any) -> list[Attempt]:
+            t = now()
+            out: list[Attempt] = []
+            for rollout_id, attempt_id in refs:
+                row = conn.execute(
+                    "UPDATE agl_attempts SET last_heartbeat = GREATEST(last_heartbeat, %s) "
+                    f"WHERE attempt_id = %s AND rollout_id = %s AND status = 'running' RETURNING {ATTEMPT_COLUMNS}",
+                    (t, attempt_id, rollout_id),
+                ).fetchone()
+                # not running: as stored (an unknown id raises, and the transaction is undone)
+                out.append(self._get_attempt(conn, rollout_id, attempt_id) if row is None else attempt_from_row(row))
+            return out
+
+        return await self._write(write) if refs else []
+
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:

@@ -1,4 +1,4 @@
-"""`StoreServer`: a trainer's SQLite store served to other machines by an ``agl store serve`` child process.
+"""`StoreServerProcess`: a trainer's SQLite store served to other machines by an ``agl store serve`` child process.
 
 A separate process, not a thread of the trainer: the trainer's own work (a PPO step holds the GIL for seconds)
 never delays the runners' requests, and SQLite lets both processes use the file at once.
@@ -22,12 +22,12 @@ from agentlightning._lifeline import start_child
 from agentlightning._netauth import check_bind_token, is_wildcard, new_token
 from agentlightning.store._base import RetryPolicy
 
-__all__ = ["StoreServer"]
+__all__ = ["StoreServerProcess"]
 
 logger = logging.getLogger(__name__)
 
 
-class StoreServer:
+class StoreServerProcess:
     """Serve a SQLite store file over HTTP from a child process (``agl store serve``) until `stop`.
 
     Args:
@@ -83,7 +83,7 @@ class StoreServer:
             cmd += ["--access-log"]
         return cmd
 
-    def start(self, timeout: float = 60.0) -> StoreServer:
+    def start(self, timeout: float = 60.0) -> StoreServerProcess:
         """Start the child and wait until it answers ``/healthz``.
 
         Raises:
@@ -129,7 +129,7 @@ class StoreServer:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> StoreServer:
+    def __enter__(self) -> StoreServerProcess:
         return self.start()
 
     def __exit__(

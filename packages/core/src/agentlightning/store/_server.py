@@ -48,6 +48,7 @@ from agentlightning.store._wire import (
     ErrorResponse,
     FinishRequest,
     HealthResponse,
+    HeartbeatManyRequest,
     LLMCallsRequest,
     LLMCallsResponse,
     QueryRolloutsRequest,
@@ -319,6 +320,10 @@ def _attempt_routes(store: LightningStore) -> list[Route]:
     async def heartbeat(body: AttemptRef) -> bytes:
         return _dump(await store.heartbeat(body.rollout_id, body.attempt_id))
 
+    async def heartbeat_many(body: HeartbeatManyRequest) -> bytes:
+        attempts = await store.heartbeat_many([(ref.rollout_id, ref.attempt_id) for ref in body.attempts])
+        return _dump(AttemptsResponse.model_construct(attempts=attempts))
+
     async def finish(body: FinishRequest) -> bytes:
         return _dump(await store.finish_attempt(body.rollout_id, body.attempt_id, body.status, body.error))
 
@@ -335,6 +340,9 @@ def _attempt_routes(store: LightningStore) -> list[Route]:
     return [
         Route("POST", f"{p}/attempts/heartbeat", heartbeat, "heartbeat", "Record a sign of life of a running attempt.",
               body=AttemptRef, response=Attempt, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),
+        Route("POST", f"{p}/attempts/heartbeat_many", heartbeat_many, "heartbeat_many",
+              "Record a sign of life of several attempts; those no longer running come back unchanged.",
+              body=HeartbeatManyRequest, response=AttemptsResponse, errors=_NOT_FOUND, tags=("attempts",)),
         Route("POST", f"{p}/attempts/finish", finish, "finish",
               "End an attempt; the rollout moves on according to the retry policy.",
               body=FinishRequest, response=Rollout, errors={**_NOT_FOUND, **_CONFLICT}, tags=("attempts",)),

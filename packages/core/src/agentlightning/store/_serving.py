@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from agentlightning._netauth import check_bind_token
 from agentlightning.store._base import LightningStore, RetryPolicy
 from agentlightning.store._client import StoreClient
-from agentlightning.store._process import StoreServer
+from agentlightning.store._process import StoreServerProcess
 from agentlightning.store._sqlite import SqliteStore
 
 __all__ = ["OpenedStore", "StoreServing", "parse_host_port"]
@@ -103,7 +103,7 @@ class StoreServing(BaseModel):
         if self.bind is not None:
             host, port = self.bind
             log = path.parent / "store_server.log" if self.access_log else None
-            server = StoreServer(
+            server = StoreServerProcess(
                 path, host, port, token=self.token, retry_policy=policy, access_log=self.access_log, log_file=log
             )
             try:
@@ -119,12 +119,12 @@ class OpenedStore:
     """A trainer's open store: ``store`` to use, ``server`` serving it (or ``None``), ``runner_args`` for local runners.
 
     ``runner_args`` is what a runner on this machine passes to reach the same store (``--db FILE`` or
-    ``--store-url URL``); ``token`` (the served store's, made by `StoreServer` when none was given) travels in
+    ``--store-url URL``); ``token`` (the served store's, made by `StoreServerProcess` when none was given) travels in
     ``$AGL_STORE_TOKEN``, never on a command line.
     """
 
     store: LightningStore
-    server: StoreServer | None
+    server: StoreServerProcess | None
     runner_args: list[str]
     token: str | None = None
 

@@ -283,6 +283,21 @@ class SqliteStore(SqliteRecords):
             conn.execute("UPDATE attempts SET last_heartbeat = ? WHERE attempt_id = ?", (t, attempt_id))
         return fast_replace(attempt, last_heartbeat=t)
 
+    async def heartbeat_many(self, attempts: Sequence[tuple[str, str]]) -> list[Attempt]:
+        """Record a sign of life for several attempts in one transaction; those not running come back unchanged."""
+        refs = list(attempts)  # checked by the store boundary
+        out: list[Attempt] = []
+        with self._write as conn:
+            t = now()
+            for rollout_id, attempt_id in refs:
+                attempt = self._get_attempt(conn, rollout_id, attempt_id)  # unknown: raises, the transaction undone
+                if attempt.status == "running":
+                    beat = max(t, attempt.last_heartbeat)
+                    conn.execute("UPDATE attempts SET last_heartbeat = ? WHERE attempt_id = ?", (beat, attempt_id))
+                    attempt = fast_replace(attempt, last_heartbeat=beat)
+                out.append(attempt)
+        return out
+
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, error: str | None = None
     ) -> Rollout:

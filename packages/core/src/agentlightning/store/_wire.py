@@ -40,6 +40,7 @@ __all__ = [
     "ErrorResponse",
     "FinishRequest",
     "HealthResponse",
+    "HeartbeatManyRequest",
     "LLMCallsRequest",
     "LLMCallsResponse",
     "QueryRolloutsRequest",
@@ -178,6 +179,12 @@ class QueryRolloutsRequest(_Body):
 
     status: list[RolloutStatus] | None = None
     rollout_ids: list[StoreId] | None = None
+
+
+class HeartbeatManyRequest(_Body):
+    """Beat several attempts at once (a runner's running rollouts)."""
+
+    attempts: list[AttemptRef] = Field(max_length=MAX_DEQUEUE_MANY)
 
 
 class AttemptsResponse(_Body):

@@ -250,8 +250,8 @@ class AdapterConformanceTests(KitGuard):
         for transition in result.transitions:
             (call_id,) = transition.call_ids
             sent = served[by_call[call_id].response_id]
-            assert transition.prompt_ids == sent.prompt_token_ids
-            assert transition.response_ids == sent.token_ids
+            assert transition.prompt_token_ids == sent.prompt_token_ids
+            assert transition.response_token_ids == sent.token_ids
 
     async def test_calls_name_their_agent(self, harness: KitHarness, agent: AgentFn) -> None:
         """Each call reaches the proxy naming the agent that made it (the header the proxy routes policies by).

@@ -1,8 +1,9 @@
-"""The bulk-claim part of the store test kit: `LightningStore.dequeue_many`.
+"""The bulk part of the store test kit: `LightningStore.dequeue_many` and `LightningStore.heartbeat_many`.
 
 Mixed into `StoreConformanceTests` (which provides the ``store`` fixture), so every backend claims several rollouts
 in one request the same way: oldest first, one per worker, never one rollout twice, a retried request id answered
-with the same claims, bad input refused before anything is claimed.
+with the same claims, bad input refused before anything is claimed; and beats several attempts in one request, those
+no longer running given back as they are, an unknown id refusing the whole request.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 
 import pytest
 
-from agentlightning.store._base import MAX_DEQUEUE_MANY, InvalidRequestError, LightningStore
+from agentlightning.store._base import MAX_DEQUEUE_MANY, InvalidRequestError, LightningStore, NotFoundError
 
 __all__ = ["ClaimConformanceTests"]
 
@@ -79,3 +80,30 @@ class ClaimConformanceTests:
         claimed = [rollout_id for ids in got for rollout_id in ids]
         assert len(claimed) == len(set(claimed)) == 20
         assert await store.dequeue_many(["late"]) == []
+
+    async def test_heartbeat_many_beats_running_and_returns_the_others_as_they_are(self, store: LightningStore) -> None:
+        for i in range(3):
+            await store.enqueue_rollout(i, rollout_id=f"beat-{i}")
+        claims = await store.dequeue_many(["w1", "w2", "w3"])
+        refs = [(c.rollout.rollout_id, c.attempt.attempt_id) for c in claims]
+        await store.finish_attempt(*refs[1], "failed")
+        beaten = await store.heartbeat_many(refs)
+        assert [(a.rollout_id, a.attempt_id) for a in beaten] == refs
+        assert [a.status for a in beaten] == ["running", "failed", "running"]
+        for claim, attempt in zip(claims, beaten, strict=True):
+            assert attempt.last_heartbeat >= claim.attempt.last_heartbeat
+        stored = {a.attempt_id: a for r, _ in refs for a in await store.query_attempts(r)}
+        assert stored[refs[0][1]].last_heartbeat == beaten[0].last_heartbeat
+        assert await store.heartbeat_many([]) == []
+
+    async def test_heartbeat_many_unknown_id_records_nothing(self, store: LightningStore) -> None:
+        await store.enqueue_rollout("task", rollout_id="beat-known")
+        claim = await store.dequeue_rollout()
+        assert claim is not None
+        before = claim.attempt.last_heartbeat
+        with pytest.raises(NotFoundError, match="missing-attempt"):
+            await store.heartbeat_many([("beat-known", claim.attempt.attempt_id), ("beat-known", "missing-attempt")])
+        (attempt,) = await store.query_attempts("beat-known")
+        assert attempt.last_heartbeat == before
+        with pytest.raises(InvalidRequestError):
+            await store.heartbeat_many([("beat-known", "")])

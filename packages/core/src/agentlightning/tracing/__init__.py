@@ -6,7 +6,7 @@ with `rollout_context(...)`; `flush()` / `aflush()` wait until every finished sp
 
 from agentlightning.tracing._context import RolloutContext, current_rollout, rollout_context
 from agentlightning.tracing._emit import emit_annotation, emit_reward, llm_base_url
-from agentlightning.tracing._loop import LoopThread
+from agentlightning.tracing._loop_thread import LoopThread
 from agentlightning.tracing._otlp import (
     OTLP_ENDPOINT_ENV,
     OTLP_INSTALL,

@@ -39,7 +39,7 @@ from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreUnavailableError
 from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
-from agentlightning.tracing._loop import LoopThread
+from agentlightning.tracing._loop_thread import LoopThread
 
 __all__ = ["LightningSpanProcessor", "SpanWriteError"]
 

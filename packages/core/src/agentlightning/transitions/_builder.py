@@ -22,22 +22,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentlightning._fast import fast_factory
+from agentlightning._fast import new_transition
 from agentlightning._models import AttributeValue, LLMCall, Span
-from agentlightning._training_models import Transition
-from agentlightning.semconv import (
-    GEN_AI_AGENT_NAME,
-    GEN_AI_RESPONSE_ID,
-    KIND_AGENT,
-    KIND_LLM,
-    KIND_REWARD,
-    PROMPT_TOKEN_IDS,
-    RESPONSE_TOKEN_IDS,
-    REWARD_FINAL,
-    REWARD_VALUE,
-    SPAN_KIND,
-    SPAN_SOURCE,
-)
+from agentlightning._training_models import Transition, TransitionFields
+from agentlightning.semconv import GEN_AI_AGENT_NAME, KIND_AGENT, PROMPT_TOKEN_IDS, RESPONSE_TOKEN_IDS, SPAN_KIND
 from agentlightning.transitions._config import (
     MissingTokenIds,
     MissingTokenIdsError,
@@ -45,25 +33,15 @@ from agentlightning.transitions._config import (
     TransitionDiagnostics,
     TransitionResult,
 )
-from agentlightning.transitions._duplicates import drop_source_duplicates
-from agentlightning.transitions._samples import (
-    merge_trajectories,
-    no_ids_reason,
-    proxy_sample,
-    reward_overflow,
-    span_logprobs,
-)
-from agentlightning.transitions._tree import build_attempt_tree
+from agentlightning.transitions._events import CallIndex, Events, index_calls, interleave_proxy_only, scan_events
+from agentlightning.transitions._samples import merge_trajectories, no_ids_reason, reward_overflow, span_logprobs
+from agentlightning.transitions._tree import TraceTree, build_attempt_tree
 
 __all__ = ["TransitionBuilder"]
 
 logger = logging.getLogger(__name__)
 
-_new_transition = fast_factory(Transition)
-
-
-def _call_start(call: LLMCall) -> float:
-    return call.start_time
+_new_transition = new_transition  # a module global: benchmarks/conversion_bench.py swaps in validation
 
 
 def _agent_name(parent_id: str | None, by_id: dict[str, Span], parent_ids: dict[str, str | None]) -> str | None:
@@ -84,12 +62,11 @@ def _int_list(value: AttributeValue) -> list[int] | None:
     return None
 
 
-def _reward_value(span: Span) -> float | None:
-    value = span.attributes.get(REWARD_VALUE)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+def _ids_on_span(attrs: dict[str, AttributeValue]) -> tuple[list[int], list[int]] | None:
+    """The prompt and response token ids an LLM span carries itself, if it carries both."""
+    prompt = _int_list(attrs.get(PROMPT_TOKEN_IDS))
+    response = _int_list(attrs.get(RESPONSE_TOKEN_IDS))
+    return None if prompt is None or response is None else (prompt, response)
 
 
 _warned_proxy_only = False
@@ -122,6 +99,221 @@ def _warn_order(rollout_id: str, joined: int) -> None:
             joined,
             _order_warnings,
         )
+
+
+class _Join:
+    """The join phase: walk an attempt's events once, giving each trained LLM call its token ids and rewards.
+
+    Each trained call becomes a `TransitionFields` dict in ``samples``; in per-call mode the `Transition` is made at
+    once around the same dict (the final reward is known up front), so later intermediate rewards still land.
+    """
+
+    def __init__(
+        self,
+        config: TransitionConfig,
+        tree: TraceTree,
+        calls: CallIndex,
+        ids: tuple[str, str, str | None],
+        final_reward: float | None,
+        diag: TransitionDiagnostics,
+        problems: list[str],
+    ) -> None:
+        self.rollout_id, self.attempt_id, self.group_id = ids
+        self.final_reward = final_reward
+        self.diag = diag
+        self.problems = problems
+        self.samples: list[TransitionFields] = []
+        self.transitions: list[Transition] = []
+        self.missing: list[MissingTokenIds] = []
+        self.joined: set[int] = set()  # id() of every proxy record joined to a call
+        self.joined_by_order = 0
+        self._per_call = config.mode != "trajectory"
+        self._keep = None if config.agent_filter is None else config.trains
+        self._order_fallback = config.order_fallback
+        self._by_response = calls.by_response
+        self._unreferenced = calls.unreferenced
+        self._next_unreferenced = 0
+        self._tree = tree
+        self._agents: dict[str | None, str | None] = {}  # enclosing agent by parent span id
+
+    def run(self, events: Events) -> None:
+        """Join every event: a reward goes to the latest trained call, a call becomes a sample."""
+        final_index = events.final_index
+        llm_span = self._llm_span  # bound once: this loop runs for every LLM call of every attempt
+        for index, (span, key, is_final) in enumerate(events.items):
+            if is_final is not None:
+                if index != final_index:
+                    self._add_reward(span, key)
+            elif span is None:
+                self._proxy_record(key)
+            else:
+                llm_span(span, key)
+
+    def _add_reward(self, span: Span | None, value: float) -> None:
+        where = span.span_id if span is not None else "?"
+        if not self.samples:
+            self.diag.unattached_rewards += 1
+            self.problems.append(f"reward span {where} comes before any trained LLM call: not credited")
+            return
+        last = self.samples[-1]
+        previous = last["intermediate_reward"]
+        total = value if previous is None else previous + value
+        if math.isfinite(total):
+            last["intermediate_reward"] = total
+        else:
+            reward_overflow(f"reward span {where}", self.diag, self.problems)
+
+    def _proxy_record(self, call: LLMCall) -> None:
+        """A proxy record of an attempt without LLM spans (`interleave_proxy_only`)."""
+        if self._keep is not None and not self._keep(None):
+            self.diag.calls_filtered += 1
+            return
+        self.joined.add(id(call))
+        self._add_call(call, None, None, "-", "(no LLM span)")
+
+    def _llm_span(self, span: Span, response_id: Any) -> None:
+        values = span.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
+        attrs = values["attributes"]
+        span_id = values["span_id"]
+        agent = attrs.get(GEN_AI_AGENT_NAME)
+        if not isinstance(agent, str) or not agent:
+            agent = self._enclosing_agent(span_id)
+        # Join first (even for filtered agents) so the order fallback stays aligned with the proxy records.
+        call = self._by_response.get(response_id) if response_id is not None else None
+        on_span = None
+        if call is None:
+            on_span = _ids_on_span(attrs)
+            if on_span is None:
+                call = self._by_order(span)
+        if call is not None:
+            self.joined.add(id(call))
+        if self._keep is not None and not self._keep(agent):
+            self.diag.calls_filtered += 1
+        elif call is not None:
+            record = call.__dict__
+            prompt = record["prompt_token_ids"]
+            response = record["response_token_ids"]
+            if prompt and response:  # the common case, without a further call (see _add_call)
+                logprobs, version, policy = record["response_logprobs"], record["model_version"], record["policy"]
+                self._add(agent, prompt, response, logprobs, [record["call_id"]], version, policy, [span_id])
+            else:
+                self._add_call(call, agent, span_id, span_id, values["name"])
+        elif on_span is not None:
+            prompt, response = on_span
+            self.diag.joined_by_span_attributes += 1
+            logprobs = span_logprobs(span, response, self.problems)
+            self._add(agent, prompt, response, logprobs, None, None, None, [span_id])
+        else:
+            self._missing_ids(span, response_id)
+
+    def _enclosing_agent(self, span_id: str) -> str | None:
+        parent_id = self._tree.parent_ids[span_id]
+        agents = self._agents
+        if parent_id in agents:
+            return agents[parent_id]
+        agent = agents[parent_id] = _agent_name(parent_id, self._tree.by_id, self._tree.parent_ids)
+        return agent
+
+    def _by_order(self, span: Span) -> LLMCall | None:
+        """With ``order_fallback``: the next proxy record no span references (a guess, reported)."""
+        if not self._order_fallback or self._next_unreferenced >= len(self._unreferenced):
+            return None
+        call = self._unreferenced[self._next_unreferenced]
+        self._next_unreferenced += 1
+        self.joined_by_order += 1
+        self.problems.append(
+            f"LLM span {span.span_id} ({span.name!r}) was joined to proxy record {call.call_id} by order: the span "
+            "has no matching gen_ai.response.id"
+        )
+        return call
+
+    def _missing_ids(self, span: Span, response_id: Any) -> None:
+        """A trained LLM span that no proxy record or attribute gives token ids."""
+        reason = (
+            f"no proxy record has response id {response_id!r}"
+            if response_id is not None
+            else "the span has no gen_ai.response.id"
+        )
+        reason += " and the span carries no token ids"
+        if self._order_fallback:
+            reason += " (no unreferenced proxy record was left to match by order)"
+        elif self._unreferenced:
+            reason += (
+                f" ({len(self._unreferenced)} proxy record(s) are referenced by no span; "
+                "TransitionConfig(order_fallback=True) would join them by order, a guess)"
+            )
+        self.missing.append(MissingTokenIds(span.span_id, span.name, self.rollout_id, self.attempt_id, reason))
+
+    def _add_call(self, call: LLMCall, agent: str | None, span_id: str | None, where: str, name: str) -> None:
+        values = call.__dict__
+        prompt = values["prompt_token_ids"]
+        response = values["response_token_ids"]
+        if not prompt or not response:
+            reason = no_ids_reason(call)
+            self.missing.append(MissingTokenIds(where, name, self.rollout_id, self.attempt_id, reason))
+            return
+        span_ids = [] if span_id is None else [span_id]
+        call_ids = [values["call_id"]]
+        version, policy = values["model_version"], values["policy"]
+        self._add(agent, prompt, response, values["response_logprobs"], call_ids, version, policy, span_ids)
+
+    def _add(
+        self,
+        agent: str | None,
+        prompt: list[int],
+        response: list[int],
+        logprobs: list[float] | None,
+        call_ids: list[str] | None,
+        model_version: int | None,
+        policy: str | None,
+        span_ids: list[str],
+    ) -> None:
+        """The one place a trained call becomes a `Transition`'s fields (token-id lists shared with the record)."""
+        fields: TransitionFields = {
+            "rollout_id": self.rollout_id,
+            "attempt_id": self.attempt_id,
+            "group_id": self.group_id,
+            "agent_name": agent,
+            "step_index": len(self.samples),
+            "prompt_token_ids": prompt,
+            "response_token_ids": response,
+            "response_mask": [1] * len(response),
+            "response_logprobs": logprobs,
+            "intermediate_reward": None,
+            "final_reward": self.final_reward,
+            "call_ids": call_ids or [],
+            "model_version": model_version,
+            "policy": policy,
+            "metadata": {"span_ids": span_ids},
+        }
+        self.samples.append(fields)
+        if self._per_call:
+            self.transitions.append(_new_transition(fields))
+
+
+def _report(join: _Join, diag: TransitionDiagnostics, config: TransitionConfig, unused: int, proxy_only: int) -> None:
+    """The join's counts into the diagnostics; calls without token ids raised, warned or skipped (``on_missing``).
+
+    Raises:
+        MissingTokenIdsError: A trained call has no token ids and ``on_missing`` is ``raise``.
+    """
+    diag.joined_by_order = join.joined_by_order
+    diag.proxy_only_calls = proxy_only
+    diag.joined_by_response_id = len(join.joined) - join.joined_by_order - proxy_only
+    if join.joined_by_order:
+        _warn_order(join.rollout_id, join.joined_by_order)
+    diag.unused_llm_calls = unused - len(join.joined)
+    if join.final_reward is None:
+        diag.attempts_without_reward = 1
+    if join.missing:
+        diag.missing_token_ids = len(join.missing)
+        join.problems.extend(str(item) for item in join.missing)
+        if config.on_missing == "raise":
+            raise MissingTokenIdsError(join.missing)
+        if config.on_missing == "warn":
+            for item in join.missing:
+                logger.warning("skipping LLM call without token ids: %s", item)
+    diag.calls_trained = len(join.samples)
 
 
 class TransitionBuilder:
@@ -186,262 +378,20 @@ class TransitionBuilder:
         if diag.orphan_spans or diag.duplicate_spans or diag.cycle_spans:
             problems.extend(tree.problems)
 
-        # One pass in (start_time, sequence_id) order: LLM spans and reward spans are the only events.
-        # An event is (span, response id, None) for a call or (span, reward value, is final) for a reward.
-        events: list[tuple[Span | None, Any, bool | None]] = []  # None: a proxy record without an LLM span
-        referenced: set[Any] = set()
-        final_index: int | None = None
-        last_final: int | None = None
-        finals = 0
-        sourced = False  # an LLM span read from another instrumentation (it may duplicate one of ours)
-        for span in tree.ordered:
-            attrs = span.attributes
-            kind = attrs.get(SPAN_KIND)
-            if kind == KIND_LLM:
-                response_id = attrs.get(GEN_AI_RESPONSE_ID)
-                if response_id is not None:
-                    referenced.add(response_id)
-                diag.llm_spans += 1
-                events.append((span, response_id, None))
-                if SPAN_SOURCE in attrs:
-                    sourced = True
-            elif kind == KIND_REWARD:
-                value = _reward_value(span)
-                if value is None:
-                    diag.invalid_rewards += 1
-                    problems.append(
-                        f"reward span {span.span_id} has no finite numeric {REWARD_VALUE} "
-                        f"({attrs.get(REWARD_VALUE)!r}); ignored"
-                    )
-                    continue
-                diag.rewards += 1
-                final_index = len(events)
-                is_final = attrs.get(REWARD_FINAL) is True
-                if is_final:
-                    finals += 1
-                    last_final = final_index
-                events.append((span, value, is_final))
-        if last_final is not None:  # else the last reward is the final one
-            final_index = last_final
-        if sourced:
-            final_event = events[final_index] if final_index is not None else None
-            events, dropped = drop_source_duplicates(events, tree.parent_ids, tree.by_id)
-            if dropped:
-                diag.duplicate_spans += dropped
-                diag.llm_spans -= dropped
-                problems.append(
-                    f"{dropped} LLM span(s) of another instrumentation recorded a call that an adapter's span also "
-                    "recorded; the adapter's span was kept"
-                )
-                final_index = next((i for i, e in enumerate(events) if e is final_event), None)
-        if finals > 1:
-            diag.multiple_final_rewards = 1
-            problems.append(f"{finals} rewards are marked final; the last one is used")
-
-        by_response: dict[Any, LLMCall] = {}
-        unreferenced: list[LLMCall] = []
-        foreign = 0
-        for call in llm_calls:
-            values = call.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
-            if values["attempt_id"] != attempt_id or values["rollout_id"] != rollout_id:
-                foreign += 1
-                continue
-            response_id = values["response_id"]
-            if response_id is not None and response_id in referenced:
-                if response_id not in by_response:
-                    by_response[response_id] = call
-            else:
-                unreferenced.append(call)
-        if foreign:
-            problems.append(f"ignored {foreign} proxy record(s) of another attempt than {rollout_id}/{attempt_id}")
-        if len(unreferenced) > 1:
-            unreferenced.sort(key=_call_start)
-        next_unreferenced = 0
+        # Phases: LLM calls and rewards in time order -> joined to token ids, one sample per trained call -> merged.
+        events = scan_events(tree, diag, problems)
+        calls = index_calls(llm_calls, rollout_id, attempt_id, events.referenced, problems)
         proxy_only = 0
-        if not diag.llm_spans and unreferenced:
-            # Calls but no LLM span: the agent ran without its adapter. The proxy's records alone still make one
-            # transition per call (in time order, no agent name), so a plain OpenAI-compatible agent trains as is.
-            proxy_only = len(unreferenced)
-            _warn_proxy_only(rollout_id, proxy_only, self.config.agent_filter is not None)
-            problems.append(
-                f"{proxy_only} proxy record(s) and no LLM span: one transition per record, without agent names"
-            )
-            rewards = [(event[0].start_time if event[0] else 0.0, i, event) for i, event in enumerate(events)]
-            calls = [(call.start_time, len(events) + i, (None, call, None)) for i, call in enumerate(unreferenced)]
-            merged = sorted(rewards + calls, key=lambda item: (item[0], item[1]))
-            final_event = events[final_index] if final_index is not None else None
-            events = [item[2] for item in merged]
-            final_index = next((i for i, e in enumerate(events) if e is final_event), None)
-            unreferenced = []
-
-        config = self.config
-        order_fallback = config.order_fallback
-        no_filter = config.agent_filter is None
-        trains = config.trains
-        per_call = config.mode != "trajectory"
-        # The final reward is known up front, so per-call transitions are made as soon as their call is read.
-        final_reward: float | None = events[final_index][1] if final_index is not None else None
-        # Each trained call becomes a dict that is the future Transition's __dict__ (see _fast.py); in per-call
-        # mode the Transition is made at once around the same dict, so later intermediate rewards still land.
-        samples: list[dict[str, Any]] = []
-        transitions: list[Transition] = []
-        new_transition = _new_transition
-        missing: list[MissingTokenIds] = []
-        by_id = tree.by_id
-        parent_ids = tree.parent_ids
-        agent_cache: dict[str | None, str | None] = {}
-        joined: set[int] = set()
-        joined_by_order = 0
-        for index, (span, key, is_final) in enumerate(events):
-            if is_final is not None:  # a reward
-                if index == final_index:
-                    pass
-                elif samples:
-                    last = samples[-1]
-                    total = key if last["reward"] is None else last["reward"] + key
-                    if math.isfinite(total):
-                        last["reward"] = total
-                    else:
-                        reward_overflow(f"reward span {span.span_id if span is not None else '?'}", diag, problems)
-                else:
-                    diag.unattached_rewards += 1
-                    where = span.span_id if span is not None else "?"
-                    problems.append(f"reward span {where} comes before any trained LLM call: not credited")
-                continue
-
-            if span is None:  # a proxy record without an LLM span (see proxy_only above)
-                call = key
-                if not (no_filter or trains(None)):
-                    diag.calls_filtered += 1
-                    continue
-                joined.add(id(call))
-                prompt, response = call.prompt_token_ids, call.response_token_ids
-                if not prompt or not response:
-                    missing.append(MissingTokenIds("-", "(no LLM span)", rollout_id, attempt_id, no_ids_reason(call)))
-                    continue
-                step = len(samples)
-                samples.append(proxy_sample(rollout_id, attempt_id, group_id, None, step, call, None, final_reward))
-                if per_call:
-                    transitions.append(new_transition(samples[-1]))
-                continue
-            values = span.__dict__  # faster than attribute reads on a pydantic model (it defines __getattr__)
-            attrs = values["attributes"]
-            span_id = values["span_id"]
-            agent = attrs.get(GEN_AI_AGENT_NAME)
-            if not isinstance(agent, str) or not agent:
-                parent_id = parent_ids[span_id]
-                if parent_id in agent_cache:
-                    agent = agent_cache[parent_id]
-                else:
-                    agent = agent_cache[parent_id] = _agent_name(parent_id, by_id, parent_ids)
-            # Join first (even for filtered agents) so the order fallback stays aligned with the proxy records.
-            call = by_response.get(key) if key is not None else None
-            if call is not None:
-                joined.add(id(call))
-                if not (no_filter or trains(agent)):
-                    diag.calls_filtered += 1
-                    continue
-                values = call.__dict__
-                prompt = values["prompt_token_ids"]
-                response = values["response_token_ids"]
-                if not prompt or not response:
-                    reason = no_ids_reason(call)
-                    missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
-                    continue
-                logprobs = values["response_logprobs"]
-                call_id = values["call_id"]
-                model_version = values["model_version"]
-                policy = values["policy"]
-            else:
-                call_id = None
-                model_version = None
-                policy = None
-                prompt = _int_list(attrs.get(PROMPT_TOKEN_IDS))
-                response = _int_list(attrs.get(RESPONSE_TOKEN_IDS))
-                if prompt is None or response is None:
-                    prompt = response = None
-                    if order_fallback and next_unreferenced < len(unreferenced):
-                        call = unreferenced[next_unreferenced]
-                        next_unreferenced += 1
-                        joined_by_order += 1
-                        problems.append(
-                            f"LLM span {span.span_id} ({span.name!r}) was joined to proxy record {call.call_id} by "
-                            "order: the span has no matching gen_ai.response.id"
-                        )
-                if call is not None:
-                    joined.add(id(call))
-                if not (no_filter or trains(agent)):
-                    diag.calls_filtered += 1
-                    continue
-
-                if call is not None:
-                    prompt = call.prompt_token_ids
-                    response = call.response_token_ids
-                    logprobs = call.response_logprobs
-                    call_id, model_version, policy = call.call_id, call.model_version, call.policy
-                    if not prompt or not response:
-                        reason = no_ids_reason(call)
-                        missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
-                        continue
-                elif prompt is not None and response is not None:
-                    logprobs = span_logprobs(span, response, problems)
-                    diag.joined_by_span_attributes += 1
-                else:
-                    reason = (
-                        f"no proxy record has response id {key!r}"
-                        if key is not None
-                        else "the span has no gen_ai.response.id"
-                    )
-                    reason += " and the span carries no token ids"
-                    if order_fallback:
-                        reason += " (no unreferenced proxy record was left to match by order)"
-                    elif unreferenced:
-                        reason += (
-                            f" ({len(unreferenced)} proxy record(s) are referenced by no span; "
-                            "TransitionConfig(order_fallback=True) would join them by order, a guess)"
-                        )
-                    missing.append(MissingTokenIds(span.span_id, span.name, rollout_id, attempt_id, reason))
-                    continue
-            sample: dict[str, Any] = {
-                "rollout_id": rollout_id,
-                "attempt_id": attempt_id,
-                "group_id": group_id,
-                "agent_name": agent,
-                "step_index": len(samples),
-                "prompt_ids": prompt,
-                "response_ids": response,
-                "response_mask": [1] * len(response),
-                "logprobs": logprobs,
-                "reward": None,
-                "final_reward": final_reward,
-                "call_ids": [] if call_id is None else [call_id],
-                "model_version": model_version,
-                "policy": policy,
-                "metadata": {"span_ids": [span_id]},
-            }
-            samples.append(sample)
-            if per_call:
-                transitions.append(new_transition(sample))
-
-        diag.joined_by_order = joined_by_order
-        diag.proxy_only_calls = proxy_only
-        diag.joined_by_response_id = len(joined) - joined_by_order - proxy_only
-        if joined_by_order:
-            _warn_order(rollout_id, joined_by_order)
-        diag.unused_llm_calls = len(llm_calls) - foreign - len(joined)
-        if final_reward is None:
-            diag.attempts_without_reward = 1
-        if missing:
-            diag.missing_token_ids = len(missing)
-            problems.extend(str(item) for item in missing)
-            if config.on_missing == "raise":
-                raise MissingTokenIdsError(missing)
-            if config.on_missing == "warn":
-                for item in missing:
-                    logger.warning("skipping LLM call without token ids: %s", item)
-        diag.calls_trained = len(samples)
-
-        if not per_call:
-            transitions = [new_transition(sample) for sample in merge_trajectories(samples, diag, problems)]
+        if not diag.llm_spans and calls.unreferenced:
+            _warn_proxy_only(rollout_id, len(calls.unreferenced), self.config.agent_filter is not None)
+            proxy_only = interleave_proxy_only(events, calls, problems)
+        ids = (rollout_id, attempt_id, group_id)
+        join = _Join(self.config, tree, calls, ids, events.final_reward, diag, problems)
+        join.run(events)
+        _report(join, diag, self.config, len(llm_calls) - calls.foreign, proxy_only)
+        if self.config.mode == "trajectory":
+            transitions = [_new_transition(fields) for fields in merge_trajectories(join.samples, diag, problems)]
+        else:
+            transitions = join.transitions
         diag.transitions = len(transitions)
-        return TransitionResult(rollout_id, attempt_id, transitions, final_reward, diag, problems)
+        return TransitionResult(rollout_id, attempt_id, transitions, join.final_reward, diag, problems)

