@@ -1,4 +1,4 @@
-"""Rollouts/s, generated tokens/s and seconds per phase of `VerlAlgorithm` steps through verl's own vLLM rollout.
+"""Rollouts/s, generated tokens/s and seconds per phase of `RLLoop` + `VerlEngine` steps via verl's own vLLM rollout.
 
 Runs ``packages/trainer-verl/tests/verl_vllm_loop.py`` (GRPO 2 steps + PPO with a critic 1 step + resume into step 2,
 tiny Llama made on the fly, verl's vLLM replica colocated with the actor on a local Ray cluster) with the

@@ -3,7 +3,7 @@
 # No network: the tiny models are built here. Two parts, both must pass; exits non-zero on any mismatch.
 #
 # 1. verl's actor update alone (TrainingWorker + FSDP2 + ppo_loss on CUDA, no Ray, no vLLM): step time, tokens/s.
-# 2. The two-step loop with real vLLM, the same script as the CPU test (test_verl_vllm_loop.py): VerlAlgorithm.run
+# 2. The two-step loop with real vLLM, the same script as the CPU test (test_verl_vllm_loop.py): RLLoop + VerlEngine
 #    on a local Ray cluster, verl's actor (+ critic for PPO) colocated with a vLLM replica built by verl, runners
 #    with a plain OpenAI agent through the LLM proxy, weights synced by verl's CheckpointEngineManager. GRPO 2 steps;
 #    PPO 1 step + checkpoint + resume into step 2; one step with a late rollout cancelled.
@@ -54,7 +54,7 @@ print("verl actor step:", "OK" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY
 
-echo "== 2. VerlAlgorithm.run with verl's vLLM rollout: GRPO 2 steps, PPO 1 step + checkpoint + resume into step 2 =="
+echo "== 2. RLLoop + VerlEngine with verl's vLLM rollout: GRPO 2 steps, PPO 1 step + checkpoint + resume into step 2 =="
 # the same script the CPU test (packages/trainer-verl/tests/test_verl_vllm_loop.py) runs, with `vllm` and CUDA
 timeout 590 "$PY" packages/trainer-verl/tests/verl_vllm_loop.py --device cuda --phases grpo,ppo,late > "$LOOP_LOG" 2>&1 \
   || { tail -80 "$LOOP_LOG"; exit 1; }

@@ -147,12 +147,11 @@ class RayVerlBackend:
     Args:
         config: Our settings.
         verl_config: verl's full config; defaults to ``config.to_verl_config()``.
-        device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; needs ``local_server``).
-        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`); required on ``cpu``.
+        device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; vLLM's CPU build or a ``local_server``).
+        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`).
 
     Raises:
-        ImportError: The GPU stack is missing (message gives `GPU_INSTALL_HINT`).
-        ValueError: ``device="cpu"`` without a ``local_server``.
+        ImportError: The GPU stack (or, on ``cpu``, vLLM's CPU build) is missing; the message gives the command.
     """
 
     def __init__(
@@ -173,13 +172,14 @@ class RayVerlBackend:
         self.device = device
         self.cfg = verl_config if verl_config is not None else config.to_verl_config()
         _ensure_ray(device, config.nnodes * config.n_gpus_per_node)
-        if local_server is None and device == "cpu":
+        use_vllm = local_server is None
+        if use_vllm and device == "cpu":
             from agentlightning_verl._vllm_cpu import apply_cpu_rollout
 
             apply_cpu_rollout(self.cfg)
         # Phases: the resource pool → the worker classes (actor, critic) → spawned and initialised → serving.
         self.pool = self._resource_pool()
-        classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if local_server is None else "actor")
+        classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if use_vllm else "actor")
         self._spawn(classes, critic_cfg)
         self.serving: RolloutServing = (
             LocalServing(self.actor_wg, local_server) if local_server is not None else self._vllm_serving()
@@ -187,7 +187,7 @@ class RayVerlBackend:
         logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
 
     def _resource_pool(self) -> Any:
-        """One bundle per "GPU" of every node (CPU-only bundles on the CPU platform)."""
+        """One bundle per "GPU" of every node (CPU-only bundles on the CPU platform, one placement group per node)."""
         from verl.single_controller.ray import RayResourcePool
 
         config = self.config
@@ -263,8 +263,8 @@ class RayVerlBackend:
 
         from agentlightning_verl._vllm_cpu import llm_server_manager
 
-        # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes);
-        # verl's @auto_await: called from synchronous code these return results, not coroutines
+        # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes); verl's
+        # @auto_await: called from synchronous code these return results, not coroutines
         server_manager: Any = llm_server_manager(self.device)
         llm_servers = server_manager.create(
             config=self.cfg, worker_group=self.actor_wg, rollout_resource_pool=self.pool
