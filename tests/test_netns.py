@@ -374,11 +374,13 @@ def test_the_trainer_command_is_a_valid_configuration(monkeypatch: pytest.Monkey
     args = train.parse_args(train_cmd[2:])  # type: ignore[attr-defined]
     config = train.build_config(args)  # type: ignore[attr-defined]
     assert args.runners == 0
-    assert train.store_serving(args).bind == (README_HOST, 4747)  # type: ignore[attr-defined]
+    from agentlightning_torch.runkit import UsageError, store_serving  # the script's scaffolding
+
+    assert store_serving(args).bind == (README_HOST, 4747)
     proxy = config.proxy
     assert (proxy.host, proxy.port, proxy.token, proxy.advertised_url) == (README_HOST, 4748, "p" * 32, None)
     monkeypatch.delenv("AGL_PROXY_TOKEN")
-    with pytest.raises(train.UsageError, match="without a token"):  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="without a token"):
         train.build_config(train.parse_args(train_cmd[2:]))  # type: ignore[attr-defined]
 
 

@@ -59,9 +59,11 @@ def _start_quickstart(out: Path, log: Path) -> tuple[subprocess.Popen[bytes], li
     with log.open("w") as stderr:
         trainer = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
 
-    def started() -> bool:  # both runners printed their line, and rollouts are being run
-        runners = [line for line in log.read_text().splitlines() if line.startswith("runner: ")]
-        return len(runners) == 2 and _attempts(out / "store.db") > 0
+    def started() -> bool:  # both runners printed their line, the evaluation before RL is done, rollouts run
+        lines = log.read_text().splitlines()
+        runners = [line for line in lines if line.startswith("runner: ")]
+        evaluated = any(" before RL: " in line for line in lines)  # the run's last line before it goes quiet
+        return len(runners) == 2 and evaluated and _attempts(out / "store.db") > 0
 
     deadline = time.monotonic() + 600  # bounds a hang only: the loop ends when the runners run
     try:

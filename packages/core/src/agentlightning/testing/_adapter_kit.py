@@ -130,6 +130,9 @@ class AdapterConformanceTests(KitGuard):
         supports_streaming: The agent can stream (the ``agent`` fixture is then also run with ``stream=True``
             through ``agent_streaming``).
         supports_agent_spans: The framework has agents (checked: every LLM span has an enclosing agent span).
+        names_agents_live: Its agent spans carry ``gen_ai.agent.name`` when they start, so each call's agent header
+            names its agent (checked; a source whose spans name the agent only in other attributes routes its calls
+            to the default policy, counted by the proxy).
         tool_name: Name of the tool the default script calls.
         tool_arguments: Its arguments.
         final_answer: The default script's final answer.
@@ -139,6 +142,7 @@ class AdapterConformanceTests(KitGuard):
     supports_tools: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = False
     supports_agent_spans: ClassVar[bool] = True
+    names_agents_live: ClassVar[bool] = True
     tool_name: ClassVar[str] = "add"
     tool_arguments: ClassVar[dict[str, Any]] = {"a": 2, "b": 3}
     final_answer: ClassVar[str] = "The answer is 5."
@@ -261,6 +265,8 @@ class AdapterConformanceTests(KitGuard):
         """
         if not self.supports_agent_spans:
             pytest.skip("the framework has no agents")
+        if not self.names_agents_live:
+            pytest.skip("its agent spans name the agent only in other attributes: calls go to the default policy")
         record = await harness.collect(await harness.run(agent, "task-agent-header"))
         assert record.transitions is not None and record.calls
         by_call = {c.call_id: c for c in record.calls}

@@ -130,6 +130,10 @@ class TrainingRun:
         self.trainer = trainer
         self.settings = settings
         self.console = console if console is not None else Console(stderr=True, soft_wrap=True)
+        if settings.quiet:  # no progress bar means none of transformers' either (saving checkpoints mid-run)
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
         self.store: Any = None
         self.runners: list[subprocess.Popen[bytes]] = []
         self._children: list[subprocess.Popen[bytes]] = []
