@@ -11,7 +11,9 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -77,8 +79,10 @@ def test_both_modes_train_from_the_same_start_and_report_per_agent_curves(tmp_pa
     assert {policy for _, policy in asyncio.run(_routes(out / "shared" / "store.db"))} == {None}
 
 
-def test_an_unknown_mode_is_one_line(tmp_path: Path) -> None:
-    done = _run("--modes", "adapters,lora", "--output", str(tmp_path))
-    assert done.returncode == 2
+def test_an_unknown_mode_is_one_line(
+    tmp_path: Path, example_script: Callable[[str, str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    compare = example_script("sql", "compare_policies")
+    assert compare.main(["--modes", "adapters,lora", "--output", str(tmp_path)]) == 2
     expected = "error: --modes takes adapters, shared (comma-separated), got ['lora']"
-    assert done.stderr.strip().splitlines()[-1] == expected
+    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
