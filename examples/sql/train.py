@@ -60,8 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace) -> Any:
-    """The trainer's settings from the command line (bad values: `UsageError`)."""
+def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
+    """The trainer's settings from the command line (bad values: `UsageError`); ``policies``: an
+    `agentlightning.PolicyMap` (one LoRA adapter per trained agent, `compare_policies.py`), ``None``: one shared
+    policy."""
     from agentlightning_torch.runkit import trainer_config
 
     if args.eval_size < 1 or args.runners < 1:
@@ -75,6 +77,7 @@ def build_config(args: argparse.Namespace) -> Any:
         tool_parser="hermes",  # the agents call no tools; hermes is the chat template's format
         max_tokens=args.max_tokens,
         agent_filter=TRAINED_AGENTS,  # writer + rewriter; the checker runs on the same model, untrained
+        policies=policies,
     )
 
 
@@ -111,11 +114,12 @@ async def shape_accuracy(store: Any) -> dict[str, float]:
     return {shape: round(sum(v) / len(v), 3) for shape, v in sorted(by_shape.items())}
 
 
-async def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures."""
+async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any]:
+    """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures
+    (``policies``: see `build_config`)."""
     from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run
 
-    config = build_config(args)
+    config = build_config(args, policies)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
     shapes: dict[str, dict[str, float]] = {}
 
