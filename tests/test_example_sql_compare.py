@@ -68,6 +68,7 @@ def test_both_modes_train_from_the_same_start_and_report_per_agent_curves(tmp_pa
         assert all(point[2] == 16 for point in writer)
         assert all(0.0 <= point[1] <= 1.0 for curve in mode["agent_curves"].values() for point in curve)
     assert (out / "compare.png").stat().st_size > 0
+    assert json.loads((out / "shared" / "summary.json").read_text()) == shared
     assert "adapters: held-out execution accuracy" in done.stderr
 
     checkpoint = out / "adapters" / "checkpoint" / "adapters"

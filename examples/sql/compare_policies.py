@@ -13,7 +13,8 @@ One run of this script trains the text-to-SQL graph of ``train.py`` twice, with 
 - ``one-adapter`` (only with ``--modes``): a control, writer and rewriter train one LoRA adapter together, the checker
   on the frozen base: it separates "one adapter per agent" from "LoRA instead of all weights".
 
-Each mode gets its own run folder (``--output``/``adapters``, ``--output``/``shared``: store, metrics, checkpoints).
+Each mode gets its own run folder (``--output``/``adapters``, ``--output``/``shared``: store, metrics, checkpoints,
+and ``summary.json``, that mode's figures, written as soon as it ends).
 Reported: held-out greedy execution accuracy before / best / after RL of each mode, and per-agent reward curves (per
 iteration, the mean final reward of the training rollouts in which the agent made a call, read back from the run's
 store), as a table, a plot (``--output``/``compare.png``) and one JSON line with every figure.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import json
 import logging
 import sys
 from pathlib import Path
@@ -113,6 +115,8 @@ async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     mode_args.output = args.output / mode
     summary = await sql_train.train(mode_args, policy_map(mode))
     summary["agent_curves"] = await agent_curves(mode_args.output / "store.db")
+    # each mode's figures as soon as it ends (a long comparison stopped later keeps the modes it finished)
+    (mode_args.output / "summary.json").write_text(json.dumps(summary) + "\n", encoding="utf-8")
     return summary
 
 
