@@ -63,7 +63,8 @@ class TorchTrainerConfig(BaseModel):
         policies: One LoRA adapter per policy on one base model (`agentlightning.PolicyMap`: agent names or
             patterns -> policy; ``frozen`` is the untrained base). Each trained policy gets its own adapter (rank and
             targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
-            backend serves every adapter beside the base. ``None``: one shared policy.
+            backend serves every adapter beside the base (`LocalBackend`, or vLLM's multi-LoRA serving, each adapter
+            loaded in place after its update and verified by log-probs). ``None``: one shared policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -153,10 +154,5 @@ class TorchTrainerConfig(BaseModel):
             return self
         if not self.policies.trained:
             raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
-        if self.backend == "vllm":
-            raise ValueError(
-                "policies (one LoRA adapter per agent) are served by backend='local' for now: vLLM's multi-LoRA "
-                "serving works on this CPU build but the trainer does not load its adapters into vLLM yet"
-            )
         return self
 
