@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
-from agentlightning_torch._ppo import PPOConfig
+from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch._vllm_lora import vllm_lora_args
 from agentlightning_torch._vllm_serving import VLLMSettings
 
 __all__ = ["TorchTrainerConfig"]
@@ -154,5 +155,7 @@ class TorchTrainerConfig(BaseModel):
             return self
         if not self.policies.trained:
             raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
+        if self.backend == "vllm":  # vLLM serves every adapter at once, up to the ranks it knows
+            vllm_lora_args(len(self.policies.trained), (self.ppo.lora or LoraSettings()).r)
         return self
 
