@@ -68,6 +68,7 @@ def test_both_modes_train_from_the_same_start_and_report_per_agent_curves(tmp_pa
         assert all(point[2] == 16 for point in writer)
         assert all(0.0 <= point[1] <= 1.0 for curve in mode["agent_curves"].values() for point in curve)
     assert (out / "compare.png").stat().st_size > 0
+    assert json.loads((out / "shared" / "summary.json").read_text()) == shared
     assert "adapters: held-out execution accuracy" in done.stderr
 
     checkpoint = out / "adapters" / "checkpoint" / "adapters"
@@ -84,5 +85,5 @@ def test_an_unknown_mode_is_one_line(
 ) -> None:
     compare = example_script("sql", "compare_policies")
     assert compare.main(["--modes", "adapters,lora", "--output", str(tmp_path)]) == 2
-    expected = "error: --modes takes adapters, shared (comma-separated), got ['lora']"
+    expected = "error: --modes takes adapters, shared, one-adapter (comma-separated), got ['lora']"
     assert capsys.readouterr().err.strip().splitlines()[-1] == expected

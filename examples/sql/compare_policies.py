@@ -10,8 +10,11 @@ One run of this script trains the text-to-SQL graph of ``train.py`` twice, with 
   changes). The agents' code is the same: the proxy routes each call by the agent that made it.
 - ``shared``: today's recipe (``train.py``): writer and rewriter train one set of weights, which the checker also
   runs on (untrained, but it sees the shared updates).
+- ``one-adapter`` (only with ``--modes``): a control, writer and rewriter train one LoRA adapter together, the checker
+  on the frozen base: it separates "one adapter per agent" from "LoRA instead of all weights".
 
-Each mode gets its own run folder (``--output``/``adapters``, ``--output``/``shared``: store, metrics, checkpoints).
+Each mode gets its own run folder (``--output``/``adapters``, ``--output``/``shared``: store, metrics, checkpoints,
+and ``summary.json``, that mode's figures, written as soon as it ends).
 Reported: held-out greedy execution accuracy before / best / after RL of each mode, and per-agent reward curves (per
 iteration, the mean final reward of the training rollouts in which the agent made a call, read back from the run's
 store), as a table, a plot (``--output``/``compare.png``) and one JSON line with every figure.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import json
 import logging
 import sys
 from pathlib import Path
@@ -35,7 +39,9 @@ sql_train = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sql_train)
 
 MODES = ("adapters", "shared")
-"""The two recipes, in the order they run."""
+"""The two recipes compared by default, in the order they run."""
+EXTRA_MODES = ("one-adapter",)
+"""A control on request (``--modes one-adapter``): writer and rewriter share one LoRA adapter, the checker frozen."""
 CURVE_AGENTS = ("writer", "rewriter", "checker")
 
 
@@ -61,9 +67,10 @@ def parse_modes(argv: list[str]) -> tuple[str, ...]:
         raise UsageError("--modes needs a value, e.g. --modes adapters,shared")
     modes = tuple(m.strip() for m in argv[at + 1].split(",") if m.strip())
     del argv[at : at + 2]
-    unknown = sorted(set(modes) - set(MODES))
+    unknown = sorted(set(modes) - set(MODES + EXTRA_MODES))
     if unknown or not modes:
-        raise UsageError(f"--modes takes {', '.join(MODES)} (comma-separated), got {unknown or 'nothing'}")
+        names = ", ".join(MODES + EXTRA_MODES)
+        raise UsageError(f"--modes takes {names} (comma-separated), got {unknown or 'nothing'}")
     return modes
 
 
@@ -73,6 +80,8 @@ def policy_map(mode: str) -> Any:
 
     if mode == "shared":
         return None
+    if mode == "one-adapter":
+        return PolicyMap(agents={"writer": "both", "rewriter": "both", "checker": FROZEN})
     return PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN})
 
 
@@ -106,6 +115,8 @@ async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     mode_args.output = args.output / mode
     summary = await sql_train.train(mode_args, policy_map(mode))
     summary["agent_curves"] = await agent_curves(mode_args.output / "store.db")
+    # each mode's figures as soon as it ends (a long comparison stopped later keeps the modes it finished)
+    (mode_args.output / "summary.json").write_text(json.dumps(summary) + "\n", encoding="utf-8")
     return summary
 
 
@@ -133,7 +144,7 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (held, agents) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = {"adapters": "tab:blue", "shared": "tab:orange"}
+    colours = {"adapters": "tab:blue", "shared": "tab:orange", "one-adapter": "tab:green"}
     styles = {"writer": "-", "rewriter": "--", "checker": ":"}
     for mode, summary in results.items():
         points = summary["held_out_points"]

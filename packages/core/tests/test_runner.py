@@ -381,3 +381,12 @@ async def test_running_attempts_of_a_runner_beat_in_one_request() -> None:
     await asyncio.wait_for(runner.arun(), timeout=120)  # a guard against a hang, not a timing assertion
     assert [r.status for r in await store.query_rollouts(rollout_ids=ids)] == ["succeeded"] * 3
     await store.close()
+
+
+def test_idle_runner_claims_less_often_up_to_a_tenth_of_a_second() -> None:
+    from agentlightning.runner._workers import idle_wait
+
+    # the quickstart's local runners poll every 20 ms while rollouts come; an empty queue is asked less often
+    assert [round(idle_wait(0.02, n), 3) for n in range(5)] == [0.02, 0.04, 0.08, 0.1, 0.1]
+    assert idle_wait(0.02, 10_000) == 0.1
+    assert [idle_wait(0.2, n) for n in range(3)] == [0.2, 0.2, 0.2]  # the default interval is never lengthened

@@ -38,9 +38,11 @@ from opentelemetry.trace import Status, StatusCode, Tracer, get_current_span
 from agentlightning import semconv
 from agentlightning._policies import AGENT_HEADER, encode_agent_header
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError, supported_range
-from agentlightning.adapters._otel import is_llm_span, lightning_tracer, pending_llm_spans
+from agentlightning.adapters._otel import is_llm_span, pending_llm_spans
 from agentlightning.tracing import agent_of_span, current_rollout
 from agentlightning.tracing._genai import client_calls_recorded, is_source_span, live_agent_name
+from agentlightning.tracing._light import LightSpan
+from agentlightning.tracing._provider import light_tracer
 
 __all__ = [
     "OpenAIAdapter",
@@ -82,7 +84,7 @@ class _Sink:
 
     __slots__ = ("done", "seen_id", "span")
 
-    def __init__(self, span: SdkSpan) -> None:
+    def __init__(self, span: SdkSpan | LightSpan) -> None:
         self.span = span
         self.seen_id = False
         self.done = False
@@ -179,7 +181,7 @@ class _Hook:
                 f"OpenAI call tracing needs openai ({exc}). Install it with: {_INSTALL}"
             ) from exc
         if self._tracer is None:
-            self._tracer = lightning_tracer("agentlightning.openai")
+            self._tracer = light_tracer("agentlightning.openai")
         if self._stream_types is None:
             self._stream_types = (openai.Stream, openai.AsyncStream)
         # An entry whose wrapper is no longer reachable (another library restored the method it saved before us)
@@ -236,7 +238,7 @@ class _Hook:
         if isinstance(model, str):
             attributes[semconv.GEN_AI_REQUEST_MODEL] = model
         span = tracer.start_span(f"{operation} {model}" if isinstance(model, str) else operation, attributes=attributes)
-        if not isinstance(span, SdkSpan):  # pragma: no cover - our provider is always the SDK's
+        if not isinstance(span, SdkSpan | LightSpan):  # pragma: no cover - our provider is always the SDK's
             return None
         return _Sink(span)
 

@@ -60,7 +60,12 @@ def register(subparsers: Any) -> None:
         help="on SIGTERM, seconds running rollouts may finish before they are released (default: 0, release at once)",
     )
     parser.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
-    parser.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls of an empty queue")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.05,
+        help="seconds between polls of an empty queue (under 0.1: doubled with each empty answer, up to 0.1)",
+    )
     parser.add_argument("--log-level", default="warning", help="logging level (default: warning)")
     parser.set_defaults(func=run)
 

@@ -23,7 +23,8 @@ from agentlightning.adapters import use_active_sources
 from agentlightning.runner._agent import RolloutAgent, reward_from_result
 from agentlightning.runner._heartbeats import batcher_for, next_tick
 from agentlightning.store._base import LightningStore, StoreError
-from agentlightning.tracing import aflush, emit_reward, flush, get_tracer, rollout_context
+from agentlightning.tracing import aflush, emit_reward, flush, rollout_context
+from agentlightning.tracing._provider import light_tracer
 
 __all__ = ["ROOT_SPAN_NAME", "Outcome", "agent_failures", "execute_async", "execute_sync", "heartbeat_loop", "release"]
 
@@ -195,7 +196,7 @@ async def execute_async(
             rollout_context(
                 store, rollout_id, attempt_id, resources, input=claim.rollout.input, llm_base_url=llm_base_url
             ),
-            get_tracer().start_as_current_span(
+            light_tracer().start_as_current_span(
                 ROOT_SPAN_NAME,
                 attributes=_root_attributes(claim, agent),
                 record_exception=False,
@@ -286,7 +287,7 @@ def execute_sync(
                 store_loop=store_loop,
                 llm_base_url=llm_base_url,
             ),
-            get_tracer().start_as_current_span(
+            light_tracer().start_as_current_span(
                 ROOT_SPAN_NAME,
                 attributes=_root_attributes(claim, agent),
                 record_exception=False,

@@ -23,9 +23,12 @@ from agentlightning.runner._workers import (
     ThreadBudget,
     WorkerLoop,
     WorkerSettings,
+    aflush_left,
     agent_ref,
     call_on,
     ended_cleanly,
+    flush_left,
+    idle_wait,
     log_failure,
     process_main,
     release_active,
@@ -34,17 +37,13 @@ from agentlightning.runner._workers import (
 )
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreClient
-from agentlightning.tracing import LoopThread, aflush, export_to_otlp, flush, flush_otlp, otlp_endpoint_from_env
+from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
 
 logger = logging.getLogger(__name__)
 
 WorkerMode = Literal["auto", "process", "thread", "async"]
-
-_STOP_FLUSH_S = 10.0
-"""Seconds a stopping runner waits for its workers' last spans to be stored (a drained attempt's included)."""
-
 
 class Runner:
     """Runs an agent on the store's rollouts with one or many workers.
@@ -63,7 +62,8 @@ class Runner:
         heartbeat_interval: Seconds between heartbeats of a running attempt (keep well under the store's
             ``RetryPolicy.heartbeat_timeout``). Async agents beat from the runner's loop: an async agent that
             blocks the loop for longer than the timeout is taken for dead.
-        poll_interval: Seconds to wait before asking again when the queue is empty.
+        poll_interval: Seconds to wait before asking again when the queue is empty (an interval under 0.1 s doubles
+            with each empty answer in a row, up to 0.1 s, until rollouts come again).
         max_rollouts: Stop after claiming this many rollouts (``None``: no limit).
         rollout_timeout: Seconds an attempt may run before it is ended as ``timeout`` (``None``: no limit).
         stop_when_idle: Return once no rollout is queuing or running; otherwise wait for work until `stop`.
@@ -189,7 +189,7 @@ class Runner:
             try:
                 with frozen_gc():  # the agent's modules and clients out of full garbage collections
                     self._run_threads(store_loop.loop)
-                _flush_left()
+                flush_left()
             finally:
                 store_loop.stop()
         if self._settings.otlp_endpoint is not None and self.worker_mode != "async":
@@ -201,14 +201,14 @@ class Runner:
             loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
             with frozen_gc():  # the agent's modules and clients out of full garbage collections
                 await self._async_pool(loop)
-            await _aflush_left()
+            await aflush_left()
         elif self.worker_mode == "process":
             await asyncio.to_thread(self._run_processes)
         else:
             running = asyncio.get_running_loop()
             with frozen_gc():
                 await asyncio.to_thread(self._run_threads, running)
-            await _aflush_left()
+            await aflush_left()
         if self._settings.otlp_endpoint is not None:
             await asyncio.to_thread(flush_otlp)  # the collector sees this run's last spans before we return
 
@@ -247,6 +247,7 @@ class Runner:
         running: set[asyncio.Task[None]],
         stopping: asyncio.Event,
     ) -> None:
+        empty = 0  # empty answers in a row: an idle runner asks less often (`idle_wait`)
         while not self._stop.is_set():
             if not free_slots:
                 slot_freed.clear()
@@ -266,13 +267,15 @@ class Runner:
                 free_slots.extend(indexes[::-1])
                 if claims == "stop" or (claims == "idle" and not running):
                     break
-                await self._async_sleep(settings.poll_interval)
+                empty += 1
+                await self._async_sleep(idle_wait(settings.poll_interval, empty))
                 continue
             free_slots.extend(indexes[len(claims) :][::-1])
             for claim, index in zip(claims, indexes, strict=False):
                 self._start_claim(loop, claim, index, free_slots, slot_freed, running)
+            empty = 0 if claims else empty + 1
             if len(claims) < len(indexes):  # the queue ran short: poll again later, not at once
-                await self._async_sleep(settings.poll_interval)
+                await self._async_sleep(idle_wait(settings.poll_interval, empty))
 
     def _start_claim(
         self,
@@ -486,18 +489,3 @@ class Runner:
             logger.warning("could not end the attempts of dead worker %s: %s", worker_id, exc)
         return failed
 
-
-def _flush_left() -> None:
-    """Store the spans a stopping runner's workers left (a drained attempt's too) while the store is still open."""
-    try:
-        flush(_STOP_FLUSH_S)
-    except Exception as exc:  # the span writer logged each batch it could not write
-        logger.debug("spans left unwritten as the runner stopped: %r", exc)
-
-
-async def _aflush_left() -> None:
-    """`_flush_left` from the event loop that owns the store."""
-    try:
-        await aflush(_STOP_FLUSH_S)
-    except Exception as exc:
-        logger.debug("spans left unwritten as the runner stopped: %r", exc)

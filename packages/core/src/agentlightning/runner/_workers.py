@@ -27,15 +27,18 @@ from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_sync, release
 from agentlightning.runner._slots import SlotRegistrar, for_agents
 from agentlightning.store._base import LightningStore
-from agentlightning.tracing import LoopThread, export_to_otlp, flush, flush_otlp
+from agentlightning.tracing import LoopThread, aflush, export_to_otlp, flush, flush_otlp
 
 __all__ = [
     "CLAIM_GRACE",
     "ThreadBudget",
     "WorkerLoop",
     "WorkerSettings",
+    "aflush_left",
     "agent_ref",
     "ended_cleanly",
+    "flush_left",
+    "idle_wait",
     "log_failure",
     "process_main",
     "release_active",
@@ -406,3 +409,40 @@ def _end_with_parent() -> None:
         signal.pthread_kill(main, signal.SIGTERM)  # to the main thread: it interrupts the agent's blocking call
 
     threading.Thread(target=watch, name="agentlightning-runner-watch", daemon=True).start()
+
+
+_IDLE_POLL_CAP_S = 0.1
+"""Longest wait between claims of an idle runner whose ``poll_interval`` is shorter (see `_idle_wait`)."""
+
+
+def idle_wait(poll_interval: float, empty: int) -> float:
+    """Seconds to wait before claiming again after ``empty`` empty answers in a row.
+
+    ``poll_interval`` after a claim that found rollouts; then doubling with each empty answer, up to
+    ``max(poll_interval, 0.1 s)``: a runner polling a local store every 20 ms (the quickstart's runners) spent ~2%
+    of a core asking an empty queue while the trainer updated, evaluated or waited for its last rollouts; now it
+    asks ten times a second at most once idle, and a new iteration's rollouts wait ~0.05 s longer on average.
+    """
+    if empty <= 0:
+        return poll_interval
+    return min(poll_interval * 2 ** min(empty, 10), max(poll_interval, _IDLE_POLL_CAP_S))
+
+
+_STOP_FLUSH_S = 10.0
+"""Seconds a stopping runner waits for its workers' last spans to be stored (a drained attempt's included)."""
+
+
+def flush_left() -> None:
+    """Store the spans a stopping runner's workers left (a drained attempt's too) while the store is still open."""
+    try:
+        flush(_STOP_FLUSH_S)
+    except Exception as exc:  # the span writer logged each batch it could not write
+        logger.debug("spans left unwritten as the runner stopped: %r", exc)
+
+
+async def aflush_left() -> None:
+    """`flush_left` from the event loop that owns the store."""
+    try:
+        await aflush(_STOP_FLUSH_S)
+    except Exception as exc:
+        logger.debug("spans left unwritten as the runner stopped: %r", exc)

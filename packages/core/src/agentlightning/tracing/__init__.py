@@ -15,7 +15,7 @@ from agentlightning.tracing._otlp import (
     otlp_endpoint_from_env,
     stop_otlp_export,
 )
-from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError, to_span_model
+from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError
 from agentlightning.tracing._provider import (
     aflush,
     agent_of_span,
@@ -26,6 +26,7 @@ from agentlightning.tracing._provider import (
     get_tracer_provider,
     set_as_global,
 )
+from agentlightning.tracing._records import to_span_model
 
 __all__ = [
     "OTLP_ENDPOINT_ENV",

@@ -25,10 +25,10 @@ def _check_number(value: object, what: str) -> float:
 
 def _emit_point_span(name: str, attributes: dict[str, Any]) -> None:
     # Imported here: the provider module pulls in the OpenTelemetry SDK.
-    from agentlightning.tracing._provider import get_tracer
+    from agentlightning.tracing._provider import light_tracer
 
     at = time.time_ns()
-    span = get_tracer("agentlightning").start_span(name, attributes=attributes, start_time=at)
+    span = light_tracer("agentlightning").start_span(name, attributes=attributes, start_time=at)
     span.end(end_time=at)
 
 

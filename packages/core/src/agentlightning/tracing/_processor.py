@@ -23,29 +23,27 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.trace import SpanProcessor
 
 from agentlightning import semconv
-from agentlightning._models import AttributeValue, Span, SpanStatus
+from agentlightning._models import Span
 from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.store._client import StoreUnavailableError
 from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
 from agentlightning.tracing._loop_thread import LoopThread
+from agentlightning.tracing._records import FinishedSpan, to_span_model
 
 __all__ = ["LightningSpanProcessor", "SpanWriteError"]
 
 logger = logging.getLogger(__name__)
-
-_STATUS: dict[StatusCode, Any] = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
 
 
 class SpanWriteError(RuntimeError):
@@ -56,82 +54,10 @@ class SpanWriteError(RuntimeError):
 class _Group:
     store: LightningStore
     loop: asyncio.AbstractEventLoop | None
-    items: list[tuple[RolloutContext, int, ReadableSpan]] = field(default_factory=list)
+    items: list[tuple[RolloutContext, int, FinishedSpan]] = field(default_factory=list)
 
 
-_UNSET = SpanStatus()  # frozen, so every span without a status can share it
 _MAX_REMEMBERED_FAILURES = 10_000
-
-
-def _attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
-    if not attrs:
-        return {}
-    out: dict[str, AttributeValue] = {}
-    for key, value in attrs.items():
-        if isinstance(value, tuple):  # OpenTelemetry stores lists as tuples; the model wants lists
-            items: list[Any] = list(value)  # pyright: ignore[reportUnknownArgumentType]
-            if None in items:  # OpenTelemetry lets None into lists; our model does not
-                logger.debug("attribute %r holds None in a list; left out", key)
-                continue
-            if items and type(items[0]) is float and not all(math.isfinite(x) for x in items):
-                items = [x if math.isfinite(x) else repr(x) for x in items]
-                items = [str(x) for x in items]  # one type per list: OpenTelemetry lists are homogeneous
-                _warn_non_finite(key)
-            out[key] = items
-        elif type(value) is float and not math.isfinite(value):
-            out[key] = repr(value)  # JSON cannot hold NaN/Infinity and the store refuses them: keep it as text
-            _warn_non_finite(key)
-        else:
-            out[key] = value
-    return out
-
-
-_warned_non_finite: set[str] = set()
-
-
-def _warn_non_finite(key: str) -> None:
-    if key not in _warned_non_finite and len(_warned_non_finite) < 1000:
-        _warned_non_finite.add(key)
-        logger.warning("span attribute %r holds NaN or Infinity; stored as text ('nan', 'inf')", key)
-
-
-def to_span_model(ctx: RolloutContext, sequence_id: int, span: ReadableSpan) -> Span:
-    """Convert a finished OpenTelemetry span into the store's `Span` record, validated.
-
-    Validated here, where it is made (pydantic validation costs no more than ``model_construct``), so the store
-    boundary keeps it as is; every field is produced in the form the model requires (hex ids, seconds,
-    end >= start, OpenTelemetry-cleaned attribute values), so a failure is a bug, logged by the caller.
-    """
-    sc = span.context
-    assert sc is not None
-    start_ns = span.start_time or 0
-    end_ns = span.end_time or start_ns
-    parent = span.parent
-    status = span.status
-    attributes = _attributes(span.attributes)
-    if _genai.used:  # a span source was in use: map its spans
-        _genai.source_attributes(attributes)
-    return Span.model_validate(
-        {
-            "rollout_id": ctx.rollout_id,
-            "attempt_id": ctx.attempt_id,
-            "sequence_id": sequence_id,
-            "trace_id": format(sc.trace_id, "032x"),
-            "span_id": format(sc.span_id, "016x"),
-            "parent_id": format(parent.span_id, "016x") if parent is not None and parent.is_valid else None,
-            "name": span.name,
-            "start_time": start_ns / 1e9,
-            "end_time": max(end_ns, start_ns) / 1e9,
-            "attributes": attributes,
-            "events": [
-                {"name": event.name, "timestamp": event.timestamp / 1e9, "attributes": _attributes(event.attributes)}
-                for event in span.events
-            ],
-            "status": _UNSET
-            if status.status_code is StatusCode.UNSET and status.description is None
-            else {"code": _STATUS.get(status.status_code, "unset"), "description": status.description},
-        }
-    )
 
 
 async def _write_batch(
@@ -238,7 +164,7 @@ class LightningSpanProcessor(SpanProcessor):
         # live span -> the agent it runs under (its own gen_ai.agent.name, else its parent's): what the openai
         # client instrumentation names in each call's agent header, so the proxy can route it to the agent's policy
         self._agents: dict[tuple[int, int], str] = {}
-        self._pending: collections.deque[tuple[RolloutContext, int, ReadableSpan]] = collections.deque()
+        self._pending: collections.deque[tuple[RolloutContext, int, FinishedSpan]] = collections.deque()
         self._sending = threading.Lock()  # taking pending spans and handing them to their stores: one thread at once
         self._wake = threading.Event()
         self._armed = False  # the writer was woken for the spans pending now (or is awake)
@@ -255,31 +181,47 @@ class LightningSpanProcessor(SpanProcessor):
     # ------------------------------------------------------------------ hot path
     def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
         """Stamp the rollout and attempt ids and reserve the span's sequence number."""
+        ctx = self.rollout_of(parent_context)
+        if ctx is None:
+            return
+        attributes = span.attributes
+        agent = attributes.get(semconv.GEN_AI_AGENT_NAME) if attributes else None
+        self.stamp(ctx, span, span.get_span_context(), span.parent, agent)
+        if _genai.by_scope:  # another instrumentation's spans are read
+            _genai.mark_start(span)
+
+    def rollout_of(self, parent_context: otel_context.Context | None) -> RolloutContext | None:
+        """The rollout a span starting now belongs to: the current one, else its parent span's (``None``: none)."""
         ctx = _CURRENT.get()
         if ctx is None:
             # A span started where the context variable did not follow (e.g. a callback on a pool thread)
             # still belongs to the rollout of its parent span.
             parent = trace.get_current_span(parent_context).get_span_context()
             if not parent.is_valid:
-                return
+                return None
             entry = self._active.get((parent.trace_id, parent.span_id))
             if entry is None:
-                return
+                return None
             ctx = entry[0]
-        sc = span.get_span_context()
-        attributes = span.attributes
-        agent = attributes.get(semconv.GEN_AI_AGENT_NAME) if attributes else None
+        return ctx
+
+    def stamp(
+        self,
+        ctx: RolloutContext,
+        span: trace.Span,
+        sc: trace.SpanContext,
+        parent_sc: trace.SpanContext | None,
+        agent: Any,
+    ) -> None:
+        """Tag a starting span of ``ctx`` (an SDK span or a light one): its ids, its agent, its sequence number."""
         if not isinstance(agent, str) or not agent:
-            parent_sc = span.parent
             agent = self._agents.get((parent_sc.trace_id, parent_sc.span_id)) if parent_sc is not None else None
         if agent:
             self._agents[(sc.trace_id, sc.span_id)] = agent
         span.set_attributes({semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id})
-        if _genai.by_scope:  # another instrumentation's spans are read
-            _genai.mark_start(span)
         self._active[(sc.trace_id, sc.span_id)] = (ctx, ctx.next_sequence_id())
 
-    def on_end(self, span: ReadableSpan) -> None:
+    def on_end(self, span: FinishedSpan) -> None:
         """Queue the finished span for its store (waking the writer only for the first span of a batch)."""
         sc = span.context
         entry = self._active.pop((sc.trace_id, sc.span_id), None) if sc is not None else None
@@ -311,7 +253,7 @@ class LightningSpanProcessor(SpanProcessor):
     def _count_retry(self) -> None:
         self.write_retries += 1
 
-    def _drop_buffer_full(self, ctx: RolloutContext, span: ReadableSpan) -> None:
+    def _drop_buffer_full(self, ctx: RolloutContext, span: FinishedSpan) -> None:
         self.spans_dropped_buffer_full += 1
         dropped = self.spans_dropped_buffer_full
         error = SpanWriteError(

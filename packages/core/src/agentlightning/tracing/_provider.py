@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from agentlightning.tracing._light import LightTracer
 from agentlightning.tracing._processor import LightningSpanProcessor
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "get_span_processor",
     "get_tracer",
     "get_tracer_provider",
+    "light_tracer",
     "set_as_global",
 ]
 
@@ -31,6 +36,7 @@ _processor: LightningSpanProcessor | None = None
 _provider: TracerProvider | None = None
 _attached: set[int] = set()
 _tracers: dict[tuple[str, str | None], trace.Tracer] = {}
+_light_tracers: dict[str, LightTracer] = {}
 """Tracers handed out by `get_tracer`: the provider keeps one per scope anyway, but asking it costs a warnings
 filter update and two scope objects per call (the runner asks once per rollout, adapters once per span)."""
 
@@ -60,11 +66,47 @@ def get_tracer_provider() -> TracerProvider:
     processor = get_span_processor()
     with _lock:
         if _provider is None:
-            provider = TracerProvider(resource=Resource.create({"service.name": "agentlightning"}), sampler=ALWAYS_ON)
+            provider = _Provider(resource=Resource.create({"service.name": "agentlightning"}), sampler=ALWAYS_ON)
             provider.add_span_processor(processor)
             _attached.add(id(provider))
             _provider = provider
         return _provider
+
+
+class _Provider(TracerProvider):
+    """Our SDK provider, which knows whether a processor besides ours sees its spans (an OTLP exporter, a user's)."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.others: list[SpanProcessor] = []
+        limits = SpanLimits()  # from the OTEL_*_LIMIT variables: light spans keep the SDK's defaults only
+        self.default_limits = (
+            (limits.max_attribute_length, limits.max_span_attribute_length) == (None, None)
+            and (limits.max_span_attributes, limits.max_event_attributes) == (128, 128)
+            and os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
+        )
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        if span_processor is not _processor:
+            self.others.append(span_processor)
+
+    def light_allowed(self) -> bool:
+        """Whether our own spans may skip the SDK: no other processor is active and the limits are the default."""
+        return self.default_limits and not any(getattr(p, "active", True) for p in self.others)
+
+
+def light_tracer(name: str = "agentlightning") -> trace.Tracer:
+    """The tracer of Agent Lightning's own spans (root, LLM, reward, annotation): light spans inside a rollout
+    while nothing but the store sees them (`agentlightning.tracing._light`), else the SDK tracer of ``name``."""
+    tracer = _light_tracers.get(name)
+    if tracer is None:
+        provider = get_tracer_provider()
+        assert isinstance(provider, _Provider)
+        sdk = get_tracer(name)
+        tracer = LightTracer(sdk, get_span_processor(), InstrumentationScope(name), provider.light_allowed)
+        _light_tracers[name] = tracer
+    return tracer
 
 
 def get_tracer(name: str = "agentlightning", version: str | None = None) -> trace.Tracer:
