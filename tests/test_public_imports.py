@@ -21,6 +21,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/conversion_bench.py", "agentlightning.transitions._builder"): (
         "measures the cost of validated construction by swapping the fast constructor for a validating one"
     ),
+    ("benchmarks/asgi_layers.py", "agentlightning.store._asgi"): (
+        "reads a CPU clock around the served store's body validation to split a request's CPU by layer"
+    ),
+    ("benchmarks/asgi_layers.py", "agentlightning.store._server"): (
+        "builds the served store's app in-process to wrap its layers with CPU clocks"
+    ),
     ("tests/test_quickstart.py", "agentlightning_torch._backend"): (
         "spies on the backend's batched generation to count how many requests one forward pass served"
     ),
