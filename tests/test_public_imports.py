@@ -27,6 +27,15 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/asgi_layers.py", "agentlightning.store._server"): (
         "builds the served store's app in-process to wrap its layers with CPU clocks"
     ),
+    ("benchmarks/bench_tracing_overhead.py", "agentlightning.tracing._provider"): (
+        "compares the light recording path for our own spans against the SDK's span objects"
+    ),
+    ("benchmarks/span_path_bench.py", "agentlightning.tracing._light"): (
+        "times the light span path against the OpenTelemetry SDK's spans with the same contents"
+    ),
+    ("tests/test_lora_policies.py", "agentlightning_torch._vllm_sync"): (
+        "checks vLLM's log-probs for each adapter against the trainer's own float32 reference computation"
+    ),
     ("tests/test_quickstart.py", "agentlightning_torch._backend"): (
         "spies on the backend's batched generation to count how many requests one forward pass served"
     ),
