@@ -106,3 +106,26 @@ def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     )  # fmt: skip
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def lora_vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A real vLLM serving ``tool_model_dir`` as model ``tiny`` with multi-LoRA (adapters loaded at run time).
+
+    Shared by every test of the session that loads LoRA adapters into vLLM (one server start: ~1 minute on CPU);
+    each test uses adapter names of its own. ``/metrics`` is on (the trainer waits on its running count).
+    """
+    from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV
+    from agentlightning_torch.testing import VLLMNotInstalledError, VLLMServer, find_vllm_python
+
+    try:
+        python = find_vllm_python()
+    except VLLMNotInstalledError as error:
+        pytest.fail(str(error), pytrace=False)
+    tool_model_dir: Path = request.getfixturevalue("tool_model_dir")
+    server = VLLMServer(
+        tool_model_dir, served_model_name="tiny", args=VLLM_LORA_ARGS, enforce_eager=True, env=VLLM_LORA_ENV,
+        python=python, metrics=True,
+    )  # fmt: skip
+    with server:
+        yield server

@@ -8,6 +8,9 @@ With ``--db``, the same figures are taken for a PostgreSQL store too, side by si
 the database, then two over the same database with the clients split between them (``--db local`` starts a
 throwaway PostgreSQL server with default, durable settings; a given database gets a fresh schema per run).
 
+The ``sqlite_ceiling`` section writes the same rows straight into SQLite (the store's spans table, rows of a
+stored span's size, 500 per transaction): the ceiling the served store's batched span writes are read against.
+
 Sections are plain functions registered in ``SECTIONS``: each takes the parsed args and returns
 ``{figure_name: value}``; add a section (e.g. proxy latency) by appending one.
 """
@@ -249,7 +252,37 @@ def postgres_two_servers_section(args: argparse.Namespace) -> dict[str, float]:
     )
 
 
+def sqlite_ceiling_section(args: argparse.Namespace) -> dict[str, float]:
+    """SQLite alone: the served store's spans table, rows of a stored span's size, 500 per transaction."""
+    import random
+    import sqlite3
+
+    n = int(100_000 * (0.25 if args.quick else 1.0))
+    rng = random.Random(0)
+    data = bytes(rng.getrandbits(8) for _ in range(273))  # 273 B: a make_span span as the store encodes it
+    rows = [("ro-" + "a" * 32, "at-" + "b" * 32, f"{i + 1:016x}", i, data) for i in range(n)]
+    with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
+        conn = sqlite3.connect(Path(tmp) / "ceiling.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(
+            "CREATE TABLE spans (rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL, span_id TEXT NOT NULL, "
+            "sequence_id INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (rollout_id, attempt_id, span_id)) "
+            "WITHOUT ROWID"
+        )
+        insert = "INSERT OR IGNORE INTO spans VALUES (?, ?, ?, ?, ?)"
+        cpu, start = time.process_time(), time.perf_counter()
+        for offset in range(0, n, 500):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(insert, rows[offset : offset + 500])
+            conn.execute("COMMIT")
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        conn.close()
+    return {"batched_spans_per_s": n / wall, "batched_cpu_us": cpu / n * 1e6}
+
+
 SECTIONS: list[tuple[str, Section]] = [
+    ("sqlite_ceiling", sqlite_ceiling_section),
     ("store", store_section),
     ("postgres", postgres_section),
     ("side_by_side", postgres_two_servers_section),

@@ -202,7 +202,6 @@ def test_network_options_are_checked_before_anything_starts(
         (["--policy", "calc=frozen"], "nothing would train"),
         (["--default-policy", "writer"], "needs --policy"),
         (["--policies", "/nonexistent/policies.json"], "--policies"),
-        (["--policy", "a=b", "--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"], "backend='local'"),
     ],
 )
 def test_bad_policy_maps_are_refused_before_anything_starts(

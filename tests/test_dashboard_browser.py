@@ -139,8 +139,8 @@ async def _fill(url: str) -> None:
     store = agl.StoreClient(url, token=TOKEN)
     adapter = LangChainAdapter.default()
     with ScriptedModelServer(_script) as model:
-        # one LoRA policy per agent: the writer's calls go to adapter "writer", the researcher's to the frozen base
-        policies = agl.PolicyMap(agents={"writer": "writer", "researcher": agl.FROZEN})
+        # one LoRA policy per agent: the writer's calls go to adapter "writer", the researcher's to "researcher"
+        policies = agl.PolicyMap(agents={"writer": "writer", "researcher": "researcher"})
         async with LLMProxy(store, [model.base_url], model_version=1, policies=policies) as proxy:
             adapter.instrument()
             try:
@@ -227,6 +227,19 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     assert page.inner_text("#card-failed-attempts .n") == "8"
     assert page.locator("#chart-reward circle.point").count() == 2  # one point per model version
     assert page.locator("#versions-table tbody tr").count() == 2
+    # one reward curve per policy, a point per model version each (Paris 1, Oslo 0; the failed ones unrewarded)
+    policies = "#chart-policy-reward[data-by=policy]"
+    assert page.get_attribute(policies, "data-series-0") == "researcher"
+    assert page.get_attribute(policies, "data-series-1") == "writer"
+    assert page.locator(f"{policies} path.series").count() == 2
+    assert page.locator(f"{policies} circle.point").count() == 4
+    assert "researcher (researcher)" in page.inner_text(f"{policies} .legend")
+    titles = page.eval_on_selector_all(f"{policies} circle.point title", "ts => ts.map(t => t.textContent)")
+    expected = [f"{p} · version {v}: 0.500 (4 rewarded)" for p in ("researcher", "writer") for v in (1, 2)]
+    assert sorted(titles) == expected
+    writer_rows = page.locator("#policies-table tbody tr[data-policy=writer]")
+    assert writer_rows.count() == 2  # versions 1 and 2, training rollouts
+    assert "writer" in writer_rows.first.inner_text()
     page.screenshot(path=str(shots / "runs.png"), full_page=True)
 
     # rollouts: filter to the failed ones
@@ -263,7 +276,7 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     assert page.locator("#chat .msg.response").count() == 3
     assert "model version" in page.inner_text("#chat .call:first-child .meta")
     # the policy that served every call
-    assert "agent researcher · policy frozen" in page.inner_text("#chat .call:first-child .meta")
+    assert "agent researcher · policy researcher" in page.inner_text("#chat .call:first-child .meta")
     assert "agent writer · policy writer" in page.inner_text("#chat .call:last-child .meta")
     assert page.locator("#transitions-table tbody tr").count() == 3
     assert "failed" in page.inner_text("#batch-note")

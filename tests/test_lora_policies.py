@@ -6,6 +6,11 @@ names the agent of each call and the proxy routes it. Iteration 1 runs tasks whe
 adapter is updated and the rewriter's stays bit-identical (skipped, counted). Iteration 2 runs both: each agent's
 calls are served by its own adapter, at the version each adapter then had (writer 1, rewriter 0), and both update.
 A greedy evaluation after it is served by both new adapters (version 2), as every `LLMCall` records.
+
+The same through real vLLM's multi-LoRA serving (its CPU build; the session's shared LoRA server): the trainer loads
+each policy's adapter into vLLM, one update changes only the writer's adapter, which is loaded in place and verified
+by log-probs; the next calls of each agent are served by its own adapter at its own version, the writer's with
+log-probs equal to the trainer's; the frozen checker gets the base; a trainer copy vLLM does not serve is caught.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -23,9 +29,19 @@ from peft import get_peft_model_state_dict
 
 import agentlightning as agl
 import agentlightning_langchain
-from agentlightning import LLMCall, PolicyMap
-from agentlightning_torch import LoraSettings, PPOConfig, TorchTrainer, TorchTrainerConfig, policy_metric
-from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning import AGENT_HEADER, FROZEN, LLMCall, PolicyMap
+from agentlightning.testing import start_attempts
+from agentlightning_torch import (
+    LoraSettings,
+    PPOConfig,
+    TorchTrainer,
+    TorchTrainerConfig,
+    VLLMSettings,
+    WeightSyncMismatch,
+    policy_metric,
+)
+from agentlightning_torch._vllm_sync import reference_logprobs
+from agentlightning_torch.testing import VLLMServer, make_tiny_chat_model
 
 
 def _graph() -> Any:
@@ -137,6 +153,133 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path
             assert all(torch.equal(served[k], v) for k, v in _adapter(trainer, name).items())
         status = trainer.proxy.policy_router
         assert status is not None and status.unmapped_calls == 0
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await trainer.stop()
+        agentlightning_langchain.uninstrument()
+
+
+@agl.rollout
+async def two_agents_full_length(task: dict[str, Any], resources: agl.Resources) -> float:
+    """`two_agents` with every answer its full ``max_tokens`` long and reward 1 (so the passthrough credit of every
+    sample is 1: the update moves the adapter whatever the tiny model says)."""
+    llm_resource = resources.llm
+    assert llm_resource is not None
+    llm = ChatOpenAI(
+        model=llm_resource.model,
+        base_url=agl.llm_base_url(),
+        api_key=llm_resource.api_key or "none",  # pyright: ignore[reportArgumentType]
+        max_retries=0,
+        extra_body={"ignore_eos": True},
+        **llm_resource.sampling_parameters,
+    )
+    await GRAPH.ainvoke({"messages": [HumanMessage(task["prompt"])]}, {"configurable": {"llm": llm}})
+    return 1.0
+
+
+def _vllm_config(model_dir: Path, output: Path, url: str) -> TorchTrainerConfig:
+    return TorchTrainerConfig(
+        model_dir=model_dir,
+        output_dir=output,
+        model_name="tiny",  # what the shared server serves the base as
+        backend="vllm",
+        vllm=VLLMSettings(url=url),
+        tasks_per_iteration=2,
+        samples_per_task=2,
+        max_tokens=8,
+        estimator="passthrough",
+        drop_equal_groups=False,
+        rollout_timeout_s=3600,
+        ppo=PPOConfig(lr=1e-2, lora=LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
+        # adapter names no other test loads into the shared server
+        policies=PolicyMap(agents={"writer": "draft", "rewriter": "edit", "checker": FROZEN}),
+        proxy=agl.ProxySettings(pause_timeout_s=600),
+    )
+
+
+def _agrees(trainer: TorchTrainer, call: LLMCall, adapter: str | None) -> float:
+    """The largest |difference| between the call's recorded log-probs (vLLM's) and the trainer's, with ``adapter``
+    active (``None``: the base, every adapter off)."""
+    model: Any = trainer.engine.policy
+    prompt, response = list(call.prompt_token_ids), list(call.response_token_ids)
+    if adapter is None:
+        with model.disable_adapter():
+            ours = reference_logprobs(model, prompt, response)[len(prompt) - 1 :]
+    else:
+        model.set_adapter(adapter)
+        ours = reference_logprobs(model, prompt, response)[len(prompt) - 1 :]
+    assert call.response_logprobs is not None and len(call.response_logprobs) == len(ours) == 8
+    return max(abs(a - b) for a, b in zip(call.response_logprobs, ours, strict=True))
+
+
+async def _checker_call(trainer: TorchTrainer, store: agl.LightningStore) -> LLMCall:
+    """One call naming agent ``checker`` (mapped to the frozen base) through the trainer's proxy."""
+    from openai import AsyncOpenAI
+
+    attempts = await start_attempts(store, ["checker-1"])
+    client = AsyncOpenAI(
+        base_url=trainer.proxy.base_url("checker-1", attempts["checker-1"]), api_key=trainer.proxy.token, max_retries=0
+    )
+    await client.completions.create(
+        model="tiny", prompt=[5, 6, 7, 8], max_tokens=8, temperature=0, extra_body={"ignore_eos": True},
+        extra_headers={AGENT_HEADER: "checker"},
+    )  # fmt: skip
+    await trainer.proxy.flush()
+    (call,) = await store.query_llm_calls("checker-1")
+    return call
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)
+async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
+    lora_vllm_server: VLLMServer, tool_model_dir: Path, tmp_path: Path
+) -> None:
+    trainer = TorchTrainer(_vllm_config(tool_model_dir, tmp_path / "run", lora_vllm_server.url))
+    store = agl.MemoryStore()
+    agentlightning_langchain.instrument()
+    runner = agl.Runner(two_agents_full_length, store=store, n_workers=4, worker_mode="async", poll_interval=0.02)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        await trainer.start(store)  # vLLM's base verified, both adapters loaded and verified
+        vllm = trainer.engine.vllm
+        assert vllm is not None and vllm.adapter_sync is not None
+        assert vllm.policy_versions() == {FROZEN: 0, "draft": 0, "edit": 0}
+        draft0, edit0 = _adapter(trainer, "draft"), _adapter(trainer, "edit")
+
+        # one update: only the writer acts -> only its adapter changes, is loaded into vLLM and verified
+        first = await trainer.train_iteration(store, [{"prompt": "write a poem"}, {"prompt": "write rivers"}])
+        draft1, edit1 = _adapter(trainer, "draft"), _adapter(trainer, "edit")
+        assert any(not torch.equal(draft0[k], draft1[k]) for k in draft0)
+        assert all(torch.equal(edit0[k], edit1[k]) for k in edit0)  # bit-identical
+        assert first.metrics[policy_metric("draft", "samples")] == 4.0
+        assert first.metrics[policy_metric("edit", "skipped")] == 1.0
+        assert first.metrics["vllm_sync_adapters"] == 1.0  # only the changed adapter was loaded again
+        assert _served(await _calls(store, 0)) == {("writer", "draft", 0)}
+        assert vllm.policy_versions() == {FROZEN: 0, "draft": 1, "edit": 0}
+        assert vllm.adapter_sync.probes["draft"].version == 1
+        assert vllm.adapter_sync.probes["draft"].max_abs_diff <= trainer.engine.config.vllm.tolerance
+
+        # the next calls of each agent: its own adapter, at its own version; vLLM's log-probs are the trainer's
+        await trainer.evaluate(store, [{"prompt": "rewrite a poem"}])
+        calls = await _calls(store, 4)
+        assert _served(calls) == {("writer", "draft", 1), ("rewriter", "edit", 0)}
+        for call in calls:
+            assert call.model == call.policy  # vLLM answered as the adapter the proxy asked for
+            assert _agrees(trainer, call, call.policy) <= 1e-3
+        checker = await _checker_call(trainer, store)  # the frozen checker gets vLLM's base model
+        assert (checker.policy, checker.model, checker.model_version) == (FROZEN, "tiny", 0)
+        assert _agrees(trainer, checker, None) <= 1e-3
+        status = trainer.proxy.policy_router
+        assert status is not None and status.unmapped_calls == 0
+
+        # a trainer copy vLLM does not serve (an update whose load vLLM dropped) is caught, naming policy + version
+        with torch.no_grad():
+            for name, parameter in trainer.engine.policy.named_parameters():
+                if ".edit." in name and "lora_" in name:
+                    parameter.add_(0.5)
+        with pytest.raises(WeightSyncMismatch, match=r"policy 'edit': weight sync to version 1 failed verification"):
+            await vllm.adapter_sync.verify(trainer.engine.adapters, "edit", 1)  # pyright: ignore[reportArgumentType]
     finally:
         runner.stop()
         await asyncio.wait_for(runner_task, 60)

@@ -349,9 +349,6 @@ class TestOpenAIV2Kit(TestOpenLLMetryOpenAIKit):
 class TestOpenLLMetryLangChainKit(_SourceKit):
     source = OpenLLMetryLangChainSource
     instrumentor = LangchainInstrumentor
-    # OpenLLMetry's LangChain spans name their agent in ``traceloop.*`` attributes, which the source maps only when
-    # it converts the finished spans: the live header cannot name it yet (issue 23's per-agent routing for them)
-    names_agents_live = False
 
     @pytest.fixture
     def agent(self) -> AgentFn:

@@ -61,10 +61,15 @@ async def test_a_version_4_file_migrates_on_open_and_reads_back_everything(v4_co
         assert await store.add_llm_calls(calls) == 0 and await store.add_spans(spans) == 0
         (row,) = (await store.list_rollouts()).rollouts
         assert row.model_version == 3
+        # the per-policy statistics read the old JSON rows' agent and version (filled in by the migration)
+        assert [(p.policy, p.model_version, p.calls) for p in (await store.run_stats()).policies] == [
+            (None, None, 2),
+            (None, 3, 1),
+        ]
     finally:
         await store.close()
     with sqlite3.connect(v4_copy) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 6
         assert conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
@@ -91,11 +96,11 @@ async def test_new_records_in_a_migrated_file_are_compact_and_read_with_the_old_
 
 def test_a_file_of_a_newer_schema_is_refused_in_one_line(v4_copy: Path) -> None:
     with sqlite3.connect(v4_copy) as conn:
-        conn.execute("PRAGMA user_version = 6")
+        conn.execute("PRAGMA user_version = 7")
     with pytest.raises(StoreError) as caught:
         SqliteStore(v4_copy)
     message = str(caught.value)
-    assert "schema version 6" in message and "upgrade" in message and "\n" not in message
+    assert "schema version 7" in message and "upgrade" in message and "\n" not in message
 
 
 async def test_a_version_1_postgres_database_migrates_on_open_and_reads_back_everything(
@@ -147,7 +152,7 @@ async def test_a_version_1_postgres_database_migrates_on_open_and_reads_back_eve
     finally:
         await store.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(3,)]
         assert conn.execute("SELECT COUNT(*) FROM agl_blobs").fetchone() == (0,)
 
 

@@ -106,7 +106,7 @@ async def test_servers_opening_one_empty_database_at_once_create_the_schema_once
         await stores[0].enqueue_rollout("x", rollout_id="r")
         assert [r.rollout_id for r in await stores[3].query_rollouts()] == ["r"]
         with psycopg.connect(dsn, autocommit=True) as conn:
-            assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(2,)]
+            assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(3,)]
     finally:
         for store in stores:
             await store.close()

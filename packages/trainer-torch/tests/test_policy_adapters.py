@@ -10,9 +10,11 @@ import torch
 from peft import PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning import FROZEN, TrainingBatch, TrainingSample
+from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch._vllm_lora import vllm_lora_args
 
 SETTINGS = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 PPO = PPOConfig(lr=1e-2)
@@ -137,3 +139,16 @@ def test_a_multi_policy_trainer_resumes_every_adapter_and_optimizer(tmp_path: Pa
         steps = [s["step"] for s in again.optimizers[name].state_dict()["state"].values()]
         assert steps and all(float(step) == (2 if name == "writer" else 1) for step in steps)
     assert again.skipped == {"writer": 0, "rewriter": 1}
+
+
+def test_vllm_serves_every_policys_adapter_at_a_rank_it_accepts(tmp_path: Path) -> None:
+    assert vllm_lora_args(2, 4) == ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8")
+    assert vllm_lora_args(5, 16)[2:] == ("5", "--max-lora-rank", "16")
+    assert vllm_lora_args(1, 17)[-1] == "32"  # rounded up to a rank vLLM accepts
+    policies = PolicyMap(agents={"writer": "writer"})
+    with pytest.raises(ValueError, match="vLLM serves LoRA ranks up to 512, got r=600"):
+        TorchTrainerConfig(
+            model_dir=tmp_path, backend="vllm", policies=policies, ppo=PPOConfig(lora=LoraSettings(r=600))
+        )
+    # the same map and rank on LocalBackend is fine
+    TorchTrainerConfig(model_dir=tmp_path, policies=policies, ppo=PPOConfig(lora=LoraSettings(r=600)))

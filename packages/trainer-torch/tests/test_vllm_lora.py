@@ -9,7 +9,6 @@ equal to `LocalBackend`'s), and a folder without an adapter is refused with the 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,8 @@ from agentlightning.testing import start_attempts
 from agentlightning_torch import LocalBackend
 from agentlightning_torch._generate import SamplingParams
 from agentlightning_torch._loading import load_model
-from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV, VLLMAdapterError, load_vllm_adapter
-from agentlightning_torch.testing import VLLMNotInstalledError, VLLMServer, find_vllm_python
+from agentlightning_torch._vllm_lora import VLLMAdapterError, load_vllm_adapter
+from agentlightning_torch.testing import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -33,18 +32,10 @@ PROMPT = [5, 6, 7, 8, 9, 10]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def lora_vllm(tool_model_dir: Path) -> Iterator[VLLMServer]:
-    try:
-        python = find_vllm_python()
-    except VLLMNotInstalledError as error:
-        pytest.fail(str(error), pytrace=False)
-    server = VLLMServer(
-        tool_model_dir, served_model_name="tiny", args=VLLM_LORA_ARGS, enforce_eager=True, env=VLLM_LORA_ENV,
-        python=python,
-    )  # fmt: skip
-    with server:
-        yield server
+@pytest.fixture
+def lora_vllm(lora_vllm_server: VLLMServer) -> VLLMServer:
+    """The session's multi-LoRA vLLM (root conftest; the trainer's test loads adapters of other names into it)."""
+    return lora_vllm_server
 
 
 def _writer(tool_model_dir: Path) -> PeftModel:

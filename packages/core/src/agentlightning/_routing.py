@@ -47,6 +47,8 @@ class Route:
         tags: Groups in the document.
         auth: The name of the rule that admits a caller: `OPEN`, or one the server defines (``"bearer"``...).
         documented: ``False`` keeps the route out of the document (static files, redirects).
+        read: A faster reader of the usual body than the model's validation: the body's model, or ``None`` to
+            have the model validate the body (and word any refusal). It must accept only what the model accepts.
     """
 
     method: Method
@@ -60,6 +62,7 @@ class Route:
     tags: tuple[str, ...] = ()
     auth: str = "bearer"
     documented: bool = True
+    read: Callable[[bytes], Any] | None = None
     segments: tuple[str, ...] = field(init=False, repr=False, compare=False)
     params: tuple[str, ...] = field(init=False, repr=False, compare=False)
     rest: bool = field(init=False, repr=False, compare=False)

@@ -62,11 +62,11 @@ class TorchEngine(Engine):
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
         self.adapters: PolicyAdapters | None = None
+        lora = config.ppo.lora or LoraSettings()
         # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
         self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
         """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
         if config.policies is not None:
-            lora = config.ppo.lora or LoraSettings()
             self.adapters = PolicyAdapters(loaded.model, config.policies.trained, lora, config.ppo)
             self.policy: torch.nn.Module = self.adapters.model
             self.optimizer = self.adapters.optimizers[self.adapters.names[0]]
@@ -89,6 +89,8 @@ class TorchEngine(Engine):
                 device=config.device,
                 tokenizer=self.tokenizer,
                 vocab_size=int(getattr(loaded.model.config, "vocab_size", len(self.tokenizer))),
+                # policies: vLLM serves each one's adapter (multi-LoRA) beside the frozen base
+                lora=None if self.adapters is None else (len(self.adapters.names), lora.r),
             )
         self._server: BackendServer | None = None
         self._backend_url: str | None = None
@@ -99,9 +101,12 @@ class TorchEngine(Engine):
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
         reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``.
 
-        With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them."""
+        With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them (with
+        policies: verify its base and load every policy's adapter, each verified)."""
         if self.vllm is not None:
-            if self._backend_url is None:
+            if self._backend_url is None and self.adapters is not None:
+                self._backend_url = await self.vllm.start_adapters(self.adapters, model_version)
+            elif self._backend_url is None:
                 self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
             return [self._backend_url]
         if self._backend_url is None:
@@ -185,7 +190,11 @@ class TorchEngine(Engine):
         """Copy the policy's weights (see `served_weights`) into the backend, which reports ``version`` from now on.
 
         vLLM: the merged weights are loaded and verified by log-probs (`VLLMServing.sync`); a mismatch raises
-        `WeightSyncMismatch` naming ``version``, which stops the run."""
+        `WeightSyncMismatch` naming ``version``, which stops the run. With policies, only the adapters the update
+        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too)."""
+        if self.vllm is not None and self.adapters is not None:
+            await self.vllm.sync_adapters(self.adapters, list(self.adapters.updated), version)
+            return
         if self.vllm is not None:
             await self.vllm.sync(merged_state_dict(self.policy), self.policy, version)
             return
@@ -196,6 +205,10 @@ class TorchEngine(Engine):
                 await asyncio.to_thread(self._backend.load_adapter, name, self.policy, version=version)
             return
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
+
+    def policy_versions(self) -> dict[str, int]:
+        """Per policy, the version vLLM serves it with (vLLM reports none; `LocalBackend` reports its own)."""
+        return {} if self.vllm is None else self.vllm.policy_versions()
 
     def iteration_metrics(self) -> dict[str, float]:
         """Backend admission groups and their mean size, decode steps and their mean rows, generation time since the

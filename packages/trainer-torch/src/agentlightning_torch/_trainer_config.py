@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
-from agentlightning_torch._ppo import PPOConfig
+from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch._vllm_lora import vllm_lora_args
 from agentlightning_torch._vllm_serving import VLLMSettings
 
 __all__ = ["TorchTrainerConfig"]
@@ -63,7 +64,8 @@ class TorchTrainerConfig(BaseModel):
         policies: One LoRA adapter per policy on one base model (`agentlightning.PolicyMap`: agent names or
             patterns -> policy; ``frozen`` is the untrained base). Each trained policy gets its own adapter (rank and
             targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
-            backend serves every adapter beside the base. ``None``: one shared policy.
+            backend serves every adapter beside the base (`LocalBackend`, or vLLM's multi-LoRA serving, each adapter
+            loaded in place after its update and verified by log-probs). ``None``: one shared policy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -153,10 +155,7 @@ class TorchTrainerConfig(BaseModel):
             return self
         if not self.policies.trained:
             raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
-        if self.backend == "vllm":
-            raise ValueError(
-                "policies (one LoRA adapter per agent) are served by backend='local' for now: vLLM's multi-LoRA "
-                "serving works on this CPU build but the trainer does not load its adapters into vLLM yet"
-            )
+        if self.backend == "vllm":  # vLLM serves every adapter at once, up to the ranks it knows
+            vllm_lora_args(len(self.policies.trained), (self.ppo.lora or LoraSettings()).r)
         return self
 

@@ -17,13 +17,28 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-__all__ = ["VLLM_LORA_ARGS", "VLLM_LORA_ENV", "VLLMAdapterError", "load_vllm_adapter"]
+__all__ = ["VLLM_LORA_ARGS", "VLLM_LORA_ENV", "VLLMAdapterError", "load_vllm_adapter", "vllm_lora_args"]
 
 VLLM_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 """The environment vLLM needs to load adapters at run time."""
 
 VLLM_LORA_ARGS = ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "16")
 """vLLM flags for serving up to four adapters of rank up to 16 beside the base model."""
+
+
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts (besides 1)
+
+
+def vllm_lora_args(adapters: int, rank: int) -> tuple[str, ...]:
+    """vLLM flags for serving ``adapters`` adapters of rank up to ``rank`` beside the base model.
+
+    Raises:
+        ValueError: ``rank`` is over the largest rank vLLM serves.
+    """
+    fitting = [r for r in _LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"vLLM serves LoRA ranks up to {_LORA_RANKS[-1]}, got r={rank}")
+    return ("--enable-lora", "--max-loras", str(max(adapters, 1)), "--max-lora-rank", str(fitting[0]))
 
 
 class VLLMAdapterError(RuntimeError):

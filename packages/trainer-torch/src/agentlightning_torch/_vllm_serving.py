@@ -6,6 +6,11 @@ was told when it admitted each call. That is truthful because the loop drains th
 flight), `sync` refuses to swap while vLLM still generates anything (its ``vllm:num_requests_running``), the new
 weights are verified by log-probs before `sync` returns, and only then does the loop resume the proxy with the new
 version.
+
+Several policies (`PolicyAdapters`: one LoRA adapter per policy on a frozen base) are served by vLLM's multi-LoRA
+serving: a launched server gets ``--enable-lora`` and runtime adapter loading instead of the weight-sync extension,
+and `start_adapters` / `sync_adapters` load each policy's adapter under its name, verified by log-probs
+(`VLLMAdapterSync`); the proxy records each policy's version from `policy_versions`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentlightning_torch._policy_adapters import PolicyAdapters
+from agentlightning_torch._vllm_adapter_sync import VLLMAdapterSync
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError, extension_launch
+from agentlightning_torch._vllm_lora import VLLM_LORA_ENV, vllm_lora_args
 from agentlightning_torch._vllm_server import VLLMServer
 from agentlightning_torch._vllm_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
@@ -75,6 +83,8 @@ class VLLMServing:
         device: The trainer's device (``auto`` sync picks vLLM's reload on CUDA).
         tokenizer: The model's tokenizer (probe prompt).
         vocab_size: The model's vocabulary size.
+        lora: ``(adapters, rank)`` for a multi-policy run: a launched server serves that many LoRA adapters of that
+            rank (multi-LoRA); ``None``: one policy, synced as full weights.
     """
 
     def __init__(
@@ -87,8 +97,10 @@ class VLLMServing:
         device: str,
         tokenizer: Any,
         vocab_size: int,
+        lora: tuple[int, int] | None = None,
     ) -> None:
         self.settings = settings
+        self.lora = lora
         self.model_dir = model_dir
         self.model_name = model_name
         self.tool_parser = tool_parser
@@ -101,6 +113,8 @@ class VLLMServing:
         self.vocab_size = vocab_size
         self.server: VLLMServer | None = None
         self._sync: VLLMWeightSync | None = None
+        self.adapter_sync: VLLMAdapterSync | None = None
+        """The per-policy adapter sync (``lora`` runs, after `start_adapters`)."""
         self.syncs = 0
         self.last_probe: ProbeResult | None = None
 
@@ -114,7 +128,7 @@ class VLLMServing:
         return self.server.url
 
     def _server_args(self) -> list[str]:
-        args, _ = extension_launch()
+        args = list(vllm_lora_args(*self.lora)) if self.lora is not None else extension_launch()[0]
         args += self.settings.extra_args
         if self.tool_parser is not None:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
@@ -128,10 +142,61 @@ class VLLMServing:
         The weights are synced even when vLLM loaded the same folder: a resumed run's policy differs from the
         folder, and a server given by ``url`` may have loaded anything of the same architecture.
         """
+        await self._launch()
+        client = VLLMClient(self.url, self.model_name)
+        self._sync = VLLMWeightSync(
+            client,
+            self.tokenizer,
+            self.vocab_size,
+            method=self.method,
+            tolerance=self.settings.tolerance,
+            idle_timeout_s=self.settings.idle_timeout_s,
+        )
+        await self.sync(weights, model, version)
+        return self.url
+
+    async def start_adapters(self, adapters: PolicyAdapters, version: int) -> str:
+        """Launch (or reach) vLLM, verify its base model, load every policy's adapter and verify it; returns its URL.
+
+        Raises:
+            WeightSyncMismatch: vLLM's base or an adapter differs from the trainer's (names version and policy).
+            VLLMError: vLLM refused an adapter (started without ``--enable-lora`` or runtime LoRA updating?).
+        """
+        await self._launch()
+        self.adapter_sync = VLLMAdapterSync(
+            self.url,
+            self.model_name,
+            self.tokenizer,
+            self.vocab_size,
+            tolerance=self.settings.tolerance,
+            idle_timeout_s=self.settings.idle_timeout_s,
+        )
+        await self.adapter_sync.start(adapters, version)
+        self.syncs += 1
+        return self.url
+
+    async def sync_adapters(self, adapters: PolicyAdapters, names: list[str], version: int) -> None:
+        """Load the adapters ``names`` into vLLM as ``version`` and verify each (the others keep their version).
+
+        Raises:
+            WeightSyncMismatch: vLLM's log-probs of an adapter differ from the trainer's (names version and policy).
+            VLLMError: vLLM was busy past ``idle_timeout_s`` or refused an adapter.
+        """
+        if self.adapter_sync is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        await self.adapter_sync.sync(adapters, names, version)
+        self.syncs += 1
+
+    def policy_versions(self) -> dict[str, int]:
+        """Per policy (``frozen`` included), the version of the weights vLLM serves it with (multi-policy runs)."""
+        return {} if self.adapter_sync is None else dict(self.adapter_sync.versions)
+
+    async def _launch(self) -> None:
+        """Launch a server for the model folder unless one is given by ``url`` (or already launched)."""
         import asyncio
 
         if self.settings.url is None and self.server is None:
-            _, env = extension_launch()
+            env = dict(VLLM_LORA_ENV) if self.lora is not None else extension_launch()[1]
             server = VLLMServer(
                 self.model_dir,
                 served_model_name=self.model_name,
@@ -147,17 +212,6 @@ class VLLMServing:
             )
             await asyncio.to_thread(server.start)
             self.server = server
-        client = VLLMClient(self.url, self.model_name)
-        self._sync = VLLMWeightSync(
-            client,
-            self.tokenizer,
-            self.vocab_size,
-            method=self.method,
-            tolerance=self.settings.tolerance,
-            idle_timeout_s=self.settings.idle_timeout_s,
-        )
-        await self.sync(weights, model, version)
-        return self.url
 
     async def sync(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> ProbeResult:
         """Load ``weights`` into vLLM and verify them against ``model``; vLLM serves ``version`` from now on.
@@ -174,29 +228,36 @@ class VLLMServing:
 
     @property
     def client(self) -> VLLMClient:
-        """The server's control client (after `start`)."""
-        if self._sync is None:
-            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-        return self._sync.client
+        """The server's control client (after `start` or `start_adapters`)."""
+        if self._sync is not None:
+            return self._sync.client
+        if self.adapter_sync is not None:
+            return self.adapter_sync.base.client
+        raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
 
     async def running(self) -> int:
         """Requests vLLM is generating now."""
-        if self._sync is None:
+        if self._sync is None and self.adapter_sync is None:
             return 0
-        return await self._sync.client.running()
+        return await self.client.running()
 
     async def wait_idle(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until vLLM generates nothing; returns the requests still running."""
-        if self._sync is None:
+        if self._sync is None and self.adapter_sync is None:
             return 0
-        return await self._sync.client.wait_idle(timeout_s)
+        return await self.client.wait_idle(timeout_s)
 
     def metrics(self) -> dict[str, float]:
         """The last sync's timings and its probe's largest log-prob difference."""
+        if self.adapter_sync is not None:
+            return dict(self.adapter_sync.last)
         return {} if self._sync is None else dict(self._sync.last)
 
     def stop(self) -> None:
-        """Stop a launched server (a server given by ``url`` keeps running)."""
+        """Stop a launched server (a server given by ``url`` keeps running) and delete the adapter folders."""
+        if self.adapter_sync is not None:
+            self.adapter_sync.close()
+            self.adapter_sync = None
         if self.server is not None:
             self.server.stop()
             self.server = None

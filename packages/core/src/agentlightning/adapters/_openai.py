@@ -40,7 +40,7 @@ from agentlightning._policies import AGENT_HEADER, encode_agent_header
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError, supported_range
 from agentlightning.adapters._otel import is_llm_span, pending_llm_spans
 from agentlightning.tracing import agent_of_span, current_rollout
-from agentlightning.tracing._genai import client_calls_recorded, is_source_span
+from agentlightning.tracing._genai import client_calls_recorded, is_source_span, live_agent_name
 from agentlightning.tracing._light import LightSpan
 from agentlightning.tracing._provider import light_tracer
 
@@ -295,12 +295,14 @@ class _Hook:
 
 
 def _name_agent(kwargs: dict[str, Any], span: Any) -> None:
-    """Add the agent making the call (known from the adapter's agent span) as a request header for the proxy.
+    """Add the agent making the call (known from the adapter's agent span, or from what a span source wrote on the
+    call's LLM span: `SpanSource.AGENT_ATTRIBUTE`) as a request header for the proxy.
 
     The LLM proxy routes the call to that agent's policy (`agentlightning.PolicyMap`); an ``extra_headers`` the
     caller passes keeps its own entries (and its own agent header, if it sets one).
     """
-    agent = agent_of_span(span)
+    # a span source's agent spans may be named only after they start: it names the agent on its LLM span then
+    agent = agent_of_span(span) or live_agent_name(span)
     if agent is None:
         return
     extra = kwargs.get("extra_headers")

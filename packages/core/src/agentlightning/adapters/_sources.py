@@ -50,6 +50,9 @@ class SpanSource(Adapter):
         SCOPES: Instrumentation scope names of its spans.
         COVERS: Our adapters that record the same calls: `instrument_all` skips them while this source is active.
         NEEDS_RELAY: Its LLM spans may lack the response id; the openai client relay (no span of its own) fills it.
+        AGENT_ATTRIBUTE: The attribute that names, on its live spans, the agent they run under, where its agent spans
+            carry ``gen_ai.agent.name`` only after they start: the openai client hook reads it from the call's LLM
+            span for the agent header (`agentlightning.AGENT_HEADER`) the proxy routes policies by.
     """
 
     MODULE: ClassVar[str]
@@ -57,6 +60,7 @@ class SpanSource(Adapter):
     SCOPES: ClassVar[tuple[str, ...]]
     COVERS: ClassVar[tuple[str, ...]]
     NEEDS_RELAY: ClassVar[bool] = False
+    AGENT_ATTRIBUTE: ClassVar[str | None] = None
 
     @classmethod
     def active(cls) -> bool:
@@ -70,6 +74,10 @@ class SpanSource(Adapter):
         instrumentor: Any = instrumentor_cls.__new__(instrumentor_cls)
         return getattr(instrumentor, "is_instrumented_by_opentelemetry", False) is True
 
+    def _hooks_client(self) -> bool:
+        # our openai client hook relays missing ids to its LLM spans and adds the agent header naming their agent
+        return self.NEEDS_RELAY or self.AGENT_ATTRIBUTE is not None
+
     def _suppressed(self) -> bool:
         return any(_instrumented(name) for name in self.COVERS)
 
@@ -79,12 +87,14 @@ class SpanSource(Adapter):
 
         set_as_global()
         client = "openai" in self.COVERS
-        registration = SourceRegistration(self.NAME, self._suppressed, client=client)
+        registration = SourceRegistration(
+            self.NAME, self._suppressed, client=client, agent_attribute=self.AGENT_ATTRIBUTE
+        )
         if not client:  # its LLM span may not be current during the client call: our client hook finds it here
             registration.on_llm_start = pending_llm_spans.add
             registration.on_llm_end = pending_llm_spans.discard
         register_source(self.SCOPES, registration)
-        if self.NEEDS_RELAY:
+        if self._hooks_client():
             from agentlightning.adapters._openai import acquire_openai_hook
 
             acquire_openai_hook()
@@ -93,7 +103,7 @@ class SpanSource(Adapter):
         from agentlightning.tracing._genai import unregister_source
 
         unregister_source(self.SCOPES, self.NAME)
-        if self.NEEDS_RELAY:
+        if self._hooks_client():
             from agentlightning.adapters._openai import release_openai_hook
 
             release_openai_hook()
@@ -121,7 +131,12 @@ class OpenLLMetryOpenAISource(SpanSource):
 
 
 class OpenLLMetryLangChainSource(SpanSource):
-    """OpenLLMetry's LangChain instrumentation (``opentelemetry-instrumentation-langchain``, LangGraph too)."""
+    """OpenLLMetry's LangChain instrumentation (``opentelemetry-instrumentation-langchain``, LangGraph too).
+
+    Its agent spans are its workflow spans (a run's root chain: ``gen_ai.operation.name=invoke_agent``, the graph's
+    name as ``gen_ai.agent.name``), named only after they start; every span under one carries that name as
+    ``traceloop.workflow.name`` (its LLM spans too, set before the client call), which names the call's agent.
+    """
 
     NAME: ClassVar[str] = "openllmetry_langchain"
     FRAMEWORK: ClassVar[str] = "opentelemetry-instrumentation-langchain"
@@ -131,6 +146,7 @@ class OpenLLMetryLangChainSource(SpanSource):
     INSTRUMENTOR: ClassVar[str] = "LangchainInstrumentor"
     SCOPES: ClassVar[tuple[str, ...]] = ("opentelemetry.instrumentation.langchain",)
     COVERS: ClassVar[tuple[str, ...]] = ("langchain",)
+    AGENT_ATTRIBUTE: ClassVar[str | None] = "traceloop.workflow.name"
 
 
 class OpenLLMetryAgentsSource(SpanSource):

@@ -201,6 +201,9 @@ def serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         log_level=args.log_level,
         lifespan="off",
+        # No X-Forwarded-* rewriting: the store reads no client address or scheme, and uvicorn's middleware for
+        # it ran on every request (a store behind a proxy is admitted by its bearer token, not by address).
+        proxy_headers=False,
     )
     if args.access_log:  # uvicorn set the access logger to --log-level; the lines are INFO
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
@@ -211,8 +214,12 @@ def serve(args: argparse.Namespace) -> int:
         loop_factory: Any = uvloop.new_event_loop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back to asyncio's loop where it is missing
         loop_factory = None
+    from agentlightning._gc import frozen_gc
+
     try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
+        # What the server built before serving (modules, the route table) stays out of full collections, which a
+        # big span batch's thousands of short-lived objects trigger: they no longer walk the whole heap.
+        with frozen_gc(), asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(_run(server, store))
     except KeyboardInterrupt:
         pass

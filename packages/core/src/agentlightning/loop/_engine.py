@@ -79,6 +79,12 @@ class Engine(ABC):
     async def sync_weights(self, version: int) -> None:
         """Make the inference servers serve the updated weights, reported as ``version`` from now on."""
 
+    def policy_versions(self) -> dict[str, int]:
+        """Per policy, the version of the weights serving it, for servers that report none on their answers (vLLM):
+        with ``LoopConfig.policies`` a policy's weights change only when it has samples, so its calls record its
+        own version. Default: none (the servers report versions, or every policy has the loop's version)."""
+        return {}
+
     def iteration_metrics(self) -> dict[str, float]:
         """Serving metrics since the previous call (batch sizes, generation time...); default: none."""
         return {}

@@ -306,7 +306,7 @@ class RLLoop(Generic[EngineT]):
                 t_update = t_batch
         finally:
             if paused:
-                proxy.resume(model_version=self.model_version)
+                proxy.resume(model_version=self.model_version, policy_versions=self.engine.policy_versions() or None)
         metrics.update(
             {
                 "time_rollouts": t_rollouts - t0,

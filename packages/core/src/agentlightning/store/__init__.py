@@ -20,6 +20,7 @@ from agentlightning.store._memory import MemoryStore
 from agentlightning.store._postgres import PostgresStore
 from agentlightning.store._process import StoreServerProcess
 from agentlightning.store._query import (
+    PolicyStats,
     RolloutPage,
     RolloutQuery,
     RolloutSummary,
@@ -40,6 +41,7 @@ __all__ = [
     "MemoryStore",
     "NotFoundError",
     "OpenedStore",
+    "PolicyStats",
     "PostgresStore",
     "RetryPolicy",
     "RolloutPage",

@@ -145,7 +145,9 @@ class StoreASGI(ServerBase):
         try:
             model = route.body
             if model is not None:
-                given: Any = validate_body(model, body, 422)
+                given: Any = None if route.read is None else route.read(body)
+                if given is None:
+                    given = validate_body(model, body, 422)
                 if isinstance(given, Refusal):
                     return given.status, error_bytes("invalid", given.message)
             else:

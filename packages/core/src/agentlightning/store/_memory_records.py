@@ -39,6 +39,7 @@ from agentlightning.store._query import (
     RunStatsQuery,
     final_reward_of,
     matches,
+    policy_stats_from,
     run_stats_from,
     summarize,
 )
@@ -256,7 +257,11 @@ class MemoryRecords(StoreBoundary):
             facts: list[tuple[AttemptFacts, RolloutMode | None]] = [
                 (fact, r.mode) for r in self._rollouts.values() for fact in self._facts_locked(r.rollout_id)
             ]
-        return run_stats_from(query, counts, facts, at)
+            calls = [(c.policy, c.agent_name, c.model_version, c.attempt_id) for c in self._calls.values()]
+        attempts: dict[str, tuple[str, RolloutMode | None, float | None]] = {
+            f.attempt.attempt_id: (f.attempt.status, mode, f.reward) for f, mode in facts
+        }
+        return run_stats_from(query, counts, facts, at, policy_stats_from(calls, attempts))
 
     # ----------------------------------------------------------------- misc
 

@@ -53,9 +53,10 @@ _INSERT_SPANS = (
     "ON CONFLICT DO NOTHING"
 )
 _INSERT_CALLS = (
-    "INSERT INTO agl_llm_calls (call_id, rollout_id, attempt_id, start_time, data) "
-    "SELECT c, r, a, s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::bytea[]) WITH ORDINALITY "
-    "AS t(c, r, a, s, d, n) ORDER BY n ON CONFLICT DO NOTHING"
+    "INSERT INTO agl_llm_calls (call_id, rollout_id, attempt_id, start_time, agent_name, policy, model_version, data) "
+    "SELECT c, r, a, s, g, p, v, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::float8[], %b::text[], "
+    "%b::text[], %b::bigint[], %b::bytea[]) WITH ORDINALITY AS t(c, r, a, s, g, p, v, d, n) ORDER BY n "
+    "ON CONFLICT DO NOTHING"
 )
 _SET_REWARD = (
     "UPDATE agl_attempts SET reward = %s, reward_seq = %s WHERE attempt_id = %s AND rollout_id = %s "

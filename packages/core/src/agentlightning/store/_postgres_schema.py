@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install "agentlightning-core[postgres]"'
 """The command that installs the PostgreSQL driver."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this code writes; `migrate` brings older databases up to it and refuses newer ones."""
 
 # Ids are compared byte by byte (COLLATE "C"), as SQLite compares text: orderings by id do not depend on the
@@ -111,9 +111,17 @@ CREATE TABLE IF NOT EXISTS agl_blobs (
 )
 """
 
+# Version 3: LLM calls keep their agent, policy and model version in columns (for per-policy statistics); calls
+# stored before count as of no agent, policy or version there (their records read back whole, as before).
+_MIGRATE_2_TO_3 = """
+ALTER TABLE agl_llm_calls ADD COLUMN IF NOT EXISTS agent_name TEXT COLLATE "C";
+ALTER TABLE agl_llm_calls ADD COLUMN IF NOT EXISTS policy TEXT COLLATE "C";
+ALTER TABLE agl_llm_calls ADD COLUMN IF NOT EXISTS model_version BIGINT
+"""
+
 # Version n -> n + 1 scripts go here (run in one transaction, under the migration lock); version 0 is an empty
 # database, which gets the version-1 schema and then every migration.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _MIGRATE_1_TO_2}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _MIGRATE_1_TO_2, 2: _MIGRATE_2_TO_3}
 
 # pg_advisory_xact_lock keys (any constant bigint, the same in every process sharing the database)
 MIGRATION_LOCK = 0x61676C0001

@@ -8,7 +8,7 @@ The in-memory reference implementation lives here as plain functions over record
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -18,6 +18,7 @@ from agentlightning._models import Attempt, AttemptStatus, Rollout, RolloutMode,
 
 __all__ = [
     "AttemptFacts",
+    "PolicyStats",
     "RolloutPage",
     "RolloutQuery",
     "RolloutSummary",
@@ -28,6 +29,8 @@ __all__ = [
     "empty_buckets",
     "final_reward_of",
     "matches",
+    "policy_stats",
+    "policy_stats_from",
     "run_stats_from",
     "summarize",
     "summary_row",
@@ -179,6 +182,33 @@ class VersionStats(_Frozen):
     last_end: float | None
 
 
+class PolicyStats(_Frozen):
+    """LLM calls of one (policy, agent, model version, mode) in finished attempts, and those attempts' reward.
+
+    A run with policies (`agentlightning.PolicyMap`) serves each agent's calls by its policy's adapter, whose
+    versions count that adapter's updates: one curve per policy is its ``reward_mean`` over ``model_version``.
+
+    Attributes:
+        policy: The policy that served the calls (``None``: no policy recorded, a one-policy run).
+        agent_name: The agent that made them (``None``: not known).
+        model_version: The version of the policy's weights that served them.
+        mode: Rollout mode of the attempts.
+        calls: LLM calls.
+        attempts: Finished attempts with at least one of these calls.
+        rewarded: Those that reported a final reward.
+        reward_mean: Their mean final reward (``None`` if none did).
+    """
+
+    policy: str | None
+    agent_name: str | None
+    model_version: int | None
+    mode: RolloutMode | None
+    calls: int
+    attempts: int
+    rewarded: int
+    reward_mean: float | None
+
+
 class ThroughputBucket(_Frozen):
     """Attempts that ended in ``[start, start + bucket)``."""
 
@@ -195,6 +225,8 @@ class RunStats(_Frozen):
         rollouts: Rollouts per status.
         attempts: Attempts per status.
         versions: Per (model version, mode) statistics, ordered by version (``None`` first) then mode.
+        policies: Per (policy, agent, model version, mode) statistics of LLM calls (see `PolicyStats`), ordered
+            by policy, agent, version, mode (``None`` first in each).
         throughput: Finished attempts per bucket over the last ``window`` seconds (oldest first, all buckets).
         bucket: Seconds per throughput bucket.
         success_reward: The threshold used for ``successes``.
@@ -204,6 +236,7 @@ class RunStats(_Frozen):
     rollouts: dict[str, int]
     attempts: dict[str, int]
     versions: list[VersionStats]
+    policies: list[PolicyStats] = Field(default_factory=list["PolicyStats"])
     throughput: list[ThroughputBucket]
     bucket: float
     success_reward: float
@@ -323,8 +356,10 @@ def run_stats_from(
     rollout_counts: dict[str, int],
     facts: Iterable[tuple[AttemptFacts, RolloutMode | None]],
     at: float,
+    policies: Sequence[PolicyStats] = (),
 ) -> RunStats:
-    """Compute `RunStats` from every attempt (with its rollout's mode): the reference implementation."""
+    """Compute `RunStats` from every attempt (with its rollout's mode): the reference implementation
+    (``policies``: `policy_stats_from` of the same snapshot)."""
     attempt_counts: dict[str, int] = {}
     groups: dict[tuple[int | None, RolloutMode | None], tuple[dict[str, int], _VersionAcc]] = {}
     start, buckets = empty_buckets(query, at)
@@ -358,6 +393,7 @@ def run_stats_from(
         rollouts=rollout_counts,
         attempts=attempt_counts,
         versions=versions,
+        policies=list(policies),
         throughput=throughput(start, query.bucket, buckets),
         bucket=query.bucket,
         success_reward=query.success_reward,
@@ -367,3 +403,50 @@ def run_stats_from(
 def throughput(start: float, bucket: float, counts: list[list[int]]) -> list[ThroughputBucket]:
     """The throughput series from bucket counters."""
     return [ThroughputBucket(start=start + i * bucket, finished=c[0], failed=c[1]) for i, c in enumerate(counts)]
+
+
+PolicyKey = tuple[str | None, str | None, int | None, RolloutMode | None]
+"""(policy, agent name, model version, mode) of a `PolicyStats` row."""
+
+
+def _policy_order(key: PolicyKey) -> tuple[tuple[int, str], tuple[int, str], int, tuple[int, str]]:
+    policy, agent, version, mode = key
+    return ((policy is not None, policy or ""), (agent is not None, agent or ""),
+            -1 if version is None else version, (mode is not None, mode or ""))  # fmt: skip
+
+
+def policy_stats(groups: Mapping[PolicyKey, tuple[int, int, int, float]]) -> list[PolicyStats]:
+    """`PolicyStats` rows, in order, from ``key -> (calls, attempts, rewarded, reward sum)`` (every backend)."""
+    return [
+        PolicyStats(policy=key[0], agent_name=key[1], model_version=key[2], mode=key[3], calls=calls,
+                    attempts=attempts, rewarded=rewarded, reward_mean=reward_sum / rewarded if rewarded else None)
+        for key, (calls, attempts, rewarded, reward_sum) in sorted(groups.items(), key=lambda i: _policy_order(i[0]))
+    ]  # fmt: skip
+
+
+def policy_stats_from(
+    calls: Iterable[tuple[str | None, str | None, int | None, str]],
+    attempts: Mapping[str, tuple[str, RolloutMode | None, float | None]],
+) -> list[PolicyStats]:
+    """The reference implementation of `RunStats.policies`.
+
+    Args:
+        calls: ``(policy, agent name, model version, attempt id)`` of every stored LLM call.
+        attempts: ``attempt id -> (status, mode, final reward)`` of every attempt (calls of running or unknown
+            attempts are not counted).
+    """
+    per_attempt: dict[tuple[str | None, str | None, int | None, str], int] = {}
+    for call in calls:
+        per_attempt[call] = per_attempt.get(call, 0) + 1
+    groups: dict[PolicyKey, list[Any]] = {}
+    for (policy, agent, version, attempt_id), count in per_attempt.items():
+        attempt = attempts.get(attempt_id)
+        if attempt is None or attempt[0] == "running":
+            continue
+        entry = groups.setdefault((policy, agent, version, attempt[1]), [0, 0, 0, 0.0])
+        entry[0] += count
+        entry[1] += 1
+        if attempt[2] is not None:
+            entry[2] += 1
+            entry[3] += attempt[2]
+    return policy_stats({key: (e[0], e[1], e[2], e[3]) for key, e in groups.items()})

@@ -60,6 +60,7 @@ from agentlightning.store._wire import (
     SpansRequest,
     SpansResponse,
     WaitRequest,
+    read_spans_request,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_store_app"]
@@ -381,7 +382,8 @@ def _record_routes(store: LightningStore) -> list[Route]:
     return [
         Route("POST", f"{p}/spans", add_spans, "add_spans",
               "Store a batch of spans (idempotent on rollout, attempt and span id).",
-              body=SpansRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
+              body=SpansRequest, read=read_spans_request, response=AddedResponse, errors=_NOT_FOUND,
+              tags=("records",)),
         Route("POST", f"{p}/spans/query", query_spans, "query_spans", "Spans of a rollout (or one attempt).",
               body=RecordQuery, response=SpansResponse, tags=("records",)),
         Route("POST", f"{p}/llm_calls", add_llm_calls, "add_llm_calls",

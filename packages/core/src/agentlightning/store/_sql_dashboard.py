@@ -1,4 +1,4 @@
-"""The dashboard queries (`list_rollouts`, `run_stats`) in SQL, once for the SQLite and PostgreSQL stores.
+"""The dashboard queries (`list_rollouts`, `run_stats` and its per-policy rows) in SQL, for SQLite and PostgreSQL.
 
 The two databases differ here only in a few spellings (the parameter marker, table names, how a list is passed,
 the substring test, a float's integer bucket); a `SqlDialect` holds them, and the aggregation is done by the
@@ -24,6 +24,7 @@ from agentlightning.store._query import (
     RunStats,
     RunStatsQuery,
     empty_buckets,
+    policy_stats,
     summary_row,
     throughput,
     version_order,
@@ -156,6 +157,20 @@ def _version_groups(d: SqlDialect, conn: Any, query: RunStatsQuery) -> tuple[dic
     return attempts, versions
 
 
+def _policy_groups(d: SqlDialect, conn: Any) -> list[Any]:
+    """Per (policy, agent, model version, mode): calls, attempts and the attempts' rewards (finished attempts)."""
+    # the inner query has one row per (key, attempt), so an attempt's reward counts once per key however many calls
+    rows = conn.execute(
+        "SELECT policy, agent_name, model_version, mode, SUM(n), COUNT(*), COUNT(reward), COALESCE(SUM(reward), 0.0) "
+        "FROM (SELECT c.policy, c.agent_name, c.model_version, a.mode, a.reward, COUNT(*) AS n "
+        f"FROM {d.prefix}llm_calls c JOIN {d.prefix}attempts a ON a.attempt_id = c.attempt_id "
+        "WHERE a.status <> 'running' "
+        "GROUP BY c.policy, c.agent_name, c.model_version, c.attempt_id, a.mode, a.reward) per_attempt "
+        "GROUP BY policy, agent_name, model_version, mode"
+    ).fetchall()
+    return policy_stats({(r[0], r[1], r[2], r[3]): (int(r[4]), r[5], r[6], float(r[7])) for r in rows})
+
+
 def run_stats(d: SqlDialect, conn: Any, query: RunStatsQuery) -> RunStats:
     """`LightningStore.run_stats` in SQL (grouped aggregates; the same numbers as the reference code)."""
     at = now()
@@ -177,6 +192,7 @@ def run_stats(d: SqlDialect, conn: Any, query: RunStatsQuery) -> RunStats:
         rollouts=rollouts,
         attempts=attempts,
         versions=versions,
+        policies=_policy_groups(d, conn),
         throughput=throughput(start, query.bucket, buckets),
         bucket=query.bucket,
         success_reward=query.success_reward,

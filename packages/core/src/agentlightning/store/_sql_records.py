@@ -55,9 +55,14 @@ def span_batch(batch: Sequence[Span]) -> RecordBatch:
 
 
 def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:
-    """Rows ``(call_id, rollout_id, attempt_id, start_time, data)`` and each attempt's newest model version."""
+    """Rows ``(call_id, rollout_id, attempt_id, start_time, agent_name, policy, model_version, data)`` and each
+    attempt's newest model version."""
     blobs: dict[bytes, bytes] = {}
-    rows = [(c.call_id, c.rollout_id, c.attempt_id, c.start_time, encode_call(c, blobs)) for c in batch]
+    rows = [
+        (c.call_id, c.rollout_id, c.attempt_id, c.start_time, c.agent_name, c.policy, c.model_version,
+         encode_call(c, blobs))
+        for c in batch
+    ]  # fmt: skip
     newest: dict[tuple[str, str], int] = {}
     for c in batch:
         if c.model_version is not None:

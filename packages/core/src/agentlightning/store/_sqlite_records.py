@@ -68,7 +68,8 @@ _SET_VERSION = (
     "AND (model_version IS NULL OR model_version < ?)"
 )
 _INSERT_CALL = (
-    "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) VALUES (?, ?, ?, ?, ?)"
+    "INSERT OR IGNORE INTO llm_calls (call_id, rollout_id, attempt_id, start_time, agent_name, policy, model_version, "
+    "data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_BLOB = "INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)"
 _SELECT_BLOBS = "SELECT key, data FROM blobs WHERE key IN ({})"

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 _new_rollout = fast_factory(Rollout)
 _new_attempt = fast_factory(Attempt)
 
-_SCHEMA_VERSION = 5
+_SCHEMA_VERSION = 6
 # Version 3 added the requests table (answers of retried requests, by client request id).
 # Version 4: attempts keep their rollout's mode, and finished attempts are indexed for dashboard statistics.
 # Version 5: spans and LLM calls are written in the compact formats of `_codec` (rows of older versions stay JSON
@@ -106,7 +106,10 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     rollout_id TEXT NOT NULL,
     attempt_id TEXT NOT NULL,
     start_time REAL NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    agent_name TEXT,
+    policy TEXT,
+    model_version INTEGER
 );
 CREATE INDEX IF NOT EXISTS ix_llm_calls_rollout ON llm_calls (rollout_id, attempt_id, start_time);
 CREATE TABLE IF NOT EXISTS resources (
@@ -143,6 +146,17 @@ ALTER TABLE attempts ADD COLUMN mode TEXT;
 UPDATE attempts SET mode = (SELECT r.mode FROM rollouts r WHERE r.rollout_id = attempts.rollout_id);
 CREATE INDEX IF NOT EXISTS ix_attempts_finished ON attempts (model_version, mode, status, reward, end_time)
     WHERE status != 'running'
+"""
+
+# Version 5 -> 6: LLM calls keep their agent, policy and model version in columns (for per-policy statistics),
+# filled in from rows still in JSON text (written before version 5); rows in the compact format of version 5 count
+# as of no agent, policy or version in those statistics (their records read back whole, as before).
+_MIGRATE_5_TO_6 = """
+ALTER TABLE llm_calls ADD COLUMN agent_name TEXT;
+ALTER TABLE llm_calls ADD COLUMN policy TEXT;
+ALTER TABLE llm_calls ADD COLUMN model_version INTEGER;
+UPDATE llm_calls SET agent_name = json_extract(data, '$.agent_name'), policy = json_extract(data, '$.policy'),
+    model_version = json_extract(data, '$.model_version') WHERE typeof(data) = 'text'
 """
 
 ROLLOUT_COLUMNS = (
@@ -205,7 +219,7 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, 3, 4, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION):
             raise StoreError(
                 f"{path} has store schema version {version}; this agentlightning reads versions 1 to "
                 f"{_SCHEMA_VERSION} (a newer agentlightning-core wrote it: upgrade to open it)"
@@ -222,6 +236,8 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
                     3: _MIGRATE_3_TO_4 + ";" + _BLOBS_TABLE,
                     4: _BLOBS_TABLE,
                 }.get(version, "")
+                if 1 <= version <= 5:
+                    script += ";" + _MIGRATE_5_TO_6
                 for statement in script.split(";"):
                     if statement.strip():
                         conn.execute(statement)

@@ -130,9 +130,10 @@ class AdapterConformanceTests(KitGuard):
         supports_streaming: The agent can stream (the ``agent`` fixture is then also run with ``stream=True``
             through ``agent_streaming``).
         supports_agent_spans: The framework has agents (checked: every LLM span has an enclosing agent span).
-        names_agents_live: Its agent spans carry ``gen_ai.agent.name`` when they start, so each call's agent header
-            names its agent (checked; a source whose spans name the agent only in other attributes routes its calls
-            to the default policy, counted by the proxy).
+        names_agents_live: Each call's agent header names its agent (checked): its agent spans carry
+            ``gen_ai.agent.name`` when they start, or a span source names the agent on its live LLM spans
+            (`agentlightning.adapters.SpanSource.AGENT_ATTRIBUTE`). Without either, calls go to the default policy,
+            counted by the proxy.
         tool_name: Name of the tool the default script calls.
         tool_arguments: Its arguments.
         final_answer: The default script's final answer.

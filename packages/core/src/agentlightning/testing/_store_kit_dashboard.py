@@ -36,7 +36,10 @@ def make_reward_span(rollout_id: str, attempt_id: str, sequence_id: int, value: 
     )
 
 
-def _call(rollout_id: str, attempt_id: str, index: int, version: int | None) -> LLMCall:
+def _call(
+    rollout_id: str, attempt_id: str, index: int, version: int | None,
+    agent: str | None = None, policy: str | None = None,
+) -> LLMCall:  # fmt: skip
     return LLMCall(
         call_id=f"dash-{rollout_id}-{attempt_id}-{index}",
         rollout_id=rollout_id,
@@ -44,6 +47,8 @@ def _call(rollout_id: str, attempt_id: str, index: int, version: int | None) -> 
         prompt_token_ids=[1],
         response_token_ids=[2],
         model_version=version,
+        agent_name=agent,
+        policy=policy,
     )
 
 
@@ -168,6 +173,44 @@ class DashboardConformanceTests:
         assert len(stats.throughput) == 10
         assert sum(b.finished for b in stats.throughput) == 6 and sum(b.failed for b in stats.throughput) == 1
         assert stats.throughput[-1].start <= stats.now < stats.throughput[-1].start + 60
+
+    async def test_run_stats_per_policy(self, store_factory: StoreFactory) -> None:
+        store = await store_factory(RetryPolicy(max_attempts=1))
+        assert (await store.run_stats()).policies == []
+        await store.enqueue_rollouts(
+            [RolloutRequest(rollout_id=f"pol-{i}", mode="val" if i == 3 else "train") for i in range(5)]
+        )
+        # (agent, policy, version) of each attempt's calls; the writer's twice in pol-0 (its reward counts once)
+        plans: list[tuple[list[tuple[str | None, str | None, int | None]], float | None, str]] = [
+            ([("writer", "writer", 1), ("writer", "writer", 1), ("checker", "frozen", 0)], 1.0, "succeeded"),
+            ([("writer", "writer", 1), ("rewriter", "rewriter", 0), ("checker", "frozen", 0)], 0.5, "succeeded"),
+            ([("writer", "writer", 2), (None, None, None)], None, "failed"),
+            ([("writer", "writer", 2)], 0.25, "succeeded"),  # the val rollout
+        ]
+        for plan, reward, status in plans:
+            claim = await store.dequeue_rollout(worker_id="dash")
+            assert claim is not None
+            rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+            if reward is not None:
+                await store.add_spans([make_reward_span(rid, aid, 0, reward)])
+            await store.add_llm_calls([_call(rid, aid, i, v, a, policy) for i, (a, policy, v) in enumerate(plan)])
+            await store.finish_attempt(rid, aid, status)  # pyright: ignore[reportArgumentType]
+        running = await store.dequeue_rollout(worker_id="dash")  # a running attempt's calls are not counted yet
+        assert running is not None
+        rid, aid = running.rollout.rollout_id, running.attempt.attempt_id
+        await store.add_llm_calls([_call(rid, aid, 0, 2, "writer", "writer")])
+        rows = [
+            (p.policy, p.agent_name, p.model_version, p.mode, p.calls, p.attempts, p.rewarded, p.reward_mean)
+            for p in (await store.run_stats()).policies
+        ]
+        assert rows == [
+            (None, None, None, "train", 1, 1, 0, None),
+            ("frozen", "checker", 0, "train", 2, 2, 2, 0.75),
+            ("rewriter", "rewriter", 0, "train", 1, 1, 1, 0.5),
+            ("writer", "writer", 1, "train", 3, 2, 2, 0.75),
+            ("writer", "writer", 2, "train", 1, 1, 0, None),
+            ("writer", "writer", 2, "val", 1, 1, 1, 0.25),
+        ]
 
     async def test_query_resources(self, store: LightningStore) -> None:
         assert await store.query_resources() == []

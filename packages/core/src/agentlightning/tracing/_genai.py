@@ -29,6 +29,7 @@ __all__ = [
     "by_scope",
     "client_calls_recorded",
     "is_source_span",
+    "live_agent_name",
     "mark_end",
     "mark_start",
     "register_source",
@@ -56,9 +57,11 @@ class SourceRegistration:
         on_llm_start: Called with each of its LLM spans as it starts (a framework source whose LLM span is not the
             current span registers it for our client hook, as our framework adapters do).
         on_llm_end: Called with each of its LLM spans as it ends.
+        agent_attribute: The attribute its live spans name their agent in, set after they start (so the processor's
+            start hook does not see it): read by `live_agent_name` for the agent header of a call made inside one.
     """
 
-    __slots__ = ("client", "name", "on_llm_end", "on_llm_start", "suppressed")
+    __slots__ = ("agent_attribute", "client", "name", "on_llm_end", "on_llm_start", "suppressed")
 
     def __init__(
         self,
@@ -67,8 +70,10 @@ class SourceRegistration:
         client: bool = False,
         on_llm_start: Callable[[SdkSpan], None] | None = None,
         on_llm_end: Callable[[Any], None] | None = None,
+        agent_attribute: str | None = None,
     ) -> None:
         self.name = name
+        self.agent_attribute = agent_attribute
         self.suppressed = suppressed
         self.client = client
         self.on_llm_start = on_llm_start
@@ -145,6 +150,17 @@ def is_source_span(span: Any) -> bool:
     """Whether ``span`` (a live SDK span) was tagged as a span of a registered source."""
     attributes = getattr(span, "attributes", None)
     return bool(attributes) and attributes.get(semconv.SPAN_SOURCE) is not None
+
+
+def live_agent_name(span: Any) -> str | None:
+    """The agent a live span of a registered source runs under, as the source names it on the span itself
+    (`SourceRegistration.agent_attribute`); ``None`` for any other span or when the attribute is not set."""
+    scope = getattr(span, "instrumentation_scope", None)
+    registration = by_scope.get(scope.name) if scope is not None else None
+    if registration is None or registration.agent_attribute is None or not is_source_span(span):
+        return None
+    name = span.attributes.get(registration.agent_attribute)
+    return name if isinstance(name, str) and name else None
 
 
 def source_attributes(attrs: dict[str, Any]) -> None:

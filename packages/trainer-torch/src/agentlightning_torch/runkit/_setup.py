@@ -66,6 +66,9 @@ def add_run_arguments(
     tasks_per_iteration: int = 8,
     samples_per_task: int = 8,
     lr: float = 3e-4,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    ppo_epochs: int = 1,
     workers: int = 64,
     runners: int = 2,
     rollout_timeout: float = 180.0,
@@ -73,8 +76,8 @@ def add_run_arguments(
     """The options every training script shares, with the script's defaults.
 
     ``--output``, the budgets (``--minutes``, ``--iterations``: whichever ends first), ``--eval-every``, the batch
-    shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``,
-    ``--ppo-epochs``), ``--threads``, ``--device``,
+    shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``, ``--ppo-epochs``: the
+    script's defaults are the settings its README measured), ``--threads``, ``--device``,
     the local runners (``--workers`` concurrent rollouts over ``--runners`` processes), ``--rollout-timeout``,
     ``--seed`` and ``--quiet``.
     """
@@ -93,9 +96,15 @@ def add_run_arguments(
     parser.add_argument("--tasks-per-iteration", type=int, default=tasks_per_iteration)
     parser.add_argument("--samples-per-task", type=int, default=samples_per_task, help="rollouts per task (a group)")
     parser.add_argument("--lr", type=float, default=lr, help="policy learning rate")
-    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting policy (0: none)")
-    parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the PPO loss (0: none)")
-    parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each iteration's batch")
+    parser.add_argument(
+        "--kl-coef", type=float, default=kl_coef, help=f"KL penalty to the starting policy (0: none; default {kl_coef})"
+    )
+    parser.add_argument(
+        "--entropy-coef", type=float, default=entropy_coef, help=f"entropy bonus (0: none; default {entropy_coef})"
+    )
+    parser.add_argument(
+        "--ppo-epochs", type=int, default=ppo_epochs, help=f"PPO passes over each batch (default {ppo_epochs})"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=workers, help="concurrent rollouts over all runner processes")

@@ -1,8 +1,9 @@
 // Runs: what training looks like right now, refreshed live. Reward mean and success rate per model version
-// (one line per rollout mode), throughput, and failed / timed-out counts.
+// (one line per rollout mode), throughput, failed / timed-out counts, and one reward curve per policy (policies.js).
 
 import { COLORS, barChart, lineChart } from "./chart.js";
 import { clear, fmtNum, fmtPct, fmtTime, h, post } from "./lib.js";
+import { policyPanel } from "./policies.js";
 
 const REFRESH_MS = 3000;
 
@@ -66,7 +67,9 @@ function draw(root, stats) {
     h("thead", {}, h("tr", {}, ["version", "mode", "attempts", "succeeded", "failed", "timed out", "reward mean", "success", "last finished"]
       .map((t, i) => h("th", { class: i >= 2 && i <= 7 ? "num" : null }, t)))),
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "no finished attempts yet"))));
-  clear(root).append(cards, charts, h("h2", {}, "Per model version"), table,
+  const policies = policyPanel(stats);
+  charts.append(policies.chart);
+  clear(root).append(cards, charts, h("h2", {}, "Per model version"), table, ...policies.table,
     h("p", { class: "muted", id: "runs-updated" }, "updated " + fmtTime(stats.now)));
 }
 
