@@ -21,6 +21,21 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/conversion_bench.py", "agentlightning.transitions._builder"): (
         "measures the cost of validated construction by swapping the fast constructor for a validating one"
     ),
+    ("benchmarks/asgi_layers.py", "agentlightning.store._asgi"): (
+        "reads a CPU clock around the served store's body validation to split a request's CPU by layer"
+    ),
+    ("benchmarks/asgi_layers.py", "agentlightning.store._server"): (
+        "builds the served store's app in-process to wrap its layers with CPU clocks"
+    ),
+    ("benchmarks/bench_tracing_overhead.py", "agentlightning.tracing._provider"): (
+        "compares the light recording path for our own spans against the SDK's span objects"
+    ),
+    ("benchmarks/span_path_bench.py", "agentlightning.tracing._light"): (
+        "times the light span path against the OpenTelemetry SDK's spans with the same contents"
+    ),
+    ("tests/test_lora_policies.py", "agentlightning_torch._vllm_sync"): (
+        "checks vLLM's log-probs for each adapter against the trainer's own float32 reference computation"
+    ),
     ("tests/test_quickstart.py", "agentlightning_torch._backend"): (
         "spies on the backend's batched generation to count how many requests one forward pass served"
     ),
