@@ -6,9 +6,10 @@ that builds an engine and its loop from one config); ``agl train`` finds them th
 entry-point group. Settings: `LoopConfig` (with `ProxySettings`).
 """
 
+from agentlightning.loop._checkpoints import BEST_CHECKPOINT, LOOP_STATE_FILE
 from agentlightning.loop._config import LoopConfig, ProxySettings
 from agentlightning.loop._engine import ENGINE_ENTRY_POINTS, Engine
-from agentlightning.loop._loop import BEST_CHECKPOINT, LOOP_STATE_FILE, EngineT, RLLoop
+from agentlightning.loop._loop import EngineT, RLLoop
 from agentlightning.loop._report import IterationReport, held_out_score, summarize_results
 
 __all__ = [

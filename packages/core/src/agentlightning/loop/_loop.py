@@ -42,7 +42,6 @@ ones. `evaluate` waits only for its own rollouts: prefetched ones neither count 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -54,26 +53,21 @@ from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
 from agentlightning.credit._batch import build_batch_from_results
+from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, write_loop_state
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
-from agentlightning.loop._report import IterationReport, held_out_score, summarize_results
-from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
+from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
+from agentlightning.loop._rollouts import cancel_unfinished, group_requests
+from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
 from agentlightning.transitions._store import results_from_store
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["BEST_CHECKPOINT", "LOOP_STATE_FILE", "EngineT", "RLLoop"]
+__all__ = ["EngineT", "RLLoop"]
 
 logger = logging.getLogger(__name__)
-
-LOOP_STATE_FILE = "loop_state.json"
-"""The loop's own part of a checkpoint (iteration, model version), next to the engine's files."""
-
-BEST_CHECKPOINT = "best"
-"""The folder inside ``checkpoint/`` holding the checkpoint of the best held-out evaluation (an engine's
-`Engine.save_state` keeps it when it replaces the last checkpoint)."""
 
 EngineT = TypeVar("EngineT", bound=Engine)
 """The type of a loop's engine: ``RLLoop[TorchEngine].engine`` is a ``TorchEngine`` to a type checker."""
@@ -345,7 +339,7 @@ class RLLoop(Generic[EngineT]):
         if keep_best and greedy:
             self._keep_if_best(report)
         self.evaluations.append(report)
-        self._write(report)
+        append_metrics(self.config.output_dir, report)
         return report
 
     def _keep_if_best(self, report: IterationReport) -> None:
@@ -409,18 +403,7 @@ class RLLoop(Generic[EngineT]):
     async def _enqueue(
         self, store: LightningStore, tasks: Sequence[Any], n: int, resources: str, prefix: str, mode: str = "train"
     ) -> list[str]:
-        resources_id = self.resources(resources).resources_id
-        requests = [
-            RolloutRequest(
-                input=task,
-                rollout_id=f"{prefix}-t{t}-s{s}",
-                group_id=f"{prefix}-t{t}",
-                mode="train" if mode == "train" else "val",
-                resources_id=resources_id,
-            )
-            for t, task in enumerate(tasks)
-            for s in range(n)
-        ]
+        requests = group_requests(tasks, n, self.resources(resources).resources_id, prefix, mode)
         return [r.rollout_id for r in await store.enqueue_rollouts(requests)]
 
     async def _wait(self, store: LightningStore, rollout_ids: list[str]) -> list[str]:
@@ -439,16 +422,11 @@ class RLLoop(Generic[EngineT]):
 
     async def _cancel_late(self, store: LightningStore, rollout_ids: list[str], why: str) -> None:
         """Cancel those of ``rollout_ids`` still queued or running (they would train on a stale policy)."""
-        late = await store.query_rollouts(status=["queuing", "running"], rollout_ids=rollout_ids)
-        for rollout in late:
-            try:
-                await store.cancel_rollout(rollout.rollout_id)
-            except ConflictError:  # it finished meanwhile; too late for this iteration either way
-                logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
+        late = await cancel_unfinished(store, rollout_ids)
         if late:
             # Their calls still generating are aborted now, not when their runners notice: the backend must stop
             # generating before the weights change (an orphaned request would span two versions, or outlive them).
-            aborted = self._proxy.abort_rollouts(r.rollout_id for r in late) if self._proxy is not None else 0
+            aborted = self._proxy.abort_rollouts(late) if self._proxy is not None else 0
             logger.info(
                 "cancelled %d rollout(s) still queued or running %s (%d call(s) aborted)",
                 len(late),
@@ -462,32 +440,20 @@ class RLLoop(Generic[EngineT]):
     def _report(
         self, kind: str, rollouts: int, results: Sequence[TransitionResult], t0: float, metrics: dict[str, float]
     ) -> IterationReport:
-        if not results and rollouts:
-            logger.error(
-                "none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0
-            )
-        summary = summarize_results(results, self.config.success_reward)
-        return IterationReport(
-            iteration=self.iteration,
-            model_version=self.model_version,
-            rollouts=rollouts,
-            finished=len(results),
-            reward_mean=summary["reward_mean"],
-            calls_per_rollout=summary["calls_per_rollout"],
-            multi_call_rate=summary["multi_call_rate"],
-            seconds=time.monotonic() - t0,
-            metrics={**metrics, "accuracy": summary["success_rate"]},
-            kind="eval" if kind == "eval" else "train",
+        return make_report(
+            "eval" if kind == "eval" else "train",
+            self.iteration,
+            self.model_version,
+            rollouts,
+            results,
+            t0,
+            metrics,
+            self.config.success_reward,
         )
 
     def _record(self, report: IterationReport) -> None:
         self.history.append(report)
-        self._write(report)
-
-    def _write(self, report: IterationReport) -> None:
-        self.config.output_dir.mkdir(parents=True, exist_ok=True)
-        with (self.config.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
-            out.write(json.dumps(report.__dict__) + "\n")
+        append_metrics(self.config.output_dir, report)
 
     # ----- checkpoints -----------------------------------------------------------------------------------
 
@@ -507,11 +473,10 @@ class RLLoop(Generic[EngineT]):
         directory = self.checkpoint_dir if directory is None else directory
         directory.mkdir(parents=True, exist_ok=True)
         self.engine.save_state(directory)
-        state = {"iteration": self.iteration, "model_version": self.model_version}
-        partial = directory / f"{LOOP_STATE_FILE}.partial"
-        partial.write_text(json.dumps(state), encoding="utf-8")
-        partial.replace(directory / LOOP_STATE_FILE)  # the loop state is the checkpoint's commit mark
-        logger.info("checkpoint saved to %s (iteration %d, model version %d)", directory, *state.values())
+        write_loop_state(directory, self.iteration, self.model_version)  # last: the checkpoint's commit mark
+        logger.info(
+            "checkpoint saved to %s (iteration %d, model version %d)", directory, self.iteration, self.model_version
+        )
         return directory
 
     def restore(self) -> bool:
@@ -524,15 +489,11 @@ class RLLoop(Generic[EngineT]):
         if self._proxy is not None:
             raise RuntimeError("restore a checkpoint before the loop starts serving")
         self._restored = True
-        state_file = self.checkpoint_dir / LOOP_STATE_FILE
-        if not state_file.exists():
+        state = read_loop_state(self.checkpoint_dir)
+        if state is None:
             logger.info("no checkpoint in %s; starting from the engine's initial weights", self.checkpoint_dir)
             return False
-        try:
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-            iteration, version = int(state["iteration"]), int(state["model_version"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"checkpoint state {state_file} is unreadable: {error!r}") from error
+        iteration, version = state
         self.engine.load_state(self.checkpoint_dir)
         self.iteration, self.model_version = iteration, version
         logger.info("resumed from %s at iteration %d, model version %d", self.checkpoint_dir, iteration, version)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from agentlightning.transitions._config import TransitionResult
 
-__all__ = ["IterationReport", "held_out_score", "summarize_results"]
+__all__ = ["IterationReport", "append_metrics", "held_out_score", "make_report", "summarize_results"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,3 +80,39 @@ def held_out_score(report: IterationReport, metric: str = "reward_mean") -> floa
         known = ", ".join(["reward_mean", *sorted(report.metrics)])
         raise ValueError(f"best_metric {metric!r} is not a figure of the evaluation report (it has: {known})")
     return float(report.metrics[metric])
+
+
+def make_report(
+    kind: Literal["train", "eval"],
+    iteration: int,
+    model_version: int,
+    rollouts: int,
+    results: Sequence[TransitionResult],
+    t0: float,
+    metrics: dict[str, float],
+    success_reward: float,
+) -> IterationReport:
+    """The report of an iteration or evaluation that started at ``t0`` (``time.monotonic()``) and enqueued
+    ``rollouts``, of which ``results`` finished; logs an error when rollouts were enqueued and none finished."""
+    if not results and rollouts:
+        logger.error("none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0)
+    summary = summarize_results(results, success_reward)
+    return IterationReport(
+        iteration=iteration,
+        model_version=model_version,
+        rollouts=rollouts,
+        finished=len(results),
+        reward_mean=summary["reward_mean"],
+        calls_per_rollout=summary["calls_per_rollout"],
+        multi_call_rate=summary["multi_call_rate"],
+        seconds=time.monotonic() - t0,
+        metrics={**metrics, "accuracy": summary["success_rate"]},
+        kind=kind,
+    )
+
+
+def append_metrics(output_dir: Path, report: IterationReport) -> None:
+    """Append ``report`` as one line of ``output_dir/metrics.jsonl``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with (output_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(report.__dict__) + "\n")
