@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 from rag_task import DataError, RagTask, best_f1, read_tasks  # noqa: E402
 
 from agentlightning_torch.runkit import (  # noqa: E402
+    STABLE_RL,
     AgentRunners,
     RunResult,
     RunSettings,
@@ -43,15 +44,7 @@ from agentlightning_torch.runkit import (  # noqa: E402
     run_main,
 )
 
-STABLE: dict[str, Any] = {
-    "iterations": 20,  # the README's run: a budget in iterations gives the same figures on any machine
-    "minutes": 60.0,  # a safety cap only; the iterations end the run first
-    "eval_every": 10,
-    "lr": 3e-4,
-    "kl_coef": 0.05,  # k3 KL to the starting model: keeps the policy near what the warm start can do
-    "entropy_coef": 0.01,  # against the entropy collapse that ended long runs at a worse held-out figure
-    "ppo_epochs": 2,  # a second pass over each batch, so the PPO clip acts (clip_fraction > 0)
-}
+STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 20}  # the README's run: the same figures on any machine
 """The RL settings the README measured (3 seeds, and a run 3x as long): see the README's "Stable" section."""
 
 SEARCH_KEYS = ("searches", "hop1_hit", "hop2_hit", "all_hops_hit")

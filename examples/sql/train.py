@@ -29,18 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sql_agent import TRAINED_AGENTS
 from sql_data import load_tasks
 
-from agentlightning_torch.runkit import UsageError
+from agentlightning_torch.runkit import STABLE_RL, UsageError
 
 HERE = Path(__file__).resolve().parent
-STABLE: dict[str, Any] = {
-    "iterations": 30,  # the README's run: a budget in iterations gives the same figures on any machine
-    "minutes": 60.0,  # a safety cap only; the iterations end the run first
-    "eval_every": 10,
-    "lr": 3e-4,
-    "kl_coef": 0.05,  # k3 KL to the starting model: keeps the policy near what the warm start can do
-    "entropy_coef": 0.01,  # against the entropy collapse that ended long runs at a worse held-out figure
-    "ppo_epochs": 2,  # a second pass over each batch, so the PPO clip acts (clip_fraction > 0)
-}
+STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 30}  # the README's run: the same figures on any machine
 """The RL settings the README measured (3 seeds, and a run 3x as long): see the README's "Stable" section."""
 
 AGENTS = ("writer", "checker", "rewriter")

@@ -27,6 +27,7 @@ from agentlightning_torch.runkit._output import Curve, plot_run, print_table, ru
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
+    STABLE_RL,
     UsageError,
     add_run_arguments,
     load_jsonl_tasks,
@@ -36,6 +37,7 @@ from agentlightning_torch.runkit._setup import (
 )
 
 __all__ = [
+    "STABLE_RL",
     "AgentRunners",
     "Curve",
     "RunResult",
