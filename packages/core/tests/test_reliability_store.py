@@ -129,7 +129,10 @@ async def test_one_unreadable_row_does_not_hide_the_rest_of_the_trace(tmp_path: 
                 "INSERT INTO spans VALUES (?, ?, ?, ?, ?)",
                 (rid, aid, span["span_id"], span["sequence_id"], json.dumps(span)),
             )
-        raw.execute("INSERT INTO llm_calls VALUES (?, ?, ?, 2.0, ?)", (call["call_id"], rid, aid, json.dumps(call)))
+        raw.execute(
+            "INSERT INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) VALUES (?, ?, ?, 2.0, ?)",
+            (call["call_id"], rid, aid, json.dumps(call)),
+        )
     assert [s.sequence_id for s in await store.query_spans(rid)] == [0, 2, 3]
     assert len(await store.query_llm_calls(rid, aid)) == 1
     await store.close()
