@@ -94,7 +94,10 @@ async def test_light_spans_store_the_same_records_as_sdk_spans() -> None:
     assert (reward.start_time, reward.end_time) == (5e-9, 5e-9)
 
 
-async def test_light_path_only_inside_a_rollout_with_our_processor_alone() -> None:
+async def test_light_path_only_inside_a_rollout_with_our_processor_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Our processor alone, whatever earlier tests of this process added to the provider (the SDK cannot remove a
+    # processor; an active one left by another test would rightly keep every span on the SDK path).
+    monkeypatch.setattr(get_tracer_provider(), "others", [])
     store = MemoryStore()
     (rollout_id, attempt_id), = (await start_attempts(store, ["r-where"])).items()
     tracer = light_tracer("light-test-where")
@@ -141,3 +144,23 @@ async def test_light_spans_drop_bad_attribute_values_as_the_sdk_does(value: Any)
     await aflush()
     spans = {s.name: s.attributes for s in await store.query_spans(rollout_id)}
     assert spans.get("bad True") == spans.get("bad False")  # the same record, or the same refusal (logged)
+
+
+async def test_a_framework_span_mapper_on_the_provider_keeps_our_spans_light(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter's mapper of its framework's spans (AutoGen's, added once to the provider and never removed) does
+    not read our own spans: while it is there, and on, our spans inside a rollout stay light."""
+    from agentlightning.adapters import GatedSpanProcessor, add_processor_once
+
+    monkeypatch.setattr(get_tracer_provider(), "others", [])
+    mapper = GatedSpanProcessor()
+    mapper.enabled = True
+    add_processor_once(get_tracer_provider(), mapper)
+    store = MemoryStore()
+    (rollout_id, attempt_id), = (await start_attempts(store, ["r-mapper"])).items()
+    with rollout_context(store, rollout_id, attempt_id):
+        span = light_tracer("light-test-mapper").start_span("with a mapper")
+        assert isinstance(span, LightSpan)
+        span.end()
+    mapper.enabled = False
+    await aflush()
+    assert {s.name for s in await store.query_spans(rollout_id)} == {"with a mapper"}

@@ -92,8 +92,11 @@ class _Provider(TracerProvider):
             self.others.append(span_processor)
 
     def light_allowed(self) -> bool:
-        """Whether our own spans may skip the SDK: no other processor is active and the limits are the default."""
-        return self.default_limits and not any(getattr(p, "active", True) for p in self.others)
+        """Whether our own spans may skip the SDK: the limits are the default and no other processor that reads our
+        spans is active (an adapter's mapper of a framework's spans says ``reads_own_spans = False``)."""
+        return self.default_limits and not any(
+            getattr(p, "active", True) and getattr(p, "reads_own_spans", True) for p in self.others
+        )
 
 
 def light_tracer(name: str = "agentlightning") -> trace.Tracer:
