@@ -90,7 +90,8 @@ class Forwarder(CallRecorder):
             return False
         self._held += 1
         try:
-            await asyncio.wait_for(self._resumed_event().wait(), self._hold_s)
+            async with asyncio.timeout(self._hold_s):  # not wait_for: 3.11's may swallow a cancellation
+                await self._resumed_event().wait()
         except TimeoutError:
             return False
         finally:

@@ -307,7 +307,8 @@ class LLMProxy(Forwarder):
         if self._in_flight == 0:
             idle.set()
         try:
-            await asyncio.wait_for(idle.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: 3.11's may swallow a cancellation
+                await idle.wait()
         except TimeoutError:
             raise TimeoutError(f"{self._in_flight} request(s) still in flight after {timeout} s") from None
         logger.info("LLM proxy paused (no request in flight)")

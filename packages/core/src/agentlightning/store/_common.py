@@ -337,8 +337,11 @@ async def wait_until_finished(
                 if remaining <= 0:
                     return finished
                 wait = min(wait, remaining)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that lands as the
+            # event is set, and a Ctrl-C'd run would wait on (its loop going on) instead of stopping
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(entry[1].wait(), wait)
+                async with asyncio.timeout(wait):
+                    await entry[1].wait()
     finally:
         notifier.unregister(entry)
 

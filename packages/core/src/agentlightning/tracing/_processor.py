@@ -432,7 +432,8 @@ class LightningSpanProcessor(SpanProcessor):
     async def aflush(self, timeout: float | None = None, attempt_id: str | None = None) -> None:
         """Async `flush`: safe inside the loop that owns a store."""
         await asyncio.sleep(0)  # one loop turn: rollouts ending together send their spans in one write, not one each
-        errors = await asyncio.wait_for(asyncio.wrap_future(self._request_flush()), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: 3.11's may swallow a cancellation
+            errors = await asyncio.wrap_future(self._request_flush())
         self._raise_for(errors, attempt_id)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
