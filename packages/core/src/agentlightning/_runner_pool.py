@@ -104,8 +104,13 @@ async def guarded(runners: Sequence[subprocess.Popen[bytes]], work: Awaitable[T]
     finally:
         # Cancelled too when the run is (Ctrl-C, SIGTERM): left running, it would see the runners stop on the way
         # out and raise into nowhere ("Task exception was never retrieved").
+        # A cancellation can be lost on its way in (Python 3.11's asyncio.wait_for drops one that lands as what it
+        # awaits completes, and the run would go on training): the job is cancelled again until it has ended.
         for task in (watcher, job):
             task.cancel()
+        while not job.done():
+            await asyncio.wait({job}, timeout=1.0)
+            job.cancel()
         await asyncio.gather(watcher, job, return_exceptions=True)
 
 
