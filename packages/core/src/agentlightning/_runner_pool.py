@@ -109,7 +109,7 @@ async def guarded(runners: Sequence[subprocess.Popen[bytes]], work: Awaitable[T]
         for task in (watcher, job):
             task.cancel()
         while not job.done():
-            await asyncio.wait({job}, timeout=1.0)
+            await asyncio.wait({job}, timeout=5.0)  # time for its own cleanup before the next cancellation
             job.cancel()
         await asyncio.gather(watcher, job, return_exceptions=True)
 
