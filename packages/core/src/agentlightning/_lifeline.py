@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
-__all__ = ["LIFELINE_ENV", "start_child", "watch_parent"]
+__all__ = ["LIFELINE_ENV", "start_child", "take_lifeline", "watch_fd", "watch_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +74,35 @@ def watch_parent(grace_s: float = _GRACE_S) -> bool:
     Returns:
         Whether a watch was started.
     """
+    fd = take_lifeline()
+    if fd is None:
+        return False
+    watch_fd(fd, os.getppid(), grace_s)
+    return True
+
+
+def take_lifeline() -> int | None:
+    """The inherited lifeline descriptor of `LIFELINE_ENV` (removed from the environment), or ``None``.
+
+    For a process that watches it itself (a forking runner polls it in its own loop) instead of `watch_parent`'s
+    thread; a variable that names no open descriptor is warned about and gives ``None``.
+    """
     value = os.environ.pop(LIFELINE_ENV, None)
     if value is None:
-        return False
+        return None
     try:
         fd = int(value)
         os.fstat(fd)
     except (ValueError, OSError):
         logger.warning("%s=%r names no open descriptor: this process will not end with its parent", LIFELINE_ENV, value)
-        return False
-    parent = os.getppid()
+        return None
+    return fd
+
+
+def watch_fd(fd: int, parent: int, grace_s: float = _GRACE_S) -> None:
+    """Stop this process as `watch_parent` does when ``fd`` (the read end of a pipe whose write end only
+    ``parent`` holds) reaches end-of-file: SIGTERM to the main thread, exit code 1 after ``grace_s`` seconds."""
     threading.Thread(target=_watch, args=(fd, parent, grace_s), name="agentlightning-lifeline", daemon=True).start()
-    return True
 
 
 def _watch(fd: int, parent: int, grace_s: float) -> None:

@@ -40,10 +40,16 @@ class AgentRunners:
     worker_mode: str = "auto"
     env: Mapping[str, str] = field(default_factory=dict[str, str])
 
-    def command(self, where: list[str], workers: int) -> list[str]:
-        """One runner process's command; ``where`` is ``--db FILE`` or ``--store-url URL``."""
+    def command(self, where: list[str], workers: int, processes: int = 1) -> list[str]:
+        """The runners' command; ``where`` is ``--db FILE`` or ``--store-url URL``.
+
+        ``processes`` > 1: one ``agl runner --processes N`` that imports the agent once and forks the N runner
+        processes, which share ``workers``.
+        """
         cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", str(Path(self.app_dir).resolve())]
         cmd += ["--agent", self.agent, "--worker-mode", self.worker_mode, *where, "--workers", str(workers)]
+        if processes > 1:
+            cmd += ["--processes", str(processes)]
         if self.instrument is not None:
             cmd += ["--instrument", self.instrument]
         if where[:1] == ["--db"]:
@@ -55,11 +61,12 @@ class AgentRunners:
     ) -> list[subprocess.Popen[bytes]]:
         """``processes`` runner processes sharing ``workers`` concurrent rollouts (each at least one).
 
-        They import only the core and the agent (never torch): they start fast and stay small.
+        They import only the core and the agent (never torch): they start fast and stay small. Several are forked
+        from one process that imported the agent once (``agl runner --processes``), which supervises them and is
+        the one process returned: it exits when one of them fails, and a signal to it reaches each of them once.
         """
         env = {**os.environ, **self.env, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
-        shares = [workers // processes + (1 if i < workers % processes else 0) for i in range(processes)]
-        return start_runner_processes([self.command(where, max(share, 1)) for share in shares], env)
+        return start_runner_processes([self.command(where, max(workers, processes), processes)], env)
 
 
 def free_port(preferred: int) -> int:
