@@ -34,14 +34,15 @@ _GRACE_S = 20.0
 
 
 def start_child(
-    cmd: Sequence[str], *, env: dict[str, str] | None = None, **popen_kwargs: Any
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, pass_fds: Sequence[int] = (), **popen_kwargs: Any
 ) -> subprocess.Popen[bytes]:
     """``subprocess.Popen(cmd, ...)`` for an ``agl`` command that ends when this process dies.
 
     Args:
         cmd: The command line; its program must call `watch_parent` (every ``agl`` command does).
         env: The child's environment (default: this process's); the pipe's descriptor is added to it.
-        **popen_kwargs: Passed to `subprocess.Popen` (not ``pass_fds`` or ``close_fds``).
+        pass_fds: More descriptors the child inherits (a listening socket it serves, say).
+        **popen_kwargs: Passed to `subprocess.Popen` (not ``close_fds``).
 
     Returns:
         The child. Keep it while the child should run: the pipe's write end is closed when the object is
@@ -51,7 +52,8 @@ def start_child(
     try:
         child_env = {**(os.environ if env is None else env), LIFELINE_ENV: str(read_end)}
         process = cast(  # bytes unless popen_kwargs ask for text, which pyright cannot see through **kwargs
-            "subprocess.Popen[bytes]", subprocess.Popen(list(cmd), env=child_env, pass_fds=(read_end,), **popen_kwargs)
+            "subprocess.Popen[bytes]",
+            subprocess.Popen(list(cmd), env=child_env, pass_fds=(read_end, *pass_fds), **popen_kwargs),
         )
     except BaseException:
         os.close(write_end)
