@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from pydantic_core import from_json
 
 from agentlightning._models import Span, is_validated
 from agentlightning.store._common import validate_spans
-from agentlightning.store._span_check import spans_from_dicts
+from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
 from agentlightning.store._wire import SpansRequest, _loads, read_spans_request  # pyright: ignore[reportPrivateUsage]
 from agentlightning.testing import make_span
 
@@ -137,7 +138,11 @@ def _pydantic(batch: list[Any]) -> list[Span] | str:
         return f"refused: {exc.errors()[0]['type']}"
 
 
-def _same(fast: list[Span], slow: list[Span]) -> None:
+def _same(fast: Sequence[Span], slow: list[Span]) -> None:
+    if isinstance(fast, CheckedSpans):  # its columns are the spans' fields, in order
+        fields = list(Span.model_fields)[:10]  # rollout_id ... attributes
+        assert fast.columns == [tuple(getattr(s, f) for s in slow) for f in fields]
+        fast = list(fast)
     assert fast == slow
     assert [s.model_dump_json() for s in fast] == [s.model_dump_json() for s in slow]
     assert all(is_validated(s) for s in fast)
@@ -218,6 +223,8 @@ def test_the_usual_body_is_read_by_the_fast_lane_and_owns_its_values() -> None:
     body = SpansRequest(spans=spans, request_id="req-1").model_dump_json().encode()
     fast = read_spans_request(body)
     assert fast is not None and fast.request_id == "req-1"
+    assert type(fast.spans) is CheckedSpans  # a SQL store encodes its columns; no models made
+    assert validate_spans(fast.spans) is fast.spans  # the boundary passes it through
     _same(fast.spans, SpansRequest.model_validate_json(body).spans)
     given = [json.loads(s.model_dump_json()) for s in spans]
     made = validate_spans(given)  # the boundary's entry for dicts takes the same lane

@@ -26,18 +26,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import struct
 import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, repeat
 from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
 from agentlightning import semconv
 from agentlightning._fast import calls_from_json, spans_from_json
-from agentlightning._models import LLMCall, Span
+from agentlightning._models import LLMCall, Span, SpanStatus
+from agentlightning.store._span_check import CheckedSpans
 
 __all__ = [
     "BLOB_MIN",
@@ -47,6 +50,7 @@ __all__ = [
     "decode_spans",
     "encode_call",
     "encode_span",
+    "encode_spans",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,6 +95,15 @@ _ROLLOUT_INDEX = _KEY_INDEX[semconv.ROLLOUT_ID]
 _ATTEMPT_INDEX = _KEY_INDEX[semconv.ATTEMPT_ID]
 
 _SPAN_HEAD = struct.Struct("<Bdd16s")  # format, flags... see encode_span
+# what `encode_spans` reads of a span, from its __dict__ (one C call per span)
+_SPAN_PARTS = operator.itemgetter(
+    "rollout_id", "attempt_id", "trace_id", "parent_id", "name", "start_time", "end_time", "attributes", "events",
+    "status",
+)
+_STATUS_PARTS = operator.attrgetter("code", "description")
+_UNSET_PARTS = ("unset", None)
+_UNSET_STATUS = SpanStatus()
+_values_of = operator.attrgetter("__dict__")
 _PARENT = 1
 _EVENTS = 2
 _STATUS = 4
@@ -173,6 +186,61 @@ def encode_span(span: Span, blobs: dict[bytes, bytes]) -> bytes:
         flags |= _PARENT
         return head + bytes((flags,)) + bytes.fromhex(span.parent_id) + to_json(tail)
     return head + bytes((flags,)) + to_json(tail)
+
+
+def encode_spans(batch: Sequence[Span], blobs: dict[bytes, bytes]) -> list[bytes]:
+    """The format-1 ``data`` of each span, as `encode_span` writes it, a column at a time.
+
+    The usual span (no events, status unset, a tail too short to hold a value stored as a blob) is encoded by loops
+    that run in C but one small function per span (its attributes); the others by `encode_span`. A `CheckedSpans`
+    batch is encoded from its columns (its models are made only for a span that is not usual).
+    """
+    if not batch:
+        return []
+    if type(batch) is CheckedSpans:
+        rollout_ids, attempt_ids, _, trace_ids, _, parents, names, starts, ends, attributes = batch.columns
+        usual = True  # no events, status unset
+    else:
+        rollout_ids, attempt_ids, trace_ids, parents, names, starts, ends, attributes, events, statuses = zip(
+            *map(_SPAN_PARTS, map(_values_of, batch)), strict=True
+        )
+        usual = not any(events) and set(map(_STATUS_PARTS, statuses)) == {_UNSET_PARTS}
+    traces = {trace: bytes.fromhex(trace) for trace in set(trace_ids)}
+    heads = map(_SPAN_HEAD.pack, repeat(_FORMAT_1), starts, ends, map(traces.__getitem__, trace_ids))
+    # the flags byte, then the parent's id (flags: only _PARENT here; events and status go to encode_span)
+    links = {parent: bytes((_PARENT,)) + bytes.fromhex(parent) for parent in set(parents) if parent is not None}
+    links[None] = b"\x00"
+    flats = map(_AttributeLayouts().flat, attributes, rollout_ids, attempt_ids)
+    tails = map(to_json, zip(names, flats, strict=True))
+    datas = list(map(b"".join, zip(heads, map(links.__getitem__, parents), tails, strict=True)))
+    if not usual or max(map(len, datas)) >= BLOB_MIN:  # (a value stored once has JSON of BLOB_MIN bytes or more)
+        for index, data in enumerate(datas):
+            span = None if usual and len(data) < BLOB_MIN else batch[index]
+            if span is not None and (len(data) >= BLOB_MIN or span.events or span.status != _UNSET_STATUS):
+                datas[index] = encode_span(span, blobs)
+    return datas
+
+
+class _AttributeLayouts(dict[tuple[str, ...], tuple[list[Any], int, int]]):
+    """Attributes as `encode_span` flattens them, by the layout of their keys (a batch's spans share a few)."""
+
+    def flat(self, attributes: dict[str, Any], rollout_id: str, attempt_id: str) -> list[Any]:
+        """``[key or its index, value, ...]`` of ``attributes`` (which hold no value to store as a blob)."""
+        keys = tuple(attributes)
+        layout = self.get(keys)
+        if layout is None:
+            codes = list(map(_KEY_INDEX.get, keys, keys))
+            rollout_at = 2 * codes.index(_ROLLOUT_INDEX) if _ROLLOUT_INDEX in codes else -1
+            attempt_at = 2 * codes.index(_ATTEMPT_INDEX) if _ATTEMPT_INDEX in codes else -1
+            layout = self[keys] = (list(chain.from_iterable(zip(codes, keys, strict=True))), rollout_at, attempt_at)
+        template, rollout_at, attempt_at = layout
+        flat = template.copy()
+        flat[1::2] = attributes.values()
+        if rollout_at >= 0 and flat[rollout_at + 1] == rollout_id:
+            flat[rollout_at : rollout_at + 2] = (_SAME_ROLLOUT, 0)
+        if attempt_at >= 0 and flat[attempt_at + 1] == attempt_id:
+            flat[attempt_at : attempt_at + 2] = (_SAME_ATTEMPT, 0)
+        return flat
 
 
 def _span_values(row: Sequence[Any], blobs: dict[bytes, Any]) -> dict[str, Any]:
