@@ -15,7 +15,8 @@ from typing import Any
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._codec import encode_call, encode_spans
+from agentlightning.store._codec import encode_call
+from agentlightning.store._codec_spans import encode_spans
 from agentlightning.store._query import final_reward_in
 from agentlightning.store._span_check import CheckedSpans
 from agentlightning.store._sql_dashboard import SqlDialect

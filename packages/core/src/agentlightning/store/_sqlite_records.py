@@ -32,7 +32,8 @@ from agentlightning.store._base import (
     StoreStats,
 )
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._codec import decode_calls, decode_rows, decode_spans
+from agentlightning.store._codec import decode_calls, decode_rows
+from agentlightning.store._codec_spans import decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
