@@ -247,6 +247,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _why_running(pid: int) -> str:
+    """What a process that did not stop shows: its signal masks (a blocked or ignored signal never arrives) and,
+    where py-spy is installed, every thread's stack."""
+    import shutil
+
+    lines = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Sig")]
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is not None:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        lines.append(dump.stdout + dump.stderr)
+    return "\n".join(lines)
+
+
 def _start_training(out: Path, log: Path) -> tuple[subprocess.Popen[str], list[int]]:
     """A long `agl train` run, once both runners have said they run and rollouts are claimed; with its children.
 
@@ -305,7 +318,10 @@ def test_interrupted_agl_train_stops_its_runner_processes(
     try:
         before = log.stat().st_size  # what it printed while it ran
         agl.send_signal(sig)  # what a Ctrl-C at the terminal (SIGINT to agl train) or a `kill` does
-        agl.wait(timeout=120)
+        try:
+            agl.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"agl train still ran 120 s after {sig.name}:\n{_why_running(agl.pid)}")
     finally:
         if agl.poll() is None:
             agl.kill()

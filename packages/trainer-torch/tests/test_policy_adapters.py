@@ -11,8 +11,9 @@ from peft import PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
+from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
-from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_lora import vllm_lora_args
 

@@ -36,12 +36,10 @@ from agentlightning_torch._loading import (
     eos_token_ids,
     load_model,
 )
+from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._ppo import (
-    LoraSettings,
     PPOConfig,
-    apply_lora,
-    is_lora,
     make_optimizer,
     plan_micro_batches,
     ppo_update,

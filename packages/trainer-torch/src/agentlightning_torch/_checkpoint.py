@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from agentlightning_torch._ppo import is_lora
+from agentlightning_torch._lora import is_lora
 
 __all__ = ["TRAINER_STATE_FILE", "load_adapter_weights", "load_trainer_state", "merged_model", "save_checkpoint"]
 

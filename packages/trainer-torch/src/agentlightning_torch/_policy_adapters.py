@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
-from agentlightning_torch._ppo import LoraSettings, PPOConfig, ppo_update
+from agentlightning_torch._lora import LoraSettings
+from agentlightning_torch._ppo import PPOConfig, ppo_update
 
 __all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric"]
 

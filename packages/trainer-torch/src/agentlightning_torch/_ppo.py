@@ -16,12 +16,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning import TrainingBatch, TrainingSample
+from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 
 __all__ = [
-    "LoraSettings",
     "PPOConfig",
-    "apply_lora",
-    "is_lora",
     "make_optimizer",
     "plan_micro_batches",
     "ppo_update",
@@ -30,28 +28,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class LoraSettings(BaseModel):
-    """LoRA adapters (needs ``peft``: ``pip install 'agentlightning-torch[lora]'``).
-
-    Attributes:
-        r: Adapter rank.
-        alpha: Scaling numerator (``alpha / r`` scales the adapter).
-        dropout: Dropout on the adapter input.
-        target_modules: Module names that get adapters.
-        serve: How the trainer serves the policy: ``merged`` (adapters folded into a plain copy of the model: the
-            fastest generation) or ``adapter`` (the served copy keeps the adapters, and a weight sync copies only
-            them: cheaper syncs of a large model). Checkpoints hold both the merged model and the adapter.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    r: int = Field(default=8, ge=1)
-    alpha: int = Field(default=16, ge=1)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    serve: Literal["merged", "adapter"] = "merged"
 
 
 class PPOConfig(BaseModel):
@@ -100,26 +76,6 @@ class PPOConfig(BaseModel):
     num_threads: int | None = Field(default=1, ge=1)
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
-    """Wrap ``model`` with LoRA adapters; only the adapters stay trainable.
-
-    Raises:
-        ImportError: If ``peft`` is not installed (the message has the install command).
-    """
-    try:
-        from peft import LoraConfig, get_peft_model  # type: ignore[import-not-found]
-    except ImportError as error:
-        raise ImportError("LoRA needs peft: pip install 'agentlightning-torch[lora]'") from error
-    lora_config = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora_config)  # type: ignore[arg-type]
-
-
 def prepare_policy(model: torch.nn.Module, config: PPOConfig) -> torch.nn.Module:
     """The module to train: ``model`` itself, or wrapped with LoRA when ``config.lora`` is set.
 
@@ -135,11 +91,6 @@ def prepare_policy(model: torch.nn.Module, config: PPOConfig) -> torch.nn.Module
         if model_config is not None and hasattr(model_config, "use_cache"):
             model_config.use_cache = False  # a KV cache is useless (and warned about) while recomputing activations
     return apply_lora(model, config.lora) if config.lora is not None else model
-
-
-def is_lora(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is a PEFT model (LoRA adapters over a frozen base)."""
-    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
 def make_optimizer(model: torch.nn.Module, config: PPOConfig) -> torch.optim.AdamW:

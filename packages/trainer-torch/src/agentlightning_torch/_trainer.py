@@ -26,8 +26,9 @@ from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
+from agentlightning_torch._lora import LoraSettings, is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters
-from agentlightning_torch._ppo import LoraSettings, is_lora, make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_serving import VLLMServing

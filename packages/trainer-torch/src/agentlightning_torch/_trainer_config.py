@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
-from agentlightning_torch._ppo import LoraSettings, PPOConfig
+from agentlightning_torch._lora import LoraSettings
+from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._vllm_lora import vllm_lora_args
 from agentlightning_torch._vllm_serving import VLLMSettings
 

@@ -196,7 +196,7 @@ def _check_llm_used(report: Any) -> None:
 
 
 def _trainer_config(plan: _Plan) -> Any:
-    from agentlightning_torch._ppo import LoraSettings
+    from agentlightning_torch._lora import LoraSettings
     from agentlightning_torch._vllm_serving import VLLMSettings
 
     args = plan.args

@@ -35,6 +35,13 @@ from agentlightning.store._common import (
     wait_until_finished,
 )
 from agentlightning.store._postgres_records import REQUEST_MEMORY_SECONDS, PostgresRecords
+from agentlightning.store._postgres_statements import (
+    CLAIM_MANY,
+    DEQUEUE,
+    INSERT_ATTEMPT,
+    INSERT_ROLLOUTS,
+    UPDATE_ROLLOUT,
+)
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -46,52 +53,6 @@ from agentlightning.store._sqlite_schema import (
 __all__ = ["REQUEST_MEMORY_SECONDS", "PostgresStore"]
 
 logger = logging.getLogger(__name__)
-
-_INSERT_ROLLOUTS = (
-    f"INSERT INTO agl_rollouts ({ROLLOUT_COLUMNS}) "
-    "SELECT r, 'queuing', i, m, g, s, 0, %s, %s, d FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
-    "%b::text[], %b::text[]) WITH ORDINALITY AS t(r, i, m, g, s, d, n) ORDER BY n "
-    f"ON CONFLICT (rollout_id) DO NOTHING RETURNING {ROLLOUT_COLUMNS}"
-)
-# A dequeue is this one statement (its own transaction, one round trip): claim the oldest queuing rollout nobody
-# else is claiming right now (a concurrent claim skips the locked row and takes the next one instead of waiting
-# for it), start its attempt, and remember the answer under the request id. A request id already answered claims
-# nothing and reads the answer back instead (the last column, from before the statement); two tries of one request
-# racing through two servers collide on the request's primary key, and the loser's statement changes nothing.
-_DEQUEUE = f"""
-WITH claimed AS (
-    UPDATE agl_rollouts SET status = 'running', updated_at = %(t)s WHERE seq = (
-        SELECT seq FROM agl_rollouts WHERE status = 'queuing'
-            AND NOT EXISTS (SELECT 1 FROM agl_requests WHERE request_id = %(key)s)
-        ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING {ROLLOUT_COLUMNS}
-), attempt AS (
-    INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode)
-    SELECT rollout_id, %(attempt_id)s, retry_count + 1, %(worker)s, 'running', %(t)s, NULL, %(t)s, NULL, mode
-    FROM claimed
-), remembered AS (
-    INSERT INTO agl_requests (request_id, result, created_at)
-    SELECT %(key)s, COALESCE((SELECT json_build_array(rollout_id, %(attempt_id)s::text)::text FROM claimed), 'null'),
-        %(t)s
-    WHERE %(key)s::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM agl_requests WHERE request_id = %(key)s)
-)
-SELECT {ROLLOUT_COLUMNS}, NULL FROM claimed
-UNION ALL SELECT {", ".join(["NULL"] * 10)}, result FROM agl_requests WHERE request_id = %(key)s
-"""
-# `dequeue_many`: claim the n oldest queuing rollouts nobody else is claiming (``seq`` last: the queue order)
-_CLAIM_MANY = f"""
-UPDATE agl_rollouts SET status = 'running', updated_at = %(t)s WHERE seq IN (
-    SELECT seq FROM agl_rollouts WHERE status = 'queuing' ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
-RETURNING {ROLLOUT_COLUMNS}, seq
-"""
-_INSERT_ATTEMPT = (
-    f"INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode) VALUES (%s, %s, %s, %s, 'running', %s, NULL, %s, NULL, %s)"
-)
-_UPDATE_ROLLOUT = (
-    "UPDATE agl_rollouts SET status = %s, updated_at = %s, retry_count = retry_count + %s WHERE rollout_id = %s "
-    f"RETURNING {ROLLOUT_COLUMNS}"
-)
-
 
 class _AnsweredMeanwhile(Exception):
     """A `PostgresStore.dequeue_many` whose request id another try remembered first (its transaction is undone)."""
@@ -129,7 +90,7 @@ class PostgresStore(PostgresRecords):
         )
         next_status = rollout_status_after(self.retry_policy, status, attempt.sequence)
         row = conn.execute(
-            _UPDATE_ROLLOUT, (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id)
+            UPDATE_ROLLOUT, (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id)
         ).fetchone()
         return fast_replace(attempt, status=status, end_time=t, error=error), rollout_from_row(row)
 
@@ -208,7 +169,7 @@ class PostgresStore(PostgresRecords):
         t = now()
 
         def write(conn: Any) -> dict[str, Rollout]:
-            stored = {row[0]: rollout_from_row(row) for row in conn.execute(_INSERT_ROLLOUTS, (t, t, *columns))}
+            stored = {row[0]: rollout_from_row(row) for row in conn.execute(INSERT_ROLLOUTS, (t, t, *columns))}
             known = [rollout_id for rollout_id in columns[0] if rollout_id not in stored]
             if known:
                 for rollout in self._select_rollouts(conn, "rollout_id = ANY(%s)", (known,)):
@@ -241,9 +202,9 @@ class PostgresStore(PostgresRecords):
             attempt_id = new_id("at")
             params = {"t": t, "key": key, "attempt_id": attempt_id, "worker": worker_id}
             try:
-                row = conn.execute(_DEQUEUE, params).fetchone()
+                row = conn.execute(DEQUEUE, params).fetchone()
             except unique_violation:  # another try of this request won the race: read its answer
-                row = conn.execute(_DEQUEUE, {**params, "t": now()}).fetchone()
+                row = conn.execute(DEQUEUE, {**params, "t": now()}).fetchone()
             if row is None:
                 if key is not None:
                     self._count_request(conn, t)
@@ -288,7 +249,7 @@ class PostgresStore(PostgresRecords):
             if seen is not None:
                 return [self._claim_of(conn, rollout_id, attempt_id) for rollout_id, attempt_id in from_json(seen[0])]
         t = now()
-        rows = sorted(conn.execute(_CLAIM_MANY, {"t": t, "n": len(workers)}).fetchall(), key=lambda row: row[-1])
+        rows = sorted(conn.execute(CLAIM_MANY, {"t": t, "n": len(workers)}).fetchall(), key=lambda row: row[-1])
         claims: list[Claim] = []
         for row, worker_id in zip(rows, workers, strict=False):
             rollout = rollout_from_row(row)
@@ -303,7 +264,7 @@ class PostgresStore(PostgresRecords):
             claims.append(Claim(rollout=rollout, attempt=attempt))
         if claims:
             conn.cursor().executemany(
-                _INSERT_ATTEMPT,
+                INSERT_ATTEMPT,
                 [(a.rollout_id, a.attempt_id, a.sequence, a.worker_id, t, t, c.rollout.mode) for c in claims
                  for a in (c.attempt,)],
             )  # fmt: skip
@@ -400,7 +361,7 @@ class PostgresStore(PostgresRecords):
                 "UPDATE agl_attempts SET status = 'cancelled', end_time = %s, error = %s WHERE attempt_id = %s",
                 (t, RELEASED, attempt_id),
             )
-            return rollout_from_row(conn.execute(_UPDATE_ROLLOUT, ("queuing", t, 1, rollout_id)).fetchone())
+            return rollout_from_row(conn.execute(UPDATE_ROLLOUT, ("queuing", t, 1, rollout_id)).fetchone())
 
         return await self._write(write)
 
@@ -419,7 +380,7 @@ class PostgresStore(PostgresRecords):
                 "WHERE rollout_id = %s AND status = 'running'",
                 (t, rollout_id),
             )
-            return rollout_from_row(conn.execute(_UPDATE_ROLLOUT, ("cancelled", t, 0, rollout_id)).fetchone())
+            return rollout_from_row(conn.execute(UPDATE_ROLLOUT, ("cancelled", t, 0, rollout_id)).fetchone())
 
         rollout = await self._write(write)
         self._notifier.notify()
