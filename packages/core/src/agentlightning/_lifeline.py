@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
-__all__ = ["LIFELINE_ENV", "start_child", "watch_parent"]
+__all__ = ["LIFELINE_ENV", "start_child", "take_lifeline", "watch_fd", "watch_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +34,15 @@ _GRACE_S = 20.0
 
 
 def start_child(
-    cmd: Sequence[str], *, env: dict[str, str] | None = None, **popen_kwargs: Any
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, pass_fds: Sequence[int] = (), **popen_kwargs: Any
 ) -> subprocess.Popen[bytes]:
     """``subprocess.Popen(cmd, ...)`` for an ``agl`` command that ends when this process dies.
 
     Args:
         cmd: The command line; its program must call `watch_parent` (every ``agl`` command does).
         env: The child's environment (default: this process's); the pipe's descriptor is added to it.
-        **popen_kwargs: Passed to `subprocess.Popen` (not ``pass_fds`` or ``close_fds``).
+        pass_fds: More descriptors the child inherits (a listening socket it serves, say).
+        **popen_kwargs: Passed to `subprocess.Popen` (not ``close_fds``).
 
     Returns:
         The child. Keep it while the child should run: the pipe's write end is closed when the object is
@@ -51,7 +52,8 @@ def start_child(
     try:
         child_env = {**(os.environ if env is None else env), LIFELINE_ENV: str(read_end)}
         process = cast(  # bytes unless popen_kwargs ask for text, which pyright cannot see through **kwargs
-            "subprocess.Popen[bytes]", subprocess.Popen(list(cmd), env=child_env, pass_fds=(read_end,), **popen_kwargs)
+            "subprocess.Popen[bytes]",
+            subprocess.Popen(list(cmd), env=child_env, pass_fds=(read_end, *pass_fds), **popen_kwargs),
         )
     except BaseException:
         os.close(write_end)
@@ -74,18 +76,35 @@ def watch_parent(grace_s: float = _GRACE_S) -> bool:
     Returns:
         Whether a watch was started.
     """
+    fd = take_lifeline()
+    if fd is None:
+        return False
+    watch_fd(fd, os.getppid(), grace_s)
+    return True
+
+
+def take_lifeline() -> int | None:
+    """The inherited lifeline descriptor of `LIFELINE_ENV` (removed from the environment), or ``None``.
+
+    For a process that watches it itself (a forking runner polls it in its own loop) instead of `watch_parent`'s
+    thread; a variable that names no open descriptor is warned about and gives ``None``.
+    """
     value = os.environ.pop(LIFELINE_ENV, None)
     if value is None:
-        return False
+        return None
     try:
         fd = int(value)
         os.fstat(fd)
     except (ValueError, OSError):
         logger.warning("%s=%r names no open descriptor: this process will not end with its parent", LIFELINE_ENV, value)
-        return False
-    parent = os.getppid()
+        return None
+    return fd
+
+
+def watch_fd(fd: int, parent: int, grace_s: float = _GRACE_S) -> None:
+    """Stop this process as `watch_parent` does when ``fd`` (the read end of a pipe whose write end only
+    ``parent`` holds) reaches end-of-file: SIGTERM to the main thread, exit code 1 after ``grace_s`` seconds."""
     threading.Thread(target=_watch, args=(fd, parent, grace_s), name="agentlightning-lifeline", daemon=True).start()
-    return True
 
 
 def _watch(fd: int, parent: int, grace_s: float) -> None:

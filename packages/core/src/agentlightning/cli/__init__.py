@@ -60,13 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agl``; returns the process exit code (2 when a foreign ``agentlightning`` is installed)."""
     from agentlightning._distribution import foreign_message
 
-    watch_parent()  # started by a trainer (`start_child`): end when it does, even after a kill -9
     foreign = foreign_message()
     if foreign is not None:
         print(f"agl: error: {foreign}", file=sys.stderr)
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    owns_lifeline = getattr(args, "owns_lifeline", None)  # a command that watches its parent itself
+    if owns_lifeline is None or not owns_lifeline(args):
+        watch_parent()  # started by a trainer (`start_child`): end when it does, even after a kill -9
     return int(args.func(args) or 0)
 
 

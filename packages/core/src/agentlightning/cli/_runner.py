@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 from agentlightning._eventloop import run_async
@@ -39,7 +40,16 @@ def register(subparsers: Any) -> None:
         "--agent", required=True, help="the agent function as module:function (e.g. my_pkg.agent:solve)"
     )
     parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent (default: .)")
-    parser.add_argument("--workers", type=int, default=8, help="concurrent rollouts (default: 8)")
+    parser.add_argument(
+        "--workers", type=int, default=8, help="concurrent rollouts, of all --processes together (default: 8)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="runner processes, forked after the agent and its adapters are imported (imported once, not once per "
+        "process), sharing --workers; this process supervises them (default: 1: this process runs the rollouts)",
+    )
     parser.add_argument(
         "--worker-mode",
         choices=("auto", "async", "thread", "process"),
@@ -67,7 +77,7 @@ def register(subparsers: Any) -> None:
         help="seconds between polls of an empty queue (under 0.1: doubled with each empty answer, up to 0.1)",
     )
     parser.add_argument("--log-level", default="warning", help="logging level (default: warning)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, owns_lifeline=owns_lifeline)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True, soft_wrap=True)  # one line per message, however long the path
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.workers < 1:
-        console.print(f"[red]--workers must be at least 1, got {args.workers}[/red]")
-        return 2
+    for flag, value in (("--workers", args.workers), ("--processes", args.processes)):
+        if value < 1:
+            console.print(f"[red]{flag} must be at least 1, got {value}[/red]")
+            return 2
     if args.drain_timeout < 0:
         console.print(f"[red]--drain-timeout must not be negative, got {args.drain_timeout}[/red]")
         return 2
     try:
         agent = agl.load_agent(args.agent, args.app_dir)
-        store = connect_store(args.store_url, args.db, args.token)
         if args.instrument or not args.no_instrument:
             # The runner is the application here: it routes the global OpenTelemetry provider into rollouts, for
             # frameworks that trace only through the global one (AutoGen). Adapters never set it themselves.
@@ -99,10 +109,42 @@ def run(args: argparse.Namespace) -> int:
                 get_adapter(name).instrument()  # a missing or unsupported framework is an error here
         elif not args.no_instrument:
             agl.instrument_all()
+    except (ValueError, OSError, KeyError, ImportError, agl.StoreError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    if args.processes == 1:
+        return _serve(args, agent, args.workers, console)
+    from agentlightning._lifeline import take_lifeline
+    from agentlightning.cli._fork import supervise_runners
+
+    def fresh_command(workers: int) -> list[str]:  # the same runner, alone: the last --workers/--processes win
+        return [sys.executable, "-m", "agentlightning.cli", *args.argv, "--workers", str(workers), "--processes", "1"]
+
+    return supervise_runners(
+        args.processes,
+        args.workers,
+        lambda workers: _serve(args, agent, workers, console),
+        fresh_command,
+        take_lifeline(),
+    )
+
+
+def owns_lifeline(args: argparse.Namespace) -> bool:
+    """Whether this ``agl runner`` watches its parent itself (``--processes`` > 1: its supervisor polls the lifeline;
+    a watching thread would make forking unsafe)."""
+    return args.processes > 1
+
+
+def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any) -> int:
+    """One runner process with ``workers`` concurrent rollouts, until drained by a signal."""
+    import agentlightning as agl
+
+    try:
+        store = connect_store(args.store_url, args.db, args.token)
         runner = agl.Runner(
             agent,
             store=store,
-            n_workers=args.workers,
+            n_workers=workers,
             worker_mode=args.worker_mode,
             heartbeat_interval=args.heartbeat_interval,
             poll_interval=args.poll_interval,
@@ -129,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     where = store_location(args.store_url, args.db)
     console.print(
-        f"runner: {args.workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
+        f"runner: {workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
         f"(pid {os.getpid()})"
     )
     if runner.worker_mode == "async":

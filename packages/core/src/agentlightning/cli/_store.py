@@ -11,6 +11,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import socket
 from typing import Any
 
 __all__ = [
@@ -48,6 +49,13 @@ def register(subparsers: Any) -> None:
     where.add_argument("--memory", action="store_true", help="keep everything in memory (lost on exit)")
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=4747, help="port to bind (default: 4747)")
+    serve_parser.add_argument(
+        "--fd",
+        type=int,
+        default=None,
+        help="serve on this inherited listening socket instead of binding --host/--port (a trainer's dashboard, "
+        "started when its address is first visited)",
+    )
     serve_parser.add_argument(
         "--token",
         default=None,
@@ -149,6 +157,14 @@ def serve(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
     given: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    sockets: list[socket.socket] | None = None
+    if args.fd is not None:
+        try:
+            sockets = [_inherited_socket(args.fd)]
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]--fd {args.fd} is no listening socket: {exc}[/red]")
+            return 2
+        args.host, args.port = sockets[0].getsockname()[:2]
     if not _is_loopback(args.host) and not given:
         console.print(
             f"[red]refusing to serve on {args.host} without a token[/red]: anyone who can reach it could read and "
@@ -220,15 +236,27 @@ def serve(args: argparse.Namespace) -> int:
         # What the server built before serving (modules, the route table) stays out of full collections, which a
         # big span batch's thousands of short-lived objects trigger: they no longer walk the whole heap.
         with frozen_gc(), asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_run(server, store))
+            runner.run(_run(server, store, sockets))
     except KeyboardInterrupt:
         pass
     return 0
 
 
-async def _run(server: Any, store: Any) -> None:
+def _inherited_socket(fd: int) -> socket.socket:
+    """The listening TCP socket of descriptor ``fd`` (its family read from the descriptor itself)."""
+    sock = socket.socket(fileno=fd)
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise ValueError("not a TCP socket")
+    if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise ValueError("not listening")
+    return sock
+
+
+async def _run(server: Any, store: Any, sockets: list[socket.socket] | None = None) -> None:
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         await store.close()
 

@@ -25,7 +25,7 @@ Example::
 
 from agentlightning_torch.runkit._output import Curve, plot_run, print_table, run_main
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
-from agentlightning_torch.runkit._runners import AgentRunners, free_port, start_dashboard
+from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
     STABLE_RL,
     UsageError,
@@ -40,6 +40,7 @@ __all__ = [
     "STABLE_RL",
     "AgentRunners",
     "Curve",
+    "OnDemandDashboard",
     "RunResult",
     "RunSettings",
     "TrainingRun",

@@ -13,7 +13,7 @@ from typing import Any
 from agentlightning import IterationReport
 from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
 from agentlightning.loop import held_out_score
-from agentlightning_torch.runkit._runners import AgentRunners, free_port, start_dashboard
+from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port
 from agentlightning_torch.runkit._setup import UsageError
 
 __all__ = ["RunResult", "RunSettings", "TrainingRun"]
@@ -137,6 +137,7 @@ class TrainingRun:
         self.store: Any = None
         self.runners: list[subprocess.Popen[bytes]] = []
         self._children: list[subprocess.Popen[bytes]] = []
+        self._dashboard: OnDemandDashboard | None = None
         self._progress: Any = None
         self._bar: Any = None
         self._started = time.monotonic()
@@ -201,11 +202,15 @@ class TrainingRun:
             try:
                 return await self._train()
             finally:
+                if self._dashboard is not None:  # no server starts once the children are being stopped
+                    self._dashboard.close()
                 # The runners first, while the proxy still answers them (they hand their rollouts back as they
                 # drain), and from a thread: the proxy runs on this loop.
                 await asyncio.to_thread(stop_children, self._children)
                 await self.trainer.stop()
         finally:
+            if self._dashboard is not None:
+                self._dashboard.close()
             stop_children(self._children)
             await opened.close()
 
@@ -216,9 +221,9 @@ class TrainingRun:
         elif serving.url is not None:
             self.console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
         elif settings.dashboard:
-            dashboard, url = start_dashboard(db, free_port(settings.dashboard_port))
-            self._children.append(dashboard)
-            self.console.print(f"store: {db}   dashboard: [bold]{url}[/bold]")
+            # started when first visited: a run nobody looks at does not pay the server's start
+            self._dashboard = OnDemandDashboard(db, free_port(settings.dashboard_port), self._children.append)
+            self.console.print(f"store: {db}   dashboard: [bold]{self._dashboard.url}[/bold]")
         if settings.processes:
             self.runners = settings.runners.start(
                 opened.runner_args, settings.workers, settings.processes, opened.token

@@ -3,19 +3,23 @@ server, each tied to the trainer (`agentlightning.cli.start_child`) so that even
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentlightning.cli import start_child
 from agentlightning.cli import start_runners as start_runner_processes
 
-__all__ = ["AgentRunners", "free_port", "start_dashboard"]
+__all__ = ["AgentRunners", "OnDemandDashboard", "free_port", "start_dashboard"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,16 @@ class AgentRunners:
     worker_mode: str = "auto"
     env: Mapping[str, str] = field(default_factory=dict[str, str])
 
-    def command(self, where: list[str], workers: int) -> list[str]:
-        """One runner process's command; ``where`` is ``--db FILE`` or ``--store-url URL``."""
+    def command(self, where: list[str], workers: int, processes: int = 1) -> list[str]:
+        """The runners' command; ``where`` is ``--db FILE`` or ``--store-url URL``.
+
+        ``processes`` > 1: one ``agl runner --processes N`` that imports the agent once and forks the N runner
+        processes, which share ``workers``.
+        """
         cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", str(Path(self.app_dir).resolve())]
         cmd += ["--agent", self.agent, "--worker-mode", self.worker_mode, *where, "--workers", str(workers)]
+        if processes > 1:
+            cmd += ["--processes", str(processes)]
         if self.instrument is not None:
             cmd += ["--instrument", self.instrument]
         if where[:1] == ["--db"]:
@@ -55,11 +65,12 @@ class AgentRunners:
     ) -> list[subprocess.Popen[bytes]]:
         """``processes`` runner processes sharing ``workers`` concurrent rollouts (each at least one).
 
-        They import only the core and the agent (never torch): they start fast and stay small.
+        They import only the core and the agent (never torch): they start fast and stay small. Several are forked
+        from one process that imported the agent once (``agl runner --processes``), which supervises them and is
+        the one process returned: it exits when one of them fails, and a signal to it reaches each of them once.
         """
         env = {**os.environ, **self.env, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": token or ""}
-        shares = [workers // processes + (1 if i < workers % processes else 0) for i in range(processes)]
-        return start_runner_processes([self.command(where, max(share, 1)) for share in shares], env)
+        return start_runner_processes([self.command(where, max(workers, processes), processes)], env)
 
 
 def free_port(preferred: int) -> int:
@@ -89,3 +100,67 @@ def start_dashboard(db: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
         start_new_session=True,
     )
     return dashboard, f"http://127.0.0.1:{port}/ui#token={token}"
+
+
+class OnDemandDashboard:
+    """The dashboard's store server (``agl store serve`` of the run's file), started when its address is first visited.
+
+    The port is bound here at once, so the address printed works from the start; the first connection waits in the
+    socket's backlog while the server starts (about a second), and the server then serves that socket itself
+    (``--fd``). A run nobody looks at never pays the server's start (~0.8 s of CPU, its imports) nor its memory.
+    Create it on the run's event loop; `close` it when the run ends. The server, once started, is handed to
+    ``on_start`` (tied to this process by `start_child`: stop it with `stop_children`).
+
+    Args:
+        db: The run's SQLite file.
+        port: The loopback port (0: any free one).
+        on_start: Gets the server's process once it is started.
+
+    Attributes:
+        url: The dashboard's address with its token in the fragment (``#token=``), as `start_dashboard` gives.
+        process: The server, once started (``None`` before).
+    """
+
+    def __init__(self, db: Path, port: int, on_start: Callable[[subprocess.Popen[bytes]], None]) -> None:
+        self._db = db
+        self._on_start = on_start
+        self._token = secrets.token_urlsafe(32)  # see start_dashboard: a token even on loopback
+        self._sock: socket.socket | None = socket.create_server(("127.0.0.1", port))
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.fileno(), self._start)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/ui#token={self._token}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> None:
+        sock = self._release()
+        if sock is None:
+            return
+        try:
+            fd = sock.fileno()
+            cmd = [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(self._db), "--fd", str(fd)]
+            self.process = start_child(
+                cmd,
+                env={**os.environ, "AGL_STORE_TOKEN": self._token},
+                pass_fds=(fd,),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            logger.warning("could not start the dashboard's store server: %s", exc)
+            return
+        finally:
+            sock.close()  # the server has its own copy: the waiting connection stays in the backlog for it
+        self._on_start(self.process)
+
+    def _release(self) -> socket.socket | None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._loop.remove_reader(sock.fileno())
+        return sock
+
+    def close(self) -> None:
+        """Stop listening if the server never started (a started server is stopped with the run's children)."""
+        sock = self._release()
+        if sock is not None:
+            sock.close()
