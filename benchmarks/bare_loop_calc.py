@@ -101,12 +101,12 @@ def main() -> int:
     for iteration in range(args.iterations):
         if time.perf_counter() - started > args.seconds:
             break
-        tick = time.perf_counter()
+        tick, tick_cpu = time.perf_counter(), time.thread_time()
         tasks = make_calc_tasks(args.prompts, seed=args.seed * 1_000_000 + iteration)
         episodes = run_calc_episodes(
             model, tokenizer, [t for t in tasks for _ in range(args.samples)], sampling, generator=generator
         )
-        sampled = time.perf_counter()
+        sampled, sample_cpu = time.perf_counter(), time.thread_time() - tick_cpu
         samples, groups = grpo_batch(episodes, args.samples)
         if not samples:
             print(f"warning: all {groups} groups had equal rewards; no learning signal this iteration", file=sys.stderr)
@@ -118,6 +118,7 @@ def main() -> int:
             "elapsed_s": done - started,
             "iteration_s": done - tick,
             "sample_s": sampled - tick,
+            "sample_cpu_s": sample_cpu,
             "update_s": done - sampled,
             "kept": len(samples),
             "loss": metrics["loss"],
@@ -139,6 +140,7 @@ def main() -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "seconds_per_iteration": round(statistics.fmean(r["iteration_s"] for r in history), 3),
         "sample_seconds_per_iteration": round(statistics.fmean(r["sample_s"] for r in history), 3),
+        "sample_cpu_seconds_per_iteration": round(statistics.fmean(r["sample_cpu_s"] for r in history), 3),
         "update_seconds_per_iteration": round(statistics.fmean(r["update_s"] for r in history), 3),
         "reward_first5": round(statistics.fmean(r["reward"] for r in first), 3),
         "reward_last5": round(statistics.fmean(r["reward"] for r in last), 3),

@@ -6,7 +6,8 @@ agent in a runner process → adapter spans → proxy → local backend → SQLi
 the same ``ppo_update``), each for ``--iterations`` iterations of 16 tasks × 8 samples, and prints seconds per
 iteration of each and their ratio, then where the framework's iterations spent their time (the phases its
 ``metrics.jsonl`` records: waiting for rollouts, building the batch, the update, the weight sync, and how much of
-it the backend was generating), for the first iteration and for the rest (the first one also pays each runner
+it the backend was generating, in wall time and in its generation thread's CPU, next to the bare loop's sampling
+CPU), for the first iteration and for the rest (the first one also pays each runner
 slot's first HTTP client), the backend's admission groups (requests prefilled together) and decode-step rows, the
 CPU seconds each run used (its processes and their children: on a shared machine the load-independent figure), and
 the load average. Ends with one JSON line of all figures.
@@ -63,7 +64,7 @@ def run(cmd: list[str], what: str) -> tuple[dict[str, Any], float]:
     return _last_json(done.stdout, what), _children_cpu() - before
 
 
-PHASES = ("time_rollouts", "time_generating", "time_batch", "time_update", "time_sync")
+PHASES = ("time_rollouts", "time_generating", "time_batch", "time_update", "time_sync", "cpu_generating")
 BACKEND = ("backend_mean_batch", "backend_mean_rows", "backend_steps")
 
 
@@ -195,6 +196,7 @@ def main() -> int:
         repeat: dict[str, Any] = {
             "bare_seconds_per_iteration": bare_s,
             "bare_sample_seconds": bare.get("sample_seconds_per_iteration"),
+            "bare_sample_cpu_seconds": bare.get("sample_cpu_seconds_per_iteration"),
             "bare_update_seconds": bare.get("update_seconds_per_iteration"),
             "bare_reward_last5": bare.get("reward_last5"),
             "bare_cpu_seconds": round(bare_cpu, 1),
@@ -239,6 +241,10 @@ def main() -> int:
         )
     print("target: wall and CPU ratio <= 1.5; CPU s: the whole run's processes (startup and evaluations included)")
     print(f"load average {figures['load_average'][0]:.2f} -> {figures['load_average'][1]:.2f}")
+    print(
+        f"bare loop, s/iteration: sampling {figures['bare_sample_seconds']} (CPU {figures['bare_sample_cpu_seconds']})"
+        f", update {figures['bare_update_seconds']}"
+    )
     for agent in agents:
         print(f"{agent} agent, phases in s/iteration: {'  '.join(p.removeprefix('time_') for p in PHASES)}")
         for name, row in figures[agent]["phases"].items():

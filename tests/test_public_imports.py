@@ -27,6 +27,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/asgi_layers.py", "agentlightning.store._server"): (
         "builds the served store's app in-process to wrap its layers with CPU clocks"
     ),
+    ("benchmarks/span_batch_cpu.py", "agentlightning.store._server"): (
+        "builds the served store's app in-process to time its spans route without HTTP"
+    ),
     ("benchmarks/bench_tracing_overhead.py", "agentlightning.tracing._provider"): (
         "compares the light recording path for our own spans against the SDK's span objects"
     ),

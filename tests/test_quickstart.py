@@ -71,6 +71,7 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
         # what the backend did this iteration: admission groups, decode steps and the rows each decoded
         assert metrics["backend_batches"] >= 1 and metrics["backend_steps"] >= 1
         assert 1 <= metrics["backend_mean_rows"] <= 16 and 1 <= metrics["backend_mean_batch"] <= 16
+        assert metrics["cpu_generating"] > 0  # the generation thread's CPU this iteration
 
     # The trained weights differ from the warm start they began from; the checkpoint is a plain transformers folder.
     trained = AutoModelForCausalLM.from_pretrained(out / "checkpoint")

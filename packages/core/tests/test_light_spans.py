@@ -164,3 +164,29 @@ async def test_a_framework_span_mapper_on_the_provider_keeps_our_spans_light(mon
     mapper.enabled = False
     await aflush()
     assert {s.name for s in await store.query_spans(rollout_id)} == {"with a mapper"}
+
+
+async def test_adapter_spans_are_light_and_still_known_as_llm_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Framework adapters' spans (`lightning_tracer`) take the light path too; the openai client hook still finds a
+    light framework LLM span (current, or waiting in `pending_llm_spans`) to hand the response id to."""
+    from agentlightning.adapters import is_llm_span, lightning_tracer, pending_llm_spans
+
+    monkeypatch.setattr(get_tracer_provider(), "others", [])
+    store = MemoryStore()
+    (rollout_id, attempt_id), = (await start_attempts(store, ["r-adapter"])).items()
+    with rollout_context(store, rollout_id, attempt_id):
+        tracer = lightning_tracer("light-test-adapter")
+        agent = tracer.start_span("invoke_agent a", attributes={semconv.SPAN_KIND: semconv.KIND_AGENT})
+        llm = tracer.start_span("chat toy", attributes={semconv.SPAN_KIND: semconv.KIND_LLM})
+        assert isinstance(agent, LightSpan) and isinstance(llm, LightSpan)
+        assert is_llm_span(llm) and not is_llm_span(agent)
+        pending_llm_spans.add(llm)
+        assert pending_llm_spans.claim() is llm
+        llm.end()
+        agent.end()
+        assert not is_llm_span(llm)  # ended: no longer a live LLM span
+    outside = lightning_tracer("light-test-adapter").start_span("outside")
+    assert isinstance(outside, SdkSpan)  # no rollout: the SDK's span, as ever
+    outside.end()
+    await aflush()
+    assert {s.name for s in await store.query_spans(rollout_id)} == {"invoke_agent a", "chat toy"}

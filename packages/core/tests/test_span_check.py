@@ -10,17 +10,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from agentlightning._models import Span, is_validated
 from agentlightning.store._common import validate_spans
-from agentlightning.store._span_check import spans_from_dicts
-from agentlightning.store._wire import SpansRequest, read_spans_request
+from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
+from agentlightning.store._wire import SpansRequest, _loads, read_spans_request  # pyright: ignore[reportPrivateUsage]
 from agentlightning.testing import make_span
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -136,7 +138,11 @@ def _pydantic(batch: list[Any]) -> list[Span] | str:
         return f"refused: {exc.errors()[0]['type']}"
 
 
-def _same(fast: list[Span], slow: list[Span]) -> None:
+def _same(fast: Sequence[Span], slow: list[Span]) -> None:
+    if isinstance(fast, CheckedSpans):  # its columns are the spans' fields, in order
+        fields = list(Span.model_fields)[:10]  # rollout_id ... attributes
+        assert fast.columns == [tuple(getattr(s, f) for s in slow) for f in fields]
+        fast = list(fast)
     assert fast == slow
     assert [s.model_dump_json() for s in fast] == [s.model_dump_json() for s in slow]
     assert all(is_validated(s) for s in fast)
@@ -217,6 +223,8 @@ def test_the_usual_body_is_read_by_the_fast_lane_and_owns_its_values() -> None:
     body = SpansRequest(spans=spans, request_id="req-1").model_dump_json().encode()
     fast = read_spans_request(body)
     assert fast is not None and fast.request_id == "req-1"
+    assert type(fast.spans) is CheckedSpans  # a SQL store encodes its columns; no models made
+    assert validate_spans(fast.spans) is fast.spans  # the boundary passes it through
     _same(fast.spans, SpansRequest.model_validate_json(body).spans)
     given = [json.loads(s.model_dump_json()) for s in spans]
     made = validate_spans(given)  # the boundary's entry for dicts takes the same lane
@@ -232,3 +240,19 @@ def test_numbers_past_64_bits_read_exactly_as_the_model_reads_them() -> None:
     assert fast is not None
     assert fast.spans[0].attributes == {"big": 2**64 + 1, "small": -(2**63) - 1, "list": [2**70, 1]}
     _same(fast.spans, SpansRequest.model_validate_json(body).spans)
+
+
+@pytest.mark.parametrize(
+    "number", [10**18, 2**63 - 1, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, 10**19, 2**70, -(2**200), 12345]
+)
+def test_a_body_parses_integers_of_every_width_exactly(number: int) -> None:
+    # orjson (the fast parser) reads an integer past 64 bits as a float: such bodies go to pydantic's parser
+    for body in (json.dumps([number]).encode(), json.dumps({"n": number}).encode(), str(number).encode()):
+        assert repr(_loads(body)) == repr(json.loads(body))
+
+
+@PROPERTY
+@given(st.recursive(st.one_of(scalar, st.integers()), lambda inner: st.lists(inner, max_size=4), max_leaves=12))
+def test_a_body_parses_as_pydantics_parser_parses_it(value: Any) -> None:
+    body = json.dumps(value).encode()
+    assert repr(_loads(body)) == repr(from_json(body, allow_inf_nan=False))

@@ -327,3 +327,41 @@ def test_serve_rejects_bad_retry_flags(capsys: pytest.CaptureFixture[str]) -> No
 def test_client_rejects_bad_url() -> None:
     with pytest.raises(ValueError, match="http://host:port"):
         StoreClient("localhost:4747")
+
+
+async def test_a_usual_span_batch_reaches_a_memory_store_whole() -> None:
+    # The fast lane hands the backend the checked batch (CheckedSpans): a memory store reads it as models.
+    with _Server(MemoryStore()) as srv:
+        c = StoreClient(srv.url, token=TOKEN, retries=0)
+        try:
+            await c.enqueue_rollout("usual batch")
+            claim = await c.dequeue_rollout()
+            assert claim is not None
+            rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+            spans = [make_span(rid, aid, i) for i in range(100)]
+            assert await c.add_spans(spans) == 100
+            assert await c.add_spans(spans[50:]) == 0
+            stored = await srv.store.query_spans(rid)
+            assert [s.model_dump_json() for s in stored] == [s.model_dump_json() for s in spans]
+        finally:
+            await c.close()
+
+
+async def test_a_usual_span_batch_passes_through_a_store_client_backend() -> None:
+    # A served store whose backend is a StoreClient (a relay) sends the checked batch on as its models.
+    with _Server(MemoryStore()) as inner:
+        relay = StoreClient(inner.url, token=TOKEN, retries=0)
+        with _Server(relay) as outer:  # pyright: ignore[reportArgumentType]
+            c = StoreClient(outer.url, token=TOKEN, retries=0)
+            try:
+                await c.enqueue_rollout("relayed batch")
+                claim = await c.dequeue_rollout()
+                assert claim is not None
+                rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+                spans = [make_span(rid, aid, i) for i in range(50)]
+                assert await c.add_spans(spans) == 50
+                stored = await inner.store.query_spans(rid)
+                assert [s.model_dump_json() for s in stored] == [s.model_dump_json() for s in spans]
+            finally:
+                await c.close()
+        await relay.close()  # (its connections were made on the relay server's loop, which has ended)

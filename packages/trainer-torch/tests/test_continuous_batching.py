@@ -83,6 +83,7 @@ def test_256_concurrent_requests_stay_under_the_kv_bound(loaded: LoadedModel) ->
     assert [len(r.token_ids) for r in results] == [count for _, count in requests]
     stats = backend.stats
     assert stats.requests == 256 and stats.kv_tokens == 0
+    assert stats.cpu_seconds > 0  # the generation thread's own CPU, counted around every prefill and step
     assert 0 < stats.peak_kv_tokens <= bound  # measured on the cache tensors after every prefill and step
     assert stats.max_batch_size < 256  # the bound, not the sequence limit, held the batch back
     # Sequences evicted to stay under the bound resumed where they were: outputs equal plain greedy decoding.

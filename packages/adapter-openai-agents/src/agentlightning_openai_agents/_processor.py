@@ -62,11 +62,10 @@ class LightningTracingProcessor(TracingProcessor):
         self._tracer = lightning_tracer(self._tracer_name, tracer_provider)
 
     # ------------------------------------------------------------------ helpers
-    def _begin(self, key: str, parent_key: str | None, name: str, attributes: dict[str, Any]) -> None:
-        parent = self._open.get(parent_key) if parent_key is not None else None
-        ctx = trace.set_span_in_context(parent.span) if parent is not None else None
+    def _begin(self, key: str, parent: _Open | None, name: str, attributes: dict[str, Any]) -> None:
         attributes[semconv.ADAPTER_NAME] = ADAPTER
-        span = self._tracer.start_span(name, context=ctx, attributes=attributes)
+        # The parent's own context (made when it started) already holds it as the current span: no new one per span.
+        span = self._tracer.start_span(name, context=parent.ctx if parent is not None else None, attributes=attributes)
         current = trace.set_span_in_context(span)
         self._open[key] = _Open(span, otel_context.attach(current), current)
 
@@ -128,8 +127,10 @@ class LightningTracingProcessor(TracingProcessor):
             }
         else:
             name = str(getattr(data, "name", None) or kind)
-        parent_key = span.parent_id if span.parent_id in self._open else span.trace_id
-        self._begin(span.span_id, parent_key, name, {k: v for k, v in attributes.items() if v is not None})
+        parent = self._open.get(span.parent_id) if span.parent_id is not None else None
+        if parent is None:
+            parent = self._open.get(span.trace_id)
+        self._begin(span.span_id, parent, name, {k: v for k, v in attributes.items() if v is not None})
 
     def on_span_end(self, span: AgentsSpan[Any]) -> None:
         """Close the mirrored span with what the SDK learned (response id, usage, handoff target)."""

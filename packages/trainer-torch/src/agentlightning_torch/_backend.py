@@ -440,7 +440,7 @@ class LocalBackend:
             taken = self._wait_for_work(batch)
             if taken is None:
                 break
-            started = time.monotonic()
+            started, started_cpu = time.monotonic(), time.thread_time()
             finished: list[RunningSequence] = []
             try:
                 with self._weights_lock:
@@ -465,6 +465,7 @@ class LocalBackend:
                 continue
             finally:
                 self.stats.busy_seconds += time.monotonic() - started
+                self.stats.cpu_seconds += time.thread_time() - started_cpu
             for sequence in finished:
                 self.stats.requests += 1
                 self.stats.tokens += len(sequence.result.token_ids)

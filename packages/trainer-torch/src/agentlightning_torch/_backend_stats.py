@@ -20,6 +20,8 @@ class BackendStats:
         max_batch_size: Most sequences decoded together so far.
         batch_sizes: Size of every admission group, in order (capped at the last 10,000).
         busy_seconds: Wall time spent prefilling and decoding.
+        cpu_seconds: CPU time the generation thread spent prefilling and decoding (its own, read with
+            `time.thread_time`: what generation costs, whatever else the process and the machine are doing).
         steps: Decode steps run.
         row_steps: Sequences summed over decode steps (``row_steps / steps`` is the mean decode batch).
         kv_tokens: Token slots the KV cache holds now (read from the cache tensors).
@@ -34,6 +36,7 @@ class BackendStats:
     max_batch_size: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     busy_seconds: float = 0.0
+    cpu_seconds: float = 0.0
     steps: int = 0
     row_steps: int = 0
     kv_tokens: int = 0

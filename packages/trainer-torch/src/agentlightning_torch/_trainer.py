@@ -95,8 +95,8 @@ class TorchEngine(Engine):
             )
         self._server: BackendServer | None = None
         self._backend_url: str | None = None
-        # backend batches, requests, busy seconds, decode steps and rows decoded at the last iteration_metrics
-        self._seen: tuple[int, int, float, int, int] = (0, 0, 0.0, 0, 0)
+        # backend batches, requests, busy seconds, decode steps, rows decoded and generation CPU at the last call
+        self._seen: tuple[int, int, float, int, int, float] = (0, 0, 0.0, 0, 0, 0.0)
 
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
@@ -212,15 +212,16 @@ class TorchEngine(Engine):
         return {} if self.vllm is None else self.vllm.policy_versions()
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Backend admission groups and their mean size, decode steps and their mean rows, generation time since the
-        previous call; with vLLM, the last sync's timings and probe difference."""
+        """Backend admission groups and their mean size, decode steps and their mean rows, generation time (wall and
+        the generation thread's CPU) since the previous call; with vLLM, the last sync's timings and probe
+        difference."""
         if self.vllm is not None:
             return self.vllm.metrics()
         if self._backend is None:
             return {}
         stats = self._backend.stats
-        now = (stats.batches, stats.requests, stats.busy_seconds, stats.steps, stats.row_steps)
-        batches, requests, busy, steps, row_steps = (a - b for a, b in zip(now, self._seen, strict=True))
+        now = (stats.batches, stats.requests, stats.busy_seconds, stats.steps, stats.row_steps, stats.cpu_seconds)
+        batches, requests, busy, steps, row_steps, cpu = (a - b for a, b in zip(now, self._seen, strict=True))
         self._seen = now
         return {
             "backend_batches": float(batches),
@@ -228,6 +229,7 @@ class TorchEngine(Engine):
             "backend_steps": float(steps),
             "backend_mean_rows": row_steps / max(steps, 1),
             "time_generating": busy,
+            "cpu_generating": cpu,
         }
 
     def save_state(self, directory: Path) -> None:

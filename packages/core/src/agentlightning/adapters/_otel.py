@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 
 from agentlightning import semconv
 from agentlightning.tracing._context import _CURRENT  # pyright: ignore[reportPrivateUsage]
+from agentlightning.tracing._light import LightSpan
 
 __all__ = [
     "GatedSpanProcessor",
@@ -40,16 +41,22 @@ def lightning_provider() -> TracerProvider:
 def lightning_tracer(name: str, tracer_provider: TracerProvider | None = None) -> trace.Tracer:
     """A tracer whose spans started inside a rollout are stamped with it and stored.
 
+    With Agent Lightning's own provider, a span started inside a rollout while nothing but the store reads that
+    provider's spans is a light span (`agentlightning.tracing.light_tracer`: an OpenTelemetry ``Span`` that is not
+    the SDK's, giving the same stored record at a third of the cost); anywhere else it is the SDK's span. Code that
+    needs to know whether a span is a live LLM span asks :func:`is_llm_span`, which knows both kinds.
+
     Args:
         name: Instrumentation scope name.
-        tracer_provider: An adapter's ``instrument(tracer_provider=...)``: the tracer comes from it, and the
-            rollouts' span processor is attached to it (`agentlightning.tracing.attach_to`). ``None``:
-            :func:`lightning_provider`.
+        tracer_provider: An adapter's ``instrument(tracer_provider=...)``: the tracer comes from it (SDK spans
+            only), and the rollouts' span processor is attached to it (`agentlightning.tracing.attach_to`).
+            ``None``: :func:`lightning_provider`.
     """
-    from agentlightning.tracing import attach_to, get_tracer
+    from agentlightning.tracing import attach_to
+    from agentlightning.tracing._provider import light_tracer
 
     if tracer_provider is None:
-        return get_tracer(name)
+        return light_tracer(name)
     attach_to(tracer_provider)
     return tracer_provider.get_tracer(name)
 
@@ -86,9 +93,10 @@ def add_processor_once(provider: TracerProvider, processor: SpanProcessor) -> No
         _added.add(key)
 
 
-def is_llm_span(span: Any) -> TypeGuard[SdkSpan]:
-    """Whether ``span`` is a live, recording SDK span of kind ``llm`` (an enclosing framework LLM span)."""
-    if not isinstance(span, SdkSpan) or not span.is_recording():
+def is_llm_span(span: Any) -> TypeGuard[SdkSpan | LightSpan]:
+    """Whether ``span`` is a live, recording span of kind ``llm`` (an enclosing framework LLM span): an SDK span,
+    or a light one of :func:`lightning_tracer`."""
+    if not isinstance(span, SdkSpan | LightSpan) or not span.is_recording():
         return False
     attributes = span.attributes or {}
     return attributes.get(semconv.SPAN_KIND) == semconv.KIND_LLM
@@ -105,15 +113,15 @@ class PendingLLMSpans:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_rollout: dict[int, list[SdkSpan]] = {}
+        self._by_rollout: dict[int, list[SdkSpan | LightSpan]] = {}
 
     @staticmethod
     def _key() -> int:
         return id(_CURRENT.get())
 
     def add(self, span: Any) -> None:
-        """Register a just-started framework LLM span of the current rollout."""
-        if not isinstance(span, SdkSpan):
+        """Register a just-started framework LLM span of the current rollout (an SDK span or a light one)."""
+        if not isinstance(span, SdkSpan | LightSpan):
             return
         key = self._key()
         with self._lock:
@@ -129,7 +137,7 @@ class PendingLLMSpans:
                         del self._by_rollout[key]
                     return
 
-    def claim(self) -> SdkSpan | None:
+    def claim(self) -> SdkSpan | LightSpan | None:
         """Take the oldest live framework LLM span of the current rollout, if any."""
         if not self._by_rollout:
             return None

@@ -4,11 +4,7 @@ A row keeps its ids in columns; its ``data`` is one of:
 
 - **Legacy JSON** (SQLite schema 4 and older: text; PostgreSQL schema 1: text, bytes after migration, first byte
   ``{``): the record as ``model_dump_json`` wrote it. Still read; never rewritten.
-- **Span, format 1** (first byte ``0x01``): a fixed binary header (flags, start and end time as float64 bits,
-  trace id and parent id as raw bytes) and a JSON tail ``[name, attributes, events, status]``. Attribute keys of
-  the well-known table `_KEYS` are written as their index, and the ``agentlightning.rollout_id`` /
-  ``agentlightning.attempt_id`` attributes, when they repeat the row's own ids, as a marker. Events and status
-  are left out when empty / unset. Uncompressed on purpose: a span write must stay a few microseconds.
+- **Span, format 1** (first byte ``0x01``): see `agentlightning.store._codec_spans`.
 - **LLM call, format 1** (first byte ``0x01``): raw deflate (with a preset dictionary of the JSON every chat
   completion repeats) of a header (array lengths), a JSON document of every
   other field, the token ids as little-endian uint32 (int64 when one does not fit) and the log-probs as float64
@@ -30,23 +26,25 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
-from agentlightning import semconv
-from agentlightning._fast import calls_from_json, spans_from_json
-from agentlightning._models import LLMCall, Span
+from agentlightning._fast import calls_from_json
+from agentlightning._models import LLMCall
 
 __all__ = [
     "BLOB_MIN",
+    "FORMAT_1",
     "BlobFetch",
+    "blob_ref",
+    "blob_value",
     "decode_calls",
     "decode_rows",
-    "decode_spans",
     "encode_call",
-    "encode_span",
+    "fetch_blobs",
+    "is_binary",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,41 +57,9 @@ BLOB_MIN = 256
 BlobFetch = Callable[[list[bytes]], dict[bytes, bytes]]
 """Reads stored blobs by key (the backend's query); keys not found are left out."""
 
-_FORMAT_1 = 1
+FORMAT_1 = 1
+"""First byte of a record's ``data`` in format 1 (spans and LLM calls)."""
 _LEGACY = ord("{")
-# Append-only: a span written with index i names _KEYS[i] forever (format 1). New names go at the end.
-_KEYS: tuple[str, ...] = (
-    semconv.ROLLOUT_ID,
-    semconv.ATTEMPT_ID,
-    semconv.SPAN_KIND,
-    semconv.ADAPTER_NAME,
-    semconv.GEN_AI_OPERATION,
-    semconv.GEN_AI_SYSTEM,
-    semconv.GEN_AI_AGENT_NAME,
-    semconv.GEN_AI_REQUEST_MODEL,
-    semconv.GEN_AI_RESPONSE_ID,
-    semconv.GEN_AI_RESPONSE_MODEL,
-    semconv.GEN_AI_TOOL_NAME,
-    semconv.GEN_AI_USAGE_INPUT_TOKENS,
-    semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-    semconv.PROMPT_TOKEN_IDS,
-    semconv.RESPONSE_TOKEN_IDS,
-    semconv.RESPONSE_LOGPROBS,
-    semconv.REWARD_VALUE,
-    semconv.REWARD_NAME,
-    semconv.REWARD_FINAL,
-    semconv.SPAN_SOURCE,
-)
-_KEY_INDEX = {key: index for index, key in enumerate(_KEYS)}
-_SAME_ROLLOUT = -1  # the attribute agentlightning.rollout_id, equal to the row's rollout id
-_SAME_ATTEMPT = -2
-_ROLLOUT_INDEX = _KEY_INDEX[semconv.ROLLOUT_ID]
-_ATTEMPT_INDEX = _KEY_INDEX[semconv.ATTEMPT_ID]
-
-_SPAN_HEAD = struct.Struct("<Bdd16s")  # format, flags... see encode_span
-_PARENT = 1
-_EVENTS = 2
-_STATUS = 4
 _CALL_HEAD = struct.Struct("<IIiI")  # prompt ids, response ids, log-probs (-1: None), JSON length
 _WIDE = 1 << 31  # in the prompt-length slot: ids are int64
 _JSON_IDS = 1 << 30  # ids too large for int64: kept in the JSON document
@@ -122,7 +88,7 @@ def _key(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _blob(value: Any, blobs: dict[bytes, bytes], force: bool = False) -> str | None:
+def blob_ref(value: Any, blobs: dict[bytes, bytes], force: bool = False) -> str | None:
     """The hex key of ``value`` stored as a blob (added to ``blobs``), or ``None`` when it is small."""
     data = to_json(value)
     if not force and len(data) < BLOB_MIN:
@@ -132,118 +98,12 @@ def _blob(value: Any, blobs: dict[bytes, bytes], force: bool = False) -> str | N
     return key.hex()
 
 
-def _blob_value(blobs: dict[bytes, Any], hex_key: str) -> Any:
+def blob_value(blobs: dict[bytes, Any], hex_key: str) -> Any:
+    """The value stored as blob ``hex_key`` (`blob_ref`), from the fetched ``blobs``; ``ValueError`` if missing."""
     try:
         return blobs[bytes.fromhex(hex_key)]
     except KeyError:
         raise ValueError(f"stored value {hex_key} is missing from the blobs table") from None
-
-
-# ----------------------------------------------------------------------------------------------------- spans
-
-
-def encode_span(span: Span, blobs: dict[bytes, bytes]) -> bytes:
-    """The format-1 ``data`` of ``span`` (its ids are the row's columns); large values are added to ``blobs``."""
-    attrs: list[Any] = []
-    rollout_id, attempt_id = span.rollout_id, span.attempt_id
-    for name, value in span.attributes.items():
-        index = _KEY_INDEX.get(name)
-        if index == _ROLLOUT_INDEX and value == rollout_id:
-            attrs += (_SAME_ROLLOUT, 0)
-            continue
-        if index == _ATTEMPT_INDEX and value == attempt_id:
-            attrs += (_SAME_ATTEMPT, 0)
-            continue
-        if (type(value) is str and len(value) >= BLOB_MIN // 2) or (type(value) is list and len(value) >= 16):
-            hex_key = _blob(value, blobs)
-            if hex_key is not None:
-                value = {"#": hex_key}  # a dict is never an attribute value: unambiguous
-        attrs += (name if index is None else index, value)
-    flags = 0
-    tail: list[Any] = [span.name, attrs]
-    if span.events:
-        flags |= _EVENTS
-        tail.append(span.events)
-    status = span.status
-    if status.code != "unset" or status.description is not None:
-        flags |= _STATUS
-        tail += (status.code, status.description)
-    head = _SPAN_HEAD.pack(_FORMAT_1, span.start_time, span.end_time, bytes.fromhex(span.trace_id))
-    if span.parent_id is not None:
-        flags |= _PARENT
-        return head + bytes((flags,)) + bytes.fromhex(span.parent_id) + to_json(tail)
-    return head + bytes((flags,)) + to_json(tail)
-
-
-def _span_values(row: Sequence[Any], blobs: dict[bytes, Any]) -> dict[str, Any]:
-    rollout_id, attempt_id, span_id, sequence_id, data = row
-    _, start, end, trace = _SPAN_HEAD.unpack_from(data)
-    offset = _SPAN_HEAD.size
-    flags = data[offset]
-    offset += 1
-    parent = None
-    if flags & _PARENT:
-        parent = data[offset : offset + 8].hex()
-        offset += 8
-    tail = from_json(data[offset:], allow_inf_nan=False)
-    flat = tail[1]
-    attributes: dict[str, Any] = {}
-    for i in range(0, len(flat), 2):
-        key, value = flat[i], flat[i + 1]
-        if key == _SAME_ROLLOUT:
-            attributes[semconv.ROLLOUT_ID] = rollout_id
-        elif key == _SAME_ATTEMPT:
-            attributes[semconv.ATTEMPT_ID] = attempt_id
-        else:
-            if type(value) is dict:
-                value = _blob_value(blobs, value["#"])
-            attributes[key if type(key) is str else _KEYS[key]] = value
-    rest = 2
-    events: list[Any] = []
-    if flags & _EVENTS:
-        events = tail[rest]
-        rest += 1
-    status = (
-        {"code": tail[rest], "description": tail[rest + 1]}
-        if flags & _STATUS
-        else {"code": "unset", "description": None}
-    )
-    return {
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "sequence_id": sequence_id,
-        "trace_id": trace.hex(),
-        "span_id": span_id,
-        "parent_id": parent,
-        "name": tail[0],
-        "start_time": start,
-        "end_time": end,
-        "attributes": attributes,
-        "events": events,
-        "status": status,
-    }
-
-
-def _span_blob_keys(data: bytes) -> Iterable[bytes]:
-    offset = _SPAN_HEAD.size + (9 if data[_SPAN_HEAD.size] & _PARENT else 1)
-    if b'{"#":' not in data[offset:]:
-        return ()
-    flat = from_json(data[offset:])[1]
-    return [bytes.fromhex(v["#"]) for v in flat[1::2] if type(v) is dict]
-
-
-def decode_spans(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[Span]:
-    """Spans of rows ``(rollout_id, attempt_id, span_id, sequence_id, data)`` in either format.
-
-    Raises:
-        ValueError: A row cannot be read (a bad legacy document, a missing blob).
-    """
-    keys = [key for row in rows if _is_binary(row[4]) for key in _span_blob_keys(row[4])]
-    blobs = _fetch(keys, fetch)
-    values = [
-        _span_values(row, blobs) if _is_binary(row[4]) else from_json(row[4], allow_inf_nan=False) for row in rows
-    ]
-    return spans_from_json(values)
 
 
 # ----------------------------------------------------------------------------------------------------- calls
@@ -276,7 +136,7 @@ def _shared_request_parts(request: Any, blobs: dict[bytes, bytes], refs: list[An
     if type(request) is not dict:
         return
     if request.get("tools") is not None:
-        refs.append([["tools"], _blob(request["tools"], blobs, force=True)])
+        refs.append([["tools"], blob_ref(request["tools"], blobs, force=True)])
         request["tools"] = None
     messages = request.get("messages")
     if type(messages) is not list:
@@ -285,10 +145,10 @@ def _shared_request_parts(request: Any, blobs: dict[bytes, bytes], refs: list[An
         if type(message) is not dict:
             continue
         if message.get("role") in ("system", "developer"):
-            refs.append([["messages", index], _blob(message, blobs, force=True)])
+            refs.append([["messages", index], blob_ref(message, blobs, force=True)])
             messages[index] = None
         elif type(content := message.get("content")) is str and len(content) >= BLOB_MIN // 2:
-            hex_key = _blob(content, blobs)
+            hex_key = blob_ref(content, blobs)
             if hex_key is not None:
                 refs.append([["messages", index, "content"], hex_key])
                 message["content"] = None
@@ -348,7 +208,7 @@ def encode_call(call: LLMCall, blobs: dict[bytes, bytes]) -> bytes:
     )
     packer = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, _CALL_ZDICT)
     body = packer.compress(head + meta + prompt_bytes + response_bytes + lp_bytes) + packer.flush()
-    return bytes((_FORMAT_1,)) + body
+    return bytes((FORMAT_1,)) + body
 
 
 def _ids(count: int, data: bytes, offset: int) -> tuple[list[int], int]:
@@ -384,7 +244,7 @@ def _call_values(row: Sequence[Any], payload: bytes, meta: list[Any], blobs: dic
         target = request
         for step in path[:-1]:
             target = target[step]
-        target[path[-1]] = _blob_value(blobs, hex_key)
+        target[path[-1]] = blob_value(blobs, hex_key)
     if stripped and logprobs is not None:
         content = doc["response"]["choices"][0]["logprobs"]["content"]
         content[:] = [
@@ -417,9 +277,9 @@ def decode_calls(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[LLMCal
     Raises:
         ValueError: A row cannot be read (a bad legacy document, a missing blob, a corrupt compressed body).
     """
-    parts = [_call_meta(row) if _is_binary(row[4]) else None for row in rows]
+    parts = [_call_meta(row) if is_binary(row[4]) else None for row in rows]
     keys = [bytes.fromhex(hex_key) for part in parts if part is not None for _, hex_key in part[1][1]]
-    blobs = _fetch(keys, fetch)
+    blobs = fetch_blobs(keys, fetch)
     values = [
         from_json(row[4], allow_inf_nan=False) if part is None else _call_values(row, part[0], part[1], blobs)
         for row, part in zip(rows, parts, strict=True)
@@ -430,13 +290,13 @@ def decode_calls(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[LLMCal
 # ----------------------------------------------------------------------------------------------------- shared
 
 
-def _is_binary(data: Any) -> bool:
+def is_binary(data: Any) -> bool:
     """Whether ``data`` is in a compact format (not a legacy JSON document: text, or bytes starting with ``{``)."""
     return not isinstance(data, str) and data[0] != _LEGACY
 
 
-def _fetch(keys: list[bytes], fetch: BlobFetch) -> dict[bytes, Any]:
-    """Blob values (parsed JSON, one fresh copy per reference site is made by `_blob_value`)."""
+def fetch_blobs(keys: list[bytes], fetch: BlobFetch) -> dict[bytes, Any]:
+    """Blob values (parsed JSON, one fresh copy per reference site is made by `blob_value`)."""
     if not keys:
         return {}
     return _Blobs(fetch(sorted(set(keys))))

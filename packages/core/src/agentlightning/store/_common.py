@@ -36,7 +36,7 @@ from agentlightning._models import (
     is_validated,
 )
 from agentlightning.store._base import RetryPolicy, RolloutRequest
-from agentlightning.store._span_check import spans_from_dicts
+from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
 
 __all__ = [
     "ALL_ROLLOUT_STATUSES",
@@ -152,7 +152,7 @@ def check_spans_finite(spans: Sequence[Span]) -> None:
         check_json_finite(events, f"spans.{index}.events")
 
 
-def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> list[Span]:
+def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> Sequence[Span]:
     """Validate a batch of spans (models or dicts) as a whole (see the module docstring for what is validated).
 
     Args:
@@ -164,6 +164,8 @@ def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> li
         pydantic.ValidationError: A span is malformed (the location names its index and field).
         ValueError: A span holds NaN or Infinity.
     """
+    if type(spans) is CheckedSpans:
+        return spans  # checked by the fast lane from dicts it owned (finite numbers too): nothing can have changed
     items = _as_list(spans, "spans")
     kinds = set(map(type, items))
     if kinds == {dict}:

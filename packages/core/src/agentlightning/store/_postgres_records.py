@@ -23,7 +23,8 @@ from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
 from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._codec import BlobFetch, decode_calls, decode_rows, decode_spans
+from agentlightning.store._codec import BlobFetch, decode_calls, decode_rows
+from agentlightning.store._codec_spans import decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,

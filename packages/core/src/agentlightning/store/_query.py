@@ -27,6 +27,7 @@ __all__ = [
     "ThroughputBucket",
     "VersionStats",
     "empty_buckets",
+    "final_reward_in",
     "final_reward_of",
     "matches",
     "policy_stats",
@@ -252,7 +253,11 @@ class AttemptFacts(_Frozen):
 
 def final_reward_of(span: Span) -> float | None:
     """The value of a final reward span (kind ``reward``, ``final`` true, finite number), else ``None``."""
-    attributes = span.attributes
+    return final_reward_in(span.attributes)
+
+
+def final_reward_in(attributes: dict[str, Any]) -> float | None:
+    """`final_reward_of` the span with these attributes."""
     if attributes.get(semconv.SPAN_KIND) != semconv.KIND_REWARD or attributes.get(semconv.REWARD_FINAL) is not True:
         return None
     value = attributes.get(semconv.REWARD_VALUE)

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, overload
 
 from agentlightning._fast import fast_factory
 from agentlightning._models import MAX_ID_LENGTH, Span, SpanStatus
 
-__all__ = ["spans_from_dicts"]
+__all__ = ["CheckedSpans", "spans_from_dicts"]
 
 _FIELDS = tuple(Span.model_fields)
 _FIELD_SET = frozenset(_FIELDS)
@@ -97,6 +97,8 @@ def _attributes(column: list[Any], copy: bool) -> list[dict[str, Any]] | None:
 
 
 def _statuses(column: Sequence[Any]) -> list[SpanStatus] | None:
+    if column.count(_UNSET_DICT) == len(column):  # the usual batch, as our serialiser writes it (in C)
+        return [_UNSET] * len(column)
     made: list[SpanStatus] = []
     for status in column:
         if status is _MISSING or (type(status) is dict and status == _UNSET_DICT):
@@ -111,14 +113,60 @@ def _statuses(column: Sequence[Any]) -> list[SpanStatus] | None:
     return made
 
 
-def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | None:
+class CheckedSpans(Sequence[Span]):
+    """Spans the fast lane checked from dicts that were its own: their columns, the models made on first use.
+
+    A served store hands a parsed batch to its backend as this: a SQL backend encodes the columns and never needs
+    the models (`agentlightning.store._codec_spans.encode_spans`); any other reader gets the models, made once, exactly
+    as `spans_from_dicts` would have returned them. The boundary passes it through (it was checked here).
+
+    Attributes:
+        columns: ``rollout_id``, ``attempt_id``, ``sequence_id``, ``trace_id``, ``span_id``, ``parent_id``,
+            ``name``, ``start_time``, ``end_time``, ``attributes`` (one tuple per field, in span order); every span
+            has no events and an unset status.
+    """
+
+    __slots__ = ("_dicts", "_spans", "_statuses", "columns")
+
+    def __init__(self, dicts: list[dict[str, Any]], columns: list[Sequence[Any]], statuses: list[SpanStatus]) -> None:
+        self._dicts: list[dict[str, Any]] | None = dicts
+        self._statuses = statuses
+        self._spans: list[Span] = []
+        self.columns = columns
+
+    def spans(self) -> list[Span]:
+        """The models (made from the dicts on the first call: each dict becomes its span's ``__dict__``)."""
+        dicts = self._dicts
+        if dicts is not None:
+            self._dicts = None
+            for values, status in zip(dicts, self._statuses, strict=True):
+                values["status"] = status
+            self._spans = list(map(_new_span, dicts))
+        return self._spans
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    @overload
+    def __getitem__(self, index: int) -> Span: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Span]: ...
+    def __getitem__(self, index: int | slice) -> Span | list[Span]:
+        return self.spans()[index]
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans())
+
+
+def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | CheckedSpans | None:
     """The validated spans of a batch of span dicts in the usual shape (see the module docstring), else ``None``.
 
     Args:
         items: The span dicts.
         owned: The dicts are the caller's to give away (just parsed from JSON): a dict with every field in the
-            model's order (as our serialiser writes them) becomes its span's ``__dict__`` as it is. Otherwise the
-            spans hold new dicts and lists, and the caller's can change afterwards without changing them.
+            model's order (as our serialiser writes them) becomes its span's ``__dict__`` as it is (and such a
+            batch without events or status comes back as `CheckedSpans`). Otherwise the spans hold new dicts and
+            lists, and the caller's can change afterwards without changing them.
     """
     if not items:
         return []
@@ -150,7 +198,10 @@ def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | None
         and _finite_floats(ends)
         and all(map(operator.le, starts, ends))
         and (not _types(parents) - {type(None)} or _hex([p for p in parents if p is not None], 16))
-        and not any(event is not _MISSING and (type(event) is not list or event) for event in columns[10])
+        and (
+            columns[10].count([]) == len(items)
+            or not any(event is not _MISSING and (type(event) is not list or event) for event in columns[10])
+        )
     ):
         return None  # (events: pydantic checks them)
     attributes = columns[9]
@@ -161,6 +212,8 @@ def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | None
     if checked is None or statuses is None:
         return None
     if in_place:
+        if columns[10].count([]) == len(items) and statuses.count(_UNSET) == len(items):
+            return CheckedSpans(items, columns[:10], statuses)
         for values, status in zip(items, statuses, strict=True):
             values["status"] = status
         return list(map(_new_span, items))

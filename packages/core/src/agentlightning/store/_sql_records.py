@@ -8,13 +8,17 @@ spellings a `SqlDialect` holds.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._codec import encode_call, encode_span
-from agentlightning.store._query import final_reward_of
+from agentlightning.store._codec import encode_call
+from agentlightning.store._codec_spans import encode_spans
+from agentlightning.store._query import final_reward_in
+from agentlightning.store._span_check import CheckedSpans
 from agentlightning.store._sql_dashboard import SqlDialect
 
 __all__ = ["RecordBatch", "call_batch", "calls_query", "span_batch", "spans_query"]
@@ -39,19 +43,32 @@ class RecordBatch:
     pairs: set[tuple[str, str]]
 
 
+_IDS = operator.attrgetter("rollout_id", "attempt_id", "span_id", "sequence_id", "attributes")
+_kind_of = operator.methodcaller("get", semconv.SPAN_KIND)
+
+
 def span_batch(batch: Sequence[Span]) -> RecordBatch:
     """Rows ``(rollout_id, attempt_id, span_id, sequence_id, data)`` and each attempt's newest final reward."""
     blobs: dict[bytes, bytes] = {}
-    rows = [(s.rollout_id, s.attempt_id, s.span_id, s.sequence_id, encode_span(s, blobs)) for s in batch]
+    if not batch:
+        return RecordBatch([], blobs, [], set())
+    # a column at a time, in C (a batch is hundreds of spans)
+    if type(batch) is CheckedSpans:
+        rollout_ids, attempt_ids, sequence_ids, _, span_ids, *_, attributes = batch.columns
+    else:
+        rollout_ids, attempt_ids, span_ids, sequence_ids, attributes = zip(*map(_IDS, batch), strict=True)
+    rows = list(zip(rollout_ids, attempt_ids, span_ids, sequence_ids, encode_spans(batch, blobs), strict=True))
     # one final reward per attempt: the last by sequence id (a later one in the batch wins a tie)
     finals: dict[tuple[str, str], tuple[float, int]] = {}
-    for span in batch:
-        reward = final_reward_of(span)
-        pair = (span.rollout_id, span.attempt_id)
-        if reward is not None and (pair not in finals or finals[pair][1] <= span.sequence_id):
-            finals[pair] = (reward, span.sequence_id)
+    kinds = list(map(_kind_of, attributes))
+    if semconv.KIND_REWARD in kinds:  # (what final_reward_in asks first: most batches have no reward span)
+        pairs = zip(rollout_ids, attempt_ids, strict=True)
+        for pair, seq, values, kind in zip(pairs, sequence_ids, attributes, kinds, strict=True):
+            reward = final_reward_in(values) if kind == semconv.KIND_REWARD else None
+            if reward is not None and (pair not in finals or finals[pair][1] <= seq):
+                finals[pair] = (reward, seq)
     updates = [(r, seq, a, rid, seq) for (rid, a), (r, seq) in sorted(finals.items())]
-    return RecordBatch(rows, blobs, updates, {(row[0], row[1]) for row in rows})
+    return RecordBatch(rows, blobs, updates, set(zip(rollout_ids, attempt_ids, strict=True)))
 
 
 def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:

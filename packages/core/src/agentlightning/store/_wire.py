@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import from_json
 
@@ -220,6 +221,21 @@ class SpansRequest(_Body):
 
 
 _SPANS_REQUEST_KEYS = frozenset(SpansRequest.model_fields)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19  # 19 digits in a row: perhaps an integer past 64 bits
+
+
+def _loads(body: bytes) -> Any:
+    """``body`` parsed as pydantic parses it, with orjson (twice as fast) wherever the two read it alike.
+
+    orjson reads an integer past 64 bits as a float; such an integer has 19 digits or more, so a body with a run
+    of 19 digits anywhere (found by two passes in C: digits mapped to ``0``, then a substring test) is parsed by
+    pydantic's own parser instead. Bodies both refuse raise ``ValueError`` either way; one orjson takes that
+    pydantic's parser refuses (nesting past its depth limit) cannot be a span batch the fast lane accepts.
+    """
+    if _LONG_NUMBER in body.translate(_DIGITS_AS_ZERO):
+        return from_json(body, allow_inf_nan=False)
+    return orjson.loads(body)
 
 
 def read_spans_request(body: bytes) -> SpansRequest | None:
@@ -230,8 +246,7 @@ def read_spans_request(body: bytes) -> SpansRequest | None:
     third of the time; for anything else the caller validates with the model, which decides and says why.
     """
     try:
-        # pydantic's own parser (orjson would be faster, but reads an integer past 64 bits as a float)
-        data: Any = from_json(body, allow_inf_nan=False)
+        data: Any = _loads(body)
     except ValueError:
         return None
     if type(data) is not dict or not data.keys() <= _SPANS_REQUEST_KEYS:

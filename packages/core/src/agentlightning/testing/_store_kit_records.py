@@ -222,3 +222,44 @@ class RecordRoundTripTests:
             assert [s.model_dump_json() for s in got] == [s.model_dump_json() for s in spans]
             assert list(got[1].attributes) == list(spans[1].attributes)  # attribute order kept
             assert _bits(got[1].attributes[semconv.RESPONSE_LOGPROBS]) == _bits(_LOGPROBS)  # type: ignore[arg-type]
+
+    async def test_big_batches_store_each_span_once_exactly(self, store: LightningStore) -> None:
+        # Batches of hundreds of spans take the backends' batch paths (SQLite: many rows per INSERT): spans
+        # already stored and spans repeated within a batch are each stored once, every field as written.
+        await self._big_batches(store, with_events=True)
+
+    async def test_big_batches_of_usual_spans_store_each_span_once_exactly(self, store: LightningStore) -> None:
+        # No events, status unset: what a served store reads in its fast lane and a SQL store encodes by columns
+        await self._big_batches(store, with_events=False)
+
+    async def _big_batches(self, store: LightningStore, with_events: bool) -> None:
+        rid, aid = await self._attempt(store)
+        shapes = round_trip_spans(rid, aid) if with_events else round_trip_spans(rid, aid)[:1]
+        own = {semconv.ATTEMPT_ID: aid, "n": 0, semconv.ROLLOUT_ID: rid, "k": "v"}
+        kinds = [own, {**own, "text": "x" * 300}, {semconv.ROLLOUT_ID: rid + "x", semconv.ATTEMPT_ID: "a"}, {}]
+
+        def span(i: int) -> Span:
+            attributes = {**kinds[i % 4], "n": [i, 0.5, -i] if i % 2 else i}
+            return shapes[i % len(shapes)].model_copy(
+                update={"sequence_id": i, "span_id": f"{i + 1:016x}", "attributes": attributes}
+            )
+
+        assert await store.add_spans([span(i) for i in range(70)]) == 70
+        again = [span(i) for i in range(40, 120)] + [span(i) for i in range(100, 120)]
+        assert await store.add_spans(again) == 50  # 40-69 stored before, 100-119 twice in the batch
+        got = await store.query_spans(rid, aid)
+        assert [s.model_dump_json() for s in got] == [span(i).model_dump_json() for i in range(120)]
+        assert [list(s.attributes) for s in got] == [list(span(i).attributes) for i in range(120)]
+
+    async def test_big_batches_store_each_llm_call_once_exactly(self, store: LightningStore) -> None:
+        rid, aid = await self._attempt(store)
+        shape = round_trip_calls(rid, aid)[0]
+
+        def call(i: int) -> LLMCall:
+            return shape.model_copy(update={"call_id": f"call-{i}", "start_time": 1_700_000_000.0 + i})
+
+        assert await store.add_llm_calls([call(i) for i in range(40)]) == 40
+        again = [call(i) for i in range(20, 90)] + [call(i) for i in range(80, 90)]
+        assert await store.add_llm_calls(again) == 50  # 20-39 stored before, 80-89 twice in the batch
+        got = await store.query_llm_calls(rid, aid)
+        assert [c.model_dump_json() for c in got] == [call(i).model_dump_json() for i in range(90)]
