@@ -78,11 +78,16 @@ def test_two_iterations_train_only_the_writer_and_rewriter_and_serve_new_version
     assert (out / "reward_curve.png").stat().st_size > 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["kind"] for line in lines] == ["eval", "train", "train", "eval"]
-    assert all(line["metrics"]["samples_checker"] == 0 for line in lines if line["kind"] == "train")
+    # an iteration whose groups all got one reward each has no sample and skips its update (no counts then)
+    trains = [line["metrics"] for line in lines if line["kind"] == "train"]
+    assert all(m.get("skipped_update") == 1 or m["samples_checker"] == 0 for m in trains), trains
+
+    updates = sum(m.get("skipped_update") != 1 for m in trains)
+    assert updates >= 1
 
     versions, results, agents = asyncio.run(_stored(out / "store.db"))
-    # 0: evaluation before RL and iteration 1; 1: iteration 2; 2: evaluation after RL
-    assert versions == {0, 1, 2}, versions
+    # with both updates, 0: evaluation before RL and iteration 1; 1: iteration 2; 2: evaluation after RL
+    assert versions == set(range(updates + 1)), (versions, trains)
     # The checker ran on the same model (its calls are in the store) but only writer + rewriter are transitions
     assert agents["writer"] == 16 and agents["checker"] >= 16, agents
     assert {t.agent_name for r in results for t in r.transitions} <= {"writer", "rewriter"}
