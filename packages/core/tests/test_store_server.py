@@ -345,3 +345,23 @@ async def test_a_usual_span_batch_reaches_a_memory_store_whole() -> None:
             assert [s.model_dump_json() for s in stored] == [s.model_dump_json() for s in spans]
         finally:
             await c.close()
+
+
+async def test_a_usual_span_batch_passes_through_a_store_client_backend() -> None:
+    # A served store whose backend is a StoreClient (a relay) sends the checked batch on as its models.
+    with _Server(MemoryStore()) as inner:
+        relay = StoreClient(inner.url, token=TOKEN, retries=0)
+        with _Server(relay) as outer:  # pyright: ignore[reportArgumentType]
+            c = StoreClient(outer.url, token=TOKEN, retries=0)
+            try:
+                await c.enqueue_rollout("relayed batch")
+                claim = await c.dequeue_rollout()
+                assert claim is not None
+                rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+                spans = [make_span(rid, aid, i) for i in range(50)]
+                assert await c.add_spans(spans) == 50
+                stored = await inner.store.query_spans(rid)
+                assert [s.model_dump_json() for s in stored] == [s.model_dump_json() for s in spans]
+            finally:
+                await c.close()
+        await relay.close()  # (its connections were made on the relay server's loop, which has ended)

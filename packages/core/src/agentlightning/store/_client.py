@@ -272,7 +272,8 @@ class StoreClient(StoreTransport):
         """
         if not spans:
             return 0
-        body = fast_model(SpansRequest, {"spans": spans, "request_id": request_id or uuid.uuid4().hex})
+        batch = spans if type(spans) is list else list(spans)  # (a served store's CheckedSpans: its models)
+        body = fast_model(SpansRequest, {"spans": batch, "request_id": request_id or uuid.uuid4().hex})
         return (await self._call("POST", "/spans", body, AddedResponse)).added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

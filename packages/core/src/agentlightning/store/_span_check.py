@@ -117,7 +117,7 @@ class CheckedSpans(Sequence[Span]):
     """Spans the fast lane checked from dicts that were its own: their columns, the models made on first use.
 
     A served store hands a parsed batch to its backend as this: a SQL backend encodes the columns and never needs
-    the models (`agentlightning.store._codec.encode_spans`); any other reader gets the models, made once, exactly
+    the models (`agentlightning.store._codec_spans.encode_spans`); any other reader gets the models, made once, exactly
     as `spans_from_dicts` would have returned them. The boundary passes it through (it was checked here).
 
     Attributes:

@@ -250,3 +250,16 @@ class RecordRoundTripTests:
         got = await store.query_spans(rid, aid)
         assert [s.model_dump_json() for s in got] == [span(i).model_dump_json() for i in range(120)]
         assert [list(s.attributes) for s in got] == [list(span(i).attributes) for i in range(120)]
+
+    async def test_big_batches_store_each_llm_call_once_exactly(self, store: LightningStore) -> None:
+        rid, aid = await self._attempt(store)
+        shape = round_trip_calls(rid, aid)[0]
+
+        def call(i: int) -> LLMCall:
+            return shape.model_copy(update={"call_id": f"call-{i}", "start_time": 1_700_000_000.0 + i})
+
+        assert await store.add_llm_calls([call(i) for i in range(40)]) == 40
+        again = [call(i) for i in range(20, 90)] + [call(i) for i in range(80, 90)]
+        assert await store.add_llm_calls(again) == 50  # 20-39 stored before, 80-89 twice in the batch
+        got = await store.query_llm_calls(rid, aid)
+        assert [c.model_dump_json() for c in got] == [call(i).model_dump_json() for i in range(90)]
