@@ -327,4 +327,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agentlightning_torch.runkit import exit_process
+
+    exit_process(main())  # no interpreter teardown of torch's objects (~1.5 s of CPU)

@@ -23,7 +23,7 @@ Example::
     sys.exit(run_main(lambda: train(args)))
 """
 
-from agentlightning_torch.runkit._output import Curve, plot_run, print_table, run_main
+from agentlightning_torch.runkit._output import Curve, exit_process, plot_run, print_table, run_main
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
@@ -46,6 +46,7 @@ __all__ = [
     "TrainingRun",
     "UsageError",
     "add_run_arguments",
+    "exit_process",
     "free_port",
     "load_jsonl_tasks",
     "plot_run",

@@ -4,12 +4,15 @@ last table, the final JSON line, and one-line errors with their exit codes."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agentlightning import IterationReport
 from agentlightning.cli import RunnerDied
@@ -104,3 +107,21 @@ def run_main(
         show(summary)
     print(json.dumps(summary))
     return 0
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a training script with ``code`` without the interpreter's teardown (``sys.exit(main())`` otherwise).
+
+    What a normal exit does that matters runs first (the ``atexit`` handlers: span flushes, logging's, weakref
+    finalizers; then stdout and stderr are flushed); what is skipped is freeing every object one by one (torch,
+    transformers, the model): measured at ~1.5 s of CPU at the end of each CPU quickstart run, a tenth of its
+    trainer's own CPU in a short run. For a script's ``if __name__ == "__main__":`` only, never from library code
+    (it ends the process at once).
+    """
+    try:
+        getattr(atexit, "_run_exitfuncs")()  # noqa: B009 - what Py_Finalize runs first (not public API)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away: nothing to lose
+                stream.flush()
+        os._exit(code)

@@ -1,4 +1,4 @@
-"""A training run's dashboard starts its store server when its address is first visited, and serves that visit.
+"""A training run's dashboard starts its store server when its address is first visited; a script's fast exit.
 
 Real processes: the port is bound by this process, ``agl store serve --fd`` is started by the first connection
 (which waits in the socket's backlog and is then answered by the server), the token the address carries is required.
@@ -79,3 +79,21 @@ def test_agl_store_serve_refuses_a_descriptor_that_is_no_listening_socket(tmp_pa
         os.close(read_end)
         os.close(write_end)
     assert done.returncode == 2 and "is no listening socket" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_exit_process_runs_the_exit_handlers_and_flushes_before_it_ends(tmp_path: Path) -> None:
+    """A training script's fast exit (`exit_process`): its code, buffered output and atexit work are not lost."""
+    marker = tmp_path / "atexit.txt"
+    script = (
+        "import atexit, sys\n"
+        "from agentlightning_torch.runkit import exit_process\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('summary without a newline')\n"  # still in the buffer: a pipe is block-buffered
+        "sys.stderr.write('table')\n"
+        "exit_process(3)\n"
+        "print('never')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "summary without a newline" and done.stderr == "table"
+    assert marker.read_text() == "ran"
