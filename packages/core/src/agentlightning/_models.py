@@ -13,7 +13,6 @@ validates it again. Past the boundary, code that builds models from known-good d
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import uuid
@@ -22,6 +21,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from agentlightning._finite import check_json_finite
 from agentlightning._urls import rollout_base_url
 
 __all__ = [
@@ -116,51 +116,6 @@ def new_id(prefix: str) -> str:
 def now() -> float:
     """Wall-clock time in seconds since the epoch (the unit used by every timestamp in the model)."""
     return time.time()
-
-
-def _all_finite(value: Any) -> bool:
-    """Whether no float inside a JSON-like value (dicts, lists, tuples) is NaN or infinite (no paths: fast)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return False
-        elif isinstance(item, dict):
-            stack.extend(item.values())  # pyright: ignore[reportUnknownArgumentType,reportUnknownMemberType]
-        elif isinstance(item, list | tuple):
-            stack.extend(item)  # pyright: ignore[reportUnknownArgumentType]
-    return True
-
-
-def _first_non_finite(value: Any, path: str) -> str:
-    """Path and value of the first NaN/infinite float inside ``value`` (called once `_all_finite` said there is one)."""
-    if isinstance(value, float):
-        return f"{path} = {value!r}"
-    items: Any = None
-    if isinstance(value, dict):
-        items = ((f"{path}[{key!r}]", item) for key, item in value.items())  # pyright: ignore[reportUnknownVariableType,reportUnknownMemberType]
-    elif isinstance(value, list | tuple):
-        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))  # pyright: ignore[reportUnknownArgumentType,reportUnknownVariableType]
-    for where, item in items or ():
-        if not _all_finite(item):
-            return _first_non_finite(item, where)
-    return path
-
-
-def check_json_finite(value: Any, name: str) -> Any:
-    """Return ``value`` unchanged if no number inside it is NaN or infinite, else raise a `ValueError` naming where.
-
-    JSON has no NaN or Infinity: stored, they would silently become ``null``. Every record entering a store is
-    checked at the validation boundary (typed float fields by pydantic, free-form JSON fields by this function).
-    """
-    if not _all_finite(value):
-        where = _first_non_finite(value, name)
-        raise ValueError(
-            f"non-finite number at {where}: JSON cannot hold NaN or Infinity (it would be stored as null); "
-            "replace it with a finite number, None or a string"
-        )
-    return value
 
 
 class _Unvalidated(set[str]):

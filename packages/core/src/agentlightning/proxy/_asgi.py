@@ -14,7 +14,6 @@ is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
@@ -82,19 +81,45 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
+class _Watch:
+    """The state `_unless_disconnected` shares with its watcher's done-callback."""
+
+    __slots__ = ("finished", "gone")
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.gone = False
+
+
 async def _unless_disconnected(work: Awaitable[Any], receive: Receive) -> Response | None:
-    """``work``'s answer, or ``None`` (``work`` cancelled) if the client hangs up first."""
-    task = asyncio.ensure_future(work)
+    """``work``'s answer, or ``None`` (``work`` cancelled) if the client hangs up first.
+
+    ``work`` runs in this task, and a watcher task cancels this task when the client hangs up: one task and one
+    ``asyncio.wait`` fewer per call than running ``work`` in a task of its own (this runs for every LLM call).
+    """
+    task = asyncio.current_task()
+    assert task is not None, "called outside a task"
+    state = _Watch()
+
+    def hung_up(watcher: asyncio.Future[None]) -> None:
+        if state.finished or watcher.cancelled():
+            return  # ``work`` is over (this callback may be scheduled before it ends and run after)
+        watcher.exception()  # retrieved: a receive that failed means the client is gone too
+        state.gone = True
+        task.cancel()  # the client is gone: stop waiting for the backend
+
     watch = asyncio.ensure_future(_until_disconnect(receive))
+    watch.add_done_callback(hung_up)
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not state.gone:
+            raise  # the server stops (or a rollout's abort that ``work`` did not take)
+        task.uncancel()
+        return None
     finally:
-        if not task.done():
-            task.cancel()  # the client is gone (or we are cancelled): stop waiting for the backend
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        state.finished = True
         watch.cancel()
-    return task.result() if not task.cancelled() else None
 
 
 def raw_path(scope: Scope) -> str:

@@ -62,6 +62,10 @@ class CallRecorder:
         self, meta: Meta, response: dict[str, Any] | None, extracted: Extracted, error: str | None = None
     ) -> str | None:
         """`_record`, finished even when the agent hangs up meanwhile (the handler is then cancelled)."""
+        if self.record == "background":
+            # Queuing never suspends, so no cancellation can cut it short: no task and shield per call (the RL loop's
+            # mode: this runs for every LLM call)
+            return await self._record(meta, response, extracted, error)
         return await asyncio.shield(self._record(meta, response, extracted, error))
 
     async def _record(

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from starlette.responses import JSONResponse, Response
 
 from agentlightning._urls import check_slot_key
+from agentlightning.proxy._asgi import RawResponse, raw_headers
 
 __all__ = [
     "ATTEMPT_FINISHED",
@@ -245,4 +246,6 @@ def update_slots(
         return _full(exc)
     for ids, key in ends:
         table.end(*ids, key=key)
-    return JSONResponse({"registered": len(registrations), "ended": len(ends)})
+    # Rendered here, not by JSONResponse (the stdlib encoder it builds per answer): runners send this every heartbeat
+    body = b'{"registered":%d,"ended":%d}' % (len(registrations), len(ends))
+    return RawResponse(body, 200, raw_headers(body, 200, "application/json", {}))
