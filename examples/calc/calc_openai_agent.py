@@ -63,6 +63,11 @@ class _LoopClients:
 
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
 
+# A first client, built at import: it imports openai's HTTP stack and chat resources (~75 ms of CPU) and loads the
+# TLS context, here, before `agl runner --processes` forks its runners, instead of once in each of them. It opens
+# no connection (aiohttp's session is made on a first request) and is not used.
+AsyncOpenAI(api_key="unused", http_client=DefaultAioHttpClient(verify=_tls())).chat.completions  # noqa: B018
+
 
 def client_for(base_url: str, api_key: str) -> AsyncOpenAI:
     """The client for ``base_url`` on the running event loop, reused from one rollout to the next."""
