@@ -7,7 +7,8 @@ SQLite store → training) at toy size, once with this tree's code and once with
 
 - **per LLM call**: the ``llm_calls`` table and its indexes, plus the ``blobs`` table (shared tools and system
   prompts, counted here in full although spans may share them), divided by the number of calls;
-- **per span**: the ``spans`` table (its primary key is its only index), divided by the number of spans;
+- **per span**: the ``spans`` table (its primary key is its only index) and, from schema version 7 on, the
+  ``span_attempts`` table of its attempts' keys, divided by the number of spans;
 - **per rollout**: the whole file (every table and index), divided by the number of rollouts.
 
 Pages are counted as SQLite stores them (``pgsize``: page headers and free space included), so the figures are
@@ -66,7 +67,8 @@ def measure(db: Path) -> dict[str, float]:
         "spans": counts["spans"],
         "rollouts": counts["rollouts"],
         "bytes_per_call": calls_bytes / max(1, counts["llm_calls"]),
-        "bytes_per_span": per_table.get("spans", 0) / max(1, counts["spans"]),
+        # schema 7 keys spans by an attempt's integer key, kept in span_attempts: counted with the spans
+        "bytes_per_span": (per_table.get("spans", 0) + per_table.get("span_attempts", 0)) / max(1, counts["spans"]),
         "bytes_per_rollout": total / max(1, counts["rollouts"]),
         "blobs_bytes": per_table.get("blobs", 0),
         "file_bytes": total,

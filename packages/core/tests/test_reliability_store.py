@@ -124,10 +124,11 @@ async def test_one_unreadable_row_does_not_hide_the_rest_of_the_trace(tmp_path: 
     call = make_call(rid, aid, 1, 2.0).model_dump(mode="json")
     call["prompt_token_ids"] = None
     with sqlite3.connect(path) as raw:
+        (attempt_key,) = raw.execute("SELECT attempt_key FROM span_attempts WHERE attempt_id = ?", (aid,)).fetchone()
         for span in legacy:
             raw.execute(
-                "INSERT INTO spans VALUES (?, ?, ?, ?, ?)",
-                (rid, aid, span["span_id"], span["sequence_id"], json.dumps(span)),
+                "INSERT INTO spans VALUES (?, ?, ?, ?)",
+                (attempt_key, int(span["span_id"], 16) - 2**63, span["sequence_id"], json.dumps(span)),
             )
         raw.execute(
             "INSERT INTO llm_calls (call_id, rollout_id, attempt_id, start_time, data) VALUES (?, ?, ?, 2.0, ?)",

@@ -91,7 +91,7 @@ def test_version_1_file_is_migrated_and_backfilled(tmp_path: Path) -> None:
         finally:
             await store.close()
         conn = sqlite3.connect(path)
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
         assert conn.execute("SELECT mode FROM attempts").fetchall() == [("train",)]
         conn.close()
 

@@ -69,7 +69,7 @@ async def test_a_version_4_file_migrates_on_open_and_reads_back_everything(v4_co
     finally:
         await store.close()
     with sqlite3.connect(v4_copy) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
         assert conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
@@ -88,7 +88,12 @@ async def test_new_records_in_a_migrated_file_are_compact_and_read_with_the_old_
     finally:
         await store.close()
     with sqlite3.connect(v4_copy) as conn:
-        kinds = dict(conn.execute("SELECT rollout_id, typeof(data) FROM spans GROUP BY rollout_id").fetchall())
+        kinds = dict(
+            conn.execute(
+                "SELECT k.rollout_id, typeof(s.data) FROM spans s JOIN span_attempts k USING (attempt_key) "
+                "GROUP BY k.rollout_id"
+            ).fetchall()
+        )
         assert kinds == {"rt-rollout": "text", "new-rollout": "blob"}
         # the tools and the system prompt shared by the new calls, and the prompt the span repeats, stored once
         assert conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 3
@@ -96,11 +101,11 @@ async def test_new_records_in_a_migrated_file_are_compact_and_read_with_the_old_
 
 def test_a_file_of_a_newer_schema_is_refused_in_one_line(v4_copy: Path) -> None:
     with sqlite3.connect(v4_copy) as conn:
-        conn.execute("PRAGMA user_version = 7")
+        conn.execute("PRAGMA user_version = 8")
     with pytest.raises(StoreError) as caught:
         SqliteStore(v4_copy)
     message = str(caught.value)
-    assert "schema version 7" in message and "upgrade" in message and "\n" not in message
+    assert "schema version 8" in message and "upgrade" in message and "\n" not in message
 
 
 async def test_a_version_1_postgres_database_migrates_on_open_and_reads_back_everything(

@@ -35,20 +35,26 @@ class RecordBatch:
             backend's ``SET_REWARD`` / ``SET_VERSION`` statement takes them, one per attempt, in key order (so
             concurrent writers lock attempts in one order).
         pairs: The (rollout id, attempt id) pairs the batch writes to.
+        columns: With ``rows=False`` (`span_batch`): the rows' columns instead of the rows (``rows`` is empty).
     """
 
     rows: list[tuple[Any, ...]]
     blobs: dict[bytes, bytes]
     updates: list[tuple[Any, ...]]
     pairs: set[tuple[str, str]]
+    columns: tuple[Sequence[Any], ...] = ()
 
 
 _IDS = operator.attrgetter("rollout_id", "attempt_id", "span_id", "sequence_id", "attributes")
 _kind_of = operator.methodcaller("get", semconv.SPAN_KIND)
 
 
-def span_batch(batch: Sequence[Span]) -> RecordBatch:
-    """Rows ``(rollout_id, attempt_id, span_id, sequence_id, data)`` and each attempt's newest final reward."""
+def span_batch(batch: Sequence[Span], rows: bool = True) -> RecordBatch:
+    """Rows ``(rollout_id, attempt_id, span_id, sequence_id, data)`` and each attempt's newest final reward.
+
+    With ``rows=False`` the batch holds those five columns instead of rows (for a backend that keys its rows
+    otherwise: SQLite).
+    """
     blobs: dict[bytes, bytes] = {}
     if not batch:
         return RecordBatch([], blobs, [], set())
@@ -57,7 +63,7 @@ def span_batch(batch: Sequence[Span]) -> RecordBatch:
         rollout_ids, attempt_ids, sequence_ids, _, span_ids, *_, attributes = batch.columns
     else:
         rollout_ids, attempt_ids, span_ids, sequence_ids, attributes = zip(*map(_IDS, batch), strict=True)
-    rows = list(zip(rollout_ids, attempt_ids, span_ids, sequence_ids, encode_spans(batch, blobs), strict=True))
+    columns = (rollout_ids, attempt_ids, span_ids, sequence_ids, encode_spans(batch, blobs))
     # one final reward per attempt: the last by sequence id (a later one in the batch wins a tie)
     finals: dict[tuple[str, str], tuple[float, int]] = {}
     kinds = list(map(_kind_of, attributes))
@@ -68,7 +74,10 @@ def span_batch(batch: Sequence[Span]) -> RecordBatch:
             if reward is not None and (pair not in finals or finals[pair][1] <= seq):
                 finals[pair] = (reward, seq)
     updates = [(r, seq, a, rid, seq) for (rid, a), (r, seq) in sorted(finals.items())]
-    return RecordBatch(rows, blobs, updates, set(zip(rollout_ids, attempt_ids, strict=True)))
+    pairs = set(zip(rollout_ids, attempt_ids, strict=True))
+    if not rows:
+        return RecordBatch([], blobs, updates, pairs, columns)
+    return RecordBatch(list(zip(*columns, strict=True)), blobs, updates, pairs)
 
 
 def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:

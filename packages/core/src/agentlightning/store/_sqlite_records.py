@@ -45,7 +45,7 @@ from agentlightning.store._query import (
     RunStatsQuery,
 )
 from agentlightning.store._sql_dashboard import SQLITE
-from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch, spans_query
+from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch
 from agentlightning.store._sqlite_dashboard import DashboardReader
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
@@ -56,12 +56,19 @@ from agentlightning.store._sqlite_schema import (
     connect,
     rollout_from_row,
 )
+from agentlightning.store._sqlite_spans import SPANS_SELECT, span_rows, spans_read
 
 __all__ = ["REQUEST_MEMORY_SECONDS", "SqliteRecords"]
 
 logger = logging.getLogger(__name__)
 
-_INSERT_SPAN = "INSERT OR IGNORE INTO spans (rollout_id, attempt_id, span_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
+_INSERT_SPAN = "INSERT OR IGNORE INTO spans (attempt_key, span_key, sequence_id, data) VALUES (?, ?, ?, ?)"
+# an attempt's key for spans, and whether the attempt exists (spans can only be added to an attempt the store started)
+_ATTEMPT_KEY = (
+    "SELECT k.attempt_key FROM attempts a LEFT JOIN span_attempts k "
+    "ON k.rollout_id = a.rollout_id AND k.attempt_id = a.attempt_id WHERE a.attempt_id = ? AND a.rollout_id = ?"
+)
+_NEW_ATTEMPT_KEY = "INSERT INTO span_attempts (rollout_id, attempt_id) VALUES (?, ?) RETURNING attempt_key"
 _SET_REWARD = (
     "UPDATE attempts SET reward = ?, reward_seq = ? WHERE attempt_id = ? AND rollout_id = ? "
     "AND (reward_seq IS NULL OR reward_seq <= ?)"
@@ -112,6 +119,8 @@ class SqliteRecords(StoreBoundary):
         # No running attempt (in any process) can time out before this moment; see `_expired`.
         self._no_timeout_before = 0.0
         self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) seen in the attempts table
+        # (rollout, attempt) -> its key in span_attempts: committed keys only (they never change once committed)
+        self._attempt_keys: dict[tuple[str, str], int] = {}
         self._requests_since_purge = 0
         self._conn: sqlite3.Connection | None = connect(self.path, synchronous, busy_timeout)
         closed = f"SQLite store {self.path} is closed"
@@ -180,14 +189,35 @@ class SqliteRecords(StoreBoundary):
                 "SELECT 1 FROM attempts WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
             ).fetchone()
             if row is None:
-                self._get_rollout(conn, rollout_id)  # names the rollout when it is the rollout that is unknown
-                raise NotFoundError(
-                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
-                    "attempt the store started (dequeue_rollout)"
-                )
+                raise self._unknown_attempt(conn, rollout_id, attempt_id, what)
             if len(known) >= _KNOWN_ATTEMPTS_MAX:
                 known.clear()
             known.add((rollout_id, attempt_id))
+
+    def _unknown_attempt(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str, what: str) -> NotFoundError:
+        self._get_rollout(conn, rollout_id)  # raises, naming the rollout, when it is the rollout that is unknown
+        return NotFoundError(
+            f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
+            "attempt the store started (dequeue_rollout)"
+        )
+
+    def _keys_of(
+        self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], new: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], int]:
+        """The span key of each (rollout id, attempt id), given on first use (added to ``new``, which the caller
+        caches once committed); raises `NotFoundError` for an attempt this store did not start."""
+        cache = self._attempt_keys
+        keys: dict[tuple[str, str], int] = {}
+        for pair in pairs:
+            key = cache.get(pair)
+            if key is None:
+                row = conn.execute(_ATTEMPT_KEY, (pair[1], pair[0])).fetchone()
+                if row is None:
+                    raise self._unknown_attempt(conn, pair[0], pair[1], "spans")
+                key = row[0] if row[0] is not None else conn.execute(_NEW_ATTEMPT_KEY, pair).fetchone()[0]
+                new[pair] = key
+            keys[pair] = key
+        return keys
 
     # ----------------------------------------------------------------- spans and calls
 
@@ -201,7 +231,7 @@ class SqliteRecords(StoreBoundary):
         if not batch:
             return 0
         key = None if request_id is None else "spans:" + request_id
-        return self._add_records(span_batch(batch), _INSERT_SPAN, _SET_REWARD, key, "spans")
+        return self._add_records(span_batch(batch, rows=False), _INSERT_SPAN, _SET_REWARD, key, "spans")
 
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records in one transaction (idempotent on call_id); returns how many were new.
@@ -215,12 +245,18 @@ class SqliteRecords(StoreBoundary):
         return self._add_records(call_batch(batch), _INSERT_CALL, _SET_VERSION, key, "LLM calls")
 
     def _add_records(self, records: RecordBatch, insert: str, update: str, key: str | None, what: str) -> int:
+        """Write ``records`` (spans: given as columns, keyed here) in one transaction; returns how many were new."""
+        new_keys: dict[tuple[str, str], int] = {}
         with self._write as conn:
-            self._check_attempts(conn, records.pairs, what)
+            if records.columns:
+                rows = span_rows(self._keys_of(conn, records.pairs, new_keys), records.columns)
+            else:
+                self._check_attempts(conn, records.pairs, what)
+                rows = records.rows
             before = conn.total_changes
-            _insert_rows(conn, insert, records.rows)
+            _insert_rows(conn, insert, rows)
             added = conn.total_changes - before
-            if key is not None and added < len(records.rows) and (seen := self._seen_request(conn, key)) is not None:
+            if key is not None and added < len(rows) and (seen := self._seen_request(conn, key)) is not None:
                 return int(seen)  # a retry (see `_seen_request`): nothing was written, the first count is the answer
             if records.blobs and added:  # a batch of records stored before adds no values they would not use
                 conn.executemany(_INSERT_BLOB, records.blobs.items())
@@ -228,13 +264,20 @@ class SqliteRecords(StoreBoundary):
                 conn.executemany(update, records.updates)
             if key is not None:
                 self._remember_request(conn, key, str(added), now())
-            return added
+        if new_keys:  # committed: from now on these keys are this process's to reuse
+            if len(self._attempt_keys) >= _KNOWN_ATTEMPTS_MAX:
+                self._attempt_keys.clear()
+            self._attempt_keys.update(new_keys)
+        return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""
-        sql, params = spans_query(SQLITE, rollout_id, attempt_id)
+        if attempt_id is None:
+            sql, params = SPANS_SELECT.format("k.rollout_id = ?"), (rollout_id,)
+        else:
+            sql, params = SPANS_SELECT.format("k.rollout_id = ? AND k.attempt_id = ?"), (rollout_id, attempt_id)
         with self._read as conn:
-            rows = conn.execute(sql, params).fetchall()
+            rows = spans_read(conn.execute(sql, params).fetchall())
         return decode_rows(rows, decode_spans, self._fetch_blobs, f"span of rollout {rollout_id!r}")
 
     async def query_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:

@@ -15,6 +15,7 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 from agentlightning._fast import fast_factory
 from agentlightning._models import Attempt, Rollout
 from agentlightning.store._base import StorageError, StoreError
+from agentlightning.store._sqlite_spans import SPANS_SCHEMA, migrate_spans_6_to_7
 
 __all__ = [
     "ATTEMPT_COLUMNS",
@@ -32,11 +33,13 @@ logger = logging.getLogger(__name__)
 _new_rollout = fast_factory(Rollout)
 _new_attempt = fast_factory(Attempt)
 
-_SCHEMA_VERSION = 6
+_SCHEMA_VERSION = 7
 # Version 3 added the requests table (answers of retried requests, by client request id).
 # Version 4: attempts keep their rollout's mode, and finished attempts are indexed for dashboard statistics.
 # Version 5: spans and LLM calls are written in the compact formats of `_codec` (rows of older versions stay JSON
 # text and are still read), and values they share are stored once in the blobs table.
+# Version 7: spans are keyed by integers (an attempt's key in span_attempts, the span id's 64 bits): see
+# `_sqlite_spans`.
 _BLOBS_TABLE = """
 CREATE TABLE IF NOT EXISTS blobs (
     key BLOB PRIMARY KEY,
@@ -93,14 +96,6 @@ CREATE INDEX IF NOT EXISTS ix_attempts_running ON attempts (last_heartbeat, star
 -- attempt and its heartbeats never touch it (no semicolons in comments: the schema is split on them)
 CREATE INDEX IF NOT EXISTS ix_attempts_finished ON attempts (model_version, mode, status, reward, end_time)
     WHERE status != 'running';
-CREATE TABLE IF NOT EXISTS spans (
-    rollout_id TEXT NOT NULL,
-    attempt_id TEXT NOT NULL,
-    span_id TEXT NOT NULL,
-    sequence_id INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (rollout_id, attempt_id, span_id)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS llm_calls (
     call_id TEXT PRIMARY KEY,
     rollout_id TEXT NOT NULL,
@@ -119,6 +114,8 @@ CREATE TABLE IF NOT EXISTS resources (
 );
 """
     + _BLOBS_TABLE
+    + ";"
+    + SPANS_SCHEMA
 )
 
 # Version 1 -> 2: attempts keep their final reward and serving model version (for dashboards); filled in from
@@ -219,7 +216,7 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, 4, 5, 6, _SCHEMA_VERSION):
             raise StoreError(
                 f"{path} has store schema version {version}; this agentlightning reads versions 1 to "
                 f"{_SCHEMA_VERSION} (a newer agentlightning-core wrote it: upgrade to open it)"
@@ -241,6 +238,8 @@ def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connec
                 for statement in script.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                if 1 <= version <= 6:
+                    migrate_spans_6_to_7(conn)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
