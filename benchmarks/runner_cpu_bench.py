@@ -11,7 +11,9 @@ not.
 
 Prints the runners' CPU seconds in all, the supervisor's share (its imports before the fork), the forked runners'
 first wave (their clients and first calls), their CPU per rollout after the first wave, and their stop; each from
-/proc while they run, the total from ``getrusage`` once they have exited. Ends with one JSON line.
+/proc while they run, the total from ``getrusage`` once they have exited. Also this process's CPU per rollout after
+the first wave (the LLM proxy serving the agents' calls and the runners' slot requests, as a trainer does, plus the
+scripted model and the polling): what the runners' requests cost the other side. Ends with one JSON line.
 
     .venv/bin/python benchmarks/runner_cpu_bench.py [--waves 6] [--repeats 1]
 """
@@ -117,6 +119,7 @@ async def _one_run(agent: str, checkout: Path, waves: int, model_url: str, workd
         before = _rusage_children()
         runner = runners.start(["--db", str(db)], WAVE, 2)[0]
         marks: list[float] = []
+        serving: list[float] = []  # this process's CPU (the LLM proxy, the scripted model, the polling) at each mark
         supervisor = 0.0
         for wave in range(waves):
             for i in range(WAVE):
@@ -128,6 +131,7 @@ async def _one_run(agent: str, checkout: Path, waves: int, model_url: str, workd
             await _wait_done(store, (wave + 1) * WAVE)
             supervisor = _cpu_of(runner.pid)
             marks.append(sum(_cpu_of(pid) for pid in _children_of(runner.pid)))
+            serving.append(time.process_time())
         runner.send_signal(signal.SIGTERM)
         runner.wait(60)
         total = _rusage_children() - before
@@ -147,6 +151,7 @@ async def _one_run(agent: str, checkout: Path, waves: int, model_url: str, workd
         "first_wave_cpu_s": round(marks[0], 3),
         "per_rollout_ms_after_first": round(1000 * (marks[-1] - marks[0]) / max(rollouts - WAVE, 1), 3),
         "stop_cpu_s": round(total - supervisor - marks[-1], 3),
+        "serving_ms_per_rollout_after_first": round(1000 * (serving[-1] - serving[0]) / max(rollouts - WAVE, 1), 3),
         "ms_per_rollout": round(1000 * total / rollouts, 3),
         "spans_per_rollout": round(spans / rollouts, 2),
     }
