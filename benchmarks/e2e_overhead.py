@@ -217,6 +217,14 @@ def main() -> int:
         "cpu_ratios": {agent: [r[agent]["cpu_ratio"] for r in repeats] for agent in agents},
         "median_ratio": {agent: _median([r[agent]["ratio"] for r in repeats]) for agent in agents},
         "median_cpu_ratio": {agent: _median([r[agent]["cpu_ratio"] for r in repeats]) for agent in agents},
+        # each repeat's CPU seconds: the bare loop, the framework's trainer process, its runner processes
+        "cpu_split": {
+            agent: [
+                [r["bare_cpu_seconds"], r[agent]["trainer_cpu_seconds"], r[agent]["runner_cpu_seconds"]]
+                for r in repeats
+            ]
+            for agent in agents
+        },
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     bare_s, bare_cpu = figures["bare_seconds_per_iteration"], figures["bare_cpu_seconds"]
@@ -227,6 +235,7 @@ def main() -> int:
             f"  CPU {figures['cpu_ratios'][agent]} (median {figures['median_cpu_ratio'][agent]:.2f})"
             f"  wall after 1st {figures['ratios_after_first'][agent]}"
         )
+        print(f"  {'':10} CPU s [bare, trainer, runners] {figures['cpu_split'][agent]}")
     if args.repeats > 1:
         print(f"the repeat with the median wall ratio (of the {agents[0]} agent) in full:")
     header = f"{'s/iteration':>12}{'ratio':>8}{'after 1st':>11}{'CPU s':>8}{'CPU ratio':>10}{'runner ms/rollout':>19}"

@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CALC = ROOT / "examples" / "calc"
 
 
-def _agents() -> tuple[Any, Any]:
+def _agents() -> tuple[Any, Any, Callable[[], Any]]:
     sys.path.insert(0, str(CALC))
     try:
         from calc_agent import calc_agent  # pyright: ignore[reportMissingImports]
-        from calc_openai_agent import calc_openai_agent  # pyright: ignore[reportMissingImports]
+        from calc_openai_agent import aclose_clients, calc_openai_agent  # pyright: ignore[reportMissingImports]
     finally:
         sys.path.remove(str(CALC))
-    return calc_agent, calc_openai_agent
+    return calc_agent, calc_openai_agent, aclose_clients
 
 
 async def _seeded_calls(
@@ -72,7 +72,7 @@ async def test_the_plain_openai_agent_makes_the_langgraph_agents_calls_and_earns
     import agentlightning_langchain
     from agentlightning.adapters import instrument_openai, uninstrument_openai
 
-    langgraph_agent, openai_agent = _agents()
+    langgraph_agent, openai_agent, aclose_clients = _agents()
     tasks = [json.loads(line) for line in (CALC / "data" / "val.jsonl").read_text().splitlines()[:24]]
     graph_reward, graph_calls = await _seeded_calls(
         tmp_path / "graph",
@@ -81,9 +81,12 @@ async def test_the_plain_openai_agent_makes_the_langgraph_agents_calls_and_earns
         agentlightning_langchain.uninstrument,
         tasks,
     )
-    plain_reward, plain_calls = await _seeded_calls(
-        tmp_path / "plain", openai_agent, instrument_openai, uninstrument_openai, tasks
-    )
+    try:
+        plain_reward, plain_calls = await _seeded_calls(
+            tmp_path / "plain", openai_agent, instrument_openai, uninstrument_openai, tasks
+        )
+    finally:
+        await aclose_clients()  # its connections, before the test's event loop ends
     assert len(graph_calls) == len(tasks)
     # the warm-started model samples the calculator on a fifth of the tasks: then both agents send the tool's answer
     tool_paths = sum(len(calls) == 2 for calls in graph_calls.values())

@@ -203,11 +203,14 @@ def show(summary: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from agentlightning_torch.runkit import run_main
+    from agentlightning import defer_full_gc
 
-    args = parse_args(argv)
-    return run_main(lambda: train(args), show)
+    with defer_full_gc():  # entered before torch and transformers import: no full collections until the loop
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        from agentlightning_torch.runkit import run_main
+
+        args = parse_args(argv)
+        return run_main(lambda: train(args), show)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agentlightning._gc import GC_FREEZE_ENV, frozen_gc
+from agentlightning._gc import GC_FREEZE_ENV, defer_full_gc, frozen_gc
 
 
 class _Cycle:
@@ -88,3 +88,59 @@ def test_only_the_young_generations_are_collected_before_freezing() -> None:
     gc.collect()
     assert freed_old.is_set()  # given back to the collector at the end of the block
     del old, young
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="3.14's incremental collector has no full collections to defer")
+def test_a_script_makes_no_full_collection_until_its_loop_and_keeps_the_freeze_to_its_end() -> None:
+    full: list[int] = []
+
+    def on_collect(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    thresholds = gc.get_threshold()
+    young, middle, _ = thresholds
+    gc.callbacks.append(on_collect)
+    try:
+        with defer_full_gc() as deferred:
+            assert deferred
+            with defer_full_gc() as nested:
+                assert not nested
+            # survivors, as imports leave: more than a quarter of the old generation (what starts a full collection)
+            kept = [_Cycle() for _ in range(len(gc.get_objects()) + young * middle)]
+            assert not full  # startup: only the young generations were collected
+            assert gc.get_threshold()[:2] == (young, middle)
+            del kept
+            before = _Cycle()
+            with frozen_gc() as froze:
+                assert froze and gc.get_threshold() == thresholds  # the loop collects as usual
+                assert id(before) not in _tracked()
+            assert gc.get_freeze_count() > 0 and id(before) not in _tracked()  # still frozen after the loop
+            with frozen_gc() as again:  # a later loop of the same script: nothing more to freeze or give back
+                assert not again
+        assert gc.get_freeze_count() == 0 and id(before) in _tracked()  # given back at the script's end
+    finally:
+        gc.callbacks.remove(on_collect)
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+def test_a_script_that_never_reaches_its_loop_gets_the_collector_back() -> None:
+    thresholds = gc.get_threshold()
+    with pytest.raises(RuntimeError), defer_full_gc():
+        assert gc.get_threshold() != thresholds
+        raise RuntimeError("a usage error before the loop")
+    assert gc.get_threshold() == thresholds
+    with frozen_gc() as froze:  # and later loops freeze and unfreeze as before
+        assert froze
+    assert gc.get_freeze_count() == 0
+
+
+def test_switched_off_a_script_leaves_the_collector_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GC_FREEZE_ENV, "0")
+    thresholds = gc.get_threshold()
+    with defer_full_gc() as deferred:
+        assert not deferred and gc.get_threshold() == thresholds
+        with frozen_gc() as froze:
+            assert not froze
+    assert gc.get_freeze_count() == 0

@@ -8,6 +8,7 @@ an OTLP exporter or any other processor on the provider).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -44,13 +45,14 @@ def _record_spans(tracer: trace.Tracer) -> None:
         llm = tracer.start_span("chat toy", attributes={semconv.SPAN_KIND: semconv.KIND_LLM, "tags": ["a", "b"]})
         llm.set_attributes({"gen_ai.response.id": "r-1", "tags": ["c"], "count": 3, "ratio": 0.5, "ok": True})
         llm.set_attribute("gen_ai.response.id", "r-2")  # set again: moves to the end, as in the SDK's map
+        llm.add_event("scores", {"loss": math.inf, "steps": [1.0, math.nan]})  # stored as text, not refused
         llm.record_exception(ValueError("bad answer"))
         llm.set_status(Status(StatusCode.ERROR, "ValueError: bad answer"))
         llm.set_status(StatusCode.UNSET)  # ignored
         llm.end()
         reward = tracer.start_span(
             "agentlightning.reward",
-            attributes={semconv.SPAN_KIND: semconv.KIND_REWARD, semconv.REWARD_VALUE: 1.0},
+            attributes={semconv.SPAN_KIND: semconv.KIND_REWARD, semconv.REWARD_VALUE: 1.0, "raw": math.nan},
             start_time=5,
         )
         reward.end(end_time=5)
@@ -64,7 +66,7 @@ def _comparable(span: Any) -> dict[str, Any]:
         data.pop(key)
     for event in data["events"]:
         event.pop("timestamp")
-        event["attributes"].pop("exception.stacktrace")  # the line numbers differ between the two calls
+        event["attributes"].pop("exception.stacktrace", None)  # the line numbers differ between the two calls
     data["attributes"].pop(semconv.ROLLOUT_ID)
     data["attributes"].pop(semconv.ATTEMPT_ID)
     data["attribute_order"] = list(data["attributes"])
@@ -89,7 +91,9 @@ async def test_light_spans_store_the_same_records_as_sdk_spans() -> None:
     assert child.parent_id == root.span_id and child.trace_id == root.trace_id  # an SDK child of a light parent
     assert llm.parent_id == root.span_id and reward.parent_id == root.span_id
     assert llm.attributes["tags"] == ["c"] and list(llm.attributes)[-1] == "gen_ai.response.id"
-    assert llm.events[0].attributes["exception.type"] == "ValueError"
+    assert llm.events[0].attributes == {"loss": "inf", "steps": ["1.0", "nan"]}
+    assert llm.events[1].attributes["exception.type"] == "ValueError"
+    assert reward.attributes["raw"] == "nan" and reward.attributes[semconv.REWARD_VALUE] == 1.0
     assert llm.status.code == "error" and root.status.code == "ok"
     assert (reward.start_time, reward.end_time) == (5e-9, 5e-9)
 

@@ -8,6 +8,7 @@ from typing import Any
 from agentlightning._deprecation import warn_renamed
 from agentlightning._distribution import ForeignDistributionWarning, installed_version, warn_if_foreign
 from agentlightning._eventloop import run_async
+from agentlightning._gc import defer_full_gc
 from agentlightning._models import (
     Attempt,
     Claim,
@@ -138,6 +139,7 @@ __all__ = [
     "build_trace_tree",
     "build_training_batch",
     "current_rollout",
+    "defer_full_gc",
     "emit_annotation",
     "emit_reward",
     "flush",

@@ -276,21 +276,24 @@ class DecodeBatch:
             return
         assert self._cache is not None and self._mask is not None
         index = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
-        self._cache.batch_select_indices(index)
-        self._mask, self._positions, self._pending = self._mask[index], self._positions[index], self._pending[index]
+        mask = self._mask[index]
+        first = _first_used(mask)
+        # one copy per tensor: the rows kept, without the leading columns only padding uses now
+        for layer in _layers(self._cache):
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+        self._mask, self._positions, self._pending = mask[:, first:], self._positions[index], self._pending[index]
         self.rows = [self.rows[i] for i in keep]
-        self._trim()
 
     def _trim(self) -> None:
         """Drop leading cache columns that no row uses (only padding left there)."""
         assert self._cache is not None and self._mask is not None
-        used = self._mask.any(dim=0).nonzero()
-        first = int(used[0, 0]) if len(used) else self._mask.shape[1]
+        first = _first_used(self._mask)
         if first == 0:
             return
-        for layer in _layers(self._cache):
-            layer.keys = layer.keys[:, :, first:, :].contiguous()
-            layer.values = layer.values[:, :, first:, :].contiguous()
+        for layer in _layers(self._cache):  # views: the next step's cache update copies them into new tensors anyway
+            layer.keys = layer.keys[:, :, first:]
+            layer.values = layer.values[:, :, first:]
         self._mask = self._mask[:, first:]
 
     def _advance(
@@ -347,6 +350,12 @@ class DecodeBatch:
         if len(result.token_ids) >= params.max_tokens or sequence.length >= sequence.max_length:
             return "length"
         return None
+
+
+def _first_used(mask: torch.Tensor) -> int:
+    """The first cache column that some row uses (rows are right-aligned: each row's first real token)."""
+    used = mask.any(dim=0).nonzero()
+    return int(used[0, 0]) if len(used) else int(mask.shape[1])
 
 
 def _pad_left(tensor: torch.Tensor, count: int, dim: int) -> torch.Tensor:

@@ -9,11 +9,12 @@ hooks; the first report wins).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime as dt
 import logging
 import threading
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from opentelemetry.trace import Status, StatusCode
 
@@ -134,11 +135,38 @@ class LiteLLMAdapter(Adapter):
         return 0 if self._callback is None else len(self._callback._contexts)
 
     def _uninstrument(self) -> None:
-        import litellm
-
         self._callback.enabled = False
-        while self._callback in litellm.callbacks:
-            litellm.callbacks.remove(self._callback)
+        _remove_everywhere(self._callback)
+
+
+def _callback_lists() -> list[list[Any]]:
+    """Every list in LiteLLM that may hold a callback object.
+
+    LiteLLM copies each entry of ``litellm.callbacks`` into its per-event lists (``input_callback``,
+    ``success_callback``, ``_async_success_callback``, the failure lists...) on its next call, and
+    ``litellm.utils`` keeps the first set it saw as ``callback_list``. The names differ between releases, so every
+    module-level list whose name says "callback" is taken, rather than a fixed set that a release could outgrow.
+    """
+    import litellm
+    import litellm.utils
+
+    found: list[list[Any]] = []
+    for module in (litellm, litellm.utils):
+        for name, value in vars(module).items():
+            if "callback" in name and isinstance(value, list) and not any(value is seen for seen in found):
+                found.append(cast(list[Any], value))
+    return found
+
+
+def _remove_everywhere(callback: object) -> None:
+    """Take ``callback`` out of every LiteLLM callback list (by identity), under LiteLLM's own lock when it has one."""
+    import litellm
+
+    manager = getattr(litellm, "logging_callback_manager", None)
+    lock = getattr(manager, "callback_lists_lock", None) or contextlib.nullcontext()
+    with lock:
+        for entries in _callback_lists():
+            entries[:] = [entry for entry in entries if entry is not callback]
 
 
 def instrument_litellm() -> LiteLLMAdapter:

@@ -193,9 +193,12 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        train = load_engine(args.engine)
-    except EngineNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return int(train(args))
+    from agentlightning._gc import defer_full_gc
+
+    with defer_full_gc():  # the engine imports torch next: no full collections until its loop starts
+        try:
+            train = load_engine(args.engine)
+        except EngineNotFoundError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return int(train(args))

@@ -49,9 +49,19 @@ _STATUS: dict[StatusCode, Any] = {StatusCode.UNSET: "unset", StatusCode.OK: "ok"
 _UNSET = SpanStatus()  # frozen, so every span without a status can share it
 
 
-def _attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+def _attributes(attrs: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The attributes as the record wants them; the span's own mapping when nothing needs a change (most spans:
+    scalars only), which validation copies into the record anyway."""
     if not attrs:
         return {}
+    for value in attrs.values():
+        if isinstance(value, tuple) or (type(value) is float and not math.isfinite(value)):
+            return _fixed(attrs)
+    return attrs
+
+
+def _fixed(attrs: Mapping[str, Any]) -> dict[str, AttributeValue]:
+    """A copy with lists for tuples, and NaN/Infinity as text."""
     out: dict[str, AttributeValue] = {}
     for key, value in attrs.items():
         if isinstance(value, tuple):  # OpenTelemetry stores lists as tuples; the model wants lists
@@ -95,9 +105,10 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: FinishedSpan) -> 
     parent = span.parent
     status = span.status
     attributes = _attributes(span.attributes)
-    if _genai.used:  # a span source was in use: map its spans
+    if _genai.used:  # a span source was in use: map its spans (in a copy: the span's own mapping is not ours)
+        attributes = dict(attributes)
         _genai.source_attributes(attributes)
-    return Span.model_validate(
+    return Span.__pydantic_validator__.validate_python(  # model_validate without its per-call argument checks
         {
             "rollout_id": ctx.rollout_id,
             "attempt_id": ctx.attempt_id,
