@@ -62,7 +62,8 @@ def test_span_keys_give_back_every_id_and_sort_as_the_ids() -> None:
     assert mixed_keys[:3] == keys[:3] and mixed_keys[3:] == mixed[3:]
     assert [span_id_of(k) for k in mixed_keys] == mixed
     # 16 characters that are not 16 lowercase hex digits, among usual ids (the batch's fast lane must see them)
-    for odd in ("ABCDEF0123456789", " 0f067aa0ba902b7", "0f067aa0ba902b7 ", "00000000000000ag", "0f067aa0ba902b7\u00e9"):
+    odds = ("ABCDEF0123456789", " 0f067aa0ba902b7", "0f067aa0ba902b7 ", "00000000000000ag", "0f067aa0ba902b7\u00e9")
+    for odd in odds:
         assert len(odd) == 16 and span_keys([*hex_ids[:3], odd]) == [*keys[:3], odd]
 
 
