@@ -6,8 +6,8 @@ trainer sharing the machine. This runs the same runner command the quickstart st
 file, the runner slots' proxy URLs) against an LLM proxy and a scripted OpenAI-compatible model in this process
 (the calculator tool on the first call, the answer on the second: two LLM calls per rollout), and feeds it
 ``--waves`` waves of 128 rollouts, each queued once the last one has ended, as a training iteration does. Only the
-runner processes' CPU is counted (they are this process's children); this process's proxy, model and polling are
-not.
+runner processes' CPU is counted (they are the measuring process's children); its proxy, model and polling are not.
+Each run is a process of its own on its checkout's sources (``--against``: another checkout, alternately).
 
 Prints the runners' CPU seconds in all, the supervisor's share (its imports before the fork), the forked runners'
 first wave (their clients and first calls), their CPU per rollout after the first wave, and their stop; each from
@@ -157,16 +157,27 @@ async def _one_run(agent: str, checkout: Path, waves: int, model_url: str, workd
     }
 
 
-async def _run(agent: str, checkouts: list[Path], waves: int, repeats: int) -> dict[str, list[dict[str, float]]]:
+async def _measure(agent: str, checkout: Path, waves: int) -> dict[str, float]:
+    """One run, in this process: its proxy, model and store are this process's sources (``--checkout``'s)."""
     from agentlightning.testing import ScriptedModelServer
 
-    runs: dict[str, list[dict[str, float]]] = {str(c): [] for c in checkouts}
     with ScriptedModelServer(_reply) as model, tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeats):  # alternated: a shared machine's speed drifts
-            for checkout in checkouts:
-                run = await _one_run(agent, checkout, waves, model.url, Path(tmp))
-                print(checkout, "  ".join(f"{k} {v}" for k, v in run.items()), file=sys.stderr, flush=True)
-                runs[str(checkout)].append(run)
+        return await _one_run(agent, checkout, waves, model.url, Path(tmp))
+
+
+def _run(agent: str, checkouts: list[Path], waves: int, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Each run in a process of its own on that checkout's sources (its store file's schema is its own)."""
+    runs: dict[str, list[dict[str, float]]] = {str(c): [] for c in checkouts}
+    for _ in range(repeats):  # alternated: a shared machine's speed drifts
+        for checkout in checkouts:
+            cmd = [sys.executable, __file__, "--agent", agent, "--waves", str(waves), "--checkout", str(checkout)]
+            env = {**os.environ, "PYTHONPATH": _sources(checkout)}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"the run on {checkout} failed:\n{done.stderr[-3000:]}")
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            print(checkout, "  ".join(f"{k} {v}" for k, v in run.items()), file=sys.stderr, flush=True)
+            runs[str(checkout)].append(run)
     return runs
 
 
@@ -183,13 +194,17 @@ def main() -> int:
         default=None,
         help="another checkout (e.g. the main branch's) whose runners run alternately with this one's, same waves",
     )
+    parser.add_argument("--checkout", type=Path, default=None, help=argparse.SUPPRESS)  # one run, on these sources
     args = parser.parse_args()
     if args.waves < 2:
         parser.error("--waves must be at least 2")
     logging.basicConfig(level=logging.WARNING)
+    if args.checkout is not None:
+        print(json.dumps(asyncio.run(_measure(args.agent, args.checkout, args.waves))))
+        return 0
     checkouts = [ROOT] if args.against is None else [args.against.resolve(), ROOT]
     load = os.getloadavg()[0]
-    runs = asyncio.run(_run(args.agent, checkouts, args.waves, args.repeats))
+    runs = _run(args.agent, checkouts, args.waves, args.repeats)
     medians = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     print(f"{'':44}{'CPU s':>8}{'supervisor':>12}{'1st wave':>10}{'ms/rollout after':>18}", file=sys.stderr)
     for name, m in medians.items():
