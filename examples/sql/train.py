@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    code = main()  # first: it imports torch under `defer_full_gc`
     from agentlightning_torch.runkit import exit_process
 
-    exit_process(main())  # no interpreter teardown of torch's objects (~1.5 s of CPU)
+    exit_process(code)  # no interpreter teardown of torch's objects (~1.5 s of CPU)
