@@ -19,10 +19,15 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import from_json
 
-from agentlightning._models import Span, is_validated
+from agentlightning._models import Span, SpanEvent, SpanStatus, is_validated
 from agentlightning.store._common import validate_spans
 from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
-from agentlightning.store._wire import SpansRequest, _loads, read_spans_request  # pyright: ignore[reportPrivateUsage]
+from agentlightning.store._wire import (  # pyright: ignore[reportPrivateUsage]
+    SpansRequest,
+    _loads,
+    read_spans_request,
+    spans_request_json,
+)
 from agentlightning.testing import make_span
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -256,3 +261,23 @@ def test_a_body_parses_integers_of_every_width_exactly(number: int) -> None:
 def test_a_body_parses_as_pydantics_parser_parses_it(value: Any) -> None:
     body = json.dumps(value).encode()
     assert repr(_loads(body)) == repr(from_json(body, allow_inf_nan=False))
+
+
+def test_a_client_body_leaves_default_events_and_status_out_and_reads_the_same() -> None:
+    spans = [make_span("ro-1", "at-1", i) for i in range(20)]
+    lean = spans_request_json(SpansRequest(spans=spans, request_id="req-1"))
+    assert all(set(s) == set(Span.model_fields) - {"events", "status"} for s in json.loads(lean)["spans"])
+    fast = read_spans_request(lean)
+    assert fast is not None and type(fast.spans) is CheckedSpans  # the fast lane, columns kept
+    _same(fast.spans, SpansRequest.model_validate_json(lean).spans)
+    made = list(fast.spans)
+    assert made == spans and made[0].events is not made[1].events  # each span its own list
+    # one span with an event, or a set status: every span keeps both fields (any server reads them)
+    for changed in (
+        spans[3].model_copy(update={"events": [SpanEvent(name="retry", timestamp=1.0)]}),
+        spans[3].model_copy(update={"status": SpanStatus(code="error", description="boom")}),
+    ):
+        batch = [*spans[:3], changed, *spans[4:]]
+        full = spans_request_json(SpansRequest(spans=batch, request_id="req-2"))
+        assert all("events" in s and "status" in s for s in json.loads(full)["spans"])
+        assert SpansRequest.model_validate_json(full).spans == batch

@@ -62,6 +62,7 @@ from agentlightning.store._wire import (
     RolloutsResponse,
     SpansRequest,
     WaitRequest,
+    spans_request_json,
 )
 
 __all__ = ["InvalidRequestError", "StoreClient", "StoreUnavailableError", "UnauthorizedError"]  # errors: re-exported
@@ -274,7 +275,7 @@ class StoreClient(StoreTransport):
             return 0
         batch = spans if type(spans) is list else list(spans)  # (a served store's CheckedSpans: its models)
         body = fast_model(SpansRequest, {"spans": batch, "request_id": request_id or uuid.uuid4().hex})
-        return (await self._call("POST", "/spans", body, AddedResponse)).added
+        return (await self._call("POST", "/spans", spans_request_json(body), AddedResponse)).added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (or one attempt), ordered by attempt then sequence_id."""

@@ -137,30 +137,36 @@ class StoreTransport(StoreBoundary):
 
     @overload
     async def _call(
-        self, method: str, path: str, body: BaseModel | None, model: type[_M], extra_timeout: float = 0.0
+        self, method: str, path: str, body: BaseModel | bytes | None, model: type[_M], extra_timeout: float = 0.0
     ) -> _M: ...
 
     @overload
     async def _call(
-        self, method: str, path: str, body: BaseModel | None, model: Callable[[bytes], _T], extra_timeout: float = 0.0
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | bytes | None,
+        model: Callable[[bytes], _T],
+        extra_timeout: float = 0.0,
     ) -> _T: ...
 
     async def _call(
         self,
         method: str,
         path: str,
-        body: BaseModel | None,
+        body: BaseModel | bytes | None,
         model: type[_M] | Callable[[bytes], _T],
         extra_timeout: float = 0.0,
     ) -> _M | _T:
-        """Send ``body``, retrying as configured; the answer is validated as ``model`` or read by it (a function).
+        """Send ``body`` (a model, or its JSON already made), retrying as configured; the answer is validated as
+        ``model`` or read by it (a function).
 
         A function is for answers made of stored records, which the server's store validated when they entered
         it: they are read with `agentlightning._fast` (trusted construction) instead of validated again.
         """
         import aiohttp
 
-        data = body.__pydantic_serializer__.to_json(body) if body is not None else None
+        data = body if body is None or isinstance(body, bytes) else body.__pydantic_serializer__.to_json(body)
         url = self._urls.get(path)
         if url is None:
             url = _url(self._api + path)

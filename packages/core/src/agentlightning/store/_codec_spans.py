@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from typing import Any
 
+import orjson
 from pydantic_core import from_json, to_json
 
 from agentlightning import semconv
@@ -127,8 +128,8 @@ def encode_spans(batch: Sequence[Span], blobs: dict[bytes, bytes]) -> list[bytes
     # the flags byte, then the parent's id (flags: only _PARENT here; events and status go to encode_span)
     links = {parent: bytes((_PARENT,)) + bytes.fromhex(parent) for parent in set(parents) if parent is not None}
     links[None] = b"\x00"
-    flats = map(_AttributeLayouts().flat, attributes, rollout_ids, attempt_ids)
-    tails = map(to_json, zip(names, flats, strict=True))
+    flats = list(map(_AttributeLayouts().flat, attributes, rollout_ids, attempt_ids))
+    tails = _tails(names, flats)
     datas = list(map(b"".join, zip(heads, map(links.__getitem__, parents), tails, strict=True)))
     if not usual or max(map(len, datas)) >= BLOB_MIN:  # (a value stored once has JSON of BLOB_MIN bytes or more)
         for index, data in enumerate(datas):
@@ -136,6 +137,28 @@ def encode_spans(batch: Sequence[Span], blobs: dict[bytes, bytes]) -> list[bytes
             if span is not None and (len(data) >= BLOB_MIN or span.events or span.status != _UNSET_STATUS):
                 datas[index] = encode_span(span, blobs)
     return datas
+
+
+_MARK = "\x00"  # written as "\u0000" between the tails of a batch; a value equal to it makes `_tails` split more
+_SPLIT = b',"\\u0000",'
+_OPEN, _CLOSE = b"[", b"]"
+
+
+def _tails(names: Sequence[str], flats: list[list[Any]]) -> Iterable[bytes]:
+    """``to_json([name, flat])`` of each span, made by one ``orjson.dumps`` of the whole batch (a fifth the CPU).
+
+    The batch is written as ``[MARK, name, flat, MARK, name, flat, ...]`` and cut where a ``,"\u0000",`` follows a
+    span's ``flat``; a value that is itself the string ``"\x00"`` would add a cut, so the pieces are used only when
+    there is one per span (else each tail is written alone, as are batches orjson refuses: integers past 64 bits).
+    """
+    try:
+        whole = orjson.dumps(list(chain.from_iterable(zip(repeat(_MARK), names, flats))))
+    except TypeError:  # (orjson.JSONEncodeError is a TypeError)
+        whole = b""
+    pieces = whole[len(_SPLIT) : -1].split(_SPLIT)  # the leading '["\u0000",' is as long as _SPLIT
+    if len(pieces) != len(flats) or not whole:
+        return map(to_json, zip(names, flats, strict=True))
+    return map(b"".join, zip(repeat(_OPEN), pieces, repeat(_CLOSE)))
 
 
 class _AttributeLayouts(dict[tuple[str, ...], tuple[list[Any], int, int]]):

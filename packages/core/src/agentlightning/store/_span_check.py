@@ -2,7 +2,8 @@
 
 pydantic validates a span in ~10 µs (ten fields, a union per attribute value, two Python validators on its ids and
 one on its times): about half of a served store's CPU per span. Almost every batch a runner sends has the same
-shape: the fields the serialiser writes, hex ids, finite float times, scalar or homogeneous-list attributes, no
+shape: the fields the serialiser writes (all, or all but ``events`` and ``status`` where `StoreClient` leaves
+those defaults out), hex ids, finite float times, scalar or homogeneous-list attributes, no
 events. `spans_from_dicts` checks such a batch by the same rules as `agentlightning._models.Span`, a whole column
 at a time (type sets, one regular-expression match over the joined hex ids, sums for finiteness: loops that run in
 C), and builds the models without a second validation (`agentlightning._fast`).
@@ -29,6 +30,9 @@ __all__ = ["CheckedSpans", "spans_from_dicts"]
 
 _FIELDS = tuple(Span.model_fields)
 _FIELD_SET = frozenset(_FIELDS)
+# every field but the trailing two, left out when at their defaults (as `StoreClient` sends a usual batch)
+_LEAN_FIELDS = _FIELDS[:-2]
+assert _FIELDS[-2:] == ("events", "status")
 _REQUIRED = ("rollout_id", "attempt_id", "sequence_id", "trace_id", "span_id", "name", "start_time", "end_time")
 _required = operator.itemgetter(*_REQUIRED)  # the columns in field order, parent_id left out
 _MISSING: Any = object()
@@ -140,6 +144,8 @@ class CheckedSpans(Sequence[Span]):
         if dicts is not None:
             self._dicts = None
             for values, status in zip(dicts, self._statuses, strict=True):
+                if "events" not in values:  # sent without its defaults
+                    values["events"] = []
                 values["status"] = status
             self._spans = list(map(_new_span, dicts))
         return self._spans
@@ -164,16 +170,22 @@ def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | Chec
     Args:
         items: The span dicts.
         owned: The dicts are the caller's to give away (just parsed from JSON): a dict with every field in the
-            model's order (as our serialiser writes them) becomes its span's ``__dict__`` as it is (and such a
-            batch without events or status comes back as `CheckedSpans`). Otherwise the spans hold new dicts and
+            model's order (as our serialiser writes them), or every field but the default ``events`` and
+            ``status`` (as `StoreClient` sends them), becomes its span's ``__dict__`` (and such a batch without
+            events or status comes back as `CheckedSpans`). Otherwise the spans hold new dicts and
             lists, and the caller's can change afterwards without changing them.
     """
     if not items:
         return []
     if _types(items) != {dict}:
         return None
-    if set(map(tuple, items)) == {_FIELDS}:  # every field, in the model's order: the columns in one pass
+    layouts = set(map(tuple, items))
+    if layouts == {_FIELDS}:  # every field, in the model's order: the columns in one pass
         columns: list[Sequence[Any]] = list(zip(*map(dict.values, items), strict=True))
+        in_place = owned
+    elif layouts == {_LEAN_FIELDS}:  # the same without events and status (at their defaults: left out)
+        columns = list(zip(*map(dict.values, items), strict=True))
+        columns += [[[]] * len(items), [_MISSING] * len(items)]
         in_place = owned
     else:
         if not set().union(*items) <= _FIELD_SET:
@@ -215,6 +227,8 @@ def spans_from_dicts(items: list[Any], owned: bool = False) -> list[Span] | Chec
         if columns[10].count([]) == len(items) and statuses.count(_UNSET) == len(items):
             return CheckedSpans(items, columns[:10], statuses)
         for values, status in zip(items, statuses, strict=True):
+            if "events" not in values:
+                values["events"] = []
             values["status"] = status
         return list(map(_new_span, items))
     # new dicts in the field order of the model (as pydantic fills __dict__), events new empty lists

@@ -8,6 +8,7 @@ the store's one rule (`agentlightning._models.StoreId`), as at the boundary ever
 
 from __future__ import annotations
 
+import operator
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -59,6 +60,7 @@ __all__ = [
     "SpansResponse",
     "WaitRequest",
     "read_spans_request",
+    "spans_request_json",
 ]
 
 API_PREFIX = "/v1"
@@ -221,6 +223,22 @@ class SpansRequest(_Body):
 
 
 _SPANS_REQUEST_KEYS = frozenset(SpansRequest.model_fields)
+_WITHOUT_DEFAULT_TAIL = {"spans": {"__all__": {"events", "status"}}}
+_events_of = operator.attrgetter("events")
+_status_of = operator.attrgetter("status")
+_status_parts = operator.attrgetter("code", "description")
+
+
+def spans_request_json(request: SpansRequest) -> bytes:
+    """The JSON body of ``request``; when no span has events or a set status, without those two fields.
+
+    They are then at their defaults: every server reads the body alike (pydantic fills them in), and the fast lane
+    (`read_spans_request`) parses ~60 fewer bytes and three fewer objects per span.
+    """
+    spans = request.spans
+    if any(map(_events_of, spans)) or set(map(_status_parts, map(_status_of, spans))) - {("unset", None)}:
+        return request.__pydantic_serializer__.to_json(request)
+    return request.__pydantic_serializer__.to_json(request, exclude=_WITHOUT_DEFAULT_TAIL)
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER = b"0" * 19  # 19 digits in a row: perhaps an integer past 64 bits
 
