@@ -11,15 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import agentlightning as agl
 from agentlightning.store import RELEASED, SqliteStore
-from agentlightning.testing import free_port
+from agentlightning.testing import free_port, wait_until
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 
@@ -53,13 +51,6 @@ print("started", flush=True)
 sys.stdin.read()  # until killed
 """
 
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
-    """Poll ``condition`` until it holds; the deadline only bounds a hang (the test waits on the event itself)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -121,12 +112,12 @@ def test_children_end_when_their_parent_is_killed(tmp_path: Path, mode: str, age
             assert parent.poll() is None, "the parent exited"
             return asyncio.run(store.stats()).rollouts.get("running", 0) == 2
 
-        _wait_for(two_running, "the runner's two claims")
+        wait_until(two_running, "the runner's two claims")
         children = _descendants(parent.pid)
         assert len(children) >= 2 + (2 if mode == "process" else 0)  # runner, server (and the worker processes)
         parent.kill()  # kill -9: nothing of the parent's own runs
         parent.wait()
-        _wait_for(lambda: not any(_alive(pid) for pid in children), "the parent's children to end")
+        wait_until(lambda: not any(_alive(pid) for pid in children), "the parent's children to end")
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -165,7 +156,7 @@ def test_orphan_that_ignores_sigterm_is_ended_after_the_grace(tmp_path: Path) ->
     child = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
-    _wait_for(lambda: not _alive(child), "the orphan to end")
+    wait_until(lambda: not _alive(child), "the orphan to end")
 
 
 def test_without_a_lifeline_nothing_is_watched(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,12 +180,12 @@ def test_worker_processes_end_when_their_runner_is_killed(tmp_path: Path) -> Non
     runner = subprocess.Popen(cmd)
     workers: set[int] = set()
     try:
-        _wait_for(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "the workers' two claims")
+        wait_until(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "the workers' two claims")
         workers = _descendants(runner.pid)
         assert len(workers) >= 2
         runner.kill()  # the runner cannot stop its workers: they notice on their own
         runner.wait()
-        _wait_for(lambda: not any(_alive(pid) for pid in workers), "the worker processes to end")
+        wait_until(lambda: not any(_alive(pid) for pid in workers), "the worker processes to end")
     finally:
         if runner.poll() is None:
             runner.kill()

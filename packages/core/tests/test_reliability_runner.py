@@ -11,8 +11,6 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,19 +21,11 @@ from agentlightning.credit import build_training_batch
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.runner import _execute as execute_module  # pyright: ignore[reportPrivateUsage]
 from agentlightning.store import SqliteStore, StoreClient
-from agentlightning.testing import ServedStoreProcess
+from agentlightning.testing import ServedStoreProcess, wait_until
 from agentlightning.tracing import get_span_processor
 
 TOKEN = "runner-reliability-token-42"
 
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """Poll ``condition`` until it holds; the timeout only turns a hang into a failure naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _port_open(port: int) -> bool:
@@ -70,12 +60,12 @@ def test_spans_written_while_the_store_is_down_are_kept_and_written_when_it_is_b
     thread = threading.Thread(target=lambda: _run(runner, errors))
     thread.start()
     try:
-        _wait_for(started.is_set, "the agent to start")
+        wait_until(started.is_set, "the agent to start")
         served.stop()
-        _wait_for(lambda: not _port_open(served.port), "the store's port to close")
+        wait_until(lambda: not _port_open(served.port), "the store's port to close")
         store_down.set()  # the agent ends now: its 42 spans and its end meet a dead store
         # well past the client's own retries: the span writer has found the store unavailable three times
-        _wait_for(lambda: processor.write_retries >= retries_before + 3, "the span writer to retry")
+        wait_until(lambda: processor.write_retries >= retries_before + 3, "the span writer to retry")
         served.start()
         thread.join(180)
         assert not thread.is_alive(), "the runner did not finish after the store came back"

@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import pytest
 import agentlightning as agl
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import RELEASED, MemoryStore, SqliteStore
-from agentlightning.testing import ServedStoreProcess, free_port
+from agentlightning.testing import ServedStoreProcess, free_port, wait_until
 
 AGL = [sys.executable, "-m", "agentlightning.cli"]
 # A heartbeat timeout far longer than any test: a rollout that comes back did so because it was released.
@@ -64,12 +62,6 @@ async def done(task):
     return 1.0
 """
 
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 async def _assert_released(store: agl.LightningStore, rollout_ids: list[str], released: int) -> None:
@@ -159,7 +151,7 @@ def test_agl_runner_releases_its_claims_on_sigterm(tmp_path: Path, mode: str, ag
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             return asyncio.run(store.stats()).rollouts.get("running", 0) == 2
 
-        _wait_for(two_running, "two claims")
+        wait_until(two_running, "two claims")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
@@ -266,10 +258,10 @@ def test_agl_runner_stops_quietly_on_sigterm(tmp_path: Path, where: str) -> None
         cmd += ["--workers", "2", "--no-instrument", "--poll-interval", "0.02"]
         proc = subprocess.Popen(cmd, env={**os.environ, "AGL_STORE_TOKEN": token}, stderr=subprocess.PIPE, text=True)
         try:
-            _wait_for(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "two claims")
+            wait_until(lambda: asyncio.run(store.stats()).rollouts.get("running", 0) == 2, "two claims")
             # and both agents started: a claim drained before its agent starts is released without a trace
             started = tmp_path / "started.log"
-            _wait_for(lambda: started.exists() and len(started.read_text().split()) == 2, "two agents started")
+            wait_until(lambda: started.exists() and len(started.read_text().split()) == 2, "two agents started")
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=60)
         finally:

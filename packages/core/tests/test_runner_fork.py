@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import agentlightning as agl
 from agentlightning.cli import start_child, stop_children
 from agentlightning.cli._fork import shares
 from agentlightning.store import RELEASED, SqliteStore
+from agentlightning.testing import wait_until
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 
@@ -86,13 +86,6 @@ sys.stdin.read()  # until killed
 """
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
-    """Poll ``condition`` until it holds; the deadline only bounds a hang (the test waits on the event itself)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -154,7 +147,7 @@ def test_forked_runners_run_the_rollouts_and_drain_on_sigterm(tmp_path: Path) ->
     supervisor = subprocess.Popen(_runner(tmp_path, "stall"))
     runners: list[int] = []
     try:
-        _wait_for(_running(store, supervisor, tmp_path / "started.log"), "two claims")
+        wait_until(_running(store, supervisor, tmp_path / "started.log"), "two claims")
         runners = _pids(tmp_path / "started.log")
         # two runner processes, one claim each, neither of them the supervisor
         assert len(set(runners)) == 2 and supervisor.pid not in runners
@@ -181,7 +174,7 @@ def test_forked_runners_share_the_rollouts(tmp_path: Path) -> None:
         assert [r.status for r in finished] == ["succeeded"] * len(ids)
         pids = _pids(tmp_path / "done.log")
         assert len(pids) == len(ids) and supervisor.pid not in pids and len(set(pids)) <= 2
-        _wait_for(lambda: log.read_text().count("runner: 1 async worker(s)") == 2, "both runners to start")
+        wait_until(lambda: log.read_text().count("runner: 1 async worker(s)") == 2, "both runners to start")
     finally:
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(120)
@@ -201,14 +194,14 @@ def test_a_stop_to_the_supervisors_group_reaches_each_runner_once(tmp_path: Path
         supervisor = start_child(cmd, start_new_session=True, stderr=stderr)
     runners: list[int] = []
     try:
-        _wait_for(_running(store, supervisor, tmp_path / "started.log"), "two claims")
+        wait_until(_running(store, supervisor, tmp_path / "started.log"), "two claims")
         runners = _pids(tmp_path / "started.log")
         # the runners' own process group: a signal to the supervisor's group reaches them only through it
         groups = {os.getpgid(pid) for pid in runners}
         assert len(groups) == 1 and os.getpgid(supervisor.pid) not in groups
         stopping = threading.Thread(target=stop_children, args=([supervisor],))
         stopping.start()  # waits for the supervisor, which waits for its runners
-        _wait_for(lambda: log.read_text().count("SIGTERM: draining") == 2, "both runners to start draining")
+        wait_until(lambda: log.read_text().count("SIGTERM: draining") == 2, "both runners to start draining")
         (tmp_path / "go").touch()  # now the agents may finish their rollouts, within the drain timeout
         stopping.join()
         assert supervisor.returncode == 0
@@ -247,13 +240,13 @@ def test_a_kill_9_of_the_supervisor_or_its_parent_stops_every_runner(tmp_path: P
     )
     runners: list[int] = []
     try:
-        _wait_for(_running(store, parent, tmp_path / "started.log"), "two claims")
+        wait_until(_running(store, parent, tmp_path / "started.log"), "two claims")
         runners = _pids(tmp_path / "started.log")
         supervisors = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in runners}
         assert len(supervisors) == 1 and parent.pid not in supervisors
         victim = parent.pid if killed == "parent" else supervisors.pop()
         os.kill(victim, signal.SIGKILL)
-        _wait_for(lambda: not any(_alive(pid) for pid in runners), "the runners to end")
+        wait_until(lambda: not any(_alive(pid) for pid in runners), "the runners to end")
     finally:
         parent.kill()
         parent.wait()
@@ -276,7 +269,7 @@ def test_an_agent_whose_import_starts_threads_gets_fresh_runner_processes(tmp_pa
         finished = asyncio.run(store.wait_for_rollouts(ids, timeout=240))
         assert [r.status for r in finished] == ["succeeded"] * len(ids)
         # both runners up (one may have run every rollout while the other still started): then stop them
-        _wait_for(lambda: log.read_text().count("runner: 1 async worker(s)") == 2, "both runners to start")
+        wait_until(lambda: log.read_text().count("runner: 1 async worker(s)") == 2, "both runners to start")
     finally:
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(120)

@@ -44,7 +44,6 @@ __all__ = [
     "check_finish_status",
     "check_spans_finite",
     "check_statuses",
-    "json_has_non_finite",
     "revalidate_unchecked",
     "rollout_status_after",
     "timed_out_status",
@@ -158,7 +157,6 @@ def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> Se
     Args:
         spans: The batch.
         check_finite: Also check for NaN / Infinity put into a validated span afterwards (`check_spans_finite`).
-            Callers that serialise the spans anyway check the JSON instead (`json_has_non_finite`), which is faster.
 
     Raises:
         pydantic.ValidationError: A span is malformed (the location names its index and field).
@@ -179,15 +177,6 @@ def validate_spans(spans: Sequence[Span] | Any, check_finite: bool = True) -> Se
     if check_finite:
         check_spans_finite(batch)
     return batch
-
-
-def json_has_non_finite(data: str) -> bool:
-    """Whether JSON written by our models may hold NaN / Infinity (they serialise them as those constants).
-
-    A substring test, so text that merely contains the word also answers ``True``; confirm with
-    `check_spans_finite` before refusing anything.
-    """
-    return "NaN" in data or "Infinity" in data
 
 
 def validate_calls(calls: Sequence[LLMCall] | Any) -> list[LLMCall]:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
     from agentlightning.testing._served_store import ServedStoreProcess, free_port
     from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
+    from agentlightning.testing._wait import wait_until
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "make_span": "agentlightning.testing._store_kit",
     "KitGuard": "agentlightning.testing._guard",
     "silent_overrides": "agentlightning.testing._guard",
+    "wait_until": "agentlightning.testing._wait",
 }
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "run_failover",
     "silent_overrides",
     "start_attempts",
+    "wait_until",
 ]
 
 
