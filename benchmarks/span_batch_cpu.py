@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentlightning._fast import fast_model
 from agentlightning.store import SqliteStore, _wire
 from agentlightning.store._server import create_store_app
 from agentlightning.store._wire import SpansRequest
@@ -54,7 +53,7 @@ async def measure(spans: int, batch: int) -> dict[str, float]:
         made = [make_span(rid, aid, i) for i in range(spans)]
         # the body a StoreClient sends (checkouts before spans_request_json: every field of every span)
         bodies = [
-            _client_body(fast_model(SpansRequest, {"spans": made[i : i + batch], "request_id": f"req-{i}"}))
+            _client_body(SpansRequest(spans=made[i : i + batch], request_id=f"req-{i}"))
             for i in range(0, spans - batch + 1, batch)
         ]
         del made

@@ -30,6 +30,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/span_batch_cpu.py", "agentlightning.store._server"): (
         "builds the served store's app in-process to time its spans route without HTTP"
     ),
+    ("benchmarks/span_batch_cpu.py", "agentlightning.store._wire"): (
+        "sends the spans route the body StoreClient's own code makes (spans_request_json)"
+    ),
     ("benchmarks/bench_tracing_overhead.py", "agentlightning.tracing._provider"): (
         "compares the light recording path for our own spans against the SDK's span objects"
     ),
