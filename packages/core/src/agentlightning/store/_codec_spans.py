@@ -145,7 +145,7 @@ _OPEN, _CLOSE = b"[", b"]"
 
 
 def _tails(names: Sequence[str], flats: list[list[Any]]) -> Iterable[bytes]:
-    """``to_json([name, flat])`` of each span, made by one ``orjson.dumps`` of the whole batch (a fifth the CPU).
+    r"""``to_json([name, flat])`` of each span, made by one ``orjson.dumps`` of the whole batch (~a third the CPU).
 
     The batch is written as ``[MARK, name, flat, MARK, name, flat, ...]`` and cut where a ``,"\u0000",`` follows a
     span's ``flat``; a value that is itself the string ``"\x00"`` would add a cut, so the pieces are used only when
