@@ -69,7 +69,7 @@ ALL_PACKAGES = [
     "packages/adapter-langchain",
     "packages/adapter-openai-agents",
     "packages/adapter-autogen",
-    "packages/trainer-torch[plot,lora]",
+    "packages/trainer-torch[plot,lora,gguf]",
     "packages/trainer-verl",
 ]
 # pip installs exactly the versions in uv.lock: CONSTRAINTS is `uv export` of the lock (the dev group and every extra
@@ -78,7 +78,7 @@ CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 EXPORT_ARGS = [
     "export", "--frozen", "--all-packages", "--group", "dev", "--no-hashes", "--no-emit-workspace", "--no-header",
     "--no-annotate", "--extra", "openai", "--extra", "litellm", "--extra", "otlp", "--extra", "postgres",
-    "--extra", "test", "--extra", "lora", "--extra", "plot",
+    "--extra", "test", "--extra", "lora", "--extra", "plot", "--extra", "gguf",
 ]  # fmt: skip
 CONSTRAINTS_HEADER = "# uv.lock as pip constraints; made by `python3 scripts/dev.py lock`, do not edit by hand\n"
 
