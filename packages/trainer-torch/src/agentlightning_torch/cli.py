@@ -38,6 +38,7 @@ from agentlightning_torch.runkit import (
     load_jsonl_tasks,
     plot_run,
     proxy_settings,
+    serving_death,
     start_dashboard,
     store_serving,
     trainer_config,
@@ -302,8 +303,14 @@ def train(args: argparse.Namespace) -> int:
     except (UsageError, RunnerDied) as error:
         if not existed:
             shutil.rmtree(output, ignore_errors=True)  # nothing half-written
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {serving_death() or error}")
         return 2
+    except Exception:
+        death = serving_death()
+        if death is None:
+            raise
+        console.print(f"[red]error:[/red] {death}")  # the cause; the connection errors that followed are noise
+        return 1
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
