@@ -63,6 +63,14 @@ threading.Event().wait()
 """
 
 
+@pytest.fixture(autouse=True)
+def _own_deaths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deaths these tests cause stay theirs (the list is process-wide: other tests' runs must not see them)."""
+    from agentlightning_torch import _vllm_server
+
+    monkeypatch.setattr(_vllm_server, "_DEATHS", [])
+
+
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder holding the stand-in ``vllm`` package; its processes' ids go to ``pids.txt`` beside it."""
@@ -138,3 +146,25 @@ def test_a_stopped_server_is_no_death(fake_vllm: Path, tmp_path: Path) -> None:
         process = server.process
         assert process is not None
     assert process.returncode is not None and server.death is None
+
+
+def test_a_run_whose_server_died_ends_with_that_one_line(
+    fake_vllm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What failed next (here a refused connection) is not printed: the death is, in one line."""
+    from agentlightning_torch.runkit import run_main
+
+    log = tmp_path / "vllm.log"
+
+    async def work() -> dict[str, object]:
+        server = VLLMServer(tmp_path / "model", python=sys.executable, env={"PYTHONPATH": str(fake_vllm)}, log_path=log)
+        with server:
+            api_server, engine = _pids(fake_vllm)
+            os.kill(engine, signal.SIGKILL)
+            os.kill(api_server, signal.SIGKILL)
+            wait_until(lambda: server.death is not None, "the death to be noted", timeout=120)
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    assert run_main(work) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: vLLM serving") and str(log) in err[0], err
