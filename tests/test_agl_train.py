@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -102,11 +103,17 @@ def test_the_dashboard_store_needs_the_token_its_address_carries(tmp_path: Path)
         cli.stop_children([process])
 
 
-def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path) -> None:
+def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path, *, ran: bool = False) -> None:
+    """Exit code 2 with ``message`` and no traceback; a run that ``ran`` keeps its store and says where, a refusal
+    before anything started leaves nothing half-written."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    assert not out.exists()  # nothing half-written
+    if ran:
+        store = out / "store.db"
+        assert store.is_file() and f"the run's store is kept: {store}" in " ".join(done.stderr.split())
+    else:
+        assert not out.exists()
 
 
 def agl_train_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -226,7 +233,33 @@ def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
         "--agent", "lazy_agent:solve", "--app-dir", str(tmp_path), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "3", "--output", str(out), *SMALL,
     )  # fmt: skip
-    _refused(done, "without calling the LLM", out)
+    _refused(done, "without calling the LLM", out, ran=True)
+
+
+def test_a_failed_run_keeps_its_store_and_says_where(tmp_path: Path) -> None:
+    """Every rollout fails: exit 2, and the store with the rollouts and their errors stays for a look."""
+    (tmp_path / "broken_agent.py").write_text(
+        "import agentlightning as agl\n\n\n@agl.rollout\nasync def solve(task, resources):\n"
+        "    raise ValueError('the tool server is down')\n"
+    )
+    out = tmp_path / "run"
+    done = agl_train(
+        "--agent", "broken_agent:solve", "--app-dir", str(tmp_path), "--model", str(CHECKPOINT), "--tasks",
+        str(TASKS), "--iterations", "3", "--output", str(out), *SMALL,
+    )  # fmt: skip
+    _refused(done, "rollouts succeeded", out, ran=True)
+    statuses = asyncio.run(_rollout_statuses(out / "store.db"))
+    assert "failed" in statuses and "succeeded" not in statuses, statuses
+
+
+async def _rollout_statuses(path: Path) -> list[str]:
+    from agentlightning import SqliteStore
+
+    store = SqliteStore(path)
+    try:
+        return [r.status for r in await store.query_rollouts()]
+    finally:
+        await store.close()
 
 
 def _descendants(pid: int) -> list[int]:

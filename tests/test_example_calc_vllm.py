@@ -64,3 +64,55 @@ async def _call_versions(path: Path) -> set[int | None]:
         return versions
     finally:
         await store.close()
+
+
+@pytest.mark.timeout(1200)
+def test_killed_trainer_leaves_no_vllm_behind(tmp_path: Path) -> None:
+    """``kill -9`` of ``train.py --backend vllm`` after its first iteration: vLLM's server, engine core and workers
+    (and the runners) end too; the engine starts vLLM from a worker thread, under a guard that watches its lifeline."""
+    import os
+    import signal
+
+    import psutil
+
+    from agentlightning.testing import wait_until
+    from agentlightning_torch import VLLMNotInstalledError, find_vllm_python
+
+    try:
+        find_vllm_python()
+    except VLLMNotInstalledError as error:
+        pytest.fail(str(error), pytrace=False)
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, str(ROOT / "examples" / "calc" / "train.py"), "--backend", "vllm", "--iterations", "1000",
+        "--minutes", "600", "--tasks-per-iteration", "2", "--samples-per-task", "4", "--workers", "8",
+        "--runners", "1", "--eval-size", "4", "--output", str(out), "--quiet", "--no-dashboard",
+    ]  # fmt: skip
+    with (tmp_path / "stderr.txt").open("w") as stderr:
+        trainer = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    metrics = out / "metrics.jsonl"
+
+    def trained_once() -> bool:
+        assert trainer.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+        return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+    try:
+        wait_until(trained_once, "the first iteration", timeout=1000)
+        children = psutil.Process(trainer.pid).children(recursive=True)
+        assert any("vllm" in " ".join(child.cmdline()) for child in children)
+    finally:
+        trainer.kill()  # kill -9: the trainer cleans up nothing itself
+        trainer.wait()
+
+    def gone(process: psutil.Process) -> bool:
+        try:
+            return process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    try:  # each child ends on its own lifeline; the bound only turns a hang into a failure
+        wait_until(lambda: all(gone(child) for child in children), "the trainer's children to end", timeout=300)
+    finally:
+        for child in children:
+            if not gone(child):
+                os.kill(child.pid, signal.SIGKILL)

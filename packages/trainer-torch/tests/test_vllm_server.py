@@ -40,7 +40,7 @@ def test_a_server_that_dies_reports_its_log(tmp_path: Path) -> None:
     with pytest.raises(VLLMStartError) as info:
         server.start()
     message = str(info.value)
-    assert "exited with code 3" in message and "engine core failed: model folder unreadable" in message
+    assert "exit status 3" in message and "engine core failed: model folder unreadable" in message
     assert server.process is None
 
 

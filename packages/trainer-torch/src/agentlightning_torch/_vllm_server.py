@@ -12,7 +12,6 @@ whole process group (vLLM's engine runs in a child process) on `VLLMServer.stop`
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
@@ -26,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -36,6 +35,7 @@ __all__ = [
     "VLLMServer",
     "VLLMStartError",
     "find_vllm_python",
+    "serving_deaths",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,20 +92,59 @@ def find_vllm_python(venv: str | Path | None = None) -> Path:
     raise VLLMNotInstalledError(f"vLLM not found (no .venv-vllm, {VLLM_VENV_ENV} unset): {VLLM_INSTALL_HINT}")
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """On Linux, started from the main thread: the server gets SIGTERM when this process dies (a killed test run
-    leaves no vLLM behind). Not from other threads: the signal follows the thread that started it."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
+_GUARD = r"""
+import os, signal, subprocess, sys, threading
+lifeline = int(os.environ.pop("AGL_VLLM_LIFELINE_FD"))
+signal.signal(signal.SIGTERM, lambda *_: None)  # stop() signals the whole group: the server ends, then so do we
+server = subprocess.Popen(sys.argv[1:])
+def watch():
+    try:
+        while os.read(lifeline, 64):
+            pass
+    except OSError:
+        pass
+    os.killpg(0, signal.SIGTERM)  # the trainer is gone: the server, its engine core and workers stop
+    try:
+        server.wait(timeout=float(os.environ.get("AGL_VLLM_GRACE_S", "20")))
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(0, signal.SIGKILL)  # whatever is left of the group (this process too)
+threading.Thread(target=watch, daemon=True).start()
+code = server.wait()
+print(f"agentlightning: vLLM's server exited with status {code}", file=sys.stderr, flush=True)
+os._exit(code if code >= 0 else 128 - code)
+"""
+"""Runs vLLM under its trainer's lifeline (started with vLLM's interpreter, which cannot import this package).
 
-    def arm() -> None:
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
+vLLM's API server is not an ``agl`` command, so it cannot watch a lifeline itself (`agentlightning.start_child`), and
+``PR_SET_PDEATHSIG`` follows the *thread* that started it (the engine starts it from a worker thread). This guard, a
+process of its own, inherits the read end of a pipe whose write end only the trainer holds: when the trainer dies,
+however it dies, the read returns end-of-file and the guard stops the whole process group (SIGTERM, then SIGKILL after
+a grace period), so no server, engine core or worker outlives it. It exits with the server's status (128 + the signal
+for a signal), after one line in the log that says it.
+"""
 
-    return arm
+
+_DEATHS: list[str] = []
+"""What `serving_deaths` returns: one line per server of this process that died unasked."""
+
+
+def serving_deaths() -> list[str]:
+    """One line per vLLM server of this process that died while it should have served (oldest first).
+
+    A trainer whose run fails asks this first: when its server died, that is the cause to name, not the connection
+    errors and failed rollouts that followed.
+    """
+    return list(_DEATHS)
+
+
+def _status(code: int) -> str:
+    """A process's exit status in words: the guard exits with 128 + N for a server ended by signal N."""
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    if signum:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(signum).name}, exit status {code}"
+    return f"exit status {code}"
 
 
 def _free_port() -> int:
@@ -188,6 +227,10 @@ class VLLMServer:
         self.env.pop("VIRTUAL_ENV", None)
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+        self.death: str | None = None
+        """One line saying that the server died while it should have served (its status, its log); else None."""
+        self._lifeline: int | None = None
+        self._stopping = False
 
     @property
     def pid(self) -> int:
@@ -230,24 +273,35 @@ class VLLMServer:
         if self.process is not None:
             return self
         began = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            process = self.process = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )
+        self.startup_seconds = None
+        read_end, write_end = os.pipe()  # both non-inheritable: only the guard gets read_end, by pass_fds
+        try:
+            with open(self.log_path, "wb") as log:
+                process = self.process = subprocess.Popen(
+                    [str(self.python), "-c", _GUARD, *self.command],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**self.env, "AGL_VLLM_LIFELINE_FD": str(read_end)},
+                    pass_fds=(read_end,),
+                    start_new_session=True,  # one process group: stop() and the guard signal all of it
+                )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._lifeline = write_end  # held until stop(); at this process's death the kernel closes it
+        self._stopping = False
+        self._watch(process)
         logger.info("vLLM starting for %s on port %d (log %s)", self.model, self.port, self.log_path)
         deadline = began + self.startup_timeout
         while not self._healthy():
             # waiting on the process doubles as the pause between polls, and returns at once if it dies
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = process.wait(timeout=1.0)
-                self.process = None
+                self.stop()  # closes the lifeline
                 raise VLLMStartError(
-                    f"vLLM exited with code {code} before serving {self.model}; log {self.log_path}:\n"
+                    f"vLLM exited ({_status(code)}) before serving {self.model}; log {self.log_path}:\n"
                     + self.log_tail()
                 )
             if time.monotonic() > deadline:
@@ -286,19 +340,40 @@ class VLLMServer:
                 f"started for {self.model}; log {self.log_path}:\n{tail}"
             )
 
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        """Note, in one line logged once, a death that `stop` did not ask for (the kernel's OOM killer, a crash)."""
+
+        def wait() -> None:
+            code = process.wait()
+            if self._stopping or self.startup_seconds is None or self.process is not process:
+                return  # asked to stop, or it never served (start() raises VLLMStartError for that)
+            self.death = (
+                f"vLLM serving {self.model} died ({_status(code)}, pid {process.pid}); its log: {self.log_path}"
+            )
+            _DEATHS.append(self.death)
+            logger.error("%s", self.death)
+
+        threading.Thread(target=wait, name=f"vllm-watch-{process.pid}", daemon=True).start()
+
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        self._stopping = True
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            if process is None or process.poll() is not None:
+                return
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        finally:
+            lifeline, self._lifeline = self._lifeline, None
+            if lifeline is not None:
+                os.close(lifeline)
 
     def __enter__(self) -> VLLMServer:
         return self.start()

@@ -38,6 +38,7 @@ from agentlightning_torch.runkit import (
     load_jsonl_tasks,
     plot_run,
     proxy_settings,
+    serving_death,
     start_dashboard,
     store_serving,
     trainer_config,
@@ -182,6 +183,19 @@ def _check_writable(output: Path) -> None:
         raise UsageError(f"cannot write to --output {str(output)!r}: {error.strerror or error}") from None
 
 
+def _keep_evidence(output: Path, existed: bool, console: Any) -> None:
+    """After a failed run: keep its store (what its rollouts did) and say where; a folder holding nothing of the
+    run's is removed when this run made it (a refusal before anything started)."""
+    store = output / "store.db"
+    if store.exists():
+        console.print(
+            f"the run's store is kept: {store} (look at its rollouts and their errors: agl store serve --db {store}, "
+            "then open the /ui address it prints)"
+        )
+    elif not existed:
+        shutil.rmtree(output, ignore_errors=True)  # nothing half-written
+
+
 def _check_llm_used(report: Any) -> None:
     if report.finished == 0:
         raise UsageError(
@@ -300,10 +314,15 @@ def train(args: argparse.Namespace) -> int:
 
         summary = run_async(_train(plan, console))
     except (UsageError, RunnerDied) as error:
-        if not existed:
-            shutil.rmtree(output, ignore_errors=True)  # nothing half-written
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {serving_death() or error}")
+        _keep_evidence(output, existed, console)
         return 2
+    except Exception:
+        death = serving_death()
+        if death is None:
+            raise
+        console.print(f"[red]error:[/red] {death}")  # the cause; the connection errors that followed are noise
+        return 1
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

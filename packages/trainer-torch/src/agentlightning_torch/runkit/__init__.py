@@ -23,7 +23,7 @@ Example::
     sys.exit(run_main(lambda: train(args)))
 """
 
-from agentlightning_torch.runkit._output import Curve, exit_process, plot_run, print_table, run_main
+from agentlightning_torch.runkit._output import Curve, exit_process, plot_run, print_table, run_main, serving_death
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
@@ -53,6 +53,7 @@ __all__ = [
     "print_table",
     "proxy_settings",
     "run_main",
+    "serving_death",
     "start_dashboard",
     "store_serving",
     "trainer_config",

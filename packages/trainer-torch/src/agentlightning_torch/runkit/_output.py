@@ -95,8 +95,14 @@ def run_main(
     try:
         summary = run_async(work())
     except (UsageError, RunnerDied) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {serving_death() or error}", file=sys.stderr)
         return 2
+    except Exception:
+        death = serving_death()
+        if death is None:
+            raise
+        print(f"error: {death}", file=sys.stderr)  # the cause; the connection errors that followed are noise
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -107,6 +113,14 @@ def run_main(
         show(summary)
     print(json.dumps(summary))
     return 0
+
+
+def serving_death() -> str | None:
+    """The first death of a model server this process ran (one line: what died, its status, its log), if any."""
+    from agentlightning_torch._vllm_server import serving_deaths
+
+    deaths = serving_deaths()
+    return deaths[0] if deaths else None
 
 
 def exit_process(code: int) -> NoReturn:
