@@ -117,8 +117,8 @@ def scan_events(tree: TraceTree, diag: TransitionDiagnostics, problems: list[str
             diag.duplicate_spans += dropped
             diag.llm_spans -= dropped
             problems.append(
-                f"{dropped} LLM span(s) of another instrumentation recorded a call that an adapter's span also "
-                "recorded; the adapter's span was kept"
+                f"{dropped} LLM span(s) of another instrumentation recorded a call that another LLM span also "
+                "recorded; one span per call was kept (an adapter's, else the first)"
             )
     if finals > 1:
         diag.multiple_final_rewards = 1
