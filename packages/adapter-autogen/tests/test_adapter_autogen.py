@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +216,63 @@ def test_team_agent_names_with_only_the_one_line(app_provider: str, worker_mode:
     else:
         assert out["global_is_app"], out  # never replaced
         assert out["exported"] == ["invoke_agent reviewer", "invoke_agent solver"]
+
+
+_TEAM_MODULE = """
+import agentlightning_autogen
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+import agentlightning as agl
+
+agentlightning_autogen.instrument()  # the one line
+
+MODEL_INFO = {"vision": False, "function_calling": False, "json_output": False, "family": "unknown",
+              "structured_output": False}
+
+
+@agl.rollout
+async def team(task: str) -> float:
+    client = OpenAIChatCompletionClient(model="toy", base_url=agl.llm_base_url(), api_key="sk-local",
+                                        model_info=MODEL_INFO)
+    solver = AssistantAgent("solver", model_client=client, system_message="Solve the task.")
+    reviewer = AssistantAgent("reviewer", model_client=client, system_message="Review the answer.")
+    await RoundRobinGroupChat([solver, reviewer], max_turns=2).run(task=task)
+    await client.close()
+    return 1.0
+"""
+
+
+async def test_team_agent_names_under_agl_runner(tmp_path: Path) -> None:
+    """``agl runner`` (a process of its own) runs the team whose module has the one line: agent names stored."""
+    import asyncio
+    import signal
+
+    import agentlightning as agl
+    from agentlightning.proxy import LLMProxy
+    from agentlightning.testing import ScriptedModelServer
+    from agentlightning.transitions import TransitionConfig, results_from_store
+
+    (tmp_path / "team_app.py").write_text(_TEAM_MODULE)
+    store = agl.SqliteStore(tmp_path / "s.db")
+    with ScriptedModelServer(lambda body: "5") as model:
+        async with LLMProxy(store, [model.base_url]) as proxy:
+            llm = agl.LLMResource(endpoint=proxy.url, model="toy")
+            await store.add_resources(agl.Resources(resources_id="v1", items={"llm": llm}))
+            ids = [(await store.enqueue_rollout(f"2 + {i}?")).rollout_id for i in range(2)]
+            command = [sys.executable, "-m", "agentlightning.cli", "runner", "--db", str(tmp_path / "s.db")]
+            command += ["--app-dir", str(tmp_path), "--agent", "team_app:team", "--poll-interval", "0.05"]
+            runner = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+            try:
+                while (await store.stats()).rollouts.get("succeeded", 0) < 2:  # waits on the event, not a clock
+                    assert runner.poll() is None, runner.communicate()[1][-4000:]
+                    await asyncio.sleep(0.1)
+            finally:
+                runner.send_signal(signal.SIGTERM)
+                _, stderr = runner.communicate(timeout=120)
+            await proxy.flush()
+    assert "none is set" not in stderr, stderr[-4000:]
+    results = await results_from_store(store, ids, TransitionConfig(order_fallback=False, on_missing="raise"))
+    assert [[t.agent_name for t in r.transitions] for r in results] == [["solver", "reviewer"]] * 2
+    assert [[t.final_reward for t in r.transitions] for r in results] == [[1.0, 1.0]] * 2
