@@ -240,8 +240,7 @@ async def test_two_iterations_through_the_whole_stack_train_on_the_served_tokens
 
     monkeypatch.setattr(trainer.engine, "update", spying_update)
     store = agl.SqliteStore(tmp_path / "store.db")
-    # the application's part: AutoGen traces through the global provider (agl runner sets it the same way)
-    agentlightning_autogen.instrument(tracer_provider=agl.tracing.set_as_global())
+    agentlightning_autogen.instrument()  # the application's one line: the runner routes AutoGen's global provider
     runner = agl.Runner(math_agent, store=store, n_workers=16, worker_mode="async", poll_interval=0.02)
     runner_task = asyncio.create_task(runner.arun())
     tasks = [p.to_task() for p in make_problems(40, seed=3)]

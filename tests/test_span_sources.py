@@ -139,13 +139,13 @@ async def agents_sdk_agent(base_url: str, task: str) -> Any:
 
 
 # (source, their instrumentor, agent, script, agent name the instrumentation records, our adapter for those calls,
-#  agent name our adapter records: LangChain's names the LangGraph node, `agent`)
+#  agent name our adapter records). In a LangGraph graph the node is the agent, either way: the ReAct graph's `agent`.
 CASES: dict[str, tuple[type[SpanSource], Any, AgentFn, Any, str | None, Callable[[], Adapter], str | None]] = {
     "openllmetry_openai": (
         OpenLLMetryOpenAISource, OpenLLMetryOpenAIInstrumentor, openai_agent, script, None, OpenAIAdapter.default, None
     ),
     "openllmetry_langchain": (
-        OpenLLMetryLangChainSource, LangchainInstrumentor, langgraph_agent, script, "calc", LangChainAdapter.default,
+        OpenLLMetryLangChainSource, LangchainInstrumentor, langgraph_agent, script, "agent", LangChainAdapter.default,
         "agent",
     ),
     "openllmetry_openai_agents": (
@@ -231,7 +231,7 @@ async def test_runner_trains_an_app_instrumented_with_openllmetry(tmp_path: Any)
     assert sum(len(r.transitions) for r in results) == len(served) == 4
     for result in results:
         assert result.diagnostics.joined_by_response_id == len(result.transitions) == 2
-        assert {t.agent_name for t in result.transitions} == {"calc"} and result.final_reward == 1.0
+        assert {t.agent_name for t in result.transitions} == {"agent"} and result.final_reward == 1.0
     calls = {c.call_id: c for r in rollouts for c in await store.query_llm_calls(r.rollout_id)}
     for result in results:
         for transition in result.transitions:

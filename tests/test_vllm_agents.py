@@ -109,15 +109,6 @@ def template(tool_model_dir: Path) -> HFChatTemplate:
     return HFChatTemplate(AutoTokenizer.from_pretrained(tool_model_dir), tool_parser="hermes")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def global_provider() -> None:
-    """AutoGen traces through the global OpenTelemetry provider, which the application sets (as ``agl runner``
-    does); the adapter never sets it."""
-    from agentlightning.tracing import set_as_global
-
-    set_as_global()
-
-
 @pytest.mark.parametrize(
     ("adapter", "agent", "calls"),
     [

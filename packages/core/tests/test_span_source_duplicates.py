@@ -53,3 +53,21 @@ def test_source_spans_alone_are_all_kept() -> None:
     t.llm([3], [4], None, attributes=SOURCE)
     result = build(t, on_missing="raise")
     assert len(result.transitions) == 2 and result.diagnostics.duplicate_spans == 0
+
+
+def test_reward_survives_dropping_duplicates() -> None:
+    """Dropping duplicate source spans keeps the attempt's final reward on every transition (it was lost: the
+    Agents SDK's and the openai client's OpenLLMetry spans of one call, as ``Traceloop.init()`` records them)."""
+    t = Trace()
+    agent = t.agent("math")
+    outer = t.llm([1, 2], [3], agent, attributes=SOURCE, response_id="chatcmpl-a")  # their framework span
+    t.llm([1, 2], [3], outer, attributes=SOURCE, response_id="chatcmpl-a", record=False)  # their client span
+    ours = t.llm([4], [5], agent, record=False, response_id=None)
+    t.llm([4], [5], ours, attributes=SOURCE)  # a client span inside one of ours
+    t.reward(0.5)
+    t.reward(1.0, final=True)
+    t.reward(0.25)
+    result = build(t, on_missing="raise")
+    assert result.diagnostics.duplicate_spans == 2 and result.diagnostics.attempts_without_reward == 0
+    assert result.final_reward == 1.0
+    assert [tr.final_reward for tr in result.transitions] == [1.0, 1.0]

@@ -371,3 +371,52 @@ def test_set_as_global_routes_the_global_tracer_into_rollouts() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "['library-span']"
+
+
+@pytest.mark.parametrize("app_provider", ["none", "after"])
+def test_a_waiting_instrumentor_gets_the_global_provider_at_the_first_rollout(app_provider: str) -> None:
+    """`when_global_provider` sets nothing; entering the first rollout routes the global provider (ours if the app
+    set none, else the app's, which stays global and keeps its own exporter) and runs the waiting callback once."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import asyncio, sys
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from agentlightning.store import MemoryStore
+        from agentlightning.tracing import flush, get_tracer_provider, rollout_context, when_global_provider
+
+        seen = []
+        when_global_provider(seen.append)
+        assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider" and not seen
+        exporter = InMemorySpanExporter()
+        app = TracerProvider()
+        app.add_span_processor(SimpleSpanProcessor(exporter))
+        if sys.argv[1] == "after":
+            trace.set_tracer_provider(app)
+        store = MemoryStore()
+        async def claim():
+            await store.enqueue_rollout({})
+            return await store.dequeue_rollout("w")
+        c = asyncio.run(claim())
+        for _ in range(2):
+            with rollout_context(store, c.rollout.rollout_id, c.attempt.attempt_id):
+                trace.get_tracer("autogen-core").start_span("framework-span").end()
+        flush(10)
+        expected = app if sys.argv[1] == "after" else get_tracer_provider()
+        assert seen == [expected] and trace.get_tracer_provider() is expected
+        stored = asyncio.run(store.query_spans(c.rollout.rollout_id))
+        print([s.name for s in stored], len(exporter.get_finished_spans()))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, app_provider], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    exported = 2 if app_provider == "after" else 0
+    assert out.stdout.strip() == f"['framework-span', 'framework-span'] {exported}"

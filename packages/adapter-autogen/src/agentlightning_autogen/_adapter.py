@@ -3,10 +3,11 @@
 AutoGen (autogen-core >= 0.6) opens GenAI spans through the *global* OpenTelemetry tracer provider:
 ``invoke_agent {name}`` around each agent turn and ``execute_tool {name}`` around each tool call. As an
 OpenTelemetry instrumentor, the adapter never sets the global provider: it attaches the rollouts' span processor and
-a processor that types those spans (``agent`` / ``tool``) to the provider it is given (``tracer_provider``), or to
-the global one when the application has set an SDK provider there. The application sets it
-(``opentelemetry.trace.set_tracer_provider``, or `agentlightning.tracing.set_as_global` for ours; ``agl runner``
-does that). Without one, AutoGen's agent and tool spans are not recorded (a warning says so); the model calls are.
+a processor that types those spans (``agent`` / ``tool``) to the provider it is given (``tracer_provider``), else to
+the global one: at once when the application has set an SDK provider there (its exporters keep receiving every span),
+otherwise when the first rollout starts, where the code that runs rollouts (any runner: `agentlightning.Runner`,
+``agl runner``, ``agl train``) routes the global provider into rollouts
+(`agentlightning.tracing.when_global_provider`). The one ``instrument()`` line is enough either way.
 AutoGen makes no span per model call, and its model clients do not expose the
 response id, so LLM spans come from the ``openai`` client instrumentation (AutoGen's
 ``OpenAIChatCompletionClient`` wraps the openai client): the client span nests under the current
@@ -16,9 +17,9 @@ response id, so LLM spans come from the ``openai`` client instrumentation (AutoG
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from opentelemetry import trace
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -70,40 +71,40 @@ class AutoGenAdapter(Adapter):
     def __init__(self) -> None:
         super().__init__()
         self._mapper = _AutoGenSpanMapper()
+        self._withdraw: Callable[[], None] | None = None
 
     def _instrument(self) -> None:
-        from agentlightning.tracing import attach_to
+        from agentlightning.tracing import when_global_provider
 
-        provider = self.tracer_provider or _global_sdk_provider()
-        if provider is None:
-            logger.warning(
-                "AutoGen reports its agent and tool spans to the global OpenTelemetry provider, and none is set: "
-                "they will not be recorded. Set one in the application (agentlightning.tracing.set_as_global()) or "
-                "pass instrument(tracer_provider=...) the provider set there"
-            )
-        else:
-            attach_to(provider)  # AutoGen's spans inside rollouts are stored
-            add_processor_once(provider, self._mapper)
+        if self.tracer_provider is not None:
+            self._use(self.tracer_provider)
+        else:  # the global provider, now if the app set one, else once a rollout starts (see the module docstring)
+            self._withdraw = when_global_provider(self._use)
         acquire_openai_hook(standalone=True)
         self._mapper.enabled = True
 
+    def _use(self, provider: TracerProvider) -> None:
+        from agentlightning.tracing import attach_to
+
+        attach_to(provider)  # AutoGen's spans inside rollouts are stored
+        add_processor_once(provider, self._mapper)
+        logger.debug("AutoGen's spans are read from %s", type(provider).__name__)
+
     def _uninstrument(self) -> None:
         self._mapper.enabled = False
+        if self._withdraw is not None:
+            self._withdraw()
+            self._withdraw = None
         release_openai_hook(standalone=True)
-
-
-def _global_sdk_provider() -> TracerProvider | None:
-    """The application's global provider when it is an SDK one (what AutoGen's spans go through), else ``None``."""
-    provider = trace.get_tracer_provider()
-    return provider if isinstance(provider, TracerProvider) else None
 
 
 def instrument(tracer_provider: TracerProvider | None = None) -> AutoGenAdapter:
     """Record every AutoGen agent turn, tool call and model call inside a rollout (idempotent).
 
     Args:
-        tracer_provider: The SDK provider AutoGen's spans go through (AutoGen uses the global one: pass the provider
-            the application set there). Default: the global provider, when it is an SDK one. Never set globally.
+        tracer_provider: The SDK provider AutoGen's spans go through (AutoGen uses the global one). Default: the
+            global provider: the application's, if it set one; else the runner routes it into rollouts when the first
+            rollout starts. An application's global provider is never replaced.
 
     Raises:
         UnsupportedVersionError: autogen-agentchat is missing or outside `SUPPORTED_RANGE`.

@@ -301,8 +301,9 @@ def _name_agent(kwargs: dict[str, Any], span: Any) -> None:
     The LLM proxy routes the call to that agent's policy (`agentlightning.PolicyMap`); an ``extra_headers`` the
     caller passes keeps its own entries (and its own agent header, if it sets one).
     """
-    # a span source's agent spans may be named only after they start: it names the agent on its LLM span then
-    agent = agent_of_span(span) or live_agent_name(span)
+    # A span source's agent spans may be named only after they start: it names the agent on its LLM span then, and
+    # that name wins over one the span inherited at its start (the rollout's, when no agent span was named yet).
+    agent = live_agent_name(span) or agent_of_span(span)
     if agent is None:
         return
     extra = kwargs.get("extra_headers")

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError
 from agentlightning.adapters._otel import pending_llm_spans
+from agentlightning.tracing._genai import LANGGRAPH_NODE
 
 __all__ = [
     "SOURCES",
@@ -50,9 +51,10 @@ class SpanSource(Adapter):
         SCOPES: Instrumentation scope names of its spans.
         COVERS: Our adapters that record the same calls: `instrument_all` skips them while this source is active.
         NEEDS_RELAY: Its LLM spans may lack the response id; the openai client relay (no span of its own) fills it.
-        AGENT_ATTRIBUTE: The attribute that names, on its live spans, the agent they run under, where its agent spans
-            carry ``gen_ai.agent.name`` only after they start: the openai client hook reads it from the call's LLM
-            span for the agent header (`agentlightning.AGENT_HEADER`) the proxy routes policies by.
+        AGENT_ATTRIBUTE: The attribute (or attributes: the first one set wins) that names, on its live spans, the
+            agent they run under, where its agent spans carry ``gen_ai.agent.name`` only after they start: the openai
+            client hook reads it from the call's LLM span for the agent header (`agentlightning.AGENT_HEADER`) the
+            proxy routes policies by.
     """
 
     MODULE: ClassVar[str]
@@ -60,7 +62,7 @@ class SpanSource(Adapter):
     SCOPES: ClassVar[tuple[str, ...]]
     COVERS: ClassVar[tuple[str, ...]]
     NEEDS_RELAY: ClassVar[bool] = False
-    AGENT_ATTRIBUTE: ClassVar[str | None] = None
+    AGENT_ATTRIBUTE: ClassVar[str | tuple[str, ...] | None] = None
 
     @classmethod
     def active(cls) -> bool:
@@ -134,8 +136,10 @@ class OpenLLMetryLangChainSource(SpanSource):
     """OpenLLMetry's LangChain instrumentation (``opentelemetry-instrumentation-langchain``, LangGraph too).
 
     Its agent spans are its workflow spans (a run's root chain: ``gen_ai.operation.name=invoke_agent``, the graph's
-    name as ``gen_ai.agent.name``), named only after they start; every span under one carries that name as
-    ``traceloop.workflow.name`` (its LLM spans too, set before the client call), which names the call's agent.
+    name as ``gen_ai.agent.name``) and, in a LangGraph graph, each node's own task span (the node is the agent, as
+    our LangChain adapter has it), named only after they start. Its LLM spans carry, before the client call, the
+    node they run in (``traceloop.association.properties.langgraph_node``) and the workflow's name
+    (``traceloop.workflow.name``): the first of them names the call's agent.
     """
 
     NAME: ClassVar[str] = "openllmetry_langchain"
@@ -146,7 +150,7 @@ class OpenLLMetryLangChainSource(SpanSource):
     INSTRUMENTOR: ClassVar[str] = "LangchainInstrumentor"
     SCOPES: ClassVar[tuple[str, ...]] = ("opentelemetry.instrumentation.langchain",)
     COVERS: ClassVar[tuple[str, ...]] = ("langchain",)
-    AGENT_ATTRIBUTE: ClassVar[str | None] = "traceloop.workflow.name"
+    AGENT_ATTRIBUTE: ClassVar[str | tuple[str, ...] | None] = (LANGGRAPH_NODE, "traceloop.workflow.name")
 
 
 class OpenLLMetryAgentsSource(SpanSource):

@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
 
     import agentlightning as agl
     from agentlightning.adapters import get_adapter
-    from agentlightning.tracing import set_as_global
 
     console = Console(stderr=True, soft_wrap=True)  # one line per message, however long the path
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -99,10 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         agent = agl.load_agent(args.agent, args.app_dir)
-        if args.instrument or not args.no_instrument:
-            # The runner is the application here: it routes the global OpenTelemetry provider into rollouts, for
-            # frameworks that trace only through the global one (AutoGen). Adapters never set it themselves.
-            set_as_global()
+        # A framework that traces only through the global OpenTelemetry provider (AutoGen) is routed into rollouts
+        # when the first one starts (`agentlightning.tracing.when_global_provider`), as under any runner.
         if args.instrument:
             names = [name.strip() for name in args.instrument.split(",") if name.strip()]
             for name in names:

@@ -24,7 +24,9 @@ from agentlightning.tracing._provider import (
     get_span_processor,
     get_tracer,
     get_tracer_provider,
+    route_global_provider,
     set_as_global,
+    when_global_provider,
 )
 from agentlightning.tracing._records import to_span_model
 
@@ -50,7 +52,9 @@ __all__ = [
     "llm_base_url",
     "otlp_endpoint_from_env",
     "rollout_context",
+    "route_global_provider",
     "set_as_global",
     "stop_otlp_export",
     "to_span_model",
+    "when_global_provider",
 ]

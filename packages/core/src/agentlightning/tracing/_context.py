@@ -71,6 +71,9 @@ def rollout_context(
 ) -> Generator[RolloutContext]:
     """Run the ``with`` body as part of one attempt: spans it starts are tagged and sent to ``store``.
 
+    Entering it routes the global OpenTelemetry provider into rollouts when an instrumentor waits for that
+    (`agentlightning.tracing.when_global_provider`); otherwise the global provider is left alone.
+
     Works in sync code and inside async functions (``with``, not ``async with``). When it is entered while an
     event loop runs in this thread and ``store_loop`` is not given, that loop is taken as the store's owner,
     so a loop-bound store (an HTTP client) is only ever used from its own loop.
@@ -89,6 +92,11 @@ def rollout_context(
     """
     if not rollout_id or not attempt_id:
         raise ValueError(f"rollout_context needs a rollout_id and an attempt_id, got {rollout_id!r}, {attempt_id!r}")
+    # What runs rollouts owns the process: a framework that reports only to the global OpenTelemetry provider
+    # (AutoGen) is routed into rollouts here, so its one instrument() line is enough (imported late: a cycle).
+    from agentlightning.tracing._provider import route_global_provider
+
+    route_global_provider()
     if store_loop is None:
         try:
             store_loop = asyncio.get_running_loop()

@@ -44,6 +44,9 @@ _LLM_OPERATIONS = frozenset({"chat", "text_completion", "completion", "generate_
 _LLM_REQUEST_TYPE = "llm.request.type"
 _TRACELOOP_KIND = "traceloop.span.kind"
 _TRACELOOP_ENTITY = "traceloop.entity.name"
+# OpenLLMetry's LangChain instrumentation copies LangChain's run metadata onto its spans: a LangGraph node's own task
+# span is the one whose entity is the node itself (a function the node calls is a task of another name).
+LANGGRAPH_NODE = "traceloop.association.properties.langgraph_node"
 
 
 class SourceRegistration:
@@ -57,8 +60,9 @@ class SourceRegistration:
         on_llm_start: Called with each of its LLM spans as it starts (a framework source whose LLM span is not the
             current span registers it for our client hook, as our framework adapters do).
         on_llm_end: Called with each of its LLM spans as it ends.
-        agent_attribute: The attribute its live spans name their agent in, set after they start (so the processor's
-            start hook does not see it): read by `live_agent_name` for the agent header of a call made inside one.
+        agent_attribute: The attribute (or attributes: the first one set wins) its live spans name their agent in,
+            set after they start (so the processor's start hook does not see it): read by `live_agent_name` for the
+            agent header of a call made inside one.
     """
 
     __slots__ = ("agent_attribute", "client", "name", "on_llm_end", "on_llm_start", "suppressed")
@@ -70,10 +74,12 @@ class SourceRegistration:
         client: bool = False,
         on_llm_start: Callable[[SdkSpan], None] | None = None,
         on_llm_end: Callable[[Any], None] | None = None,
-        agent_attribute: str | None = None,
+        agent_attribute: str | tuple[str, ...] | None = None,
     ) -> None:
         self.name = name
-        self.agent_attribute = agent_attribute
+        self.agent_attribute: tuple[str, ...] = (
+            (agent_attribute,) if isinstance(agent_attribute, str) else tuple(agent_attribute or ())
+        )
         self.suppressed = suppressed
         self.client = client
         self.on_llm_start = on_llm_start
@@ -106,11 +112,19 @@ def _kind(attrs: Mapping[str, Any]) -> str | None:
     if operation in _LLM_OPERATIONS or attrs.get(_LLM_REQUEST_TYPE) in ("chat", "completion"):
         return semconv.KIND_LLM
     traceloop = attrs.get(_TRACELOOP_KIND)
-    if operation == "invoke_agent" or traceloop == "agent":
+    if operation == "invoke_agent" or traceloop == "agent" or _langgraph_node(attrs) is not None:
         return semconv.KIND_AGENT
     if operation == "execute_tool" or traceloop == "tool":
         return semconv.KIND_TOOL
     return None
+
+
+def _langgraph_node(attrs: Mapping[str, Any]) -> str | None:
+    """The LangGraph node whose own task span these attributes are (OpenLLMetry's LangChain spans), else ``None``."""
+    if attrs.get(_TRACELOOP_KIND) != "task":
+        return None
+    node = attrs.get(LANGGRAPH_NODE)
+    return node if isinstance(node, str) and node and node == attrs.get(_TRACELOOP_ENTITY) else None
 
 
 def mark_start(span: SdkSpan) -> None:
@@ -157,10 +171,14 @@ def live_agent_name(span: Any) -> str | None:
     (`SourceRegistration.agent_attribute`); ``None`` for any other span or when the attribute is not set."""
     scope = getattr(span, "instrumentation_scope", None)
     registration = by_scope.get(scope.name) if scope is not None else None
-    if registration is None or registration.agent_attribute is None or not is_source_span(span):
+    if registration is None or not registration.agent_attribute or not is_source_span(span):
         return None
-    name = span.attributes.get(registration.agent_attribute)
-    return name if isinstance(name, str) and name else None
+    attributes = span.attributes
+    for key in registration.agent_attribute:
+        name = attributes.get(key)
+        if isinstance(name, str) and name:
+            return name
+    return None
 
 
 def source_attributes(attrs: dict[str, Any]) -> None:
@@ -173,6 +191,9 @@ def source_attributes(attrs: dict[str, Any]) -> None:
             attrs.pop(semconv.SPAN_KIND, None)
         return  # else keep what the start decided
     attrs[semconv.SPAN_KIND] = kind
+    if kind == semconv.KIND_AGENT and _langgraph_node(attrs) is not None:
+        attrs[semconv.GEN_AI_AGENT_NAME] = attrs[_TRACELOOP_ENTITY]  # the node is the agent, as our adapter has it
+        return
     entity = attrs.get(_TRACELOOP_ENTITY)
     if kind == semconv.KIND_AGENT and not attrs.get(semconv.GEN_AI_AGENT_NAME) and isinstance(entity, str) and entity:
         attrs[semconv.GEN_AI_AGENT_NAME] = entity

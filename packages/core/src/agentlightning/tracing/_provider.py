@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -26,7 +27,9 @@ __all__ = [
     "get_tracer",
     "get_tracer_provider",
     "light_tracer",
+    "route_global_provider",
     "set_as_global",
+    "when_global_provider",
 ]
 
 logger = logging.getLogger(__name__)
@@ -167,6 +170,68 @@ def set_as_global() -> TracerProvider:
             return actual
         logger.warning("the global tracer provider is %r and could not be replaced", type(actual).__name__)
     return ours
+
+
+_waiting: dict[object, Callable[[TracerProvider], None]] = {}
+_route_lock = threading.Lock()
+
+
+def when_global_provider(callback: Callable[[TracerProvider], None]) -> Callable[[], None]:
+    """Run ``callback`` with the global SDK provider once the spans reported there reach rollouts.
+
+    For an instrumentor whose framework reports only to the global OpenTelemetry provider (AutoGen): it never sets
+    that provider itself. If the application has set an SDK provider, the span processor is attached to it and
+    ``callback`` runs now. Otherwise it runs when the next rollout starts (`rollout_context`, which every runner
+    enters): the code that runs rollouts owns the process, so `route_global_provider` then makes the global provider
+    feed the store (ours, or the application's if it set one meanwhile).
+
+    Args:
+        callback: Called once with the global provider (e.g. to add a processor that maps the framework's spans).
+
+    Returns:
+        A function that withdraws ``callback`` if it has not run yet (an instrumentor's ``uninstrument``).
+    """
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        attach_to(current)
+        callback(current)
+        return lambda: None
+    key = object()
+    with _lock:
+        _waiting[key] = callback
+
+    def withdraw() -> None:
+        with _lock:
+            _waiting.pop(key, None)
+
+    return withdraw
+
+
+def route_global_provider() -> TracerProvider | None:
+    """Before a rollout: if an instrumentor waits for the global provider (`when_global_provider`), make it feed the
+    store (`set_as_global`: the application's SDK provider if it set one, else ours) and run what waited.
+
+    Cheap when nothing waits (what every rollout start pays). `rollout_context` calls it.
+
+    Returns:
+        The global provider now feeding the store, or ``None`` when nothing waited.
+    """
+    if not _waiting:
+        return None
+    with _route_lock:  # a concurrent rollout start waits here until the provider is routed
+        with _lock:
+            callbacks = list(_waiting.items())
+        if not callbacks:
+            return None
+        provider = set_as_global()
+        for key, callback in callbacks:
+            try:
+                callback(provider)
+            except Exception:
+                logger.exception("routing the global tracer provider: %r failed", callback)
+            with _lock:
+                _waiting.pop(key, None)
+        return provider
 
 
 def flush(timeout: float | None = None, attempt_id: str | None = None) -> None:

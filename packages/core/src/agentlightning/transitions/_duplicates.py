@@ -44,9 +44,10 @@ def drop_source_duplicates(
                 adopted.setdefault(outer.span_id, key)
     kept_for: dict[Any, int] = {}
     out: list[Event] = []
-    for index, (span, key, is_final) in enumerate(events):
+    for index, event in enumerate(events):
         if index in drop:
             continue
+        span, key, is_final = event
         if is_final is None and span is not None:
             key = adopted.get(span.span_id, key)
             if key is not None:
@@ -57,5 +58,7 @@ def drop_source_duplicates(
                     drop.add(index)
                     continue
                 kept_for[key] = len(out)
-        out.append((span, key, is_final))
+            if key is not event[1]:
+                event = (span, key, None)
+        out.append(event)  # the event itself, not a copy: `Events` finds its final reward by identity
     return out, len(drop)

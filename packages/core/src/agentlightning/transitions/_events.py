@@ -52,9 +52,14 @@ class Events:
 
     def replace_items(self, items: list[Event]) -> None:
         """Swap in a new list of the same events (some dropped or others added), keeping the final reward."""
-        final_event = self.items[self.final_index] if self.final_index is not None else None
+        # The same reward span, whether or not its event is the same tuple: a phase may rebuild the events it keeps
+        final_span = self.items[self.final_index][0] if self.final_index is not None else None
         self.items = items
-        self.final_index = next((i for i, e in enumerate(items) if e is final_event), None)
+        self.final_index = (
+            next((i for i, e in enumerate(items) if e[0] is final_span and e[2] is not None), None)
+            if final_span is not None
+            else None
+        )
 
 
 def _reward_value(span: Span) -> float | None:
@@ -112,8 +117,8 @@ def scan_events(tree: TraceTree, diag: TransitionDiagnostics, problems: list[str
             diag.duplicate_spans += dropped
             diag.llm_spans -= dropped
             problems.append(
-                f"{dropped} LLM span(s) of another instrumentation recorded a call that an adapter's span also "
-                "recorded; the adapter's span was kept"
+                f"{dropped} LLM span(s) of another instrumentation recorded a call that another LLM span also "
+                "recorded; one span per call was kept (an adapter's, else the first)"
             )
     if finals > 1:
         diag.multiple_final_rewards = 1
