@@ -1,6 +1,9 @@
 """The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``.
 
-Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
+Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``. Other
+packages add commands without the core naming them: each entry point of the `COMMAND_ENTRY_POINTS` group
+(``agentlightning.commands``) is such a ``register`` callable (agentlightning-torch registers ``agl model``); one
+that does not load is left out with a warning, so a broken package never takes ``agl`` down with it.
 A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
 `start_child` (runners: `start_runners`, awaited through `guarded`, stopped by `stop_children`), so that they end
 when it does, whatever ends it.
@@ -10,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._train import add_network_arguments
 
 __all__ = [
+    "COMMAND_ENTRY_POINTS",
     "RunnerDied",
     "add_network_arguments",
     "build_parser",
@@ -37,6 +44,27 @@ _COMMAND_MODULES = (
     "agentlightning.cli._runner",
 )
 
+COMMAND_ENTRY_POINTS = "agentlightning.commands"
+"""Entry-point group of ``agl`` commands from other packages: ``name = "pkg.module:register"``, where
+``register(subparsers)`` adds the sub-parser ``name`` (and sets its ``func(args) -> int``)."""
+
+logger = logging.getLogger(__name__)
+
+
+def _register_plugins(subparsers: Any) -> None:
+    """Add the commands of the installed packages' `COMMAND_ENTRY_POINTS`, in name order; built-in names win."""
+    seen: set[str] = set()
+    for entry in sorted(entry_points(group=COMMAND_ENTRY_POINTS), key=lambda ep: ep.name):
+        if entry.name in subparsers.choices or entry.name in seen:
+            continue  # a package cannot shadow a core command, and one distribution installed twice counts once
+        seen.add(entry.name)
+        try:
+            register: Any = entry.load()
+            register(subparsers)
+        except Exception as error:  # a broken plug-in must not break every other command
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            logger.warning("agl: command %r (%s) is not available: %s", entry.name, entry.value, reason)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``agl`` argument parser."""
@@ -53,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    _register_plugins(subparsers)
     return parser
 
 
