@@ -14,12 +14,12 @@ import pytest
 
 from agentlightning.cli import COMMAND_ENTRY_POINTS, build_parser, main
 
-HELLO = '''
+HELLO = """
 def register(subparsers):
     parser = subparsers.add_parser("hello", help="say hello")
     parser.add_argument("--name", default="world")
     parser.set_defaults(func=lambda args: print(f"hello {args.name}") or 5)
-'''
+"""
 
 
 def _install(site: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
