@@ -237,9 +237,12 @@ def _repair_tokenizer(tokenizer: Any, info: GGUFInfo) -> None:
         tokenizer.add_tokens(special, special_tokens=True)
     if ordinary:
         tokenizer.add_tokens(ordinary)
-    for role, token_id in info.special_ids.items():
-        if 0 <= token_id < len(info.tokens):
+    for role in ("bos", "eos", "unk", "pad"):
+        token_id = info.special_ids.get(role)
+        if token_id is not None and 0 <= token_id < len(info.tokens):
             setattr(tokenizer, f"{role}_token", info.tokens[token_id])
+        elif role != "eos":  # transformers' guesses ("<s>", Qwen2's unk "<|endoftext|>"): the file names none
+            setattr(tokenizer, f"{role}_token", None)
     if info.context_length:
         tokenizer.model_max_length = info.context_length
 

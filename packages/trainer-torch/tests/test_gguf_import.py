@@ -1,0 +1,485 @@
+"""``agl model import``: a GGUF file the test writes (as llama.cpp writes them) comes back as the model it was made from.
+
+For each architecture the command claims (Llama, Qwen2), a tiny random model and a byte-level BPE tokenizer are
+written as GGUF (`gguf_files.write_gguf`: llama.cpp's tensor names, its q/k permutation for Llama, token types,
+merges, chat template) and imported: unquantized, every weight is bit-identical to the source, greedy generation
+gives the same tokens and the tokenizer the same ids (text, special and added tokens, the rendered chat template);
+Q8_0 comes back as exactly gguf's own dequantization, within the quantization error of the source. Bad input is one
+line with exit code 2.
+
+The writer below follows llama.cpp's ``convert_hf_to_gguf.py``: tensor names from gguf's own HF -> GGUF name map, a
+Llama's q/k projections permuted as llama.cpp permutes them (transformers' GGUF loader undoes it), 1-D tensors (norms,
+biases) kept float32, the tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = gpt2``) with merges, token
+types (CONTROL for special tokens, USER_DEFINED for other added tokens), special ids and the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+
+from agentlightning_torch import build_chat_model, count_parameters, load_model, train_chat_tokenizer
+from agentlightning_torch.model_cli import main as model_main
+from agentlightning_torch.models import GGUF_INSTALL_HINT, GGUFImportError, import_gguf, sha256_file
+
+# --- writing GGUF files the way llama.cpp's convert_hf_to_gguf.py writes them ---------------------------------
+
+ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` (rotary halves -> interleaved pairs) for q (kv=None) or k."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def gguf_tensors(model: PreTrainedModel, arch: str) -> dict[str, np.ndarray]:
+    """The model's tensors under their GGUF names, as float32 numpy arrays (q/k permuted for a Llama)."""
+    config: Any = model.config
+    names = gguf.get_tensor_name_map(ARCHES[arch], config.num_hidden_layers)
+    out: dict[str, np.ndarray] = {}
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # a tied head is absent from the file (transformers ties it again)
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        assert gguf_name is not None, hf_name
+        data = tensor.detach().to(torch.float32).numpy().copy()
+        if arch == "llama" and suffix == "weight" and base.endswith("self_attn.q_proj"):
+            data = llama_cpp_permute(data, config.num_attention_heads, config.num_attention_heads)
+        elif arch == "llama" and suffix == "weight" and base.endswith("self_attn.k_proj"):
+            data = llama_cpp_permute(data, config.num_attention_heads, config.num_key_value_heads)
+        out[f"{gguf_name}.{suffix}"] = data
+    return out
+
+
+def _tokenizer_fields(writer: GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:
+    vocab = tokenizer.get_vocab()
+    tokens = [""] * len(vocab)
+    for token, index in vocab.items():
+        tokens[index] = token
+    added = {index: token for index, token in tokenizer.added_tokens_decoder.items()}
+    types = [
+        TokenType.NORMAL if i not in added else (TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
+        for i in range(len(tokens))
+    ]
+    merges: list[Any] = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(kind) for kind in types])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    for role, add in (
+        ("bos", writer.add_bos_token_id),
+        ("eos", writer.add_eos_token_id),
+        ("unk", writer.add_unk_token_id),
+        ("pad", writer.add_pad_token_id),
+    ):
+        token_id = getattr(tokenizer, f"{role}_token_id")
+        if token_id is not None:
+            add(token_id)
+    writer.add_add_space_prefix(False)
+    writer.add_add_bos_token(False)
+    if tokenizer.chat_template:
+        writer.add_chat_template(str(tokenizer.chat_template))
+
+
+def write_gguf(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    path: Path,
+    *,
+    arch: str,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    name: str = "tiny test model",
+) -> dict[str, np.ndarray]:
+    """Write ``model`` + ``tokenizer`` as a GGUF file; 2-D tensors get ``qtype``, the rest stay F32.
+
+    Returns:
+        The tensors as the file holds them after dequantizing (GGUF names, permuted as stored): what a correct
+        importer must reproduce exactly (before un-permuting).
+    """
+    config: Any = model.config
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name)
+    writer.add_license("apache-2.0")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_vocab_size(config.vocab_size)
+    _tokenizer_fields(writer, tokenizer)
+    stored: dict[str, np.ndarray] = {}
+    for gguf_name, data in gguf_tensors(model, arch).items():
+        if qtype != GGMLQuantizationType.F32 and data.ndim == 2:
+            packed = gguf.quants.quantize(data, qtype)
+            writer.add_tensor(gguf_name, packed, raw_dtype=qtype)
+            stored[gguf_name] = gguf.quants.dequantize(packed, qtype)
+        else:
+            writer.add_tensor(gguf_name, data)
+            stored[gguf_name] = data
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+# --- source models --------------------------------------------------------------------------------------------
+
+SMOLLM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "Hello, how are you today? The answer is 42. What is 12 * 7? You are a tiny test model.",
+    "system user assistant: call <tool_call> with {\"a\": 2, \"b\": 3} and read the result.",
+]
+TEXTS = [
+    "Hello, how are you today?",
+    "What is 12 * 7 = 84, or 1234 + 56789?",
+    "call <tool_call>{\"a\": 2}</tool_call> now",
+    "<|im_start|>user\nhi there<|im_end|>\n",
+    "  spaces\tand\nnewlines  ",
+]
+MESSAGES = [
+    [{"role": "user", "content": "What is 12 * 7?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, how are you today?"}],
+]
+
+
+def smollm_like_tokenizer() -> PreTrainedTokenizerFast:
+    """SmolLM2's kind of tokenizer: GPT-2 byte-level BPE, ChatML specials (unk 0, bos 1, eos 2 = pad), an added tag."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # pyright: ignore[reportAttributeAccessIssue]
+    backend.decoder = decoders.ByteLevel()  # pyright: ignore[reportAttributeAccessIssue]
+    trainer = trainers.BpeTrainer(
+        vocab_size=420,  # pyright: ignore[reportCallIssue]
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],  # pyright: ignore[reportCallIssue]
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # pyright: ignore[reportCallIssue]
+        show_progress=False,  # pyright: ignore[reportCallIssue]
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # pyright: ignore[reportUnknownMemberType]
+    tokenizer.chat_template = SMOLLM_TEMPLATE
+    return tokenizer
+
+
+def source_model(arch: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A tiny random model of ``arch`` with the tokenizer a real file of that family has (GQA: 4 heads, 2 kv)."""
+    tokenizer = smollm_like_tokenizer() if arch == "llama" else train_chat_tokenizer(CORPUS, vocab_size=420)
+    model = build_chat_model(
+        tokenizer,
+        architecture="llama" if arch == "llama" else "qwen2",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        max_positions=256,
+        seed=7,
+    )
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    arch: str = request.param
+    model, tokenizer = source_model(arch)
+    folder = tmp_path_factory.mktemp(f"gguf-{arch}")
+    gguf_path = folder / f"tiny-{arch}.F32.gguf"
+    write_gguf(model, tokenizer, gguf_path, arch=arch)
+    result = import_gguf(gguf_path, folder / "out")
+    return {"arch": arch, "model": model, "tokenizer": tokenizer, "gguf": gguf_path, "result": result}
+
+
+def test_unquantized_weights_come_back_bit_identical(imported: dict[str, Any]) -> None:
+    source: PreTrainedModel = imported["model"]
+    out: Path = imported["result"].out
+    loaded: Any = AutoModelForCausalLM.from_pretrained(out)  # pyright: ignore[reportUnknownMemberType]
+    expected, got = source.state_dict(), loaded.state_dict()
+    assert sorted(got) == sorted(expected)
+    different = [name for name in expected if not torch.equal(expected[name], got[name])]
+    assert different == []
+    assert type(loaded) is type(source) and loaded.config.num_key_value_heads == 2
+    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.float32}
+
+
+def test_greedy_generation_gives_the_same_tokens(imported: dict[str, Any]) -> None:
+    source: PreTrainedModel = imported["model"]
+    tokenizer: PreTrainedTokenizerFast = imported["tokenizer"]
+    loaded = load_model(imported["result"].out)  # the trainers' loader
+    for messages in MESSAGES:
+        prompt: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        ids = prompt["input_ids"] if not isinstance(prompt, torch.Tensor) else prompt
+        settings: dict[str, Any] = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
+        want = source.generate(ids, attention_mask=torch.ones_like(ids), **settings)  # pyright: ignore[reportCallIssue]
+        got = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **settings)  # pyright: ignore[reportCallIssue]
+        assert got.tolist() == want.tolist()
+
+
+def test_the_tokenizer_encodes_and_renders_identically(imported: dict[str, Any]) -> None:
+    source: PreTrainedTokenizerFast = imported["tokenizer"]
+    loaded: Any = AutoTokenizer.from_pretrained(imported["result"].out)  # pyright: ignore[reportUnknownMemberType]
+    for text in TEXTS:
+        assert loaded.encode(text) == source.encode(text), text
+        assert loaded.decode(source.encode(text)) == source.decode(source.encode(text)), text
+    for messages in MESSAGES:
+        want = source.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert loaded.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == want
+    assert len(loaded) == len(source)
+    for role in ("eos", "pad", "unk"):
+        assert getattr(loaded, f"{role}_token_id") == getattr(source, f"{role}_token_id"), role
+    assert loaded.convert_tokens_to_ids("<tool_call>") == source.convert_tokens_to_ids("<tool_call>")
+    config = json.loads((imported["result"].out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] != "TokenizersBackend"  # transformers 5's name only: 4.x could not load it
+    assert "model_type" not in config and "eos_token_id" not in config  # GGUF leftovers that contradict the tokens
+
+
+def test_the_folder_says_what_was_done(imported: dict[str, Any]) -> None:
+    result = imported["result"]
+    meta = json.loads((result.out / "agentlightning.json").read_text())
+    assert meta == result.metadata
+    assert meta["source"] == {
+        "file": imported["gguf"].name,
+        "sha256": sha256_file(imported["gguf"]),
+        "bytes": imported["gguf"].stat().st_size,
+    }
+    assert meta["gguf_architecture"] == imported["arch"] and meta["model_type"] == imported["arch"]
+    assert meta["parameters"] == count_parameters(imported["model"])
+    assert meta["quantization"]["file_type"] == "F32" and meta["quantization"]["quantized"] == []
+    assert meta["dtype"] == "float32" and meta["chat_template"] is True
+    assert meta["special_tokens"]["eos"] == "<|im_end|>"
+    readme = (result.out / "README.md").read_text()
+    assert imported["gguf"].name in readme and meta["source"]["sha256"] in readme
+    assert f"{meta['parameters']:,} parameters" in readme and "transformers" in readme
+
+
+def test_q8_0_is_dequantized_exactly_as_gguf_does_within_its_error(tmp_path: Path) -> None:
+    model, tokenizer = source_model("llama")
+    stored = write_gguf(model, tokenizer, tmp_path / "tiny.Q8_0.gguf", arch="llama", qtype=GGMLQuantizationType.Q8_0)
+    result = import_gguf(tmp_path / "tiny.Q8_0.gguf", tmp_path / "out")
+    got = load_file(result.out / "model.safetensors")
+    config: Any = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    original = gguf_tensors(model, "llama")
+    for name, tensor in got.items():
+        gguf_name = next(g for g, hf in _name_pairs(model) if hf == name)
+        want = stored[gguf_name]
+        if name.endswith("q_proj.weight"):  # the file holds it permuted; the import un-permutes
+            want = _unpermute(want, heads, heads)
+        elif name.endswith("k_proj.weight"):
+            want = _unpermute(want, heads, kv_heads)
+        assert np.array_equal(tensor.numpy(), want), name
+        source = model.state_dict()[name].numpy()
+        assert np.abs(tensor.numpy() - source).max() <= np.abs(source).max() / 127 + 1e-6, name
+        if original[gguf_name].ndim == 2:
+            assert not np.array_equal(tensor.numpy(), source), name  # it really was quantized
+    meta = result.metadata
+    assert meta["quantization"]["file_type"] == "Q8_0" and meta["quantization"]["quantized"] == ["Q8_0"]
+    assert "dequantized from Q8_0" in (result.out / "README.md").read_text()
+
+
+def _name_pairs(model: PreTrainedModel) -> list[tuple[str, str]]:
+    import gguf
+
+    config: Any = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    pairs: list[tuple[str, str]] = []
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        pairs.append((f"{names.get_name(base)}.{suffix}", hf_name))
+    return pairs
+
+
+def _unpermute(weights: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """Inverse of `llama_cpp_permute` (checked below), independent of transformers' own code."""
+    n = n_head_kv if n_head != n_head_kv else n_head
+    return weights.reshape(n, weights.shape[0] // n // 2, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def test_the_permutation_helpers_are_inverses() -> None:
+    weights = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    assert np.array_equal(_unpermute(llama_cpp_permute(weights, 2, None), 2, 2), weights)
+    assert np.array_equal(_unpermute(llama_cpp_permute(weights, 4, 2), 4, 2), weights)
+    assert not np.array_equal(llama_cpp_permute(weights, 2, None), weights)
+
+
+def test_bfloat16_on_request(tmp_path: Path) -> None:
+    model, tokenizer = source_model("qwen2")
+    write_gguf(model, tokenizer, tmp_path / "tiny.gguf", arch="qwen2")
+    result = import_gguf(tmp_path / "tiny.gguf", tmp_path / "out", dtype="bfloat16")
+    got = load_file(result.out / "model.safetensors")
+    for name, tensor in got.items():
+        assert torch.equal(tensor, model.state_dict()[name].to(torch.bfloat16)), name
+    assert result.metadata["dtype"] == "bfloat16"
+
+
+# --- the command line: output, and bad input as one line -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, tokenizer = source_model("llama")
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_gguf(model, tokenizer, path, arch="llama")
+    return path
+
+
+def _one_line_error(run: Callable[[], int], capsys: pytest.CaptureFixture[str]) -> str:
+    code = run()
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_the_command_prints_the_folder(tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "imported"
+    assert model_main(["model", "import", str(tiny_gguf), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{out.absolute()}\n"
+    assert "LlamaForCausalLM" in captured.err and "F32 -> float32" in captured.err
+    assert (out / "config.json").is_file() and (out / "chat_template.jinja").is_file()
+
+
+def test_an_out_folder_that_is_not_empty_needs_force(
+    tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    args = ["model", "import", str(tiny_gguf), "--out", str(out)]
+    line = _one_line_error(lambda: model_main(args), capsys)
+    assert line == f"error: agl model import: --out {out.absolute()} is not empty (pass --force to replace its contents)"
+    assert (out / "mine.txt").read_text() == "keep me"
+    assert model_main([*args, "--force"]) == 0
+    assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging or old folder left behind
+
+
+def test_bad_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(path: Path) -> str:
+        return _one_line_error(lambda: model_main(["model", "import", str(path), "--out", str(tmp_path / "o")]), capsys)
+
+    assert run(tmp_path / "nope.gguf") == f"error: agl model import: no such file: {(tmp_path / 'nope.gguf').resolve()}"
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello, not a model")
+    assert "is not a GGUF file (it starts with b'hell'" in run(text)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00\x01")
+    assert "is not a readable GGUF file" in run(truncated)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_architecture_transformers_cannot_read_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rwkv.gguf"
+    writer = GGUFWriter(path, "rwkv6")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    line = _one_line_error(lambda: model_main(["model", "import", str(path), "--out", str(tmp_path / "o")]), capsys)
+    assert line.startswith("error: agl model import: rwkv.gguf: architecture 'rwkv6' is not one transformers ")
+    assert "llama" in line and "qwen2" in line
+
+
+def test_missing_gguf_packages_name_the_install_command(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    line = _one_line_error(
+        lambda: model_main(["model", "import", str(tiny_gguf), "--out", str(tmp_path / "o")]), capsys
+    )
+    assert line == f"error: agl model import: reading GGUF files needs the accelerate package: {GGUF_INSTALL_HINT}"
+    assert GGUF_INSTALL_HINT == "pip install 'agentlightning-torch[gguf]'"
+    with pytest.raises(GGUFImportError, match="accelerate"):
+        import_gguf(tiny_gguf, tmp_path / "o")
+
+
+def test_python_dash_m_runs_the_command(tiny_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "via-m"
+    done = subprocess.run(
+        [sys.executable, "-m", "agentlightning_torch.model_cli", "model", "import", str(tiny_gguf), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{out}\n" and (out / "agentlightning.json").is_file()
+    bad = subprocess.run(
+        [sys.executable, "-m", "agentlightning_torch.model_cli", "model", "import", str(tmp_path / "x.gguf"), "--out",
+         str(tmp_path / "o")],  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=300,
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_agl_lists_the_model_command_once_installed() -> None:
+    """The core's ``agl`` finds ``model`` through agentlightning-torch's ``agentlightning.commands`` entry point.
+
+    Needs the installed metadata to have the entry point (``pip install -e packages/trainer-torch`` after it was added).
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", "agentlightning.cli", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "model" in done.stdout.split("positional arguments:")[1].split("\n")[1], done.stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "agentlightning.cli", "model", "import", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    assert help_text.returncode == 0 and "--dtype" in help_text.stdout, help_text.stderr
