@@ -7,7 +7,7 @@ it exactly as it finds an installed package (agentlightning-torch registers ``ag
 
 from __future__ import annotations
 
-import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,22 +42,50 @@ def test_a_registered_command_runs_and_is_listed(
     assert capsys.readouterr().out.strip() == "hello agl"
 
 
-def test_a_broken_command_package_leaves_agl_working(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_options_and_help_reach_the_commands_own_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _install(
+        tmp_path, "agentlightning-hello3", {"hello": "agl_fake_hello_cmd3:register"}, {"agl_fake_hello_cmd3": HELLO}
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        main(["hello", "--help"])
+    assert exited.value.code == 0 and "--name" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        main(["hello", "--nosuch"])
+    assert exited.value.code == 2 and "unrecognized arguments: --nosuch" in capsys.readouterr().err
+
+
+def test_the_package_is_imported_only_when_its_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(
+        tmp_path, "agentlightning-hello4", {"hello": "agl_fake_hello_cmd4:register"}, {"agl_fake_hello_cmd4": HELLO}
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "hello" in build_parser().format_help()
+    assert "agl_fake_hello_cmd4" not in sys.modules  # `agl --help` stays as fast as the core's own commands
+    assert main(["hello"]) == 5
+    assert "agl_fake_hello_cmd4" in sys.modules
+
+
+def test_a_broken_command_package_fails_its_command_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     broken = "import agl_no_such_dependency_anywhere\n\ndef register(subparsers):\n    pass\n"
     _install(
         tmp_path,
         "agentlightning-broken-cmd",
-        {"broken": "agl_fake_broken_cmd:register", "hello": "agl_fake_hello_cmd2:register"},
-        {"agl_fake_broken_cmd": broken, "agl_fake_hello_cmd2": HELLO},
+        {"broken": "agl_fake_broken_cmd:register"},
+        {"agl_fake_broken_cmd": broken},
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="agentlightning.cli"):
-        parser = build_parser()
-    listed = parser.format_help()
-    assert "hello" in listed and "broken" not in listed and "store" in listed
-    assert any("'broken'" in record.getMessage() and "agl_no_such" in record.getMessage() for record in caplog.records)
+    assert "store" in build_parser().format_help()  # the core's commands are untouched
+    assert main(["broken", "--anything"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("error: agl broken: agl_fake_broken_cmd:register (from agentlightning-broken-cmd) does")
+    assert "agl_no_such_dependency_anywhere" in lines[0]
 
 
 def test_a_package_cannot_shadow_a_core_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
