@@ -1,4 +1,4 @@
-"""``agl model import``: a GGUF file the test writes (as llama.cpp writes them) comes back as the model it was made from.
+"""``agl model import``: a GGUF file written as llama.cpp writes them comes back as the model it was made from.
 
 For each architecture the command claims (Llama, Qwen2), a tiny random model and a byte-level BPE tokenizer are
 written as GGUF (`gguf_files.write_gguf`: llama.cpp's tensor names, its q/k permutation for Llama, token types,
@@ -122,7 +122,9 @@ def write_gguf(
     writer = GGUFWriter(path, arch)
     writer.add_name(name)
     writer.add_license("apache-2.0")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -160,12 +162,12 @@ SMOLLM_TEMPLATE = (
 )
 CORPUS = [
     "Hello, how are you today? The answer is 42. What is 12 * 7? You are a tiny test model.",
-    "system user assistant: call <tool_call> with {\"a\": 2, \"b\": 3} and read the result.",
+    'system user assistant: call <tool_call> with {"a": 2, "b": 3} and read the result.',
 ]
 TEXTS = [
     "Hello, how are you today?",
     "What is 12 * 7 = 84, or 1234 + 56789?",
-    "call <tool_call>{\"a\": 2}</tool_call> now",
+    'call <tool_call>{"a": 2}</tool_call> now',
     "<|im_start|>user\nhi there<|im_end|>\n",
     "  spaces\tand\nnewlines  ",
 ]
@@ -387,7 +389,9 @@ def test_an_out_folder_that_is_not_empty_needs_force(
     (out / "mine.txt").write_text("keep me")
     args = ["model", "import", str(tiny_gguf), "--out", str(out)]
     line = _one_line_error(lambda: model_main(args), capsys)
-    assert line == f"error: agl model import: --out {out.absolute()} is not empty (pass --force to replace its contents)"
+    assert (
+        line == f"error: agl model import: --out {out.absolute()} is not empty (pass --force to replace its contents)"
+    )
     assert (out / "mine.txt").read_text() == "keep me"
     assert model_main([*args, "--force"]) == 0
     assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
@@ -451,8 +455,16 @@ def test_python_dash_m_runs_the_command(tiny_gguf: Path, tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{out}\n" and (out / "agentlightning.json").is_file()
     bad = subprocess.run(
-        [sys.executable, "-m", "agentlightning_torch.model_cli", "model", "import", str(tmp_path / "x.gguf"), "--out",
-         str(tmp_path / "o")],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentlightning_torch.model_cli",
+            "model",
+            "import",
+            str(tmp_path / "x.gguf"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

