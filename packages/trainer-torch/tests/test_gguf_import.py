@@ -5,12 +5,8 @@ written as GGUF (`gguf_files.write_gguf`: llama.cpp's tensor names, its q/k perm
 merges, chat template) and imported: unquantized, every weight is bit-identical to the source, greedy generation
 gives the same tokens and the tokenizer the same ids (text, special and added tokens, the rendered chat template);
 Q8_0 comes back as exactly gguf's own dequantization, within the quantization error of the source. Bad input is one
-line with exit code 2.
-
-The writer below follows llama.cpp's ``convert_hf_to_gguf.py``: tensor names from gguf's own HF -> GGUF name map, a
-Llama's q/k projections permuted as llama.cpp permutes them (transformers' GGUF loader undoes it), 1-D tensors (norms,
-biases) kept float32, the tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = gpt2``) with merges, token
-types (CONTROL for special tokens, USER_DEFINED for other added tokens), special ids and the chat template.
+line with exit code 2. The writer (`agentlightning_torch.testing.write_gguf`) follows llama.cpp's
+``convert_hf_to_gguf.py``; see its module.
 """
 
 from __future__ import annotations
@@ -27,13 +23,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGUFWriter
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning_torch import build_chat_model, count_parameters, load_model, train_chat_tokenizer
 from agentlightning_torch import models as models_module
+from agentlightning_torch._gguf_write import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute
 from agentlightning_torch.model_cli import main as model_main
 from agentlightning_torch.models import (
     GGUF_INSTALL_HINT,
@@ -46,131 +42,10 @@ from agentlightning_torch.models import (
     models_dir,
     sha256_file,
 )
-
-# --- writing GGUF files the way llama.cpp's convert_hf_to_gguf.py writes them ---------------------------------
-
-ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}
-
-
-def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
-    """llama.cpp's ``LlamaModel.permute`` (rotary halves -> interleaved pairs) for q (kv=None) or k."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
-def gguf_tensors(model: PreTrainedModel, arch: str) -> dict[str, np.ndarray]:
-    """The model's tensors under their GGUF names, as float32 numpy arrays (q/k permuted for a Llama)."""
-    config: Any = model.config
-    names = gguf.get_tensor_name_map(ARCHES[arch], config.num_hidden_layers)
-    out: dict[str, np.ndarray] = {}
-    for hf_name, tensor in model.state_dict().items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # a tied head is absent from the file (transformers ties it again)
-        base, _, suffix = hf_name.rpartition(".")
-        gguf_name = names.get_name(base)
-        assert gguf_name is not None, hf_name
-        data = tensor.detach().to(torch.float32).numpy().copy()
-        if arch == "llama" and suffix == "weight" and base.endswith("self_attn.q_proj"):
-            data = llama_cpp_permute(data, config.num_attention_heads, config.num_attention_heads)
-        elif arch == "llama" and suffix == "weight" and base.endswith("self_attn.k_proj"):
-            data = llama_cpp_permute(data, config.num_attention_heads, config.num_key_value_heads)
-        out[f"{gguf_name}.{suffix}"] = data
-    return out
-
-
-def _tokenizer_fields(writer: GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:
-    vocab = tokenizer.get_vocab()
-    tokens = [""] * len(vocab)
-    for token, index in vocab.items():
-        tokens[index] = token
-    added = {index: token for index, token in tokenizer.added_tokens_decoder.items()}
-    types = [
-        TokenType.NORMAL if i not in added else (TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
-        for i in range(len(tokens))
-    ]
-    merges: list[Any] = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([int(kind) for kind in types])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    for role, add in (
-        ("bos", writer.add_bos_token_id),
-        ("eos", writer.add_eos_token_id),
-        ("unk", writer.add_unk_token_id),
-        ("pad", writer.add_pad_token_id),
-    ):
-        token_id = getattr(tokenizer, f"{role}_token_id")
-        if token_id is not None:
-            add(token_id)
-    writer.add_add_space_prefix(False)
-    writer.add_add_bos_token(False)
-    if tokenizer.chat_template:
-        writer.add_chat_template(str(tokenizer.chat_template))
-
-
-def write_gguf(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    path: Path,
-    *,
-    arch: str,
-    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
-    name: str = "tiny test model",
-) -> dict[str, np.ndarray]:
-    """Write ``model`` + ``tokenizer`` as a GGUF file; 2-D tensors get ``qtype``, the rest stay F32.
-
-    Returns:
-        The tensors as the file holds them after dequantizing (GGUF names, permuted as stored): what a correct
-        importer must reproduce exactly (before un-permuting).
-    """
-    config: Any = model.config
-    writer = GGUFWriter(path, arch)
-    writer.add_name(name)
-    writer.add_license("apache-2.0")
-    writer.add_file_type(
-        gguf.LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
-    writer.add_vocab_size(config.vocab_size)
-    _tokenizer_fields(writer, tokenizer)
-    stored: dict[str, np.ndarray] = {}
-    for gguf_name, data in gguf_tensors(model, arch).items():
-        if qtype != GGMLQuantizationType.F32 and data.ndim == 2:
-            packed = gguf.quants.quantize(data, qtype)
-            writer.add_tensor(gguf_name, packed, raw_dtype=qtype)
-            stored[gguf_name] = gguf.quants.dequantize(packed, qtype)
-        else:
-            writer.add_tensor(gguf_name, data)
-            stored[gguf_name] = data
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return stored
-
+from agentlightning_torch.testing import write_gguf
 
 # --- source models --------------------------------------------------------------------------------------------
 
-SMOLLM_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 CORPUS = [
     "Hello, how are you today? The answer is 42. What is 12 * 7? You are a tiny test model.",
     'system user assistant: call <tool_call> with {"a": 2, "b": 3} and read the result.',
@@ -188,33 +63,9 @@ MESSAGES = [
 ]
 
 
-def smollm_like_tokenizer() -> PreTrainedTokenizerFast:
-    """SmolLM2's kind of tokenizer: GPT-2 byte-level BPE, ChatML specials (unk 0, bos 1, eos 2 = pad), an added tag."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # pyright: ignore[reportAttributeAccessIssue]
-    backend.decoder = decoders.ByteLevel()  # pyright: ignore[reportAttributeAccessIssue]
-    trainer = trainers.BpeTrainer(
-        vocab_size=420,  # pyright: ignore[reportCallIssue]
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],  # pyright: ignore[reportCallIssue]
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # pyright: ignore[reportCallIssue]
-        show_progress=False,  # pyright: ignore[reportCallIssue]
-    )
-    backend.train_from_iterator(CORPUS * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-    )
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # pyright: ignore[reportUnknownMemberType]
-    tokenizer.chat_template = SMOLLM_TEMPLATE
-    return tokenizer
-
-
 def source_model(arch: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A tiny random model of ``arch`` with the tokenizer a real file of that family has (GQA: 4 heads, 2 kv)."""
-    tokenizer = smollm_like_tokenizer() if arch == "llama" else train_chat_tokenizer(CORPUS, vocab_size=420)
+    tokenizer = byte_bpe_tokenizer(tuple(CORPUS)) if arch == "llama" else train_chat_tokenizer(CORPUS, vocab_size=420)
     model = build_chat_model(
         tokenizer,
         architecture="llama" if arch == "llama" else "qwen2",
@@ -302,10 +153,11 @@ def test_the_folder_says_what_was_done(imported: dict[str, Any]) -> None:
     assert f"{meta['parameters']:,} parameters" in readme and "transformers" in readme
 
 
-def test_q8_0_is_dequantized_exactly_as_gguf_does_within_its_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])  # Q4_1: what SmolLM2's file holds
+def test_quantized_weights_are_dequantized_exactly_as_gguf_does_within_its_error(tmp_path: Path, qtype: str) -> None:
     model, tokenizer = source_model("llama")
-    stored = write_gguf(model, tokenizer, tmp_path / "tiny.Q8_0.gguf", arch="llama", qtype=GGMLQuantizationType.Q8_0)
-    result = import_gguf(tmp_path / "tiny.Q8_0.gguf", tmp_path / "out")
+    stored = write_gguf(model, tokenizer, tmp_path / f"tiny.{qtype}.gguf", arch="llama", qtype=qtype)
+    result = import_gguf(tmp_path / f"tiny.{qtype}.gguf", tmp_path / "out")
     got = load_file(result.out / "model.safetensors")
     config: Any = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -319,17 +171,17 @@ def test_q8_0_is_dequantized_exactly_as_gguf_does_within_its_error(tmp_path: Pat
             want = _unpermute(want, heads, kv_heads)
         assert np.array_equal(tensor.numpy(), want), name
         source = model.state_dict()[name].numpy()
-        assert np.abs(tensor.numpy() - source).max() <= np.abs(source).max() / 127 + 1e-6, name
+        # half a quantization step: Q8_0 blocks step by absmax/127, Q4_1 blocks by (max - min)/15
+        step = np.abs(source).max() / 127 if qtype == "Q8_0" else (source.max() - source.min()) / 15
+        assert np.abs(tensor.numpy() - source).max() <= step / 2 * 1.01 + 1e-6, name
         if original[gguf_name].ndim == 2:
             assert not np.array_equal(tensor.numpy(), source), name  # it really was quantized
     meta = result.metadata
-    assert meta["quantization"]["file_type"] == "Q8_0" and meta["quantization"]["quantized"] == ["Q8_0"]
-    assert "dequantized from Q8_0" in (result.out / "README.md").read_text()
+    assert meta["quantization"]["file_type"] == qtype and meta["quantization"]["quantized"] == [qtype]
+    assert f"dequantized from {qtype}" in (result.out / "README.md").read_text()
 
 
 def _name_pairs(model: PreTrainedModel) -> list[tuple[str, str]]:
-    import gguf
-
     config: Any = model.config
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     pairs: list[tuple[str, str]] = []
