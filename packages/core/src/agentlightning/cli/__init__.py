@@ -2,7 +2,7 @@
 
 Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``. Other
 packages add commands without the core naming them: each entry point of the `COMMAND_ENTRY_POINTS` group
-(``agentlightning.commands``) is such a ``register`` callable (agentlightning-torch registers ``agl model``),
+(``agentlightning.commands``) is such a ``register`` callable (a trainer package registers ``agl model`` there),
 loaded only when its command runs: a package that does not load fails that command in one line, never ``agl``.
 A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
 `start_child` (runners: `start_runners`, awaited through `guarded`, stopped by `stop_children`), so that they end
