@@ -407,6 +407,8 @@ def import_gguf(
         meta = _metadata(path, digest, info, model, dtype)
         (staging / "README.md").write_text(_readme(meta))
         (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        for written in staging.iterdir():
+            written.chmod(0o644)  # safetensors writes 0600: vLLM or a trainer run as another user must read it
         _move_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

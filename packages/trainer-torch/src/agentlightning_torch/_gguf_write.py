@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import gguf
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from agentlightning_torch._chat_model import build_chat_model, train_chat_tokenizer
+
+if TYPE_CHECKING:  # gguf is an optional dependency (the `gguf` extra): imported where a file is written
+    from gguf import GGUFWriter
 
 __all__ = ["SMOLLM_TEMPLATE", "byte_bpe_tokenizer", "gguf_tensors", "llama_cpp_permute", "make_tiny_gguf", "write_gguf"]
 
@@ -40,8 +41,6 @@ _CORPUS = (
     'system user assistant: call <tool_call> with {"a": 2, "b": 3} and read the result.',
 )
 
-_ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}
-
 
 def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute`` (rotary halves -> interleaved pairs) for q (kv=None) or k."""
@@ -57,7 +56,10 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -
 def gguf_tensors(model: PreTrainedModel, arch: Architecture) -> dict[str, np.ndarray]:
     """The model's tensors under their GGUF names, as float32 numpy arrays (q/k permuted for a Llama)."""
     config: Any = model.config
-    names = gguf.get_tensor_name_map(_ARCHES[arch], config.num_hidden_layers)
+    import gguf
+
+    kinds = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}
+    names = gguf.get_tensor_name_map(kinds[arch], config.num_hidden_layers)
     out: dict[str, np.ndarray] = {}
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
@@ -75,6 +77,8 @@ def gguf_tensors(model: PreTrainedModel, arch: Architecture) -> dict[str, np.nda
 
 
 def _tokenizer_fields(writer: GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:
+    from gguf import TokenType
+
     vocab = tokenizer.get_vocab()
     tokens = [""] * len(vocab)
     for token, index in vocab.items():
@@ -121,6 +125,9 @@ def write_gguf(
         The tensors as the file holds them after dequantizing (GGUF names, permuted as stored): what a correct
         importer must reproduce exactly (before un-permuting).
     """
+    import gguf
+    from gguf import GGMLQuantizationType, GGUFWriter
+
     kind = GGMLQuantizationType[qtype]
     config: Any = model.config
     writer = GGUFWriter(path, arch)
