@@ -6,6 +6,7 @@ from agentlightning._deprecation import warn_renamed
 from agentlightning.store._base import (
     MAX_DEQUEUE_MANY,
     RELEASED,
+    AttemptEndedError,
     ConflictError,
     LightningStore,
     NotFoundError,
@@ -35,6 +36,7 @@ from agentlightning.store._sqlite import SqliteStore
 __all__ = [
     "MAX_DEQUEUE_MANY",
     "RELEASED",
+    "AttemptEndedError",
     "ConflictError",
     "InvalidRequestError",
     "LightningStore",

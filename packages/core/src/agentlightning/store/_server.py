@@ -85,6 +85,7 @@ _COMMON_ERRORS = {
 }
 _NOT_FOUND = {404: "unknown id"}
 _CONFLICT = {409: "conflicting state"}
+_LATE = {409: "an attempt of the batch no longer runs (error attempt_ended): nothing of the batch is stored"}
 _BEARER = {"bearer": {"type": "http", "scheme": "bearer"}}
 
 
@@ -382,13 +383,13 @@ def _record_routes(store: LightningStore) -> list[Route]:
     return [
         Route("POST", f"{p}/spans", add_spans, "add_spans",
               "Store a batch of spans (idempotent on rollout, attempt and span id).",
-              body=SpansRequest, read=read_spans_request, response=AddedResponse, errors=_NOT_FOUND,
+              body=SpansRequest, read=read_spans_request, response=AddedResponse, errors={**_NOT_FOUND, **_LATE},
               tags=("records",)),
         Route("POST", f"{p}/spans/query", query_spans, "query_spans", "Spans of a rollout (or one attempt).",
               body=RecordQuery, response=SpansResponse, tags=("records",)),
         Route("POST", f"{p}/llm_calls", add_llm_calls, "add_llm_calls",
               "Store a batch of LLM-proxy records (idempotent on call id).",
-              body=LLMCallsRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
+              body=LLMCallsRequest, response=AddedResponse, errors={**_NOT_FOUND, **_LATE}, tags=("records",)),
         Route("POST", f"{p}/llm_calls/query", query_llm_calls, "query_llm_calls",
               "LLM calls of a rollout (or one attempt).",
               body=RecordQuery, response=LLMCallsResponse, tags=("records",)),

@@ -33,6 +33,7 @@ from agentlightning.store._span_check import spans_from_dicts
 
 __all__ = [
     "API_PREFIX",
+    "ATTEMPT_ENDED",
     "MAX_BATCH",
     "MAX_WAIT_SECONDS",
     "AddedResponse",
@@ -69,6 +70,9 @@ API_PREFIX = "/v1"
 MAX_WAIT_SECONDS = 20.0
 """Longest a single ``wait`` long-poll is held open by the server; clients loop for longer waits."""
 
+ATTEMPT_ENDED = "attempt_ended"
+"""The ``error`` of a 409 refusing records of an attempt that no longer runs (`AttemptEndedError`)."""
+
 MAX_BATCH = 100_000
 """Most records (rollout requests, ids, spans, LLM calls) one request body may hold."""
 
@@ -88,7 +92,8 @@ class ErrorResponse(_Body):
     """Body of every 4xx/5xx answer.
 
     Attributes:
-        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``forbidden``
+        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``attempt_ended`` (a 409 refusing
+            records of an attempt that no longer runs), ``unauthorized``, ``forbidden``
             (a request a foreign web page could have sent: HTTP 403), ``unsupported_media_type`` (a write that is
             not ``application/json``: 415), ``too_large``, ``not_allowed``, ``storage`` (disk full or read-only
             database: HTTP 507, not worth retrying) or ``internal``.
