@@ -125,7 +125,7 @@ _RUNNER_401 = "missing or wrong runner token (the agents' token does not open sl
 _COMPLETION_ERRORS = {
     400: "not JSON, or a plain /v1 call the proxy does not record",
     404: "the slot runs no attempt now, or the attempt is unknown to the store",
-    409: "the attempt already ended (its runner reported the end): a late call, refused and counted",
+    409: "the attempt already ended (its runner said so, or the store refused its record): a late call, not recorded",
     502: "the backend could not be reached, or the call could not be recorded",
     503: "paused for a model update (Retry-After)",
 }
