@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from agentlightning import semconv
 from agentlightning._models import Span
-from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store._base import AttemptEndedError, LightningStore, StoreError
 from agentlightning.store._client import StoreUnavailableError
 from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
@@ -89,6 +89,11 @@ async def _write_batch(
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, 2.0)
             continue
+        except AttemptEndedError:
+            if len({span.attempt_id for span in spans}) < 2:
+                raise
+            # one attempt of the batch ended (a late span): the other attempts' spans must not be lost with it
+            return await _write_per_attempt(store, spans, tries, retry_for, on_retry)
         except StoreError:
             raise  # the store refused the batch: trying again cannot help
         except Exception as exc:
@@ -101,6 +106,35 @@ async def _write_batch(
         if warned:
             logger.warning("store reachable again: wrote %d buffered span(s)", len(spans))
         return written
+
+
+class _PartlyWritten(SpanWriteError):
+    """A batch written per attempt after a late span: ``written`` spans stored, ``failures`` per attempt id."""
+
+    def __init__(self, written: int, failures: dict[str, BaseException]) -> None:
+        first = next(iter(failures.values()))
+        super().__init__(f"spans of {len(failures)} attempt(s) could not be written: {first!r}")
+        self.written = written
+        self.failures = failures
+
+
+async def _write_per_attempt(
+    store: LightningStore, spans: Sequence[Span], tries: int, retry_for: float, on_retry: Callable[[], None]
+) -> int:
+    """Write a refused batch again, one request per attempt; raises `_PartlyWritten` naming the attempts that failed."""
+    groups: dict[str, list[Span]] = {}
+    for span in spans:
+        groups.setdefault(span.attempt_id, []).append(span)
+    written = 0
+    failures: dict[str, BaseException] = {}
+    for attempt_id, group in groups.items():
+        try:
+            written += await _write_batch(store, group, tries, retry_for, on_retry)
+        except Exception as exc:
+            failures[attempt_id] = exc
+    if failures:
+        raise _PartlyWritten(written, failures)
+    return written
 
 
 def _error_of(future: concurrent.futures.Future[int]) -> BaseException | None:
@@ -357,10 +391,15 @@ class LightningSpanProcessor(SpanProcessor):
                 self.spans_written += n
                 self.batches_written += 1
                 return
+            failures: dict[str, BaseException] = dict.fromkeys(attempts, exc)
+            if isinstance(exc, _PartlyWritten):  # only some attempts' spans failed (late ones, say)
+                failures = exc.failures
+                self.spans_written += exc.written
+                n -= exc.written
             self.spans_failed += n
             if len(self._failed) < _MAX_REMEMBERED_FAILURES:
-                for attempt_id in attempts:
-                    self._failed.setdefault(attempt_id, exc)
+                for attempt_id, error in failures.items():
+                    self._failed.setdefault(attempt_id, error)
         logger.error("could not write %d spans to the store: %r", n, exc)
 
     def _resolve_after_inflight(self, done: concurrent.futures.Future[list[BaseException]]) -> None:
