@@ -400,7 +400,11 @@ class LightningSpanProcessor(SpanProcessor):
             if len(self._failed) < _MAX_REMEMBERED_FAILURES:
                 for attempt_id, error in failures.items():
                     self._failed.setdefault(attempt_id, error)
-        logger.error("could not write %d spans to the store: %r", n, exc)
+        late = [error for error in failures.values() if isinstance(error, AttemptEndedError)]
+        if len(late) == len(failures):  # agent code that outlived its attempt: its flush reports it, no alarm here
+            logger.warning("dropped %d late span(s): %s", n, late[0])
+        else:
+            logger.error("could not write %d spans to the store: %r", n, exc)
 
     def _resolve_after_inflight(self, done: concurrent.futures.Future[list[BaseException]]) -> None:
         """Complete ``done`` with the errors of every batch in flight now, once they all finished."""
