@@ -26,6 +26,7 @@ from agentlightning._server_base import Admitted, Refusal, ServerBase, describe_
 from agentlightning.store._base import (
     AttemptEndedError,
     ConflictError,
+    DatabaseUnavailableError,
     InvalidRequestError,
     NotFoundError,
     StorageError,
@@ -59,6 +60,8 @@ def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
         return 409, ATTEMPT_ENDED, str(exc)
     if isinstance(exc, ConflictError):
         return 409, "conflict", str(exc)
+    if isinstance(exc, DatabaseUnavailableError):  # an outage: logged once by the store; clients retry a 503
+        return 503, "unavailable", str(exc)
     if isinstance(exc, StorageError):  # disk full / read-only: not the request's fault, and not transient
         return 507, "storage", str(exc)
     if isinstance(exc, InvalidRequestError):  # refused at the store boundary: as a body that failed validation

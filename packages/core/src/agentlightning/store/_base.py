@@ -28,6 +28,7 @@ __all__ = [
     "RELEASED",
     "AttemptEndedError",
     "ConflictError",
+    "DatabaseUnavailableError",
     "InvalidRequestError",
     "LightningStore",
     "NotFoundError",
@@ -61,6 +62,14 @@ class StorageError(StoreError):
     """The store cannot write: its disk is full or its database is read-only. Retrying cannot help.
 
     The message says which (``database or disk is full`` / ``database is read-only``) and where.
+    """
+
+
+class DatabaseUnavailableError(StoreError):
+    """The store's database cannot be reached now (a PostgreSQL server stopped or restarting): retrying later helps.
+
+    A served store answers 503 (which its clients retry) and its ``/healthz`` answers 503 until the database is back;
+    the message is one line naming the database and its error.
     """
 
 

@@ -30,6 +30,7 @@ from agentlightning.store._common import (
     ChangeNotifier,
     check_record_attempts,
 )
+from agentlightning.store._postgres_pool import PostgresPool
 from agentlightning.store._postgres_schema import (
     RESOURCES_LOCK,
     PostgresHealth,
@@ -37,6 +38,7 @@ from agentlightning.store._postgres_schema import (
     driver,
     migrate,
     one_line,
+    unreachable,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
@@ -130,23 +132,15 @@ class PostgresRecords(StoreBoundary):
             raise StoreError(f"cannot set up the PostgreSQL store {self.where}: {one_line(exc)}") from None
         finally:
             conn.close()
-        self._pool: Any = psycopg_pool.ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True},
-            timeout=connect_timeout * 3,
-            name=f"agl-postgres {self.where}",
-            open=True,
-        )
+        self._pools = PostgresPool(psycopg, psycopg_pool, dsn, self._health, pool_size, connect_timeout)
         self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="agl-postgres")
         logger.debug("opened PostgreSQL store %s (pool of %d)", self.where, pool_size)
 
     @property
     def storage_error(self) -> str | None:
-        """Why the database refused the last write (``database or disk is full`` / ``database is read-only``),
-        or ``None`` when the last write succeeded."""
-        return self._health.error
+        """Why the store cannot serve: the database unreachable (since a request or `check_health` found it so), or
+        refusing the last write (``database or disk is full`` / ``database is read-only``); ``None`` when it can."""
+        return self._health.problem
 
     def reopen_spec(self) -> tuple[type[Any], dict[str, Any]]:
         """A picklable ``(cls, kwargs)`` with which another process opens this store: ``cls(**kwargs)``."""
@@ -178,8 +172,9 @@ class PostgresRecords(StoreBoundary):
         for attempt in range(1, _TRANSACTION_TRIES + 1):
             if self._closed:
                 raise StoreError(f"PostgreSQL store {self.where} is closed")
+            pool = self._pools.get()  # during an outage: once the database answers again, else 503 at once
             try:
-                with self._pool.connection() as conn:
+                with pool.connection() as conn:
                     if not transaction:
                         result = fn(conn, *args)
                     else:
@@ -187,6 +182,8 @@ class PostgresRecords(StoreBoundary):
                             result = fn(conn, *args)
                 if write:
                     self._health.succeeded()
+                else:
+                    self._health.reached()
                 return result
             except (errors.DeadlockDetected, errors.SerializationFailure) as exc:
                 if attempt == _TRANSACTION_TRIES:
@@ -201,8 +198,20 @@ class PostgresRecords(StoreBoundary):
                 error = self._health.failed(exc) if write else None
                 if error is not None:
                     raise error from exc
+                if unreachable(psycopg, exc):  # one line per outage, not a traceback per request
+                    if pool is not self._pools.pool:  # replaced meanwhile (the database came back): try the new one
+                        continue
+                    raise self._health.lost(exc) from None
                 raise
         raise AssertionError("unreachable")
+
+    async def check_health(self) -> str | None:
+        """Whether the store can serve now (what a served store's ``/healthz`` asks): ``None``, else why not.
+
+        Asks the database on a fresh connection (``SELECT 1``, at most 2 s; see `PostgresPool.check`), in a thread
+        of its own: a busy store still answers its health check.
+        """
+        return await asyncio.to_thread(self._pools.check)
 
     @staticmethod
     def _get_rollout(conn: Any, rollout_id: str, lock: bool = False) -> Rollout:
@@ -409,7 +418,7 @@ class PostgresRecords(StoreBoundary):
 
     def _shutdown(self) -> None:
         self._executor.shutdown(wait=True)
-        self._pool.close()
+        self._pools.close()
 
 
 def _snapshot(conn: Any, fn: Callable[[Any, Any], _R], query: Any) -> _R:

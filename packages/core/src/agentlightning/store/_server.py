@@ -13,7 +13,8 @@ Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 403 (a
 over loopback), 415 (a write whose body is not ``application/json``), 404 (unknown id or route),
 409 (conflict with the stored state), 413 (body over ``max_body_bytes``), 422 (malformed JSON, wrong types,
 a record that fails validation, NaN or Infinity anywhere), 507 (the disk is full or the database read-only; also
-reported by ``/healthz`` as 503) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
+reported by ``/healthz`` as 503), 503 (the database cannot be reached: a PostgreSQL outage, logged once and reported
+by ``/healthz`` too; clients retry) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
 a body is validated as a whole before the store is called.
 """
 
@@ -216,7 +217,10 @@ def _health_routes(store: LightningStore) -> list[Route]:
     """``/healthz``, the retry policy and the counts."""
 
     async def healthz(_: None) -> Answer:
-        error: str | None = getattr(store, "storage_error", None)
+        # A store over a database server asks it now (a load balancer must not route to a store whose database is
+        # down); the others know from their last write.
+        check = getattr(store, "check_health", None)
+        error: str | None = await check() if check is not None else getattr(store, "storage_error", None)
         if error is None:
             return b'{"status":"ok"}'
         return 503, _dump(HealthResponse(status="failing", message=error))
@@ -230,8 +234,9 @@ def _health_routes(store: LightningStore) -> list[Route]:
     p = API_PREFIX
     return [
         Route("GET", "/healthz", healthz, "healthz",
-              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
-              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
+              "Liveness probe (open without a token); 503 with the reason while the store cannot serve.",
+              response=HealthResponse,
+              errors={503: "the store cannot serve (its database unreachable, a full disk, a read-only database)"},
               tags=("health",), auth=OPEN),
         Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
               response=RetryPolicy, tags=("store",)),

@@ -96,7 +96,8 @@ class ErrorResponse(_Body):
             records of an attempt that no longer runs), ``unauthorized``, ``forbidden``
             (a request a foreign web page could have sent: HTTP 403), ``unsupported_media_type`` (a write that is
             not ``application/json``: 415), ``too_large``, ``not_allowed``, ``storage`` (disk full or read-only
-            database: HTTP 507, not worth retrying) or ``internal``.
+            database: HTTP 507, not worth retrying), ``unavailable`` (the database cannot be reached: HTTP 503, retried)
+            or ``internal``.
         message: What was wrong, naming the offending field or id.
     """
 
@@ -108,9 +109,11 @@ class HealthResponse(_Body):
     """Body of ``GET /healthz``: ``ok`` (HTTP 200), or ``failing`` (HTTP 503) with why writes fail.
 
     Attributes:
-        status: ``ok`` while the store can write; ``failing`` after a write failed because the disk is full or
-            the database is read-only (until a write succeeds again).
-        message: What is wrong (``database or disk is full: ...`` / ``database is read-only: ...``).
+        status: ``ok`` while the store can serve; ``failing`` while its database cannot be reached (PostgreSQL:
+            asked on each probe), or after a write failed because the disk is full or the database is read-only
+            (until a write succeeds again).
+        message: What is wrong, one line (``the PostgreSQL database ... is unreachable: ...`` / ``database or disk
+            is full: ...`` / ``database is read-only: ...``).
     """
 
     status: Literal["ok", "failing"] = "ok"
