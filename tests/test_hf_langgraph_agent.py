@@ -78,8 +78,8 @@ async def run_episode(store: MemoryStore, proxy: LLMProxy, reward: float) -> tup
             {"messages": list(QUESTION)}, {"recursion_limit": 8}
         )
         emit_reward(reward, final=True)
+    await aflush()  # the attempt's spans before its end: the store refuses them after
     await store.finish_attempt(rid, aid, "succeeded")
-    await aflush()
     await proxy.flush()
     return rid, state, sorted(await store.query_llm_calls(rid), key=lambda c: c.start_time)
 

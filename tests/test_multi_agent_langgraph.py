@@ -86,8 +86,8 @@ async def test_only_selected_agent_is_trained() -> None:
                     with rollout_context(store, rid, aid):
                         await build_graph(proxy.base_url(rid, aid)).ainvoke({"messages": [HumanMessage("Paris?")]})
                         emit_reward(float(i % 2), final=True)
+                    await aflush()  # the attempt's spans before its end: the store refuses them after
                     await store.finish_attempt(rid, aid, "succeeded")
-                await aflush()
                 await proxy.flush()
             finally:
                 adapter.uninstrument()

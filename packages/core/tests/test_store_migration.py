@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentlightning import SqliteStore
-from agentlightning.store import LightningStore, StoreClient, StoreError
+from agentlightning.store import AttemptEndedError, LightningStore, StoreClient, StoreError
 from agentlightning.testing import PostgresServer
 from agentlightning.testing._served_store import ServedStoreProcess
 from agentlightning.testing._store_kit_records import RecordRoundTripTests, round_trip_calls, round_trip_spans
@@ -57,8 +57,12 @@ async def test_a_version_4_file_migrates_on_open_and_reads_back_everything(v4_co
         assert [s.model_dump_json() for s in await store.query_spans(rid, aid)] == [s.model_dump_json() for s in spans]
         resources = await store.get_resources()
         assert resources is not None and resources.resources_id == "res-1"
-        # re-adding the old records is still a no-op; new records are written compactly beside the old ones
-        assert await store.add_llm_calls(calls) == 0 and await store.add_spans(spans) == 0
+        # the attempt has ended: re-adding its old records is refused as late, and changes nothing
+        with pytest.raises(AttemptEndedError):
+            await store.add_llm_calls(calls)
+        with pytest.raises(AttemptEndedError):
+            await store.add_spans(spans)
+        assert len(await store.query_llm_calls(rid)) == len(calls) and len(await store.query_spans(rid)) == len(spans)
         (row,) = (await store.list_rollouts()).rollouts
         assert row.model_version == 3
         # the per-policy statistics read the old JSON rows' agent and version (filled in by the migration)
@@ -153,7 +157,11 @@ async def test_a_version_1_postgres_database_migrates_on_open_and_reads_back_eve
             c.model_dump_json() for c in calls
         ]
         assert await store.query_spans(rid) == spans
-        assert await store.add_llm_calls(calls) == 0 and await store.add_spans(spans) == 0
+        with pytest.raises(AttemptEndedError):  # the attempt ended: its old records are not added again
+            await store.add_llm_calls(calls)
+        with pytest.raises(AttemptEndedError):
+            await store.add_spans(spans)
+        assert len(await store.query_llm_calls(rid)) == len(calls) and len(await store.query_spans(rid)) == len(spans)
     finally:
         await store.close()
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -58,7 +58,6 @@ class Forwarder(CallRecorder):
     retry_after: int
     request_timeout: float
     slots: SlotTable
-    _late_calls: int
     _backends: list[str]
     _model_version: int | None
     _sticky: OrderedDict[str, str]
@@ -133,20 +132,11 @@ class Forwarder(CallRecorder):
         )
 
     def _late(self, rollout_id: str, attempt_id: str) -> Response:
-        """Refuse (and count) a call for an attempt whose runner reported its end."""
-        self._late_calls += 1
-        count = self._late_calls
-        if count == 1 or count % 100 == 0:
-            logger.warning(
-                "refused a late LLM call for attempt %s of rollout %s, which already ended (%d late call(s) so far): "
-                "some agent code still runs after its rollout ended",
-                attempt_id,
-                rollout_id,
-                count,
-            )
+        """Refuse (and count) a call for an attempt known to have ended (its runner said so, or the store did)."""
+        self._count_late(rollout_id, attempt_id)
         return error(
             409,
-            f"attempt {attempt_id!r} of rollout {rollout_id!r} has already ended (its runner reported the end): "
+            f"attempt {attempt_id!r} of rollout {rollout_id!r} has already ended: "
             "this late call is refused and not recorded, so a finished rollout's training data never grows",
             ATTEMPT_FINISHED,
         )

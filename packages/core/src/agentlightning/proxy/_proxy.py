@@ -3,8 +3,11 @@
 Agents call ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (see `LLMResource.base_url`), or the stable
 URL of the runner slot they run in, ``{proxy}/slot/{key}/v1``, which the runner maps to the slot's current attempt
 (``PUT /slot/{key}``, ``PUT /slots``; see `agentlightning.proxy._slots`; what `agentlightning.llm_base_url` returns
-under a runner). A call for an attempt whose runner reported its end is refused (409) and counted (`late_calls`).
-For each
+under a runner). A call for an attempt that already ended is refused (409 ``attempt_finished``) and counted
+(`late_calls`): at once when its runner reported the end, else when the store refuses its record (an end through the
+store's API, a timeout, a cancel, an end before this proxy started); the attempt is then remembered as ended.
+In ``record="background"`` the store's refusal comes after the answer: the record is dropped (and counted), the
+attempt's next calls get 409. For each
 ``chat/completions`` or ``completions`` request the proxy asks the backend for token ids and logprobs
 (``return_token_ids: true``, ``logprobs``), returns the backend's answer to the agent as the backend answers the
 agent's own request (the token ids and logprobs the agent did not ask for taken out: `AgentView`), and records an

@@ -16,8 +16,9 @@ from starlette.responses import Response
 from agentlightning._models import LLMCall, now
 from agentlightning.proxy._asgi import error
 from agentlightning.proxy._assemble import Extracted, without_token_fields
-from agentlightning.proxy._streaming import Meta
-from agentlightning.store._base import LightningStore
+from agentlightning.proxy._slots import SlotTable
+from agentlightning.proxy._streaming import LATE_CALL, Meta, refusal_of
+from agentlightning.store._base import AttemptEndedError, LightningStore
 
 __all__ = ["CallRecorder", "unrecorded"]
 
@@ -34,6 +35,26 @@ class CallRecorder:
     _flush_wakeup: asyncio.Event | None
     _writes: set[asyncio.Task[Any]]
     _missing_ids_count: dict[str, int]
+    _late_calls: int
+    slots: SlotTable
+
+    def _count_late(self, rollout_id: str, attempt_id: str, answered: bool = False) -> None:
+        """Count a late call (its attempt had ended) and remember the end: its next calls are refused unforwarded.
+
+        ``answered``: the agent already had its answer (``record="background"``), only the record was refused.
+        """
+        self.slots.end(rollout_id, attempt_id)
+        self._late_calls += 1
+        count = self._late_calls
+        if count == 1 or count % 100 == 0:
+            logger.warning(
+                "refused a late LLM call for attempt %s of rollout %s, which already ended (%d late call(s) so far)%s: "
+                "some agent code still runs after its rollout ended",
+                attempt_id,
+                rollout_id,
+                count,
+                "; its answer was given, its record is not stored" if answered else "",
+            )
 
     async def flush(self) -> None:
         """Store every record queued before this call (``record="background"``); returns once they are written.
@@ -93,6 +114,9 @@ class CallRecorder:
             return None
         try:
             await self.store.add_llm_calls([call])
+        except AttemptEndedError as exc:  # ended elsewhere (the store's API, a timeout, a cancel): a late call
+            self._count_late(rollout_id, call.attempt_id)
+            return LATE_CALL + " ".join(str(exc).split())
         except Exception as exc:
             logger.exception("LLM proxy could not store call %s of rollout %s", call_id, rollout_id)
             return f"{type(exc).__name__}: {exc}"
@@ -142,8 +166,24 @@ class CallRecorder:
             return
         try:
             await self.store.add_llm_calls(batch)
+        except AttemptEndedError:  # the store refused the whole batch: store the calls of attempts still running
+            await self._write_per_attempt(batch)
         except Exception:
             logger.exception("LLM proxy could not store %d call(s)", len(batch))
+
+    async def _write_per_attempt(self, batch: list[LLMCall]) -> None:
+        """Write a refused batch again, one request per attempt, so only the late calls' records are dropped."""
+        groups: dict[tuple[str, str], list[LLMCall]] = {}
+        for call in batch:
+            groups.setdefault((call.rollout_id, call.attempt_id), []).append(call)
+        for (rollout_id, attempt_id), calls in groups.items():
+            try:
+                await self.store.add_llm_calls(calls)
+            except AttemptEndedError:
+                for _ in calls:
+                    self._count_late(rollout_id, attempt_id, answered=True)
+            except Exception:
+                logger.exception("LLM proxy could not store %d call(s) of rollout %s", len(calls), rollout_id)
 
     async def _flush_loop(self) -> None:
         assert self._flush_wakeup is not None
@@ -154,11 +194,6 @@ class CallRecorder:
 
 
 def unrecorded(failure: str, headers: dict[str, str]) -> Response:
-    status = 404 if failure.startswith("NotFoundError") else 502
-    return error(
-        status,
-        f"the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
-        f"{failure}",
-        "proxy_record_error",
-        headers=headers,
-    )
+    """The answer to a call whose record could not be stored: 409 for a late call (`refusal_of`), else 404 / 502."""
+    status, kind, message = refusal_of(failure)
+    return error(status, message, kind, headers=headers)

@@ -125,7 +125,7 @@ _RUNNER_401 = "missing or wrong runner token (the agents' token does not open sl
 _COMPLETION_ERRORS = {
     400: "not JSON, or a plain /v1 call the proxy does not record",
     404: "the slot runs no attempt now, or the attempt is unknown to the store",
-    409: "the attempt already ended (its runner reported the end): a late call, refused and counted",
+    409: "the attempt already ended (its runner said so, or the store refused its record): a late call, not recorded",
     502: "the backend could not be reached, or the call could not be recorded",
     503: "paused for a model update (Retry-After)",
 }
@@ -220,13 +220,21 @@ def _slot_routes(proxy: LLMProxy) -> list[Route]:
         occupant = validate_body(SlotBody, request.body, 400)  # DELETE's body is optional: validated here
         if isinstance(occupant, Refusal):
             return error(400, occupant.message, "invalid_request_error")
-        return clear_slot(proxy.slots, key, (occupant.rollout_id, occupant.attempt_id))
+        return await _recorded(clear_slot(proxy.slots, key, (occupant.rollout_id, occupant.attempt_id)))
 
     async def slots(request: ProxyRequest) -> Response:
         body: SlotsBody = request.parsed
         registrations = [(key, (s.rollout_id, s.attempt_id)) for key, s in body.slots.items()]
         ends = [((e.rollout_id, e.attempt_id), e.slot) for e in body.ended]
-        return update_slots(proxy.slots, registrations, ends)
+        answer = update_slots(proxy.slots, registrations, ends)
+        return await _recorded(answer) if ends else answer
+
+    async def _recorded(answer: Response) -> Response:
+        # An attempt's end is reported before its runner tells the store (which then refuses its records as late):
+        # the records of its calls answered so far, still queued with record="background", are stored first.
+        if proxy.record == "background":
+            await proxy.flush()
+        return answer
 
     full = {400: "invalid body", 401: _RUNNER_401, 503: "the slot table is full of live slots"}
     return [

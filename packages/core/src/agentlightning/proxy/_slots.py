@@ -18,10 +18,10 @@ nothing about another's.
 
 Correctness rules:
 - A call on a slot with no registered attempt is refused (404, ``slot_not_registered``), never recorded.
-- A call for an attempt whose end was reported (through its slot or its per-rollout URL) is refused (409,
-  ``attempt_finished``) and counted (`LLMProxy.late_calls`, ``/admin/status``): a finished rollout's training
-  data never grows. The ended attempts are kept in memory, the latest `MAX_ENDED` of them; the check is a dict
-  lookup, not a store round trip.
+- A call for an attempt whose end was reported (through its slot or its per-rollout URL, or by the store refusing
+  a record of it as late) is refused (409, ``attempt_finished``) and counted (`LLMProxy.late_calls`,
+  ``/admin/status``): a finished rollout's training data never grows. The ended attempts are kept in memory, the
+  latest `MAX_ENDED` of them; the check is a dict lookup, not a store round trip.
 - A runner whose agent ended uncleanly (timeout, cancellation, an exception: parts of it may still run) moves the
   slot to a new key, so the old occupant's late calls can never reach the slot's next rollout.
 - The table is bounded (`MAX_SLOTS`): a registration that would overflow it drops only slots not renewed for

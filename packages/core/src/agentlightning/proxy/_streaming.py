@@ -11,6 +11,7 @@ from typing import Any, cast
 from starlette.responses import StreamingResponse
 
 from agentlightning.proxy._assemble import AgentView, Extracted, SSEParser, StreamAssembler, dumps, loads
+from agentlightning.proxy._slots import ATTEMPT_FINISHED
 from agentlightning.proxy._transport import UNREACHABLE, BackendReply
 
 __all__ = ["Meta", "RecordFn", "StreamState", "TrackedStream", "relay"]
@@ -48,6 +49,26 @@ class TrackedStream(StreamingResponse):
                 self.on_close()
 
 
+LATE_CALL = "AttemptEndedError: "
+"""How the failure of a call whose attempt had already ended starts (the store refused its record as late)."""
+
+
+def refusal_of(failure: str) -> tuple[int, str, str]:
+    """(HTTP status, error type, message) for a call whose record could not be stored (``failure``: why).
+
+    A late call (its attempt already ended, whoever ended it) gets 409 ``attempt_finished``; an unknown rollout or
+    attempt 404; any other failure 502.
+    """
+    if failure.startswith(LATE_CALL):
+        return 409, ATTEMPT_FINISHED, f"this late call is refused and not recorded: {failure.removeprefix(LATE_CALL)}"
+    status = 404 if failure.startswith("NotFoundError") else 502
+    message = (
+        "the LLM proxy could not record this call, so its answer is withheld (no training data is lost silently): "
+        + failure
+    )
+    return status, "proxy_record_error", message
+
+
 async def relay(resp: BackendReply, state: StreamState, record: RecordFn) -> AsyncIterator[bytes]:
     """Pass the backend's SSE bytes through event by event, feeding the assembler; record before ``[DONE]``."""
     parser = SSEParser()
@@ -65,8 +86,8 @@ async def relay(resp: BackendReply, state: StreamState, record: RecordFn) -> Asy
                         state.recorded = True
                         failure = await record(state.meta, assembler.response(), assembler.extracted())
                         if failure is not None:  # end with an error event, not [DONE]: the agent must not see success
-                            message = f"the LLM proxy could not record this call: {failure}"
-                            error = {"error": {"message": message, "type": "proxy_record_error", "code": 502}}
+                            code, kind, message = refusal_of(failure)
+                            error = {"error": {"message": message, "type": kind, "code": code}}
                             yield b"data: " + dumps(error) + b"\n\n"
                             return
                 elif data is not None:

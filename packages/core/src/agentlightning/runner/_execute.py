@@ -140,9 +140,21 @@ def _accept_result(result: Any, outcome: Outcome) -> None:
         emit_reward(reward, final=True)
 
 
+_RELEASE_FLUSH_TIMEOUT = 5.0
+"""Most seconds a release waits for the attempt's spans to be stored (a store that does not answer: give up)."""
+
+
 async def release(store: LightningStore, claim: Claim) -> Rollout | None:
-    """Give a claim back to the store (the runner is going away); logs instead of raising."""
+    """Give a claim back to the store (the runner is going away); logs instead of raising.
+
+    The attempt's spans ended so far (a cancelled agent's last ones) are written first: once released the attempt
+    has ended, and the store refuses its records as late.
+    """
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+    try:
+        await aflush(_RELEASE_FLUSH_TIMEOUT, attempt_id)
+    except Exception as exc:  # the release matters more: another runner may take the rollout at once
+        logger.debug("attempt %s: its spans could not be flushed before the release: %r", attempt_id, exc)
     try:
         rollout = await store.release_claim(rollout_id, attempt_id)
     except Exception as exc:  # the store's heartbeat timeout will requeue it instead

@@ -6,7 +6,9 @@ from agentlightning._deprecation import warn_renamed
 from agentlightning.store._base import (
     MAX_DEQUEUE_MANY,
     RELEASED,
+    AttemptEndedError,
     ConflictError,
+    DatabaseUnavailableError,
     LightningStore,
     NotFoundError,
     RetryPolicy,
@@ -35,7 +37,9 @@ from agentlightning.store._sqlite import SqliteStore
 __all__ = [
     "MAX_DEQUEUE_MANY",
     "RELEASED",
+    "AttemptEndedError",
     "ConflictError",
+    "DatabaseUnavailableError",
     "InvalidRequestError",
     "LightningStore",
     "MemoryStore",

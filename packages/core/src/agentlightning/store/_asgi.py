@@ -23,8 +23,16 @@ from starlette.types import Receive, Scope, Send
 from agentlightning._netauth import bearer_matches
 from agentlightning._routing import Match, Route, RouteTable
 from agentlightning._server_base import Admitted, Refusal, ServerBase, describe_validation, validate_body
-from agentlightning.store._base import ConflictError, InvalidRequestError, NotFoundError, StorageError, StoreError
-from agentlightning.store._wire import ErrorResponse
+from agentlightning.store._base import (
+    AttemptEndedError,
+    ConflictError,
+    DatabaseUnavailableError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageError,
+    StoreError,
+)
+from agentlightning.store._wire import ATTEMPT_ENDED, ErrorResponse
 
 __all__ = ["Answer", "StoreASGI", "classify_error", "describe_validation", "error_bytes"]
 
@@ -48,8 +56,12 @@ def classify_error(exc: BaseException) -> tuple[int, str, str] | None:
     """(HTTP status, error kind, message) for an exception caused by the request; ``None`` for a server bug."""
     if isinstance(exc, NotFoundError):
         return 404, "not_found", str(exc)
+    if isinstance(exc, AttemptEndedError):  # a late record: its client raises AttemptEndedError again
+        return 409, ATTEMPT_ENDED, str(exc)
     if isinstance(exc, ConflictError):
         return 409, "conflict", str(exc)
+    if isinstance(exc, DatabaseUnavailableError):  # an outage: logged once by the store; clients retry a 503
+        return 503, "unavailable", str(exc)
     if isinstance(exc, StorageError):  # disk full / read-only: not the request's fault, and not transient
         return 507, "storage", str(exc)
     if isinstance(exc, InvalidRequestError):  # refused at the store boundary: as a body that failed validation

@@ -26,7 +26,9 @@ from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, Run
 __all__ = [
     "MAX_DEQUEUE_MANY",
     "RELEASED",
+    "AttemptEndedError",
     "ConflictError",
+    "DatabaseUnavailableError",
     "InvalidRequestError",
     "LightningStore",
     "NotFoundError",
@@ -63,6 +65,14 @@ class StorageError(StoreError):
     """
 
 
+class DatabaseUnavailableError(StoreError):
+    """The store's database cannot be reached now (a PostgreSQL server stopped or restarting): retrying later helps.
+
+    A served store answers 503 (which its clients retry) and its ``/healthz`` answers 503 until the database is back;
+    the message is one line naming the database and its error.
+    """
+
+
 class InvalidRequestError(StoreError, ValueError):
     """A request a store refuses as invalid, the same way on every backend (a served store answers 400/413/422).
 
@@ -84,6 +94,16 @@ class InvalidRequestError(StoreError, ValueError):
 
 class ConflictError(StoreError):
     """A request that contradicts the stored state (e.g. finishing an attempt that is not running)."""
+
+
+class AttemptEndedError(ConflictError):
+    """Records (spans, LLM calls) for an attempt that no longer runs: a late record, refused and not stored.
+
+    An attempt ends when its runner finishes it, when the store times it out (``unresponsive`` / ``timeout``), when
+    its rollout is cancelled or when its claim is released; whatever arrives after that is refused, the same way by
+    every backend (the rule is `agentlightning.store._common.check_record_attempts`), so a finished rollout's
+    training data never grows. A served store answers 409 with the error ``attempt_ended``.
+    """
 
 
 class RetryPolicy(BaseModel):
@@ -151,7 +171,9 @@ class LightningStore(Protocol):
       policy says (it still counts as an attempt). Releasing an attempt that no longer runs changes nothing.
     * ``add_spans`` / ``add_llm_calls`` ignore records whose ids are already stored and return how many were
       new. A batch is validated as a whole first: one bad record (a NaN or Infinity included, or an attempt the
-      store never started) rejects the batch and stores nothing.
+      store never started) rejects the batch and stores nothing. Records are only added to a running attempt:
+      one of an attempt that ended (any status but ``running``) rejects the batch with `AttemptEndedError`,
+      checked in the same transaction as the write, so a record either lands before its attempt's end or not at all.
     * ``dequeue_rollout``, ``dequeue_many``, ``add_spans`` and ``add_llm_calls`` take an optional ``request_id``: a
       repeated request returns the first answer (what a retry after a lost answer needs).
     * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.
@@ -239,7 +261,8 @@ class LightningStore(Protocol):
     async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
         """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new.
 
-        Raises `NotFoundError` for a span of an attempt the store never started. A request repeated with the same
+        Raises `NotFoundError` for a span of an attempt the store never started and `AttemptEndedError` for one of
+        an attempt that no longer runs (nothing of the batch is stored). A request repeated with the same
         ``request_id`` returns the first answer's count (the spans it stored are new to the caller).
         """
         ...
@@ -251,7 +274,8 @@ class LightningStore(Protocol):
     async def add_llm_calls(self, calls: Sequence[LLMCall], *, request_id: str | None = None) -> int:
         """Store proxy records (idempotent on call_id); returns how many were new (``request_id``: see `add_spans`).
 
-        Raises `NotFoundError` for a call of an attempt the store never started.
+        Raises `NotFoundError` for a call of an attempt the store never started and `AttemptEndedError` for one of
+        an attempt that no longer runs (nothing of the batch is stored).
         """
         ...
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from agentlightning._connections import connection_went_stale
 from agentlightning.store._base import (
+    AttemptEndedError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
@@ -23,7 +24,7 @@ from agentlightning.store._base import (
     StoreError,
 )
 from agentlightning.store._boundary import StoreBoundary
-from agentlightning.store._wire import API_PREFIX
+from agentlightning.store._wire import API_PREFIX, ATTEMPT_ENDED
 
 if TYPE_CHECKING:
     import aiohttp
@@ -213,7 +214,7 @@ class StoreTransport(StoreBoundary):
                 last = f"HTTP {status}: {_message(payload)}"
                 logger.debug("store %s %s answered %s; try %d", method, path, last, attempt)
                 continue
-            if status == 409 and attempt > 1:
+            if status == 409 and attempt > 1 and _kind(payload) != ATTEMPT_ENDED:
                 raise RetriedConflict(_message(payload))
             raise_for(status, payload)
         raise StoreUnavailableError(
@@ -261,10 +262,22 @@ def _message(payload: bytes) -> str:
     return str(data)[:500]
 
 
+def _kind(payload: bytes) -> str | None:
+    """The ``error`` kind of an `ErrorResponse` body (``None``: not one)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    kind = data.get("error") if isinstance(data, dict) else None  # pyright: ignore[reportUnknownMemberType]
+    return kind if isinstance(kind, str) else None
+
+
 def raise_for(status: int, payload: bytes) -> None:
     message = _message(payload)
     if status == 404:
         raise NotFoundError(message)
+    if status == 409 and _kind(payload) == ATTEMPT_ENDED:
+        raise AttemptEndedError(message)
     if status == 409:
         raise ConflictError(message)
     if status == 401:

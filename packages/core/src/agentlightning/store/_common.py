@@ -18,7 +18,7 @@ import math
 import operator
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from itertools import chain
 from typing import Any, TypeVar, get_args
 
@@ -35,13 +35,14 @@ from agentlightning._models import (
     check_json_finite,
     is_validated,
 )
-from agentlightning.store._base import RetryPolicy, RolloutRequest
+from agentlightning.store._base import AttemptEndedError, RetryPolicy, RolloutRequest
 from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
 
 __all__ = [
     "ALL_ROLLOUT_STATUSES",
     "ChangeNotifier",
     "check_finish_status",
+    "check_record_attempts",
     "check_spans_finite",
     "check_statuses",
     "revalidate_unchecked",
@@ -267,6 +268,35 @@ def timed_out_status(policy: RetryPolicy, start_time: float, last_heartbeat: flo
     if at - last_heartbeat > policy.heartbeat_timeout:
         return "unresponsive"
     return None
+
+
+def check_record_attempts(
+    pairs: Iterable[tuple[str, str]],
+    status_of: Callable[[str, str], str | None],
+    what: str,
+    unknown: Callable[[str, str], Exception],
+) -> None:
+    """The rule every backend applies to a batch of records (spans, LLM calls): each of their attempts runs now.
+
+    Called by each backend inside the transaction (or under the lock) that writes the batch, after it has read (and,
+    on PostgreSQL, locked) the attempts' rows, so that a record and its attempt's end are ordered: a record either
+    lands before the end or is refused. ``status_of(rollout_id, attempt_id)`` is the status read there (``None``:
+    no such attempt); ``unknown`` builds the error for an attempt the store never started.
+
+    Raises:
+        NotFoundError: (from ``unknown``) an attempt the store never started.
+        AttemptEndedError: an attempt whose status is no longer ``running`` (finished through the API, timed out,
+            cancelled, released): a late record; nothing of the batch is to be stored.
+    """
+    for rollout_id, attempt_id in sorted(pairs):
+        status = status_of(rollout_id, attempt_id)
+        if status is None:
+            raise unknown(rollout_id, attempt_id)
+        if status != "running":
+            raise AttemptEndedError(
+                f"attempt {attempt_id!r} of rollout {rollout_id!r} already ended ({status}): {what} of an attempt "
+                "that no longer runs are refused and not stored (late records never join a finished attempt)"
+            )
 
 
 class ChangeNotifier:

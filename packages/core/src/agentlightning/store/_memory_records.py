@@ -30,6 +30,7 @@ from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
+    check_record_attempts,
 )
 from agentlightning.store._query import (
     AttemptFacts,
@@ -100,13 +101,24 @@ class MemoryRecords(StoreBoundary):
     # ----------------------------------------------------------------- spans and calls
 
     def _check_attempts_locked(self, pairs: set[tuple[str, str]], what: str) -> None:
-        for rollout_id, attempt_id in pairs:
-            if self._attempt_rollout.get(attempt_id) != rollout_id:
-                self._get_rollout_locked(rollout_id)
-                raise NotFoundError(
-                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
-                    "attempt the store started (dequeue_rollout)"
-                )
+        """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs."""
+        check_record_attempts(
+            pairs, self._attempt_status_locked, what, lambda r, a: self._unknown_attempt_locked(r, a, what)
+        )
+
+    def _attempt_status_locked(self, rollout_id: str, attempt_id: str) -> str | None:
+        if self._running.get(attempt_id) == rollout_id:  # the usual case: no scan of the rollout's attempts
+            return "running"
+        if self._attempt_rollout.get(attempt_id) != rollout_id:
+            return None
+        return self._get_attempt_locked(rollout_id, attempt_id)[1].status
+
+    def _unknown_attempt_locked(self, rollout_id: str, attempt_id: str, what: str) -> NotFoundError:
+        self._get_rollout_locked(rollout_id)  # raises, naming the rollout, when it is the rollout that is unknown
+        return NotFoundError(
+            f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
+            "attempt the store started (dequeue_rollout)"
+        )
 
     async def add_spans(self, spans: Sequence[Span], *, request_id: str | None = None) -> int:
         """Store spans (idempotent on (rollout_id, attempt_id, span_id)); returns how many were new.

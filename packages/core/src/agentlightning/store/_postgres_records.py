@@ -21,14 +21,16 @@ from typing import Any, TypeVar
 
 from agentlightning._fast import fast_replace, resources_from_json
 from agentlightning._models import Attempt, LLMCall, Resources, Rollout, Span, now
-from agentlightning.store._base import NotFoundError, RetryPolicy, StoreError, StoreStats
+from agentlightning.store._base import AttemptEndedError, NotFoundError, RetryPolicy, StoreError, StoreStats
 from agentlightning.store._boundary import StoreBoundary
 from agentlightning.store._codec import BlobFetch, decode_calls, decode_rows
 from agentlightning.store._codec_spans import decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
+    check_record_attempts,
 )
+from agentlightning.store._postgres_pool import PostgresPool
 from agentlightning.store._postgres_schema import (
     RESOURCES_LOCK,
     PostgresHealth,
@@ -36,6 +38,7 @@ from agentlightning.store._postgres_schema import (
     driver,
     migrate,
     one_line,
+    unreachable,
 )
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
@@ -48,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
 
+_LOCK_ATTEMPTS = (
+    "SELECT rollout_id, attempt_id, status FROM agl_attempts WHERE attempt_id = ANY(%s) ORDER BY attempt_id "
+    "FOR NO KEY UPDATE"
+)
 _INSERT_SPANS = (
     "INSERT INTO agl_spans (rollout_id, attempt_id, span_id, sequence_id, data) "
     "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::bytea[]) ORDER BY 1, 2, 3 "
@@ -73,7 +80,6 @@ _SET_VERSION = (
 _INSERT_BLOBS = (
     "INSERT INTO agl_blobs (key, data) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING"
 )
-_KNOWN_ATTEMPTS_MAX = 100_000
 _PURGE_EVERY = 1_000
 _TRANSACTION_TRIES = 5
 
@@ -112,7 +118,6 @@ class PostgresRecords(StoreBoundary):
         self._health = PostgresHealth(self.where)
         # No running attempt (of any server) can time out before this moment; see `PostgresStore._expired`.
         self._no_timeout_before = 0.0
-        self._known_attempts: set[tuple[str, str]] = set()
         self._requests_since_purge = 0
         self._closed = False
         # One plain connection first: an unreachable server or a bad DSN is one clear error here, not a pool
@@ -127,23 +132,15 @@ class PostgresRecords(StoreBoundary):
             raise StoreError(f"cannot set up the PostgreSQL store {self.where}: {one_line(exc)}") from None
         finally:
             conn.close()
-        self._pool: Any = psycopg_pool.ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True},
-            timeout=connect_timeout * 3,
-            name=f"agl-postgres {self.where}",
-            open=True,
-        )
+        self._pools = PostgresPool(psycopg, psycopg_pool, dsn, self._health, pool_size, connect_timeout)
         self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="agl-postgres")
         logger.debug("opened PostgreSQL store %s (pool of %d)", self.where, pool_size)
 
     @property
     def storage_error(self) -> str | None:
-        """Why the database refused the last write (``database or disk is full`` / ``database is read-only``),
-        or ``None`` when the last write succeeded."""
-        return self._health.error
+        """Why the store cannot serve: the database unreachable (since a request or `check_health` found it so), or
+        refusing the last write (``database or disk is full`` / ``database is read-only``); ``None`` when it can."""
+        return self._health.problem
 
     def reopen_spec(self) -> tuple[type[Any], dict[str, Any]]:
         """A picklable ``(cls, kwargs)`` with which another process opens this store: ``cls(**kwargs)``."""
@@ -175,8 +172,9 @@ class PostgresRecords(StoreBoundary):
         for attempt in range(1, _TRANSACTION_TRIES + 1):
             if self._closed:
                 raise StoreError(f"PostgreSQL store {self.where} is closed")
+            pool = self._pools.get()  # during an outage: once the database answers again, else 503 at once
             try:
-                with self._pool.connection() as conn:
+                with pool.connection() as conn:
                     if not transaction:
                         result = fn(conn, *args)
                     else:
@@ -184,6 +182,8 @@ class PostgresRecords(StoreBoundary):
                             result = fn(conn, *args)
                 if write:
                     self._health.succeeded()
+                else:
+                    self._health.reached()
                 return result
             except (errors.DeadlockDetected, errors.SerializationFailure) as exc:
                 if attempt == _TRANSACTION_TRIES:
@@ -198,8 +198,20 @@ class PostgresRecords(StoreBoundary):
                 error = self._health.failed(exc) if write else None
                 if error is not None:
                     raise error from exc
+                if unreachable(psycopg, exc):  # one line per outage, not a traceback per request
+                    if pool is not self._pools.pool:  # replaced meanwhile (the database came back): try the new one
+                        continue
+                    raise self._health.lost(exc) from None
                 raise
         raise AssertionError("unreachable")
+
+    async def check_health(self) -> str | None:
+        """Whether the store can serve now (what a served store's ``/healthz`` asks): ``None``, else why not.
+
+        Asks the database on a fresh connection (``SELECT 1``, at most 2 s; see `PostgresPool.check`), in a thread
+        of its own: a busy store still answers its health check.
+        """
+        return await asyncio.to_thread(self._pools.check)
 
     @staticmethod
     def _get_rollout(conn: Any, rollout_id: str, lock: bool = False) -> Rollout:
@@ -249,25 +261,23 @@ class PostgresRecords(StoreBoundary):
             conn.execute("DELETE FROM agl_requests WHERE created_at < %s", (t - REQUEST_MEMORY_SECONDS,))
 
     def _check_attempts(self, conn: Any, pairs: set[tuple[str, str]], what: str) -> None:
-        """Raise `NotFoundError` unless every (rollout id, attempt id) names an attempt this store started."""
-        known = self._known_attempts
-        unknown = [pair for pair in pairs if pair not in known]
-        if not unknown:
-            return
-        rows = conn.execute(
-            "SELECT rollout_id, attempt_id FROM agl_attempts WHERE attempt_id = ANY(%s)", ([a for _, a in unknown],)
-        ).fetchall()
-        found = {(row[0], row[1]) for row in rows}
-        for rollout_id, attempt_id in sorted(unknown):
-            if (rollout_id, attempt_id) not in found:
-                self._get_rollout(conn, rollout_id)  # names the rollout when it is the rollout that is unknown
-                raise NotFoundError(
-                    f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
-                    "attempt the store started (dequeue_rollout)"
-                )
-        if len(known) + len(found) > _KNOWN_ATTEMPTS_MAX:
-            known.clear()
-        known.update(found)
+        """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs.
+
+        The attempts' rows are locked (``FOR NO KEY UPDATE``, in id order) until the transaction that writes the
+        records commits: an end that another server writes meanwhile waits for it, and one already written is seen
+        (a late record is refused). The lock is the one the records' own reward / model version updates take.
+        """
+        rows = conn.execute(_LOCK_ATTEMPTS, ([a for _, a in pairs],)).fetchall()
+        statuses = {(row[0], row[1]): row[2] for row in rows}
+
+        def unknown(rollout_id: str, attempt_id: str) -> NotFoundError:
+            self._get_rollout(conn, rollout_id)  # names the rollout when it is the rollout that is unknown
+            return NotFoundError(
+                f"attempt {attempt_id!r} of rollout {rollout_id!r} not found: {what} can only be added to an "
+                "attempt the store started (dequeue_rollout)"
+            )
+
+        check_record_attempts(pairs, lambda r, a: statuses.get((r, a)), what, unknown)
 
     # ----------------------------------------------------------------- spans and calls
 
@@ -298,7 +308,12 @@ class PostgresRecords(StoreBoundary):
     def _add_records(
         self, conn: Any, records: RecordBatch, insert: str, update: str, key: str | None, what: str
     ) -> int:
-        self._check_attempts(conn, records.pairs, what)
+        try:
+            self._check_attempts(conn, records.pairs, what)
+        except AttemptEndedError:
+            if key is not None and (seen := self._lock_request(conn, key)) is not None:
+                return int(seen)  # a retry of a request stored before its attempt ended: the first answer
+            raise
         added = conn.execute(insert, [list(column) for column in zip(*records.rows, strict=True)]).rowcount
         if key is not None and added < len(records.rows):
             seen = self._lock_request(conn, key)
@@ -403,7 +418,7 @@ class PostgresRecords(StoreBoundary):
 
     def _shutdown(self) -> None:
         self._executor.shutdown(wait=True)
-        self._pool.close()
+        self._pools.close()
 
 
 def _snapshot(conn: Any, fn: Callable[[Any, Any], _R], query: Any) -> _R:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from types import ModuleType
 from typing import Any
 
-from agentlightning.store._base import StorageError, StoreError
+from agentlightning.store._base import DatabaseUnavailableError, StorageError, StoreError
 
 __all__ = [
     "INSTALL_HINT",
@@ -22,6 +24,7 @@ __all__ = [
     "is_postgres_dsn",
     "migrate",
     "one_line",
+    "unreachable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -153,6 +156,18 @@ def one_line(exc: BaseException) -> str:
     return _PASSWORD.sub(r"\1***@", line)
 
 
+def unreachable(psycopg: Any, exc: BaseException) -> bool:
+    """Whether a driver error means the database cannot be reached (down, restarting, the network), not a bad query.
+
+    The pool's timeout, a connection refused or lost (no SQLSTATE: the client saw it), class 08 (connection
+    exception) and 57P (the server shutting down or starting up).
+    """
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    sqlstate: str = getattr(exc, "sqlstate", None) or ""
+    return not sqlstate or sqlstate.startswith(("08", "57P"))
+
+
 def describe_dsn(dsn: str) -> str:
     """``user@host:port/dbname`` of ``dsn`` without its password, for messages and logs.
 
@@ -201,16 +216,29 @@ def migrate(conn: Any, where: str) -> int:
 
 
 class PostgresHealth:
-    """Whether the database accepted the last write: ``error`` holds why it refused, ``None`` once one succeeds.
+    """What the store knows of its database: whether it accepted the last write, and whether it can be reached.
 
-    Read by the served store's ``/healthz`` (503 while set); the refused request gets 507.
+    ``error`` holds why the database refused a write (disk full, read-only), ``None`` once one succeeds; the refused
+    request gets 507. ``unreachable`` holds why the database cannot be reached (stopped, restarting, the network),
+    ``None`` once any statement runs again; requests meanwhile get 503. Each change is logged once, in one line: an
+    outage is one line when it starts and one when it ends, however many requests fail in between. Read by the
+    served store's ``/healthz`` (503 while either is set). Shared by the store's worker threads.
     """
 
-    __slots__ = ("error", "where")
+    __slots__ = ("_lock", "error", "refused", "since", "unreachable", "where")
 
     def __init__(self, where: str) -> None:
         self.where = where
         self.error: str | None = None
+        self.unreachable: str | None = None
+        self.since = 0.0
+        self.refused = 0  # requests that failed during the current outage
+        self._lock = threading.Lock()
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store cannot serve now (the database unreachable, or refusing writes), ``None`` when it can."""
+        return self.unreachable or self.error
 
     def failed(self, exc: BaseException) -> StorageError | None:
         """The `StorageError` for a full disk or a read-only database (recorded, logged once), else ``None``."""
@@ -232,8 +260,41 @@ class PostgresHealth:
         self.error = message
         return StorageError(message)
 
+    def lost(self, exc: BaseException) -> DatabaseUnavailableError:
+        """The database could not be reached (``exc``): the error to raise; the outage's first one is logged."""
+        with self._lock:
+            self.refused += 1
+            if self.unreachable is None:
+                self.since = time.monotonic()
+                self.unreachable = f"the PostgreSQL database {self.where} is unreachable: {one_line(exc)}"
+                logger.error("%s (requests get 503 until it is back)", self.unreachable)
+            return DatabaseUnavailableError(self.unreachable)
+
+    def still_down(self) -> DatabaseUnavailableError:
+        """The error for one more request refused during the current outage (counted, not logged)."""
+        with self._lock:
+            self.refused += 1
+            return DatabaseUnavailableError(self.unreachable or f"the PostgreSQL database {self.where} is unreachable")
+
+    def reached(self) -> None:
+        """A statement ran: the database is reachable (an outage's end is logged once)."""
+        if self.unreachable is None:  # the usual case: no lock taken
+            return
+        with self._lock:
+            if self.unreachable is None:  # pyright: ignore[reportUnnecessaryComparison]  # another thread ended it
+                return
+            logger.warning(
+                "the PostgreSQL database %s is reachable again after %.1f s (%d request(s) failed meanwhile)",
+                self.where,
+                time.monotonic() - self.since,
+                self.refused,
+            )
+            self.unreachable = None
+            self.refused = 0
+
     def succeeded(self) -> None:
         """A write went through: clear a recorded failure."""
+        self.reached()
         if self.error is not None:
             logger.warning("PostgreSQL store %s accepts writes again", self.where)
             self.error = None

@@ -13,7 +13,8 @@ Errors are JSON `ErrorResponse` bodies: 401 (missing/wrong bearer token), 403 (a
 over loopback), 415 (a write whose body is not ``application/json``), 404 (unknown id or route),
 409 (conflict with the stored state), 413 (body over ``max_body_bytes``), 422 (malformed JSON, wrong types,
 a record that fails validation, NaN or Infinity anywhere), 507 (the disk is full or the database read-only; also
-reported by ``/healthz`` as 503) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
+reported by ``/healthz`` as 503), 503 (the database cannot be reached: a PostgreSQL outage, logged once and reported
+by ``/healthz`` too; clients retry) and 400 (any other `StoreError`). Bad input never reaches the store half-way:
 a body is validated as a whole before the store is called.
 """
 
@@ -85,6 +86,7 @@ _COMMON_ERRORS = {
 }
 _NOT_FOUND = {404: "unknown id"}
 _CONFLICT = {409: "conflicting state"}
+_LATE = {409: "an attempt of the batch no longer runs (error attempt_ended): nothing of the batch is stored"}
 _BEARER = {"bearer": {"type": "http", "scheme": "bearer"}}
 
 
@@ -215,7 +217,10 @@ def _health_routes(store: LightningStore) -> list[Route]:
     """``/healthz``, the retry policy and the counts."""
 
     async def healthz(_: None) -> Answer:
-        error: str | None = getattr(store, "storage_error", None)
+        # A store over a database server asks it now (a load balancer must not route to a store whose database is
+        # down); the others know from their last write.
+        check = getattr(store, "check_health", None)
+        error: str | None = await check() if check is not None else getattr(store, "storage_error", None)
         if error is None:
             return b'{"status":"ok"}'
         return 503, _dump(HealthResponse(status="failing", message=error))
@@ -229,8 +234,9 @@ def _health_routes(store: LightningStore) -> list[Route]:
     p = API_PREFIX
     return [
         Route("GET", "/healthz", healthz, "healthz",
-              "Liveness probe (open without a token); 503 with the reason while the store cannot write.",
-              response=HealthResponse, errors={503: "the store cannot write (disk full, read-only database)"},
+              "Liveness probe (open without a token); 503 with the reason while the store cannot serve.",
+              response=HealthResponse,
+              errors={503: "the store cannot serve (its database unreachable, a full disk, a read-only database)"},
               tags=("health",), auth=OPEN),
         Route("GET", f"{p}/retry_policy", retry_policy, "retry_policy", "The retry policy the store applies.",
               response=RetryPolicy, tags=("store",)),
@@ -382,13 +388,13 @@ def _record_routes(store: LightningStore) -> list[Route]:
     return [
         Route("POST", f"{p}/spans", add_spans, "add_spans",
               "Store a batch of spans (idempotent on rollout, attempt and span id).",
-              body=SpansRequest, read=read_spans_request, response=AddedResponse, errors=_NOT_FOUND,
+              body=SpansRequest, read=read_spans_request, response=AddedResponse, errors={**_NOT_FOUND, **_LATE},
               tags=("records",)),
         Route("POST", f"{p}/spans/query", query_spans, "query_spans", "Spans of a rollout (or one attempt).",
               body=RecordQuery, response=SpansResponse, tags=("records",)),
         Route("POST", f"{p}/llm_calls", add_llm_calls, "add_llm_calls",
               "Store a batch of LLM-proxy records (idempotent on call id).",
-              body=LLMCallsRequest, response=AddedResponse, errors=_NOT_FOUND, tags=("records",)),
+              body=LLMCallsRequest, response=AddedResponse, errors={**_NOT_FOUND, **_LATE}, tags=("records",)),
         Route("POST", f"{p}/llm_calls/query", query_llm_calls, "query_llm_calls",
               "LLM calls of a rollout (or one attempt).",
               body=RecordQuery, response=LLMCallsResponse, tags=("records",)),

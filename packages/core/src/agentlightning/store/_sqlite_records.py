@@ -27,6 +27,7 @@ from agentlightning._models import (
     now,
 )
 from agentlightning.store._base import (
+    AttemptEndedError,
     NotFoundError,
     RetryPolicy,
     StoreStats,
@@ -37,6 +38,7 @@ from agentlightning.store._codec_spans import decode_spans
 from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
+    check_record_attempts,
 )
 from agentlightning.store._query import (
     RolloutPage,
@@ -68,6 +70,7 @@ _ATTEMPT_KEY = (
     "SELECT k.attempt_key FROM attempts a LEFT JOIN span_attempts k "
     "ON k.rollout_id = a.rollout_id AND k.attempt_id = a.attempt_id WHERE a.attempt_id = ? AND a.rollout_id = ?"
 )
+_ATTEMPT_STATUS = "SELECT status FROM attempts WHERE attempt_id = ? AND rollout_id = ?"
 _NEW_ATTEMPT_KEY = "INSERT INTO span_attempts (rollout_id, attempt_id) VALUES (?, ?) RETURNING attempt_key"
 _SET_REWARD = (
     "UPDATE attempts SET reward = ?, reward_seq = ? WHERE attempt_id = ? AND rollout_id = ? "
@@ -118,7 +121,6 @@ class SqliteRecords(StoreBoundary):
         self._notifier = ChangeNotifier()
         # No running attempt (in any process) can time out before this moment; see `_expired`.
         self._no_timeout_before = 0.0
-        self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) seen in the attempts table
         # (rollout, attempt) -> its key in span_attempts: committed keys only (they never change once committed)
         self._attempt_keys: dict[tuple[str, str], int] = {}
         self._requests_since_purge = 0
@@ -180,19 +182,17 @@ class SqliteRecords(StoreBoundary):
             conn.execute("DELETE FROM requests WHERE created_at < ?", (t - REQUEST_MEMORY_SECONDS,))
 
     def _check_attempts(self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], what: str) -> None:
-        """Raise `NotFoundError` unless every (rollout id, attempt id) names an attempt this store started."""
-        known = self._known_attempts
-        for rollout_id, attempt_id in pairs:
-            if (rollout_id, attempt_id) in known:
-                continue
-            row = conn.execute(
-                "SELECT 1 FROM attempts WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
-            ).fetchone()
-            if row is None:
-                raise self._unknown_attempt(conn, rollout_id, attempt_id, what)
-            if len(known) >= _KNOWN_ATTEMPTS_MAX:
-                known.clear()
-            known.add((rollout_id, attempt_id))
+        """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs.
+
+        Read inside the write transaction (SQLite's writes are serialised): no attempt can end between this check
+        and the write of its records.
+        """
+
+        def status_of(rollout_id: str, attempt_id: str) -> str | None:
+            row = conn.execute(_ATTEMPT_STATUS, (attempt_id, rollout_id)).fetchone()
+            return None if row is None else row[0]
+
+        check_record_attempts(pairs, status_of, what, lambda r, a: self._unknown_attempt(conn, r, a, what))
 
     def _unknown_attempt(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str, what: str) -> NotFoundError:
         self._get_rollout(conn, rollout_id)  # raises, naming the rollout, when it is the rollout that is unknown
@@ -248,10 +248,15 @@ class SqliteRecords(StoreBoundary):
         """Write ``records`` (spans: given as columns, keyed here) in one transaction; returns how many were new."""
         new_keys: dict[tuple[str, str], int] = {}
         with self._write as conn:
+            try:
+                self._check_attempts(conn, records.pairs, what)
+            except AttemptEndedError:
+                if key is not None and (seen := self._seen_request(conn, key)) is not None:
+                    return int(seen)  # a retry of a request stored before its attempt ended: the first answer
+                raise
             if records.columns:
                 rows = span_rows(self._keys_of(conn, records.pairs, new_keys), records.columns)
             else:
-                self._check_attempts(conn, records.pairs, what)
                 rows = records.rows
             before = conn.total_changes
             _insert_rows(conn, insert, rows)

@@ -33,6 +33,7 @@ from agentlightning.store._span_check import spans_from_dicts
 
 __all__ = [
     "API_PREFIX",
+    "ATTEMPT_ENDED",
     "MAX_BATCH",
     "MAX_WAIT_SECONDS",
     "AddedResponse",
@@ -69,6 +70,9 @@ API_PREFIX = "/v1"
 MAX_WAIT_SECONDS = 20.0
 """Longest a single ``wait`` long-poll is held open by the server; clients loop for longer waits."""
 
+ATTEMPT_ENDED = "attempt_ended"
+"""The ``error`` of a 409 refusing records of an attempt that no longer runs (`AttemptEndedError`)."""
+
 MAX_BATCH = 100_000
 """Most records (rollout requests, ids, spans, LLM calls) one request body may hold."""
 
@@ -88,10 +92,12 @@ class ErrorResponse(_Body):
     """Body of every 4xx/5xx answer.
 
     Attributes:
-        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``unauthorized``, ``forbidden``
+        error: Machine-readable kind: ``invalid``, ``not_found``, ``conflict``, ``attempt_ended`` (a 409 refusing
+            records of an attempt that no longer runs), ``unauthorized``, ``forbidden``
             (a request a foreign web page could have sent: HTTP 403), ``unsupported_media_type`` (a write that is
             not ``application/json``: 415), ``too_large``, ``not_allowed``, ``storage`` (disk full or read-only
-            database: HTTP 507, not worth retrying) or ``internal``.
+            database: HTTP 507, not worth retrying), ``unavailable`` (the database cannot be reached: HTTP 503, retried)
+            or ``internal``.
         message: What was wrong, naming the offending field or id.
     """
 
@@ -103,9 +109,11 @@ class HealthResponse(_Body):
     """Body of ``GET /healthz``: ``ok`` (HTTP 200), or ``failing`` (HTTP 503) with why writes fail.
 
     Attributes:
-        status: ``ok`` while the store can write; ``failing`` after a write failed because the disk is full or
-            the database is read-only (until a write succeeds again).
-        message: What is wrong (``database or disk is full: ...`` / ``database is read-only: ...``).
+        status: ``ok`` while the store can serve; ``failing`` while its database cannot be reached (PostgreSQL:
+            asked on each probe), or after a write failed because the disk is full or the database is read-only
+            (until a write succeeds again).
+        message: What is wrong, one line (``the PostgreSQL database ... is unreachable: ...`` / ``database or disk
+            is full: ...`` / ``database is read-only: ...``).
     """
 
     status: Literal["ok", "failing"] = "ok"

@@ -129,6 +129,23 @@ class PostgresServer:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
         return f"{self.dsn}?options=-csearch_path%3D{name}"
 
+    def pause(self) -> None:
+        """Stop the server but keep its data (a database outage); `resume` starts it again on the same port."""
+        bin_dir = find_pg_bin()
+        assert bin_dir is not None and self._folder is not None, "the server is not started"
+        self._check(bin_dir / "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop")
+
+    def resume(self) -> None:
+        """Start a paused server again (same data, same port); returns once it accepts connections."""
+        bin_dir = find_pg_bin()
+        assert bin_dir is not None and self._folder is not None, "the server is not started"
+        options = " ".join(f"-c {name}={value}" for name, value in self.settings.items())
+        self._check(
+            bin_dir / "pg_ctl", "-D", str(self.data_dir), "-l", str(self._folder / "server.log"), "-w", "-t", "60",
+            "-o", f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self._folder} "
+            f"-c max_connections=200 {options}", "start",
+        )  # fmt: skip
+
     def stop(self) -> None:
         """Stop the server at once (its data is about to be deleted) and delete its folder (idempotent)."""
         folder, self._folder = self._folder, None

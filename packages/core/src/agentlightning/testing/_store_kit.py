@@ -26,7 +26,8 @@ closed). Backends that several processes can share set ``supports_processes`` an
 
 The suite uses only the public protocol, so the same tests run against an HTTP client and a server.
 Its tests come in parts: this module (queue, records, queries, resources, waiting, reopening), the attempt
-lifecycle (`AttemptConformanceTests`), the dashboard queries (`DashboardConformanceTests`), the exact round trip
+lifecycle (`AttemptConformanceTests`), the refusal of records for attempts that ended (`LateRecordConformanceTests`),
+the dashboard queries (`DashboardConformanceTests`), the exact round trip
 of every field of spans and LLM calls (`RecordRoundTripTests`) and the refusal of bad input, the same on every
 backend (`RefusalConformanceTests`).
 """
@@ -54,6 +55,7 @@ from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_claims import ClaimConformanceTests
 from agentlightning.testing._store_kit_dashboard import DashboardConformanceTests
+from agentlightning.testing._store_kit_late import LateRecordConformanceTests
 from agentlightning.testing._store_kit_records import RecordRoundTripTests
 from agentlightning.testing._store_kit_refusals import RefusalConformanceTests
 
@@ -119,6 +121,7 @@ class StoreConformanceTests(
     AttemptConformanceTests,
     ClaimConformanceTests,
     DashboardConformanceTests,
+    LateRecordConformanceTests,
     RecordRoundTripTests,
     RefusalConformanceTests,
     KitGuard,
@@ -265,12 +268,12 @@ class StoreConformanceTests(
     async def test_spans_ordered_by_attempt(self, store_factory: StoreFactory) -> None:
         store = await store_factory(RetryPolicy(max_attempts=2))
         rid, first = await self._running(store)
+        await store.add_spans([make_span(rid, first, 1), make_span(rid, first, 0)])
         await store.finish_attempt(rid, first, "failed")
         claim = await store.dequeue_rollout()
         assert claim is not None
         second = claim.attempt.attempt_id
         await store.add_spans([make_span(rid, second, 0), make_span(rid, second, 1)])
-        await store.add_spans([make_span(rid, first, 1), make_span(rid, first, 0)])
         stored = await store.query_spans(rid)
         assert [(s.attempt_id, s.sequence_id) for s in stored] == [(first, 0), (first, 1), (second, 0), (second, 1)]
         assert [s.attempt_id for s in await store.query_spans(rid, second)] == [second, second]

@@ -23,7 +23,6 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,20 +33,16 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from agentlightning import semconv
 from agentlightning._models import Span
-from agentlightning.store._base import LightningStore, StoreError
-from agentlightning.store._client import StoreUnavailableError
+from agentlightning.store._base import AttemptEndedError, LightningStore
 from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
 from agentlightning.tracing._loop_thread import LoopThread
 from agentlightning.tracing._records import FinishedSpan, to_span_model
+from agentlightning.tracing._span_writes import PartlyWritten, SpanWriteError, write_batch
 
 __all__ = ["LightningSpanProcessor", "SpanWriteError"]
 
 logger = logging.getLogger(__name__)
-
-
-class SpanWriteError(RuntimeError):
-    """Spans could not be written to their store (raised by ``flush``)."""
 
 
 @dataclass
@@ -58,49 +53,6 @@ class _Group:
 
 
 _MAX_REMEMBERED_FAILURES = 10_000
-
-
-async def _write_batch(
-    store: LightningStore, spans: Sequence[Span], tries: int, retry_for: float, on_retry: Callable[[], None]
-) -> int:
-    """Write one batch: while the store is unreachable, keep the spans and retry for ``retry_for`` seconds."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + retry_for
-    delay = 0.05
-    attempt = 0
-    warned = False
-    while True:
-        attempt += 1
-        try:
-            written = await store.add_spans(spans)
-        except StoreUnavailableError as exc:  # the store is down or restarting: wait for it
-            left = give_up - loop.time()
-            if left <= 0:
-                raise
-            if not warned:
-                warned = True
-                logger.warning(
-                    "store unavailable; keeping %d span(s) in memory and retrying for up to %.0f s more: %s",
-                    len(spans),
-                    left,
-                    exc,
-                )
-            on_retry()
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, 2.0)
-            continue
-        except StoreError:
-            raise  # the store refused the batch: trying again cannot help
-        except Exception as exc:
-            if attempt >= tries:
-                raise
-            logger.warning("add_spans failed (try %d of %d): %r; retrying in %.2fs", attempt, tries, exc, delay)
-            await asyncio.sleep(delay)
-            delay *= 4
-            continue
-        if warned:
-            logger.warning("store reachable again: wrote %d buffered span(s)", len(spans))
-        return written
 
 
 def _error_of(future: concurrent.futures.Future[int]) -> BaseException | None:
@@ -333,7 +285,7 @@ class LightningSpanProcessor(SpanProcessor):
                     )
             if not spans:
                 continue
-            coro = _write_batch(group.store, spans, self.write_tries, self.retry_for, self._count_retry)
+            coro = write_batch(group.store, spans, self.write_tries, self.retry_for, self._count_retry)
             loop = group.loop
             if loop is not None and loop.is_running() and not loop.is_closed():
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
@@ -357,11 +309,20 @@ class LightningSpanProcessor(SpanProcessor):
                 self.spans_written += n
                 self.batches_written += 1
                 return
+            failures: dict[str, BaseException] = dict.fromkeys(attempts, exc)
+            if isinstance(exc, PartlyWritten):  # only some attempts' spans failed (late ones, say)
+                failures = exc.failures
+                self.spans_written += exc.written
+                n -= exc.written
             self.spans_failed += n
             if len(self._failed) < _MAX_REMEMBERED_FAILURES:
-                for attempt_id in attempts:
-                    self._failed.setdefault(attempt_id, exc)
-        logger.error("could not write %d spans to the store: %r", n, exc)
+                for attempt_id, error in failures.items():
+                    self._failed.setdefault(attempt_id, error)
+        late = [error for error in failures.values() if isinstance(error, AttemptEndedError)]
+        if len(late) == len(failures):  # agent code that outlived its attempt: its flush reports it, no alarm here
+            logger.warning("dropped %d late span(s): %s", n, late[0])
+        else:
+            logger.error("could not write %d spans to the store: %r", n, exc)
 
     def _resolve_after_inflight(self, done: concurrent.futures.Future[list[BaseException]]) -> None:
         """Complete ``done`` with the errors of every batch in flight now, once they all finished."""
