@@ -223,6 +223,42 @@ def test_bad_policy_maps_are_refused_before_anything_starts(
     _refused(done, message, out)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--log-level", "debug", "--samples-per-task", "1"], "--samples-per-task=1 with estimator='grpo'"),
+        (["--log-level", "WARN", "--tasks-per-iteration", "0"], "--tasks-per-iteration: Input should be greater"),
+        (["--max-tokens", "128"], "--max-tokens 128 leaves no room for a prompt in the model's context of 128"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    ],
+)
+def test_a_bad_setting_is_refused_by_its_option_whatever_the_log_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    """The loop's own checks name the option too (not "cannot load model '...': 1 validation error for LoopConfig"),
+    and ``--log-level`` takes the usual spellings in any case."""
+    out = tmp_path / "run"
+    done = agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out), *options,
+    )  # fmt: skip
+    _refused(done, message, out)
+    assert "cannot load model" not in done.stderr and "LoopConfig" not in done.stderr
+
+
+def test_the_default_token_budget_fits_the_models_context_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    from agentlightning_torch.cli import DEFAULT_MAX_TOKENS, token_budget
+
+    with caplog.at_level("WARNING", logger="agentlightning_torch.cli"):
+        assert token_budget(None, 32768) == token_budget(None, None) == DEFAULT_MAX_TOKENS == 256
+        assert caplog.records == []  # a model with room for the default: nothing to say
+        assert token_budget(None, 128) == 32  # the quickstart's model: a quarter of its context
+        assert token_budget(24, 128) == 24  # what the user asked for, when it fits
+    [said] = caplog.records
+    assert "32 tokens per LLM call" in said.getMessage() and "context of 128 tokens" in said.getMessage()
+
+
 @pytest.mark.timeout(900)
 def test_rollout_that_never_calls_the_llm_is_refused(tmp_path: Path) -> None:
     (tmp_path / "lazy_agent.py").write_text(
@@ -260,6 +296,84 @@ async def _rollout_statuses(path: Path) -> list[str]:
         return [r.status for r in await store.query_rollouts()]
     finally:
         await store.close()
+
+
+LITERAL_KEY_AGENT = '''"""A LangGraph tool agent as LangChain's docs write one: ChatOpenAI with a literal key."""
+
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+import agentlightning as agl
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression."""
+    return str(eval(expression, {"__builtins__": {}}))
+
+
+def route(state: MessagesState) -> str:
+    """The tool while the model asks for it, at most two model calls."""
+    return END if sum(m.type == "ai" for m in state["messages"]) >= 2 else tools_condition(state)
+
+
+@agl.rollout
+async def solve(task, resources):
+    llm = ChatOpenAI(model=resources.llm.model, base_url=agl.llm_base_url(), api_key="none", max_retries=0)
+
+    async def assistant(state: MessagesState):
+        return {"messages": [await llm.bind_tools([calculator]).ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("assistant", assistant)
+    graph.add_node("tools", ToolNode([calculator]))
+    graph.add_edge(START, "assistant")
+    graph.add_conditional_edges("assistant", route, {"tools": "tools", END: END})
+    graph.add_edge("tools", "assistant")
+    result = await graph.compile().ainvoke({"messages": [("user", task["question"])]})
+    return 1.0 if str(task["answer"]) in str(result["messages"][-1].content) else 0.0
+'''
+
+
+@pytest.mark.timeout(900)
+def test_agl_train_trains_an_agent_that_hard_codes_its_key_with_default_options(tmp_path: Path) -> None:
+    """The agent passes ``api_key="none"`` (the slot's URL is its credential) and no ``--max-tokens`` is given: the
+    default fits the model's 128-token context and says so once."""
+    (tmp_path / "literal_key_agent.py").write_text(LITERAL_KEY_AGENT)
+    out = tmp_path / "run"
+    done = agl_train(
+        "--agent", "literal_key_agent:solve", "--app-dir", str(tmp_path), "--model", str(CHECKPOINT),
+        "--tasks", str(TASKS), "--tool-parser", "calc", "--iterations", "1", "--output", str(out),
+        "--tasks-per-iteration", "4", "--samples-per-task", "4", "--workers", "8", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the agent raised" not in done.stderr and "Error code: 401" not in done.stderr, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    [report] = [row for row in rows if row["kind"] == "train"]
+    assert report["finished"] == 16 and report["calls_per_rollout"] >= 1
+    budget = [line for line in done.stderr.splitlines() if "--max-tokens not given" in line]
+    assert len(budget) == 1 and "32 tokens per LLM call" in budget[0] and "context of 128 tokens" in budget[0]
+
+
+@pytest.mark.timeout(900)
+def test_a_call_the_backend_refuses_is_named_in_the_runners_log_and_the_final_error(tmp_path: Path) -> None:
+    """--max-tokens 120 leaves 8 tokens for the prompt: the backend refuses every call (400); what it said reaches
+    the user, not LangGraph's note on the exception alone."""
+    out = tmp_path / "run"
+    done = agl_train(
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--tool-parser", "calc", "--iterations", "1", "--output", str(out), *SMALL[:-3], "--max-tokens", "120",
+        "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    context = "exceeds the model's context of 128 tokens"
+    raised = [line for line in done.stderr.splitlines() if "the agent raised in rollout" in line]
+    assert raised and all("Error code: 400" in line and context in line for line in raised), done.stderr[-3000:]
+    assert "During task with name 'solver'" in raised[0]  # LangGraph's note, after the error
+    [final] = [line for line in done.stderr.splitlines() if "none of the 16 rollouts succeeded" in line]
+    assert final.startswith("error:") and "max_tokens=120" in final and context in final
 
 
 def _descendants(pid: int) -> list[int]:

@@ -1,10 +1,11 @@
 """An ordinary LangGraph + ChatOpenAI agent under the runner reaches the LLM proxy through its worker slot's URL.
 
 The agent builds its ``ChatOpenAI`` per rollout with ``base_url=agl.llm_base_url()`` and nothing else (no shared
-HTTP client of its own). The slot URL stays the same from one rollout to the next, so langchain-openai's client
-cache (one httpx client per base URL) keeps its connections; the proxy still records every call under the
-attempt the slot runs at that moment, and a timed-out agent that keeps calling is refused, not recorded under the
-next rollout.
+HTTP client of its own), with the resource's ``api_key`` or a literal one as LangChain's docs write it
+(``api_key="none"``): the slot's URL alone admits its calls. The slot URL stays the same from one rollout to the
+next, so langchain-openai's client cache (one httpx client per base URL) keeps its connections; the proxy still
+records every call under the attempt the slot runs at that moment, and a timed-out agent that keeps calling is
+refused, not recorded under the next rollout.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ TOKEN = "agents-token-0123456789"
 SEEN: dict[str, str] = {}  # task id -> the base URL its agent was given
 EVENTS: dict[str, asyncio.Event] = {}
 STALE: dict[str, BaseException | None] = {}
+LITERAL_KEY: dict[str, str | None] = {"api_key": None}  # set: the agent hard-codes this key instead of the resource's
+KEYS = pytest.mark.parametrize("literal_key", [None, "none"], ids=["resource-key", "literal-key"])
 
 
 def _llm(resources: agl.Resources) -> ChatOpenAI:
     llm = resources.llm
     assert llm is not None
-    return ChatOpenAI(model=llm.model, base_url=agl.llm_base_url(), api_key=llm.api_key, max_retries=0)  # type: ignore[arg-type]
+    key = LITERAL_KEY["api_key"] or llm.api_key
+    return ChatOpenAI(model=llm.model, base_url=agl.llm_base_url(), api_key=key, max_retries=0)  # type: ignore[arg-type]
 
 
 def _graph(llm: ChatOpenAI) -> Any:
@@ -108,8 +112,11 @@ def backend() -> Iterator[ScriptedModelServer]:
 
 
 @pytest.fixture
-async def setup(backend: ScriptedModelServer) -> AsyncIterator[tuple[MemoryStore, LLMProxy, ConnectionCounter]]:
+async def setup(
+    backend: ScriptedModelServer, literal_key: str | None
+) -> AsyncIterator[tuple[MemoryStore, LLMProxy, ConnectionCounter]]:
     SEEN.clear()
+    LITERAL_KEY["api_key"] = literal_key
     store = MemoryStore(retry_policy=agl.RetryPolicy(max_attempts=1))
     proxy = LLMProxy(store, [backend.url], token=TOKEN)
     counter = ConnectionCounter(proxy.app)
@@ -120,9 +127,11 @@ async def setup(backend: ScriptedModelServer) -> AsyncIterator[tuple[MemoryStore
     try:
         yield store, proxy, counter
     finally:
+        LITERAL_KEY["api_key"] = None
         await proxy.stop()
 
 
+@KEYS
 async def test_32_concurrent_rollouts_over_4_slots_are_attributed_and_reuse_their_clients(
     setup: tuple[MemoryStore, LLMProxy, ConnectionCounter],
 ) -> None:
@@ -147,6 +156,7 @@ async def test_32_concurrent_rollouts_over_4_slots_are_attributed_and_reuse_thei
     assert len(slots) == 4 and all(slot is not None and slot.ended for slot in slots)
 
 
+@KEYS
 async def test_a_timed_out_agent_calling_late_is_refused_not_recorded_under_the_next_rollout(
     setup: tuple[MemoryStore, LLMProxy, ConnectionCounter],
 ) -> None:

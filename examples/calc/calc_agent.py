@@ -77,7 +77,7 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
     llm = ChatOpenAI(
         model=llm_resource.model,
         base_url=agl.llm_base_url(),
-        api_key=llm_resource.api_key or "not-needed",  # pyright: ignore[reportArgumentType]  # the proxy's token
+        api_key="none",  # any key works: the slot URL from agl.llm_base_url() is all the proxy needs
         max_retries=2,
         **llm_resource.sampling_parameters,
     )

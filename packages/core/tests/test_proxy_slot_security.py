@@ -2,7 +2,9 @@
 
 Agents hold the agents' token (`LLMResource.api_key`); slot registration needs the runner token, which the runner
 reads from `LLMResource.runner_token` and never hands to the agent. Slot keys are random (one slot's URL tells
-nothing about another's). A call for an attempt whose runner reported its end is refused (409) and counted.
+nothing about another's), and a registered slot's key is its agent's credential: the slot's URL alone admits the
+agent's LLM calls, whatever ``api_key`` it passes; the per-rollout URLs still need the agents' token. A call for an
+attempt whose runner reported its end is refused (409) and counted.
 """
 
 from __future__ import annotations
@@ -95,6 +97,71 @@ async def test_the_agents_token_cannot_take_over_or_clear_another_runners_slot(
         assert await store.query_llm_calls("thief") == []
         # nor does the admin token: it is the operator's, not the runners'
         assert (await _request(proxy, "PUT", f"/slot/{key}", thief, ADMIN))[0] == 401
+    finally:
+        await registrar.close()
+
+
+async def _call(proxy: LLMProxy, path: str, authorization: str | None) -> tuple[int, Any]:
+    """A chat completion on ``path`` with this ``Authorization`` header (``None``: none at all)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": authorization} if authorization else {})}
+    body = json.dumps({"model": "toy", "messages": MESSAGES})
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}{path}", data=body, headers=headers) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_a_registered_slots_url_alone_admits_its_agents_calls_and_opens_nothing_else(
+    proxy: LLMProxy, store: MemoryStore, backend: ScriptedModelServer
+) -> None:
+    attempts = await start_attempts(store, ["ro-a", "ro-b", "ro-c", "thief"])
+    registrar = SlotRegistrar()
+    try:
+        url = await registrar.acquire(0, _claim("ro-a", attempts["ro-a"]), _resources(proxy))
+        assert url is not None
+        key = registrar.key(0)
+        # an agent written as its framework's docs write it: a literal key (or none at all), the slot's URL
+        agent = AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
+        await agent.chat.completions.create(model="toy", messages=MESSAGES)
+        await agent.completions.create(model="toy", prompt="p")
+        assert [m.id for m in (await agent.models.list()).data]
+        assert (await _call(proxy, f"/slot/{key}/v1/chat/completions", None))[0] == 200
+        calls = await store.query_llm_calls("ro-a")
+        assert len(calls) == 3 and {c.attempt_id for c in calls} == {attempts["ro-a"]}
+        assert "none" not in str(backend.authorizations)  # the agent's literal key is not handed on either
+        served = len(backend.requests)
+        # the per-rollout URLs and the plain routes still need the agents' token: their ids are no secret
+        for base_url in (proxy.base_url("ro-a", attempts["ro-a"]), proxy.base_url("ro-b", attempts["ro-b"])):
+            with pytest.raises(openai.AuthenticationError, match="Bearer <token>"):
+                await AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0).chat.completions.create(
+                    model="toy", messages=MESSAGES
+                )
+        assert (await _request(proxy, "GET", "/v1/models", None, "none"))[0] == 401
+        # a slot's key does not open the slot routes: moving or clearing a slot still needs the runner token
+        thief = {"rollout_id": "thief", "attempt_id": attempts["thief"]}
+        for method, path, body in (("PUT", f"/slot/{key}", thief), ("DELETE", f"/slot/{key}", None),
+                                   ("PUT", "/slots", {"slots": {key: thief}})):  # fmt: skip
+            assert (await _request(proxy, method, path, body, key))[0] == 401, (method, path)
+        # a key the proxy does not hold admits nothing, and says why
+        status, answer = await _call(proxy, f"/slot/{'x' * 24}/v1/chat/completions", "Bearer none")
+        assert status == 401 and "not registered" in answer["error"]["message"]
+        # a short key (one a runner would never draw) is no credential, even registered
+        ids = {"rollout_id": "ro-c", "attempt_id": attempts["ro-c"]}
+        assert (await _request(proxy, "PUT", "/slot/k.0.0", ids, proxy.runner_token))[0] == 200
+        assert (await _call(proxy, "/slot/k.0.0/v1/chat/completions", "Bearer none"))[0] == 401
+        assert (await _call(proxy, "/slot/k.0.0/v1/chat/completions", f"Bearer {TOKEN}"))[0] == 200
+        assert len(backend.requests) == served + 1  # only the call with the agents' token was forwarded
+        # the attempt ended: its slot's URL gets its late calls refused as such (409), never recorded
+        await store.finish_attempt("ro-a", attempts["ro-a"], "succeeded")
+        await registrar.release(0, clean=False)  # an unclean end: the slot moves to a new key
+        with pytest.raises(openai.ConflictError, match="already ended"):
+            await agent.chat.completions.create(model="toy", messages=MESSAGES)
+        assert len(await store.query_llm_calls("ro-a")) == 3
+        assert await registrar.acquire(0, _claim("ro-b", attempts["ro-b"]), _resources(proxy)) != url
+        with pytest.raises(openai.ConflictError):  # the old URL never reaches the slot's next rollout
+            await agent.chat.completions.create(model="toy", messages=MESSAGES)
+        assert await store.query_llm_calls("ro-b") == []
+        assert (await _request(proxy, "DELETE", f"/slot/{key}", None, proxy.runner_token))[0] == 200
+        status, answer = await _call(proxy, f"/slot/{key}/v1/chat/completions", "Bearer none")
+        assert status == 401 and "not registered" in answer["error"]["message"]  # a cleared key admits nothing
     finally:
         await registrar.close()
 

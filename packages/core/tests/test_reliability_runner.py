@@ -199,6 +199,30 @@ def test_an_agent_that_raises_is_warned_about_with_its_exception_and_a_count(
     assert statuses["failed"] == 8
 
 
+class ProxyRefusal(Exception):
+    """Stands for an HTTP client's error (openai's AuthenticationError) that a framework re-raises with a note."""
+
+
+@agl.rollout
+async def noted_agent(task: int) -> float:
+    error = ProxyRefusal("Error code: 401 - this LLM proxy needs 'Authorization: Bearer <token>'")
+    error.add_note("During task with name 'assistant' and id 'a1b2'")  # what LangGraph adds to a node's exception
+    raise error
+
+
+def test_the_warning_names_the_exception_and_its_message_before_a_frameworks_note(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(execute_module, "agent_failures", execute_module._FailureLog())  # pyright: ignore[reportPrivateUsage]
+    store = agl.MemoryStore(agl.RetryPolicy(max_attempts=1))
+    asyncio.run(store.enqueue_rollout(0))
+    with caplog.at_level(logging.WARNING, logger="agentlightning.runner._execute"):
+        agl.Runner(noted_agent, store, n_workers=1, poll_interval=0.01, stop_when_idle=True).run()
+    [warning] = [r.getMessage() for r in caplog.records if "the agent raised" in r.getMessage()]
+    error = f"{__name__}.ProxyRefusal: Error code: 401 - this LLM proxy needs 'Authorization: Bearer <token>'"
+    assert f"{error} [During task with name 'assistant' and id 'a1b2']" in warning
+
+
 # --------------------------------------------------------------------------------------- group estimators
 
 

@@ -54,8 +54,14 @@ class Refusal(NamedTuple):
     headers: Mapping[str, str] = {}
 
 
-Authorizer = Callable[[str | None], Refusal | None]
-"""(the ``Authorization`` header) -> a refusal, or ``None`` to let the caller in."""
+Authorizer = Callable[[str | None, Mapping[str, str]], Refusal | None]
+"""(the ``Authorization`` header, the matched route's path parameters) -> a refusal, or ``None`` to let the caller in.
+
+The path parameters let a rule admit by what the path itself carries (the proxy's runner slot keys); they are empty
+for a path the table does not serve."""
+
+
+_NO_PARAMS: Mapping[str, str] = {}
 
 
 class Admitted(NamedTuple):
@@ -190,7 +196,9 @@ class ServerBase:
         rule = found.route.auth if found is not None else "bearer"
         if rule != OPEN:
             check = self.authorizers.get(rule)
-            refusal = Refusal(401, f"no one may call {path}", "unauthorized") if check is None else check(authorization)
+            if check is None:
+                return Refusal(401, f"no one may call {path}", "unauthorized")
+            refusal = check(authorization, found.params if found is not None else _NO_PARAMS)
             if refusal is not None:
                 return refusal
         if length is not None and length > self.max_body_bytes:

@@ -44,7 +44,16 @@ from agentlightning_torch.runkit import (
     trainer_config,
 )
 
-__all__ = ["UsageError", "load_tasks", "resolve_agent", "start_dashboard", "stop_children", "train"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "UsageError",
+    "load_tasks",
+    "resolve_agent",
+    "start_dashboard",
+    "stop_children",
+    "token_budget",
+    "train",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +105,56 @@ def _check_model(model: str) -> None:
         raise UsageError(f"model folder {model!r} does not exist (give a Hugging Face model folder or hub id)")
 
 
+DEFAULT_MAX_TOKENS = 256
+"""``--max-tokens`` when not given, for a model whose context holds four times as much (else a quarter of it)."""
+
+
+def _model_context(model: str) -> int | None:
+    """The context length of a model folder (``max_position_embeddings`` in its config.json); ``None``: unknown."""
+    config = Path(model) / "config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # a hub id, or a config the trainer's own load will name
+    if not isinstance(data, dict):
+        return None
+    text: Any = data.get("text_config") if "max_position_embeddings" not in data else data
+    value = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    return value if isinstance(value, int) and value > 1 else None
+
+
+def token_budget(requested: int | None, context: int | None) -> int:
+    """Most tokens per LLM call: ``--max-tokens`` as given, or a default that fits the model's ``context``.
+
+    The backend refuses a call whose prompt plus ``max_tokens`` exceeds the context (400, as vLLM does), so the
+    default is `DEFAULT_MAX_TOKENS`, or a quarter of the context when that is less (said once in the log): the rest
+    is left for the prompts, which grow with an agent's turns.
+
+    Raises:
+        UsageError: ``requested`` is below 1, or leaves no room for any prompt in ``context``.
+    """
+    if requested is not None:
+        if requested < 1:
+            raise UsageError(f"--max-tokens must be at least 1, got {requested}")
+        if context is not None and requested >= context:
+            raise UsageError(
+                f"--max-tokens {requested} leaves no room for a prompt in the model's context of {context} tokens: "
+                f"give less (a quarter of it, {max(1, context // 4)}, leaves the rest for the prompts)"
+            )
+        return requested
+    if context is None or context >= 4 * DEFAULT_MAX_TOKENS:
+        return DEFAULT_MAX_TOKENS
+    budget = max(1, context // 4)
+    logger.warning(
+        "--max-tokens not given: %d tokens per LLM call, a quarter of the model's context of %d tokens (the "
+        "default %d leaves too little room for the prompts)",
+        budget,
+        context,
+        DEFAULT_MAX_TOKENS,
+    )
+    return budget
+
+
 @dataclass
 class _Plan:
     args: argparse.Namespace
@@ -103,6 +162,7 @@ class _Plan:
     val_tasks: list[dict[str, Any]]
     output: Path
     policies: Any = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
 
 def _validate(args: argparse.Namespace) -> _Plan:
@@ -118,6 +178,7 @@ def _validate(args: argparse.Namespace) -> _Plan:
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     _check_model(args.model)
+    max_tokens = token_budget(args.max_tokens, _model_context(args.model))
     if args.backend == "vllm" and args.vllm_url is None:
         from agentlightning_torch._vllm_server import VLLMNotInstalledError, find_vllm_python
 
@@ -138,7 +199,7 @@ def _validate(args: argparse.Namespace) -> _Plan:
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {str(output)!r} exists and is not a folder")
     _check_writable(output)
-    return _Plan(args, train_tasks, val_tasks, output, _policies(args))
+    return _Plan(args, train_tasks, val_tasks, output, _policies(args), max_tokens)
 
 
 def _policies(args: argparse.Namespace) -> Any:
@@ -196,12 +257,12 @@ def _keep_evidence(output: Path, existed: bool, console: Any) -> None:
         shutil.rmtree(output, ignore_errors=True)  # nothing half-written
 
 
-def _check_llm_used(report: Any) -> None:
+def _check_llm_used(report: Any, failure: str | None) -> None:
+    """Refuse a run whose first iteration (or evaluation) shows an agent that cannot train: ``failure`` is why one of
+    its rollouts failed (`agentlightning.RLLoop.last_failure`)."""
     if report.finished == 0:
-        raise UsageError(
-            f"none of the {report.rollouts} rollouts succeeded: see the agent's errors above (or the runners did not "
-            "start in time: raise --rollout-timeout)"
-        )
+        why = f"one failed with {failure}" if failure else "the runners did not start in time? raise --rollout-timeout"
+        raise UsageError(f"none of the {report.rollouts} rollouts succeeded ({why}); the runners' log above has more")
     if report.calls_per_rollout == 0:
         raise UsageError(
             "the agent's rollouts finished without calling the LLM: point its client at agl.llm_base_url() and use "
@@ -220,7 +281,7 @@ def _trainer_config(plan: _Plan) -> Any:
         model_dir=args.model,
         model_name=args.model_name,
         tool_parser=args.tool_parser,
-        max_tokens=args.max_tokens,
+        max_tokens=plan.max_tokens,
         max_staleness=args.max_staleness,
         checkpoint_every=25,
         ppo_settings={"lora": lora},
@@ -246,12 +307,12 @@ class _AglTrainRun(TrainingRun):
     def on_iteration(self, report: IterationReport) -> None:
         if not self.checked:  # the first iteration (a resumed run's first too)
             self.checked = True
-            _check_llm_used(report)
+            _check_llm_used(report, self.trainer.last_failure)
         super().on_iteration(report)
 
     async def evaluated(self, report: IterationReport, when: str) -> None:
         if when == "before":
-            _check_llm_used(report)
+            _check_llm_used(report, self.trainer.last_failure)
 
 
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:

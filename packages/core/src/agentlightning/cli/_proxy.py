@@ -7,6 +7,7 @@ import asyncio
 import os
 from typing import Any
 
+from agentlightning.cli._options import add_log_level_argument
 from agentlightning.cli._store import add_store_arguments, connect_store
 
 __all__ = ["register", "serve"]
@@ -74,7 +75,7 @@ def register(subparsers: Any) -> None:
         "--allow-unrecorded", action="store_true", help="forward plain /v1 calls unrecorded instead of refusing them"
     )
     serve_parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per backend request")
-    serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+    add_log_level_argument(serve_parser, "uvicorn log")
     serve_parser.set_defaults(func=serve)
 
 

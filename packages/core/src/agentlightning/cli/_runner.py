@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from agentlightning._eventloop import run_async
+from agentlightning.cli._options import add_log_level_argument
 from agentlightning.cli._store import add_store_arguments, connect_store, store_location
 
 __all__ = ["register", "run"]
@@ -76,7 +77,7 @@ def register(subparsers: Any) -> None:
         default=0.05,
         help="seconds between polls of an empty queue (under 0.1: doubled with each empty answer, up to 0.1)",
     )
-    parser.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    add_log_level_argument(parser)
     parser.set_defaults(func=run, owns_lifeline=owns_lifeline)
 
 

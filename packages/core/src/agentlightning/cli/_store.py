@@ -14,6 +14,8 @@ import os
 import socket
 from typing import Any
 
+from agentlightning.cli._options import add_log_level_argument
+
 __all__ = [
     "MIN_TOKEN_LENGTH",
     "add_store_arguments",
@@ -76,7 +78,7 @@ def register(subparsers: Any) -> None:
         help="SQLite fsync level: NORMAL survives a killed process, FULL also a power cut (slower)",
     )
     serve_parser.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body in MiB")
-    serve_parser.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+    add_log_level_argument(serve_parser, "uvicorn log")
     serve_parser.add_argument("--no-ui", action="store_true", help="do not serve the browser dashboard at /ui")
     serve_parser.add_argument(
         "--access-log", action="store_true", help="log every request with the client's address (to stdout)"

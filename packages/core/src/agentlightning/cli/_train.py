@@ -16,6 +16,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, cast
 
+from agentlightning.cli._options import add_log_level_argument
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
 __all__ = [
@@ -111,7 +112,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent")
     parser.add_argument("--tasks-per-iteration", type=int, default=16)
     parser.add_argument("--samples-per-task", type=int, default=8, help="rollouts per task (one GRPO group)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens per LLM call")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="most tokens per LLM call (default: 256, or a quarter of the model's context when that is less)",
+    )
     parser.add_argument(
         "--rollout-timeout",
         type=float,
@@ -164,7 +170,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     add_network_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--log-level", default="warning")
+    add_log_level_argument(parser)
 
 
 def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:  # pyright: ignore[reportPrivateUsage]

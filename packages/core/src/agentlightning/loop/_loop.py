@@ -57,7 +57,7 @@ from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, w
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
-from agentlightning.loop._rollouts import cancel_unfinished, group_requests
+from agentlightning.loop._rollouts import cancel_unfinished, first_failure, group_requests
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
 from agentlightning.transitions._store import results_from_store
@@ -102,6 +102,7 @@ class RLLoop(Generic[EngineT]):
         self.evaluations: list[IterationReport] = []  # every `evaluate` report, in order
         self.best: IterationReport | None = None  # the evaluation `checkpoint/best` holds (``keep_best``)
         self.rollouts_failed = 0  # of the last iteration (also metrics["rollouts_failed"])
+        self.last_failure: str | None = None  # why one of them failed (`first_failure`)
         self._rng = random.Random(config.seed)
         self._next_task = 0
         self._proxy: LLMProxy | None = None
@@ -411,11 +412,13 @@ class RLLoop(Generic[EngineT]):
         finished = await store.wait_for_rollouts(rollout_ids, timeout=self.config.rollout_timeout_s)
         done = [r.rollout_id for r in finished if r.status == "succeeded"]
         self.rollouts_failed = sum(1 for r in finished if r.status == "failed")
+        self.last_failure = await first_failure(store, finished)
         if self.rollouts_failed:
             logger.warning(
-                "%d of %d rollout(s) failed (the agent raised, or its worker died): see the runner's log",
+                "%d of %d rollout(s) failed (the agent raised, or its worker died; the runners' logs have each): %s",
                 self.rollouts_failed,
                 len(rollout_ids),
+                self.last_failure,
             )
         await self._cancel_late(store, rollout_ids, f"after {self.config.rollout_timeout_s:.0f} s")
         return done

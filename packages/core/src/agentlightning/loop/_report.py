@@ -95,7 +95,9 @@ def make_report(
     """The report of an iteration or evaluation that started at ``t0`` (``time.monotonic()``) and enqueued
     ``rollouts``, of which ``results`` finished; logs an error when rollouts were enqueued and none finished."""
     if not results and rollouts:
-        logger.error("none of %d rollouts finished in %.0f s: are runners running?", rollouts, time.monotonic() - t0)
+        failed = int(metrics.get("rollouts_failed", 0))
+        why = f"{failed} failed (the warning above says why)" if failed else "are runners running?"
+        logger.error("none of %d rollouts finished in %.0f s: %s", rollouts, time.monotonic() - t0, why)
     summary = summarize_results(results, success_reward)
     return IterationReport(
         iteration=iteration,

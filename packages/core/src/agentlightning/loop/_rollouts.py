@@ -1,4 +1,4 @@
-"""The loop's rollouts in the store: groups enqueued for tasks, and those left unfinished cancelled."""
+"""The loop's rollouts in the store: groups enqueued for tasks, those left unfinished cancelled, why some failed."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._models import Rollout
 from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
 
-__all__ = ["cancel_unfinished", "group_requests"]
+__all__ = ["cancel_unfinished", "first_failure", "group_requests"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +41,17 @@ async def cancel_unfinished(store: LightningStore, rollout_ids: list[str]) -> li
         except ConflictError:
             logger.debug("rollout %s finished while being cancelled", rollout.rollout_id)
     return [r.rollout_id for r in late]
+
+
+async def first_failure(store: LightningStore, rollouts: Sequence[Rollout]) -> str | None:
+    """Why the first failed one of ``rollouts`` failed: its last attempt's error (``None``: none failed).
+
+    The runner stores the agent's exception with the attempt; the trainer shows one of them, so a failure that hits
+    every rollout (a refused key, a token budget the model's context cannot hold) is named where training stops,
+    not only in a runner's log on another machine.
+    """
+    failed = next((rollout for rollout in rollouts if rollout.status == "failed"), None)
+    if failed is None:
+        return None
+    errors = [attempt.error for attempt in await store.query_attempts(failed.rollout_id) if attempt.error]
+    return f"rollout {failed.rollout_id}: {errors[-1] if errors else 'no error was recorded (its worker died?)'}"

@@ -29,6 +29,7 @@ __all__ = [
     "ADMIN",
     "COMPLETIONS_TAG",
     "RUNNER",
+    "SLOT",
     "ProxyASGI",
     "ProxyRequest",
     "RawResponse",
@@ -68,6 +69,9 @@ ADMIN = "admin"
 
 RUNNER = "runner"
 """The auth rule of the slot routes: not the agents' token, the runner token."""
+
+SLOT = "slot"
+"""The auth rule of the agent routes under a runner slot's URL: the slot's registered key, or the agents' token."""
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -164,8 +168,8 @@ def too_large(size: int, limit: int) -> Response:
 
 
 class ProxyASGI(ServerBase):
-    """The proxy's ASGI app: admission by `ServerBase` (its auth rules: the agents' token, `ADMIN`, `RUNNER`), then the
-    route's handler with the validated body.
+    """The proxy's ASGI app: admission by `ServerBase` (its auth rules: the agents' token, `SLOT`, `ADMIN`,
+    `RUNNER`), then the route's handler with the validated body.
 
     Refusals are answered in OpenAI's error shape. A route's body model is validated by the shared `validate_body`
     (400 with a one-line reason when invalid); the completion routes' models check the fields the proxy reads and
@@ -173,7 +177,7 @@ class ProxyASGI(ServerBase):
 
     Args:
         table: The proxy's routes (``decode=True``: matched against the raw path).
-        authorizers: The check of each auth rule (``bearer``: the agents' token; `ADMIN`; `RUNNER`).
+        authorizers: The check of each auth rule (``bearer``: the agents' token; `SLOT`; `ADMIN`; `RUNNER`).
         max_body_bytes: Larger request bodies get 413.
         startup: Awaited on the server's lifespan startup; ``shutdown`` on its shutdown.
         state: Attributes for the app's users (``state.llm_proxy``).

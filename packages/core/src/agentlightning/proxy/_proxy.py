@@ -32,11 +32,13 @@ version the proxy was told (``model_version=`` / ``resume(model_version=...)``, 
 sync while the proxy is paused) *when it admitted the request* is recorded. The store's resources version is never
 used: one model version may be published as several resources.
 
-Who may call it: with a ``token`` every agent route needs ``Authorization: Bearer <token>`` (agents send it as
-their OpenAI ``api_key``; the trainer publishes it as `LLMResource.api_key`). Off loopback a token of at least 16
-characters is required. The slot routes need the ``runner_token`` instead (always: one is drawn when none is
-given), which the trainer publishes as `LLMResource.runner_token` and runners keep from their agents (`llm_resource`
-builds the resource to publish). The ``/admin/*`` routes (pause, backends...) need the separate ``admin_token`` and
+Who may call it: with a ``token`` the per-rollout and plain routes need ``Authorization: Bearer <token>`` (the
+trainer publishes it as `LLMResource.api_key`). A runner slot's URL needs nothing more: the slot's random key in it is
+its agent's credential while the slot is registered, so an agent that passes a literal ``api_key`` works (see
+`agentlightning.proxy._routes.slot_refusal`). Off loopback a token of at least 16 characters is required. The slot
+routes (register, clear) need the ``runner_token`` instead (always: one is drawn when none is given), which the
+trainer publishes as `LLMResource.runner_token` and runners keep from their agents (`llm_resource` builds the
+resource to publish). The ``/admin/*`` routes (pause, backends...) need the separate ``admin_token`` and
 are refused (403) when the proxy has none, wherever it is bound.
 """
 
@@ -61,11 +63,11 @@ from agentlightning._routing import RouteTable
 from agentlightning._server_base import STORE_MAX_BODY_BYTES, Authorizer, Refusal
 from agentlightning._urls import rollout_base_url, slot_base_url
 from agentlightning.proxy._admin import admin_refusal
-from agentlightning.proxy._asgi import ADMIN, RUNNER, ProxyASGI
+from agentlightning.proxy._asgi import ADMIN, RUNNER, SLOT, ProxyASGI
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
 from agentlightning.proxy._policy_routing import PolicyRouter
-from agentlightning.proxy._routes import proxy_routes, runner_refusal
+from agentlightning.proxy._routes import proxy_routes, runner_refusal, slot_refusal
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
@@ -93,8 +95,9 @@ class LLMProxy(Forwarder):
         backends: OpenAI-compatible backend base URLs (with or without ``/v1``), or ``inproc://`` URLs of backends
             served in this process (`register_backend`: called without HTTP). A rollout sticks to the backend it
             was first sent to, so the backend's prefix cache is reused across its turns.
-        token: If set, every route except ``/admin/*`` requires ``Authorization: Bearer <token>`` (the agents'
-            ``api_key``); required, with at least 16 characters, when ``host`` is not a loopback address.
+        token: If set, the agent routes require ``Authorization: Bearer <token>`` (the agents' ``api_key``), except
+            under a registered runner slot's URL, whose random key admits the call; required, with at least 16
+            characters, when ``host`` is not a loopback address.
         admin_token: The ``/admin/*`` routes require ``Authorization: Bearer <admin_token>``; without one they
             are refused (403). Use a different value than ``token``: agents know ``token``.
         runner_token: The slot routes (``PUT`` / ``DELETE /slot/{key}``, ``PUT /slots``) require
@@ -369,9 +372,10 @@ class LLMProxy(Forwarder):
     def _build_app(self) -> ProxyASGI:
         table = RouteTable(proxy_routes(self), decode=True)  # matched on the raw path: ids may hold an encoded "/"
         authorizers: dict[str, Authorizer] = {
-            "bearer": self._authorize,
-            ADMIN: lambda authorization: admin_refusal(self, authorization),
-            RUNNER: lambda authorization: runner_refusal(self, authorization),
+            "bearer": lambda authorization, _: self._authorize(authorization),
+            SLOT: lambda authorization, params: slot_refusal(self, authorization, params.get("slot")),
+            ADMIN: lambda authorization, _: admin_refusal(self, authorization),
+            RUNNER: lambda authorization, _: runner_refusal(self, authorization),
         }
         return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self}))
 

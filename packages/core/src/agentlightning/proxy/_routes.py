@@ -9,7 +9,9 @@
 ==================================================================  =========================================
 
 ``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the per-rollout URL), ``/slot/{key}`` (a runner
-slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). The completion bodies
+slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). Under a runner slot's
+URL the slot's key is the agent's credential (`slot_refusal`): the URL alone is enough, whatever ``api_key`` the agent
+sends; the per-rollout and plain URLs need the agents' token (when the proxy has one). The completion bodies
 are OpenAI's: their models check the fields the proxy reads (400 with a one-line reason) and the body is forwarded
 as it was sent, every other field included (`agentlightning._server_base.validate_body`).
 """
@@ -22,19 +24,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
-from agentlightning._netauth import bearer_matches
+from agentlightning._netauth import MIN_TOKEN_LENGTH, bearer_matches
 from agentlightning._routing import Route, openapi_document
 from agentlightning._server_base import Refusal, validate_body
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
-from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, ProxyRequest, error
+from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, SLOT, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
 from agentlightning.proxy._slots import MAX_PER_REQUEST, clear_slot, register_slot, update_slots
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["Target", "proxy_routes", "runner_refusal"]
+__all__ = ["Target", "proxy_routes", "runner_refusal", "slot_refusal"]
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 SLOT_PREFIX = "/slot/{slot}"
@@ -121,6 +123,7 @@ class SlotAnswer(BaseModel):
 _TITLE = "Agent Lightning LLM proxy"
 _DESCRIPTION = "OpenAI-compatible calls forwarded to inference backends, each recorded with its exact token ids."
 _COMMON_ERRORS = {401: "missing or wrong token (the agents' api_key)", 413: "body too large"}
+_SLOT_DOC = " The slot's key in the URL admits the call (no token needed while the slot is registered)."
 _RUNNER_401 = "missing or wrong runner token (the agents' token does not open slot routes)"
 _COMPLETION_ERRORS = {
     400: "not JSON, or a plain /v1 call the proxy does not record",
@@ -175,20 +178,46 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
         return await proxy.models(found, request.authorization)
 
     routes: list[Route] = []
-    for prefix, scope, name in (("", "plain", ""), (ROLLOUT_PREFIX, "per-rollout", "rollout_"),
-                                (SLOT_PREFIX, "runner slot", "slot_")):  # fmt: skip
-        where = f" ({scope} URL)"
+    shapes = (("", "plain", "", "bearer"), (ROLLOUT_PREFIX, "per-rollout", "rollout_", "bearer"),
+              (SLOT_PREFIX, "runner slot", "slot_", SLOT))  # fmt: skip
+    for prefix, scope, name, auth in shapes:
+        where = f" ({scope} URL).{_SLOT_DOC if auth == SLOT else ''}"
         routes += [
             Route("POST", f"{prefix}/v1/chat/completions", chat, f"{name}chat_completions",
-                  f"A chat completion, forwarded and recorded{where}.", body=ChatCompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
+                  f"A chat completion, forwarded and recorded{where}", body=ChatCompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,), auth=auth),
             Route("POST", f"{prefix}/v1/completions", completions, f"{name}completions",
-                  f"A text completion, forwarded and recorded{where}.", body=CompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,)),
-            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}.",
-                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",)),
+                  f"A text completion, forwarded and recorded{where}", body=CompletionBody,
+                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,), auth=auth),
+            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}",
+                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",),
+                  auth=auth),
         ]  # fmt: skip
     return routes
+
+
+def slot_refusal(proxy: LLMProxy, authorization: str | None, key: str | None) -> Refusal | None:
+    """The `SLOT` rule: a registered runner slot's key admits its agent's calls; else the agents' token.
+
+    The runner hands its agent the slot's URL (`agentlightning.llm_base_url`) and nothing else the agent must pass
+    on, so an agent written as its framework's docs write it (``api_key="none"``) works. The key is the agent's
+    capability: drawn at random by the runner (24 characters, `agentlightning.runner.SlotRegistrar`), valid only
+    while the slot is registered (a runner moves a slot to a new key after an unclean end), and a key shorter than
+    `MIN_TOKEN_LENGTH` admits nothing (it could be guessed). The slot routes themselves (register, clear) still need
+    the runner token, and the per-rollout URLs the agents' token: their ids are not secret.
+    """
+    if proxy.token is None or bearer_matches(authorization, proxy.token):
+        return None
+    if key is not None and len(key) >= MIN_TOKEN_LENGTH and proxy.slots.occupant(key) is not None:
+        return None
+    return Refusal(
+        401,
+        "this runner slot is not registered on the LLM proxy (its runner registers it before the agent starts and "
+        "again with each heartbeat; a restarted proxy learns it back), so the call needs 'Authorization: Bearer "
+        "<token>' (the LLM resource's api_key)",
+        "unauthorized",
+        {"WWW-Authenticate": "Bearer"},
+    )
 
 
 def runner_refusal(proxy: LLMProxy, authorization: str | None) -> Refusal | None:

@@ -14,7 +14,9 @@ Who may change slots: only holders of the proxy's **runner token** (``Authorizat
 the trainer publishes to runners as `LLMResource.runner_token` and runners never hand to agents. The agents' token
 (`LLMResource.api_key`, which every agent holds) does not open these routes, so one agent cannot move another
 runner's slot to its own rollout or clear it. Slot keys are random (the runner draws them), so one slot's URL tells
-nothing about another's.
+nothing about another's. A registered slot's key is also its agent's credential for LLM calls on the slot's URL
+(`agentlightning.proxy._routes.slot_refusal`): the URL the runner hands its agent is enough, whatever ``api_key``
+the agent passes; once the slot is cleared or moved to a new key the old URL admits nothing without the agents' token.
 
 Correctness rules:
 - A call on a slot with no registered attempt is refused (404, ``slot_not_registered``), never recorded.

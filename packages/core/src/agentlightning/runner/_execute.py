@@ -9,7 +9,6 @@ import inspect
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,7 +25,16 @@ from agentlightning.store._base import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, rollout_context
 from agentlightning.tracing._provider import light_tracer
 
-__all__ = ["ROOT_SPAN_NAME", "Outcome", "agent_failures", "execute_async", "execute_sync", "heartbeat_loop", "release"]
+__all__ = [
+    "ROOT_SPAN_NAME",
+    "Outcome",
+    "agent_failures",
+    "describe_exception",
+    "execute_async",
+    "execute_sync",
+    "heartbeat_loop",
+    "release",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +95,28 @@ def _root_attributes(claim: Claim, agent: RolloutAgent) -> dict[str, Any]:
     return {semconv.SPAN_KIND: semconv.KIND_ROLLOUT, semconv.GEN_AI_AGENT_NAME: agent.name}
 
 
+_MAX_DESCRIPTION = 2000
+"""Most characters of an exception's description in the runner's warning."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``exc`` in one line: its type, its message, then its notes in brackets.
+
+    Frameworks add notes to what they re-raise (LangGraph: ``During task with name 'assistant' and id ...``); the
+    last line of Python's own formatting is then the note, not the error, so the type and message come first here.
+    """
+    kind = type(exc)
+    name = (
+        kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    message = " ".join(str(exc).split())
+    text = f"{name}: {message}" if message else name
+    notes: list[object] = list(getattr(exc, "__notes__", None) or ())
+    if notes:
+        text += f" [{'; '.join(' '.join(str(note).split()) for note in notes)}]"
+    return text if len(text) <= _MAX_DESCRIPTION else text[: _MAX_DESCRIPTION - 3] + "..."
+
+
 class _FailureLog:
     """Rate-limited warnings for agents that raise: the first few at once, then one per interval with a count."""
 
@@ -99,7 +129,7 @@ class _FailureLog:
         self._lock = threading.Lock()
 
     def report(self, rollout_id: str, exc: BaseException) -> None:
-        """Count one failed agent run and warn with the exception's last line unless warned recently."""
+        """Count one failed agent run and warn with the exception (`describe_exception`) unless warned recently."""
         with self._lock:
             self.count += 1
             self._unreported += 1
@@ -109,11 +139,10 @@ class _FailureLog:
             self._last = t
             unreported, self._unreported = self._unreported, 0
             count = self.count
-        last_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
         logger.warning(
             "the agent raised in rollout %s: %s (%d agent failure(s) in this process%s)",
             rollout_id,
-            last_line,
+            describe_exception(exc),
             count,
             f", {unreported - 1} not shown since the last warning" if unreported > 1 else "",
         )

@@ -9,7 +9,9 @@ attempt the slot runs (``PUT /slot/{key}``), tells it again with each heartbeat 
 and tells it the attempt ended as soon as the agent returns (`SlotRegistrar.end`), so the proxy refuses calls that
 still come for it (409), through the slot or the per-rollout URL alike. These requests carry the proxy's runner
 token, `LLMResource.runner_token`, which the runner keeps from its agents (`for_agents`); the agents' token
-(`LLMResource.api_key`) does not open the slot routes. Requests made while another is on its way wait for it and
+(`LLMResource.api_key`) does not open the slot routes. The slot's URL is all its agent needs for its LLM calls: the
+registered key in it admits them, so an agent may pass any ``api_key`` (a per-rollout URL, the fallback, needs the
+agents' token). Requests made while another is on its way wait for it and
 then go together in one ``PUT /slots`` (slots start and end rollouts in bursts: one request per burst instead of one
 per rollout); each agent still starts only once the proxy confirmed its own registration, and a proxy without
 ``PUT /slots`` gets registrations one by one (and no end reports).

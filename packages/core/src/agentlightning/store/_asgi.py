@@ -13,7 +13,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -119,7 +119,7 @@ class StoreASGI(ServerBase):
         self.token = token
         self._big_requests = asyncio.Semaphore(BIG_REQUESTS_AT_ONCE)
 
-    def _check_token(self, authorization: str | None) -> Refusal | None:
+    def _check_token(self, authorization: str | None, params: Mapping[str, str]) -> Refusal | None:
         if bearer_matches(authorization, self.token):
             return None
         reason = "missing" if not authorization else "wrong"

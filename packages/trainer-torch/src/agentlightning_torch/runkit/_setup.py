@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,12 +179,48 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
     }
     try:
         settings["ppo"] = PPOConfig(num_threads=args.threads, **ppo_settings)
-        return TorchTrainerConfig(**settings)
+        config = TorchTrainerConfig(**settings)
+        config.loop_config()  # the loop's checks too, now: not as a model that "cannot load" once it is loaded
+        return config
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(_problem(args, e["loc"], str(e["msg"])) for e in error.errors())
         raise UsageError(f"invalid setting: {problems}") from None
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
+
+
+_OPTIONS = {
+    "model_dir": "--model",
+    "output_dir": "--output",
+    "num_threads": "--threads",
+    "time_budget_s": "--minutes",
+    "rollout_timeout_s": "--rollout-timeout",
+    "epochs": "--ppo-epochs",
+}
+"""Config fields set by an option of another name (when the script has that option)."""
+
+
+def _option(args: argparse.Namespace, field: str) -> str | None:
+    """The command-line option that sets config ``field`` (``samples_per_task``: ``--samples-per-task``), if any."""
+    if hasattr(args, field):
+        return "--" + field.replace("_", "-")
+    named = _OPTIONS.get(field)
+    return named if named is not None and hasattr(args, named[2:].replace("-", "_")) else None
+
+
+def _problem(args: argparse.Namespace, loc: tuple[int | str, ...], message: str) -> str:
+    """One invalid setting, named by its option when it has one (a check across fields names them in its text)."""
+    message = message.removeprefix("Value error, ")
+    option = _option(args, str(loc[-1])) if loc else None
+    if option is not None:
+        return f"{option}: {message}"
+    if loc:
+        return f"{'.'.join(map(str, loc))}: {message}"
+    for field in sorted({name for name in [*vars(args), *_OPTIONS] if "_" in name}, key=len, reverse=True):
+        named = _option(args, field)
+        if named is not None:
+            message = re.sub(rf"\b{field}\b", named, message)
+    return message
 
 
 def _messages(error: Any) -> str:
