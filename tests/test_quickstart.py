@@ -169,7 +169,7 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
     [
         (["--model-dir", "/nonexistent/model"], "does not exist"),
         (["--lr", "-1"], "lr"),
-        (["--threads", "0"], "num_threads"),
+        (["--threads", "0"], "--threads"),
         (["--minutes", "0"], "--minutes"),
         (["--transition-mode", "per_step"], "--transition-mode"),
         (["--max-staleness", "2"], "--max-staleness"),
