@@ -10,7 +10,7 @@ import threading
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["UVLOOP_ENV", "run_async"]
+__all__ = ["UVLOOP_ENV", "run_async", "sigint_taken"]
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     where Python leaves it ignored: a training run stops on Ctrl-C however it was started. A SIGINT handler the
     application installed is left alone.
     """
-    with _sigint_taken():
+    with sigint_taken():
         if os.environ.get(UVLOOP_ENV, "1").strip() != "0":
             try:
                 import uvloop
@@ -43,7 +43,7 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
 
 
 @contextlib.contextmanager
-def _sigint_taken() -> Generator[None, None, None]:
+def sigint_taken() -> Generator[None, None, None]:
     """Python's own SIGINT handler for the duration of the run in a process that inherited SIGINT ignored.
 
     A background job of a script (``cmd &`` in a shell without job control, ``nohup cmd &`` in a script) starts
