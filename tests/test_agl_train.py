@@ -407,19 +407,28 @@ def _why_running(pid: int) -> str:
     return "\n".join(lines)
 
 
-def _start_training(out: Path, log: Path) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_training(
+    out: Path, log: Path, sigint: signal.Handlers = signal.SIG_DFL
+) -> tuple[subprocess.Popen[str], list[int]]:
     """A long `agl train` run, once both runners have said they run and rollouts are claimed; with its children.
 
     Its stderr goes to the file ``log``, not a pipe: the runners inherit it, and a pipe would stay open while any of
-    them lives.
+    them lives. ``sigint`` is the SIGINT disposition it starts with, set here rather than inherited from however
+    pytest itself was started: ``SIG_DFL`` as from a terminal, ``SIG_IGN`` as a script's background job gets it.
     """
     cmd = [
         sys.executable, "-m", "agentlightning.cli", "train",
         "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(out), *SMALL,
     ]  # fmt: skip
+
+    def inherit() -> None:
+        signal.signal(signal.SIGINT, sigint)
+
     with log.open("w") as stderr:
-        agl = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        agl = subprocess.Popen(  # preexec_fn: the one way to set a disposition the child inherits
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True, preexec_fn=inherit
+        )
 
     def started() -> bool:  # both runners printed their line, and rollouts are being run
         runners = [line for line in log.read_text().splitlines() if line.startswith("runner: ")]
@@ -453,15 +462,22 @@ def _attempts(db: Path) -> int:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("sig", "code", "word"),
-    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
-    ids=["ctrl-c", "sigterm"],
+    ("sig", "code", "word", "sigint"),
+    [
+        (signal.SIGINT, 130, "interrupted", signal.SIG_DFL),
+        # A script's background job (`agl train ... &` without job control, `nohup agl train &`) starts with SIGINT
+        # ignored, and Python leaves it so: agl train used to ignore the SIGINT and train on (its stack showed the
+        # loop idle, SIGINT in /proc's SigIgn), as did this test whenever pytest itself was started that way.
+        (signal.SIGINT, 130, "interrupted", signal.SIG_IGN),
+        (signal.SIGTERM, 143, "terminated", signal.SIG_DFL),
+    ],
+    ids=["ctrl-c", "ctrl-c-started-with-sigint-ignored", "sigterm"],
 )
 def test_interrupted_agl_train_stops_its_runner_processes(
-    tmp_path: Path, sig: signal.Signals, code: int, word: str
+    tmp_path: Path, sig: signal.Signals, code: int, word: str, sigint: signal.Handlers
 ) -> None:
     log = tmp_path / "stderr.txt"
-    agl, children = _start_training(tmp_path / "run", log)
+    agl, children = _start_training(tmp_path / "run", log, sigint)
     try:
         before = log.stat().st_size  # what it printed while it ran
         agl.send_signal(sig)  # what a Ctrl-C at the terminal (SIGINT to agl train) or a `kill` does

@@ -199,9 +199,12 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
 
 
 def _run(args: argparse.Namespace) -> int:
+    from agentlightning._eventloop import sigint_taken
     from agentlightning._gc import defer_full_gc
 
-    with defer_full_gc():  # the engine imports torch next: no full collections until its loop starts
+    # Ctrl-C stops agl train however it was started, a script's background job (SIGINT ignored) too: from here on,
+    # while the engine loads, not only once its event loop runs (`agentlightning.run_async`)
+    with sigint_taken(), defer_full_gc():  # the engine imports torch next: no full collections until its loop starts
         try:
             train = load_engine(args.engine)
         except EngineNotFoundError as error:
