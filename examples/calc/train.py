@@ -4,6 +4,7 @@
     python examples/calc/train.py --minutes 1     # shorter
     python examples/calc/train.py --iterations 40 --eval-every 10   # a fixed budget; held-out points, checkpoint/best
     python examples/calc/train.py --help
+    python examples/calc/train.py --model smollm2  # a real pretrained model: `python3 scripts/dev.py smollm2` first
 
     # runners on other machines (see the README): serve the store and the proxy on this machine's address
     python examples/calc/train.py --serve-store 0.0.0.0:4747 --proxy-host 0.0.0.0 --proxy-port 4748 \\
