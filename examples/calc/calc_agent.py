@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from calc_rules import MAX_LLM_CALLS, evaluate, score_text
-from langchain_core.messages import AIMessage, HumanMessage
+from calc_rules import MAX_LLM_CALLS, evaluate, prompt_messages, score_text
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -59,6 +59,8 @@ def build_graph() -> Any:
 
 
 GRAPH = build_graph()
+PROMPT: list[BaseMessage] = convert_to_messages(prompt_messages())
+"""Messages before the question (a system prompt, a worked example) for a model that needs them (`prompt_messages`)."""
 
 
 def score(final: AIMessage | Any, expected: int) -> float:
@@ -81,5 +83,6 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
         max_retries=2,
         **llm_resource.sampling_parameters,
     )
-    result = await GRAPH.ainvoke({"messages": [HumanMessage(task["question"])]}, {"configurable": {"llm": llm}})
+    messages = [*PROMPT, HumanMessage(task["question"])]
+    result = await GRAPH.ainvoke({"messages": messages}, {"configurable": {"llm": llm}})
     return score(result["messages"][-1], int(task["answer"]))

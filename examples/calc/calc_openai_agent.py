@@ -22,7 +22,7 @@ import ssl
 import weakref
 from typing import Any
 
-from calc_rules import MAX_LLM_CALLS, evaluate, score_text
+from calc_rules import MAX_LLM_CALLS, evaluate, prompt_messages, score_text
 from openai import AsyncOpenAI, DefaultAioHttpClient
 
 import agentlightning as agl
@@ -41,6 +41,10 @@ TOOLS: list[Any] = [
         },
     }
 ]
+
+
+PROMPT: list[dict[str, Any]] = prompt_messages()
+"""Messages before the question (a system prompt, a worked example) for a model that needs them (see calc_rules)."""
 
 
 @functools.cache
@@ -104,7 +108,7 @@ async def calc_openai_agent(task: dict[str, Any], resources: agl.Resources) -> f
     llm = resources.llm
     assert llm is not None, "the trainer publishes an LLM resource"
     client = client_for(agl.llm_base_url(), llm.api_key or "not-needed")
-    messages: list[Any] = [{"role": "user", "content": task["question"]}]
+    messages: list[Any] = [*PROMPT, {"role": "user", "content": task["question"]}]
     for _ in range(MAX_LLM_CALLS):
         response = await client.chat.completions.create(
             model=llm.model, messages=messages, tools=TOOLS, **llm.sampling_parameters

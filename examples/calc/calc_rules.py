@@ -6,9 +6,15 @@ LangChain and LangGraph (about a second of CPU per runner process).
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
+from typing import Any
 
 MAX_LLM_CALLS = 2
+PROMPT_ENV = "CALC_PROMPT_FILE"
+"""The environment variable naming a JSON file of messages that open every conversation (``prompt_messages``)."""
 _ANSWER = re.compile(r"^A:(-?\d+)$")
 _EXPRESSION = re.compile(r"^[0-9+\-*() ]{1,64}$")
 
@@ -30,3 +36,19 @@ def score_text(text: str, expected: int) -> float:
     if match is None:
         return -0.1
     return 1.0 if int(match.group(1)) == expected else 0.0
+
+
+def prompt_messages() -> list[dict[str, Any]]:
+    """The messages that open every conversation before the question: none by default (the toy model needs none).
+
+    A model that was not made for this task gets them from a JSON file named by ``$CALC_PROMPT_FILE``: a list of
+    OpenAI chat messages, e.g. a system prompt that describes the calculator and the answer format, and a worked
+    example (``prompts/smollm2.json``). ``train.py --model smollm2`` sets it for its runner processes.
+    """
+    path = os.environ.get(PROMPT_ENV)
+    if not path:
+        return []
+    messages = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):  # pyright: ignore[reportUnknownVariableType]
+        raise ValueError(f"${PROMPT_ENV} ({path}) must hold a JSON list of chat messages")
+    return messages  # pyright: ignore[reportUnknownVariableType]

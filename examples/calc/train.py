@@ -4,6 +4,7 @@
     python examples/calc/train.py --minutes 1     # shorter
     python examples/calc/train.py --iterations 40 --eval-every 10   # a fixed budget; held-out points, checkpoint/best
     python examples/calc/train.py --help
+    python examples/calc/train.py --model smollm2  # a real pretrained model: `python3 scripts/dev.py smollm2` first
 
     # runners on other machines (see the README): serve the store and the proxy on this machine's address
     python examples/calc/train.py --serve-store 0.0.0.0:4747 --proxy-host 0.0.0.0 --proxy-port 4748 \\
@@ -21,12 +22,32 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import resource
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# --model: the models this example trains, each with the settings its README measured (the options still override)
+TOY: dict[str, Any] = {"minutes": 5.0, "tasks_per_iteration": 16}
+SMOLLM2: dict[str, Any] = {
+    # a real pretrained model: LoRA (r 16 on q/k/v/o) with KL to the starting model, small batches (a CPU update
+    # of 135M parameters costs ~1 s per sequence), short answers; the iterations budget makes the figure reproduce
+    "minutes": 60.0,
+    "iterations": 12,
+    "eval_every": 4,
+    "tasks_per_iteration": 8,
+    "samples_per_task": 4,
+    "lr": 5e-4,
+    "kl_coef": 0.05,
+    "entropy_coef": 0.0,
+    "ppo_epochs": 1,
+    "rollout_timeout": 1800.0,  # a safety net: on a busy 2-core machine an iteration's rollouts take minutes
+}
+MODELS: dict[str, dict[str, Any]] = {"toy": TOY, "smollm2": SMOLLM2}
+SMOLLM2_FOLDER = "smollm2-135m-instruct"
+SMOLLM2_PROMPT = HERE / "prompts" / "smollm2.json"  # its system prompt and worked example (see the README)
 # --agent: what the runner processes run (``agl runner --agent ... --instrument ...``)
 AGENTS = {
     "langgraph": ("calc_agent:calc_agent", "langchain"),
@@ -45,18 +66,70 @@ def check_task(task: dict[str, Any]) -> str | None:
     return None
 
 
+def models_dir() -> Path:
+    """Where fetched models live: ``$AGL_MODELS``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, + ``agentlightning/models``
+    (where ``python3 scripts/dev.py smollm2`` puts SmolLM2)."""
+    if os.environ.get("AGL_MODELS"):
+        return Path(os.environ["AGL_MODELS"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser() / "agentlightning" / "models"
+
+
+def resolve_model(args: argparse.Namespace) -> Path:
+    """The model folder: ``--model-dir`` when given, else the folder of ``--model`` (bad or missing: `UsageError`)."""
+    from agentlightning_torch.runkit import UsageError
+
+    if args.model_dir is not None:
+        return args.model_dir
+    if args.model == "toy":
+        return HERE / "checkpoint"
+    folder = models_dir() / SMOLLM2_FOLDER
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"SmolLM2 is not fetched ({folder} is missing): run `python3 scripts/dev.py smollm2` first")
+    return folder
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from agentlightning.cli import add_network_arguments
     from agentlightning_torch.runkit import add_run_arguments
 
+    # --model picks the defaults of the other options, so it is read first
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--model", choices=tuple(MODELS), default="toy")
+    model = first.parse_known_args(argv)[0].model
+    preset = MODELS[model]
+    real = model != "toy"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=HERE / "checkpoint", help="warm-started model folder")
+    parser.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        default="toy",
+        help="toy: the shipped ~1M-parameter warm start (examples/calc/checkpoint); smollm2: SmolLM2-135M-Instruct, "
+        "fetched by `python3 scripts/dev.py smollm2` (its own chat template, a system prompt and a worked example)",
+    )
+    parser.add_argument("--model-dir", type=Path, default=None, help="a model folder instead of --model's")
+    parser.add_argument(
+        "--prompt-file",
+        type=Path,
+        default=SMOLLM2_PROMPT if real else None,
+        help="JSON list of chat messages that open every conversation (default: none for toy, prompts/smollm2.json "
+        "for smollm2)",
+    )
+    parser.add_argument(
+        "--full-weights", action="store_true", help="train every weight (default for smollm2: LoRA adapters)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature of training rollouts (default 1.0)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=16 if real else 24, help="most tokens per LLM call (toy 24, smollm2 16)"
+    )
     parser.add_argument("--train-tasks", type=Path, default=HERE / "data" / "train.jsonl", help="JSONL training tasks")
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
-    add_run_arguments(
-        parser, output=Path("runs") / "calc", minutes=5.0, tasks_per_iteration=16, workers=128, rollout_timeout=120.0
-    )
+    defaults: dict[str, Any] = {"workers": 128, "rollout_timeout": 120.0, **preset}
+    add_run_arguments(parser, output=Path("runs") / "calc", **defaults)
     net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...
     net.add_argument("--access-log", action="store_true", help="served store: log each request's client address")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="backend: start a batch after this quiet gap")
@@ -94,14 +167,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The trainer's settings (bad values: `UsageError`)."""
-    from agentlightning_torch import VLLMSettings
+    from agentlightning_torch import LoraSettings, VLLMSettings
     from agentlightning_torch.runkit import UsageError, proxy_settings, trainer_config
 
     if args.eval_size < 1:
         raise UsageError("--eval-size must be at least 1")
+    if args.prompt_file is not None and not args.prompt_file.is_file():
+        raise UsageError(f"--prompt-file {str(args.prompt_file)!r} does not exist")
+    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank)
+    if args.model == "toy" or args.full_weights:
+        lora = None
     return trainer_config(
         args,
-        model_dir=args.model_dir,
+        model_dir=resolve_model(args),
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        ppo_settings={"lora": lora},
         tool_parser="calc",  # CALC(<expr>) -> an OpenAI tool call; any HF model folder goes the same path
         best_metric="accuracy",  # rewards are 1 (right), 0 (wrong), -0.1 (malformed): the mean is not the accuracy
         batch_wait_ms=args.batch_wait_ms,
@@ -142,7 +223,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         output=args.output,
         train_tasks=train_tasks,
         val_tasks=val_tasks,
-        runners=AgentRunners(agent, app_dir=HERE, instrument=instrument, worker_mode="async"),
+        runners=AgentRunners(agent, app_dir=HERE, instrument=instrument, worker_mode="async", env=runner_env(args)),
         processes=args.runners,
         workers=args.workers,
         serving=serving,
@@ -170,11 +251,20 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         **summary,
         "max_staleness": args.max_staleness,
         "backend": args.backend,
+        "model": args.model,
         "plot": str(plot),
         # CPU seconds of the whole run (setup and evaluations included): this process, and the runner processes
         "trainer_cpu_seconds": round(_cpu(resource.RUSAGE_SELF), 1),
         "runner_cpu_seconds": round(_cpu(resource.RUSAGE_CHILDREN), 1),
     }
+
+
+def runner_env(args: argparse.Namespace) -> dict[str, str]:
+    """The runner processes' environment: the prompt file, when the model needs one (runners on other machines set
+    ``CALC_PROMPT_FILE`` themselves)."""
+    from calc_rules import PROMPT_ENV
+
+    return {} if args.prompt_file is None else {PROMPT_ENV: str(args.prompt_file.resolve())}
 
 
 def _cpu(who: int) -> float:

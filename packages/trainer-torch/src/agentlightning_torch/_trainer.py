@@ -95,8 +95,8 @@ class TorchEngine(Engine):
             )
         self._server: BackendServer | None = None
         self._backend_url: str | None = None
-        # backend batches, requests, busy seconds, decode steps, rows decoded and generation CPU at the last call
-        self._seen: tuple[int, int, float, int, int, float] = (0, 0, 0.0, 0, 0, 0.0)
+        # backend batches, requests, busy seconds, decode steps, rows, generation CPU and tokens at the last call
+        self._seen: tuple[int, int, float, int, int, float, int] = (0, 0, 0.0, 0, 0, 0.0, 0)
 
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
@@ -220,8 +220,16 @@ class TorchEngine(Engine):
         if self._backend is None:
             return {}
         stats = self._backend.stats
-        now = (stats.batches, stats.requests, stats.busy_seconds, stats.steps, stats.row_steps, stats.cpu_seconds)
-        batches, requests, busy, steps, row_steps, cpu = (a - b for a, b in zip(now, self._seen, strict=True))
+        now = (
+            stats.batches,
+            stats.requests,
+            stats.busy_seconds,
+            stats.steps,
+            stats.row_steps,
+            stats.cpu_seconds,
+            stats.tokens,
+        )
+        batches, requests, busy, steps, row_steps, cpu, tokens = (a - b for a, b in zip(now, self._seen, strict=True))
         self._seen = now
         return {
             "backend_batches": float(batches),
@@ -230,6 +238,9 @@ class TorchEngine(Engine):
             "backend_mean_rows": row_steps / max(steps, 1),
             "time_generating": busy,
             "cpu_generating": cpu,
+            "tokens_generated": float(tokens),
+            # generated tokens per second of the backend's prefill + decode (what generation throughput is)
+            "tokens_per_s": tokens / busy if busy > 0 else 0.0,
         }
 
     def save_state(self, directory: Path) -> None:

@@ -16,7 +16,18 @@ from agentlightning.loop import held_out_score
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port
 from agentlightning_torch.runkit._setup import UsageError
 
-__all__ = ["RunResult", "RunSettings", "TrainingRun"]
+__all__ = ["RunResult", "RunSettings", "TrainingRun", "breakdown"]
+
+
+def breakdown(report: IterationReport) -> str:
+    """Where an iteration's seconds went (the ``time_*`` figures of ``metrics.jsonl``) and the generation speed:
+    ``gen 30.1 s, transitions 0.4 s, update 41.0 s, sync 0.6 s, 95 tok/s``."""
+    metrics = report.metrics
+    phases = (("gen", "time_rollouts"), ("transitions", "time_batch"), ("update", "time_update"), ("sync", "time_sync"))
+    parts = [f"{label} {metrics[key]:.1f} s" for label, key in phases if key in metrics]
+    if "tokens_per_s" in metrics:
+        parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,7 @@ class TrainingRun:
         """The progress line after an iteration."""
         failed = report.metrics.get("rollouts_failed", 0.0)
         line = f"it {report.iteration:3d}  reward {report.reward_mean:+.3f}  {report.seconds:.1f}s/it"
+        line += f" ({breakdown(report)})"
         return line + (f"  [red]{failed:.0f} failed[/]" if failed else "")
 
     async def evaluated(self, report: IterationReport, when: str) -> None:
