@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import resource
 from pathlib import Path
@@ -66,17 +65,9 @@ def check_task(task: dict[str, Any]) -> str | None:
     return None
 
 
-def models_dir() -> Path:
-    """Where fetched models live: ``$AGL_MODELS``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, + ``agentlightning/models``
-    (where ``python3 scripts/dev.py smollm2`` puts SmolLM2)."""
-    if os.environ.get("AGL_MODELS"):
-        return Path(os.environ["AGL_MODELS"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "agentlightning" / "models"
-
-
 def resolve_model(args: argparse.Namespace) -> Path:
     """The model folder: ``--model-dir`` when given, else the folder of ``--model`` (bad or missing: `UsageError`)."""
+    from agentlightning_torch.models import models_dir
     from agentlightning_torch.runkit import UsageError
 
     if args.model_dir is not None:
