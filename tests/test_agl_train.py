@@ -116,6 +116,15 @@ def _refused(done: subprocess.CompletedProcess[str], message: str, out: Path, *,
         assert not out.exists()
 
 
+def _calc_here(capsys: pytest.CaptureFixture[str], out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`agl train` in this process on the calculator agent, its model and tasks, with ``options``."""
+    return agl_train_here(
+        capsys,
+        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        "--output", str(out), *options,
+    )  # fmt: skip
+
+
 def agl_train_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
     """`agl train` in this process (the same entry point, without paying a fresh interpreter per bad input)."""
     from agentlightning.cli import main
@@ -192,11 +201,7 @@ def test_network_options_are_checked_before_anything_starts(
     monkeypatch.delenv("AGL_STORE_TOKEN", raising=False)
     monkeypatch.delenv("AGL_PROXY_TOKEN", raising=False)
     out = tmp_path / "run"
-    done = agl_train_here(
-        capsys,
-        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
-        "--output", str(out), *options,
-    )  # fmt: skip
+    done = _calc_here(capsys, out, *options)
     _refused(done, message, out)
 
 
@@ -215,11 +220,7 @@ def test_bad_policy_maps_are_refused_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
 ) -> None:
     out = tmp_path / "run"
-    done = agl_train_here(
-        capsys,
-        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
-        "--output", str(out), *options,
-    )  # fmt: skip
+    done = _calc_here(capsys, out, *options)
     _refused(done, message, out)
 
 
@@ -238,11 +239,7 @@ def test_a_bad_setting_is_refused_by_its_option_whatever_the_log_level(
     """The loop's own checks name the option too (not "cannot load model '...': 1 validation error for LoopConfig"),
     and ``--log-level`` takes the usual spellings in any case."""
     out = tmp_path / "run"
-    done = agl_train_here(
-        capsys,
-        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
-        "--output", str(out), *options,
-    )  # fmt: skip
+    done = _calc_here(capsys, out, *options)
     _refused(done, message, out)
     assert "cannot load model" not in done.stderr and "LoopConfig" not in done.stderr
 

@@ -24,14 +24,19 @@ from agentlightning import SqliteStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(1200)  # vLLM's CPU start (~100 s, minutes on a loaded 2-core machine) plus two iterations
-def test_calc_example_trains_through_vllm_for_two_iterations(tmp_path: Path) -> None:
+def _needs_vllm() -> None:
+    """Fail (not skip) without vLLM: `python3 scripts/dev.py test` installs it."""
     from agentlightning_torch import VLLMNotInstalledError, find_vllm_python
 
     try:
         find_vllm_python()
     except VLLMNotInstalledError as error:
         pytest.fail(str(error), pytrace=False)
+
+
+@pytest.mark.timeout(1200)  # vLLM's CPU start (~100 s, minutes on a loaded 2-core machine) plus two iterations
+def test_calc_example_trains_through_vllm_for_two_iterations(tmp_path: Path) -> None:
+    _needs_vllm()
     out = tmp_path / "run"
     cmd = [
         sys.executable, str(ROOT / "examples" / "calc" / "train.py"), "--backend", "vllm", "--iterations", "2",
@@ -76,12 +81,8 @@ def test_killed_trainer_leaves_no_vllm_behind(tmp_path: Path) -> None:
     import psutil
 
     from agentlightning.testing import wait_until
-    from agentlightning_torch import VLLMNotInstalledError, find_vllm_python
 
-    try:
-        find_vllm_python()
-    except VLLMNotInstalledError as error:
-        pytest.fail(str(error), pytrace=False)
+    _needs_vllm()
     out = tmp_path / "run"
     cmd = [
         sys.executable, str(ROOT / "examples" / "calc" / "train.py"), "--backend", "vllm", "--iterations", "1000",
