@@ -19,6 +19,7 @@ import pytest
 
 from agentlightning import SqliteStore
 from agentlightning._models import Span
+from agentlightning.store import AttemptEndedError
 from agentlightning.store._codec import decode_rows
 from agentlightning.store._codec_spans import decode_spans
 from agentlightning.store._sqlite_spans import span_id_of, span_key, span_keys
@@ -67,6 +68,10 @@ def test_span_keys_give_back_every_id_and_sort_as_the_ids() -> None:
         assert len(odd) == 16 and span_keys([*hex_ids[:3], odd]) == [*keys[:3], odd]
 
 
+RUNNING_ATTEMPT = "at-e30f5561323440b1a04acbd5263d0354"
+"""The one attempt of the version-6 file that still runs (rollout ro-a): records may still be added to it."""
+
+
 @pytest.fixture
 def v6_copy(tmp_path: Path) -> Path:
     path = tmp_path / "v6.db"
@@ -93,19 +98,26 @@ async def test_a_version_6_file_migrates_and_every_span_reads_back_as_before(v6_
         for (rid, aid), spans in before_attempts.items():
             assert await store.query_spans(rid, aid) == spans
         assert (await store.stats()).spans == total
-        # re-adding the migrated spans stores nothing, with a request id too (and its retry gets the same answer)
-        hex_spans = [s for s in before["ro-b"] if s.span_id not in ODD_IDS]
-        assert await store.add_spans(hex_spans) == 0
-        assert await store.add_spans(hex_spans[:5], request_id="again") == 0
-        assert await store.add_spans(hex_spans[:5], request_id="again") == 0
+        # the migrated spans of an attempt that ended cannot be added again (late records), and change nothing
+        ended = [s for s in before["ro-b"] if s.span_id not in ODD_IDS]
+        with pytest.raises(AttemptEndedError):
+            await store.add_spans(ended)
+        # re-adding a running attempt's migrated spans stores nothing, with a request id too (its retry: same answer)
+        running = [s for s in before["ro-a"] if s.attempt_id == RUNNING_ATTEMPT and s.span_id not in ODD_IDS]
+        assert len(running) >= 5
+        assert await store.add_spans(running) == 0
+        assert await store.add_spans(running[:5], request_id="again") == 0
+        assert await store.add_spans(running[:5], request_id="again") == 0
         # a new span of a migrated attempt lands in its place among the old ones
-        rid, aid = hex_spans[0].rollout_id, hex_spans[0].attempt_id
+        rid, aid = running[0].rollout_id, running[0].attempt_id
         new = make_span(rid, aid, 5).model_copy(update={"span_id": "0000000000000001"})
         assert await store.add_spans([new], request_id="new") == 1
         assert await store.add_spans([new], request_id="new") == 1  # the retry: the first answer
         after = await store.query_spans(rid)
-        assert [s for s in after if s != new] == before["ro-b"]
-        assert [(s.sequence_id, s.span_id) for s in after] == sorted((s.sequence_id, s.span_id) for s in after)
+        assert [s for s in after if s != new] == before["ro-a"]
+        mine = await store.query_spans(rid, aid)
+        assert [(s.sequence_id, s.span_id) for s in mine] == sorted((s.sequence_id, s.span_id) for s in mine)
+        assert await store.query_spans("ro-b") == before["ro-b"]
     finally:
         await store.close()
     with sqlite3.connect(v6_copy) as conn:
