@@ -125,3 +125,18 @@ async def test_the_store_client_resends_at_once_without_a_retry_warning(caplog: 
             await client.close()
     assert server.closed_unanswered == 1 and client.resent == 1
     assert not [r for r in caplog.records if "retrying" in r.getMessage() or "again after" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("error", "stale"),
+    [
+        (aiohttp.ServerDisconnectedError(), True),
+        # aiohttp raises this when the request cannot be written: the server closed the pooled connection first
+        (aiohttp.ClientConnectionResetError("Connection lost"), True),
+        (aiohttp.ClientPayloadError("the answer broke off"), False),  # an answer had begun: not sent again
+    ],
+)
+def test_which_errors_mean_the_connection_was_closed_before_any_answer(error: Exception, stale: bool) -> None:
+    from agentlightning._connections import connection_went_stale
+
+    assert connection_went_stale(error) is stale

@@ -16,6 +16,6 @@ def connection_went_stale(exc: BaseException) -> bool:
     """
     import aiohttp  # the store client imports aiohttp on first use; so does this
 
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return True
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)):
+        return True  # the second: the request could not be written, the connection was already lost
     return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
