@@ -98,3 +98,33 @@ def test_smollm2_resolves_to_the_fetched_folder_and_its_template_renders_the_pro
         # the system prompt and the worked example (its tool turn included), rendered by the model's own template
         assert text.startswith(opening), text[:400]
         assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_prompt_files_worked_examples_leave_the_episode_its_whole_call_budget() -> None:
+    """The graph's call budget counts this episode's calls, not the prompt file's example assistant messages.
+
+    Counting them once ended every episode at its first call: a calculator call then scored -0.1 (malformed) and RL
+    taught SmolLM2 never to call the calculator.
+    """
+    script = """
+import json
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.graph import END
+from calc_agent import MAX_LLM_CALLS, PROMPT, next_step
+assert sum(isinstance(m, AIMessage) for m in PROMPT) >= MAX_LLM_CALLS  # the examples alone would fill the budget
+call = AIMessage("", tool_calls=[{"name": "calculator", "args": {"expression": "2*3"}, "id": "c1"}])
+episode = [*PROMPT, HumanMessage("Q:2*3+1=")]
+steps = [
+    next_step([*episode, call]),
+    next_step([*episode, call, ToolMessage("6", tool_call_id="c1"), AIMessage("A:7")]),
+    next_step([*episode, call, ToolMessage("6", tool_call_id="c1"), call]),
+]
+print(json.dumps([s == END for s in steps]))
+"""
+    env = {**os.environ, "CALC_PROMPT_FILE": str(CALC / "prompts" / "smollm2.json")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=CALC, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # a first call to the calculator goes to the tool; an answer ends; a second call is past the budget
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True, True]

@@ -23,7 +23,18 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 import agentlightning as agl
 
-__all__ = ["GRAPH", "MAX_LLM_CALLS", "build_graph", "calc_agent", "calculator", "evaluate", "score", "score_text"]
+__all__ = [
+    "GRAPH",
+    "MAX_LLM_CALLS",
+    "build_graph",
+    "calc_agent",
+    "calculator",
+    "evaluate",
+    "next_step",
+    "score",
+    "score_text",
+    "this_episode_calls",
+]
 
 
 @tool
@@ -44,10 +55,7 @@ def build_graph() -> Any:
         return {"messages": [await llm.bind_tools([calculator]).ainvoke(state["messages"], config)]}
 
     def route(state: MessagesState) -> str:
-        llm_calls = sum(isinstance(m, AIMessage) for m in state["messages"])
-        if llm_calls >= MAX_LLM_CALLS:
-            return END
-        return tools_condition(state["messages"])
+        return next_step(state["messages"])
 
     graph = StateGraph(MessagesState)
     graph.add_node("solver", solver)
@@ -56,6 +64,22 @@ def build_graph() -> Any:
     graph.add_conditional_edges("solver", route, {"tools": "tools", END: END})
     graph.add_edge("tools", "solver")
     return graph.compile()
+
+
+def this_episode_calls(messages: list[BaseMessage]) -> list[AIMessage]:
+    """The assistant messages after the question (the last user message): this episode's LLM calls."""
+    last_question = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    return [m for m in messages[last_question + 1 :] if isinstance(m, AIMessage)]
+
+
+def next_step(messages: list[BaseMessage]) -> str:
+    """After the solver: ``"tools"`` when its last message calls the calculator within the call budget, else END.
+
+    Only this episode's calls count: a prompt's worked examples (`prompt_messages`) hold assistant messages too.
+    """
+    if len(this_episode_calls(messages)) >= MAX_LLM_CALLS:
+        return END
+    return tools_condition(messages)
 
 
 GRAPH = build_graph()
