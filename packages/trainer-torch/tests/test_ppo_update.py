@@ -158,6 +158,31 @@ def test_micro_batching_by_tokens_gives_the_same_update() -> None:
         torch.testing.assert_close(value, results[1][key], atol=1e-6, rtol=1e-5)
 
 
+def test_a_large_model_gets_micro_batches_its_activations_fit_in() -> None:
+    """The default 16,384 tokens per pass kept ~30 GB of activations for SmolLM2-135M (out of memory on a 24 GB
+    machine): the token budget follows the model's size and ``activation_memory_gib``."""
+    from transformers import LlamaConfig
+
+    from agentlightning_torch._ppo import activation_bytes_per_token, fit_micro_batches
+
+    smollm2 = torch.nn.Module()
+    smollm2.config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)  # no weights needed
+    assert activation_bytes_per_token(smollm2) == 1_843_200
+    assert fit_micro_batches(smollm2, PPOConfig(), torch.device("cpu")).micro_batch_tokens == 2330  # 4 GiB
+    assert fit_micro_batches(smollm2, PPOConfig(activation_memory_gib=1), torch.device("cpu")).micro_batch_tokens == 582
+    small = fit_micro_batches(tiny_model(), PPOConfig(), torch.device("cpu"))
+    assert small.micro_batch_tokens == 16384  # a small model keeps the setting
+    # through ppo_update: a budget of 17 tokens' activations plans the same 3 micro-batches as micro_batch_tokens=17
+    per_token = activation_bytes_per_token(tiny_model())
+    assert per_token == 6144
+    samples = [sample([10, 11, 2], 1.0), sample([20, 21, 22, 23, 24, 2], -0.5, prompt=[1, 5, 6])]
+    samples.append(sample([30, 31, 2], 0.7, prompt=[1, *range(5, 13)]))
+    model = tiny_model()
+    config = PPOConfig(activation_memory_gib=17 * per_token / 2**30)
+    metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=samples), config)
+    assert metrics["micro_batches"] == 3 and metrics["max_micro_batch_tokens"] <= 17
+
+
 def test_a_long_trajectory_gets_a_micro_batch_of_its_own() -> None:
     long = sample(list(range(10, 38)) * 3 + [2], 1.0)  # 6 + 85 = 91 tokens
     shorts = [sample([10 + i, 2], -1.0 if i % 2 else 1.0) for i in range(8)]  # 8 tokens each

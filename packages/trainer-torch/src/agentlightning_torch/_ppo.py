@@ -20,6 +20,8 @@ from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 
 __all__ = [
     "PPOConfig",
+    "activation_bytes_per_token",
+    "fit_micro_batches",
     "make_optimizer",
     "plan_micro_batches",
     "ppo_update",
@@ -46,6 +48,10 @@ class PPOConfig(BaseModel):
         micro_batch_size: Most samples per forward/backward pass (gradients accumulate across micro-batches).
         micro_batch_tokens: Most padded tokens (rows x longest row) per forward/backward pass; a sample longer than
             this goes alone. Bounds activation memory whatever the mix of short and long samples.
+        activation_memory_gib: Activation memory one forward/backward pass may use, estimated from the model's
+            config (`activation_bytes_per_token`); lowers ``micro_batch_tokens`` for a large model (a 135M-parameter
+            model: ~1.8 MB per token, so ~2,300 tokens at 4 GiB, where 16,384 needed ~30 GB). ``None``: 4 GiB on a
+            CPU, a quarter of the GPU's memory on CUDA.
         mini_batch_size: Samples per optimizer step; ``None`` makes one step per epoch over the whole batch.
         epochs: Passes over the batch.
         lora: Train LoRA adapters instead of all weights (applied by `prepare_policy`).
@@ -68,6 +74,7 @@ class PPOConfig(BaseModel):
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     micro_batch_size: int = Field(default=64, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=1)
+    activation_memory_gib: float | None = Field(default=None, gt=0)
     mini_batch_size: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=1, ge=1)
     lora: LoraSettings | None = None
@@ -102,6 +109,36 @@ def make_optimizer(model: torch.nn.Module, config: PPOConfig) -> torch.optim.Ada
 def _max_positions(model: torch.nn.Module) -> int:
     config: Any = getattr(model, "config", None)
     return int(getattr(config, "max_position_embeddings", 1 << 30))
+
+
+def activation_bytes_per_token(model: torch.nn.Module) -> int | None:
+    """A rough upper estimate of the activation bytes one token keeps for the backward pass (float32), from the
+    model's config (layers, hidden and MLP sizes); ``None`` for a model without those fields."""
+    config: Any = getattr(model, "config", None)
+    layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        return None
+    intermediate = getattr(config, "intermediate_size", None)
+    intermediate = intermediate if isinstance(intermediate, int) else 4 * hidden
+    # per layer: the residual stream, norms, q/k/v/o and attention outputs (~16 x hidden) and the gated MLP's
+    # activations (~4 x intermediate), float32
+    return 4 * layers * (16 * hidden + 4 * intermediate)
+
+
+def fit_micro_batches(model: torch.nn.Module, config: PPOConfig, device: torch.device) -> PPOConfig:
+    """``config`` with ``micro_batch_tokens`` lowered so a pass's activations fit ``activation_memory_gib``."""
+    per_token = activation_bytes_per_token(model)
+    if per_token is None:
+        return config
+    gib = config.activation_memory_gib
+    if gib is None:
+        gib = 4.0
+        if device.type == "cuda":  # pragma: no cover - needs a GPU (marked for the GPU run)
+            gib = torch.cuda.get_device_properties(device).total_memory / 4 / 2**30
+    cap = max(1, int(gib * 2**30 // per_token))
+    if cap >= config.micro_batch_tokens:
+        return config
+    return config.model_copy(update={"micro_batch_tokens": cap})
 
 
 def _validate(samples: Sequence[TrainingSample], vocab: int, max_positions: int) -> None:
@@ -425,6 +462,7 @@ def ppo_update(
         return _no_step_metrics(len(samples), lr)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 1 << 62))
     _validate(samples, vocab, _max_positions(model))
+    config = fit_micro_batches(model, config, device)
     if config.num_threads is not None and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
     anchors = _anchors(model, ref_model, samples, device, config)
