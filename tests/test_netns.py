@@ -6,7 +6,8 @@ other and reach the trainer only through the veth link. In the runners' namespac
 trainer's store and proxy ports: any request a runner sent to a loopback address would land there.
 
 The namespace tests need root and iproute2 (``ip netns``), as CI has; they are skipped elsewhere with the reason.
-The recipe's commands are taken from the README itself, and checked against the real parsers everywhere.
+The recipe's commands are taken from the docs page itself (docs/several-machines.md), and checked against the real
+parsers everywhere.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ _counter = itertools.count()
 
 
 def readme_recipe() -> tuple[list[str], list[str], list[str]]:
-    """The README's "Run agents on other machines" recipe: its export lines, trainer command and worker command."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Run agents on other machines", 1)[1].split("\n## ", 1)[0]
+    """The docs' "Runners on other machines" recipe: its export lines, trainer command and worker command."""
+    text = (ROOT / "docs" / "several-machines.md").read_text(encoding="utf-8")
+    section = text.split("## Runners on other machines", 1)[1].split("\n## ", 1)[0]
     lines = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()]
     exports = [line for line in lines if line.startswith("export ")]
     train = next(shlex.split(line) for line in lines if "examples/calc/train.py" in line)

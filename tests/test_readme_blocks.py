@@ -1,4 +1,5 @@
-"""Every ```python block of every README.md in the repository runs, as a reader would paste it.
+"""Every ```python block of every README.md in the repository and of every page of the docs site (``docs/``) runs,
+as a reader would paste it.
 
 Each block is written to a file in a fresh directory (with ``examples/`` linked in, for paths such as
 ``examples/calc/checkpoint``) and run as ``python block.py`` with this interpreter. A block with top-level
@@ -70,14 +71,16 @@ class Block:
 
 
 def _readmes() -> list[Path]:
-    """The project's READMEs: none under a hidden folder (virtualenvs such as ``.venv`` and ``.venv-vllm``, ``.git``)
-    or an installed tree (pruned while walking: a virtualenv holds tens of thousands of files)."""
+    """The project's READMEs and the docs site's pages: none under a hidden folder (virtualenvs such as ``.venv`` and
+    ``.venv-vllm``, ``.git``) or an installed tree (pruned while walking: a virtualenv holds tens of thousands of
+    files). A docs page that includes a README (``--8<--``) has no block of its own: the README's run here."""
     skip = {"node_modules", "__pycache__", "site-packages"}
     found: list[Path] = []
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
         if "README.md" in files:
             found.append(Path(folder) / "README.md")
+    found += (ROOT / "docs").rglob("*.md")
     return sorted(found)
 
 
@@ -131,6 +134,7 @@ def run_block(block: Block, workdir: Path, timeout: float = 240) -> subprocess.C
 def test_every_readme_is_found() -> None:
     found = {block.readme.relative_to(ROOT).as_posix() for block in ALL_BLOCKS}
     assert {"README.md", "packages/core/README.md", "packages/adapter-langchain/README.md"} <= found
+    assert {"docs/getting-started.md", "docs/frameworks/langchain.md", "docs/frameworks/autogen.md"} <= found
 
 
 def test_markers_are_read(tmp_path: Path) -> None:

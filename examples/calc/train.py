@@ -6,7 +6,7 @@
     python examples/calc/train.py --help
     python examples/calc/train.py --model smollm2  # a real pretrained model: `python3 scripts/dev.py smollm2` first
 
-    # runners on other machines (see the README): serve the store and the proxy on this machine's address
+    # runners on other machines (see docs/several-machines.md): serve the store and the proxy on this machine's address
     python examples/calc/train.py --serve-store 0.0.0.0:4747 --proxy-host 0.0.0.0 --proxy-port 4748 \\
         --advertise-url http://trainer:4748 --runners 0      # tokens: $AGL_STORE_TOKEN and $AGL_PROXY_TOKEN
 
