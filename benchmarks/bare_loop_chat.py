@@ -326,7 +326,8 @@ def summary(
         "seconds_per_iteration": mean("iteration_s"),
         **{f"{p}_seconds_per_iteration": mean(p) for p in ("generation", "transitions", "update", "sync")},
         **{f"{p}_cpu_seconds_per_iteration": mean(p + "_cpu") for p in ("generation", "transitions", "update", "sync")},
-        "sample_seconds_per_iteration": mean("generation"),  # the toy mode's name for the same phase
+        "sample_seconds_per_iteration": mean("generation"),  # the toy mode's names for the same phase
+        "sample_cpu_seconds_per_iteration": mean("generation_cpu"),
         "calls_per_iteration": mean("calls"),
         "tokens_per_iteration": mean("tokens"),
         "samples_per_iteration": mean("samples"),
@@ -335,8 +336,8 @@ def summary(
         "groups_dropped": int(sum(r["groups_dropped"] for r in history)),
         # LoRA's B matrices start at zero: non-zero once an update has run
         "lora_b_norm": round(float(sum(float(b.norm()) for b in lora_b)), 6),
-        "reward_first": round(history[0]["reward"], 3) if history else 0.0,
-        "reward_last": round(history[-1]["reward"], 3) if history else 0.0,
+        "reward_first5": round(statistics.fmean(r["reward"] for r in history[:5]), 3) if history else 0.0,
+        "reward_last5": round(statistics.fmean(r["reward"] for r in history[-5:]), 3) if history else 0.0,
         "tool_use_mean": mean("tool_use"),
         "greedy_accuracy_start": round(before, 3),
         "greedy_accuracy_end": round(after, 3),

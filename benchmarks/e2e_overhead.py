@@ -80,6 +80,8 @@ def run(cmd: list[str], what: str) -> tuple[dict[str, Any], float]:
 
 PHASES = ("time_rollouts", "time_generating", "time_batch", "time_update", "time_sync", "cpu_generating")
 BACKEND = ("backend_mean_batch", "backend_mean_rows", "backend_steps")
+WORK = ("tokens_generated", "n_samples")
+"""The work of an iteration (tokens generated, samples trained): sampling makes it differ between two runs."""
 
 
 def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
@@ -94,7 +96,7 @@ def phases(metrics_file: Path) -> dict[str, dict[str, float]]:
                 "seconds": round(sum(float(r["seconds"]) for r in group) / len(group), 3),
                 **{
                     p: round(sum(float(r["metrics"].get(p, 0.0)) for r in group) / len(group), 3)
-                    for p in PHASES + BACKEND
+                    for p in PHASES + BACKEND + WORK
                 },
             }
     return out
@@ -265,6 +267,12 @@ def phase_table(bare: dict[str, Any], framework: dict[str, float]) -> dict[str, 
     }
     for row in table.values():
         row["excess"] = round(row["framework"] - row["bare"], 3)
+    table["work"] = {
+        "bare_tokens": float(bare.get("tokens_per_iteration", 0.0)),
+        "framework_tokens": framework.get("tokens_generated", 0.0),
+        "bare_samples": float(bare.get("samples_per_iteration", 0.0)),
+        "framework_samples": framework.get("n_samples", 0.0),
+    }
     return table
 
 
@@ -274,8 +282,17 @@ def print_phase_table(agent: str, table: dict[str, dict[str, float]], framework:
     print(f"{agent} agent vs bare loop, s/iteration (all iterations):")
     print(f"  {'phase':12}{'bare':>9}{'framework':>11}{'excess':>9}{'of excess':>11}")
     for name, row in table.items():
+        if name == "work":
+            continue
         share = f"{row['excess'] / excess:>10.0%}" if excess > 0 and name != "total" else ""
         print(f"  {name:12}{row['bare']:>9.3f}{row['framework']:>11.3f}{row['excess']:>9.3f} {share}")
+    bare_samples, samples = table["work"]["bare_samples"], table["work"]["framework_samples"]
+    print(
+        f"  work per iteration: bare {table['work']['bare_tokens']:.0f} tokens generated, {bare_samples:.1f} samples "
+        f"trained; framework {table['work']['framework_tokens']:.0f} tokens, {samples:.1f} samples (update s per "
+        f"sample: bare {table['update']['bare'] / max(bare_samples, 1e-9):.3f}, "
+        f"framework {table['update']['framework'] / max(samples, 1e-9):.3f})"
+    )
     print(
         f"  framework generation: the backend generated {framework.get('time_generating', 0.0):.3f} s "
         f"(its thread's CPU {framework.get('cpu_generating', 0.0):.3f} s) of the "
