@@ -6,6 +6,9 @@ normalises rewards within each prompt's group (GRPO), drops groups whose rewards
 PPO step. Prints a table per iteration and ends with one JSON line of all figures.
 
     .venv/bin/python benchmarks/bare_loop_calc.py --model examples/calc/checkpoint --seconds 90
+
+With ``--prompt-file`` it is the real-model mode (``bare_loop_chat.py``): a chat model's own template, the opening
+messages of the prompt file, one sample per LLM call, LoRA with KL (what ``train.py --model smollm2`` trains).
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ def grpo_batch(episodes: list, samples_per_prompt: int) -> tuple[list[TrainingSa
 
 
 def main() -> int:
+    if "--prompt-file" in sys.argv[1:] or any(a.startswith("--prompt-file=") for a in sys.argv[1:]):
+        from bare_loop_chat import main as chat_main  # the real-model mode (its own options)
+
+        return chat_main(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model", type=Path, default=Path("examples/calc/checkpoint"), help="'random' for a fresh model"
