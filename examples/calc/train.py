@@ -31,13 +31,15 @@ HERE = Path(__file__).resolve().parent
 # --model: the models this example trains, each with the settings its README measured (the options still override)
 TOY: dict[str, Any] = {"minutes": 5.0, "tasks_per_iteration": 16}
 SMOLLM2: dict[str, Any] = {
-    # a real pretrained model: LoRA (r 16 on q/k/v/o) with KL to the starting model, small batches (a CPU update
-    # of 135M parameters costs ~1 s per sequence), short answers; the iterations budget makes the figure reproduce
+    # a real pretrained model: LoRA (r 16 on q/k/v/o) with KL to the starting model, groups of 8 at temperature 0.7
+    # (a 135M model's samples at 1.0 are often noise), short answers; the iterations budget makes the figure
+    # reproduce (held-out greedy accuracy rose 0.30 -> 0.84 in the first 2 iterations: examples/calc/README.md)
     "minutes": 60.0,
-    "iterations": 12,
-    "eval_every": 4,
+    "iterations": 6,
+    "eval_every": 2,
     "tasks_per_iteration": 8,
-    "samples_per_task": 4,
+    "samples_per_task": 8,
+    "temperature": 0.7,
     "lr": 5e-4,
     "kl_coef": 0.05,
     "entropy_coef": 0.0,
@@ -111,7 +113,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
     parser.add_argument(
-        "--temperature", type=float, default=1.0, help="sampling temperature of training rollouts (default 1.0)"
+        "--temperature",
+        type=float,
+        default=preset.get("temperature", 1.0),
+        help="sampling temperature of training rollouts (toy 1.0, smollm2 0.7)",
     )
     parser.add_argument(
         "--max-tokens", type=int, default=16 if real else 24, help="most tokens per LLM call (toy 24, smollm2 16)"
@@ -120,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
     defaults: dict[str, Any] = {"workers": 128, "rollout_timeout": 120.0, **preset}
+    defaults.pop("temperature", None)  # an option of this script (above), not of the run's
     add_run_arguments(parser, output=Path("runs") / "calc", **defaults)
     net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...
     net.add_argument("--access-log", action="store_true", help="served store: log each request's client address")
