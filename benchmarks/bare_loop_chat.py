@@ -49,7 +49,6 @@ from agentlightning_torch import (
     ppo_update,
     prepare_policy,
 )
-from agentlightning_torch._wire import chat_message  # the backend's own step from generated ids to a message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "calc"))
 from calc_rules import MAX_LLM_CALLS, PROMPT_ENV, evaluate, prompt_messages, score_text
@@ -123,7 +122,7 @@ def run_rollouts(
         for rollout, prompt, result in zip(pending, prompts, results, strict=True):
             result = _cut_at_eos(result, eos)
             rollout.calls.append((prompt, result))
-            message, _ = chat_message(template, result, prompt, TOOLS, False, keep_special=True)
+            message = assistant_message(template, result, prompt)
             calls = message.get("tool_calls")
             if not calls:
                 rollout.reward, rollout.done = score_text(message["content"] or "", int(rollout.task["answer"])), True
@@ -135,6 +134,16 @@ def run_rollouts(
                 value = evaluate(expression) if isinstance(expression, str) else "E"
                 rollout.messages.append({"role": "tool", "tool_call_id": call["id"], "content": value})
     return rollouts  # a rollout still calling the tool after the budget keeps reward -0.1, as the agents score it
+
+
+def assistant_message(template: Any, result: Any, prompt: Sequence[int]) -> dict[str, Any]:
+    """The assistant message of generated ids, as the backend answers: tool calls parsed by the chat template when
+    the answer ended on its own (one cut off by ``max_tokens`` is not a complete call and stays text)."""
+    text = template.decode(result.token_ids)
+    parsed = template.parse_response(result.token_ids, tools=TOOLS, prompt_ids=prompt, text=text)
+    if parsed.tool_calls and result.finish_reason == "stop":
+        return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+    return {"role": "assistant", "content": text if parsed.tool_calls else parsed.content}
 
 
 def per_call_samples(rollouts: Sequence[Rollout], samples_per_task: int) -> tuple[list[TrainingSample], int]:

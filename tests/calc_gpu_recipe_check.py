@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentlightning_verl._vllm_cpu import install_vllm_cpu_alias
+from agentlightning_verl import install_cpu_platform
 
-install_vllm_cpu_alias()  # verl checks vLLM's version by distribution name; the CPU build is named vllm-cpu
+install_cpu_platform()  # verl on a CPU; it also lets verl find vLLM's CPU build (named vllm-cpu) by its version
 
 import ray.cloudpickle  # noqa: E402
 import vllm.entrypoints.cli.serve  # noqa: E402

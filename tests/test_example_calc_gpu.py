@@ -60,6 +60,7 @@ def _verl_vllm_python() -> Path:
     return python
 
 
+@pytest.mark.timeout(1200)  # imports verl, vLLM and Ray twice: minutes on a busy 2-core machine
 def test_the_recipes_vllm_flags_parse_and_its_ray_hook_registers_the_calc_parser(tmp_path: Path) -> None:
     env = {
         **os.environ,

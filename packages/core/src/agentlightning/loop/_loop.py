@@ -41,7 +41,6 @@ ones. `evaluate` waits only for its own rollouts: prefetched ones neither count 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -58,6 +57,7 @@ from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
 from agentlightning.loop._rollouts import cancel_unfinished, first_failure, group_requests
+from agentlightning.loop._update import update_in_thread
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
 from agentlightning.transitions._store import results_from_store
@@ -277,7 +277,7 @@ class RLLoop(Generic[EngineT]):
             metrics: dict[str, float] = dict(batch.metrics)
             metrics["rollouts_failed"] = float(self.rollouts_failed)
             if batch.samples:
-                metrics.update(await asyncio.to_thread(self.engine.update, batch))
+                metrics.update(await update_in_thread(self.engine.update, batch))
                 t_update = time.monotonic()
                 if not paused:  # max_staleness 1: drain the next iteration's calls in flight, then swap
                     paused = True
