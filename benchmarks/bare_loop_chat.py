@@ -51,25 +51,9 @@ from agentlightning_torch import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "calc"))
-from calc_rules import MAX_LLM_CALLS, PROMPT_ENV, evaluate, prompt_messages, score_text
+from calc_rules import MAX_LLM_CALLS, PROMPT_ENV, TOOLS, evaluate, prompt_messages, score_text
 from train import HERE as CALC
 from train import SMOLLM2
-
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression made of integers, + - * and parentheses.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
-"""The calculator tool the agents declare on every call (``calc_openai_agent.TOOLS``)."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "examples" / "calc"))
 import bare_loop_chat  # noqa: E402  # pyright: ignore[reportMissingImports]
 import e2e_overhead  # noqa: E402  # pyright: ignore[reportMissingImports]
 import train  # noqa: E402  # pyright: ignore[reportMissingImports]
-from calc_openai_agent import TOOLS  # noqa: E402  # pyright: ignore[reportMissingImports]
+from calc_rules import TOOLS  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 # SmolLM2-135M-Instruct's own chat template (as tests/test_calc_models.py): ChatML, no tool section
 SMOLLM2_TEMPLATE = (
@@ -90,7 +90,15 @@ def test_the_bare_loop_and_the_framework_get_the_same_run(chat_model: dict[str, 
 
 
 def test_the_bare_loop_declares_the_agents_tool() -> None:
-    assert bare_loop_chat.TOOLS == TOOLS
+    """The bare loop renders the tool the plain agent sends, and the LangGraph agent's bound tool is the same one."""
+    from calc_agent import calculator  # pyright: ignore[reportMissingImports]
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    assert bare_loop_chat.TOOLS is TOOLS
+    langgraph_tool = convert_to_openai_tool(calculator)
+    assert langgraph_tool["function"]["name"] == TOOLS[0]["function"]["name"]
+    assert langgraph_tool["function"]["description"] == TOOLS[0]["function"]["description"]
+    assert langgraph_tool["function"]["parameters"]["properties"] == TOOLS[0]["function"]["parameters"]["properties"]
 
 
 def _rollout(task: dict[str, Any], reward: float, calls: int) -> Any:

@@ -22,26 +22,10 @@ import ssl
 import weakref
 from typing import Any
 
-from calc_rules import MAX_LLM_CALLS, evaluate, prompt_messages, score_text
+from calc_rules import MAX_LLM_CALLS, TOOLS, evaluate, prompt_messages, score_text
 from openai import AsyncOpenAI, DefaultAioHttpClient
 
 import agentlightning as agl
-
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression made of integers, + - * and parentheses.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
-
 
 PROMPT: list[dict[str, Any]] = prompt_messages()
 """Messages before the question (a system prompt, a worked example) for a model that needs them (see calc_rules)."""

@@ -15,6 +15,21 @@ from typing import Any
 MAX_LLM_CALLS = 2
 PROMPT_ENV = "CALC_PROMPT_FILE"
 """The environment variable naming a JSON file of messages that open every conversation (``prompt_messages``)."""
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression made of integers, + - * and parentheses.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+"""The calculator tool as the OpenAI API declares it (the plain agent sends it; the bare loops render it)."""
 _ANSWER = re.compile(r"^A:(-?\d+)$")
 _EXPRESSION = re.compile(r"^[0-9+\-*() ]{1,64}$")
 
