@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ sys.path.insert(0, str(ROOT / "examples" / "calc"))
 
 import bare_loop_chat  # noqa: E402  # pyright: ignore[reportMissingImports]
 import e2e_overhead  # noqa: E402  # pyright: ignore[reportMissingImports]
-import train  # noqa: E402  # pyright: ignore[reportMissingImports]
 from calc_rules import TOOLS  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 # SmolLM2-135M-Instruct's own chat template (as tests/test_calc_models.py): ChatML, no tool section
@@ -65,7 +65,10 @@ def _overhead_args(model: dict[str, Path], *extra: str) -> Any:
     ])  # fmt: skip
 
 
-def test_the_bare_loop_and_the_framework_get_the_same_run(chat_model: dict[str, Path]) -> None:
+def test_the_bare_loop_and_the_framework_get_the_same_run(
+    chat_model: dict[str, Path], example_script: Callable[[str, str], Any]
+) -> None:
+    train = example_script("calc", "train")  # not `import train`: every example has a train.py
     args = _overhead_args(chat_model, "--iterations", "3", "--tasks", "5", "--samples", "3", "--threads", "2")
     bare_cmd, framework_cmd = e2e_overhead.commands(args, "openai")
     assert bare_cmd[1] == "benchmarks/bare_loop_calc.py" and "--prompt-file" in bare_cmd  # its real-model mode

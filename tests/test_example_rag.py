@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +325,9 @@ def test_fast_transcript_ids_equal_the_templates_and_the_choice_to_search_is_a_m
     assert 0.5 < searching < 0.7 and 0.15 < chosen < 0.35, (searching, chosen)
 
 
-def test_eval_scores_any_openai_compatible_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_scores_any_openai_compatible_endpoint(
+    capsys: pytest.CaptureFixture[str], example_script: Callable[[str, str], Any]
+) -> None:
     """``train.py eval --base-url --model``: the agent against a plain endpoint (no store, no proxy), one JSON line."""
     from agentlightning.testing import ScriptedModelServer, ScriptedReply
 
@@ -341,7 +344,7 @@ def test_eval_scores_any_openai_compatible_endpoint(capsys: pytest.CaptureFixtur
             return ScriptedReply(tool_calls=[{"name": "search", "arguments": {"query": task.gold_titles[0]}}])
         return ScriptedReply(content=task.answer if searches == 2 else task.gold_titles[1])
 
-    train = _rag_module("train")
+    train = example_script("rag", "train")  # not `import train`: calc has a train.py too
     with ScriptedModelServer(script, emit_token_ids=False) as server:
         code = train.main(["eval", "--base-url", server.base_url, "--model", "served-model", "--eval-size", "4"])
     assert code == 0 and set(asked) == {"served-model"}
