@@ -20,7 +20,7 @@ import pytest
 from agentlightning.testing import wait_until
 from agentlightning_torch.testing import VLLMServer
 
-API_SERVER = '''
+API_SERVER = """
 import argparse, json, os, subprocess, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -48,7 +48,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
-'''
+"""
 
 TRAINER = """
 import sys, threading

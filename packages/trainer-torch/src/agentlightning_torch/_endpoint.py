@@ -41,6 +41,7 @@ from agentlightning_torch._wire import (
     ChatRequest,
     ChoiceStream,
     CompletionRequest,
+    ServerError,
     chat_message,
     keeps_special_tokens,
     logprob_content,
@@ -51,7 +52,7 @@ from agentlightning_torch._wire import (
     usage,
 )
 
-__all__ = ["OpenAIEndpoint", "bad_request"]
+__all__ = ["OpenAIEndpoint", "bad_request", "server_error"]
 
 _orjson_dumps: Callable[[Any], bytes] | None
 try:  # the LLM proxy renders an in-process answer's body with its `dumps`, which is orjson's when installed
@@ -65,6 +66,12 @@ logger = logging.getLogger(__name__)
 def bad_request(status: int, message: str, param: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return JSONResponse(body, status_code=status)
+
+
+def server_error(error: ServerError) -> JSONResponse:
+    """The 500 answer to a `ServerError`, logged once (the client sees the same message)."""
+    logger.error("the local backend answered 500: %s", error)
+    return JSONResponse({"error": {"message": str(error), "type": "server_error", "param": None, "code": None}}, 500)
 
 
 def _relay(
@@ -257,6 +264,8 @@ class OpenAIEndpoint:
             response = await self._route(method, path, body)
         except BadRequest as error:
             response = bad_request(400, str(error), error.param)
+        except ServerError as error:
+            response = server_error(error)
         except Exception:  # what the HTTP server answers for a handler that raised
             logger.exception("the local backend failed on %s %s", method, path)
             response = PlainTextResponse("Internal Server Error", 500)
@@ -357,14 +366,14 @@ def _versioned(response: dict[str, Any], results: list[GenerationResult], logpro
     """The response with the version of the weights that generated it (the oldest, should choices differ).
 
     Raises:
-        ValueError: If ``logprobs`` (the response carries them) and one is NaN or infinite, which JSON cannot
-            represent (answered 500, as Starlette's `JSONResponse` refuses such content).
+        ServerError: If ``logprobs`` (the response carries them) and one is NaN or infinite, which JSON cannot
+            represent (Starlette's `JSONResponse` refuses such content; orjson would write a silent ``null``).
     """
     if logprobs and not _finite(results):
         try:  # Starlette's own check (a sum of huge finite logprobs may overflow: that passes here)
             JSONResponse(response)
         except ValueError as error:
-            raise ValueError(
+            raise ServerError(
                 f"the model produced a NaN or infinite logprob, which JSON cannot carry: {error}"
             ) from error
     versions = [r.model_version for r in results if r.model_version is not None]

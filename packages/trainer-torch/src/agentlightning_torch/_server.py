@@ -16,8 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentlightning_torch._backend import LocalBackend
-from agentlightning_torch._endpoint import OpenAIEndpoint, bad_request
-from agentlightning_torch._wire import BadRequest
+from agentlightning_torch._endpoint import OpenAIEndpoint, bad_request, server_error
+from agentlightning_torch._wire import BadRequest, ServerError
 
 __all__ = ["BackendServer", "create_app", "serve_backend"]
 
@@ -32,6 +32,10 @@ def create_app(backend: LocalBackend) -> FastAPI:
     @app.exception_handler(BadRequest)
     async def _bad_request(_request: Request, error: BadRequest) -> JSONResponse:  # pyright: ignore[reportUnusedFunction]
         return bad_request(400, str(error), error.param)
+
+    @app.exception_handler(ServerError)
+    async def _server_error(_request: Request, error: ServerError) -> JSONResponse:  # pyright: ignore[reportUnusedFunction]
+        return server_error(error)
 
     @app.get("/v1/models")
     async def _models() -> Response:  # pyright: ignore[reportUnusedFunction]

@@ -159,4 +159,3 @@ class TorchTrainerConfig(BaseModel):
         if self.backend == "vllm":  # vLLM serves every adapter at once, up to the ranks it knows
             vllm_lora_args(len(self.policies.trained), (self.ppo.lora or LoraSettings()).r)
         return self
-

@@ -62,6 +62,14 @@ class BadRequest(Exception):
         self.param = param
 
 
+class ServerError(Exception):
+    """Answered with a 500 and an OpenAI-style error body that says what went wrong.
+
+    A handled error, unlike one raised into the HTTP server: that one answers a bare 500 and then closes the
+    connection, which a client's pool may already have handed to its next request.
+    """
+
+
 def parse_body(model: type[BaseModel], body: bytes) -> Any:
     """Validate a JSON body; the first problem becomes a `BadRequest` naming the field."""
     try:
