@@ -229,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--prompt-file", type=Path, default=SMOLLM2_PROMPT)
     real.add_argument("--tasks", type=int, default=SMOLLM2["tasks_per_iteration"], help="tasks per iteration")
     real.add_argument("--samples", type=int, default=SMOLLM2["samples_per_task"], help="rollouts per task")
-    real.add_argument("--temperature", type=float, default=1.0)
+    real.add_argument("--temperature", type=float, default=SMOLLM2["temperature"])
     real.add_argument("--max-tokens", type=int, default=16)
     real.add_argument("--lr", type=float, default=SMOLLM2["lr"])
     real.add_argument("--kl-coef", type=float, default=SMOLLM2["kl_coef"])

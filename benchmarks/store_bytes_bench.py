@@ -1,8 +1,8 @@
 """Bytes the store keeps per LLM call, per span and per rollout: the quickstart's run, this tree against a baseline.
 
 Runs ``examples/calc/train.py`` (the quickstart: LangGraph agent → runner → adapter spans → proxy → local backend →
-SQLite store → training) at toy size, once with this tree's code and once with a baseline checkout's (default
-``/work/base``, the code before the compact storage format), with the same settings and seed, then reads each run's
+SQLite store → training) at toy size, once with this tree's code and once with a baseline checkout's (``--baseline``,
+e.g. ``git worktree add ../base <commit>`` of the code before a storage change), with the same settings and seed, then reads each run's
 ``store.db`` page by page (SQLite's ``dbstat``) and prints the bytes of:
 
 - **per LLM call**: the ``llm_calls`` table and its indexes, plus the ``blobs`` table (shared tools and system
@@ -14,7 +14,7 @@ SQLite store → training) at toy size, once with this tree's code and once with
 Pages are counted as SQLite stores them (``pgsize``: page headers and free space included), so the figures are
 what a disk holds. Prints a table, then ONE final line: a JSON object of every figure and the ratios.
 
-    .venv/bin/python benchmarks/store_bytes_bench.py [--baseline /work/base] [--iterations 2]
+    .venv/bin/python benchmarks/store_bytes_bench.py --baseline ../base [--iterations 2]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def measure(db: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", type=Path, default=Path("/work/base"), help="checkout of the code to compare")
+    parser.add_argument("--baseline", type=Path, required=True, help="a checkout of the code to compare against")
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=4, help="tasks per iteration")
     parser.add_argument("--samples", type=int, default=4, help="samples per task")
