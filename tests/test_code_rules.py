@@ -61,13 +61,13 @@ def test_no_function_is_longer_than_the_bar() -> None:
 
 
 def test_the_length_check_counts_from_def_to_the_end_of_the_body(tmp_path: Path) -> None:
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
-    (tmp_path / "m.py").write_text(f"class C:\n    def long(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n")
+    lines = ["class C:", "    def long(self):", *(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))]
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
     assert _function_lengths(tmp_path / "m.py") == [("C.long", MAX_FUNCTION_LINES + 1)]
 
 
 # ------------------------------------------------------------------------------------------------ deprecations
-DEPRECATION_HELPERS = {"warn_renamed", "warn_deprecated"}
+DEPRECATION_HELPERS = {"warn_renamed"}
 """``agentlightning._deprecation``'s helpers: each call must pass ``removed_in="X.Y.Z"`` (a literal)."""
 WARNING_CLASSES = {"DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"}
 REMOVED_IN = re.compile(r"removed in (\d+\.\d+\.\d+)")
@@ -78,6 +78,10 @@ DOTTED = re.compile(r"[A-Za-z_][\w.]*")
 def _called(node: ast.Call) -> str:
     func = node.func
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _arguments(node: ast.Call) -> list[ast.expr]:
+    return [*node.args, *(keyword.value for keyword in node.keywords)]
 
 
 def _text(node: ast.AST) -> str:
@@ -105,9 +109,7 @@ def _deprecations() -> list[tuple[str, str | None, ast.Call]]:
                 given = next((k.value for k in node.keywords if k.arg == "removed_in"), None)
                 text = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else ""
                 found.append((where, text if VERSION.fullmatch(text) else None, node))
-            elif any(isinstance(a, ast.Name) and a.id in WARNING_CLASSES for a in [*node.args, *node.keywords]) or any(
-                isinstance(k.value, ast.Name) and k.value.id in WARNING_CLASSES for k in node.keywords
-            ):
+            elif any(isinstance(v, ast.Name) and v.id in WARNING_CLASSES for v in _arguments(node)):
                 match = REMOVED_IN.search(_text(node.args[0])) if node.args else None
                 found.append((where, match.group(1) if match else None, node))
     return found
