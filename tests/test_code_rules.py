@@ -1,7 +1,8 @@
 """The workspace's written code rules, each checked (read with the ``ast`` module and as text; nothing is imported).
 
 * A function fits on a screen: none in ``packages/*/src`` is longer than `MAX_FUNCTION_LINES`.
-* A deprecation says when it goes: every `DeprecationWarning` names the version that removes the old name.
+* A deprecation says when it goes: every `DeprecationWarning` names the version that removes the old name (that
+  each is listed in ``CHANGELOG.md`` is checked by ``tests/test_docs_site.py``).
 * Every document the code points readers to is a file of this repository.
 """
 
@@ -72,7 +73,6 @@ DEPRECATION_HELPERS = {"warn_renamed"}
 WARNING_CLASSES = {"DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"}
 REMOVED_IN = re.compile(r"removed in (\d+\.\d+\.\d+)")
 VERSION = re.compile(r"\d+\.\d+\.\d+")
-DOTTED = re.compile(r"[A-Za-z_][\w.]*")
 
 
 def _called(node: ast.Call) -> str:
@@ -134,19 +134,6 @@ def test_every_deprecation_names_the_version_that_removes_it() -> None:
         and tuple(int(p) for p in version.split(".")) <= _package_version(ROOT / where.split(":")[0])
     ]
     assert overdue == [], "deprecated names past their removal version (remove them):\n" + "\n".join(overdue)
-
-
-def test_every_renamed_name_is_in_the_changelog_with_its_removal_version() -> None:
-    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    rows = [line for line in changelog.splitlines() if line.startswith("|")]
-    missing: list[str] = []
-    for where, version, call in _deprecations():
-        old = call.args[0] if call.args and _called(call) == "warn_renamed" else None
-        if not (isinstance(old, ast.Constant) and isinstance(old.value, str) and DOTTED.fullmatch(old.value)):
-            continue  # a keyword form (``Transition(prompt_ids=...)``) or a message: its name's row covers it
-        if not any(f"`{old.value}`" in row and f"| {version} |" in row for row in rows):
-            missing.append(f"{where}: {old.value} (removed in {version})")
-    assert missing == [], "deprecated names missing from CHANGELOG.md's table:\n" + "\n".join(missing)
 
 
 # ------------------------------------------------------------------------------------------ documents referred to
