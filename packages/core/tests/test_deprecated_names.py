@@ -7,6 +7,7 @@ import warnings
 import pytest
 
 import agentlightning as agl
+from agentlightning import runner as runner_module
 from agentlightning import store as store_module
 from agentlightning.credit import (
     advantage_estimator_names,
@@ -40,7 +41,7 @@ def test_transition_takes_and_gives_its_old_field_names_with_a_warning() -> None
             **TRANSITION, prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.5, -0.25], reward=0.5
         )  # pyright: ignore[reportCallIssue]
     assert [str(w.message) for w in record] == [
-        f"Transition({old_name}=...) is deprecated: use {new_name}= (same meaning)"
+        f"Transition({old_name}=...) is deprecated: use {new_name}= (same meaning); it is removed in 0.3.0"
         for old_name, new_name in (
             ("prompt_ids", "prompt_token_ids"),
             ("response_ids", "response_token_ids"),
@@ -107,6 +108,20 @@ def test_store_server_and_final_reward_aliases() -> None:
     assert final_reward is reward_from_result
     with pytest.raises(AttributeError, match="no attribute 'StoreServe'"):
         _ = agl.StoreServe  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_every_old_name_says_when_it_is_removed() -> None:
+    """The warning names the removal version (0.3.0, as in CHANGELOG.md's "Deprecated" table)."""
+    sample = agl.TrainingSample.model_validate({**SAMPLE, "prompt_token_ids": [1], "response_token_ids": [2]})
+    transition = agl.Transition.model_validate({**TRANSITION, "prompt_token_ids": [1], "response_token_ids": [2, 3]})
+    with pytest.warns(DeprecationWarning) as record:
+        _ = agl.StoreServer  # pyright: ignore[reportAttributeAccessIssue]
+        _ = store_module.StoreServer  # pyright: ignore[reportAttributeAccessIssue]
+        _ = runner_module.final_reward  # pyright: ignore[reportAttributeAccessIssue]
+        _ = (transition.prompt_ids, transition.response_ids, transition.logprobs, transition.reward)
+        _ = (sample.prompt_ids, sample.response_ids, sample.old_logprobs, sample.returns)
+    messages = [str(w.message) for w in record]
+    assert len(messages) >= 11 and all(m.endswith("; it is removed in 0.3.0") for m in messages), messages
 
 
 def test_one_estimator_name_and_one_definition_of_group_estimators() -> None:

@@ -1,7 +1,9 @@
 """Deprecated names: one helper that warns, so every renamed public name says the same thing the same way.
 
-A rename keeps the old public name for a release (CONVENTIONS.md): reading or passing it works and emits a
-`DeprecationWarning` that names the new spelling, attributed to the user's line (not to pydantic's or ours).
+A rename keeps the old public name for a stated time: reading or passing it works and emits a `DeprecationWarning`
+that names the new spelling and the version that removes the old one, attributed to the user's line (not to
+pydantic's or ours). Every deprecated name and its removal version is listed in ``CHANGELOG.md`` ("Deprecated");
+``tests/test_code_rules.py`` fails on a deprecation without a removal version or past it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ def _stacklevel() -> int:
     return 2
 
 
-def warn_renamed(old: str, new: str) -> None:
-    """Warn that ``old`` is a deprecated name of ``new`` (a `DeprecationWarning` pointing at the caller's line)."""
-    warnings.warn(f"{old} is deprecated: use {new} (same meaning)", DeprecationWarning, stacklevel=_stacklevel())
+def warn_renamed(old: str, new: str, *, removed_in: str) -> None:
+    """Warn that ``old`` is a deprecated name of ``new`` (a `DeprecationWarning` pointing at the caller's line).
+
+    Args:
+        old: The deprecated spelling, as the user wrote it (``"Transition.prompt_ids"``).
+        new: What to write instead.
+        removed_in: The version that removes ``old`` (``"0.3.0"``); also in ``CHANGELOG.md``.
+    """
+    message = f"{old} is deprecated: use {new} (same meaning); it is removed in {removed_in}"
+    warnings.warn(message, DeprecationWarning, stacklevel=_stacklevel())

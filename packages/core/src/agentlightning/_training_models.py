@@ -38,7 +38,7 @@ def _renamed_fields(model: str, given: dict[str, Any], renamed: dict[str, str]) 
         if old in data:
             if new in data:
                 raise ValueError(f"{model}: pass {new} only ({old} is its deprecated name)")
-            warn_renamed(f"{model}({old}=...)", f"{new}=")
+            warn_renamed(f"{model}({old}=...)", f"{new}=", removed_in="0.3.0")
             data[new] = data.pop(old)
     return data
 
@@ -72,7 +72,7 @@ class Transition(RecordModel):
 
     The names ``prompt_ids``, ``response_ids``, ``logprobs`` and ``reward`` are deprecated aliases (as keyword
     arguments and attributes) of ``prompt_token_ids``, ``response_token_ids``, ``response_logprobs`` and
-    ``intermediate_reward``.
+    ``intermediate_reward``, removed in 0.3.0.
     """
 
     rollout_id: str
@@ -109,25 +109,25 @@ class Transition(RecordModel):
     @property
     def prompt_ids(self) -> list[int]:
         """Deprecated: `prompt_token_ids`."""
-        warn_renamed("Transition.prompt_ids", "Transition.prompt_token_ids")
+        warn_renamed("Transition.prompt_ids", "Transition.prompt_token_ids", removed_in="0.3.0")
         return self.prompt_token_ids
 
     @property
     def response_ids(self) -> list[int]:
         """Deprecated: `response_token_ids`."""
-        warn_renamed("Transition.response_ids", "Transition.response_token_ids")
+        warn_renamed("Transition.response_ids", "Transition.response_token_ids", removed_in="0.3.0")
         return self.response_token_ids
 
     @property
     def logprobs(self) -> list[float] | None:
         """Deprecated: `response_logprobs`."""
-        warn_renamed("Transition.logprobs", "Transition.response_logprobs")
+        warn_renamed("Transition.logprobs", "Transition.response_logprobs", removed_in="0.3.0")
         return self.response_logprobs
 
     @property
     def reward(self) -> float | None:
         """Deprecated: `intermediate_reward` (the step's intermediate rewards, not the episode's outcome)."""
-        warn_renamed("Transition.reward", "Transition.intermediate_reward")
+        warn_renamed("Transition.reward", "Transition.intermediate_reward", removed_in="0.3.0")
         return self.intermediate_reward
 
 
@@ -156,7 +156,7 @@ class TrainingSample(RecordModel):
 
     The names ``prompt_ids``, ``response_ids`` and ``old_logprobs`` are deprecated aliases (as keyword arguments
     and attributes) of ``prompt_token_ids``, ``response_token_ids`` and ``response_logprobs``; ``returns`` is a
-    deprecated alias of ``credit`` (passing a different value is an error).
+    deprecated alias of ``credit`` (passing a different value is an error); all four are removed in 0.3.0.
     """
 
     prompt_token_ids: list[int]
@@ -181,7 +181,7 @@ class TrainingSample(RecordModel):
         values = _renamed_fields("TrainingSample", cast(dict[str, Any], data), _SAMPLE_RENAMED)
         if "returns" in values:
             returns = values.pop("returns")
-            warn_renamed("TrainingSample(returns=...)", "credit= (the return is the credit)")
+            warn_renamed("TrainingSample(returns=...)", "credit= (the return is the credit)", removed_in="0.3.0")
             if returns != values.get("credit"):
                 raise ValueError(
                     f"TrainingSample: returns ({returns!r}) differs from credit ({values.get('credit')!r}); the "
@@ -199,25 +199,25 @@ class TrainingSample(RecordModel):
     @property
     def prompt_ids(self) -> list[int]:
         """Deprecated: `prompt_token_ids`."""
-        warn_renamed("TrainingSample.prompt_ids", "TrainingSample.prompt_token_ids")
+        warn_renamed("TrainingSample.prompt_ids", "TrainingSample.prompt_token_ids", removed_in="0.3.0")
         return self.prompt_token_ids
 
     @property
     def response_ids(self) -> list[int]:
         """Deprecated: `response_token_ids`."""
-        warn_renamed("TrainingSample.response_ids", "TrainingSample.response_token_ids")
+        warn_renamed("TrainingSample.response_ids", "TrainingSample.response_token_ids", removed_in="0.3.0")
         return self.response_token_ids
 
     @property
     def old_logprobs(self) -> list[float] | None:
         """Deprecated: `response_logprobs`."""
-        warn_renamed("TrainingSample.old_logprobs", "TrainingSample.response_logprobs")
+        warn_renamed("TrainingSample.old_logprobs", "TrainingSample.response_logprobs", removed_in="0.3.0")
         return self.response_logprobs
 
     @property
     def returns(self) -> float:
         """Deprecated: `credit` (it always held the credit)."""
-        warn_renamed("TrainingSample.returns", "TrainingSample.credit")
+        warn_renamed("TrainingSample.returns", "TrainingSample.credit", removed_in="0.3.0")
         return self.credit
 
 

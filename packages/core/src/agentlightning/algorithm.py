@@ -15,7 +15,7 @@ __all__ = ["Algorithm"]
 
 
 class Algorithm(ABC):
-    """Deprecated (kept for one release): a trainer with its own ``run`` and ``update``.
+    """Deprecated (removed in 0.3.0): a trainer with its own ``run`` and ``update``.
 
     The one training contract is now an `agentlightning.Engine` (the model, its optimizer and inference servers:
     ``update``, ``sync_weights``, state) driven by `agentlightning.RLLoop` (the RL step); subclassing this class
@@ -26,7 +26,8 @@ class Algorithm(ABC):
         super().__init_subclass__(**kwargs)
         warnings.warn(
             f"{cls.__name__} subclasses agentlightning.Algorithm, which is deprecated: implement agentlightning.Engine "
-            "(update, sync_weights, start_servers) and train it with agentlightning.RLLoop(config, engine)",
+            "(update, sync_weights, start_servers) and train it with agentlightning.RLLoop(config, engine); "
+            "Algorithm is removed in 0.3.0",
             DeprecationWarning,
             stacklevel=2,
         )

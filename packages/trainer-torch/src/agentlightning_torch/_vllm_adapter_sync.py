@@ -7,7 +7,8 @@ changed are written (``save_pretrained``) and loaded again under the same name (
 ``load_lora_adapter`` with ``load_inplace``), each into a new folder (vLLM may reload an evicted adapter from its
 folder, so the folder of the version it serves is kept until the next one replaces it).
 
-A 200 from vLLM proves nothing (see ``shared/notes/vllm-on-cpu.md``): after each load the adapter's greedy probe
+A 200 from vLLM proves nothing (its CPU build has answered 200 to a weight load that left a wrong model; see
+``docs/training/index.md``, "Serving through real vLLM"): after each load the adapter's greedy probe
 log-probs from vLLM must equal the trainer's own with that adapter active (and the base's, with every adapter off, at
 the start), else `WeightSyncMismatch` names the version and the policy.
 

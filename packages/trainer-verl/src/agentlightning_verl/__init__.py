@@ -3,7 +3,7 @@
 Importing this package imports neither verl nor torch; each entry point imports them when called.
 `VerlEngine` is the `agentlightning.Engine` (verl's actor, critic and rollout servers); `VerlTrainer` is the
 `agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. ``VerlAlgorithm`` is the deprecated
-old name of `VerlTrainer`.
+old name of `VerlTrainer` (removed in 0.3.0).
 """
 
 import warnings
@@ -57,11 +57,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``VerlAlgorithm``: the deprecated name of `VerlTrainer` (kept for one release; warns)."""
+    """``VerlAlgorithm``: the deprecated name of `VerlTrainer` (removed in 0.3.0; warns)."""
     if name == "VerlAlgorithm":
         warnings.warn(
             "agentlightning_verl.VerlAlgorithm is deprecated: use VerlTrainer (an agentlightning.RLLoop whose "
-            "engine, a VerlEngine, is trainer.engine)",
+            "engine, a VerlEngine, is trainer.engine); it is removed in 0.3.0",
             DeprecationWarning,
             stacklevel=2,
         )

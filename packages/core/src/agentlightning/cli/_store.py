@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import os
 import socket
@@ -17,13 +16,11 @@ from typing import Any
 from agentlightning.cli._options import add_log_level_argument
 
 __all__ = [
-    "MIN_TOKEN_LENGTH",
     "add_store_arguments",
     "connect_store",
     "register",
     "serve",
     "store_location",
-    "weak_token_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -127,32 +124,10 @@ def store_location(store_url: str | None, db: str) -> str:
     return os.path.abspath(db)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-MIN_TOKEN_LENGTH = 16
-"""Shortest bearer token accepted off loopback."""
-
-
-def weak_token_message(token: str | None, host: str, flag: str) -> str | None:
-    """Why ``token`` is refused on ``host`` (a token shorter than `MIN_TOKEN_LENGTH` off loopback), else ``None``."""
-    if token is None or _is_loopback(host) or len(token) >= MIN_TOKEN_LENGTH:
-        return None
-    return (
-        f"[red]refusing a {len(token)}-character {flag} off loopback[/red]: a token must have at least "
-        f'{MIN_TOKEN_LENGTH} characters. Make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
-    )
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit code (2 for a refused configuration)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from agentlightning._netauth import new_token
     from agentlightning.store._base import StoreError
@@ -164,53 +139,78 @@ def serve(args: argparse.Namespace) -> int:
         try:
             sockets = [_inherited_socket(args.fd)]
         except (OSError, ValueError) as exc:
-            console.print(f"[red]--fd {args.fd} is no listening socket: {exc}[/red]")
+            console.print(f"[red]--fd {args.fd} is no listening socket: {escape(str(exc))}[/red]")
             return 2
         args.host, args.port = sockets[0].getsockname()[:2]
-    if not _is_loopback(args.host) and not given:
-        console.print(
-            f"[red]refusing to serve on {args.host} without a token[/red]: anyone who can reach it could read and "
-            f"write the store. Pass --token or set {TOKEN_ENV}, or bind 127.0.0.1."
-        )
-        return 2
-    weak = weak_token_message(given, args.host, "--token")
-    if weak is not None:
-        console.print(weak)
-        return 2
-    if not 0 <= args.port <= 65535:
-        console.print(f"[red]--port must be between 0 and 65535, got {args.port}[/red]")
+    refusal = _refusal(args.host, args.port, given)
+    if refusal is not None:
+        console.print(f"[red]{escape(refusal)}[/red]")
         return 2
     try:
         store = _open_store(args)
     except (OSError, ValueError, ImportError, StoreError) as exc:
-        console.print(f"[red]cannot open the store:[/red] {exc}")
+        console.print(f"[red]cannot open the store:[/red] {escape(str(exc))}")
         return 2
+    # Always a token, even on loopback: a web page open in the user's browser can reach this port.
+    token = given or new_token()
+    app = _store_app(store, token, args)
+    _announce(console, args, token, made=given is None)
+    _serve_until_interrupted(app, store, sockets, args)
+    return 0
 
-    import uvicorn
 
+def _refusal(host: str, port: int, token: str | None) -> str | None:
+    """Why serving on ``host``:``port`` with ``token`` is refused (the one rule of every server), else ``None``."""
+    from agentlightning._netauth import check_bind_token
+
+    try:
+        check_bind_token(host, token, "the store", f"--token or set ${TOKEN_ENV}")
+    except ValueError as exc:
+        return str(exc)
+    if not 0 <= port <= 65535:
+        return f"--port must be between 0 and 65535, got {port}"
+    return None
+
+
+def _store_app(store: Any, token: str, args: argparse.Namespace) -> Any:
+    """The served store's ASGI app, with the dashboard's routes unless ``--no-ui``."""
     from agentlightning._routing import Route
     from agentlightning.store._server import create_store_app
 
-    # Always a token, even on loopback: a web page open in the user's browser can reach this port.
-    token = given or new_token()
     extra: list[Route] = []
     if not args.no_ui:
         from agentlightning.ui import ui_routes  # the dashboard imports transitions and credit: only when served
 
         extra = ui_routes(store)
-    app = create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), extra_routes=extra)
+    return create_store_app(store, token=token, max_body_bytes=int(args.max_body_mb * 1024 * 1024), extra_routes=extra)
+
+
+def _announce(console: Any, args: argparse.Namespace, token: str, made: bool) -> None:
+    """Print where the store is served; a token made for this run is printed, a given one never reaches the logs.
+
+    A made token is printed because the user needs it (as with a notebook server).
+    """
     where = "memory" if args.memory else store_location(None, args.db)
     host = f"[{args.host}]" if ":" in args.host else args.host
     console.print(
         f"[bold green]Agent Lightning store[/bold green] serving {where} at [bold]http://{host}:{args.port}[/bold]"
-        f" (bearer token required{'' if given else '; a new one was made for this run'})"
+        f" (bearer token required{'; a new one was made for this run' if made else ''})"
     )
-    # A made token is printed (the user needs it, as with a notebook server); a given one never goes to the logs.
     if not args.no_ui:
         where_ui = f"http://{host}:{args.port}/ui"
-        console.print(f"dashboard: [bold]{where_ui}#token={token}[/bold]" if not given else f"dashboard: {where_ui}")
-    if not given:
+        console.print(f"dashboard: [bold]{where_ui}#token={token}[/bold]" if made else f"dashboard: {where_ui}")
+    if made:
         console.print(f"clients: StoreClient(url, token=...) or {TOKEN_ENV}={token}")
+
+
+def _serve_until_interrupted(
+    app: Any, store: Any, sockets: list[socket.socket] | None, args: argparse.Namespace
+) -> None:
+    """Serve ``app`` with uvicorn (on ``sockets``, else ``--host``/``--port``) until Ctrl-C; then close ``store``."""
+    import uvicorn
+
+    from agentlightning._gc import frozen_gc
+
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -232,8 +232,6 @@ def serve(args: argparse.Namespace) -> int:
         loop_factory: Any = uvloop.new_event_loop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back to asyncio's loop where it is missing
         loop_factory = None
-    from agentlightning._gc import frozen_gc
-
     try:
         # What the server built before serving (modules, the route table) stays out of full collections, which a
         # big span batch's thousands of short-lived objects trigger: they no longer walk the whole heap.
@@ -241,7 +239,6 @@ def serve(args: argparse.Namespace) -> int:
             runner.run(_run(server, store, sockets))
     except KeyboardInterrupt:
         pass
-    return 0
 
 
 def _inherited_socket(fd: int) -> socket.socket:

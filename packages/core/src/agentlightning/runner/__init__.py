@@ -26,6 +26,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Deprecated names: ``final_reward`` is `reward_from_result` (a function, not the `Transition` field)."""
     if name == "final_reward":
-        warn_renamed("agentlightning.runner.final_reward", "agentlightning.runner.reward_from_result")
+        warn_renamed(
+            "agentlightning.runner.final_reward", "agentlightning.runner.reward_from_result", removed_in="0.3.0"
+        )
         return reward_from_result
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -71,6 +71,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Deprecated names: ``StoreServer`` is `StoreServerProcess` (it runs ``agl store serve`` as a child process)."""
     if name == "StoreServer":
-        warn_renamed("agentlightning.store.StoreServer", "agentlightning.store.StoreServerProcess")
+        warn_renamed("agentlightning.store.StoreServer", "agentlightning.store.StoreServerProcess", removed_in="0.3.0")
         return StoreServerProcess
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

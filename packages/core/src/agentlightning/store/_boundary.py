@@ -311,7 +311,10 @@ GUARDS: dict[str, Callable[[Any], Any]] = {
     "list_rollouts": _list_rollouts,
     "run_stats": _run_stats,
 }
-"""Protocol method -> its guard. Methods without arguments (``check_timeouts``, ``stats``...) need none."""
+"""Protocol method -> its guard. Methods without arguments (``check_timeouts``, ``stats``...) need none.
+
+A `LightningStore` method with arguments and no entry here, or an entry whose parameters differ from the method's,
+fails ``packages/core/tests/test_store_guards.py``."""
 
 
 def _guarded(method: _F, guard: Callable[[Any], Any]) -> _F:

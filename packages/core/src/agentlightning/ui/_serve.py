@@ -12,7 +12,7 @@ from types import TracebackType
 
 import uvicorn
 
-from agentlightning._netauth import is_loopback, new_token
+from agentlightning._netauth import check_bind_token, new_token
 from agentlightning.store import LightningStore, SqliteStore
 
 __all__ = ["DashboardServer"]
@@ -37,16 +37,19 @@ class DashboardServer:
 
     Args:
         store: A SQLite file, or any store object safe to use from another thread's event loop.
-        host: Interface to bind (loopback by default; anything else needs a ``token``).
+        host: Interface to bind (loopback by default; anything else needs a ``token`` of 16+ characters).
         port: Port to bind (0: a free one).
         token: Bearer token the API requires (``None``: a random one, in `url`).
+
+    Raises:
+        ValueError: Off loopback without a token or with a short one (the rule of every server,
+            `agentlightning._netauth.check_bind_token`).
     """
 
     def __init__(
         self, store: str | Path | LightningStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None
     ) -> None:
-        if not is_loopback(host) and not token:
-            raise ValueError(f"refusing to serve the store on {host} without a token; pass token=... or bind loopback")
+        check_bind_token(host, token, "the store", "token=...")
         self._owns_store = isinstance(store, str | Path)
         self.store: LightningStore = SqliteStore(store) if isinstance(store, str | Path) else store
         self.host = host

@@ -1,0 +1,176 @@
+"""The workspace's written code rules, each checked (read with the ``ast`` module and as text; nothing is imported).
+
+* A function fits on a screen: none in ``packages/*/src`` is longer than `MAX_FUNCTION_LINES`.
+* A deprecation says when it goes: every `DeprecationWarning` names the version that removes the old name (that
+  each is listed in ``CHANGELOG.md`` is checked by ``tests/test_docs_site.py``).
+* Every document the code points readers to is a file of this repository.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MAX_FUNCTION_LINES = 90
+"""Longest function or method, from its ``def`` line to the end of its body (CONVENTIONS: ~100 the most)."""
+
+
+def _sources() -> list[Path]:
+    return sorted(ROOT.glob("packages/*/src/**/*.py"))
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    """``(qualified name, lines)`` of every function and method of ``path``, nested ones included."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert child.end_lineno is not None
+                found.append((prefix + child.name, child.end_lineno - child.lineno + 1))
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(_tree(path), "")
+    return found
+
+
+def test_no_function_is_longer_than_the_bar() -> None:
+    """A long function reads as a list of named phases, each its own function (CONVENTIONS, "Code")."""
+    sources = _sources()
+    assert any(p.name == "_store.py" for p in sources)  # the glob found the packages
+    too_long = [
+        f"{path.relative_to(ROOT)}:{name}: {lines} lines"
+        for path in sources
+        for name, lines in _function_lengths(path)
+        if lines > MAX_FUNCTION_LINES
+    ]
+    assert too_long == [], f"functions longer than {MAX_FUNCTION_LINES} lines (split them into named phases):\n" + (
+        "\n".join(too_long)
+    )
+
+
+def test_the_length_check_counts_from_def_to_the_end_of_the_body(tmp_path: Path) -> None:
+    lines = ["class C:", "    def long(self):", *(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))]
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
+    assert _function_lengths(tmp_path / "m.py") == [("C.long", MAX_FUNCTION_LINES + 1)]
+
+
+# ------------------------------------------------------------------------------------------------ deprecations
+DEPRECATION_HELPERS = {"warn_renamed"}
+"""``agentlightning._deprecation``'s helpers: each call must pass ``removed_in="X.Y.Z"`` (a literal)."""
+WARNING_CLASSES = {"DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"}
+REMOVED_IN = re.compile(r"removed in (\d+\.\d+\.\d+)")
+VERSION = re.compile(r"\d+\.\d+\.\d+")
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _arguments(node: ast.Call) -> list[ast.expr]:
+    return [*node.args, *(keyword.value for keyword in node.keywords)]
+
+
+def _text(node: ast.AST) -> str:
+    """The literal text of a message expression (an f-string's or a concatenation's constant parts)."""
+    return "".join(n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
+def _package_version(path: Path) -> tuple[int, ...]:
+    package = next(p for p in path.parents if p.parent.name == "packages")
+    version = tomllib.loads((package / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    return tuple(int(part) for part in version.split("."))
+
+
+def _deprecations() -> list[tuple[str, str | None, ast.Call]]:
+    """``(file:line, removal version or None, call)`` of every deprecation warning raised in ``packages/*/src``."""
+    found: list[tuple[str, str | None, ast.Call]] = []
+    for path in _sources():
+        if path.name == "_deprecation.py":  # the helpers themselves: their callers are checked
+            continue
+        for node in ast.walk(_tree(path)):
+            if not isinstance(node, ast.Call):
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            if _called(node) in DEPRECATION_HELPERS:
+                given = next((k.value for k in node.keywords if k.arg == "removed_in"), None)
+                text = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else ""
+                found.append((where, text if VERSION.fullmatch(text) else None, node))
+            elif any(isinstance(v, ast.Name) and v.id in WARNING_CLASSES for v in _arguments(node)):
+                match = REMOVED_IN.search(_text(node.args[0])) if node.args else None
+                found.append((where, match.group(1) if match else None, node))
+    return found
+
+
+def test_every_deprecation_names_the_version_that_removes_it() -> None:
+    """A deprecated name is kept for a stated time: its warning says in which version it goes (``removed in X.Y.Z``).
+
+    And it does go: a removal version that is not above the package's own version fails too.
+    """
+    found = _deprecations()
+    assert len(found) >= 13, found  # the scan sees the known ones (13 renamed names in 0.1.0)
+    missing = [where for where, version, _ in found if version is None]
+    assert missing == [], (
+        "deprecations without a removal version (pass removed_in='X.Y.Z' to the helper, or say 'removed in X.Y.Z' in "
+        "the warning) and a CHANGELOG entry:\n" + "\n".join(missing)
+    )
+    overdue = [
+        f"{where}: removed in {version}"
+        for where, version, _ in found
+        if version is not None
+        and tuple(int(p) for p in version.split(".")) <= _package_version(ROOT / where.split(":")[0])
+    ]
+    assert overdue == [], "deprecated names past their removal version (remove them):\n" + "\n".join(overdue)
+
+
+# ------------------------------------------------------------------------------------------ documents referred to
+SCANNED = ("packages/*/src/**/*", "scripts/**/*", "examples/**/*", "benchmarks/**/*")
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yaml", ".yml", ".json", ".sh", ".cfg", ".ini", ".js", ".html"}
+MARKDOWN_PATH = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w-][\w./-]*\.md)\b")
+OUTSIDE = re.compile(r"(?<![\w.])\.\./shared\b|(?<![\w./-])shared/notes/")
+
+
+def _referred_files() -> list[Path]:
+    files = {p for pattern in SCANNED for p in ROOT.glob(pattern) if p.is_file() and p.suffix in TEXT_SUFFIXES}
+    return sorted(p for p in files if "__pycache__" not in p.parts and ".venv" not in p.parts)
+
+
+def _resolves(path: Path, name: str) -> bool:
+    """Whether ``name`` is a file of the repository, read from ``path``'s folder or any folder above it."""
+    folder = path.parent
+    while True:
+        target = (folder / name).resolve()
+        if target.is_file() and ROOT in target.parents:
+            return True
+        if folder == ROOT:
+            return False
+        folder = folder.parent
+
+
+def test_every_document_the_code_refers_to_is_in_the_repository() -> None:
+    """A ``.md`` path named in code, comments or docs resolves to a file of this repository (read from the naming
+    file's folder or one above it, up to the root), and nothing points outside it (``../shared``, notes)."""
+    files = _referred_files()
+    assert any(p.name == "_deprecation.py" for p in files)
+    broken: list[str] = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            where = f"{path.relative_to(ROOT)}:{number}"
+            broken += [f"{where}: {m.group(0)} (outside the repository)" for m in OUTSIDE.finditer(line)]
+            broken += [
+                f"{where}: {m.group(1)}" for m in MARKDOWN_PATH.finditer(line) if not _resolves(path, m.group(1))
+            ]
+    assert broken == [], "documents referred to that are not in the repository:\n" + "\n".join(sorted(set(broken)))
