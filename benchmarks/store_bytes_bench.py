@@ -1,9 +1,9 @@
 """Bytes the store keeps per LLM call, per span and per rollout: the quickstart's run, this tree against a baseline.
 
 Runs ``examples/calc/train.py`` (the quickstart: LangGraph agent → runner → adapter spans → proxy → local backend →
-SQLite store → training) at toy size, once with this tree's code and once with a baseline checkout's (``--baseline``,
-e.g. ``git worktree add ../base <commit>`` of the code before a storage change), with the same settings and seed, then reads each run's
-``store.db`` page by page (SQLite's ``dbstat``) and prints the bytes of:
+SQLite store → training) at toy size, once with this tree's code and once with a baseline checkout's
+(``--baseline``, e.g. ``git worktree add ../base <commit>`` of the code before a storage change), with the same
+settings and seed, then reads each run's ``store.db`` page by page (SQLite's ``dbstat``) and prints the bytes of:
 
 - **per LLM call**: the ``llm_calls`` table and its indexes, plus the ``blobs`` table (shared tools and system
   prompts, counted here in full although spans may share them), divided by the number of calls;
