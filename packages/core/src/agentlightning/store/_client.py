@@ -95,8 +95,8 @@ class StoreClient(StoreTransport):
     exporter's background loop, say): each loop gets its own connection pool, created on first use.
     Call `close` from each loop that used the client (or let the process end); it only closes that loop's pool.
 
-    Failed requests are retried with exponential backoff on connection errors, timeouts and 5xx answers for
-    ``retry_for`` seconds (a minute by default: long enough to ride out a store restart), then raise
+    Failed requests are retried with exponential backoff on connection errors, answers that break off, timeouts
+    and 5xx answers for ``retry_for`` seconds (a minute by default: long enough to ride out a store restart), then raise
     `StoreUnavailableError`. That is safe because every write is idempotent on a client id: rollouts without an
     id get one here before the first try, and ``dequeue_rollout`` / ``add_spans`` / ``add_llm_calls`` carry a
     request id the store remembers, so a retried dequeue returns the same claim and a retried write the right

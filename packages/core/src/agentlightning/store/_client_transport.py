@@ -202,7 +202,9 @@ class StoreTransport(StoreBoundary):
             attempt += 1
             try:
                 payload, status = await self._send(method, url, data, timeout)
-            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                # the third: the answer broke off (a server killed mid-answer); whether the request took effect is
+                # unknown, as after a lost connection, and the store's request ids make the retry safe
                 last = f"{type(exc).__name__}: {exc}"
                 logger.debug("store %s %s failed (%s); try %d", method, path, last, attempt)
                 continue
