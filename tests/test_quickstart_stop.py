@@ -116,4 +116,3 @@ def test_terminated_quickstart_stops_its_runners_and_says_one_line(tmp_path: Pat
     assert left == [], f"runner processes left running after train.py exited: {left}"
     # a clean stop says one line: no traceback, no "Task exception was never retrieved", no runner's complaint
     assert printed[before:].decode().split() == ["terminated"], printed.decode()[-3000:]
-

@@ -19,7 +19,7 @@ from agentlightning.store._codec_spans import _tails  # pyright: ignore[reportPr
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # text that often holds the marker and the characters around it in the batch's JSON
-text = st.text(st.sampled_from(['\x00', ",", '"', "\\", "u", "0", "[", "]", "a", "\u00e9"]), max_size=6)
+text = st.text(st.sampled_from(["\x00", ",", '"', "\\", "u", "0", "[", "]", "a", "\u00e9"]), max_size=6)
 scalar = st.one_of(
     st.none(),
     text,

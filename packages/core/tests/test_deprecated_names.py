@@ -37,9 +37,7 @@ SAMPLE = {
 
 def test_transition_takes_and_gives_its_old_field_names_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning) as record:
-        old = agl.Transition(
-            **TRANSITION, prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.5, -0.25], reward=0.5
-        )  # pyright: ignore[reportCallIssue]
+        old = agl.Transition(**TRANSITION, prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.5, -0.25], reward=0.5)  # pyright: ignore[reportCallIssue]
     assert [str(w.message) for w in record] == [
         f"Transition({old_name}=...) is deprecated: use {new_name}= (same meaning); it is removed in 0.3.0"
         for old_name, new_name in (
@@ -72,16 +70,12 @@ def test_the_warning_points_at_the_callers_line() -> None:
 
 def test_an_old_and_a_new_name_together_are_refused() -> None:
     with pytest.raises(ValueError, match="pass prompt_token_ids only"):
-        agl.Transition(
-            **TRANSITION, prompt_ids=[1], prompt_token_ids=[1], response_token_ids=[2, 3]
-        )  # pyright: ignore[reportCallIssue]
+        agl.Transition(**TRANSITION, prompt_ids=[1], prompt_token_ids=[1], response_token_ids=[2, 3])  # pyright: ignore[reportCallIssue]
 
 
 def test_training_sample_old_names_and_returns_is_the_credit() -> None:
     with pytest.warns(DeprecationWarning) as record:
-        old = agl.TrainingSample(
-            **SAMPLE, prompt_ids=[1], response_ids=[2], old_logprobs=[-1.0], returns=0.5
-        )  # pyright: ignore[reportCallIssue]
+        old = agl.TrainingSample(**SAMPLE, prompt_ids=[1], response_ids=[2], old_logprobs=[-1.0], returns=0.5)  # pyright: ignore[reportCallIssue]
     assert len(record) == 4
     new = agl.TrainingSample(**SAMPLE, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-1.0])
     assert old == new
@@ -90,12 +84,11 @@ def test_training_sample_old_names_and_returns_is_the_credit() -> None:
     with pytest.warns(DeprecationWarning, match="TrainingSample.old_logprobs is deprecated"):
         assert new.old_logprobs == [-1.0]
     # a returns that is not the credit would be silently dropped: refused instead
-    with pytest.raises(ValueError, match=r"returns \(0.75\) differs from credit \(0.5\)"), pytest.warns(
-        DeprecationWarning
+    with (
+        pytest.raises(ValueError, match=r"returns \(0.75\) differs from credit \(0.5\)"),
+        pytest.warns(DeprecationWarning),
     ):
-        agl.TrainingSample(
-            **SAMPLE, prompt_token_ids=[1], response_token_ids=[2], returns=0.75
-        )  # pyright: ignore[reportCallIssue]
+        agl.TrainingSample(**SAMPLE, prompt_token_ids=[1], response_token_ids=[2], returns=0.75)  # pyright: ignore[reportCallIssue]
 
 
 def test_store_server_and_final_reward_aliases() -> None:

@@ -52,7 +52,6 @@ sys.stdin.read()  # until killed
 """
 
 
-
 def _stat(pid: int) -> list[str] | None:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()

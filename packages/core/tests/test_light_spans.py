@@ -76,7 +76,7 @@ def _comparable(span: Any) -> dict[str, Any]:
 async def _stored(light: bool) -> list[Any]:
     store = MemoryStore()
     ids = await start_attempts(store, ["r-light" if light else "r-sdk"])
-    (rollout_id, attempt_id), = ids.items()
+    ((rollout_id, attempt_id),) = ids.items()
     with rollout_context(store, rollout_id, attempt_id):
         _record_spans(_tracer(light))
     await aflush()
@@ -103,7 +103,7 @@ async def test_light_path_only_inside_a_rollout_with_our_processor_alone(monkeyp
     # processor; an active one left by another test would rightly keep every span on the SDK path).
     monkeypatch.setattr(get_tracer_provider(), "others", [])
     store = MemoryStore()
-    (rollout_id, attempt_id), = (await start_attempts(store, ["r-where"])).items()
+    ((rollout_id, attempt_id),) = (await start_attempts(store, ["r-where"])).items()
     tracer = light_tracer("light-test-where")
     outside = tracer.start_span("outside")
     assert isinstance(outside, SdkSpan)  # no rollout: the SDK's span, dropped by our processor as ever
@@ -139,7 +139,7 @@ async def test_light_path_only_inside_a_rollout_with_our_processor_alone(monkeyp
 @pytest.mark.parametrize("value", [[1, "mixed"], object()])
 async def test_light_spans_drop_bad_attribute_values_as_the_sdk_does(value: Any) -> None:
     store = MemoryStore()
-    (rollout_id, attempt_id), = (await start_attempts(store, ["r-bad"])).items()
+    ((rollout_id, attempt_id),) = (await start_attempts(store, ["r-bad"])).items()
     with rollout_context(store, rollout_id, attempt_id):
         for light in (True, False):
             span = _tracer(light).start_span(f"bad {light}")
@@ -160,7 +160,7 @@ async def test_a_framework_span_mapper_on_the_provider_keeps_our_spans_light(mon
     mapper.enabled = True
     add_processor_once(get_tracer_provider(), mapper)
     store = MemoryStore()
-    (rollout_id, attempt_id), = (await start_attempts(store, ["r-mapper"])).items()
+    ((rollout_id, attempt_id),) = (await start_attempts(store, ["r-mapper"])).items()
     with rollout_context(store, rollout_id, attempt_id):
         span = light_tracer("light-test-mapper").start_span("with a mapper")
         assert isinstance(span, LightSpan)
@@ -177,7 +177,7 @@ async def test_adapter_spans_are_light_and_still_known_as_llm_spans(monkeypatch:
 
     monkeypatch.setattr(get_tracer_provider(), "others", [])
     store = MemoryStore()
-    (rollout_id, attempt_id), = (await start_attempts(store, ["r-adapter"])).items()
+    ((rollout_id, attempt_id),) = (await start_attempts(store, ["r-adapter"])).items()
     with rollout_context(store, rollout_id, attempt_id):
         tracer = lightning_tracer("light-test-adapter")
         agent = tracer.start_span("invoke_agent a", attributes={semconv.SPAN_KIND: semconv.KIND_AGENT})

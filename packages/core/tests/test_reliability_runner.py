@@ -27,7 +27,6 @@ from agentlightning.tracing import get_span_processor
 TOKEN = "runner-reliability-token-42"
 
 
-
 def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -63,7 +63,6 @@ async def done(task):
 """
 
 
-
 async def _assert_released(store: agl.LightningStore, rollout_ids: list[str], released: int) -> None:
     rollouts = await store.query_rollouts(rollout_ids=rollout_ids)
     assert [r.status for r in rollouts] == ["queuing"] * len(rollout_ids)

@@ -86,7 +86,6 @@ sys.stdin.read()  # until killed
 """
 
 
-
 def _alive(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()

@@ -66,9 +66,7 @@ class OpenAIAgentsAdapter(Adapter):
         release_openai_hook()
 
 
-def instrument(
-    keep_openai_export: bool = False, tracer_provider: TracerProvider | None = None
-) -> OpenAIAgentsAdapter:
+def instrument(keep_openai_export: bool = False, tracer_provider: TracerProvider | None = None) -> OpenAIAgentsAdapter:
     """Record every Agents SDK run inside a rollout (idempotent).
 
     Args:

@@ -80,7 +80,6 @@ class ActorWorker(ActorRolloutRefWorker):
         """`named_tensors_checksum` of the actor's full weights (the same on every rank)."""
         return named_tensors_checksum(self._full_weights().items())
 
-
     @register(dispatch_mode=_ONE_TO_ALL)
     def node_id(self) -> str:
         """The Ray node this rank runs on (multi-node placement checks)."""

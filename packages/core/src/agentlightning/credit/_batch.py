@@ -174,9 +174,7 @@ def _in_step_order(rollout_id: str, steps: list[Transition]) -> float | None:
     return final
 
 
-def _by_policy(
-    steps: list[Transition], credits: list[float]
-) -> list[tuple[str | None, list[Transition], list[float]]]:
+def _by_policy(steps: list[Transition], credits: list[float]) -> list[tuple[str | None, list[Transition], list[float]]]:
     """A rollout's steps and credits split by policy (one part, in order, when every step has the same one)."""
     first = steps[0].policy
     if all(step.policy == first for step in steps):

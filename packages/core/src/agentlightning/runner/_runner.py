@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 WorkerMode = Literal["auto", "process", "thread", "async"]
 
+
 class Runner:
     """Runs an agent on the store's rollouts with one or many workers.
 
@@ -488,4 +489,3 @@ class Runner:
         except StoreError as exc:
             logger.warning("could not end the attempts of dead worker %s: %s", worker_id, exc)
         return failed
-

@@ -311,9 +311,7 @@ class SlotRegistrar:
             return
         self._warned.add(endpoint)
         hint = " (is the LLM resource's runner_token this proxy's?)" if "HTTP 401" in message else ""
-        logger.warning(
-            "%s%s; agents get per-rollout URLs, and late calls may not be refused, meanwhile", message, hint
-        )
+        logger.warning("%s%s; agents get per-rollout URLs, and late calls may not be refused, meanwhile", message, hint)
 
     def _note_once(self, endpoint: str, why: str) -> None:
         if endpoint in self._noted:

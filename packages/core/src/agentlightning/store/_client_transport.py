@@ -224,7 +224,6 @@ class StoreTransport(StoreBoundary):
             f"{self.retry_for:.0f} s: {last}"
         )
 
-
     async def _send(
         self, method: str, url: yarl.URL, data: bytes | None, timeout: aiohttp.ClientTimeout
     ) -> tuple[bytes, int]:

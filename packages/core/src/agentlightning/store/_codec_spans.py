@@ -61,7 +61,15 @@ _ATTEMPT_INDEX = _KEY_INDEX[semconv.ATTEMPT_ID]
 _SPAN_HEAD = struct.Struct("<Bdd16s")  # format, flags... see encode_span
 # what `encode_spans` reads of a span, from its __dict__ (one C call per span)
 _SPAN_PARTS = operator.itemgetter(
-    "rollout_id", "attempt_id", "trace_id", "parent_id", "name", "start_time", "end_time", "attributes", "events",
+    "rollout_id",
+    "attempt_id",
+    "trace_id",
+    "parent_id",
+    "name",
+    "start_time",
+    "end_time",
+    "attributes",
+    "events",
     "status",
 )
 _STATUS_PARTS = operator.attrgetter("code", "description")
@@ -248,7 +256,5 @@ def decode_spans(rows: Sequence[Sequence[Any]], fetch: BlobFetch) -> list[Span]:
     """
     keys = [key for row in rows if is_binary(row[4]) for key in _span_blob_keys(row[4])]
     blobs = fetch_blobs(keys, fetch)
-    values = [
-        _span_values(row, blobs) if is_binary(row[4]) else from_json(row[4], allow_inf_nan=False) for row in rows
-    ]
+    values = [_span_values(row, blobs) if is_binary(row[4]) else from_json(row[4], allow_inf_nan=False) for row in rows]
     return spans_from_json(values)

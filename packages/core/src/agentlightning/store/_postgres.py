@@ -54,6 +54,7 @@ __all__ = ["REQUEST_MEMORY_SECONDS", "PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
+
 class _AnsweredMeanwhile(Exception):
     """A `PostgresStore.dequeue_many` whose request id another try remembered first (its transaction is undone)."""
 

@@ -247,6 +247,8 @@ def spans_request_json(request: SpansRequest) -> bytes:
     if any(map(_events_of, spans)) or set(map(_status_parts, map(_status_of, spans))) - {("unset", None)}:
         return request.__pydantic_serializer__.to_json(request)
     return request.__pydantic_serializer__.to_json(request, exclude=_WITHOUT_DEFAULT_TAIL)
+
+
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER = b"0" * 19  # 19 digits in a row: perhaps an integer past 64 bits
 

@@ -219,7 +219,14 @@ class StoreConformanceTests(
             ("resources_id", "x" * 257),
         ],
         ids=[
-            "dot", "dotdot", "long-rollout", "dotdot-group", "long-group", "empty-group", "nul-group", "dot-res",
+            "dot",
+            "dotdot",
+            "long-rollout",
+            "dotdot-group",
+            "long-group",
+            "empty-group",
+            "nul-group",
+            "dot-res",
             "long-res",
         ],
     )

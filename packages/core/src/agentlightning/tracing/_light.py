@@ -256,7 +256,6 @@ class LightSpan(trace.Span):
         super().__exit__(exc_type, exc_val, exc_tb)
 
 
-
 class LightTracer(trace.Tracer):
     """A tracer that records spans of a rollout as `LightSpan` s, and everything else through the SDK tracer.
 

@@ -44,6 +44,7 @@ class FinishedSpan(Protocol):
     @property
     def end_time(self) -> int | None: ...
 
+
 _STATUS: dict[StatusCode, Any] = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
 
 _UNSET = SpanStatus()  # frozen, so every span without a status can share it
