@@ -14,7 +14,9 @@ import time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentlightning.netauth import bearer_matches, check_bind_token
 from agentlightning_torch._backend import LocalBackend
 from agentlightning_torch._endpoint import OpenAIEndpoint, bad_request, server_error
 from agentlightning_torch._wire import BadRequest, ServerError
@@ -24,9 +26,30 @@ __all__ = ["BackendServer", "create_app", "serve_backend"]
 logger = logging.getLogger(__name__)
 
 
-def create_app(backend: LocalBackend) -> FastAPI:
-    """The FastAPI app serving ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for ``backend``."""
+class _BearerOnly:
+    """Every request but ``GET /health`` needs ``Authorization: Bearer <token>``; others get a 401."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            headers = dict(scope["headers"])
+            if not bearer_matches(headers.get(b"authorization"), self.token):
+                refusal = bad_request(401, "this backend needs 'Authorization: Bearer <token>'")
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(backend: LocalBackend, token: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for ``backend``.
+
+    With ``token``, every request but ``GET /health`` must carry it as a bearer token (401 otherwise).
+    """
     app = FastAPI(title="agentlightning local backend")
+    if token:
+        app.add_middleware(_BearerOnly, token=token)
     endpoint = OpenAIEndpoint(backend)
 
     @app.exception_handler(BadRequest)
@@ -63,12 +86,19 @@ class BackendServer:
         backend: The backend to serve (started by `start` if it is not running).
         host: Interface to bind.
         port: Port to bind; 0 picks a free one.
+        token: Bearer token every request but ``GET /health`` must carry. Off loopback one of at least 16
+            characters is required, as for every server of the project (`agentlightning.netauth`).
+
+    Raises:
+        ValueError: If ``host`` is off loopback and ``token`` is missing or short.
     """
 
-    def __init__(self, backend: LocalBackend, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, backend: LocalBackend, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        check_bind_token(host, token, "the local backend", "token=...")
         self.backend = backend
         self.host = host
         self.port = port
+        self.token = token
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -95,7 +125,7 @@ class BackendServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(create_app(self.backend), log_level="warning", lifespan="off")
+        config = uvicorn.Config(create_app(self.backend, self.token), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="agentlightning-backend-http", daemon=True
@@ -125,6 +155,11 @@ class BackendServer:
         self.stop()
 
 
-def serve_backend(backend: LocalBackend, host: str = "127.0.0.1", port: int = 0) -> BackendServer:
-    """Start serving ``backend`` over HTTP and return the running `BackendServer` (call ``.stop()`` when done)."""
-    return BackendServer(backend, host, port).start()
+def serve_backend(
+    backend: LocalBackend, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+) -> BackendServer:
+    """Start serving ``backend`` over HTTP and return the running `BackendServer` (call ``.stop()`` when done).
+
+    Off loopback ``token`` (16+ characters) is required; see `BackendServer`.
+    """
+    return BackendServer(backend, host, port, token).start()
