@@ -118,6 +118,9 @@ async def test_light_path_only_inside_a_rollout_with_our_processor_alone(monkeyp
         class Watcher(SpanProcessor):  # another processor on our provider (an OTLP exporter, a user's own)
             active = True
 
+            def reads_own_spans(self) -> bool:  # `OwnSpanReader`: it can be switched off, as the OTLP exporter can
+                return self.active
+
             def on_end(self, span: ReadableSpan) -> None:
                 seen.append(span.name)
 

@@ -65,9 +65,14 @@ class GatedSpanProcessor(SpanProcessor):
     """A span processor that can be switched off: an SDK provider cannot remove a processor once added."""
 
     enabled: bool = False
-    reads_own_spans: bool = False
-    """Whether it must see Agent Lightning's own spans (root, LLM, reward). A mapper of a framework's spans does not,
-    so our own spans may keep to the light path while it is on the provider (`agentlightning.tracing.light_tracer`)."""
+
+    def reads_own_spans(self) -> bool:
+        """Whether it must see Agent Lightning's own spans (root, LLM, reward): an `OwnSpanReader`.
+
+        A mapper of a framework's spans does not, so our own spans keep to the light path while it is on the
+        provider (`agentlightning.tracing.light_tracer`). Override to return ``True`` for one that does.
+        """
+        return False
 
     def on_start(self, span: SdkSpan, parent_context: Any = None) -> None:  # pragma: no cover - overridden
         """Called when a span starts (span still writable)."""

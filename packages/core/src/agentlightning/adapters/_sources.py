@@ -3,8 +3,11 @@
 An app instrumented with OpenLLMetry's ``opentelemetry-instrumentation-openai`` / ``-langchain`` / ``-openai-agents``
 or with OpenTelemetry's ``opentelemetry-instrumentation-openai-v2`` already emits one span per LLM call. A
 `SpanSource` is an `Adapter` that hooks nothing itself: ``instrument()`` makes the span processor read that
-instrumentation's spans as ours (`agentlightning.tracing` maps them by instrumentation scope) and routes the global
-OpenTelemetry provider, which those instrumentations use, into rollouts (`set_as_global`).
+instrumentation's spans as ours (`agentlightning.tracing` maps them by instrumentation scope). Those
+instrumentations report to the global OpenTelemetry provider, and a source, like every adapter, never sets it: it
+waits for it (`when_global_provider`). If the app set an SDK provider, our span processor is attached to it at once;
+if the app set none, the next rollout start (the runner, which owns the process) makes ours the global one
+(`route_global_provider`). Their tracers are the API's proxy tracers until then, so they follow.
 
 `active_sources` finds the ones the app turned on, without importing any of them: a source is active when its
 instrumentor module was imported and its instrumentor's public ``is_instrumented_by_opentelemetry`` is true.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from agentlightning.adapters._base import Adapter, UnsupportedVersionError
@@ -83,11 +87,14 @@ class SpanSource(Adapter):
     def _suppressed(self) -> bool:
         return any(_instrumented(name) for name in self.COVERS)
 
+    _withdraw_routing: Callable[[], None] | None = None
+
     def _instrument(self) -> None:
-        from agentlightning.tracing import set_as_global
+        from agentlightning.tracing import when_global_provider
         from agentlightning.tracing._genai import SourceRegistration, register_source
 
-        set_as_global()
+        # The adapter contract: never set the global provider here (see the module docstring).
+        self._withdraw_routing = when_global_provider(_provider_routed)
         client = "openai" in self.COVERS
         registration = SourceRegistration(
             self.NAME, self._suppressed, client=client, agent_attribute=self.AGENT_ATTRIBUTE
@@ -105,10 +112,17 @@ class SpanSource(Adapter):
         from agentlightning.tracing._genai import unregister_source
 
         unregister_source(self.SCOPES, self.NAME)
+        if self._withdraw_routing is not None:
+            self._withdraw_routing()
+            self._withdraw_routing = None
         if self._hooks_client():
             from agentlightning.adapters._openai import release_openai_hook
 
             release_openai_hook()
+
+
+def _provider_routed(provider: Any) -> None:
+    """Nothing more to do once the global provider feeds the store: the processor maps the source's spans."""
 
 
 _OPENLLMETRY = ">=0.62,<0.63"

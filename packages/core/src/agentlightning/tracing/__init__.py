@@ -17,6 +17,7 @@ from agentlightning.tracing._otlp import (
 )
 from agentlightning.tracing._processor import LightningSpanProcessor, SpanWriteError
 from agentlightning.tracing._provider import (
+    OwnSpanReader,
     aflush,
     agent_of_span,
     attach_to,
@@ -35,6 +36,7 @@ __all__ = [
     "OTLP_INSTALL",
     "LightningSpanProcessor",
     "LoopThread",
+    "OwnSpanReader",
     "RolloutContext",
     "SpanWriteError",
     "aflush",

@@ -34,8 +34,8 @@ __all__ = [
     "mark_start",
     "register_source",
     "source_attributes",
+    "source_in_use",
     "unregister_source",
-    "used",
 ]
 
 # gen_ai.operation.name values of an LLM call (chat, text completion; Gemini-style generate_content).
@@ -88,16 +88,24 @@ class SourceRegistration:
 
 by_scope: dict[str, SourceRegistration] = {}
 """Instrumentation scope name -> source. Empty unless a source is in use: the processor checks it first."""
-used = False
-"""A source was registered once in this process: spans marked then may still be waiting for conversion."""
+# A one-element list, not a rebindable global: a ``from _genai import ...`` of a bool would copy a stale value.
+# Read through `source_in_use`.
+_registered_once: list[bool] = [False]
+
+
+def source_in_use() -> bool:
+    """Whether a span source was registered once in this process.
+
+    Stays ``True`` after `unregister_source`: spans it marked may still be waiting for conversion in the writer.
+    """
+    return _registered_once[0]
 
 
 def register_source(scopes: tuple[str, ...], registration: SourceRegistration) -> None:
     """Map spans of these instrumentation scopes from now on (idempotent)."""
-    global used
     for scope in scopes:
         by_scope[scope] = registration
-    used = True
+    _registered_once[0] = True
 
 
 def unregister_source(scopes: tuple[str, ...], name: str) -> None:

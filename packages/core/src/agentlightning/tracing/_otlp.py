@@ -39,7 +39,10 @@ _processors: dict[str, _Switchable] = {}  # traces URL -> its processor
 
 
 class _Switchable(SpanProcessor):
-    """A span processor that can be switched off for good (the SDK provider cannot remove a processor)."""
+    """A span processor that can be switched off for good (the SDK provider cannot remove a processor).
+
+    An `OwnSpanReader`: while on, it reads our own spans (so they take the SDK path); once off, light spans again.
+    """
 
     def __init__(self, inner: SpanProcessor) -> None:
         self.inner = inner
@@ -59,6 +62,9 @@ class _Switchable(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis) if self.active else True
+
+    def reads_own_spans(self) -> bool:
+        return self.active
 
 
 def otlp_endpoint_from_env() -> str | None:

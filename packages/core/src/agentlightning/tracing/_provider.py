@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -19,6 +19,7 @@ from agentlightning.tracing._light import LightTracer
 from agentlightning.tracing._processor import LightningSpanProcessor
 
 __all__ = [
+    "OwnSpanReader",
     "aflush",
     "agent_of_span",
     "attach_to",
@@ -76,12 +77,33 @@ def get_tracer_provider() -> TracerProvider:
         return _provider
 
 
+@runtime_checkable
+class OwnSpanReader(Protocol):
+    """A span processor that declares whether it must see Agent Lightning's own spans (root, LLM, reward) now.
+
+    Our own spans inside a rollout skip the OpenTelemetry SDK (light spans) only while no other processor on our
+    provider reads them. A processor that does not implement this protocol (an exporter, the application's own) is
+    taken to read them for good: adding it turns light spans off, and says so once in the log (INFO).
+    `agentlightning.adapters.GatedSpanProcessor` (a mapper of a framework's spans: ``False``) and the OTLP exporter
+    (``True`` until `stop_otlp_export` switches it off) implement it.
+    """
+
+    def reads_own_spans(self) -> bool:
+        """Whether this processor must now receive our own spans as SDK spans."""
+        ...
+
+
+def _always() -> bool:
+    return True
+
+
 class _Provider(TracerProvider):
     """Our SDK provider, which knows whether a processor besides ours sees its spans (an OTLP exporter, a user's)."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
-        self.others: list[SpanProcessor] = []
+        self.others: list[Callable[[], bool]] = []
+        """For each processor besides ours: whether it reads our own spans now (`OwnSpanReader`)."""
         limits = SpanLimits()  # from the OTEL_*_LIMIT variables: light spans keep the SDK's defaults only
         self.default_limits = (
             (limits.max_attribute_length, limits.max_span_attribute_length) == (None, None)
@@ -91,15 +113,19 @@ class _Provider(TracerProvider):
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         super().add_span_processor(span_processor)
-        if span_processor is not _processor:
-            self.others.append(span_processor)
+        if span_processor is _processor:
+            return
+        if isinstance(span_processor, OwnSpanReader):
+            self.others.append(span_processor.reads_own_spans)
+            return
+        # Right for an exporter or the app's own processor (it sees our spans), but worth a line: the SDK path costs.
+        logger.info("light spans off: %s also receives Agent Lightning's spans", type(span_processor).__qualname__)
+        self.others.append(_always)
 
     def light_allowed(self) -> bool:
-        """Whether our own spans may skip the SDK: the limits are the default and no other processor that reads our
-        spans is active (an adapter's mapper of a framework's spans says ``reads_own_spans = False``)."""
-        return self.default_limits and not any(
-            getattr(p, "active", True) and getattr(p, "reads_own_spans", True) for p in self.others
-        )
+        """Whether our own spans may skip the SDK: the limits are the default and no other processor reads our spans
+        now (each one added says so through `OwnSpanReader`; one that does not, reads them)."""
+        return self.default_limits and not any(reads() for reads in self.others)
 
 
 def light_tracer(name: str = "agentlightning") -> trace.Tracer:

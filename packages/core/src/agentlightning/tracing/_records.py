@@ -106,7 +106,8 @@ def to_span_model(ctx: RolloutContext, sequence_id: int, span: FinishedSpan) -> 
     parent = span.parent
     status = span.status
     attributes = _attributes(span.attributes)
-    if _genai.used:  # a span source was in use: map its spans (in a copy: the span's own mapping is not ours)
+    # A span source was in use: map its spans (in a copy: the span's own mapping is not ours).
+    if _genai.source_in_use():
         attributes = dict(attributes)
         _genai.source_attributes(attributes)
     return Span.__pydantic_validator__.validate_python(  # model_validate without its per-call argument checks
