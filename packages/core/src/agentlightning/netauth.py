@@ -2,7 +2,7 @@
 
 Off loopback a server needs a bearer token of at least `MIN_TOKEN_LENGTH` characters (`check_bind_token`), and a
 request carries it as ``Authorization: Bearer <token>`` (`bearer_matches`). The store, the LLM proxy and the
-dashboard apply the same rule; a trainer's model server (``agentlightning_torch.BackendServer``) does too.
+dashboard apply the same rule; so do the model servers that trainer packages run.
 """
 
 from __future__ import annotations
