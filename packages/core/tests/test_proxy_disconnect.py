@@ -10,10 +10,10 @@ import pytest
 
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
-from agentlightning.testing import start_attempts
+from agentlightning.testing import RawHttpServer, read_request, start_attempts
 
 
-class SilentBackend:
+class SilentBackend(RawHttpServer):
     """A raw HTTP server that takes a request, optionally sends stream headers and one chunk, then never answers.
 
     ``arrived`` is set when a request is in; ``closed`` when the proxy closes that connection (end of file).
@@ -23,24 +23,9 @@ class SilentBackend:
         self.stream = stream
         self.arrived = asyncio.Event()
         self.closed = asyncio.Event()
-        self.url = ""
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> SilentBackend:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-        )
-        await reader.readexactly(length)
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
         if self.stream:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             event = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'

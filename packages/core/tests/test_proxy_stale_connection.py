@@ -17,7 +17,7 @@ import pytest
 
 from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore, StoreClient
-from agentlightning.testing import start_attempts
+from agentlightning.testing import RawHttpServer, read_request, start_attempts
 
 ANSWER = {
     "id": "chatcmpl-1",
@@ -36,7 +36,7 @@ ANSWER = {
 }
 
 
-class ClosesAfterErrors:
+class ClosesAfterErrors(RawHttpServer):
     """A raw HTTP/1.1 server: a connection's first request is answered 500 when ``fail_first`` is set (keep-alive
     promised); any later request on a connection that answered an error is met with a close, no answer. With
     ``fail_first`` unset, a connection's second request meets the close instead (a server's idle close)."""
@@ -47,27 +47,13 @@ class ClosesAfterErrors:
         self.close_second = not fail_first
         self.connections = 0
         self.closed_unanswered = 0
-        self.url = ""
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> ClosesAfterErrors:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         errored = False
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.lower().split(b"\r\n")
-                length = next((int(ln.split(b":", 1)[1]) for ln in lines if ln.startswith(b"content-length")), 0)
-                await reader.readexactly(length)
+                await read_request(reader)
                 if errored:
                     self.closed_unanswered += 1
                     return

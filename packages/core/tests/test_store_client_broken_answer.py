@@ -10,34 +10,21 @@ import logging
 import pytest
 
 from agentlightning.store import StoreClient, StoreUnavailableError
+from agentlightning.testing import RawHttpServer, read_request
 
 
-class BreaksOffFirstAnswer:
+class BreaksOffFirstAnswer(RawHttpServer):
     """A raw HTTP/1.1 server: the first request gets its answer's head (``content-length: 200``) and then a close,
     no body; every later one gets ``answer`` in full."""
 
     def __init__(self, answer: bytes) -> None:
         self.answer = answer
         self.requests = 0
-        self.url = ""
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> BreaksOffFirstAnswer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.lower().split(b"\r\n")
-                length = next((int(ln.split(b":", 1)[1]) for ln in lines if ln.startswith(b"content-length")), 0)
-                await reader.readexactly(length)
+                await read_request(reader)
                 self.requests += 1
                 if self.requests == 1:
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agentlightning.testing._guard import KitGuard, silent_overrides
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
+    from agentlightning.testing._raw_http import RawHttpServer, read_request
     from agentlightning.testing._served_store import ServedStoreProcess, free_port
     from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
     from agentlightning.testing._wait import wait_until
@@ -45,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "KitGuard": "agentlightning.testing._guard",
     "silent_overrides": "agentlightning.testing._guard",
     "wait_until": "agentlightning.testing._wait",
+    "RawHttpServer": "agentlightning.testing._raw_http",
+    "read_request": "agentlightning.testing._raw_http",
 }
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "KitGuard",
     "KitHarness",
     "PostgresServer",
+    "RawHttpServer",
     "RunRecord",
     "ScriptedModelServer",
     "ScriptedReply",
@@ -66,6 +70,7 @@ __all__ = [
     "free_port",
     "make_call",
     "make_span",
+    "read_request",
     "run_failover",
     "silent_overrides",
     "start_attempts",
