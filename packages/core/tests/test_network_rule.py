@@ -129,3 +129,14 @@ def test_only_the_shared_module_decides_what_loopback_is() -> None:
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 offenders += [f"{where} defines {name}" for name in names if name == "MIN_TOKEN_LENGTH"]
     assert offenders == [], "a network rule outside agentlightning._netauth:\n" + "\n".join(offenders)
+
+
+def test_a_new_token_never_reads_as_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token pasted after ``--store-token`` must not start with ``-`` (argparse: "expected one argument")."""
+    import secrets
+
+    from agentlightning.netauth import new_token
+
+    drawn = iter(["-starts-like-an-option-0123456789", "--another-0123456789abcdefgh", "Ab3-fine-0123456789"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda _nbytes: next(drawn))
+    assert new_token() == "Ab3-fine-0123456789"

@@ -76,8 +76,15 @@ def check_bind_token(host: str, token: str | None, what: str, how: str) -> None:
 
 
 def new_token() -> str:
-    """A fresh random bearer token (256 bits, URL-safe: it can travel in a dashboard URL's fragment)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random bearer token (256 bits, URL-safe: it can travel in a dashboard URL's fragment).
+
+    Never one that starts with ``-``: pasted after an option (``--store-token -x...``), argparse would take it for
+    an option of its own ("expected one argument"); a URL-safe token starts so once in 64.
+    """
+    token = secrets.token_urlsafe(32)
+    while token.startswith("-"):
+        token = secrets.token_urlsafe(32)
+    return token
 
 
 def bearer_matches(authorization: str | bytes | None, token: str) -> bool:
