@@ -175,6 +175,9 @@ async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple
 # ----- cancelled rollouts stop generating -------------------------------------------------------------------
 
 STATUS: list[tuple[str, int]] = []
+SHORTS_DONE: list[asyncio.Event] = []
+"""Set once the short rollouts have finished: only then do the long ones call (the runner shares the test's loop).
+Started together, a long generation could end before slow short rollouts did, on a busy machine."""
 
 
 def _is_long(rollout_id: str) -> bool:
@@ -187,6 +190,8 @@ async def long_or_short_agent(task: dict[str, Any], resources: agl.Resources) ->
     llm, rollout = resources.llm, agl.current_rollout()
     assert llm is not None and rollout is not None
     long = _is_long(rollout.rollout_id)
+    if long:
+        await SHORTS_DONE[-1].wait()
     request: dict[str, Any] = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}]}
     if long:
         request.update(max_tokens=LONG, ignore_eos=True, temperature=1.0)
@@ -223,6 +228,7 @@ async def _running(trainer: TorchTrainer) -> int:
 
 async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl.LightningStore) -> None:
     STATUS.clear()
+    SHORTS_DONE.append(asyncio.Event())
     real_wait = store.wait_for_rollouts
     at_update: list[int] = []
     real_update = trainer.engine.update
@@ -231,6 +237,7 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
         # Stands in for the rollout timeout without a clock: "late" = the long rollouts, their call generating.
         long_ids = {i for i in rollout_ids if _is_long(i)}
         await real_wait([i for i in rollout_ids if i not in long_ids])
+        SHORTS_DONE[-1].set()
         deadline = time.monotonic() + 300
         while await _running(trainer) < 1:  # the long calls are in the server (polled, bounded)
             assert time.monotonic() < deadline, f"the long generation never started (answers: {STATUS})"
