@@ -257,6 +257,26 @@ def test_backend_validates_input(calc_model: PreTrainedModel, tokenizer: PreTrai
         backend.stop()
 
 
+def test_running_drops_before_an_answer_is_delivered(
+    calc_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """Whoever holds an answer never sees its sequence counted as running (a trainer waits on ``running``)."""
+    backend = LocalBackend(calc_model, tokenizer).start()
+    try:
+        seen: list[int] = []  # `running` read as each answer is delivered (the callback runs in the worker)
+        backend.pause()  # both queue, with their callbacks, before either is admitted
+        futures = [
+            backend.submit([2, 3, 4], SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)) for n in (2, 12)
+        ]
+        for future in futures:
+            future.add_done_callback(lambda _: seen.append(backend.running))
+        backend.resume()
+        assert [len(f.result(timeout=120).token_ids) for f in futures] == [2, 12]
+        assert seen == [1, 0] and backend.running == 0
+    finally:
+        backend.stop()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_each_answer_reports_the_version_of_the_weights_that_generated_it(
     server: BackendServer,

@@ -239,7 +239,8 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
         await real_wait([i for i in rollout_ids if i not in long_ids])
         SHORTS_DONE[-1].set()
         deadline = time.monotonic() + 300
-        while await _running(trainer) < 1:  # the long calls are in the server (polled, bounded)
+        # Both long calls are in the proxy and one generates in the server (polled, bounded): none can come late.
+        while trainer.proxy.in_flight < len(long_ids) or await _running(trainer) < 1:
             assert time.monotonic() < deadline, f"the long generation never started (answers: {STATUS})"
             await asyncio.sleep(0.05)
         return await real_wait(rollout_ids, timeout=0)

@@ -460,12 +460,15 @@ class LocalBackend:
             except Exception as error:  # a failed step must not kill the worker
                 logger.exception("generation failed")
                 failed = [*taken, *batch.clear()]
+                self._recount(batch)
                 for sequence in {id(s): s for s in failed}.values():
                     sequence.tag.future.set_exception(error)
                 continue
             finally:
                 self.stats.busy_seconds += time.monotonic() - started
                 self.stats.cpu_seconds += time.thread_time() - started_cpu
+            if finished:
+                self._recount(batch)  # `running` drops before any caller sees its answer
             for sequence in finished:
                 self.stats.requests += 1
                 self.stats.tokens += len(sequence.result.token_ids)
@@ -474,6 +477,12 @@ class LocalBackend:
         for sequence in [*batch.clear(), *self._resumed]:
             sequence.tag.future.set_exception(stopped)
         self._resumed.clear()
+
+    def _recount(self, batch: DecodeBatch) -> None:
+        """In the worker: the sequences still admitted (the batch's rows and the evicted ones waiting to resume)."""
+        with self._condition:
+            self._inflight = len(batch.rows) + len(self._resumed)
+            self._condition.notify_all()  # a swap may be waiting for the count to reach 0
 
     def _keep_under_bound(self, batch: DecodeBatch) -> None:
         """Evict the newest rows while the next step would take the cache past ``max_kv_tokens``."""
