@@ -214,6 +214,9 @@ def test_network_options_are_checked_before_anything_starts(
         (["--policy", "calc=frozen"], "nothing would train"),
         (["--default-policy", "writer"], "needs --policy"),
         (["--policies", "/nonexistent/policies.json"], "--policies"),
+        (["--policy-settings", "calc:lr=1e-3"], "--policy-settings needs several policies"),
+        (["--policy", "calc=solver", "--policy-settings", "solvr:lr=1e-3"], "not trained: ['solvr']"),
+        (["--policy", "calc=solver", "--policy-settings", "solver:rank=0"], "policy 'solver': r: Input should be"),
     ],
 )
 def test_bad_policy_maps_are_refused_before_anything_starts(

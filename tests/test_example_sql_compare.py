@@ -55,10 +55,17 @@ def test_both_modes_train_from_the_same_start_and_report_per_agent_curves(tmp_pa
         "--iterations", "2", "--tasks-per-iteration", "4", "--samples-per-task", "4", "--eval-size", "4",
         "--workers", "16", "--runners", "1", "--minutes", "600", "--output", str(out),
         "--rollout-timeout", "3600",  # the run ends after 2 iterations however slow the machine
+        "--lr", "2e-4", "--policy-settings", "rewriter:lr=1e-3,rank=4",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     adapters, shared = summary["modes"]["adapters"], summary["modes"]["shared"]
+    # the settings each mode used: the writer's LoRA lr is the default (10x --lr), the rewriter's its own
+    used = adapters["settings"]["policies"]
+    assert used["writer"]["lr"] == pytest.approx(2e-3) and used["writer"]["lora_r"] == 8
+    assert (used["rewriter"]["lr"], used["rewriter"]["lora_r"]) == (1e-3, 4)
+    assert shared["settings"]["policies"] == {"shared": {"weights": "full", "lr": 2e-4, "kl_coef": 0.05}}
+    assert "adapters: policy rewriter: lora weights, lr 0.001" in " ".join(done.stderr.split())
     assert adapters["iterations"] == shared["iterations"] == 2
     # LoRA adapters start at zero: before RL both modes serve the same model, greedily the same answers
     assert adapters["reward_before"] == shared["reward_before"]

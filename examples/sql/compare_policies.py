@@ -109,10 +109,18 @@ async def agent_curves(db: Path) -> dict[str, list[list[float]]]:
         await store.close()
 
 
-async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    """One mode's training run (``train.py``'s) and its per-agent curves."""
+def args_of(args: argparse.Namespace, mode: str) -> argparse.Namespace:
+    """The options of one mode's run: its own output folder; ``--policy-settings`` only where it has policies."""
     mode_args = copy.copy(args)
     mode_args.output = args.output / mode
+    if policy_map(mode) is None:
+        mode_args.policy_settings = []
+    return mode_args
+
+
+async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """One mode's training run (``train.py``'s) and its per-agent curves."""
+    mode_args = args_of(args, mode)
     summary = await sql_train.train(mode_args, policy_map(mode))
     summary["agent_curves"] = await agent_curves(mode_args.output / "store.db")
     # each mode's figures as soon as it ends (a long comparison stopped later keeps the modes it finished)
@@ -122,7 +130,8 @@ async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
 async def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Every mode of ``args.modes`` in turn, then the plot; the figures of all."""
-    sql_train.build_config(args, policy_map(args.modes[0]))  # bad options stop the script before any run
+    for mode in args.modes:  # bad options stop the script before any run
+        sql_train.build_config(args_of(args, mode), policy_map(mode))
     results: dict[str, Any] = {}
     for mode in args.modes:
         results[mode] = await run_mode(args, mode)
@@ -184,6 +193,12 @@ def show(summary: dict[str, Any]) -> None:
             f"{mode}: {s['iterations']} iterations in {s['seconds']:.0f} s of RL ({s['seconds_per_iteration']:.1f} "
             f"s/it), best held-out at iteration {s['best_iteration']}, trained samples {s['trained_samples']}"
         )
+    for mode, s in summary["modes"].items():
+        for policy, used in s.get("settings", {}).get("policies", {}).items():
+            line = f"{mode}: policy {policy}: {used['weights']} weights, lr {used['lr']:.3g}, KL {used['kl_coef']:.3g}"
+            if used["weights"] == "lora":
+                line += f", LoRA r {used['lora_r']} alpha {used['lora_alpha']} on {'+'.join(used['lora_targets'])}"
+            console.print(line)
     console.print(f"plot: {summary['plot']}")
 
 

@@ -132,7 +132,8 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         workers=args.workers,
         quiet=args.quiet,
     )
-    result = await SqlRun(make_trainer(config), settings).execute()
+    loop = make_trainer(config)
+    result = await SqlRun(loop, settings).execute()
     history, tail = result.history, result.history[-5:]
     plot = args.output / "reward_curve.png"
     curves = [
@@ -155,10 +156,20 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         "trained_samples": {a: int(sum(r.metrics.get(f"samples_{a}", 0) for r in history)) for a in AGENTS},
         "filtered_calls": int(sum(r.metrics.get("calls_filtered", 0) for r in history)),
         "rl_seconds": summary["seconds"],
+        "settings": settings_used(config, loop.engine),
         **summary,
         "plot": str(plot),
         "metrics": str(args.output / "metrics.jsonl"),
     }
+
+
+def settings_used(config: Any, engine: Any) -> dict[str, Any]:
+    """The update settings of the run, and per trained policy what it trained with (a shared policy: all weights)."""
+    ppo = config.ppo
+    run = {"lr": ppo.lr, "kl_coef": ppo.kl_coef, "entropy_coef": ppo.entropy_coef, "ppo_epochs": ppo.epochs}
+    if engine.adapters is None:
+        return {**run, "policies": {"shared": {"weights": "full", "lr": ppo.lr, "kl_coef": ppo.kl_coef}}}
+    return {**run, "policies": dict(engine.adapters.described)}
 
 
 def show(summary: dict[str, Any]) -> None:

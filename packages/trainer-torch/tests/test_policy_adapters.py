@@ -18,7 +18,8 @@ from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_lora import vllm_lora_args
 
 SETTINGS = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
-PPO = PPOConfig(lr=1e-2)
+PPO = PPOConfig(lr=1e-3, lora=SETTINGS)
+"""Every adapter's shape is SETTINGS; its learning rate the LoRA default, 10x the run's: 1e-2."""
 
 
 def _sample(policy: str | None, advantage: float, index: int) -> TrainingSample:
@@ -48,7 +49,7 @@ def _base(adapters: PolicyAdapters) -> dict[str, torch.Tensor]:
 @pytest.fixture
 def adapters(make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast) -> PolicyAdapters:
     torch.manual_seed(0)
-    return PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], SETTINGS, PPO)
+    return PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], PPO)
 
 
 def _step(adapters: PolicyAdapters, policies: list[str | None]) -> dict[str, float]:
@@ -85,7 +86,7 @@ def test_a_checkpoint_holds_every_adapter_and_optimizer_and_peft_loads_each(
     adapters.save(tmp_path)
     saved = {name: _weights(adapters, name) for name in adapters.names}
     torch.manual_seed(1)
-    restored = PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], SETTINGS, PPO)
+    restored = PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], PPO)
     assert any(not torch.equal(saved["writer"][k], v) for k, v in _weights(restored, "writer").items())
     restored.load(tmp_path)
     for name in adapters.names:
@@ -106,7 +107,7 @@ def test_frozen_cannot_be_a_trained_adapter(
     make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
 ) -> None:
     with pytest.raises(ValueError, match="distinct trained policies"):
-        PolicyAdapters(make_small_model(tokenizer), ["writer", FROZEN], SETTINGS, PPO)
+        PolicyAdapters(make_small_model(tokenizer), ["writer", FROZEN], PPO)
 
 
 def test_a_multi_policy_trainer_resumes_every_adapter_and_optimizer(tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ def test_a_multi_policy_trainer_resumes_every_adapter_and_optimizer(tmp_path: Pa
     config = TorchTrainerConfig(
         model_dir=tmp_path / "model",
         output_dir=tmp_path / "run",
-        ppo=PPOConfig(lr=1e-2, lora=SETTINGS),
+        ppo=PPO,
         policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN}),
     )
     trainer = TorchTrainer(config)

@@ -38,6 +38,8 @@ from agentlightning_torch._loading import (
 )
 from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
+from agentlightning_torch._policy_progress import PolicyProgress
+from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import (
     PPOConfig,
     make_optimizer,
@@ -94,6 +96,8 @@ __all__ = [
     "PPOConfig",
     "ParsedResponse",
     "PolicyAdapters",
+    "PolicyProgress",
+    "PolicySettings",
     "RequestCancelled",
     "SFTConfig",
     "SFTExample",

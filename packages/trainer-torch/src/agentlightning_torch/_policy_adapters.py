@@ -3,7 +3,9 @@
 A multi-policy run (`agentlightning.PolicyMap`) trains one adapter per policy that is not `agentlightning.FROZEN`.
 `PolicyAdapters` holds them on one peft model: an update splits the batch by each sample's policy and runs one PPO
 update per policy with samples, with only that adapter active and trainable and only its own optimizer stepping, so
-the other adapters' weights stay bit-identical. A policy with no samples in an iteration is skipped and counted.
+the other adapters' weights stay bit-identical. Each policy has its own `PolicySettings` (learning rate, KL weight,
+LoRA shape; a LoRA learning rate defaults to 10x the run's full-weight one), and `PolicyProgress` warns when a
+policy's reward stays flat while another's rises. A policy with no samples in an iteration is skipped and counted.
 Metrics come per policy (``policy/<name>/<metric>``). Checkpoints hold every adapter as its own ``save_pretrained``
 folder (``adapters/<name>/``: loadable by peft and by vLLM's ``--lora-modules``) plus each optimizer's state.
 """
@@ -11,7 +13,7 @@ folder (``adapters/<name>/``: loadable by peft and by vLLM's ``--lora-modules``)
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import torch
 
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
 from agentlightning_torch._lora import LoraSettings
+from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
+from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import PPOConfig, ppo_update
 
 __all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric"]
@@ -56,29 +60,52 @@ class PolicyAdapters:
     Args:
         model: The base model (wrapped in place: its layers get the adapters).
         policies: The trained policies' names (`agentlightning.PolicyMap.trained`), at least one.
-        settings: Rank, alpha and target modules of every adapter.
-        ppo: The update settings (each adapter's AdamW takes its lr, betas and weight decay).
+        ppo: The run's update settings (betas, clipping, batching...; ``lora`` is every adapter's default shape).
+        settings: Per policy, its own learning rate, KL weight and LoRA shape (`PolicySettings`); a policy without
+            an entry gets ``PolicySettings()``'s defaults.
 
     Raises:
-        ValueError: No policy, a repeated one, or `agentlightning.FROZEN` among them.
+        ValueError: No policy, a repeated one, `agentlightning.FROZEN` among them, or settings for a policy that is
+            not trained here.
     """
 
-    def __init__(self, model: torch.nn.Module, policies: Sequence[str], settings: LoraSettings, ppo: PPOConfig) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        policies: Sequence[str],
+        ppo: PPOConfig,
+        settings: Mapping[str, PolicySettings] | None = None,
+    ) -> None:
         from peft import get_peft_model
 
         names = list(policies)
         if not names or len(set(names)) != len(names) or FROZEN in names:
             raise ValueError(f"PolicyAdapters needs distinct trained policies (not {FROZEN!r}), got {names}")
+        unknown = sorted(set(settings or {}) - set(names))
+        if unknown:
+            raise ValueError(f"settings for policies that are not trained: {unknown} (trained: {names})")
         self.names = names
-        self.ppo = ppo
-        peft_model: Any = get_peft_model(model, _lora_config(settings), adapter_name=names[0])  # type: ignore[arg-type]
+        self.settings = {name: (settings or {}).get(name) or PolicySettings() for name in names}
+        self.ppo = {name: self.settings[name].ppo(ppo) for name in names}
+        """Per policy, its update settings (the run's with its learning rate and KL weight)."""
+        self.lora = {name: self.settings[name].lora_settings(ppo) for name in names}
+        """Per policy, its adapter's shape."""
+        self.described = {name: self.settings[name].describe(ppo) for name in names}
+        """Per policy, the settings in use (reported by runs and comparisons)."""
+        first: Any = _lora_config(self.lora[names[0]])
+        peft_model: Any = get_peft_model(model, first, adapter_name=names[0])  # type: ignore[arg-type]
         for name in names[1:]:
-            peft_model.add_adapter(name, _lora_config(settings))
+            peft_model.add_adapter(name, _lora_config(self.lora[name]))
         self.model: Any = peft_model
         self.optimizers = {
-            name: torch.optim.AdamW(self.parameters(name), lr=ppo.lr, betas=ppo.betas, weight_decay=ppo.weight_decay)
+            name: torch.optim.AdamW(
+                self.parameters(name), lr=self.ppo[name].lr, betas=ppo.betas, weight_decay=ppo.weight_decay
+            )
             for name in names
         }
+        self.progress = PolicyProgress(names)
+        for name in names:
+            logger.info("policy %s: %s", name, self.described[name])
         self.skipped: dict[str, int] = dict.fromkeys(names, 0)
         """Per policy, the iterations it had no samples in (and so was not updated)."""
         self.updated: list[str] = []
@@ -104,35 +131,49 @@ class PolicyAdapters:
 
         Returns:
             Per policy ``policy/<name>/<metric>``: every `ppo_update` metric (``kl``, ``loss``...), ``samples``,
-            ``reward_mean`` (the mean credit of its samples), ``skipped`` (1 when it had no samples) and
-            ``skipped_total``; plus ``policies_updated``, ``policies_skipped`` and ``samples_untrained`` (samples of
-            the frozen base or of a policy that is not trained here).
+            ``reward_mean`` (the mean credit of its samples), ``skipped`` (1 when it had no samples),
+            ``skipped_total``, ``drift`` (how far its weights moved from the start, `adapter_drift`) and ``flat``
+            (1 while `PolicyProgress` calls it flat: a warning is logged when it turns flat); plus
+            ``policies_updated``, ``policies_skipped`` and ``samples_untrained`` (samples of the frozen base or of a
+            policy that is not trained here).
         """
         groups = self.split(batch)
         metrics: dict[str, float] = {}
         self.updated = []
         for name in self.names:
-            samples = groups.pop(name, [])
-            metrics[policy_metric(name, "samples")] = float(len(samples))
-            if not samples:
-                self.skipped[name] += 1
-                metrics[policy_metric(name, "skipped")] = 1.0
-                metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-                logger.info("policy %s had no samples this iteration: not updated", name)
-                continue
-            self.model.set_adapter(name)  # only this adapter is active and trainable
-            sub = TrainingBatch(samples=samples, metrics={})
-            result = ppo_update(self.model, self.optimizers[name], sub, self.ppo, device)
-            for key, value in result.items():
-                metrics[policy_metric(name, key)] = value
-            metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
-            metrics[policy_metric(name, "skipped")] = 0.0
-            metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-            self.updated.append(name)
+            metrics.update(self._update_one(name, groups.pop(name, []), device))
+        metrics.update(self._watch_progress(metrics))
         metrics["policies_updated"] = float(len(self.updated))
         metrics["policies_skipped"] = float(len(self.names) - len(self.updated))
         metrics["samples_untrained"] = float(sum(len(v) for v in groups.values()))
         return metrics
+
+    def _update_one(self, name: str, samples: list[TrainingSample], device: str | torch.device) -> dict[str, float]:
+        """Policy ``name``'s PPO update on its samples (or its skip); its metrics."""
+        metrics = {policy_metric(name, "samples"): float(len(samples))}
+        if not samples:
+            self.skipped[name] += 1
+            metrics[policy_metric(name, "skipped")] = 1.0
+            metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
+            logger.info("policy %s had no samples this iteration: not updated", name)
+            return metrics
+        self.model.set_adapter(name)  # only this adapter is active and trainable
+        sub = TrainingBatch(samples=samples, metrics={})
+        result = ppo_update(self.model, self.optimizers[name], sub, self.ppo[name], device)
+        metrics.update({policy_metric(name, key): value for key, value in result.items()})
+        metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
+        metrics[policy_metric(name, "skipped")] = 0.0
+        metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
+        self.updated.append(name)
+        return metrics
+
+    def _watch_progress(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Every policy's drift and flat flag after this update; a warning for each policy that turned flat."""
+        drift = {name: adapter_drift(self.model, name) for name in self.names}
+        for name, warning in self.progress.record(_rewards(metrics, self.updated), drift).items():
+            logger.warning("%s", warning + _hint(self.described[name]))
+        flags = {policy_metric(name, "flat"): float(name in self.progress.flat) for name in self.names}
+        return {**{policy_metric(name, "drift"): value for name, value in drift.items()}, **flags}
 
     def save(self, directory: Path) -> None:
         """Every adapter as ``adapters/<name>/`` (``save_pretrained``) and every optimizer's state."""
@@ -161,9 +202,26 @@ class PolicyAdapters:
             self.optimizers[name].load_state_dict(state["optimizers"][name])
         self.skipped.update(state.get("skipped", {}))
 
+    @property
+    def max_rank(self) -> int:
+        """The largest adapter rank (what a multi-LoRA server must be started for)."""
+        return max(lora.r for lora in self.lora.values())
+
     @staticmethod
     def adapter_folder(directory: Path, name: str) -> Path:
         """Where a checkpoint keeps adapter ``name`` (what peft's ``save_pretrained`` writes for it)."""
         root = directory / ADAPTERS_FOLDER
         # peft writes the first selected adapter named "default" at the root, any other under its name
         return root if name == "default" else root / name
+
+
+def _rewards(metrics: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
+    """Per policy updated this iteration, the mean credit of its samples."""
+    return {n: metrics[policy_metric(n, "reward_mean")] for n in names if policy_metric(n, "reward_mean") in metrics}
+
+
+def _hint(described: Mapping[str, Any]) -> str:
+    return (
+        f": look at its learning rate (now {described['lr']:.3g}; LoRA usually needs about 10x a full-weight rate; "
+        f"set it with --policy-settings POLICY:lr=..., or PolicySettings.lr) or its LoRA rank ({described['lora_r']})"
+    )

@@ -26,7 +26,7 @@ from agentlightning_torch._backend import LocalBackend, merged_state_dict
 from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
 from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
-from agentlightning_torch._lora import LoraSettings, is_lora
+from agentlightning_torch._lora import is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters
 from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
@@ -63,12 +63,11 @@ class TorchEngine(Engine):
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
         self.adapters: PolicyAdapters | None = None
-        lora = config.ppo.lora or LoraSettings()
         # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
         self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
         """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
         if config.policies is not None:
-            self.adapters = PolicyAdapters(loaded.model, config.policies.trained, lora, config.ppo)
+            self.adapters = PolicyAdapters(loaded.model, config.policies.trained, config.ppo, config.policy_settings)
             self.policy: torch.nn.Module = self.adapters.model
             self.optimizer = self.adapters.optimizers[self.adapters.names[0]]
         else:
@@ -91,7 +90,7 @@ class TorchEngine(Engine):
                 tokenizer=self.tokenizer,
                 vocab_size=int(getattr(loaded.model.config, "vocab_size", len(self.tokenizer))),
                 # policies: vLLM serves each one's adapter (multi-LoRA) beside the frozen base
-                lora=None if self.adapters is None else (len(self.adapters.names), lora.r),
+                lora=None if self.adapters is None else (len(self.adapters.names), self.adapters.max_rank),
             )
         self._server: BackendServer | None = None
         self._backend_url: str | None = None

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
-from agentlightning_torch._lora import LoraSettings
+from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._vllm_lora import vllm_lora_args
 from agentlightning_torch._vllm_serving import VLLMSettings
@@ -67,6 +67,8 @@ class TorchTrainerConfig(BaseModel):
             targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
             backend serves every adapter beside the base (`LocalBackend`, or vLLM's multi-LoRA serving, each adapter
             loaded in place after its update and verified by log-probs). ``None``: one shared policy.
+        policy_settings: Per trained policy, its own learning rate, KL weight and LoRA shape (`PolicySettings`;
+            a LoRA policy's learning rate defaults to 10x ``ppo.lr``, its shape to ``ppo.lora``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -104,6 +106,7 @@ class TorchTrainerConfig(BaseModel):
     backend: Literal["local", "vllm"] = "local"
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     policies: PolicyMap | None = None
+    policy_settings: dict[str, PolicySettings] = Field(default_factory=dict[str, PolicySettings])
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
@@ -153,9 +156,16 @@ class TorchTrainerConfig(BaseModel):
     @model_validator(mode="after")
     def _policies_train_adapters(self) -> TorchTrainerConfig:
         if self.policies is None:
+            if self.policy_settings:
+                raise ValueError("policy_settings need policies (a PolicyMap): one shared policy trains with ppo")
             return self
-        if not self.policies.trained:
+        trained = self.policies.trained
+        if not trained:
             raise ValueError("policies map every agent to 'frozen': nothing would train (map an agent to an adapter)")
+        unknown = sorted(set(self.policy_settings) - set(trained))
+        if unknown:
+            raise ValueError(f"policy_settings name policies that are not trained: {unknown} (trained: {trained})")
         if self.backend == "vllm":  # vLLM serves every adapter at once, up to the ranks it knows
-            vllm_lora_args(len(self.policies.trained), (self.ppo.lora or LoraSettings()).r)
+            ranks = [self.policy_settings.get(n, PolicySettings()).lora_settings(self.ppo).r for n in trained]
+            vllm_lora_args(len(trained), max(ranks))
         return self

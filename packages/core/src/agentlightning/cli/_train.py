@@ -165,6 +165,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help='the policy map as JSON: {"agents": {"writer": "writer", "checker": "frozen"}, "default": "frozen"}',
     )
+    parser.add_argument(
+        "--policy-settings",
+        action="append",
+        default=[],
+        metavar="POLICY:KEY=VALUE[,...]",
+        help="with --policy: one policy's learning rate, KL weight or LoRA shape (repeatable), e.g. "
+        "--policy-settings writer:lr=3e-3,rank=16 (keys lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA "
+        "policy's lr defaults to 10x --lr)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)

@@ -127,6 +127,13 @@ def add_run_arguments(
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--policy-settings",
+        action="append",
+        default=[],
+        metavar="POLICY:KEY=VALUE[,...]",
+        help=POLICY_SETTINGS_HELP,
+    )
 
 
 def _check_budgets(args: argparse.Namespace) -> None:
@@ -179,6 +186,7 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
     }
     try:
         settings["ppo"] = PPOConfig(num_threads=args.threads, **ppo_settings)
+        settings.update(_policy_settings(args, settings))
         config = TorchTrainerConfig(**settings)
         config.loop_config()  # the loop's checks too, now: not as a model that "cannot load" once it is loaded
         return config
@@ -187,6 +195,28 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
         raise UsageError(f"invalid setting: {problems}") from None
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
+
+
+POLICY_SETTINGS_HELP = (
+    "with several policies: one policy's learning rate, KL weight or LoRA shape (repeatable), e.g. "
+    "--policy-settings writer:lr=3e-3,rank=16 (keys lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA policy's "
+    "lr defaults to 10x --lr)"
+)
+
+
+def _policy_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """``policy_settings`` from ``--policy-settings`` (only for a run with policies; without, they are refused)."""
+    from agentlightning_torch._policy_settings import parse_policy_settings
+
+    entries: list[str] = list(getattr(args, "policy_settings", None) or [])
+    if not entries:
+        return {}
+    if settings.get("policies") is None:
+        raise UsageError("--policy-settings needs several policies (--policy AGENT=POLICY ...)")
+    try:
+        return {"policy_settings": parse_policy_settings(entries, settings["ppo"])}
+    except ValueError as error:
+        raise UsageError(f"--policy-settings: {error}") from None
 
 
 _OPTIONS = {

@@ -1,0 +1,154 @@
+"""Per-policy settings (learning rate, KL weight, LoRA shape) reach each policy, and a policy that does not move is
+named (its drift or its reward flat while another policy's moves)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
+from agentlightning_torch._lora import LoraSettings
+from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
+from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
+from agentlightning_torch._policy_settings import LORA_LR_SCALE, PolicySettings, parse_policy_settings
+from agentlightning_torch._ppo import PPOConfig
+from agentlightning_torch._trainer_config import TorchTrainerConfig
+
+RUN = PPOConfig(lr=1e-3, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+
+
+def _batch(policies: list[str], seed: int) -> TrainingBatch:
+    samples = [
+        TrainingSample(
+            prompt_token_ids=[3, 4, 5, 6 + (i + seed) % 3],
+            response_token_ids=[7, 8, 9],
+            response_mask=[1, 1, 1],
+            credit=1.0 if i % 2 else 0.0,
+            advantage=1.0 if i % 2 else -1.0,
+            group_id="g",
+            rollout_id=f"r{i}",
+            attempt_id="a",
+            step_index=0,
+            policy=policy,
+        )
+        for i, policy in enumerate(policies)
+    ]
+    return TrainingBatch(samples=samples)
+
+
+def test_each_policy_gets_its_own_learning_rate_kl_and_rank(
+    make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
+) -> None:
+    settings = {"writer": PolicySettings(lr=2e-4, kl_coef=0.0, lora=LoraSettings(r=2, alpha=4))}
+    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], RUN, settings)
+    # the optimizer of each adapter holds its own rate; an unset one is the LoRA default (10x the run's)
+    assert adapters.optimizers["writer"].param_groups[0]["lr"] == 2e-4
+    assert adapters.optimizers["rewriter"].param_groups[0]["lr"] == pytest.approx(RUN.lr * LORA_LR_SCALE)
+    assert (adapters.ppo["writer"].kl_coef, adapters.ppo["rewriter"].kl_coef) == (0.0, 0.05)
+    # ...and each adapter its own shape: rank 2 on the default targets for the writer, the run's rank 4 for the other
+    shapes = {n: p.shape for n, p in adapters.model.named_parameters() if "lora_A" in n and ".layers.0." in n}
+    writer = {n.split(".")[-4]: s for n, s in shapes.items() if ".writer." in n}
+    rewriter = {n.split(".")[-4]: s for n, s in shapes.items() if ".rewriter." in n}
+    assert {s[0] for s in writer.values()} == {2} and {s[0] for s in rewriter.values()} == {4}
+    assert set(writer) == {"q_proj", "k_proj", "v_proj", "o_proj"} and set(rewriter) == {"q_proj", "v_proj"}
+    assert adapters.max_rank == 4
+    assert adapters.described["writer"]["lr"] == 2e-4 and adapters.described["rewriter"]["lr_default"] is True
+    # the rate reported by the update is the one its optimizer used
+    metrics = adapters.update(_batch(["writer", "rewriter"] * 4, 0))
+    assert metrics[policy_metric("writer", "lr")] == 2e-4
+    assert metrics[policy_metric("rewriter", "lr")] == pytest.approx(1e-2)
+
+
+def test_settings_for_a_policy_that_is_not_trained_are_refused(tmp_path: Path) -> None:
+    policies = PolicyMap(agents={"writer": "writer", "checker": FROZEN})
+    with pytest.raises(ValueError, match=r"not trained: \['rewritr'\]"):
+        TorchTrainerConfig(model_dir=tmp_path, policies=policies, policy_settings={"rewritr": PolicySettings(lr=1)})
+    with pytest.raises(ValueError, match="need policies"):
+        TorchTrainerConfig(model_dir=tmp_path, policy_settings={"writer": PolicySettings(lr=1e-3)})
+    with pytest.raises(ValueError, match="vLLM serves LoRA ranks up to 512, got r=600"):  # the largest rank counts
+        TorchTrainerConfig(
+            model_dir=tmp_path,
+            backend="vllm",
+            policies=policies,
+            policy_settings={"writer": PolicySettings(lora=LoraSettings(r=600))},
+        )
+
+
+def test_policy_settings_parse_from_the_command_line_form() -> None:
+    parsed = parse_policy_settings(["writer:lr=3e-3,rank=16", "rewriter:kl=0", "writer:targets=q_proj+v_proj"], RUN)
+    assert parsed["writer"].lr == 3e-3 and parsed["writer"].lora is not None
+    assert parsed["writer"].lora.r == 16 and parsed["writer"].lora.alpha == 8  # the run's alpha kept
+    assert parsed["writer"].lora.target_modules == ("q_proj", "v_proj")
+    assert parsed["rewriter"] == PolicySettings(kl_coef=0.0)
+    for bad, message in [
+        ("writer", "POLICY:KEY=VALUE"),
+        ("writer:lr", "is not KEY=VALUE"),
+        ("writer:speed=3", "unknown key 'speed'"),
+        ("writer:lr=-1", "policy 'writer': lr: Input should be greater than 0"),
+        ("writer:rank=x", "policy 'writer': r: Input should be a valid integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_policy_settings([bad], RUN)
+
+
+def test_drift_is_zero_at_the_start_and_grows_with_the_learning_rate(
+    make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
+) -> None:
+    torch.manual_seed(0)
+    settings = {"slow": PolicySettings(lr=1e-5), "fast": PolicySettings(lr=1e-2)}
+    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
+    assert adapter_drift(adapters.model, "slow") == adapter_drift(adapters.model, "fast") == 0.0
+    for seed in range(3):
+        metrics = adapters.update(_batch(["slow", "fast"] * 4, seed))
+    slow, fast = metrics[policy_metric("slow", "drift")], metrics[policy_metric("fast", "drift")]
+    assert 0.0 < slow < fast / 100
+
+
+def test_a_policy_whose_weights_lag_far_behind_anothers_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    progress = PolicyProgress(["writer", "rewriter"], window=4)
+    for step in range(1, 4):  # not before `window` updates
+        assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.001 * step, "rewriter": 0.1}) == {}
+    warned = progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.004, "rewriter": 0.2})
+    assert list(warned) == ["writer"] and "drifted 0.004 from the start against 0.2 for policy 'rewriter'" in (
+        warned["writer"]
+    )
+    assert progress.flat == {"writer"}
+    assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.005, "rewriter": 0.2}) == {}  # once
+    progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.1, "rewriter": 0.2})  # it moves: not flat
+    assert progress.flat == set()
+
+
+def test_a_policy_whose_reward_stays_flat_while_anothers_rises_is_named() -> None:
+    progress = PolicyProgress(["writer", "rewriter"], window=4)
+    warned: dict[str, str] = {}
+    for writer, rewriter in [(0.30, 0.20), (0.31, 0.25), (0.30, 0.45), (0.31, 0.55)]:
+        warned = progress.record({"writer": writer, "rewriter": rewriter}, {"writer": 0.1, "rewriter": 0.1})
+    assert list(warned) == ["writer"]
+    assert "sampled reward went 0.30 -> 0.30 while policy 'rewriter''s rose 0.23 -> 0.50" in warned["writer"]
+    # both flat, or both rising: nobody is singled out
+    calm = PolicyProgress(["a", "b"], window=4)
+    for _ in range(6):
+        assert calm.record({"a": 0.3, "b": 0.3}, {"a": 0.1, "b": 0.1}) == {}
+
+
+def test_the_adapters_log_the_warning_with_the_setting_to_look_at(
+    make_small_model: Callable[..., PreTrainedModel],
+    tokenizer: PreTrainedTokenizerFast,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    settings = {"slow": PolicySettings(lr=1e-6), "fast": PolicySettings(lr=1e-2)}
+    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
+    adapters.progress = PolicyProgress(adapters.names, window=2)
+    with caplog.at_level(logging.WARNING, logger="agentlightning_torch._policy_adapters"):
+        for seed in range(3):
+            metrics = adapters.update(_batch(["slow", "fast"] * 4, seed))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("policy 'slow' has barely moved in its last 2 updates")
+    assert "look at its learning rate (now 1e-06" in warnings[0] and "--policy-settings POLICY:lr=" in warnings[0]
+    assert metrics[policy_metric("slow", "flat")] == 1.0 and metrics[policy_metric("fast", "flat")] == 0.0
