@@ -114,8 +114,9 @@ def test_a_policy_whose_weights_lag_far_behind_anothers_is_named_once(caplog: py
     for step in range(1, 4):  # not before `window` updates
         assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.001 * step, "rewriter": 0.1}) == {}
     warned = progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.004, "rewriter": 0.2})
-    assert list(warned) == ["writer"] and "drifted 0.004 from the start against 0.2 for policy 'rewriter'" in (
-        warned["writer"]
+    assert (
+        list(warned) == ["writer"]
+        and "drifted 0.004 from the start against 0.2 for policy 'rewriter'" in (warned["writer"])
     )
     assert progress.flat == {"writer"}
     assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.005, "rewriter": 0.2}) == {}  # once

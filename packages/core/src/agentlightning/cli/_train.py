@@ -148,6 +148,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
     )
+    _add_policy_arguments(parser)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
+    parser.add_argument("--seed", type=int, default=0)
+    add_network_arguments(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_log_level_argument(parser)
+
+
+def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """One policy per agent: the map (``--policy``, ``--policies``) and each policy's settings."""
     parser.add_argument(
         "--policy",
         action="append",
@@ -174,12 +185,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy-settings writer:lr=3e-3,rank=16 (keys lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA "
         "policy's lr defaults to 10x --lr)",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
-    parser.add_argument("--seed", type=int, default=0)
-    add_network_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_log_level_argument(parser)
 
 
 def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:  # pyright: ignore[reportPrivateUsage]
