@@ -109,32 +109,38 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_learning_rate(
     assert 0.0 < slow < fast / 100
 
 
-def test_a_policy_whose_weights_lag_far_behind_anothers_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_policy_whose_weights_lag_far_behind_anothers_is_named_once() -> None:
     progress = PolicyProgress(["writer", "rewriter"], window=4)
     for step in range(1, 4):  # not before `window` updates
-        assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.001 * step, "rewriter": 0.1}) == {}
-    warned = progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.004, "rewriter": 0.2})
+        assert progress.record(["writer", "rewriter"], {"writer": 0.001 * step, "rewriter": 0.1}) == {}
+    warned = progress.record(["writer", "rewriter"], {"writer": 0.004, "rewriter": 0.2})
+    assert list(warned) == ["writer"]
     assert (
-        list(warned) == ["writer"]
-        and "drifted 0.004 from the start against 0.2 for policy 'rewriter'" in (warned["writer"])
+        "in its 4 updates: its weights drifted 0.004 from the start against 0.2 for policy 'rewriter'"
+        in (warned["writer"])
     )
     assert progress.flat == {"writer"}
-    assert progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.005, "rewriter": 0.2}) == {}  # once
-    progress.record({"writer": 0.3, "rewriter": 0.3}, {"writer": 0.1, "rewriter": 0.2})  # it moves: not flat
+    assert progress.record(["writer", "rewriter"], {"writer": 0.005, "rewriter": 0.2}) == {}  # once
+    progress.record(["writer", "rewriter"], {"writer": 0.1, "rewriter": 0.2})  # it moves: not flat any more
     assert progress.flat == set()
+    assert list(progress.record(["writer"], {"writer": 0.1, "rewriter": 0.9})) == ["writer"]  # stalled anew
 
 
-def test_a_policy_whose_reward_stays_flat_while_anothers_rises_is_named() -> None:
-    progress = PolicyProgress(["writer", "rewriter"], window=4)
-    warned: dict[str, str] = {}
-    for writer, rewriter in [(0.30, 0.20), (0.31, 0.25), (0.30, 0.45), (0.31, 0.55)]:
-        warned = progress.record({"writer": writer, "rewriter": rewriter}, {"writer": 0.1, "rewriter": 0.1})
-    assert list(warned) == ["writer"]
-    assert "sampled reward went 0.30 -> 0.30 while policy 'rewriter''s rose 0.23 -> 0.50" in warned["writer"]
-    # both flat, or both rising: nobody is singled out
-    calm = PolicyProgress(["a", "b"], window=4)
-    for _ in range(6):
-        assert calm.record({"a": 0.3, "b": 0.3}, {"a": 0.1, "b": 0.1}) == {}
+def test_updates_without_samples_do_not_count_and_a_lone_policy_is_never_flat() -> None:
+    progress = PolicyProgress(["writer", "rewriter"], window=3)
+    for _ in range(5):  # the rewriter gets no samples: not judged, however little it moved
+        assert progress.record(["writer"], {"writer": 0.3, "rewriter": 0.0}) == {}
+    alone = PolicyProgress(["writer"], window=1)
+    assert alone.record(["writer"], {"writer": 0.0}) == {} and alone.flat == set()
+
+
+def test_the_sql_runs_that_learned_raise_no_warning() -> None:
+    """Writer and rewriter drifts per iteration of examples/sql's seed-0 run (LoRA 3e-3; held-out 0.00 -> 0.88)."""
+    writer = [0.045, 0.068, 0.091, 0.114, 0.137, 0.16, 0.186, 0.212, 0.235, 0.248, 0.258, 0.266, 0.279, 0.287, 0.294]
+    rewriter = [0.045, 0.072, 0.087, 0.105, 0.124, 0.139, 0.139, 0.155, 0.174, 0.187, 0.194, 0.207, 0.22, 0.222, 0.222]
+    progress = PolicyProgress(["writer", "rewriter"])
+    for w, r in zip(writer, rewriter, strict=True):
+        assert progress.record(["writer", "rewriter"], {"writer": w, "rewriter": r}) == {}
 
 
 def test_the_adapters_log_the_warning_with_the_setting_to_look_at(
@@ -150,6 +156,6 @@ def test_the_adapters_log_the_warning_with_the_setting_to_look_at(
         for seed in range(3):
             metrics = adapters.update(_batch(["slow", "fast"] * 4, seed))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("policy 'slow' has barely moved in its last 2 updates")
+    assert len(warnings) == 1 and warnings[0].startswith("policy 'slow' has barely moved in its 2 updates")
     assert "look at its learning rate (now 1e-06" in warnings[0] and "--policy-settings POLICY:lr=" in warnings[0]
     assert metrics[policy_metric("slow", "flat")] == 1.0 and metrics[policy_metric("fast", "flat")] == 0.0

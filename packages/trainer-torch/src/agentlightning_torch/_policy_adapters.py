@@ -5,7 +5,7 @@ A multi-policy run (`agentlightning.PolicyMap`) trains one adapter per policy th
 update per policy with samples, with only that adapter active and trainable and only its own optimizer stepping, so
 the other adapters' weights stay bit-identical. Each policy has its own `PolicySettings` (learning rate, KL weight,
 LoRA shape; a LoRA learning rate defaults to 10x the run's full-weight one), and `PolicyProgress` warns when a
-policy's reward stays flat while another's rises. A policy with no samples in an iteration is skipped and counted.
+policy's weights barely move while another's do. A policy with no samples in an iteration is skipped and counted.
 Metrics come per policy (``policy/<name>/<metric>``). Checkpoints hold every adapter as its own ``save_pretrained``
 folder (``adapters/<name>/``: loadable by peft and by vLLM's ``--lora-modules``) plus each optimizer's state.
 """
@@ -142,7 +142,7 @@ class PolicyAdapters:
         self.updated = []
         for name in self.names:
             metrics.update(self._update_one(name, groups.pop(name, []), device))
-        metrics.update(self._watch_progress(metrics))
+        metrics.update(self._watch_progress())
         metrics["policies_updated"] = float(len(self.updated))
         metrics["policies_skipped"] = float(len(self.names) - len(self.updated))
         metrics["samples_untrained"] = float(sum(len(v) for v in groups.values()))
@@ -167,10 +167,10 @@ class PolicyAdapters:
         self.updated.append(name)
         return metrics
 
-    def _watch_progress(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    def _watch_progress(self) -> dict[str, float]:
         """Every policy's drift and flat flag after this update; a warning for each policy that turned flat."""
         drift = {name: adapter_drift(self.model, name) for name in self.names}
-        for name, warning in self.progress.record(_rewards(metrics, self.updated), drift).items():
+        for name, warning in self.progress.record(self.updated, drift).items():
             logger.warning("%s", warning + _hint(self.described[name]))
         flags = {policy_metric(name, "flat"): float(name in self.progress.flat) for name in self.names}
         return {**{policy_metric(name, "drift"): value for name, value in drift.items()}, **flags}
@@ -213,11 +213,6 @@ class PolicyAdapters:
         root = directory / ADAPTERS_FOLDER
         # peft writes the first selected adapter named "default" at the root, any other under its name
         return root if name == "default" else root / name
-
-
-def _rewards(metrics: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
-    """Per policy updated this iteration, the mean credit of its samples."""
-    return {n: metrics[policy_metric(n, "reward_mean")] for n in names if policy_metric(n, "reward_mean") in metrics}
 
 
 def _hint(described: Mapping[str, Any]) -> str:
