@@ -193,6 +193,9 @@ def test_the_gpu_recipe_builds_a_verl_config() -> None:
     verl = CONFIG.to_verl_config()
     assert verl.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert LOOP.samples_per_task == 8 and LOOP.tasks_per_iteration == 32 and LOOP.estimator == "grpo"
+    # vLLM refuses the agent's tool_choice "auto" without a parser: the recipe gives it hermes
+    vllm_kwargs = verl.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert vllm_kwargs["enable_auto_tool_choice"] is True and vllm_kwargs["tool_call_parser"] == "hermes"
 
 
 # ----- two RL iterations through the whole stack ---------------------------------------------------------------------
