@@ -92,5 +92,5 @@ def test_an_unknown_mode_is_one_line(
 ) -> None:
     compare = example_script("sql", "compare_policies")
     assert compare.main(["--modes", "adapters,lora", "--output", str(tmp_path)]) == 2
-    expected = "error: --modes takes adapters, shared, one-adapter (comma-separated), got ['lora']"
+    expected = "error: --modes takes adapters, shared, one-adapter, full (comma-separated), got ['lora']"
     assert capsys.readouterr().err.strip().splitlines()[-1] == expected
