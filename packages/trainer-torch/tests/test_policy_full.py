@@ -185,3 +185,26 @@ def _owners(policies: TrainedPolicies) -> dict[str, dict[str, torch.Tensor]]:
         "rewriter": {n: p.detach().clone() for n, p in named if ".rewriter." in n and "lora_" in n},
         "base": {n: p.detach().clone() for n, p in named if "lora_" not in n},
     }
+
+
+async def test_the_endpoint_lists_every_policys_model_and_routes_by_model(
+    make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
+) -> None:
+    import json
+
+    from agentlightning_torch._backend import LocalBackend
+    from agentlightning_torch._endpoint import OpenAIEndpoint
+    from agentlightning_torch._policy_serving import PolicyEndpoint
+
+    base = OpenAIEndpoint(LocalBackend(make_small_model(tokenizer), tokenizer, model_name="base"))
+    writer = OpenAIEndpoint(LocalBackend(make_small_model(tokenizer), tokenizer, model_name="writer"))
+    endpoint = PolicyEndpoint(base, {"writer": writer})
+    reply = await endpoint.request("GET", "/v1/models", b"")
+    assert reply.status == 200
+    assert [m["id"] for m in json.loads(await reply.read())["data"]] == ["base", "writer"]
+    assert endpoint.endpoint("writer") is writer
+    assert (
+        endpoint.endpoint("base") is base and endpoint.endpoint("checker") is base and endpoint.endpoint(None) is base
+    )
+    health = await endpoint.request("GET", "/health", b"")
+    assert health.status == 200

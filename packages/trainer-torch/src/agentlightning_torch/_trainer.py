@@ -105,6 +105,8 @@ class TorchEngine(Engine):
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
         reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``.
+        With policies, every adapter is served beside the frozen base, and each full-weight policy by a backend of
+        its own behind the same in-process endpoint (`PolicyEndpoint`, routed by the request's ``model``).
 
         With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them (with
         policies: verify its base and load every policy's adapter, each verified)."""
@@ -211,7 +213,8 @@ class TorchEngine(Engine):
 
         vLLM: the merged weights are loaded and verified by log-probs (`VLLMServing.sync`); a mismatch raises
         `WeightSyncMismatch` naming ``version``, which stops the run. With policies, only the adapters the update
-        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too)."""
+        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too); on
+        the local backend, the updated adapters and full-weight policies (each into its own backend)."""
         if self.vllm is not None and self.adapters is not None:
             await self.vllm.sync_adapters(self.adapters, list(self.adapters.updated), version)
             return
