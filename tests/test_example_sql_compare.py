@@ -92,5 +92,18 @@ def test_an_unknown_mode_is_one_line(
 ) -> None:
     compare = example_script("sql", "compare_policies")
     assert compare.main(["--modes", "adapters,lora", "--output", str(tmp_path)]) == 2
-    expected = "error: --modes takes adapters, shared, one-adapter (comma-separated), got ['lora']"
+    expected = "error: --modes takes adapters, shared, one-adapter, full (comma-separated), got ['lora']"
     assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+
+
+@needs_checkpoint
+def test_the_full_mode_gives_writer_and_rewriter_full_weights_of_their_own(
+    tmp_path: Path, example_script: Callable[[str, str], ModuleType]
+) -> None:
+    compare = example_script("sql", "compare_policies")
+    args = compare.parse_args(["--modes", "full", "--output", str(tmp_path), "--policy-settings", "rewriter:lr=1e-3"])
+    assert args.modes == ("full",)
+    config = compare.sql_train.build_config(compare.args_of(args, "full"), compare.policy_map("full"))
+    assert {name: s.weights for name, s in config.policy_settings.items()} == {"writer": "full", "rewriter": "full"}
+    assert config.policy_settings["rewriter"].lr == 1e-3 and config.policy_settings["writer"].lr is None
+    assert config.policies.trained == ["writer", "rewriter"] and config.policies.resolve("checker", None)[0] == "frozen"

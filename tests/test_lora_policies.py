@@ -285,3 +285,101 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
         await asyncio.wait_for(runner_task, 60)
         await trainer.stop()
         agentlightning_langchain.uninstrument()
+
+
+async def _agent_call(trainer: TorchTrainer, store: agl.LightningStore, agent: str, rollout: str) -> LLMCall:
+    """One greedy call naming ``agent`` through the trainer's proxy (routed to that agent's policy)."""
+    from openai import AsyncOpenAI
+
+    attempts = await start_attempts(store, [rollout])
+    client = AsyncOpenAI(
+        base_url=trainer.proxy.base_url(rollout, attempts[rollout]), api_key=trainer.proxy.token, max_retries=0
+    )
+    await client.completions.create(
+        model="local", prompt=[5, 6, 7, 8], max_tokens=8, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True}, extra_headers={AGENT_HEADER: agent},
+    )  # fmt: skip
+    await trainer.proxy.flush()
+    (call,) = await store.query_llm_calls(rollout)
+    return call
+
+
+async def test_a_full_weight_policy_and_a_lora_policy_train_and_are_each_served_by_their_own_weights(
+    tmp_path: Path,
+) -> None:
+    from agentlightning_torch import PolicySettings
+
+    model_dir = make_tiny_chat_model(tmp_path / "model", seed=0, corpus=["write rewrite a poem about rivers"])
+    config = TorchTrainerConfig(
+        model_dir=model_dir,
+        output_dir=tmp_path / "run",
+        tasks_per_iteration=2,
+        samples_per_task=4,
+        max_tokens=8,
+        drop_equal_groups=False,
+        rollout_timeout_s=3600,
+        ppo=PPOConfig(lr=1e-2, kl_coef=0.05, lora=LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
+        policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN}),
+        policy_settings={"writer": PolicySettings(weights="full", lr=1e-3)},
+    )
+    trainer = TorchTrainer(config)
+    trained = trainer.engine.trained
+    assert trained is not None and trained.full is not None
+    store = agl.MemoryStore()
+    agentlightning_langchain.instrument()
+    runner = agl.Runner(two_agents, store=store, n_workers=8, worker_mode="async", poll_interval=0.02)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        await trainer.start(store)
+        writer0 = {k: v.clone() for k, v in trained.full.state_dict("writer").items()}
+        rewriter0 = _adapter(trainer, "rewriter")
+        base0 = {k: v.clone() for k, v in trainer.engine.policy.named_parameters() if "lora_" not in k}
+
+        # one iteration, both agents: each trains its own weights; the frozen base stays as it was
+        report = await trainer.train_iteration(store, [{"prompt": "rewrite a poem"}, {"prompt": "rewrite rivers"}])
+        assert _served(await _calls(store, 0)) == {("writer", "writer", 0), ("rewriter", "rewriter", 0)}
+        assert all(report.metrics[policy_metric(p, "samples")] == 8.0 for p in ("writer", "rewriter"))
+        assert report.metrics[policy_metric("writer", "lr")] == 1e-3
+        writer1 = trained.full.state_dict("writer")
+        assert any(not torch.equal(writer0[k], writer1[k]) for k in writer0)
+        assert any(not torch.equal(v, _adapter(trainer, "rewriter")[k]) for k, v in rewriter0.items())
+        base1 = dict(trainer.engine.policy.named_parameters())
+        assert all(torch.equal(base0[k], base1[k]) for k in base0)
+
+        # the next calls: each policy at its new version; the writer's backend holds the trainer's writer weights
+        await trainer.evaluate(store, [{"prompt": "rewrite a poem"}])
+        assert _served(await _calls(store, 8)) == {("writer", "writer", 1), ("rewriter", "rewriter", 1)}
+        backends = trainer.engine._full_backends  # pyright: ignore[reportPrivateUsage]
+        assert backends is not None and backends.backends["writer"].model_version == 1
+        served = backends.backends["writer"].model.state_dict()
+        assert all(torch.equal(served[k], v) for k, v in trained.full.state_dict("writer").items())
+
+        # perturb the writer alone and sync it: only the writer's answers change
+        before = {a: await _agent_call(trainer, store, a, f"{a}-0") for a in ("writer", "rewriter", "checker")}
+        assert {a: c.policy for a, c in before.items()} == {
+            "writer": "writer",
+            "rewriter": "rewriter",
+            "checker": FROZEN,
+        }
+        with torch.no_grad():
+            for parameter in trained.full.models["writer"].parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+        trained.updated = ["writer"]
+        await trainer.engine.sync_weights(2)
+        after = {a: await _agent_call(trainer, store, a, f"{a}-1") for a in ("writer", "rewriter", "checker")}
+        assert after["writer"].model_version == 2
+        assert after["writer"].response_logprobs != before["writer"].response_logprobs
+        for agent in ("rewriter", "checker"):
+            assert after[agent].response_token_ids == before[agent].response_token_ids
+            assert after[agent].response_logprobs == before[agent].response_logprobs
+        # what the writer's backend answered is the trainer's writer copy, token for token
+        call = after["writer"]
+        prompt, response = list(call.prompt_token_ids), list(call.response_token_ids)
+        ours = reference_logprobs(trained.full.models["writer"], prompt, response)[len(prompt) - 1 :]
+        assert call.response_logprobs is not None
+        assert max(abs(a - b) for a, b in zip(call.response_logprobs, ours, strict=True)) <= 1e-4
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await trainer.stop()
+        agentlightning_langchain.uninstrument()

@@ -12,6 +12,9 @@ One run of this script trains the text-to-SQL graph of ``train.py`` twice, with 
   runs on (untrained, but it sees the shared updates).
 - ``one-adapter`` (only with ``--modes``): a control, writer and rewriter train one LoRA adapter together, the checker
   on the frozen base: it separates "one adapter per agent" from "LoRA instead of all weights".
+- ``full`` (only with ``--modes``): one policy per agent with full weights of its own: writer and rewriter each train
+  a copy of all the model's weights (``PolicySettings(weights="full")``, at ``--lr``), the checker the frozen base.
+  ``--policy-settings`` apply to every mode with policies (a full policy takes no LoRA keys).
 
 Each mode gets its own run folder (``--output``/``adapters``, ``--output``/``shared``: store, metrics, checkpoints,
 and ``summary.json``, that mode's figures, written as soon as it ends).
@@ -40,8 +43,11 @@ _spec.loader.exec_module(sql_train)
 
 MODES = ("adapters", "shared")
 """The two recipes compared by default, in the order they run."""
-EXTRA_MODES = ("one-adapter",)
-"""A control on request (``--modes one-adapter``): writer and rewriter share one LoRA adapter, the checker frozen."""
+EXTRA_MODES = ("one-adapter", "full")
+"""On request (``--modes``): ``one-adapter`` (writer and rewriter share one LoRA adapter, the checker frozen) and
+``full`` (writer and rewriter each full weights of their own, the checker frozen)."""
+FULL_POLICIES = ("writer", "rewriter")
+"""The policies that train full weights of their own in mode ``full``."""
 CURVE_AGENTS = ("writer", "rewriter", "checker")
 
 
@@ -115,6 +121,9 @@ def args_of(args: argparse.Namespace, mode: str) -> argparse.Namespace:
     mode_args.output = args.output / mode
     if policy_map(mode) is None:
         mode_args.policy_settings = []
+    elif mode == "full":  # the options' own entries after: a policy named twice merges its entries
+        given = list(getattr(args, "policy_settings", None) or [])
+        mode_args.policy_settings = [f"{name}:weights=full" for name in FULL_POLICIES] + given
     return mode_args
 
 
@@ -153,7 +162,7 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (held, agents) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = {"adapters": "tab:blue", "shared": "tab:orange", "one-adapter": "tab:green"}
+    colours = {"adapters": "tab:blue", "shared": "tab:orange", "one-adapter": "tab:green", "full": "tab:red"}
     styles = {"writer": "-", "rewriter": "--", "checker": ":"}
     for mode, summary in results.items():
         points = summary["held_out_points"]
@@ -166,7 +175,7 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
     agents.set(title="sampled reward of rollouts each agent acted in", xlabel="iteration", ylim=(-0.05, 1.05))
     held.legend()
     agents.legend(fontsize=8)
-    fig.suptitle("Text-to-SQL: two LoRA adapters (checker frozen) vs one shared policy")
+    fig.suptitle("Text-to-SQL: one policy per agent (checker frozen) vs one shared policy")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -186,7 +195,7 @@ def show(summary: dict[str, Any]) -> None:
             curve = s["agent_curves"].get(agent, [])
             first = curve[0][1] if curve else None
             rows.append((f"{mode}: sampled reward, {agent} acted", first, None, _tail_mean(curve)))
-    print_table("Two adapters vs one shared policy (before / best / after; sampled: first / - / last 5)", rows)
+    print_table("Policies per agent vs one shared policy (before / best / after; sampled: first / - / last 5)", rows)
     console = Console(stderr=True)
     for mode, s in summary["modes"].items():
         console.print(

@@ -175,9 +175,9 @@ def settings_used(config: Any, engine: Any) -> dict[str, Any]:
     """The update settings of the run, and per trained policy what it trained with (a shared policy: all weights)."""
     ppo = config.ppo
     run = {"lr": ppo.lr, "kl_coef": ppo.kl_coef, "entropy_coef": ppo.entropy_coef, "ppo_epochs": ppo.epochs}
-    if engine.adapters is None:
+    if engine.trained is None:
         return {**run, "policies": {"shared": {"weights": "full", "lr": ppo.lr, "kl_coef": ppo.kl_coef}}}
-    return {**run, "policies": dict(engine.adapters.described)}
+    return {**run, "policies": dict(engine.trained.described)}
 
 
 def show(summary: dict[str, Any]) -> None:

@@ -134,6 +134,14 @@ def test_updates_without_samples_do_not_count_and_a_lone_policy_is_never_flat() 
     assert alone.record(["writer"], {"writer": 0.0}) == {} and alone.flat == set()
 
 
+def test_policies_are_compared_within_their_kind_only() -> None:
+    """A full copy's drift (over every weight) and an adapter's (over its layers) are not on one scale."""
+    kinds = {"writer": "full", "rewriter": "lora", "checker": "lora"}
+    progress = PolicyProgress(list(kinds), window=1, kinds=kinds)
+    warned = progress.record(list(kinds), {"writer": 0.039, "rewriter": 0.2, "checker": 0.01})
+    assert list(warned) == ["checker"] and "against 0.2 for policy 'rewriter'" in warned["checker"]
+
+
 def test_the_sql_runs_that_learned_raise_no_warning() -> None:
     """Writer and rewriter drifts per iteration of examples/sql's seed-0 run (LoRA 3e-3; held-out 0.00 -> 0.88)."""
     writer = [0.045, 0.068, 0.091, 0.114, 0.137, 0.16, 0.186, 0.212, 0.235, 0.248, 0.258, 0.266, 0.279, 0.287, 0.294]

@@ -38,7 +38,9 @@ from agentlightning_torch._loading import (
 )
 from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
+from agentlightning_torch._policy_full import FullPolicies
 from agentlightning_torch._policy_progress import PolicyProgress
+from agentlightning_torch._policy_set import TrainedPolicies
 from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import (
     PPOConfig,
@@ -85,6 +87,7 @@ __all__ = [
     "BackendServer",
     "BackendStats",
     "ChatTemplate",
+    "FullPolicies",
     "GenerationResult",
     "HFChatTemplate",
     "IterationReport",
@@ -108,6 +111,7 @@ __all__ = [
     "TorchEngine",
     "TorchTrainer",
     "TorchTrainerConfig",
+    "TrainedPolicies",
     "VLLMAdapterError",
     "VLLMClient",
     "VLLMError",

@@ -25,7 +25,7 @@ from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
 from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import PPOConfig, ppo_update
 
-__all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric"]
+__all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric", "watch_progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class PolicyAdapters:
         unknown = sorted(set(settings or {}) - set(names))
         if unknown:
             raise ValueError(f"settings for policies that are not trained: {unknown} (trained: {names})")
+        full = sorted(name for name, entry in (settings or {}).items() if entry.weights == "full")
+        if full:
+            raise ValueError(f"policies {full} have full weights, not adapters: train them with TrainedPolicies")
         self.names = names
         self.settings = {name: (settings or {}).get(name) or PolicySettings() for name in names}
         self.ppo = {name: self.settings[name].ppo(ppo) for name in names}
@@ -141,15 +144,17 @@ class PolicyAdapters:
         metrics: dict[str, float] = {}
         self.updated = []
         for name in self.names:
-            metrics.update(self._update_one(name, groups.pop(name, []), device))
+            metrics.update(self.update_one(name, groups.pop(name, []), device))
         metrics.update(self._watch_progress())
         metrics["policies_updated"] = float(len(self.updated))
         metrics["policies_skipped"] = float(len(self.names) - len(self.updated))
         metrics["samples_untrained"] = float(sum(len(v) for v in groups.values()))
         return metrics
 
-    def _update_one(self, name: str, samples: list[TrainingSample], device: str | torch.device) -> dict[str, float]:
-        """Policy ``name``'s PPO update on its samples (or its skip); its metrics."""
+    def update_one(self, name: str, samples: list[TrainingSample], device: str | torch.device) -> dict[str, float]:
+        """Policy ``name``'s PPO update on its samples (or its skip, counted); its ``policy/<name>/...`` metrics.
+
+        Appends ``name`` to `updated` when it took a step (`update` clears that list first)."""
         metrics = {policy_metric(name, "samples"): float(len(samples))}
         if not samples:
             self.skipped[name] += 1
@@ -167,13 +172,14 @@ class PolicyAdapters:
         self.updated.append(name)
         return metrics
 
+    def drift(self, name: str) -> float:
+        """How far adapter ``name`` moved from the start (`adapter_drift`)."""
+        return adapter_drift(self.model, name)
+
     def _watch_progress(self) -> dict[str, float]:
         """Every policy's drift and flat flag after this update; a warning for each policy that turned flat."""
-        drift = {name: adapter_drift(self.model, name) for name in self.names}
-        for name, warning in self.progress.record(self.updated, drift).items():
-            logger.warning("%s", warning + _hint(self.described[name]))
-        flags = {policy_metric(name, "flat"): float(name in self.progress.flat) for name in self.names}
-        return {**{policy_metric(name, "drift"): value for name, value in drift.items()}, **flags}
+        drift = {name: self.drift(name) for name in self.names}
+        return watch_progress(self.progress, self.described, drift, self.updated)
 
     def save(self, directory: Path) -> None:
         """Every adapter as ``adapters/<name>/`` (``save_pretrained``) and every optimizer's state."""
@@ -215,7 +221,26 @@ class PolicyAdapters:
         return root if name == "default" else root / name
 
 
+def watch_progress(
+    progress: PolicyProgress,
+    described: Mapping[str, Mapping[str, Any]],
+    drift: Mapping[str, float],
+    updated: Sequence[str],
+) -> dict[str, float]:
+    """Record one update in ``progress`` (the updated policies, every policy's drift); log a warning naming the
+    setting to look at for each policy that turned flat; return every policy's ``drift`` and ``flat`` metrics."""
+    for name, warning in progress.record(updated, drift).items():
+        logger.warning("%s", warning + _hint(described[name]))
+    flags = {policy_metric(name, "flat"): float(name in progress.flat) for name in drift}
+    return {**{policy_metric(name, "drift"): value for name, value in drift.items()}, **flags}
+
+
 def _hint(described: Mapping[str, Any]) -> str:
+    if described.get("weights") == "full":
+        return (
+            f": look at its learning rate (now {described['lr']:.3g}; "
+            "set it with --policy-settings POLICY:lr=..., or PolicySettings.lr)"
+        )
     return (
         f": look at its learning rate (now {described['lr']:.3g}; LoRA usually needs about 10x a full-weight rate; "
         f"set it with --policy-settings POLICY:lr=..., or PolicySettings.lr) or its LoRA rank ({described['lora_r']})"

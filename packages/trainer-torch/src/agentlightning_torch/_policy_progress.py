@@ -45,10 +45,16 @@ class PolicyProgress:
         names: The trained policies.
         window: Updates of its own a policy gets before it can be called flat.
         drift_ratio: Flat while its drift is under this fraction of another policy's.
+        kinds: Per policy, its kind (``lora`` or ``full``); policies are compared within a kind only.
     """
 
-    def __init__(self, names: Sequence[str], window: int = 8, drift_ratio: float = 0.2) -> None:
+    def __init__(
+        self, names: Sequence[str], window: int = 8, drift_ratio: float = 0.2, kinds: Mapping[str, str] | None = None
+    ) -> None:
         self.window, self.drift_ratio = window, drift_ratio
+        self.kinds = dict(kinds or {})
+        """Per policy, its kind (``lora``, ``full``): a policy is compared only with policies of its kind (a full
+        copy's drift is over all the weights, an adapter's over the layers it adapts: not the same scale)."""
         self.updates: dict[str, int] = dict.fromkeys(names, 0)
         """Per policy, the updates it got (an iteration without its samples does not count)."""
         self.drift: dict[str, float] = dict.fromkeys(names, 0.0)
@@ -68,7 +74,8 @@ class PolicyProgress:
         ready = [name for name, count in self.updates.items() if count >= self.window]
         warnings: dict[str, str] = {}
         for name in ready:
-            others = [other for other in self.drift if other != name]
+            kind = self.kinds.get(name)
+            others = [other for other in self.drift if other != name and self.kinds.get(other) == kind]
             leader = max(others, key=lambda other: self.drift[other], default=None)
             if leader is None or self.drift[name] >= self.drift_ratio * self.drift[leader]:
                 self.flat.discard(name)

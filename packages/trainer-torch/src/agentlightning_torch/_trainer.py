@@ -28,6 +28,8 @@ from agentlightning_torch._endpoint import OpenAIEndpoint
 from agentlightning_torch._loading import load_model
 from agentlightning_torch._lora import is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters
+from agentlightning_torch._policy_serving import FullBackends, PolicyEndpoint
+from agentlightning_torch._policy_set import TrainedPolicies
 from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
 from agentlightning_torch._server import BackendServer
 from agentlightning_torch._trainer_config import TorchTrainerConfig
@@ -62,23 +64,26 @@ class TorchEngine(Engine):
         loaded = load_model(config.model_dir, device=config.device)
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
+        self.trained: TrainedPolicies | None = None
+        """With ``config.policies``: every trained policy, a LoRA adapter on the base or full weights of its own."""
         self.adapters: PolicyAdapters | None = None
-        # one LoRA adapter per policy when the config declares them (served together by LocalBackend)
+        """The LoRA policies (served together by one backend, or by vLLM's multi-LoRA serving)."""
         self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
-        """With ``config.policies``: one LoRA adapter (and optimizer) per trained policy on the one base model."""
         if config.policies is not None:
-            self.adapters = PolicyAdapters(loaded.model, config.policies.trained, config.ppo, config.policy_settings)
-            self.policy: torch.nn.Module = self.adapters.model
-            self.optimizer = self.adapters.optimizers[self.adapters.names[0]]
+            trained = TrainedPolicies(loaded.model, config.policies.trained, config.ppo, config.policy_settings)
+            self.trained, self.adapters = trained, trained.lora
+            self.policy: torch.nn.Module = trained.base
+            self.optimizer = next(iter(trained.optimizers.values()))
         else:
             self.policy = prepare_policy(loaded.model, config.ppo)
             self.optimizer = make_optimizer(self.policy, config.ppo)
         # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
         # with the adapters switched off (no copy at all).
         self.ref_model: torch.nn.Module | None = None
-        if config.ppo.kl_coef > 0 and not is_lora(self.policy):
+        if config.ppo.kl_coef > 0 and self.trained is None and not is_lora(self.policy):
             self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
         self._backend: LocalBackend | None = None
+        self._full_backends: FullBackends | None = None
         self.vllm: VLLMServing | None = None
         if config.backend == "vllm":
             self.vllm = VLLMServing(
@@ -100,6 +105,8 @@ class TorchEngine(Engine):
     async def start_servers(self, model_version: int) -> list[str]:
         """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
         reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``.
+        With policies, every adapter is served beside the frozen base, and each full-weight policy by a backend of
+        its own behind the same in-process endpoint (`PolicyEndpoint`, routed by the request's ``model``).
 
         With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them (with
         policies: verify its base and load every policy's adapter, each verified)."""
@@ -110,21 +117,9 @@ class TorchEngine(Engine):
                 self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
             return [self._backend_url]
         if self._backend_url is None:
-            multi = self.adapters is not None
+            multi = self.trained is not None
             served: Any = self.policy if self.serves_adapter or multi else merged_model(self.policy)
-            backend = LocalBackend(
-                served,
-                self.tokenizer,
-                device=self.config.device,
-                max_batch_size=self.config.max_batch_size,
-                batch_wait_ms=self.config.batch_wait_ms,
-                max_batch_wait_ms=self.config.max_batch_wait_ms,
-                model_name=self.config.model_name,
-                num_threads=self.config.num_threads,
-                seed=self.config.seed,
-                tool_parser=self.config.tool_parser,
-                generation_config=self.generation_config,
-            )
+            backend = self._local_backend(served, self.config.model_name)
             backend.model_version = model_version
             if self.adapters is not None:  # every policy's adapter, served beside the frozen base
                 for name in self.adapters.names:
@@ -135,8 +130,31 @@ class TorchEngine(Engine):
                 self._backend_url = self._server.url
             else:
                 backend.start()
-                self._backend_url = register_backend(OpenAIEndpoint(backend))
+                self._backend_url = register_backend(self._endpoint(backend, model_version))
         return [self._backend_url]
+
+    def _local_backend(self, model: Any, model_name: str) -> LocalBackend:
+        """A `LocalBackend` (a copy of ``model``) with the config's batching, threads and parsers."""
+        return LocalBackend(
+            model,
+            self.tokenizer,
+            device=self.config.device,
+            max_batch_size=self.config.max_batch_size,
+            batch_wait_ms=self.config.batch_wait_ms,
+            max_batch_wait_ms=self.config.max_batch_wait_ms,
+            model_name=model_name,
+            num_threads=self.config.num_threads,
+            seed=self.config.seed,
+            tool_parser=self.config.tool_parser,
+            generation_config=self.generation_config,
+        )
+
+    def _endpoint(self, backend: LocalBackend, model_version: int) -> OpenAIEndpoint | PolicyEndpoint:
+        """The in-process endpoint: ``backend``'s, or with full-weight policies one routing to each one's backend."""
+        if self.trained is None or self.trained.full is None:
+            return OpenAIEndpoint(backend)
+        self._full_backends = FullBackends(self.trained.full, self._local_backend, model_version)
+        return PolicyEndpoint(OpenAIEndpoint(backend), self._full_backends.endpoints())
 
     async def stop_servers(self) -> None:
         """Stop the backend (and its HTTP server), or a vLLM server the trainer launched."""
@@ -152,6 +170,9 @@ class TorchEngine(Engine):
             self._server = None
         elif self._backend is not None:
             self._backend.stop()
+        if self._full_backends is not None:
+            self._full_backends.stop()
+            self._full_backends = None
 
     async def drain_servers(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until the backend generates nothing: the calls the proxy aborted have left
@@ -162,14 +183,15 @@ class TorchEngine(Engine):
         if backend is None:
             return 0
         deadline = time.monotonic() + timeout_s
-        while backend.running and time.monotonic() < deadline:
+        full = self._full_backends
+        while (backend.running or (full is not None and full.running)) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
-        return backend.running
+        return backend.running + (full.running if full is not None else 0)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
-        if self.adapters is not None:
-            return self.adapters.update(batch, self.config.device)
+        if self.trained is not None:
+            return self.trained.update(batch, self.config.device)
         return ppo_update(
             self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
         )
@@ -191,7 +213,8 @@ class TorchEngine(Engine):
 
         vLLM: the merged weights are loaded and verified by log-probs (`VLLMServing.sync`); a mismatch raises
         `WeightSyncMismatch` naming ``version``, which stops the run. With policies, only the adapters the update
-        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too)."""
+        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too); on
+        the local backend, the updated adapters and full-weight policies (each into its own backend)."""
         if self.vllm is not None and self.adapters is not None:
             await self.vllm.sync_adapters(self.adapters, list(self.adapters.updated), version)
             return
@@ -200,9 +223,11 @@ class TorchEngine(Engine):
             return
         if self._backend is None:
             raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
-        if self.adapters is not None:  # only the adapters this update changed get the new version
-            for name in self.adapters.updated:
+        if self.trained is not None:  # only the policies this update changed get the new version
+            for name in self.adapters.updated if self.adapters is not None else []:
                 await asyncio.to_thread(self._backend.load_adapter, name, self.policy, version=version)
+            if self._full_backends is not None:
+                await self._full_backends.sync(self.trained.updated, version)
             return
         await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
 
@@ -218,15 +243,16 @@ class TorchEngine(Engine):
             return self.vllm.metrics()
         if self._backend is None:
             return {}
-        stats = self._backend.stats
+        backends = [self._backend, *(self._full_backends.backends.values() if self._full_backends else [])]
+        every = [b.stats for b in backends]
         now = (
-            stats.batches,
-            stats.requests,
-            stats.busy_seconds,
-            stats.steps,
-            stats.row_steps,
-            stats.cpu_seconds,
-            stats.tokens,
+            sum(s.batches for s in every),
+            sum(s.requests for s in every),
+            sum(s.busy_seconds for s in every),
+            sum(s.steps for s in every),
+            sum(s.row_steps for s in every),
+            sum(s.cpu_seconds for s in every),
+            sum(s.tokens for s in every),
         )
         batches, requests, busy, steps, row_steps, cpu, tokens = (a - b for a, b in zip(now, self._seen, strict=True))
         self._seen = now
@@ -246,9 +272,10 @@ class TorchEngine(Engine):
         """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state.
 
         With policies: every adapter as ``adapters/<policy>/`` (``save_pretrained``) with every optimizer's state,
+        every full-weight policy as ``policies/<policy>/`` (``save_pretrained`` and ``optimizer.pt``),
         and the tokenizer. The best checkpoint inside it (``best/``) is kept."""
-        if self.adapters is not None:
-            self.adapters.save(directory)
+        if self.trained is not None:
+            self.trained.save(directory)
             self.tokenizer.save_pretrained(str(directory))
             return
         state = {"optimizer": self.optimizer.state_dict()}
@@ -256,8 +283,8 @@ class TorchEngine(Engine):
 
     def load_state(self, directory: Path) -> None:
         """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote (with policies: all of them)."""
-        if self.adapters is not None:
-            self.adapters.load(directory, self.config.device)
+        if self.trained is not None:
+            self.trained.load(directory, self.config.device)
             return
         if is_lora(self.policy):
             load_adapter_weights(self.policy, directory)

@@ -67,8 +67,10 @@ class TorchTrainerConfig(BaseModel):
             targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
             backend serves every adapter beside the base (`LocalBackend`, or vLLM's multi-LoRA serving, each adapter
             loaded in place after its update and verified by log-probs). ``None``: one shared policy.
-        policy_settings: Per trained policy, its own learning rate, KL weight and LoRA shape (`PolicySettings`;
-            a LoRA policy's learning rate defaults to 10x ``ppo.lr``, its shape to ``ppo.lora``).
+        policy_settings: Per trained policy, a LoRA adapter or full weights of its own, its own learning rate, KL
+            weight and LoRA shape (`PolicySettings`; a LoRA policy's learning rate defaults to 10x ``ppo.lr``, its
+            shape to ``ppo.lora``; a full one's to ``ppo.lr``; full-weight policies are served by the local backend
+            in-process, each by a backend of its own).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -165,7 +167,12 @@ class TorchTrainerConfig(BaseModel):
         unknown = sorted(set(self.policy_settings) - set(trained))
         if unknown:
             raise ValueError(f"policy_settings name policies that are not trained: {unknown} (trained: {trained})")
+        settings = {name: self.policy_settings.get(name, PolicySettings()) for name in trained}
+        full = [name for name in trained if settings[name].weights == "full"]
+        if full and self.backend == "vllm":
+            raise ValueError(f"vLLM serves LoRA policies only: policies {full} have full weights (use backend='local')")
+        if full and self.backend_http:
+            raise ValueError(f"full-weight policies {full} are served in-process only: unset backend_http")
         if self.backend == "vllm":  # vLLM serves every adapter at once, up to the ranks it knows
-            ranks = [self.policy_settings.get(n, PolicySettings()).lora_settings(self.ppo).r for n in trained]
-            vllm_lora_args(len(trained), max(ranks))
+            vllm_lora_args(len(trained), max(settings[name].lora_settings(self.ppo).r for name in trained))
         return self

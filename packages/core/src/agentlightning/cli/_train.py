@@ -181,9 +181,9 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="POLICY:KEY=VALUE[,...]",
-        help="with --policy: one policy's learning rate, KL weight or LoRA shape (repeatable), e.g. "
-        "--policy-settings writer:lr=3e-3,rank=16 (keys lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA "
-        "policy's lr defaults to 10x --lr)",
+        help="with --policy: one policy's weights (LoRA or full), learning rate, KL weight or LoRA shape "
+        "(repeatable), e.g. --policy-settings writer:lr=3e-3,rank=16 or writer:weights=full (keys weights=lora|full, "
+        "lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA policy's lr defaults to 10x --lr, a full one's to --lr)",
     )
 
 
