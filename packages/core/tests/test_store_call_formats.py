@@ -3,6 +3,7 @@ format written now holds only the structure of an OpenAI chat completion and of 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -90,3 +91,9 @@ def test_a_call_of_an_unknown_format_is_refused_naming_the_format() -> None:
     data = bytes((9,)) + encode_call(call, {})[1:]
     with pytest.raises(ValueError, match="format 9"):
         decode_calls([(call.call_id, "ro-1", "at-1", call.start_time, data)], lambda keys: {})
+
+
+def test_each_format_keeps_its_dictionary_forever() -> None:
+    # rows on disk decompress only with the exact bytes they were written with: a new dictionary is a new format
+    pinned = {1: "2f2aa6be3fcd555c65082b71f1ef712c", 2: "bbd5703cf87d26c338deaf303085c145"}
+    assert {f: hashlib.blake2b(d, digest_size=16).hexdigest() for f, d in CALL_DICTIONARIES.items()} == pinned

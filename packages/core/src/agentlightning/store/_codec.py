@@ -75,20 +75,8 @@ _CALL_FIELDS = tuple(LLMCall.model_fields)
 _ABSENT = object()
 # Deflate's preset dictionaries of LLM calls, by format byte: the JSON a chat completion's record repeats in every
 # row, so even a short record compresses. Each is fixed forever for its format (a new dictionary is a new format).
-# Format 1's held the calculator example's tool arguments; format 2's is only the OpenAI chat / LLMCall structure.
-_CALL_ZDICT_1 = (
-    b'{"token":"","bytes":null,"top_logprobs":[]},{"role":"system","content":"'
-    b'"},{"role":"user","content":"'
-    b'"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_","type":"function","function":{"name":"'
-    b'","arguments":"{\\"expression\\": \\""}}]},{"role":"tool","tool_call_id":"call_","content":"'
-    b'[{"response_id":"chatcmpl-","request":{"model":"","stream":false,"messages":[{"content":"","role":"user"}],'
-    b'"max_completion_tokens":,"max_tokens":,"temperature":1.0,"top_p":1.0,"logprobs":true,"tools":null},'
-    b'"response":{"id":"chatcmpl-","object":"chat.completion","created":17,"model":"","choices":[{"index":0,'
-    b'"message":{"role":"assistant","content":"","tool_calls":null},"logprobs":{"content":[{"token":"",'
-    b'"bytes":null,"top_logprobs":[]}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":,"completion_tokens":,'
-    b'"total_tokens":},"model_version":0},"model":"","model_version":0,"backend":"inproc://backend-",'
-    b'"end_time":17,"error":null},[[["tools"],"'
-)
+# Format 1's held the calculator example's tool arguments; format 2's is only the OpenAI chat / LLMCall structure
+# (with the record's fields as they are now, which also makes it ~2.5% smaller per call on the quickstart).
 _CALL_ZDICT_2 = (
     b'{"token":"","bytes":null,"top_logprobs":[]},{"role":"system","content":"'
     b'"},{"role":"user","content":"'
@@ -100,7 +88,12 @@ _CALL_ZDICT_2 = (
     b'"message":{"role":"assistant","content":"","tool_calls":null},"logprobs":{"content":[{"token":"",'
     b'"bytes":null,"top_logprobs":[]}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":,"completion_tokens":,'
     b'"total_tokens":},"model_version":0},"model":"","model_version":0,"backend":"inproc://backend-",'
-    b'"end_time":17,"error":null},[[["tools"],"'
+    b'"end_time":17,"error":null,"policy":null,"agent_name":""},[[["tools"],"'
+)
+# Format 1's, byte for byte: format 2's with the calculator's argument name where every call's arguments open, and
+# without the `LLMCall` fields added after it was made (policy, agent name).
+_CALL_ZDICT_1 = _CALL_ZDICT_2.replace(b'"arguments":"{\\""', b'"arguments":"{\\"expression\\": \\""').replace(
+    b'"error":null,"policy":null,"agent_name":""}', b'"error":null}'
 )
 CALL_DICTIONARIES: dict[int, bytes] = {FORMAT_1: _CALL_ZDICT_1, CALL_FORMAT: _CALL_ZDICT_2}
 """Deflate's preset dictionary of each LLM-call format, by the format's first byte (never changed once written)."""
