@@ -1,7 +1,8 @@
-"""Logic every store backend shares: input validation, the retry decision, timeouts and waiting.
+"""Logic every store backend shares: input validation, the rule on records' attempts, and waiting.
 
-Backends keep their own storage; what a rollout or attempt becomes is decided here, once, so the
-in-memory and SQLite stores (and a served store behind them) cannot drift apart.
+Backends keep their own storage; what a rollout or attempt becomes (retry policy, timeouts) is decided once, in
+`agentlightning.store._lifecycle`, so the in-memory, SQLite and PostgreSQL stores (and a served store behind them)
+cannot drift apart.
 
 How records are validated at the boundary (`agentlightning.store._boundary`, which every backend goes through and
 which calls the ``validate_*`` functions below). Dicts are validated; models made by validation are kept as they
