@@ -1,7 +1,8 @@
-"""Logic every store backend shares: input validation, the retry decision, timeouts and waiting.
+"""Logic every store backend shares: input validation, the rule on records' attempts, and waiting.
 
-Backends keep their own storage; what a rollout or attempt becomes is decided here, once, so the
-in-memory and SQLite stores (and a served store behind them) cannot drift apart.
+Backends keep their own storage; what a rollout or attempt becomes (retry policy, timeouts) is decided once, in
+`agentlightning.store._lifecycle`, so the in-memory, SQLite and PostgreSQL stores (and a served store behind them)
+cannot drift apart.
 
 How records are validated at the boundary (`agentlightning.store._boundary`, which every backend goes through and
 which calls the ``validate_*`` functions below). Dicts are validated; models made by validation are kept as they
@@ -35,7 +36,7 @@ from agentlightning._models import (
     check_json_finite,
     is_validated,
 )
-from agentlightning.store._base import AttemptEndedError, RetryPolicy, RolloutRequest
+from agentlightning.store._base import AttemptEndedError, RolloutRequest
 from agentlightning.store._span_check import CheckedSpans, spans_from_dicts
 
 __all__ = [
@@ -46,8 +47,6 @@ __all__ = [
     "check_spans_finite",
     "check_statuses",
     "revalidate_unchecked",
-    "rollout_status_after",
-    "timed_out_status",
     "validate_calls",
     "validate_requests",
     "validate_resources",
@@ -245,29 +244,6 @@ def check_statuses(statuses: Sequence[str] | None) -> list[str] | None:
         if status not in ALL_ROLLOUT_STATUSES:
             raise ValueError(f"unknown rollout status {status!r}; expected one of: {', '.join(ALL_ROLLOUT_STATUSES)}")
     return values
-
-
-def rollout_status_after(policy: RetryPolicy, attempt_status: AttemptStatus, attempt_sequence: int) -> RolloutStatus:
-    """What a rollout becomes when its attempt number ``attempt_sequence`` ends with ``attempt_status``.
-
-    ``queuing`` means the rollout goes back to the queue for another attempt.
-    """
-    if attempt_status == "succeeded":
-        return "succeeded"
-    if attempt_status in policy.retry_on and attempt_sequence < policy.max_attempts:
-        return "queuing"
-    if attempt_status == "cancelled":
-        return "cancelled"
-    return "failed"
-
-
-def timed_out_status(policy: RetryPolicy, start_time: float, last_heartbeat: float, at: float) -> AttemptStatus | None:
-    """``timeout`` or ``unresponsive`` if a running attempt has run or stayed silent too long, else ``None``."""
-    if policy.rollout_timeout is not None and at - start_time > policy.rollout_timeout:
-        return "timeout"
-    if at - last_heartbeat > policy.heartbeat_timeout:
-        return "unresponsive"
-    return None
 
 
 def check_record_attempts(

@@ -17,8 +17,18 @@ from agentlightning._models import (
     new_id,
     now,
 )
-from agentlightning.store import _common as boundary
-from agentlightning.store._base import RELEASED, ConflictError, RolloutRequest
+from agentlightning.store._base import RELEASED, RolloutRequest
+from agentlightning.store._common import wait_until_finished
+from agentlightning.store._lifecycle import (
+    RELEASE,
+    after_attempt,
+    attempt_deadline,
+    cancel_is_repeat,
+    finish_is_repeat,
+    not_running,
+    start_attempt,
+    timed_out_status,
+)
 from agentlightning.store._memory_records import MemoryRecords
 
 __all__ = ["MemoryStore"]
@@ -125,14 +135,7 @@ class MemoryStore(MemoryRecords):
                 continue
             t = now()
             attempts = self._attempts[rollout_id]
-            attempt = Attempt(
-                rollout_id=rollout_id,
-                attempt_id=new_id("at"),
-                sequence=len(attempts) + 1,
-                worker_id=worker_id,
-                start_time=t,
-                last_heartbeat=t,
-            )
+            attempt = start_attempt(rollout_id, len(attempts) + 1, worker_id, t)
             attempts.append(attempt)
             self._attempt_rollout[attempt.attempt_id] = rollout_id
             self._running[attempt.attempt_id] = rollout_id
@@ -147,7 +150,7 @@ class MemoryStore(MemoryRecords):
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
             if attempt.status != "running":
-                raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
+                raise not_running(attempt)
             attempt = fast_replace(attempt, last_heartbeat=now())
             self._attempts[rollout_id][index] = attempt
             return attempt
@@ -175,10 +178,10 @@ class MemoryStore(MemoryRecords):
         self._attempts[rollout_id][index] = ended
         self._running.pop(attempt.attempt_id, None)
         rollout = self._rollouts[rollout_id]
-        next_status: RolloutStatus = boundary.rollout_status_after(self.retry_policy, status, attempt.sequence)
-        update: dict[str, Any] = {"status": next_status, "updated_at": t}
-        if next_status == "queuing":
-            update["retry_count"] = rollout.retry_count + 1
+        move = after_attempt(self.retry_policy, status, attempt.sequence)
+        update: dict[str, Any] = {"status": move.status, "updated_at": t}
+        if move.retries:
+            update["retry_count"] = rollout.retry_count + move.retries
             heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
         rollout = fast_replace(rollout, **update)
         self._rollouts[rollout_id] = rollout
@@ -190,12 +193,8 @@ class MemoryStore(MemoryRecords):
         """End an attempt and move its rollout on according to the retry policy."""
         with self._lock:
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
-            if attempt.status != "running":
-                if attempt.status == status:
-                    return self._rollouts[rollout_id]
-                raise ConflictError(
-                    f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
-                )
+            if finish_is_repeat(attempt, status):
+                return self._rollouts[rollout_id]
             _, rollout = self._end_attempt_locked(index, attempt, status, error, now())
         if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
@@ -211,7 +210,9 @@ class MemoryStore(MemoryRecords):
             t = now()
             self._attempts[rollout_id][index] = fast_replace(attempt, status="cancelled", end_time=t, error=RELEASED)
             self._running.pop(attempt_id, None)
-            rollout = fast_replace(rollout, status="queuing", updated_at=t, retry_count=rollout.retry_count + 1)
+            rollout = fast_replace(
+                rollout, status=RELEASE.status, updated_at=t, retry_count=rollout.retry_count + RELEASE.retries
+            )
             self._rollouts[rollout_id] = rollout
             heapq.heappush(self._queue, (self._order[rollout_id], rollout_id))
             return rollout
@@ -220,10 +221,8 @@ class MemoryStore(MemoryRecords):
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
         with self._lock:
             rollout = self._get_rollout_locked(rollout_id)
-            if rollout.status == "cancelled":
+            if cancel_is_repeat(rollout):
                 return rollout
-            if rollout.status in TERMINAL_ROLLOUT_STATUSES:
-                raise ConflictError(f"rollout {rollout_id!r} already {rollout.status}; cannot cancel it")
             t = now()
             attempts = self._attempts[rollout_id]
             for index, attempt in enumerate(attempts):
@@ -236,11 +235,7 @@ class MemoryStore(MemoryRecords):
         return rollout
 
     def _deadline(self, attempt: Attempt) -> float:
-        policy = self.retry_policy
-        deadline = attempt.last_heartbeat + policy.heartbeat_timeout
-        if policy.rollout_timeout is not None:
-            deadline = min(deadline, attempt.start_time + policy.rollout_timeout)
-        return deadline
+        return attempt_deadline(self.retry_policy, attempt.start_time, attempt.last_heartbeat)
 
     def _check_timeouts_locked(self) -> list[Attempt]:
         t = now()
@@ -250,7 +245,7 @@ class MemoryStore(MemoryRecords):
         next_deadline = float("inf")
         for attempt_id, rollout_id in list(self._running.items()):
             index, attempt = self._get_attempt_locked(rollout_id, attempt_id)
-            status = boundary.timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
+            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
             if status is None:
                 next_deadline = min(next_deadline, self._deadline(attempt))
             else:
@@ -307,4 +302,4 @@ class MemoryStore(MemoryRecords):
 
         # timeouts are the only change not announced by the notifier, so polling can be lazy
         poll_interval = min(0.5, self.retry_policy.heartbeat_timeout / 2)
-        return await boundary.wait_until_finished(self._notifier, poll, timeout, poll_interval)
+        return await wait_until_finished(self._notifier, poll, timeout, poll_interval)

@@ -6,7 +6,8 @@ database: a dequeue claims the oldest queuing rollout with ``FOR UPDATE SKIP LOC
 the same rollout, and neither waits for the other's claim), finishing, releasing, cancelling and timing out an
 attempt lock its rollout's row first, and a request id is remembered in the claim's own transaction, so a client
 whose server died mid-request gets the same answer from another one. What a rollout or attempt becomes is
-decided by the shared rules of `agentlightning.store._common`, as for every backend.
+decided by the shared rules of `agentlightning.store._lifecycle`, as for every backend, and run by the SQL
+lifecycle it shares with the SQLite store (`agentlightning.store._sql_lifecycle`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, cast
 
 from pydantic_core import from_json
 
-from agentlightning._fast import fast_replace
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -28,21 +28,19 @@ from agentlightning._models import (
     new_id,
     now,
 )
-from agentlightning.store._base import RELEASED, ConflictError, NotFoundError, RolloutRequest
-from agentlightning.store._common import (
-    rollout_status_after,
-    timed_out_status,
-    wait_until_finished,
-)
+from agentlightning.store._base import NotFoundError, RolloutRequest
+from agentlightning.store._common import wait_until_finished
+from agentlightning.store._lifecycle import not_running, start_attempt
 from agentlightning.store._postgres_records import REQUEST_MEMORY_SECONDS, PostgresRecords
 from agentlightning.store._postgres_statements import (
     CLAIM_MANY,
     DEQUEUE,
     INSERT_ATTEMPT,
     INSERT_ROLLOUTS,
-    UPDATE_ROLLOUT,
 )
-from agentlightning.store._sqlite_schema import (
+from agentlightning.store._sql_dashboard import POSTGRES
+from agentlightning.store._sql_lifecycle import LifecycleSql, SqlLifecycle, enqueue_values
+from agentlightning.store._sql_rows import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
     attempt_from_row,
@@ -59,7 +57,7 @@ class _AnsweredMeanwhile(Exception):
     """A `PostgresStore.dequeue_many` whose request id another try remembered first (its transaction is undone)."""
 
 
-class PostgresStore(PostgresRecords):
+class PostgresStore(PostgresRecords, SqlLifecycle):
     """A `LightningStore` in a PostgreSQL database; any number of processes and servers may share it.
 
     Needs the driver: ``pip install "agentlightning-core[postgres]"``. The schema (tables prefixed ``agl_``) is
@@ -81,92 +79,38 @@ class PostgresStore(PostgresRecords):
             than this code (one line, without the password).
     """
 
-    def _end_attempt(
-        self, conn: Any, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
-    ) -> tuple[Attempt, Rollout]:
-        """End a running attempt whose rollout row this transaction has locked; move the rollout on."""
-        conn.execute(
-            "UPDATE agl_attempts SET status = %s, end_time = %s, error = %s WHERE attempt_id = %s",
-            (status, t, error, attempt.attempt_id),
-        )
-        next_status = rollout_status_after(self.retry_policy, status, attempt.sequence)
-        row = conn.execute(
-            UPDATE_ROLLOUT, (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id)
-        ).fetchone()
-        return fast_replace(attempt, status=status, end_time=t, error=error), rollout_from_row(row)
+    _lifecycle_sql = LifecycleSql.of(POSTGRES)
 
-    def _expired(self, conn: Any, t: float) -> list[Attempt]:
-        """Running attempts (of any server) past a timeout at time ``t`` (see `SqliteStore._expired`)."""
-        if t <= self._no_timeout_before:
-            return []
-        policy = self.retry_policy
-        min_heartbeat, min_start = conn.execute(
+    def _lock_rollout(self, conn: Any, rollout_id: str) -> Rollout | None:
+        return self._get_rollout(conn, rollout_id, lock=True)
+
+    def _running_bounds(self, conn: Any) -> tuple[float | None, float | None]:
+        return conn.execute(
             "SELECT MIN(last_heartbeat), MIN(start_time) FROM agl_attempts WHERE status = 'running'"
         ).fetchone()
-        bound = t + min(policy.heartbeat_timeout, policy.rollout_timeout or policy.heartbeat_timeout)
-        if min_heartbeat is not None:
-            bound = min(bound, min_heartbeat + policy.heartbeat_timeout)
-        if min_start is not None and policy.rollout_timeout is not None:
-            bound = min(bound, min_start + policy.rollout_timeout)
-        if t <= bound:
-            self._no_timeout_before = bound
-            return []
-        self._no_timeout_before = 0.0
-        late_start = -1.0 if policy.rollout_timeout is None else t - policy.rollout_timeout
+
+    def _expired_attempts(self, conn: Any, heartbeat_before: float, started_before: float | None) -> list[Attempt]:
         rows = conn.execute(
             f"SELECT {ATTEMPT_COLUMNS} FROM agl_attempts WHERE status = 'running' "
             "AND (last_heartbeat < %s OR start_time < %s) ORDER BY rollout_id",
-            (t - policy.heartbeat_timeout, late_start),
+            (heartbeat_before, -1.0 if started_before is None else started_before),
         ).fetchall()
         return [attempt_from_row(row) for row in rows]
 
-    def _apply_timeouts(self, conn: Any, t: float) -> tuple[list[Attempt], bool]:
-        """Inside a write transaction: end expired attempts. Returns them and whether a rollout finished.
-
-        Each rollout is locked without waiting (another server busy with it ends or keeps it) and its attempt
-        read again under the lock, so an attempt is timed out once even when several servers look at once.
-        """
-        ended: list[Attempt] = []
-        finished = False
-        for candidate in self._expired(conn, t):
-            locked = conn.execute(
-                "SELECT 1 FROM agl_rollouts WHERE rollout_id = %s FOR UPDATE SKIP LOCKED", (candidate.rollout_id,)
-            ).fetchone()
-            if locked is None:
-                continue
-            attempt = self._get_attempt(conn, candidate.rollout_id, candidate.attempt_id)
-            if attempt.status != "running":
-                continue
-            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
-            if status is None:
-                continue
-            done, rollout = self._end_attempt(conn, attempt, status, None, t)
-            ended.append(done)
-            finished = finished or rollout.status in TERMINAL_ROLLOUT_STATUSES
-        return ended, finished
+    def _claim_expired(self, conn: Any, candidate: Attempt) -> Attempt | None:
+        """Lock the rollout without waiting (another server busy with it ends or keeps it) and read the attempt again
+        under the lock, so an attempt is timed out once even when several servers look at once."""
+        locked = conn.execute(
+            "SELECT 1 FROM agl_rollouts WHERE rollout_id = %s FOR UPDATE SKIP LOCKED", (candidate.rollout_id,)
+        ).fetchone()
+        return None if locked is None else self._get_attempt(conn, candidate.rollout_id, candidate.attempt_id)
 
     # ----------------------------------------------------------------- rollouts
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
-        order: list[str] = []
-        for req in reqs:
-            rollout_id = req.rollout_id or new_id("ro")
-            order.append(rollout_id)
-            if rollout_id in columns[0]:
-                continue  # the first request with an id wins, as in one transaction of single inserts
-            values = (
-                rollout_id,
-                dump_json(req.input, "rollout input"),
-                req.mode,
-                req.group_id,
-                req.resources_id,
-                dump_json(req.metadata, "rollout metadata"),
-            )
-            for column, value in zip(columns, values, strict=True):
-                column.append(value)
+        order, values = enqueue_values(requests)  # validated at the boundary (StoreBoundary), as every argument below
+        columns: tuple[list[Any], ...] = tuple(map(list, zip(*values, strict=True))) if values else ([],) * 6
         t = now()
 
         def write(conn: Any) -> dict[str, Rollout]:
@@ -213,14 +157,7 @@ class PostgresStore(PostgresRecords):
             if row[0] is None:  # a request answered before: the same answer
                 return self._replay_claim(conn, row[10])
             rollout = rollout_from_row(row)
-            attempt = Attempt(
-                rollout_id=rollout.rollout_id,
-                attempt_id=attempt_id,
-                sequence=rollout.retry_count + 1,
-                worker_id=worker_id,
-                start_time=t,
-                last_heartbeat=t,
-            )
+            attempt = start_attempt(rollout.rollout_id, rollout.retry_count + 1, worker_id, t, attempt_id)
             if key is not None:
                 self._count_request(conn, t)
             return Claim(rollout=rollout, attempt=attempt)
@@ -254,14 +191,7 @@ class PostgresStore(PostgresRecords):
         claims: list[Claim] = []
         for row, worker_id in zip(rows, workers, strict=False):
             rollout = rollout_from_row(row)
-            attempt = Attempt(
-                rollout_id=rollout.rollout_id,
-                attempt_id=new_id("at"),
-                sequence=rollout.retry_count + 1,
-                worker_id=worker_id,
-                start_time=t,
-                last_heartbeat=t,
-            )
+            attempt = start_attempt(rollout.rollout_id, rollout.retry_count + 1, worker_id, t)
             claims.append(Claim(rollout=rollout, attempt=attempt))
         if claims:
             conn.cursor().executemany(
@@ -281,16 +211,6 @@ class PostgresStore(PostgresRecords):
             self._count_request(conn, t)
         return claims
 
-    def _claim_of(self, conn: Any, rollout_id: str, attempt_id: str) -> Claim:
-        rollout = self._get_rollout(conn, rollout_id)
-        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
-
-    def _replay_claim(self, conn: Any, result: str) -> Claim | None:
-        ids = from_json(result)
-        if ids is None:
-            return None
-        return Claim(rollout=self._get_rollout(conn, ids[0]), attempt=self._get_attempt(conn, ids[0], ids[1]))
-
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record a sign of life; raises `ConflictError` if the attempt is no longer running."""
 
@@ -302,8 +222,7 @@ class PostgresStore(PostgresRecords):
             ).fetchone()
             if row is not None:
                 return attempt_from_row(row)
-            attempt = self._get_attempt(conn, rollout_id, attempt_id)
-            raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
+            raise not_running(self._get_attempt(conn, rollout_id, attempt_id))
 
         return await self._write(write)
 
@@ -332,58 +251,18 @@ class PostgresStore(PostgresRecords):
         """End an attempt and move its rollout on according to the retry policy."""
         if error is not None and not isinstance(cast(Any, error), str):
             raise ValueError(f"error must be a string or None, got {type(error).__name__}")
-
-        def write(conn: Any) -> Rollout:
-            current = self._get_rollout(conn, rollout_id, lock=True)
-            attempt = self._get_attempt(conn, rollout_id, attempt_id)
-            if attempt.status != "running":
-                if attempt.status == status:
-                    return current
-                raise ConflictError(
-                    f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
-                )
-            return self._end_attempt(conn, attempt, status, error, now())[1]
-
-        rollout = await self._write(write)
+        rollout = await self._write(self._finish, rollout_id, attempt_id, status, error)
         if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
         return rollout
 
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
-
-        def write(conn: Any) -> Rollout:
-            current = self._get_rollout(conn, rollout_id, lock=True)
-            attempt = self._get_attempt(conn, rollout_id, attempt_id)
-            if attempt.status != "running":
-                return current
-            t = now()
-            conn.execute(
-                "UPDATE agl_attempts SET status = 'cancelled', end_time = %s, error = %s WHERE attempt_id = %s",
-                (t, RELEASED, attempt_id),
-            )
-            return rollout_from_row(conn.execute(UPDATE_ROLLOUT, ("queuing", t, 1, rollout_id)).fetchone())
-
-        return await self._write(write)
+        return await self._write(self._release, rollout_id, attempt_id)
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
-
-        def write(conn: Any) -> Rollout:
-            rollout = self._get_rollout(conn, rollout_id, lock=True)
-            if rollout.status == "cancelled":
-                return rollout
-            if rollout.status in TERMINAL_ROLLOUT_STATUSES:
-                raise ConflictError(f"rollout {rollout_id!r} already {rollout.status}; cannot cancel it")
-            t = now()
-            conn.execute(
-                "UPDATE agl_attempts SET status = 'cancelled', end_time = %s "
-                "WHERE rollout_id = %s AND status = 'running'",
-                (t, rollout_id),
-            )
-            return rollout_from_row(conn.execute(UPDATE_ROLLOUT, ("cancelled", t, 0, rollout_id)).fetchone())
-
-        rollout = await self._write(write)
+        rollout = await self._write(self._cancel, rollout_id)
         self._notifier.notify()
         return rollout
 

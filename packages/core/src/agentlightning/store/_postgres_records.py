@@ -43,7 +43,7 @@ from agentlightning.store._postgres_schema import (
 from agentlightning.store._query import RolloutPage, RolloutQuery, RunStats, RunStatsQuery
 from agentlightning.store._sql_dashboard import POSTGRES, list_rollouts, run_stats
 from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch, spans_query
-from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
+from agentlightning.store._sql_rows import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
 
 __all__ = ["PostgresRecords"]
 
@@ -213,8 +213,7 @@ class PostgresRecords(StoreBoundary):
         """
         return await asyncio.to_thread(self._pools.check)
 
-    @staticmethod
-    def _get_rollout(conn: Any, rollout_id: str, lock: bool = False) -> Rollout:
+    def _get_rollout(self, conn: Any, rollout_id: str, lock: bool = False) -> Rollout:
         row = conn.execute(
             f"SELECT {ROLLOUT_COLUMNS} FROM agl_rollouts WHERE rollout_id = %s" + (" FOR UPDATE" if lock else ""),
             (rollout_id,),
@@ -223,14 +222,13 @@ class PostgresRecords(StoreBoundary):
             raise NotFoundError(f"rollout {rollout_id!r} not found")
         return rollout_from_row(row)
 
-    @classmethod
-    def _get_attempt(cls, conn: Any, rollout_id: str, attempt_id: str) -> Attempt:
+    def _get_attempt(self, conn: Any, rollout_id: str, attempt_id: str) -> Attempt:
         row = conn.execute(
             f"SELECT {ATTEMPT_COLUMNS} FROM agl_attempts WHERE attempt_id = %s AND rollout_id = %s",
             (attempt_id, rollout_id),
         ).fetchone()
         if row is None:
-            cls._get_rollout(conn, rollout_id)
+            self._get_rollout(conn, rollout_id)
             raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
         return attempt_from_row(row)
 

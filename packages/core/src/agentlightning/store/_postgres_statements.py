@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS
+from agentlightning.store._sql_rows import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS
 
-__all__ = ["CLAIM_MANY", "DEQUEUE", "INSERT_ATTEMPT", "INSERT_ROLLOUTS", "UPDATE_ROLLOUT"]
+__all__ = ["CLAIM_MANY", "DEQUEUE", "INSERT_ATTEMPT", "INSERT_ROLLOUTS"]
 
 INSERT_ROLLOUTS = (
     f"INSERT INTO agl_rollouts ({ROLLOUT_COLUMNS}) "
@@ -45,8 +45,4 @@ RETURNING {ROLLOUT_COLUMNS}, seq
 """
 INSERT_ATTEMPT = (
     f"INSERT INTO agl_attempts ({ATTEMPT_COLUMNS}, mode) VALUES (%s, %s, %s, %s, 'running', %s, NULL, %s, NULL, %s)"
-)
-UPDATE_ROLLOUT = (
-    "UPDATE agl_rollouts SET status = %s, updated_at = %s, retry_count = retry_count + %s WHERE rollout_id = %s "
-    f"RETURNING {ROLLOUT_COLUMNS}"
 )

@@ -30,7 +30,7 @@ from agentlightning.store._query import (
     version_order,
     version_stats,
 )
-from agentlightning.store._sqlite_schema import ATTEMPT_COLUMNS, attempt_from_row
+from agentlightning.store._sql_rows import ATTEMPT_COLUMNS, attempt_from_row
 
 __all__ = ["POSTGRES", "SQLITE", "SqlDialect", "list_rollouts", "run_stats"]
 

@@ -22,27 +22,21 @@ from agentlightning._models import (
     Claim,
     Rollout,
     RolloutStatus,
-    new_id,
     now,
 )
-from agentlightning.store._base import (
-    RELEASED,
-    ConflictError,
-    RolloutRequest,
-)
-from agentlightning.store._common import (
-    rollout_status_after,
-    timed_out_status,
-    wait_until_finished,
-)
-from agentlightning.store._sqlite_records import REQUEST_MEMORY_SECONDS, SqliteRecords
-from agentlightning.store._sqlite_schema import (
+from agentlightning.store._base import RolloutRequest
+from agentlightning.store._common import wait_until_finished
+from agentlightning.store._lifecycle import not_running, start_attempt
+from agentlightning.store._sql_dashboard import SQLITE
+from agentlightning.store._sql_lifecycle import LifecycleSql, SqlLifecycle, enqueue_values
+from agentlightning.store._sql_rows import (
     ATTEMPT_COLUMNS,
     ROLLOUT_COLUMNS,
     attempt_from_row,
     dump_json,
     rollout_from_row,
 )
+from agentlightning.store._sqlite_records import REQUEST_MEMORY_SECONDS, SqliteRecords
 
 __all__ = ["REQUEST_MEMORY_SECONDS", "SqliteStore"]
 
@@ -50,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 # Hot statements as constants: one string object each, so sqlite3's statement cache finds them without rebuilding.
 _INSERT_ROLLOUT = (
-    f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, 'queuing', ?, ?, ?, ?, 0, ?, ?, ?) "
     f"RETURNING {ROLLOUT_COLUMNS}"
 )
 _CLAIM_OLDEST = (
@@ -65,7 +59,7 @@ _FINISHED_AMONG = (
 _INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
-class SqliteStore(SqliteRecords):
+class SqliteStore(SqliteRecords, SqlLifecycle):
     """A `LightningStore` in one SQLite file (WAL mode); several processes may open the same file.
 
     Args:
@@ -78,6 +72,8 @@ class SqliteStore(SqliteRecords):
         poll_interval: Seconds between checks in `wait_for_rollouts` for changes made by other processes.
     """
 
+    _lifecycle_sql = LifecycleSql.of(SQLITE)
+
     def reopen_spec(self) -> tuple[type[SqliteStore], dict[str, Any]]:
         """A picklable ``(cls, kwargs)`` with which another process opens this store: ``cls(**kwargs)``."""
         return SqliteStore, {
@@ -88,105 +84,46 @@ class SqliteStore(SqliteRecords):
             "poll_interval": self._poll_interval,
         }
 
-    def _replay_claim(self, conn: sqlite3.Connection, result: str) -> Claim | None:
-        ids = from_json(result)
-        return None if ids is None else self._claim_of(conn, ids[0], ids[1])
+    def _lock_rollout(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout | None:
+        return None  # the write transaction (BEGIN IMMEDIATE) already excludes every other writer
 
-    def _claim_of(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Claim:
-        rollout = self._get_rollout(conn, rollout_id)
-        return Claim(rollout=rollout, attempt=self._get_attempt(conn, rollout_id, attempt_id))
-
-    def _end_attempt(
-        self, conn: sqlite3.Connection, attempt: Attempt, status: AttemptStatus, error: str | None, t: float
-    ) -> tuple[Attempt, Rollout]:
-        conn.execute(
-            "UPDATE attempts SET status = ?, end_time = ?, error = ? WHERE attempt_id = ?",
-            (status, t, error, attempt.attempt_id),
-        )
-        next_status = rollout_status_after(self.retry_policy, status, attempt.sequence)
-        row = conn.execute(
-            "UPDATE rollouts SET status = ?, updated_at = ?, retry_count = retry_count + ? WHERE rollout_id = ? "
-            f"RETURNING {ROLLOUT_COLUMNS}",
-            (next_status, t, 1 if next_status == "queuing" else 0, attempt.rollout_id),
-        ).fetchone()
-        return fast_replace(attempt, status=status, end_time=t, error=error), rollout_from_row(row)
-
-    def _expired(self, conn: sqlite3.Connection, t: float) -> list[Attempt]:
-        """Running attempts (of any process) past a timeout at time ``t``.
-
-        Heartbeats only push deadlines later and an attempt started after ``t0`` cannot expire before
-        ``t0 + timeout``, so the earliest deadline seen now is a lower bound that stays valid across
-        processes (sharing one policy); until it passes, dequeues skip this query.
-        """
-        if t <= self._no_timeout_before:
-            return []
-        policy = self.retry_policy
-        min_heartbeat, min_start = conn.execute(
+    def _running_bounds(self, conn: sqlite3.Connection) -> tuple[float | None, float | None]:
+        # two subqueries: each a walk of one end of the partial index of running attempts
+        return conn.execute(
             "SELECT (SELECT MIN(last_heartbeat) FROM attempts WHERE status = 'running'), "
             "(SELECT MIN(start_time) FROM attempts WHERE status = 'running')"
         ).fetchone()
-        bound = t + min(policy.heartbeat_timeout, policy.rollout_timeout or policy.heartbeat_timeout)
-        if min_heartbeat is not None:
-            bound = min(bound, min_heartbeat + policy.heartbeat_timeout)
-        if min_start is not None and policy.rollout_timeout is not None:
-            bound = min(bound, min_start + policy.rollout_timeout)
-        if t <= bound:
-            self._no_timeout_before = bound
-            return []
-        self._no_timeout_before = 0.0
+
+    def _expired_attempts(
+        self, conn: sqlite3.Connection, heartbeat_before: float, started_before: float | None
+    ) -> list[Attempt]:
         rows = conn.execute(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status = 'running' AND last_heartbeat < ?",
-            (t - policy.heartbeat_timeout,),
+            (heartbeat_before,),
         ).fetchall()
-        if policy.rollout_timeout is not None:
+        if started_before is not None:
             rows += conn.execute(
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status = 'running' AND start_time < ?",
-                (t - policy.rollout_timeout,),
+                (started_before,),
             ).fetchall()
         unique = {row[1]: row for row in rows}
         return [attempt_from_row(row) for row in unique.values()]
 
-    def _apply_timeouts(self, conn: sqlite3.Connection, t: float) -> tuple[list[Attempt], bool]:
-        """Inside a write transaction: end expired attempts. Returns them and whether a rollout finished."""
-        ended: list[Attempt] = []
-        finished = False
-        for attempt in self._expired(conn, t):
-            status = timed_out_status(self.retry_policy, attempt.start_time, attempt.last_heartbeat, t)
-            if status is None:
-                continue
-            done, rollout = self._end_attempt(conn, attempt, status, None, t)
-            ended.append(done)
-            finished = finished or rollout.status in TERMINAL_ROLLOUT_STATUSES
-        return ended, finished
+    def _claim_expired(self, conn: sqlite3.Connection, candidate: Attempt) -> Attempt | None:
+        return candidate  # read in this transaction, which no other writer can enter
 
     # ----------------------------------------------------------------- rollouts
 
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Queue rollouts (batched, one transaction); returns them in request order."""
-        reqs = requests  # validated at the boundary (StoreBoundary), as every argument below
+        order, values = enqueue_values(requests)  # validated at the boundary (StoreBoundary), as every argument below
         t = now()
-        rows = [
-            (
-                req.rollout_id or new_id("ro"),
-                "queuing",
-                dump_json(req.input, "rollout input"),
-                req.mode,
-                req.group_id,
-                req.resources_id,
-                0,
-                t,
-                t,
-                dump_json(req.metadata, "rollout metadata"),
-            )
-            for req in reqs
-        ]
         stored: dict[str, Any] = {}
         with self._write as conn:
             # RETURNING hands back each new row in the same statement; only ids that were already stored
             # (a repeated enqueue) need a second read.
-            for row in rows:
-                if row[0] not in stored:
-                    stored[row[0]] = conn.execute(_INSERT_ROLLOUT, row).fetchone()
+            for row in values:
+                stored[row[0]] = conn.execute(_INSERT_ROLLOUT, (*row[:5], t, t, row[5])).fetchone()
             known = [rollout_id for rollout_id, got in stored.items() if got is None]
             if known:
                 where = "rollout_id IN (SELECT value FROM json_each(?))"
@@ -195,7 +132,7 @@ class SqliteStore(SqliteRecords):
         for rollout_id, got in stored.items():
             if not isinstance(got, Rollout):
                 stored[rollout_id] = rollout_from_row(got)
-        return [stored[row[0]] for row in rows]
+        return [stored[rollout_id] for rollout_id in order]
 
     def _select_rollouts(self, conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[Rollout]:
         cursor = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE {where} ORDER BY seq", params)
@@ -261,14 +198,7 @@ class SqliteStore(SqliteRecords):
             return None
         rollout = rollout_from_row(row)
         sequence = rollout.retry_count + 1  # every requeue adds one; the unique index guards it
-        attempt = Attempt(
-            rollout_id=rollout.rollout_id,
-            attempt_id=new_id("at"),
-            sequence=sequence,
-            worker_id=worker_id,
-            start_time=t,
-            last_heartbeat=t,
-        )
+        attempt = start_attempt(rollout.rollout_id, sequence, worker_id, t)
         row = (attempt.rollout_id, attempt.attempt_id, sequence, worker_id, "running", t, None, t, None, rollout.mode)
         conn.execute(_INSERT_ATTEMPT, row)
         return Claim(rollout=rollout, attempt=attempt)
@@ -278,7 +208,7 @@ class SqliteStore(SqliteRecords):
         with self._write as conn:
             attempt = self._get_attempt(conn, rollout_id, attempt_id)
             if attempt.status != "running":
-                raise ConflictError(f"attempt {attempt_id!r} is {attempt.status}, not running")
+                raise not_running(attempt)
             t = max(now(), attempt.last_heartbeat)
             conn.execute("UPDATE attempts SET last_heartbeat = ? WHERE attempt_id = ?", (t, attempt_id))
         return fast_replace(attempt, last_heartbeat=t)
@@ -303,14 +233,7 @@ class SqliteStore(SqliteRecords):
     ) -> Rollout:
         """End an attempt and move its rollout on according to the retry policy."""
         with self._write as conn:
-            attempt = self._get_attempt(conn, rollout_id, attempt_id)
-            if attempt.status != "running":
-                if attempt.status == status:
-                    return self._get_rollout(conn, rollout_id)
-                raise ConflictError(
-                    f"attempt {attempt_id!r} already ended as {attempt.status}; cannot finish it as {status}"
-                )
-            _, rollout = self._end_attempt(conn, attempt, status, error, now())
+            rollout = self._finish(conn, rollout_id, attempt_id, status, error)
         if rollout.status in TERMINAL_ROLLOUT_STATUSES:
             self._notifier.notify()
         return rollout
@@ -318,38 +241,12 @@ class SqliteStore(SqliteRecords):
     async def release_claim(self, rollout_id: str, attempt_id: str) -> Rollout:
         """Give a running attempt back: it ends ``cancelled`` and its rollout is queued again at once."""
         with self._write as conn:
-            attempt = self._get_attempt(conn, rollout_id, attempt_id)
-            if attempt.status != "running":
-                return self._get_rollout(conn, rollout_id)
-            t = now()
-            conn.execute(
-                "UPDATE attempts SET status = 'cancelled', end_time = ?, error = ? WHERE attempt_id = ?",
-                (t, RELEASED, attempt_id),
-            )
-            row = conn.execute(
-                "UPDATE rollouts SET status = 'queuing', updated_at = ?, retry_count = retry_count + 1 "
-                f"WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
-                (t, rollout_id),
-            ).fetchone()
-        return rollout_from_row(row)
+            return self._release(conn, rollout_id, attempt_id)
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (its running attempt is cancelled too)."""
         with self._write as conn:
-            rollout = self._get_rollout(conn, rollout_id)
-            if rollout.status == "cancelled":
-                return rollout
-            if rollout.status in TERMINAL_ROLLOUT_STATUSES:
-                raise ConflictError(f"rollout {rollout_id!r} already {rollout.status}; cannot cancel it")
-            t = now()
-            conn.execute(
-                "UPDATE attempts SET status = 'cancelled', end_time = ? WHERE rollout_id = ? AND status = 'running'",
-                (t, rollout_id),
-            )
-            conn.execute(
-                "UPDATE rollouts SET status = 'cancelled', updated_at = ? WHERE rollout_id = ?", (t, rollout_id)
-            )
-            rollout = fast_replace(rollout, status="cancelled", updated_at=t)
+            rollout = self._cancel(conn, rollout_id)
         self._notifier.notify()
         return rollout
 

@@ -48,16 +48,9 @@ from agentlightning.store._query import (
 )
 from agentlightning.store._sql_dashboard import SQLITE
 from agentlightning.store._sql_records import RecordBatch, call_batch, calls_query, span_batch
+from agentlightning.store._sql_rows import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, attempt_from_row, rollout_from_row
 from agentlightning.store._sqlite_dashboard import DashboardReader
-from agentlightning.store._sqlite_schema import (
-    ATTEMPT_COLUMNS,
-    ROLLOUT_COLUMNS,
-    ConnectionGuard,
-    StorageHealth,
-    attempt_from_row,
-    connect,
-    rollout_from_row,
-)
+from agentlightning.store._sqlite_schema import ConnectionGuard, StorageHealth, connect
 from agentlightning.store._sqlite_spans import SPANS_SELECT, span_rows, spans_read
 
 __all__ = ["REQUEST_MEMORY_SECONDS", "SqliteRecords"]

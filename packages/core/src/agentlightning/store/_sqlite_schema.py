@@ -1,4 +1,5 @@
-"""SQLite store internals: schema, connection setup and row <-> model conversion."""
+"""SQLite store internals: schema, migrations and connection setup (rows <-> models: `_sql_rows`, shared with
+PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,30 +9,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from pydantic_core import PydanticSerializationError, from_json, to_json
-
-from agentlightning._fast import fast_factory
-from agentlightning._models import Attempt, Rollout
 from agentlightning.store._base import StorageError, StoreError
 from agentlightning.store._sqlite_spans import SPANS_SCHEMA, migrate_spans_6_to_7
 
-__all__ = [
-    "ATTEMPT_COLUMNS",
-    "ROLLOUT_COLUMNS",
-    "ConnectionGuard",
-    "StorageHealth",
-    "attempt_from_row",
-    "connect",
-    "dump_json",
-    "rollout_from_row",
-]
+__all__ = ["ConnectionGuard", "StorageHealth", "connect"]
 
 logger = logging.getLogger(__name__)
-
-_new_rollout = fast_factory(Rollout)
-_new_attempt = fast_factory(Attempt)
 
 _SCHEMA_VERSION = 7
 # Version 3 added the requests table (answers of retried requests, by client request id).
@@ -155,54 +139,6 @@ ALTER TABLE llm_calls ADD COLUMN model_version INTEGER;
 UPDATE llm_calls SET agent_name = json_extract(data, '$.agent_name'), policy = json_extract(data, '$.policy'),
     model_version = json_extract(data, '$.model_version') WHERE typeof(data) = 'text'
 """
-
-ROLLOUT_COLUMNS = (
-    "rollout_id, status, input, mode, group_id, resources_id, retry_count, created_at, updated_at, metadata"
-)
-ATTEMPT_COLUMNS = "rollout_id, attempt_id, sequence, worker_id, status, start_time, end_time, last_heartbeat, error"
-
-
-def rollout_from_row(row: Any) -> Rollout:
-    """Build a rollout from a row of `ROLLOUT_COLUMNS` (written by the store from a validated rollout: trusted)."""
-    return _new_rollout(
-        {
-            "rollout_id": row[0],
-            "input": from_json(row[2]),
-            "status": row[1],
-            "mode": row[3],
-            "group_id": row[4],
-            "resources_id": row[5],
-            "retry_count": row[6],
-            "created_at": row[7],
-            "updated_at": row[8],
-            "metadata": from_json(row[9]),
-        }
-    )
-
-
-def attempt_from_row(row: Any) -> Attempt:
-    """Build an attempt from a row of `ATTEMPT_COLUMNS` (written by the store: trusted)."""
-    return _new_attempt(
-        {
-            "rollout_id": row[0],
-            "attempt_id": row[1],
-            "sequence": row[2],
-            "worker_id": row[3],
-            "status": row[4],
-            "start_time": row[5],
-            "end_time": row[6],
-            "last_heartbeat": row[7],
-            "error": row[8],
-        }
-    )
-
-
-def dump_json(value: Any, what: str) -> str:
-    """JSON text of ``value``; a `ValueError` naming ``what`` if it cannot be serialised."""
-    try:
-        return to_json(value).decode()
-    except PydanticSerializationError as exc:
-        raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
 
 
 def connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
