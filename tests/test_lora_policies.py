@@ -99,13 +99,12 @@ async def _calls(store: agl.LightningStore, since: int) -> list[LLMCall]:
     return calls
 
 
-def _served(calls: list[LLMCall]) -> set[tuple[str | None, str | None, int | None]]:
-    return {(c.agent_name, c.policy, c.model_version) for c in calls}
-
-
-async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path) -> None:
+def _two_agent_config(tmp_path: Path, kl_coef: float = 0.0, **policies: Any) -> TorchTrainerConfig:
+    """A tiny model that knows the agents' words, one iteration of 2 tasks x 4 samples; ``policies``: the map and
+    settings."""
     model_dir = make_tiny_chat_model(tmp_path / "model", seed=0, corpus=["write rewrite a poem about rivers"])
-    config = TorchTrainerConfig(
+    lora = LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))
+    return TorchTrainerConfig(
         model_dir=model_dir,
         output_dir=tmp_path / "run",
         tasks_per_iteration=2,
@@ -113,9 +112,17 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path
         max_tokens=8,
         drop_equal_groups=False,
         rollout_timeout_s=3600,  # wait for every rollout, however slow the machine
-        ppo=PPOConfig(lr=1e-2, lora=LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
-        policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter"}),
+        ppo=PPOConfig(lr=1e-3, kl_coef=kl_coef, lora=lora),  # adapters at 10x: 1e-2
+        **policies,
     )
+
+
+def _served(calls: list[LLMCall]) -> set[tuple[str | None, str | None, int | None]]:
+    return {(c.agent_name, c.policy, c.model_version) for c in calls}
+
+
+async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path) -> None:
+    config = _two_agent_config(tmp_path, policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter"}))
     trainer = TorchTrainer(config)
     store = agl.MemoryStore()
     agentlightning_langchain.instrument()
@@ -309,16 +316,9 @@ async def test_a_full_weight_policy_and_a_lora_policy_train_and_are_each_served_
 ) -> None:
     from agentlightning_torch import PolicySettings
 
-    model_dir = make_tiny_chat_model(tmp_path / "model", seed=0, corpus=["write rewrite a poem about rivers"])
-    config = TorchTrainerConfig(
-        model_dir=model_dir,
-        output_dir=tmp_path / "run",
-        tasks_per_iteration=2,
-        samples_per_task=4,
-        max_tokens=8,
-        drop_equal_groups=False,
-        rollout_timeout_s=3600,
-        ppo=PPOConfig(lr=1e-2, kl_coef=0.05, lora=LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
+    config = _two_agent_config(
+        tmp_path,
+        kl_coef=0.05,
         policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN}),
         policy_settings={"writer": PolicySettings(weights="full", lr=1e-3)},
     )

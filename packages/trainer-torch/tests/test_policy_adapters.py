@@ -10,31 +10,17 @@ import torch
 from peft import PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
+from agentlightning import FROZEN, PolicyMap, TrainingBatch
 from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_lora import vllm_lora_args
+from agentlightning_torch.testing import policy_sample
 
 SETTINGS = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 PPO = PPOConfig(lr=1e-3, lora=SETTINGS)
 """Every adapter's shape is SETTINGS; its learning rate the LoRA default, 10x the run's: 1e-2."""
-
-
-def _sample(policy: str | None, advantage: float, index: int) -> TrainingSample:
-    return TrainingSample(
-        prompt_token_ids=[3, 4, 5, 6 + index % 3],
-        response_token_ids=[7, 8, 9],
-        response_mask=[1, 1, 1],
-        credit=advantage,
-        advantage=advantage,
-        group_id="g",
-        rollout_id=f"r{index}",
-        attempt_id="a",
-        step_index=0,
-        policy=policy,
-    )
 
 
 def _weights(adapters: PolicyAdapters, name: str) -> dict[str, torch.Tensor]:
@@ -53,7 +39,7 @@ def adapters(make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTra
 
 
 def _step(adapters: PolicyAdapters, policies: list[str | None]) -> dict[str, float]:
-    samples = [_sample(p, 1.0 if i % 2 else -1.0, i) for i, p in enumerate(policies)]
+    samples = [policy_sample(p, 1.0 if i % 2 else -1.0, i) for i, p in enumerate(policies)]
     return adapters.update(TrainingBatch(samples=samples))
 
 

@@ -10,13 +10,14 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
+from agentlightning import FROZEN, PolicyMap, TrainingBatch
 from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._policy_adapters import policy_metric
 from agentlightning_torch._policy_set import TrainedPolicies
 from agentlightning_torch._policy_settings import PolicySettings, parse_policy_settings
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch.testing import policy_sample
 
 PPO = PPOConfig(lr=1e-3, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 FULL = PolicySettings(weights="full")
@@ -24,23 +25,8 @@ SETTINGS = {"writer": PolicySettings(weights="full", kl_coef=0.1), "editor": FUL
 """writer and editor: full weights (writer with a KL penalty to the frozen base); rewriter: a LoRA adapter."""
 
 
-def _sample(policy: str | None, advantage: float, index: int) -> TrainingSample:
-    return TrainingSample(
-        prompt_token_ids=[3, 4, 5, 6 + index % 3],
-        response_token_ids=[7, 8, 9],
-        response_mask=[1, 1, 1],
-        credit=advantage,
-        advantage=advantage,
-        group_id="g",
-        rollout_id=f"r{index}",
-        attempt_id="a",
-        step_index=0,
-        policy=policy,
-    )
-
-
 def _step(policies: TrainedPolicies, names: list[str | None]) -> dict[str, float]:
-    samples = [_sample(p, 1.0 if i % 2 else -1.0, i) for i, p in enumerate(names)]
+    samples = [policy_sample(p, 1.0 if i % 2 else -1.0, i) for i, p in enumerate(names)]
     return policies.update(TrainingBatch(samples=samples))
 
 

@@ -11,34 +11,20 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning import FROZEN, PolicyMap, TrainingBatch, TrainingSample
+from agentlightning import FROZEN, PolicyMap, TrainingBatch
 from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
 from agentlightning_torch._policy_settings import LORA_LR_SCALE, PolicySettings, parse_policy_settings
 from agentlightning_torch._ppo import PPOConfig
 from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch.testing import policy_sample
 
 RUN = PPOConfig(lr=1e-3, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 
 
 def _batch(policies: list[str], seed: int) -> TrainingBatch:
-    samples = [
-        TrainingSample(
-            prompt_token_ids=[3, 4, 5, 6 + (i + seed) % 3],
-            response_token_ids=[7, 8, 9],
-            response_mask=[1, 1, 1],
-            credit=1.0 if i % 2 else 0.0,
-            advantage=1.0 if i % 2 else -1.0,
-            group_id="g",
-            rollout_id=f"r{i}",
-            attempt_id="a",
-            step_index=0,
-            policy=policy,
-        )
-        for i, policy in enumerate(policies)
-    ]
-    return TrainingBatch(samples=samples)
+    return TrainingBatch(samples=[policy_sample(p, 1.0 if i % 2 else -1.0, i + seed) for i, p in enumerate(policies)])
 
 
 def test_each_policy_gets_its_own_learning_rate_kl_and_rank(

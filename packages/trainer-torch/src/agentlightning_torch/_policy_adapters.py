@@ -13,7 +13,7 @@ folder (``adapters/<name>/``: loadable by peft and by vLLM's ``--lora-modules``)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
 from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
-from agentlightning_torch._policy_settings import PolicySettings
+from agentlightning_torch._policy_settings import PolicySettings, trained_names
 from agentlightning_torch._ppo import PPOConfig, ppo_update
 
 __all__ = ["ADAPTERS_FOLDER", "PolicyAdapters", "policy_metric", "watch_progress"]
@@ -78,12 +78,7 @@ class PolicyAdapters:
     ) -> None:
         from peft import get_peft_model
 
-        names = list(policies)
-        if not names or len(set(names)) != len(names) or FROZEN in names:
-            raise ValueError(f"PolicyAdapters needs distinct trained policies (not {FROZEN!r}), got {names}")
-        unknown = sorted(set(settings or {}) - set(names))
-        if unknown:
-            raise ValueError(f"settings for policies that are not trained: {unknown} (trained: {names})")
+        names = trained_names("PolicyAdapters", policies, settings)
         full = sorted(name for name, entry in (settings or {}).items() if entry.weights == "full")
         if full:
             raise ValueError(f"policies {full} have full weights, not adapters: train them with TrainedPolicies")
@@ -123,11 +118,8 @@ class PolicyAdapters:
         return found
 
     def split(self, batch: TrainingBatch) -> dict[str, list[TrainingSample]]:
-        """The batch's samples by policy (samples of `FROZEN` or of an unknown policy under their own key)."""
-        groups: dict[str, list[TrainingSample]] = {}
-        for sample in batch.samples:
-            groups.setdefault(sample.policy or FROZEN, []).append(sample)
-        return groups
+        """The batch's samples by policy (`split_by_policy`)."""
+        return split_by_policy(batch)
 
     def update(self, batch: TrainingBatch, device: str | torch.device = "cpu") -> dict[str, float]:
         """One PPO update per policy with samples, each on its own adapter with its own optimizer.
@@ -155,22 +147,12 @@ class PolicyAdapters:
         """Policy ``name``'s PPO update on its samples (or its skip, counted); its ``policy/<name>/...`` metrics.
 
         Appends ``name`` to `updated` when it took a step (`update` clears that list first)."""
-        metrics = {policy_metric(name, "samples"): float(len(samples))}
-        if not samples:
-            self.skipped[name] += 1
-            metrics[policy_metric(name, "skipped")] = 1.0
-            metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-            logger.info("policy %s had no samples this iteration: not updated", name)
-            return metrics
-        self.model.set_adapter(name)  # only this adapter is active and trainable
-        sub = TrainingBatch(samples=samples, metrics={})
-        result = ppo_update(self.model, self.optimizers[name], sub, self.ppo[name], device)
-        metrics.update({policy_metric(name, key): value for key, value in result.items()})
-        metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
-        metrics[policy_metric(name, "skipped")] = 0.0
-        metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-        self.updated.append(name)
-        return metrics
+
+        def step(sub: TrainingBatch) -> dict[str, float]:
+            self.model.set_adapter(name)  # only this adapter is active and trainable
+            return ppo_update(self.model, self.optimizers[name], sub, self.ppo[name], device)
+
+        return update_policy(name, samples, step, self.skipped, self.updated)
 
     def drift(self, name: str) -> float:
         """How far adapter ``name`` moved from the start (`adapter_drift`)."""
@@ -219,6 +201,39 @@ class PolicyAdapters:
         root = directory / ADAPTERS_FOLDER
         # peft writes the first selected adapter named "default" at the root, any other under its name
         return root if name == "default" else root / name
+
+
+def split_by_policy(batch: TrainingBatch) -> dict[str, list[TrainingSample]]:
+    """The batch's samples by policy (samples of `FROZEN` or of an unknown policy under their own key)."""
+    groups: dict[str, list[TrainingSample]] = {}
+    for sample in batch.samples:
+        groups.setdefault(sample.policy or FROZEN, []).append(sample)
+    return groups
+
+
+def update_policy(
+    name: str,
+    samples: list[TrainingSample],
+    step: Callable[[TrainingBatch], dict[str, float]],
+    skipped: dict[str, int],
+    updated: list[str],
+) -> dict[str, float]:
+    """One policy's share of an update: ``step`` on its samples (its PPO update), or its skip counted in ``skipped``;
+    appends ``name`` to ``updated`` when it took a step. Returns its ``policy/<name>/...`` metrics."""
+    metrics = {policy_metric(name, "samples"): float(len(samples))}
+    if not samples:
+        skipped[name] += 1
+        metrics[policy_metric(name, "skipped")] = 1.0
+        metrics[policy_metric(name, "skipped_total")] = float(skipped[name])
+        logger.info("policy %s had no samples this iteration: not updated", name)
+        return metrics
+    result = step(TrainingBatch(samples=samples, metrics={}))
+    metrics.update({policy_metric(name, key): value for key, value in result.items()})
+    metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
+    metrics[policy_metric(name, "skipped")] = 0.0
+    metrics[policy_metric(name, "skipped_total")] = float(skipped[name])
+    updated.append(name)
+    return metrics
 
 
 def watch_progress(

@@ -23,7 +23,7 @@ import torch
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch._lora import is_lora
-from agentlightning_torch._policy_adapters import policy_metric
+from agentlightning_torch._policy_adapters import update_policy
 from agentlightning_torch._policy_settings import PolicySettings
 from agentlightning_torch._ppo import PPOConfig, make_optimizer, ppo_update
 
@@ -113,23 +113,13 @@ class FullPolicies:
         Raises:
             ValueError: Its ``kl_coef`` is above 0 and no `reference` is set.
         """
-        metrics = {policy_metric(name, "samples"): float(len(samples))}
-        if not samples:
-            self.skipped[name] += 1
-            metrics[policy_metric(name, "skipped")] = 1.0
-            metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-            logger.info("policy %s had no samples this iteration: not updated", name)
-            return metrics
         config = self.ppo[name]
         reference = self.reference if config.kl_coef > 0 else None
-        sub = TrainingBatch(samples=samples, metrics={})
-        result = ppo_update(self.models[name], self.optimizers[name], sub, config, device, ref_model=reference)
-        metrics.update({policy_metric(name, key): value for key, value in result.items()})
-        metrics[policy_metric(name, "reward_mean")] = sum(s.credit for s in samples) / len(samples)
-        metrics[policy_metric(name, "skipped")] = 0.0
-        metrics[policy_metric(name, "skipped_total")] = float(self.skipped[name])
-        self.updated.append(name)
-        return metrics
+
+        def step(sub: TrainingBatch) -> dict[str, float]:
+            return ppo_update(self.models[name], self.optimizers[name], sub, config, device, ref_model=reference)
+
+        return update_policy(name, samples, step, self.skipped, self.updated)
 
     def drift(self, name: str) -> float:
         """``||W - W0|| / ||W0||`` of policy ``name`` over all its weights (0.0 before its first update)."""

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from agentlightning import FROZEN, TrainingBatch, TrainingSample
-from agentlightning_torch._policy_adapters import PolicyAdapters, watch_progress
+from agentlightning import TrainingBatch, TrainingSample
+from agentlightning_torch._policy_adapters import PolicyAdapters, split_by_policy, watch_progress
 from agentlightning_torch._policy_full import FrozenBase, FullPolicies
 from agentlightning_torch._policy_progress import PolicyProgress
-from agentlightning_torch._policy_settings import PolicySettings
+from agentlightning_torch._policy_settings import PolicySettings, trained_names
 from agentlightning_torch._ppo import PPOConfig
 
 __all__ = ["TrainedPolicies"]
@@ -44,13 +44,8 @@ class TrainedPolicies:
         ppo: PPOConfig,
         settings: Mapping[str, PolicySettings] | None = None,
     ) -> None:
-        names = list(policies)
-        if not names or len(set(names)) != len(names) or FROZEN in names:
-            raise ValueError(f"TrainedPolicies needs distinct trained policies (not {FROZEN!r}), got {names}")
+        names = trained_names("TrainedPolicies", policies, settings)
         given = dict(settings or {})
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise ValueError(f"settings for policies that are not trained: {unknown} (trained: {names})")
         resolved = {name: given.get(name) or PolicySettings() for name in names}
         full_names = [name for name in names if resolved[name].weights == "full"]
         lora_names = [name for name in names if name not in full_names]
@@ -89,11 +84,8 @@ class TrainedPolicies:
         return {name: self._kind(name).skipped[name] for name in self.names}
 
     def split(self, batch: TrainingBatch) -> dict[str, list[TrainingSample]]:
-        """The batch's samples by policy (samples of `FROZEN` or of an unknown policy under their own key)."""
-        groups: dict[str, list[TrainingSample]] = {}
-        for sample in batch.samples:
-            groups.setdefault(sample.policy or FROZEN, []).append(sample)
-        return groups
+        """The batch's samples by policy (`split_by_policy`)."""
+        return split_by_policy(batch)
 
     def update(self, batch: TrainingBatch, device: str | torch.device = "cpu") -> dict[str, float]:
         """One PPO update per policy with samples, each on its own weights with its own optimizer.

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agentlightning_torch._lora import LoraSettings
 from agentlightning_torch._ppo import PPOConfig
 
-__all__ = ["LORA_LR_SCALE", "PolicySettings", "parse_policy_settings"]
+__all__ = ["LORA_LR_SCALE", "PolicySettings", "parse_policy_settings", "trained_names"]
 
 LORA_LR_SCALE = 10.0
 """A LoRA policy's default learning rate is this many times the run's (full-weight) ``PPOConfig.lr``."""
@@ -142,3 +142,20 @@ def _settings(policy: str, fields: Mapping[str, Any], base_lora: LoraSettings) -
         problem = error.errors()[0]
         where = ".".join(str(part) for part in problem["loc"])
         raise ValueError(f"policy {policy!r}: {where + ': ' if where else ''}{problem['msg']}") from None
+
+
+def trained_names(owner: str, policies: Iterable[str], settings: Mapping[str, PolicySettings] | None) -> list[str]:
+    """``policies`` as a list, checked: distinct, not `agentlightning.FROZEN`, and every setting names one of them.
+
+    Raises:
+        ValueError: Naming ``owner`` (the class refusing them) and what is wrong.
+    """
+    from agentlightning import FROZEN
+
+    names = list(policies)
+    if not names or len(set(names)) != len(names) or FROZEN in names:
+        raise ValueError(f"{owner} needs distinct trained policies (not {FROZEN!r}), got {names}")
+    unknown = sorted(set(settings or {}) - set(names))
+    if unknown:
+        raise ValueError(f"settings for policies that are not trained: {unknown} (trained: {names})")
+    return names

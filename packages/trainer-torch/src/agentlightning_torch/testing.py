@@ -21,6 +21,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from agentlightning import TrainingSample
 from agentlightning_torch._chat_model import (
     CHAT_SPECIAL_TOKENS,
     build_chat_model,
@@ -59,6 +60,7 @@ __all__ = [
     "make_tiny_gguf",
     "make_tool_chat_model",
     "memorize",
+    "policy_sample",
     "write_gguf",
 ]
 
@@ -119,3 +121,20 @@ def memorize(
         steps=steps, lr=lr, schedule="constant", betas=(0.9, 0.999), weight_decay=0.01, max_grad_norm=None, log_every=0
     )
     return fit_examples(model, [batch] * steps, config).final_loss
+
+
+def policy_sample(policy: str | None, advantage: float, index: int = 0) -> TrainingSample:
+    """A toy `TrainingSample` of ``policy``: a 4-token prompt (varied by ``index``), 3 trained response tokens, its
+    credit and advantage both ``advantage`` (multi-policy updates at toy size)."""
+    return TrainingSample(
+        prompt_token_ids=[3, 4, 5, 6 + index % 3],
+        response_token_ids=[7, 8, 9],
+        response_mask=[1, 1, 1],
+        credit=advantage,
+        advantage=advantage,
+        group_id="g",
+        rollout_id=f"r{index}",
+        attempt_id="a",
+        step_index=0,
+        policy=policy,
+    )
