@@ -8,9 +8,10 @@ Why: vLLM's CPU backend repacks each linear layer's weight into a kernel buffer 
 ``weight`` parameter empty (``numel() == 0``). verl's ``update_weights_from_ipc`` streams the actor's weights into
 ``model.load_weights`` bucket by bucket, then runs vLLM's ``process_weights_after_loading`` once; on the emptied
 parameters the first step fails ("Attempted to load weight ... into parameter (torch.Size([0]))").
-`CpuColocateWorkerExtension` gives each emptied layer a full-size weight again (created by the layer's own quant
-method, with vLLM's own weight loader) before verl's loading starts; verl's final post-processing then repacks the
-kernels from the new weights. On GPUs nothing is emptied and it behaves exactly as verl's extension.
+`CpuColocateWorkerExtension` gives each emptied layer a full-size weight again before verl's loading starts, with the
+one restore step both trainers use (``restore_emptied_linear_layers`` in the core's standalone vLLM worker file,
+loaded by path: `agentlightning.vllm_worker_files`); verl's final post-processing then repacks the kernels from the
+new weights. On GPUs nothing is emptied and it behaves exactly as verl's extension.
 """
 
 # pyright: basic
@@ -31,42 +32,12 @@ if not torch.cuda.is_available():
 
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension  # noqa: E402
 
-__all__ = ["CpuColocateWorkerExtension", "emptied_linear_layers", "restore_full_weight"]
+from agentlightning.vllm_worker_files import load_worker_module  # noqa: E402
 
+__all__ = ["CpuColocateWorkerExtension"]
 
-def emptied_linear_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
-    """The linear layers (name, layer) whose weight vLLM's CPU backend emptied after repacking it."""
-    found: list[tuple[str, Any]] = []
-    for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        if getattr(module, "quant_method", None) is None or not isinstance(weight, torch.Tensor):
-            continue
-        if weight.numel() == 0 and hasattr(module, "output_partition_sizes"):
-            found.append((name, module))
-    return found
-
-
-def restore_full_weight(layer: Any) -> None:
-    """Create the layer's weight parameter again at full size, with vLLM's loader attached, as at start-up."""
-    from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED  # pyright: ignore[reportMissingImports]
-
-    method = layer.quant_method
-    uses_v2 = type(method).__name__ in WEIGHT_LOADER_V2_SUPPORTED and hasattr(layer, "weight_loader_v2")
-    device = layer.weight.device
-    del layer.weight  # register_parameter refuses a taken name
-    method.create_weights(
-        layer=layer,
-        input_size_per_partition=getattr(layer, "input_size_per_partition", layer.input_size),
-        output_partition_sizes=layer.output_partition_sizes,
-        input_size=layer.input_size,
-        output_size=layer.output_size,
-        params_dtype=layer.params_dtype,
-        weight_loader=layer.weight_loader_v2 if uses_v2 else layer.weight_loader,
-    )
-    if layer.weight.device != device:
-        layer.weight.data = layer.weight.data.to(device)
-    # NaN until loaded: a layer the sync forgets makes every log-prob NaN instead of silently serving garbage
-    layer.weight.data.fill_(float("nan"))
+# The one weight-restore step, shared with trainer-torch's vLLM server (the core's standalone worker file).
+_weights: Any = load_worker_module()
 
 
 class CpuColocateWorkerExtension(vLLMColocateWorkerExtension):
@@ -80,14 +51,13 @@ class CpuColocateWorkerExtension(vLLMColocateWorkerExtension):
         self.__dict__["_agl_received"] = {}
         models: list[Any] = list(self._iter_all_models())
         for model in models:
-            for _, layer in emptied_linear_layers(model):
-                restore_full_weight(layer)
+            _weights.restore_emptied_linear_layers(model)
         return super().update_weights_from_ipc(peft_config=peft_config, base_sync_done=base_sync_done, use_shm=use_shm)
 
     def agl_emptied_layers(self) -> int:
         """How many linear layers hold an empty weight now (vLLM's CPU packing; 0 on GPUs)."""
         models: list[Any] = list(self._iter_all_models())
-        return sum(len(emptied_linear_layers(model)) for model in models)
+        return sum(len(_weights.emptied_linear_layers(model)) for model in models)
 
     def _update_weights(self, weights: list[tuple[str, torch.Tensor]], peft_config: Any, base_sync_done: bool):
         # what verl hands to vLLM's loader, digested per tensor: `agl_received_checksum` compares it with the actor's
