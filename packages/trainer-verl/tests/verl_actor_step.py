@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     if args.device == "cpu":
-        from agentlightning_verl import install_cpu_platform
+        from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
         install_cpu_platform()
     elif not torch.cuda.is_available():

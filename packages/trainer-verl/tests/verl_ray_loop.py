@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import ray
 
-    from agentlightning_verl import RayVerlBackend, VerlTrainerConfig, cpu_ray_init_kwargs, install_cpu_platform
+    from agentlightning_verl import RayVerlBackend, VerlTrainerConfig, cpu_ray_init_kwargs
+    from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     cuda = args.device == "cuda"
     if not cuda:

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     import ray
 
-    from agentlightning_verl import RayVerlBackend, cpu_ray_init_kwargs, install_cpu_platform
+    from agentlightning_verl import RayVerlBackend, cpu_ray_init_kwargs
+    from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     cuda = args.device == "cuda"
     if not cuda:

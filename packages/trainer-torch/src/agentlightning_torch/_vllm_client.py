@@ -1,6 +1,6 @@
 """The trainer's calls to a running vLLM server besides the OpenAI ones: ``/metrics``, ``/collective_rpc``, probes.
 
-A vLLM the trainer syncs weights into runs with the worker extension in ``vllm_worker/agl_vllm_worker.py``
+A vLLM the trainer syncs weights into runs with the worker extension ``agl_vllm_worker.py`` (shipped by the core)
 (`WORKER_EXTENSION`, its folder `EXTENSION_DIR` on the server's ``PYTHONPATH``) and ``VLLM_SERVER_DEV_MODE=1``, which
 enables ``/collective_rpc`` — bind it to loopback only: that route runs code in the server. `extension_launch` gives
 `VLLMServer` those arguments and that environment.
@@ -12,10 +12,11 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from agentlightning.vllm_worker_files import VLLM_WORKER_DIR, VLLM_WORKER_EXTENSION
 
 __all__ = [
     "EXTENSION_DIR",
@@ -26,10 +27,11 @@ __all__ = [
     "running_requests",
 ]
 
-EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
-"""The folder holding the standalone worker-extension module (no ``agentlightning`` imports)."""
+EXTENSION_DIR = VLLM_WORKER_DIR
+"""The folder holding the standalone worker-extension module (no ``agentlightning`` imports), shipped by the core
+because trainer-verl's vLLM worker uses the same file."""
 
-WORKER_EXTENSION = "agl_vllm_worker.WeightSyncExtension"
+WORKER_EXTENSION = VLLM_WORKER_EXTENSION
 """``--worker-extension-cls`` of a vLLM server the trainer syncs weights into."""
 
 

@@ -3,7 +3,9 @@
 Importing this package imports neither verl nor torch; each entry point imports them when called.
 `VerlEngine` is the `agentlightning.Engine` (verl's actor, critic and rollout servers); `VerlTrainer` is the
 `agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. ``VerlAlgorithm`` is the deprecated
-old name of `VerlTrainer` (removed in 0.3.0).
+old name of `VerlTrainer` (removed in 0.3.0). The CPU rehearsal of verl's GPU recipe (verl and its vLLM rollout on
+a CPU, for tests) is not user API: it lives in the private `agentlightning_verl._cpu_rehearsal`, which lists every
+private verl / vLLM attribute it relies on; ``install_cpu_platform`` here is its deprecated alias (removed in 0.3.0).
 """
 
 import warnings
@@ -11,7 +13,6 @@ from typing import Any
 
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
-from agentlightning_verl._cpu_platform import install_cpu_platform
 from agentlightning_verl._engine import VerlBackend, VerlEngine, VerlTrainer
 from agentlightning_verl._local_actor import LocalVerlActor, LocalVerlBackend
 from agentlightning_verl._ray_backend import (
@@ -50,14 +51,25 @@ __all__ = [
     "VerlTrainerConfig",
     "VllmServing",
     "cpu_ray_init_kwargs",
-    "install_cpu_platform",
     "named_tensors_checksum",
     "to_data_proto",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``VerlAlgorithm``: the deprecated name of `VerlTrainer` (removed in 0.3.0; warns)."""
+    """Deprecated names, removed in 0.3.0 (each warns): ``VerlAlgorithm`` (`VerlTrainer`) and
+    ``install_cpu_platform`` (the CPU rehearsal's, now private: ``agentlightning_verl._cpu_rehearsal``)."""
+    if name == "install_cpu_platform":
+        warnings.warn(
+            "agentlightning_verl.install_cpu_platform is deprecated: the CPU rehearsal is not user API "
+            "(agentlightning_verl._cpu_rehearsal.install_cpu_platform; RayVerlBackend(device='cpu') calls it); "
+            "it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from agentlightning_verl._cpu_rehearsal import install_cpu_platform
+
+        return install_cpu_platform
     if name == "VerlAlgorithm":
         warnings.warn(
             "agentlightning_verl.VerlAlgorithm is deprecated: use VerlTrainer (an agentlightning.RLLoop whose "

