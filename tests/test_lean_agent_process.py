@@ -170,3 +170,8 @@ def test_serving_modules_fail_with_the_install_line(lean_env: dict[str, str]) ->
         assert done.returncode != 0
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("ImportError: ") and "pip install 'agentlightning-core[serve]'" in last, last
+    # a program that serves a store as a child process learns it before starting one
+    probe = "import agentlightning as agl\nagl.StoreServerProcess('s.db', '127.0.0.1', 0).start()"
+    done = subprocess.run([sys.executable, "-c", probe], env=lean_env, capture_output=True, text=True)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: StoreServerProcess (agl store serve): the serving extra"), last
