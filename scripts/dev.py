@@ -67,7 +67,7 @@ QUICKSTART_PACKAGES = ["packages/core", "packages/adapter-langchain", "packages/
 # The example agent is an ordinary LangGraph app calling an OpenAI-compatible endpoint.
 QUICKSTART_AGENT = ["langgraph>=1.0", "langchain-openai>=0.3"]
 ALL_PACKAGES = [
-    "packages/core[openai,litellm,otlp,postgres]",
+    "packages/core[openai,litellm,otlp,postgres,serve]",
     "packages/adapter-langchain",
     "packages/adapter-openai-agents",
     "packages/adapter-autogen",
@@ -80,7 +80,7 @@ CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 EXPORT_ARGS = [
     "export", "--frozen", "--all-packages", "--group", "dev", "--no-hashes", "--no-emit-workspace", "--no-header",
     "--no-annotate", "--extra", "openai", "--extra", "litellm", "--extra", "otlp", "--extra", "postgres",
-    "--extra", "test", "--extra", "lora", "--extra", "plot", "--extra", "gguf",
+    "--extra", "test", "--extra", "serve", "--extra", "lora", "--extra", "plot", "--extra", "gguf",
 ]  # fmt: skip
 CONSTRAINTS_HEADER = "# uv.lock as pip constraints; made by `python3 scripts/dev.py lock`, do not edit by hand\n"
 

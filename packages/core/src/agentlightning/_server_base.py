@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
-from starlette.types import Receive, Scope, Send
 
 from agentlightning._netauth import cross_site_refusal
 from agentlightning._routing import OPEN, Match, RouteTable
+
+if TYPE_CHECKING:
+    # Type-only: the store client imports this module's validation helpers, and an agent's process installs no
+    # ASGI stack (the `serve` extra).
+    from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "STORE_MAX_BODY_BYTES",

@@ -104,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serving_refusal(args: argparse.Namespace) -> str | None:
+    """The install line for a command that serves (``serving`` set) when the ``serve`` extra is not installed."""
+    from agentlightning._serve_extra import missing_serve_modules, serve_hint
+
+    serving: str | None = getattr(args, "serving", None)
+    if serving is None:
+        return None
+    missing = missing_serve_modules()
+    return serve_hint(serving, missing) if missing else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agl``; returns the process exit code (2 when a foreign ``agentlightning`` is installed)."""
     from agentlightning._distribution import foreign_message
@@ -115,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    refusal = _serving_refusal(args)
+    if refusal is not None:
+        print(f"agl: error: {refusal}", file=sys.stderr)
+        return 2
     owns_lifeline = getattr(args, "owns_lifeline", None)  # a command that watches its parent itself
     if owns_lifeline is None or not owns_lifeline(args):
         watch_parent()  # started by a trainer (`start_child`): end when it does, even after a kill -9

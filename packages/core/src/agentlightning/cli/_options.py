@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+from typing import Any
 
-__all__ = ["LOG_LEVELS", "add_log_level_argument", "log_level"]
+__all__ = ["LOG_LEVELS", "PlainConsole", "add_log_level_argument", "error_console", "log_level"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 """The levels ``--log-level`` takes (any case), as `logging` and uvicorn name them."""
@@ -34,3 +37,26 @@ def add_log_level_argument(parser: argparse.ArgumentParser | argparse._ArgumentG
         metavar="LEVEL",
         help=f"{what} level: {', '.join(LOG_LEVELS)}, in any case (default: warning)",
     )
+
+
+_MARKUP = re.compile(r"\[/?(?:bold|red|green|yellow|dim)(?: [a-z]+)*\]")
+
+
+class PlainConsole:
+    """What the runner prints, on stderr, where ``rich`` is not installed (an agent's process needs no ``serve``).
+
+    It takes the same markup as ``rich`` and drops it (only the styles the CLI uses, so a literal ``[x]`` stays).
+    """
+
+    def print(self, message: str) -> None:
+        """Write ``message`` without its markup, one line."""
+        print(_MARKUP.sub("", message), file=sys.stderr, flush=True)
+
+
+def error_console() -> Any:
+    """A ``rich`` console on stderr, one line per message however long; a `PlainConsole` without ``rich``."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        return PlainConsole()
+    return Console(stderr=True, soft_wrap=True)

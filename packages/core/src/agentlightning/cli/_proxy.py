@@ -76,7 +76,7 @@ def register(subparsers: Any) -> None:
     )
     serve_parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per backend request")
     add_log_level_argument(serve_parser, "uvicorn log")
-    serve_parser.set_defaults(func=serve)
+    serve_parser.set_defaults(func=serve, serving="agl proxy serve")
 
 
 def serve(args: argparse.Namespace) -> int:

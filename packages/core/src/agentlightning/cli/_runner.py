@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from agentlightning._eventloop import run_async
-from agentlightning.cli._options import add_log_level_argument
+from agentlightning.cli._options import add_log_level_argument, error_console
 from agentlightning.cli._store import add_store_arguments, connect_store, store_location
 
 __all__ = ["register", "run"]
@@ -83,12 +83,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run until drained by a signal; returns the exit code (2 for a refused configuration)."""
-    from rich.console import Console
-
     import agentlightning as agl
     from agentlightning.adapters import get_adapter
 
-    console = Console(stderr=True, soft_wrap=True)  # one line per message, however long the path
+    console = error_console()  # rich where the serving extra is installed, plain lines without it
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag, value in (("--workers", args.workers), ("--processes", args.processes)):
         if value < 1:

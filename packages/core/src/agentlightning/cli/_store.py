@@ -80,7 +80,7 @@ def register(subparsers: Any) -> None:
     serve_parser.add_argument(
         "--access-log", action="store_true", help="log every request with the client's address (to stdout)"
     )
-    serve_parser.set_defaults(func=serve)
+    serve_parser.set_defaults(func=serve, serving="agl store serve")
 
 
 def add_store_arguments(parser: argparse.ArgumentParser, token_flag: str) -> None:

@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_train_arguments(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, serving="agl train")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ See `LLMProxy` for routes, recording modes and pause/resume around weight update
 `register_backend` makes a backend served in this process reachable without HTTP (an ``inproc://`` URL).
 """
 
+import agentlightning._serve_required  # noqa: F401  # pyright: ignore[reportUnusedImport]  # the install line first
 from agentlightning._urls import (
     parse_rollout_prefix,
     parse_slot_prefix,

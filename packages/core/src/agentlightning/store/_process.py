@@ -20,6 +20,7 @@ from typing import IO
 
 from agentlightning._lifeline import start_child
 from agentlightning._netauth import check_bind_token, is_wildcard, new_token
+from agentlightning._serve_extra import require_serve
 from agentlightning.store._base import RetryPolicy
 
 __all__ = ["StoreServerProcess"]
@@ -88,9 +89,11 @@ class StoreServerProcess:
 
         Raises:
             RuntimeError: If the child exits first (its output says why) or does not answer in ``timeout`` s.
+            ImportError: The core's ``serve`` extra is not installed (the message is the install command).
         """
         if self._proc is not None:
             return self
+        require_serve("StoreServerProcess (agl store serve)")  # here, not as a dead child's log line
         env = {**os.environ, "AGL_STORE_TOKEN": self.token}
         if self.log_file is not None:
             self._log = self.log_file.open("ab")

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
+import agentlightning._serve_required  # noqa: F401  # pyright: ignore[reportUnusedImport]  # the install line first
 from agentlightning._models import Attempt, Claim, Resources, Rollout
 from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
 from agentlightning._server_base import STORE_MAX_BODY_BYTES

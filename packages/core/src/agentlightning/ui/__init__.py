@@ -4,6 +4,7 @@ Plain HTML, CSS and JavaScript shipped in this package (no build step, nothing f
 reads the same store API as every other client, with the same bearer token.
 """
 
+import agentlightning._serve_required  # noqa: F401  # pyright: ignore[reportUnusedImport]  # the install line first
 from agentlightning.ui._explain import CallVerdict, ExplainRequest, ExplainResponse, TransitionRow, explain_attempt
 from agentlightning.ui._routes import UI_PATH, load_assets, ui_routes
 from agentlightning.ui._serve import DashboardServer
