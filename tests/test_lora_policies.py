@@ -16,6 +16,8 @@ log-probs equal to the trainer's; the frozen checker gets the base; a trainer co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,23 @@ def _two_agent_config(tmp_path: Path, kl_coef: float = 0.0, **policies: Any) -> 
     )
 
 
+@contextlib.asynccontextmanager
+async def _trainer_with_runner(trainer: TorchTrainer) -> AsyncGenerator[agl.MemoryStore, None]:
+    """The trainer started on a memory store that a runner of `two_agents` (LangChain instrumented) serves."""
+    store = agl.MemoryStore()
+    agentlightning_langchain.instrument()
+    runner = agl.Runner(two_agents, store=store, n_workers=8, worker_mode="async", poll_interval=0.02)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        await trainer.start(store)
+        yield store
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await trainer.stop()
+        agentlightning_langchain.uninstrument()
+
+
 def _served(calls: list[LLMCall]) -> set[tuple[str | None, str | None, int | None]]:
     return {(c.agent_name, c.policy, c.model_version) for c in calls}
 
@@ -124,12 +143,7 @@ def _served(calls: list[LLMCall]) -> set[tuple[str | None, str | None, int | Non
 async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path) -> None:
     config = _two_agent_config(tmp_path, policies=PolicyMap(agents={"writer": "writer", "rewriter": "rewriter"}))
     trainer = TorchTrainer(config)
-    store = agl.MemoryStore()
-    agentlightning_langchain.instrument()
-    runner = agl.Runner(two_agents, store=store, n_workers=8, worker_mode="async", poll_interval=0.02)
-    runner_task = asyncio.create_task(runner.arun())
-    try:
-        await trainer.start(store)
+    async with _trainer_with_runner(trainer) as store:
         writer0, rewriter0 = _adapter(trainer, "writer"), _adapter(trainer, "rewriter")
         base0 = {k: v.clone() for k, v in trainer.engine.policy.named_parameters() if "lora_" not in k}
 
@@ -160,11 +174,6 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path
             assert all(torch.equal(served[k], v) for k, v in _adapter(trainer, name).items())
         status = trainer.proxy.policy_router
         assert status is not None and status.unmapped_calls == 0
-    finally:
-        runner.stop()
-        await asyncio.wait_for(runner_task, 60)
-        await trainer.stop()
-        agentlightning_langchain.uninstrument()
 
 
 @agl.rollout
@@ -325,12 +334,7 @@ async def test_a_full_weight_policy_and_a_lora_policy_train_and_are_each_served_
     trainer = TorchTrainer(config)
     trained = trainer.engine.trained
     assert trained is not None and trained.full is not None
-    store = agl.MemoryStore()
-    agentlightning_langchain.instrument()
-    runner = agl.Runner(two_agents, store=store, n_workers=8, worker_mode="async", poll_interval=0.02)
-    runner_task = asyncio.create_task(runner.arun())
-    try:
-        await trainer.start(store)
+    async with _trainer_with_runner(trainer) as store:
         writer0 = {k: v.clone() for k, v in trained.full.state_dict("writer").items()}
         rewriter0 = _adapter(trainer, "rewriter")
         base0 = {k: v.clone() for k, v in trainer.engine.policy.named_parameters() if "lora_" not in k}
@@ -378,8 +382,3 @@ async def test_a_full_weight_policy_and_a_lora_policy_train_and_are_each_served_
         ours = reference_logprobs(trained.full.models["writer"], prompt, response)[len(prompt) - 1 :]
         assert call.response_logprobs is not None
         assert max(abs(a - b) for a, b in zip(call.response_logprobs, ours, strict=True)) <= 1e-4
-    finally:
-        runner.stop()
-        await asyncio.wait_for(runner_task, 60)
-        await trainer.stop()
-        agentlightning_langchain.uninstrument()
