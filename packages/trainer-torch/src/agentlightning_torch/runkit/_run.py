@@ -277,7 +277,7 @@ class TrainingRun:
             for place in pool.places():
                 self.console.print(
                     f"ray runner {place.index}: node {place.node_id} host {place.hostname} pid {place.pid} "
-                    f"started {place.starts}x"
+                    f"actor {place.actor_pid} started {place.starts}x"
                 )
         except Exception as error:  # a runner that cannot answer any more: it is killed below all the same
             self.console.print(f"ray runners: {error}".splitlines()[0])
