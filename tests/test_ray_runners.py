@@ -59,6 +59,10 @@ def test_agl_train_with_two_ray_runners_trains_and_reports_where_they_ran(tmp_pa
     ran = {int(worker.split(":")[1]) for _, worker, _ in _attempts(out / "store.db")}
     assert ran <= pids and ran, (ran, pids)  # every rollout ran in one of the Ray runners
     _no_rollout_twice(out / "store.db")
+    counts = re.findall(r"ray runner (\d+): claimed (\d+) finished (\d+) failed (\d+)", done.stderr)
+    assert sorted(int(index) for index, *_ in counts) == [0, 1], done.stderr[-3000:]
+    finished = sum(int(f) for _, _, f, _ in counts)
+    assert finished == sum(1 for *_, status in _attempts(out / "store.db") if status == "succeeded")
     for pid in pids:  # stopped when training ended
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 

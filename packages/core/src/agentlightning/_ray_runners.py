@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "RunnerPlace", "import_ray"]
+__all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "RunnerPlace", "import_ray", "runner_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class RayRunnerPool:
     actors: list[Any] = field(default_factory=list[Any])
     _group: Any = None
     _started_ray: bool = False
-    _starts: dict[int, set[int]] = field(default_factory=dict[int, set[int]])
+    _seen: dict[int, dict[int, RunnerPlace]] = field(default_factory=dict[int, dict[int, RunnerPlace]])
 
     def start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
         """Connect to (or start) Ray and start the runner actors, each running ``cmd`` (``{app_dir}``: its folder).
@@ -163,11 +163,18 @@ class RayRunnerPool:
         found: list[dict[str, Any]] = ray.get([actor.place.remote() for actor in self.actors])
         places: list[RunnerPlace] = []
         for index, where in enumerate(found):
-            self._starts.setdefault(index, set()).add(int(where["pid"]))
-            starts = len(self._starts[index])
+            seen = self._seen.setdefault(index, {})
             pid, actor_pid = int(where["pid"]), int(where["actor_pid"])
-            places.append(RunnerPlace(index, where["node_id"], where["hostname"], pid, starts, actor_pid))
+            starts = len(seen) + (pid not in seen)
+            place = RunnerPlace(index, where["node_id"], where["hostname"], pid, starts, actor_pid)
+            seen.setdefault(pid, place)
+            places.append(place)
         return places
+
+    def all_places(self) -> list[RunnerPlace]:
+        """Every runner process seen so far (a restarted actor's earlier ones too), after asking the actors now."""
+        self.places()
+        return [place for seen in self._seen.values() for place in seen.values()]
 
     def stop(self) -> None:
         """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours."""
@@ -189,3 +196,27 @@ class RayRunnerPool:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:
+    """Per runner actor: attempts ``claimed``, ``finished`` (succeeded) and ``failed`` (any other end), from the store.
+
+    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's pid, so a
+    restarted actor's earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
+    """
+    by_pid: dict[int, int] = {}
+    for place in places:
+        by_pid[place.pid] = place.index
+    counts = {place.index: {"claimed": 0, "finished": 0, "failed": 0} for place in places}
+    for rollout in await store.query_rollouts():
+        for attempt in await store.query_attempts(rollout.rollout_id):
+            parts = str(attempt.worker_id or "").split(":")
+            index = by_pid.get(int(parts[1])) if len(parts) > 2 and parts[1].isdigit() else None
+            if index is None:
+                continue
+            counts[index]["claimed"] += 1
+            if attempt.status == "succeeded":
+                counts[index]["finished"] += 1
+            elif attempt.status != "running":
+                counts[index]["failed"] += 1
+    return counts

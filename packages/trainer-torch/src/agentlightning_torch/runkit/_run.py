@@ -223,6 +223,7 @@ class TrainingRun:
                 # The runners first, while the proxy still answers them (they hand their rollouts back as they
                 # drain), and from a thread: the proxy runs on this loop.
                 await asyncio.to_thread(stop_children, self._children)
+                await self._log_ray_counts()
                 await asyncio.to_thread(self._stop_ray_runners)
                 await self.trainer.stop()
         finally:
@@ -268,6 +269,22 @@ class TrainingRun:
                 f"ray runner {place.index}: node {place.node_id} host {place.hostname} pid {place.pid} "
                 f"actor {place.actor_pid}"
             )
+
+    async def _log_ray_counts(self) -> None:
+        from agentlightning.cli import runner_counts
+
+        pool = self.ray_runners
+        if pool is None or not pool.actors:
+            return
+        try:
+            places = await asyncio.to_thread(pool.all_places)
+            for index, count in sorted((await runner_counts(self.store, places)).items()):
+                self.console.print(
+                    f"ray runner {index}: claimed {count['claimed']} finished {count['finished']} "
+                    f"failed {count['failed']}"
+                )
+        except Exception as error:  # counts are a report: a failure here must not hide the run's own outcome
+            self.console.print(f"ray runner counts: {error}".splitlines()[0])
 
     def _stop_ray_runners(self) -> None:
         pool = self.ray_runners
