@@ -169,7 +169,7 @@ def _ray_settings(args: argparse.Namespace) -> Any:
     """``--runners ray``: the runner actors' settings (``None`` without it); Ray itself is imported only to start."""
     if not getattr(args, "runners_ray", False):
         return None
-    from agentlightning.cli import RayNotInstalledError, RayRunnerSettings, import_ray
+    from agentlightning_torch.runkit._ray_runners import RayNotInstalledError, RayRunnerSettings, import_ray
 
     try:
         import_ray()  # refused here, in one line, before the model loads

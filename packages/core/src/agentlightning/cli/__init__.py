@@ -19,31 +19,17 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
-from agentlightning._ray_runners import (
-    RayNotInstalledError,
-    RayRunnerPool,
-    RayRunnerSettings,
-    RunnerPlace,
-    import_ray,
-    runner_counts,
-)
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._train import add_network_arguments
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
-    "RayNotInstalledError",
-    "RayRunnerPool",
-    "RayRunnerSettings",
     "RunnerDied",
-    "RunnerPlace",
     "add_network_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "guarded",
-    "import_ray",
     "main",
-    "runner_counts",
     "start_child",
     "start_runners",
     "stop_children",

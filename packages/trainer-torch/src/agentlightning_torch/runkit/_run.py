@@ -253,7 +253,7 @@ class TrainingRun:
             self.console.print("no local runner (--runners 0): waiting for runners on other machines")
 
     def _start_ray_runners(self, opened: Any) -> None:
-        from agentlightning.cli import RayRunnerPool
+        from agentlightning_torch.runkit._ray_runners import RayRunnerPool
 
         settings = self.settings
         pool = RayRunnerPool(settings.ray)
@@ -271,7 +271,7 @@ class TrainingRun:
             )
 
     async def _log_ray_counts(self) -> None:
-        from agentlightning.cli import runner_counts
+        from agentlightning_torch.runkit._ray_runners import runner_counts
 
         pool = self.ray_runners
         if pool is None or not pool.actors:

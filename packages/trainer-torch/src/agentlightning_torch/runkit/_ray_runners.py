@@ -89,7 +89,7 @@ class _RunnerActor:
     """The body of one Ray actor: starts its ``agl runner`` in ``__init__`` (so a restart starts a new one)."""
 
     def __init__(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
-        from agentlightning._lifeline import start_child
+        from agentlightning.cli import start_child
 
         # Runs in the actor's process: the runner's working directory is the shipped working_dir, if any.
         app_dir = os.getcwd()
@@ -109,7 +109,7 @@ class _RunnerActor:
         return self._process.poll()
 
     def stop(self) -> int:
-        from agentlightning._runner_pool import stop_children
+        from agentlightning.cli import stop_children
 
         stop_children([self._process], grace_s=10.0)
         return int(self._process.returncode or 0)
