@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_ENGINE",
     "EngineNotFoundError",
     "add_network_arguments",
+    "add_runner_arguments",
     "add_train_arguments",
     "load_engine",
     "register",
@@ -103,9 +104,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "only before and after)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    parser.add_argument(
-        "--runners", type=int, default=1, help="local runner processes (default: 1; 0: wait for remote runners)"
-    )
+    add_runner_arguments(parser)
     parser.add_argument("--workers", type=int, default=32, help="concurrent rollouts per runner (default: 32)")
     parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
     parser.add_argument("--output", default="runs/agl-train", help="run folder (default: runs/agl-train)")
@@ -184,6 +183,44 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --policy: one policy's weights (LoRA or full), learning rate, KL weight or LoRA shape "
         "(repeatable), e.g. --policy-settings writer:lr=3e-3,rank=16 or writer:weights=full (keys weights=lora|full, "
         "lr, kl, rank, alpha, targets=q_proj+v_proj; a LoRA policy's lr defaults to 10x --lr, a full one's to --lr)",
+    )
+
+
+class _RunnersAction(argparse.Action):
+    """``--runners N`` (local processes) or ``--runners ray[=ADDRESS]`` (``--runner-processes`` Ray actors)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
+        text = str(values)
+        if text == "ray" or text.startswith("ray="):
+            namespace.runners = 0  # no local runner process: the Ray actors run them
+            namespace.ray_address = text[4:] or None
+            namespace.runners_ray = True
+            return
+        try:
+            namespace.runners = int(text)
+        except ValueError:
+            parser.error(f"--runners takes a number or ray[=ADDRESS], got {text!r}")
+        namespace.runners_ray = False
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--runners N|ray[=ADDRESS]``, ``--runner-processes``, ``--runner-cpus``, ``--ray-placement``."""
+    parser.add_argument(
+        "--runners",
+        action=_RunnersAction,
+        default=1,
+        metavar="N|ray[=ADDRESS]",
+        help="local runner processes (default: 1; 0: wait for remote runners), or ray[=ADDRESS]: --runner-processes "
+        "runner actors placed by the Ray cluster at ADDRESS (default: $RAY_ADDRESS, else a head in this process)",
+    )
+    parser.set_defaults(runners_ray=False, ray_address=None)
+    parser.add_argument("--runner-processes", type=int, default=1, help="--runners ray: runner actors (default: 1)")
+    parser.add_argument("--runner-cpus", type=float, default=1.0, help="--runners ray: CPUs per runner (default: 1)")
+    parser.add_argument(
+        "--ray-placement",
+        choices=("spread", "pack"),
+        default="spread",
+        help="--runners ray: spread the runners over the nodes (default) or pack them",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ class RunSettings:
         dashboard: Serve the dashboard (``agl store serve`` of the run's file) on ``dashboard_port`` or a free one.
         dashboard_port: Preferred port of the dashboard.
         quiet: No progress bar.
+        ray: `agentlightning.RayRunnerSettings`: runner actors placed by Ray (besides ``processes`` local ones).
     """
 
     output: Path
@@ -58,6 +60,7 @@ class RunSettings:
     dashboard: bool = False
     dashboard_port: int = 4747
     quiet: bool = False
+    ray: Any = None
 
 
 @dataclass
@@ -148,6 +151,7 @@ class TrainingRun:
         self.store: Any = None
         self.runners: list[subprocess.Popen[bytes]] = []
         self._children: list[subprocess.Popen[bytes]] = []
+        self.ray_runners: Any = None
         self._dashboard: OnDemandDashboard | None = None
         self._progress: Any = None
         self._bar: Any = None
@@ -219,6 +223,8 @@ class TrainingRun:
                 # The runners first, while the proxy still answers them (they hand their rollouts back as they
                 # drain), and from a thread: the proxy runs on this loop.
                 await asyncio.to_thread(stop_children, self._children)
+                await self._log_ray_counts()
+                await asyncio.to_thread(self._stop_ray_runners)
                 await self.trainer.stop()
         finally:
             if self._dashboard is not None:
@@ -236,13 +242,63 @@ class TrainingRun:
             # started when first visited: a run nobody looks at does not pay the server's start
             self._dashboard = OnDemandDashboard(db, free_port(settings.dashboard_port), self._children.append)
             self.console.print(f"store: {db}   dashboard: [bold]{self._dashboard.url}[/bold]")
+        if settings.ray is not None:
+            self._start_ray_runners(opened)
         if settings.processes:
             self.runners = settings.runners.start(
                 opened.runner_args, settings.workers, settings.processes, opened.token
             )
             self._children += self.runners
-        else:
+        elif settings.ray is None:
             self.console.print("no local runner (--runners 0): waiting for runners on other machines")
+
+    def _start_ray_runners(self, opened: Any) -> None:
+        from agentlightning_torch.runkit._ray_runners import RayRunnerPool
+
+        settings = self.settings
+        pool = RayRunnerPool(settings.ray)
+        self.ray_runners = pool
+        cmd = settings.runners.command(opened.runner_args, settings.workers, 1)
+        env = {**settings.runners.env, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": opened.token or ""}
+        for name in ("AGL_PROXY_TOKEN", "PYTHONPATH"):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+        pool.start(cmd, env)
+        for place in pool.places():
+            self.console.print(
+                f"ray runner {place.index}: node {place.node_id} host {place.hostname} pid {place.pid} "
+                f"actor {place.actor_pid}"
+            )
+
+    async def _log_ray_counts(self) -> None:
+        from agentlightning_torch.runkit._ray_runners import runner_counts
+
+        pool = self.ray_runners
+        if pool is None or not pool.actors:
+            return
+        try:
+            places = await asyncio.to_thread(pool.all_places)
+            for index, count in sorted((await runner_counts(self.store, places)).items()):
+                self.console.print(
+                    f"ray runner {index}: claimed {count['claimed']} finished {count['finished']} "
+                    f"failed {count['failed']}"
+                )
+        except Exception as error:  # counts are a report: a failure here must not hide the run's own outcome
+            self.console.print(f"ray runner counts: {error}".splitlines()[0])
+
+    def _stop_ray_runners(self) -> None:
+        pool = self.ray_runners
+        if pool is None:
+            return
+        try:
+            for place in pool.places():
+                self.console.print(
+                    f"ray runner {place.index}: node {place.node_id} host {place.hostname} pid {place.pid} "
+                    f"actor {place.actor_pid} started {place.starts}x"
+                )
+        except Exception as error:  # a runner that cannot answer any more: it is killed below all the same
+            self.console.print(f"ray runners: {error}".splitlines()[0])
+        pool.stop()
 
     async def _train(self) -> RunResult:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -1,0 +1,222 @@
+"""Runner processes placed by Ray: ``agl train --runners ray[=ADDRESS] --runner-processes N --runner-cpus C``.
+
+Each runner is a Ray actor that starts one ``agl runner`` (the same command as a local runner, pointed at the
+trainer's store and proxy) tied to the actor's process (`agentlightning.cli.start_child`): a ``kill -9`` of the
+actor ends its runner, and Ray restarts the actor (``max_restarts``), which starts a new runner; the store's retry
+policy gives the killed runner's rollouts to another attempt, so nothing is recorded twice. The actors are spread
+over the cluster's nodes by a placement group (``spread`` or ``pack``) and killed when training ends.
+
+Ray is an optional import: without it, `RayRunnerPool.start` raises `RayNotInstalledError` (one line with the
+install command). The project writes no scheduler of its own: Ray places, restarts and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "RunnerPlace", "import_ray", "runner_counts"]
+
+logger = logging.getLogger(__name__)
+
+INSTALL = "pip install 'ray[default]'"
+
+
+class RayNotInstalledError(ImportError):
+    """``ray`` does not import: the message is one line with the install command."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or `RayNotInstalledError` naming the install command."""
+    try:
+        import ray  # pyright: ignore[reportMissingImports]
+    except ImportError as error:
+        raise RayNotInstalledError(f"--runners ray needs Ray ({error}); {INSTALL}") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayRunnerSettings:
+    """Where and how many runner actors run.
+
+    Attributes:
+        address: The Ray cluster (``ray.init(address=...)``); ``None``: join a running local cluster if there is one,
+            else start a head in this process.
+        processes: Runner actors (one ``agl runner`` process each).
+        cpus: CPUs Ray reserves per runner actor.
+        placement: ``spread`` (over the cluster's nodes, the default) or ``pack``.
+        max_restarts: How often Ray restarts a runner actor that died (``-1``: always).
+        working_dir: Shipped to the nodes as the runtime env's ``working_dir`` (the ``--app-dir``); ``None``: the
+            agent is importable on every node already.
+    """
+
+    address: str | None = None
+    processes: int = 1
+    cpus: float = 1.0
+    placement: str = "spread"
+    max_restarts: int = -1
+    working_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunnerPlace:
+    """Where one runner actor's ``agl runner`` process runs (as the actor reported it last).
+
+    Attributes:
+        index: The actor's number (0 to ``processes - 1``).
+        node_id: The Ray node it runs on.
+        hostname: That node's host name.
+        pid: The ``agl runner`` process.
+        starts: How many runner processes this actor has run so far (restarts + 1) as seen by `RayRunnerPool.places`.
+        actor_pid: The Ray actor's own process (the runner's parent).
+    """
+
+    index: int
+    node_id: str
+    hostname: str
+    pid: int
+    starts: int
+    actor_pid: int = 0
+
+
+class _RunnerActor:
+    """The body of one Ray actor: starts its ``agl runner`` in ``__init__`` (so a restart starts a new one)."""
+
+    def __init__(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+        from agentlightning.cli import start_child
+
+        # Runs in the actor's process: the runner's working directory is the shipped working_dir, if any.
+        app_dir = os.getcwd()
+        full_cmd = [arg if arg != "{app_dir}" else app_dir for arg in cmd]
+        self._process: subprocess.Popen[bytes] = start_child(
+            full_cmd, env={**os.environ, **env}, start_new_session=True
+        )
+
+    def place(self) -> dict[str, Any]:
+        import ray  # pyright: ignore[reportMissingImports]
+
+        context: Any = ray.get_runtime_context()
+        where = {"node_id": str(context.get_node_id()), "hostname": socket.gethostname(), "pid": self._process.pid}
+        return {**where, "actor_pid": os.getpid()}
+
+    def exit_code(self) -> int | None:
+        return self._process.poll()
+
+    def stop(self) -> int:
+        from agentlightning.cli import stop_children
+
+        stop_children([self._process], grace_s=10.0)
+        return int(self._process.returncode or 0)
+
+
+@dataclass
+class RayRunnerPool:
+    """The runner actors of one training run: `start`, `places`, `stop` (always, on every way out)."""
+
+    settings: RayRunnerSettings
+    actors: list[Any] = field(default_factory=list[Any])
+    _group: Any = None
+    _started_ray: bool = False
+    _seen: dict[int, dict[int, RunnerPlace]] = field(default_factory=dict[int, dict[int, RunnerPlace]])
+
+    def start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+        """Connect to (or start) Ray and start the runner actors, each running ``cmd`` (``{app_dir}``: its folder).
+
+        Blocks until the placement group is ready and every runner process has started.
+        """
+        ray = import_ray()
+        settings = self.settings
+        if settings.placement not in ("spread", "pack"):
+            raise ValueError(f"--ray-placement must be spread or pack, got {settings.placement!r}")
+        if not ray.is_initialized():
+            runtime_env: dict[str, Any] = {}
+            if settings.working_dir is not None:
+                runtime_env["working_dir"] = str(settings.working_dir)
+            address = settings.address or os.environ.get("RAY_ADDRESS") or "local"
+            ray.init(address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False)
+            self._started_ray = True
+        from ray.util.placement_group import placement_group  # pyright: ignore[reportMissingImports]
+        from ray.util.scheduling_strategies import (  # pyright: ignore[reportMissingImports]
+            PlacementGroupSchedulingStrategy,
+        )
+
+        bundles = [{"CPU": settings.cpus} for _ in range(settings.processes)]
+        self._group = placement_group(bundles, strategy=settings.placement.upper())
+        ray.get(self._group.ready())
+        actor_class: Any = ray.remote(_RunnerActor)
+        for index in range(settings.processes):
+            strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index)
+            options = {"num_cpus": settings.cpus, "max_restarts": settings.max_restarts, "max_task_retries": -1}
+            actor = actor_class.options(scheduling_strategy=strategy, **options).remote(list(cmd), dict(env))
+            self.actors.append(actor)
+        self.places()  # waits until each actor (and its runner process) has started
+
+    def places(self) -> list[RunnerPlace]:
+        """Where each runner runs now (a restarted actor reports its new process); also counts starts per actor."""
+        ray = import_ray()
+        found: list[dict[str, Any]] = ray.get([actor.place.remote() for actor in self.actors])
+        places: list[RunnerPlace] = []
+        for index, where in enumerate(found):
+            seen = self._seen.setdefault(index, {})
+            pid, actor_pid = int(where["pid"]), int(where["actor_pid"])
+            starts = len(seen) + (pid not in seen)
+            place = RunnerPlace(index, where["node_id"], where["hostname"], pid, starts, actor_pid)
+            seen.setdefault(pid, place)
+            places.append(place)
+        return places
+
+    def all_places(self) -> list[RunnerPlace]:
+        """Every runner process seen so far (a restarted actor's earlier ones too), after asking the actors now."""
+        self.places()
+        return [place for seen in self._seen.values() for place in seen.values()]
+
+    def stop(self) -> None:
+        """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours."""
+        if not self.actors and self._group is None:
+            return
+        ray = import_ray()
+        try:
+            ray.get([actor.stop.remote() for actor in self.actors], timeout=20)
+        except Exception as error:  # a dead or unreachable actor: killed below all the same
+            logger.warning("ray runners did not all stop cleanly: %s", error)
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group  # pyright: ignore[reportMissingImports]
+
+            remove_placement_group(self._group)
+            self._group = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+
+async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:
+    """Per runner actor: attempts ``claimed``, ``finished`` (succeeded) and ``failed`` (any other end), from the store.
+
+    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's pid, so a
+    restarted actor's earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
+    """
+    by_pid: dict[int, int] = {}
+    for place in places:
+        by_pid[place.pid] = place.index
+    counts = {place.index: {"claimed": 0, "finished": 0, "failed": 0} for place in places}
+    for rollout in await store.query_rollouts():
+        for attempt in await store.query_attempts(rollout.rollout_id):
+            parts = str(attempt.worker_id or "").split(":")
+            index = by_pid.get(int(parts[1])) if len(parts) > 2 and parts[1].isdigit() else None
+            if index is None:
+                continue
+            counts[index]["claimed"] += 1
+            if attempt.status == "succeeded":
+                counts[index]["finished"] += 1
+            elif attempt.status != "running":
+                counts[index]["failed"] += 1
+    return counts
