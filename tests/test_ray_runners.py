@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,10 +70,16 @@ def test_agl_train_with_two_ray_runners_trains_and_reports_where_they_ran(tmp_pa
 
 @pytest.mark.timeout(600)
 def test_a_ray_runner_killed_mid_iteration_is_restarted_and_nothing_is_recorded_twice(tmp_path: Path) -> None:
+    """SIGKILL of one runner actor while it runs an attempt: Ray restarts it, and the restarted runner claims work.
+
+    The run is long (the test stops it with Ctrl-C once the restarted runner has claimed an attempt): a short run
+    could end on the surviving runner before Ray brought the other back on a busy machine.
+    """
     out = tmp_path / "run"
     trainer = subprocess.Popen(
-        _train_cmd(out, 3), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+        _train_cmd(out, 1000), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     lines: list[str] = []
     placed = threading.Event()
 
@@ -83,30 +90,43 @@ def test_a_ray_runner_killed_mid_iteration_is_restarted_and_nothing_is_recorded_
             if len(PLACE.findall("".join(lines))) >= 2:
                 placed.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=read, daemon=True), threading.Thread(target=trainer.stdout.read, daemon=True)]  # type: ignore[union-attr]
+    for reader in readers:
+        reader.start()
+    db = out / "store.db"
     try:
         assert placed.wait(300), "".join(lines)[-3000:]
         first = {int(i): (int(pid), int(actor)) for i, _, pid, actor in PLACE.findall("".join(lines))}
         victim_pid, victim_actor = first[0]
-        db = out / "store.db"
-        # mid-iteration: once the victim runner holds a running attempt (polled on the store, not a clock)
-        while trainer.poll() is None:
-            running = [w for _, w, s in _attempts(db) if s == "running" and w.split(":")[1] == str(victim_pid)]
-            if running:
-                break
-            threading.Event().wait(0.05)
+        _poll(trainer, lines, lambda: any(s == "running" and w and _pid(w) == victim_pid for _, w, s in _attempts(db)))
         os.kill(victim_actor, signal.SIGKILL)
-        stdout, _ = trainer.communicate(timeout=540)
+        started = {pid for pid, _ in first.values()}
+        # Ray restarts the actor: a runner process that is neither of the first two claims an attempt
+        _poll(trainer, lines, lambda: bool({_pid(w) for _, w, _ in _attempts(db) if w} - started))
+        trainer.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, and with it every runner
+        trainer.wait(timeout=240)
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
-    reader.join(timeout=30)
+    for reader in readers:
+        reader.join(timeout=30)
     log = "".join(lines)
-    assert trainer.returncode == 0, log[-3000:]
-    assert '"iterations": 3' in stdout
-    # Ray restarted the killed actor: a new runner process for runner 0, reported at the end
-    final = re.findall(r"ray runner 0: node \w+ host \S+ pid (\d+) actor \d+ started (\d+)x", log)
-    assert final and int(final[-1][1]) >= 2 and int(final[-1][0]) != victim_pid, log[-3000:]
-    _no_rollout_twice(out / "store.db")
+    assert trainer.returncode == 130, log[-3000:]
+    _no_rollout_twice(db)
+    for pid in {_pid(w) for _, w, _ in _attempts(db) if w}:  # every runner process is gone
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def _pid(worker_id: str) -> int:
+    return int(worker_id.split(":")[1])
+
+
+def _poll(trainer: subprocess.Popen[str], lines: list[str], done: Callable[[], bool]) -> None:
+    """Wait until ``done()`` (polled on the store every 0.1 s; bounded at 300 s), the trainer still running."""
+    for _ in range(3000):
+        if done():
+            return
+        assert trainer.poll() is None, "".join(lines)[-3000:]
+        threading.Event().wait(0.1)
+    raise AssertionError(f"waited 300 s in vain; the trainer's log ends: {''.join(lines)[-2000:]}")
