@@ -30,9 +30,28 @@ def _agents() -> tuple[Any, Any, Callable[[], Any]]:
     return calc_agent, calc_openai_agent, aclose_clients
 
 
+def _two_agents() -> Any:
+    sys.path.insert(0, str(CALC))
+    try:
+        from calc_agent import calc_two_agents  # pyright: ignore[reportMissingImports]
+    finally:
+        sys.path.remove(str(CALC))
+    return calc_two_agents
+
+
+Calls = dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
+
+
 async def _seeded_calls(
-    tmp_path: Path, agent: Any, instrument: Callable[[], Any], uninstrument: Callable[[], Any], tasks: list[Any]
-) -> tuple[float, dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
+    tmp_path: Path,
+    agent: Any,
+    instrument: Callable[[], Any],
+    uninstrument: Callable[[], Any],
+    tasks: list[Any],
+    agents: dict[str, list[str | None]] | None = None,
+) -> tuple[float, Calls]:
+    """The reward and, per question, each call's (prompt ids, response ids); ``agents``: filled with each call's
+    agent name."""
     config = TorchTrainerConfig(
         model_dir=CALC / "checkpoint", tool_parser="calc", output_dir=tmp_path, rollout_timeout_s=3600
     )
@@ -53,12 +72,14 @@ async def _seeded_calls(
     runner_task = asyncio.create_task(runner.arun())
     try:
         report = await trainer.evaluate(store, tasks)
-        calls: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        calls: Calls = {}
         for rollout in await store.query_rollouts(status=["succeeded"]):
             recorded = sorted(await store.query_llm_calls(rollout.rollout_id), key=lambda c: len(c.prompt_token_ids))
             calls[rollout.input["question"]] = [
                 (tuple(c.prompt_token_ids), tuple(c.response_token_ids)) for c in recorded
             ]
+            if agents is not None:
+                agents[rollout.input["question"]] = [c.agent_name for c in recorded]
     finally:
         runner.stop()
         await asyncio.wait_for(runner_task, 60)
@@ -94,3 +115,21 @@ async def test_the_plain_openai_agent_makes_the_langgraph_agents_calls_and_earns
     assert tool_paths >= 1, "no task took the calculator path"
     assert plain_calls == graph_calls
     assert plain_reward == graph_reward
+
+
+async def test_the_two_agent_graph_makes_the_same_calls_each_under_its_own_agent(tmp_path: Path) -> None:
+    """``calc_two_agents`` (``train.py --agent langgraph-two``) is the same workload as ``calc_agent``, token for token,
+    with the call before the tool's result made by ``caller`` and the one after it by ``answerer``: what lets
+    ``--policy-per-agent`` give each its own policy."""
+    import agentlightning_langchain
+
+    one_agent, _, _ = _agents()
+    tasks = [json.loads(line) for line in (CALC / "data" / "val.jsonl").read_text().splitlines()[:24]]
+    hooks = (agentlightning_langchain.instrument, agentlightning_langchain.uninstrument)
+    one: dict[str, list[str | None]] = {}
+    two: dict[str, list[str | None]] = {}
+    one_reward, one_calls = await _seeded_calls(tmp_path / "one", one_agent, *hooks, tasks, one)
+    two_reward, two_calls = await _seeded_calls(tmp_path / "two", _two_agents(), *hooks, tasks, two)
+    assert two_calls == one_calls and two_reward == one_reward
+    assert {tuple(names) for names in one.values()} <= {("solver",), ("solver", "solver")}
+    assert {tuple(names) for names in two.values()} == {("caller",), ("caller", "answerer")}, two

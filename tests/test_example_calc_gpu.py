@@ -95,3 +95,31 @@ def test_train_py_takes_the_gpu_options_with_a_model_folder(tmp_path: Path, exam
     assert config.ppo.lora is not None and config.ppo.lora.r == 16 and config.ppo.kl_coef == 0.05
     # the same prompt file as the 135M model: same tokenizer and chat template family
     assert args.prompt_file == CALC / "prompts" / "smollm2.json"
+
+
+def test_policy_per_agent_gives_the_caller_and_the_answerer_each_an_adapter_at_the_runs_lora_rate(
+    tmp_path: Path, example_script: Any
+) -> None:
+    pytest.importorskip("agentlightning_torch")
+    from agentlightning_torch.runkit import UsageError
+
+    train = example_script("calc", "train")
+    folder = tmp_path / "smollm2-135m-instruct"  # not loaded: the config is checked before the model loads
+    folder.mkdir()
+    base = ["--model", "smollm2", "--model-dir", str(folder), "--output", str(tmp_path / "run")]
+    config = train.build_config(train.parse_args([*base, "--agent", "langgraph-two", "--policy-per-agent"]))
+    assert config.policies is not None
+    assert {a: config.policies.resolve(a, None).policy for a in ("caller", "answerer")} == {
+        "caller": "caller",
+        "answerer": "answerer",
+    }
+    # the run trains LoRA already: its --lr (5e-4) is the adapters' rate, not 10x it; the run's rank 16 each
+    assert {n: s.ppo(config.ppo).lr for n, s in config.policy_settings.items()} == {"caller": 5e-4, "answerer": 5e-4}
+    assert {s.lora_settings(config.ppo).r for s in config.policy_settings.values()} == {16}
+    # an explicit --policy-settings wins over the run's rate
+    args = train.parse_args(
+        [*base, "--agent", "langgraph-two", "--policy-per-agent", "--policy-settings", "caller:lr=1e-3"]
+    )
+    assert train.build_config(args).policy_settings["caller"].lr == 1e-3
+    with pytest.raises(UsageError, match="--policy-per-agent needs --agent langgraph-two"):
+        train.build_config(train.parse_args([*base, "--policy-per-agent"]))

@@ -26,8 +26,10 @@ import agentlightning as agl
 __all__ = [
     "GRAPH",
     "MAX_LLM_CALLS",
+    "TWO_AGENTS",
     "build_graph",
     "calc_agent",
+    "calc_two_agents",
     "calculator",
     "evaluate",
     "next_step",
@@ -43,11 +45,14 @@ def calculator(expression: str) -> str:
     return evaluate(expression)
 
 
-def build_graph() -> Any:
+def build_graph(answerer: str | None = None) -> Any:
     """Solver node (the LLM, with the calculator bound) <-> tool node, at most ``MAX_LLM_CALLS`` LLM calls.
 
     Compiled once: the chat model comes in each run's config (``configurable["llm"]``), the ordinary LangGraph way
-    to vary a node's model without rebuilding the graph.
+    to vary a node's model without rebuilding the graph. ``answerer``: the same episode split between two agents, the
+    ``caller`` (the first call: a calculator call or a direct answer) and a node of that name (the call after the
+    tool's result): the same prompts, tools and call budget, only the nodes' names differ, so an
+    `agentlightning.PolicyMap` can give each agent its own policy (``calc_two_agents``).
     """
 
     async def solver(state: MessagesState, config: RunnableConfig) -> dict[str, list[Any]]:
@@ -57,12 +62,18 @@ def build_graph() -> Any:
     def route(state: MessagesState) -> str:
         return next_step(state["messages"])
 
+    first = "solver" if answerer is None else "caller"
     graph = StateGraph(MessagesState)
-    graph.add_node("solver", solver)
+    graph.add_node(first, solver)
     graph.add_node("tools", ToolNode([calculator]))
-    graph.add_edge(START, "solver")
-    graph.add_conditional_edges("solver", route, {"tools": "tools", END: END})
-    graph.add_edge("tools", "solver")
+    graph.add_edge(START, first)
+    graph.add_conditional_edges(first, route, {"tools": "tools", END: END})
+    if answerer is None:
+        graph.add_edge("tools", first)
+    else:
+        graph.add_node(answerer, solver)
+        graph.add_edge("tools", answerer)
+        graph.add_conditional_edges(answerer, route, {"tools": "tools", END: END})
     return graph.compile()
 
 
@@ -83,6 +94,9 @@ def next_step(messages: list[BaseMessage]) -> str:
 
 
 GRAPH = build_graph()
+TWO_AGENTS = build_graph(answerer="answerer")
+"""The two-agent graph: ``caller`` writes the calculator call (or answers at once), ``answerer`` reads the tool's
+result and answers."""
 PROMPT: list[BaseMessage] = convert_to_messages(prompt_messages())
 """Messages before the question (a system prompt, a worked example) for a model that needs them (`prompt_messages`)."""
 
@@ -98,6 +112,16 @@ def score(final: AIMessage | Any, expected: int) -> float:
 @agl.rollout
 async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
     """Answer ``task["question"]`` (e.g. ``Q:37*48+12=``); reward by ``task["answer"]``."""
+    return await _solve(GRAPH, task, resources)
+
+
+@agl.rollout
+async def calc_two_agents(task: dict[str, Any], resources: agl.Resources) -> float:
+    """`calc_agent` with the episode split between two agents, ``caller`` and ``answerer`` (`TWO_AGENTS`)."""
+    return await _solve(TWO_AGENTS, task, resources)
+
+
+async def _solve(graph: Any, task: dict[str, Any], resources: agl.Resources) -> float:
     llm_resource = resources.llm
     assert llm_resource is not None, "the trainer publishes an LLM resource"
     llm = ChatOpenAI(
@@ -108,5 +132,5 @@ async def calc_agent(task: dict[str, Any], resources: agl.Resources) -> float:
         **llm_resource.sampling_parameters,
     )
     messages = [*PROMPT, HumanMessage(task["question"])]
-    result = await GRAPH.ainvoke({"messages": messages}, {"configurable": {"llm": llm}})
+    result = await graph.ainvoke({"messages": messages}, {"configurable": {"llm": llm}})
     return score(result["messages"][-1], int(task["answer"]))

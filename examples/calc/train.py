@@ -21,6 +21,7 @@ The run's scaffolding (store, runners, dashboard, evaluations, plot, table) is `
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import re
 import resource
@@ -52,6 +53,7 @@ SMOLLM2_PROMPT = HERE / "prompts" / "smollm2.json"  # its system prompt and work
 # --agent: what the runner processes run (``agl runner --agent ... --instrument ...``)
 AGENTS = {
     "langgraph": ("calc_agent:calc_agent", "langchain"),
+    "langgraph-two": ("calc_agent:calc_two_agents", "langchain"),  # caller + answerer (README: a policy per agent)
     "openai": ("calc_openai_agent:calc_openai_agent", "openai"),
 }
 _QUESTION = re.compile(r"^Q:[0-9+\-*]{3,40}=$")
@@ -141,7 +143,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--agent",
         choices=tuple(AGENTS),
         default="langgraph",
-        help="what the runners run: the LangGraph graph (calc_agent.py) or plain OpenAI calls (calc_openai_agent.py)",
+        help="what the runners run: the LangGraph graph (calc_agent.py), the same graph split between two agents, "
+        "caller and answerer (langgraph-two), or plain OpenAI calls (calc_openai_agent.py)",
+    )
+    parser.add_argument(
+        "--policy-per-agent",
+        action="store_true",
+        help="--agent langgraph-two: the caller and the answerer each train a policy of their own (a LoRA adapter "
+        "each, with --lr and --lora-rank; --policy-settings for more) instead of sharing one",
     )
     parser.add_argument(
         "--max-staleness",
@@ -162,6 +171,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+POLICY_AGENTS = ("caller", "answerer")
+"""``--policy-per-agent``: the agents of ``--agent langgraph-two``, each its own policy of the same name."""
+
+
+def policy_map(args: argparse.Namespace) -> Any:
+    """``--policy-per-agent``: a policy per agent of the two-agent graph (`agentlightning.PolicyMap`); else ``None``."""
+    from agentlightning import PolicyMap
+    from agentlightning_torch.runkit import UsageError
+
+    if not args.policy_per_agent:
+        return None
+    if args.agent != "langgraph-two":
+        raise UsageError("--policy-per-agent needs --agent langgraph-two (the graph with two agents)")
+    return PolicyMap(agents={name: name for name in POLICY_AGENTS})
+
+
 def build_config(args: argparse.Namespace) -> Any:
     """The trainer's settings (bad values: `UsageError`)."""
     from agentlightning_torch import LoraSettings, VLLMSettings
@@ -174,12 +199,18 @@ def build_config(args: argparse.Namespace) -> Any:
     lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank)
     if args.model == "toy" or args.full_weights:
         lora = None
+    if lora is not None and args.policy_per_agent:
+        # this run's --lr is a LoRA rate already: each agent's adapter takes it (not 10x, the default of a policy in a
+        # full-weight run); the options' own --policy-settings come after and win
+        args = copy.copy(args)
+        args.policy_settings = [f"{name}:lr={args.lr}" for name in POLICY_AGENTS] + list(args.policy_settings or [])
     return trainer_config(
         args,
         model_dir=resolve_model(args),
         temperature=args.temperature,
         max_tokens=args.max_tokens,
         ppo_settings={"lora": lora},
+        policies=policy_map(args),  # each policy's adapter: this run's LoRA shape and --lr (it is a LoRA rate)
         tool_parser="calc",  # CALC(<expr>) -> an OpenAI tool call; any HF model folder goes the same path
         best_metric="accuracy",  # rewards are 1 (right), 0 (wrong), -0.1 (malformed): the mean is not the accuracy
         batch_wait_ms=args.batch_wait_ms,
@@ -227,7 +258,8 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         dashboard=not args.no_dashboard,
         quiet=args.quiet,
     )
-    run = CalcRun(TorchTrainer(config), settings)
+    trainer = TorchTrainer(config)
+    run = CalcRun(trainer, settings)
     result = await run.execute()
     history, tail = result.history, result.history[-5:]
     curves = [("mean sampled reward", lambda r: r.reward_mean), ("tool-call rate", lambda r: r.multi_call_rate)]
@@ -249,6 +281,8 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         "max_staleness": args.max_staleness,
         "backend": args.backend,
         "model": args.model,
+        "agent": args.agent,
+        "policies": None if trainer.engine.trained is None else dict(trainer.engine.trained.described),
         "plot": str(plot),
         # CPU seconds of the whole run (setup and evaluations included): this process, and the runner processes
         "trainer_cpu_seconds": round(_cpu(resource.RUSAGE_SELF), 1),
