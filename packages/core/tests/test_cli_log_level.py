@@ -3,9 +3,9 @@ know is refused by naming the option (never a traceback, nor an error about some
 
 from __future__ import annotations
 
-import pytest
-
 import argparse
+
+import pytest
 
 from agentlightning.cli import build_parser
 from agentlightning.cli._train import train_parser

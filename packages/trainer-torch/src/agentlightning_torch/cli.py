@@ -4,15 +4,16 @@
         [--val-tasks val.jsonl] [--minutes 30] [--device cuda] [--runners 2] [--lora-rank 16]
 
 `TorchEnginePlugin` is the engine ``torch`` of ``agl train`` (``agl train --engine torch --help``): it adds the
-options only this engine has (``--device``, ``--threads``, ``--lora-rank``, ``--backend``, ``--vllm-url``...) to
-the ones the core's ``agl train`` defines for every engine. The trainer process loads the model, serves it (local backend behind the LLM proxy) and trains it with
-`TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts (each JSONL line is one task dict,
-passed to the function as it is). The run folder gets the SQLite store, ``metrics.jsonl``, ``reward_curve.png``
-and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served for the dashboard while it runs.
-Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, an output
-folder it cannot write, a rollout that never calls the LLM) is reported in one line with exit code 2, and a run
-folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release their rollouts) and says one line;
-the runners and the dashboard's server end with ``agl train`` even when it is killed outright (``kill -9``).
+options only this engine has (``--device``, ``--threads``, ``--lora-rank``, ``--backend``, ``--vllm-url``...) to the
+ones the core's ``agl train`` defines for every engine. The trainer process loads the model, serves it (local
+backend behind the LLM proxy) and trains it with `TorchTrainer`; ``--runners`` runner processes run the agent on the
+rollouts (each JSONL line is one task dict, passed to the function as it is). The run folder gets the SQLite store,
+``metrics.jsonl``, ``reward_curve.png`` and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is
+served for the dashboard while it runs. Bad input (an agent that cannot be imported, a missing model folder, a task
+file that does not parse, an output folder it cannot write, a rollout that never calls the LLM) is reported in one
+line with exit code 2, and a run folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release
+their rollouts) and says one line; the runners and the dashboard's server end with ``agl train`` even when it is
+killed outright (``kill -9``).
 """
 
 from __future__ import annotations
@@ -451,7 +452,7 @@ class TorchEnginePlugin:
         )
         group.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
         group.add_argument(
-            "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
+            "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file (--tool-parser)"
         )
 
     def train(self, args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """``agl train --engine verl``: train an ``@agl.rollout`` agent with verl (Ray, FSDP, vLLM rollout servers).
 
     agl store serve --db runs/verl/store.db --port 4747        # the store runners on any machine reach
-    agl train --engine verl --store-url http://127.0.0.1:4747 --agent my_pkg.agent:solve --model Qwen/Qwen2.5-1.5B \\
-        --tasks train.jsonl --n-gpus-per-node 8 [--algorithm ppo] [--verl-override actor_rollout_ref.actor.clip_ratio=0.3]
+    agl train --engine verl --store-url http://127.0.0.1:4747 --agent my_pkg.agent:solve \\
+        --model Qwen/Qwen2.5-1.5B --tasks train.jsonl --n-gpus-per-node 8 [--algorithm ppo] \\
+        [--verl-override actor_rollout_ref.actor.clip_ratio=0.3]
 
 `VerlEnginePlugin` adds the options only verl has (the cluster's size, the algorithm, vLLM's share of the GPU, verl
 batch sizes, any verl setting through ``--verl-override``) to the ones ``agl train`` defines for every engine; it
