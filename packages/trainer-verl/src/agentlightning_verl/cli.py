@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentlightning.cli import read_task_file
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 
 __all__ = ["VerlEnginePlugin", "verl_config"]
@@ -123,28 +124,6 @@ def _require_verl() -> None:
             raise _Refused(f"--engine verl needs {module}, which is not installed here: {_INSTALL}")
 
 
-def _load_tasks(path: str, flag: str) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file, one JSON object per line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise _Refused(f"{flag} {path!r}: {error.strerror or error}") from None
-    tasks: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except ValueError:
-            task = None
-        if not isinstance(task, dict):
-            raise _Refused(f"{flag} {path!r}: line {number} is not a JSON object")
-        tasks.append(task)
-    if not tasks:
-        raise _Refused(f"{flag} {path!r} holds no task")
-    return tasks
-
-
 def _runner_commands(args: argparse.Namespace) -> list[list[str]]:
     """``agl runner`` on this machine, ``--runners`` processes against the served store (its token in the env)."""
     app_dir = str(Path(args.app_dir).resolve())
@@ -215,9 +194,9 @@ class VerlEnginePlugin:
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         try:
             config = verl_config(args)
-            tasks = _load_tasks(args.tasks, "--tasks")
+            tasks = read_task_file(Path(args.tasks), "--tasks")
             _require_verl()
-        except (ValueError, _Refused) as error:
+        except (ValueError, _Refused) as error:  # TaskFileError too
             print(f"error: {error}", file=sys.stderr)
             return 2
         from agentlightning.cli import RunnerDied

@@ -22,6 +22,7 @@ from typing import Any
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
+from agentlightning.cli._tasks import TaskFileError, read_task_file
 from agentlightning.cli._train import add_network_arguments
 
 __all__ = [
@@ -29,12 +30,14 @@ __all__ = [
     "EngineNotFoundError",
     "EnginePlugin",
     "RunnerDied",
+    "TaskFileError",
     "add_network_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "guarded",
     "load_engine",
     "main",
+    "read_task_file",
     "start_child",
     "start_runners",
     "stop_children",
