@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.cli import EnginePlugin
-from agentlightning.cli._train import train_parser
+from agentlightning.cli import EnginePlugin, train_parser
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 from agentlightning_torch.cli import TorchEnginePlugin
 

@@ -23,7 +23,7 @@ from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
 from agentlightning.cli._tasks import TaskFileError, read_task_file
-from agentlightning.cli._train import add_network_arguments
+from agentlightning.cli._train import add_network_arguments, train_parser
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
@@ -41,6 +41,7 @@ __all__ = [
     "start_child",
     "start_runners",
     "stop_children",
+    "train_parser",
 ]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.

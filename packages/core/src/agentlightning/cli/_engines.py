@@ -1,8 +1,8 @@
 """The engines ``agl train`` trains with: the `EnginePlugin` contract and how the core finds one by name.
 
 The core names no engine package: ``--engine NAME`` is looked up in the `agentlightning.loop.ENGINE_ENTRY_POINTS`
-entry-point group, which engine packages register in their ``pyproject.toml`` (``torch =
-"agentlightning_torch.cli:TorchEnginePlugin"``); the entry point is loaded (and its package imported) only when
+entry-point group, which engine packages register in their ``pyproject.toml`` (``mine =
+"my_package.cli:MyEngine"``); the entry point is loaded (and its package imported) only when
 ``agl train`` runs. An engine that is not installed, whose package fails to import, or whose entry point is not a
 plug-in is one line naming the package to install (``agentlightning-NAME``).
 """

@@ -65,6 +65,8 @@ def _engine_named(words: Sequence[str]) -> str:
 def train_parser(engine: str = DEFAULT_ENGINE, plugin: EnginePlugin | None = None) -> argparse.ArgumentParser:
     """``agl train``'s parser: the shared options, and ``plugin``'s own (none without a plug-in).
 
+    What ``agl train --engine NAME`` parses with: an engine package's tests build it with their plug-in.
+
     Raises:
         EngineNotFoundError: ``plugin`` adds an option the core already defines (one line naming it).
     """
