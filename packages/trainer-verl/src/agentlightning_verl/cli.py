@@ -19,6 +19,7 @@ without verl (``agl train --engine verl --help``); a run needs verl and vLLM (``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import logging
@@ -152,7 +153,7 @@ async def _run(args: argparse.Namespace, config: VerlTrainerConfig, tasks: list[
         await guarded(runners, trainer.run(store, tasks))
     finally:
         await trainer.stop()
-        stop_children(runners)
+        await asyncio.to_thread(stop_children, runners)  # waits for them to end: off the event loop
     history = trainer.history
     return {"engine": "verl", "iterations": len(history), "model_version": trainer.model_version}
 

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
 
 def _engine_named(words: Sequence[str]) -> str:
     """The ``--engine`` of ``agl train``'s command line (the default when it has none)."""
-    first = argparse.ArgumentParser(add_help=False)
+    first = argparse.ArgumentParser(prog="agl train", add_help=False)
     first.add_argument("--engine", default=DEFAULT_ENGINE)
     known, _ = first.parse_known_args(list(words))
     return str(known.engine)
