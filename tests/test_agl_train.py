@@ -55,14 +55,15 @@ def test_agl_train_trains_the_calculator_agent_for_two_iterations(tmp_path: Path
 
 
 def test_agl_train_finds_the_torch_engine_through_its_entry_point() -> None:
-    """The core names no trainer package: agentlightning-torch registers its command in the engines group."""
+    """The core names no trainer package: agentlightning-torch registers its plug-in in the engines group."""
     from importlib.metadata import entry_points
 
     from agentlightning.loop import ENGINE_ENTRY_POINTS
     from agentlightning_torch import cli
 
     (torch_engine,) = [ep for ep in entry_points(group=ENGINE_ENTRY_POINTS) if ep.name == "torch"]
-    assert torch_engine.value == "agentlightning_torch.cli:train" and torch_engine.load() is cli.train
+    assert torch_engine.value == "agentlightning_torch.cli:TorchEnginePlugin"
+    assert torch_engine.load() is cli.TorchEnginePlugin
 
 
 def _answer(url: str, token: str | None = None) -> int:

@@ -1,4 +1,5 @@
-"""``agl train`` finds its engine through the ``agentlightning.engines`` entry-point group, never by package name.
+"""``agl train`` finds its engine through the ``agentlightning.engines`` entry-point group, never by package name:
+an `EnginePlugin` that adds its own options to the ones the core shares, and trains.
 
 Each test installs a throwaway distribution the way pip does (a ``*.dist-info`` folder with ``METADATA`` and
 ``entry_points.txt`` next to its module) into a folder put first on ``sys.path``, so ``importlib.metadata`` finds
@@ -7,12 +8,16 @@ it exactly as it finds an installed engine package.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agentlightning.cli import main
-from agentlightning.cli._train import DEFAULT_ENGINE, EngineNotFoundError, load_engine
+from agentlightning.cli._train import DEFAULT_ENGINE, EngineNotFoundError, load_engine, train_parser
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
 ARGS = ["--agent", "my_agent:solve", "--model", "some/model", "--tasks", "tasks.jsonl"]
@@ -37,19 +42,117 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], code: int) -> str:
     return lines[0]
 
 
-def test_an_engine_registered_in_the_group_runs_agl_train(
+THIRD = """\
+import argparse
+import json
+
+
+class ThirdEngine:
+    summary = "a third engine, written in the test"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("--engine third", self.summary)
+        group.add_argument("--third-knob", type=int, default=3, help="the third engine's own knob")
+
+    def train(self, args: argparse.Namespace) -> int:
+        with open(args.tasks, encoding="utf-8") as tasks:
+            count = sum(1 for line in tasks if line.strip())
+        print(json.dumps({"engine": args.engine, "agent": args.agent, "knob": args.third_knob, "tasks": count,
+                          "iterations": args.iterations, "runners": args.runners}))
+        return 7
+"""
+"""An engine package of its own: a plug-in class with one option of its own and a train that reads the tasks."""
+
+
+def _install_third(site: Path) -> None:
+    _install(site, "agentlightning-third", {"third": "agl_third_engine:ThirdEngine"}, {"agl_third_engine": THIRD})
+
+
+def test_an_engine_registered_in_the_group_runs_agl_train_with_its_own_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = (
-        "def train(args):\n"
-        "    print(f'fake engine trains {args.agent} on {args.model} (engine {args.engine})')\n"
-        "    return 7\n"
-    )
-    _install(tmp_path, "agentlightning-fake", {"fake": "agl_fake_engine_ok:train"}, {"agl_fake_engine_ok": source})
+    _install_third(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    code = main(["train", "--engine", "fake", *ARGS])
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"q": 1}\n{"q": 2}\n')
+    code = main(["train", "--engine", "third", *ARGS[:-1], str(tasks), "--third-knob", "9", "--iterations", "2"])
     assert code == 7  # the engine's exit code is agl's
-    assert capsys.readouterr().out.strip() == "fake engine trains my_agent:solve on some/model (engine fake)"
+    ran = json.loads(capsys.readouterr().out.strip())
+    assert ran == {"engine": "third", "agent": "my_agent:solve", "knob": 9, "tasks": 2, "iterations": 2, "runners": 1}
+    with pytest.raises(SystemExit) as refused:  # its option is parsed by agl train's parser, as a shared one is
+        main(["train", "--engine", "third", *ARGS, "--third-knob", "many"])
+    assert refused.value.code == 2 and "argument --third-knob: invalid int value: 'many'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(900)  # two fresh interpreters: minutes each on a loaded 2-core machine
+def test_a_third_engine_is_found_lists_its_options_in_help_and_runs_as_a_command(tmp_path: Path) -> None:
+    """``agl train --engine third`` in a fresh interpreter, found through the metadata (a dist-info on the path)."""
+    _install_third(tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
+
+    def agl_train(*words: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "agentlightning.cli", "train", *words]
+        return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=420, check=False)
+
+    shown = agl_train("--engine", "third", "--help")
+    assert shown.returncode == 0, shown.stderr
+    help_text = " ".join(shown.stdout.split())
+    assert "--engine third: a third engine, written in the test" in help_text
+    assert "--third-knob THIRD_KNOB the third engine's own knob" in help_text
+    assert "--agent AGENT" in help_text and "--runners N|ray[=ADDRESS]" in help_text  # the shared options too
+    assert "installed: " in help_text and "third" in help_text
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
+    ran = agl_train("--engine", "third", *ARGS, "--third-knob", "4", "--runners", "0")
+    assert ran.returncode == 7, ran.stderr
+    assert json.loads(ran.stdout) == {
+        "engine": "third", "agent": "my_agent:solve", "knob": 4, "tasks": 1, "iterations": 100000, "runners": 0
+    }  # fmt: skip
+
+
+def test_the_shared_options_are_the_cores_and_no_engines_own() -> None:
+    """The core defines what every engine shares; an engine's own flags (torch's serving, devices) are its plug-in's."""
+    shared = {action.dest for action in train_parser()._actions}  # pyright: ignore[reportPrivateUsage]
+    expected = ["agent", "model", "tasks", "app_dir", "iterations", "output", "runners", "ray_placement", "workers"]
+    expected += ["store_url", "serve_store", "proxy_token", "policy", "policies", "lr", "log_level", "engine"]
+    assert set(expected) <= shared, set(expected) - shared
+    for torch_only in ("backend", "vllm_url", "tool_parser_plugin", "lora_rank", "threads", "device", "tool_parser"):
+        assert torch_only not in shared, torch_only
+
+
+def test_an_engine_option_that_clashes_with_a_shared_one_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clash = (
+        "class Clash:\n"
+        "    summary = 'redefines --lr'\n"
+        "    def add_arguments(self, parser):\n"
+        "        parser.add_argument('--lr', type=float)\n"
+        "    def train(self, args):\n"
+        "        return 0\n"
+    )
+    _install(tmp_path, "agentlightning-clash", {"clash": "agl_clash_engine:Clash"}, {"agl_clash_engine": clash})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = _one_line_error(capsys, main(["train", "--engine", "clash", *ARGS]))
+    assert line.startswith("error: agl train --engine clash: argument --lr: conflicting option string")
+
+
+def test_a_train_function_is_not_a_plug_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine registered the old way (``train(args)``, the core defining its options) is named, not half-run."""
+    old = "def train(args):\n    return 0\n"
+    _install(tmp_path, "agentlightning-old", {"old": "agl_old_engine:train"}, {"agl_old_engine": old})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EngineNotFoundError, match="entry point agl_old_engine:train is not an engine plug-in"):
+        load_engine("old")
+
+
+def test_help_without_the_engine_lists_the_shared_options_and_names_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["train", "--engine", "nosuch", "--help"])
+    captured = capsys.readouterr()
+    assert code == 2 and "--agent AGENT" in captured.out
+    assert captured.err.strip().endswith("; pip install agentlightning-nosuch")
 
 
 def test_an_engine_that_is_not_installed_names_the_package_to_install(
@@ -65,10 +168,10 @@ def test_an_engine_that_is_not_installed_names_the_package_to_install(
 def test_without_any_engine_the_default_says_which_package_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import agentlightning.cli._train as train_cli
+    import agentlightning.cli._engines as engines
 
     # A machine with the core alone: the metadata lists no engine at all.
-    monkeypatch.setattr(train_cli, "entry_points", lambda group: [])
+    monkeypatch.setattr(engines, "entry_points", lambda group: [])
     line = _one_line_error(capsys, main(["train", *ARGS]))
     hint = f"pip install agentlightning-{DEFAULT_ENGINE}"
     assert line == f"error: agl train --engine {DEFAULT_ENGINE}: no such engine is installed; {hint}"
@@ -92,8 +195,8 @@ def test_an_engine_whose_package_does_not_import_is_one_line(
     assert "entry point agl_fake_engine_missing:train does not load" in line
 
 
-def test_an_entry_point_that_is_not_a_function_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_entry_point_that_is_not_a_plug_in_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _install(tmp_path, "agentlightning-odd", {"odd": "agl_fake_engine_odd:TRAIN"}, {"agl_fake_engine_odd": "TRAIN = 3"})
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(EngineNotFoundError, match="entry point agl_fake_engine_odd:TRAIN is not a function"):
+    with pytest.raises(EngineNotFoundError, match="entry point agl_fake_engine_odd:TRAIN is not an engine plug-in"):
         load_engine("odd")

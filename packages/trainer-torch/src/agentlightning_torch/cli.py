@@ -3,14 +3,17 @@
     agl train --agent my_pkg.my_module:my_rollout --model Qwen/Qwen2.5-0.5B-Instruct --tasks train.jsonl \\
         [--val-tasks val.jsonl] [--minutes 30] [--device cuda] [--runners 2] [--lora-rank 16]
 
-The trainer process loads the model, serves it (local backend behind the LLM proxy) and trains it with
-`TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts (each JSONL line is one task dict,
-passed to the function as it is). The run folder gets the SQLite store, ``metrics.jsonl``, ``reward_curve.png``
-and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served for the dashboard while it runs.
-Bad input (an agent that cannot be imported, a missing model folder, a task file that does not parse, an output
-folder it cannot write, a rollout that never calls the LLM) is reported in one line with exit code 2, and a run
-folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release their rollouts) and says one line;
-the runners and the dashboard's server end with ``agl train`` even when it is killed outright (``kill -9``).
+`TorchEnginePlugin` is the engine ``torch`` of ``agl train`` (``agl train --engine torch --help``): it adds the
+options only this engine has (``--device``, ``--threads``, ``--lora-rank``, ``--backend``, ``--vllm-url``...) to the
+ones the core's ``agl train`` defines for every engine. The trainer process loads the model, serves it (local
+backend behind the LLM proxy) and trains it with `TorchTrainer`; ``--runners`` runner processes run the agent on the
+rollouts (each JSONL line is one task dict, passed to the function as it is). The run folder gets the SQLite store,
+``metrics.jsonl``, ``reward_curve.png`` and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is
+served for the dashboard while it runs. Bad input (an agent that cannot be imported, a missing model folder, a task
+file that does not parse, an output folder it cannot write, a rollout that never calls the LLM) is reported in one
+line with exit code 2, and a run folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release
+their rollouts) and says one line; the runners and the dashboard's server end with ``agl train`` even when it is
+killed outright (``kill -9``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from agentlightning_torch.runkit import (
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "TorchEnginePlugin",
     "UsageError",
     "load_tasks",
     "resolve_agent",
@@ -420,3 +424,37 @@ def train(args: argparse.Namespace) -> int:
         )
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
+
+
+class TorchEnginePlugin:
+    """``agl train --engine torch`` (the default): an `agentlightning.cli.EnginePlugin` training with `TorchTrainer`.
+
+    Registered in the ``agentlightning.engines`` entry points; its options are the torch engine's own (device,
+    threads, LoRA, the serving backend and its tool-call parser), the rest are ``agl train``'s shared ones.
+    """
+
+    summary = "one machine, CPU or one GPU: a plain PyTorch PPO/GRPO step, the embedded backend or vLLM, LoRA"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the torch engine's options to ``agl train``'s parser."""
+        group = parser.add_argument_group("--engine torch", self.summary)
+        group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+        group.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+        group.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
+        group.add_argument("--model-name", default="policy", help="name the model is served under")
+        group.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
+        group.add_argument(
+            "--backend",
+            choices=("local", "vllm"),
+            default="local",
+            help="inference server: the embedded backend (default) or vLLM (launched for --model from "
+            "$AGL_VLLM_VENV or .venv-vllm, or the one at --vllm-url; each weight sync is verified by log-probs)",
+        )
+        group.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
+        group.add_argument(
+            "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file (--tool-parser)"
+        )
+
+    def train(self, args: argparse.Namespace) -> int:
+        """Run ``agl train`` with the torch engine (`train`); returns the exit code."""
+        return train(args)

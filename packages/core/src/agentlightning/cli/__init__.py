@@ -1,4 +1,4 @@
-"""The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``.
+"""The ``agl`` command line: ``agl store serve``, ``agl proxy serve``, ``agl runner``, ``agl train``.
 
 Each command group lives in its own module and registers its sub-parsers through ``register(subparsers)``. Other
 packages add commands without the core naming them: each entry point of the `COMMAND_ENTRY_POINTS` group
@@ -6,7 +6,8 @@ packages add commands without the core naming them: each entry point of the `COM
 loaded only when its command runs: a package that does not load fails that command in one line, never ``agl``.
 A program that starts ``agl`` commands as its helpers (a trainer's runners and store server) starts them with
 `start_child` (runners: `start_runners`, awaited through `guarded`, stopped by `stop_children`), so that they end
-when it does, whatever ends it.
+when it does, whatever ends it. ``agl train`` trains with an `EnginePlugin` that an engine package registers (the
+`agentlightning.loop.ENGINE_ENTRY_POINTS` group, found by `load_engine`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,27 @@ from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
-from agentlightning.cli._train import add_network_arguments
+from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
+from agentlightning.cli._tasks import TaskFileError, read_task_file
+from agentlightning.cli._train import add_network_arguments, train_parser
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
+    "EngineNotFoundError",
+    "EnginePlugin",
     "RunnerDied",
+    "TaskFileError",
     "add_network_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "guarded",
+    "load_engine",
     "main",
+    "read_task_file",
     "start_child",
     "start_runners",
     "stop_children",
+    "train_parser",
 ]
 
 # Command modules, each exposing ``register(subparsers)``; a sub-parser sets ``func(args) -> int``.

@@ -1,10 +1,10 @@
-"""``agl train``: the options are defined here, the training is done by an engine package.
+"""``agl train``: the options every engine shares are defined here, the training is done by an engine plug-in.
 
-The core names no engine package: ``--engine NAME`` (default ``torch``) is looked up in the
-`agentlightning.loop.ENGINE_ENTRY_POINTS` entry-point group, which the engine packages register in their
-``pyproject.toml``; the entry point is loaded (and its package imported) only when ``agl train`` runs. An engine
-that is not installed, or whose package fails to import, is one line naming the package to install
-(``agentlightning-NAME``), exit code 2.
+``--engine NAME`` (default ``torch``) is read first and its `EnginePlugin` loaded (`load_engine`); the parser is
+then built from the shared options (`add_train_arguments`) and the plug-in's own (``agl train --engine NAME --help``
+lists both), and the plug-in's ``train(args)`` runs. The engine is loaded only when ``agl train`` runs: ``agl
+--help`` and the other commands never import an engine package. An engine that is not installed, or whose package
+fails to import, is one line naming the package to install (``agentlightning-NAME``), exit code 2.
 """
 
 from __future__ import annotations
@@ -12,83 +12,82 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
+from agentlightning.cli._engines import DEFAULT_ENGINE, EngineNotFoundError, EnginePlugin, engine_names, load_engine
 from agentlightning.cli._options import add_log_level_argument
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
 __all__ = [
     "DEFAULT_ENGINE",
     "EngineNotFoundError",
+    "EnginePlugin",
     "add_network_arguments",
     "add_runner_arguments",
     "add_train_arguments",
     "load_engine",
     "register",
+    "train_parser",
 ]
 
-DEFAULT_ENGINE = "torch"
-"""The engine ``agl train`` uses without ``--engine``: one machine, CPU or one GPU."""
-
-
-class EngineNotFoundError(Exception):
-    """No usable engine of that name: the message is one line that names the package to install."""
-
-
-def _engine_entry_points() -> list[EntryPoint]:
-    return sorted(entry_points(group=ENGINE_ENTRY_POINTS), key=lambda ep: ep.name)
-
-
-def load_engine(name: str) -> Callable[[argparse.Namespace], int]:
-    """The ``train(args) -> exit code`` function that the engine package registered as ``name``.
-
-    Raises:
-        EngineNotFoundError: No entry point ``name`` in the group, its package does not import, or it names
-            something that is not a function.
-    """
-    install = f"pip install agentlightning-{name}"
-    found = _engine_entry_points()
-    matches = [ep for ep in found if ep.name == name]
-    if not matches:
-        others = f" (installed: {', '.join(ep.name for ep in found)})" if found else ""
-        raise EngineNotFoundError(f"agl train --engine {name}: no such engine is installed{others}; {install}")
-    entry = matches[0]
-    try:
-        target: Any = entry.load()
-    except (ImportError, AttributeError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise EngineNotFoundError(
-            f"agl train --engine {name}: its entry point {entry.value} does not load ({reason}); {install}"
-        ) from None
-    if not callable(target):
-        raise EngineNotFoundError(f"agl train --engine {name}: its entry point {entry.value} is not a function")
-    return cast("Callable[[argparse.Namespace], int]", target)
+_DESCRIPTION = (
+    "Run the agent (module:function decorated with @agl.rollout) on the tasks in runner processes, serve the model "
+    "behind the LLM proxy and train it with PPO/GRPO on an engine (--engine); writes the store, metrics.jsonl, a "
+    "reward plot and checkpoints into --output. agl train --engine NAME --help lists that engine's own options too."
+)
 
 
 def register(subparsers: Any) -> None:
-    """Add ``agl train`` to the ``agl`` parser."""
-    parser = subparsers.add_parser(
+    """Add ``agl train`` to the ``agl`` parser.
+
+    A stand-in that takes the rest of the command line as it is (``--help`` too), as other packages' commands do:
+    the real parser needs the engine's options, so it is built when the command runs (`train_parser`).
+    """
+    stand_in = subparsers.add_parser(
         "train",
         help="train an @agl.rollout agent on a Hugging Face model (needs an engine package; default: torch)",
-        description=(
-            "Run the agent (module:function decorated with @agl.rollout) on the tasks in runner processes, serve "
-            "the model behind the LLM proxy and train it with PPO/GRPO; writes the store, metrics.jsonl, a reward "
-            "plot and checkpoints into --output."
-        ),
+        add_help=False,
+        prefix_chars="\0",  # no option prefix: every word after ``train``, options and --help included, goes on
     )
+    stand_in.add_argument("train_args", nargs=argparse.REMAINDER)
+    stand_in.set_defaults(func=_run, serving="agl train")
+
+
+def _engine_named(words: Sequence[str]) -> str:
+    """The ``--engine`` of ``agl train``'s command line (the default when it has none)."""
+    first = argparse.ArgumentParser(prog="agl train", add_help=False)
+    first.add_argument("--engine", default=DEFAULT_ENGINE)
+    known, _ = first.parse_known_args(list(words))
+    return str(known.engine)
+
+
+def train_parser(engine: str = DEFAULT_ENGINE, plugin: EnginePlugin | None = None) -> argparse.ArgumentParser:
+    """``agl train``'s parser: the shared options, and ``plugin``'s own (none without a plug-in).
+
+    What ``agl train --engine NAME`` parses with: an engine package's tests build it with their plug-in.
+
+    Raises:
+        EngineNotFoundError: ``plugin`` adds an option the core already defines (one line naming it).
+    """
+    parser = argparse.ArgumentParser(prog="agl train", description=_DESCRIPTION)
     add_train_arguments(parser)
-    parser.set_defaults(func=_run, serving="agl train")
+    if plugin is None:
+        return parser
+    try:
+        plugin.add_arguments(parser)
+    except argparse.ArgumentError as error:  # a clash with a shared option: the plug-in must rename its own
+        raise EngineNotFoundError(f"agl train --engine {engine}: {error}") from None
+    return parser
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``agl train`` (the core CLI registers them without importing torch)."""
+    """The options of ``agl train`` that every engine shares (an `EnginePlugin` adds its own)."""
     parser.add_argument(
         "--engine",
         default=DEFAULT_ENGINE,
         help=f"the engine that trains, as registered in the {ENGINE_ENTRY_POINTS} entry points (default: "
-        f"{DEFAULT_ENGINE}; pip install agentlightning-NAME)",
+        f"{DEFAULT_ENGINE}; installed: {', '.join(engine_names()) or 'none'}; pip install agentlightning-NAME)",
     )
     parser.add_argument("--agent", required=True, help="the @agl.rollout function as module:function")
     parser.add_argument("--model", required=True, help="a Hugging Face model folder or hub id")
@@ -103,10 +102,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --val-tasks: evaluate greedily every N iterations, keep the best in checkpoint/best (default: 0, "
         "only before and after)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     add_runner_arguments(parser)
     parser.add_argument("--workers", type=int, default=32, help="concurrent rollouts per runner (default: 32)")
-    parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
     parser.add_argument("--output", default="runs/agl-train", help="run folder (default: runs/agl-train)")
     parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent")
     parser.add_argument("--tasks-per-iteration", type=int, default=16)
@@ -134,21 +131,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting model (default: 0)")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus of the loss (default: 0)")
     parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO passes over each batch (default: 1)")
-    parser.add_argument("--model-name", default="policy", help="name the model is served under")
-    parser.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
-    parser.add_argument(
-        "--backend",
-        choices=("local", "vllm"),
-        default="local",
-        help="inference server: the embedded backend (default) or vLLM (launched for --model from $AGL_VLLM_VENV or "
-        ".venv-vllm, or the one at --vllm-url; each weight sync is verified by log-probs)",
-    )
-    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
-    parser.add_argument(
-        "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file for --tool-parser"
-    )
     _add_policy_arguments(parser)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)
     add_network_arguments(parser)
@@ -253,12 +236,19 @@ def _run(args: argparse.Namespace) -> int:
     from agentlightning._eventloop import sigint_taken
     from agentlightning._gc import defer_full_gc
 
+    words: list[str] = list(args.train_args)
+    engine = _engine_named(words)
     # Ctrl-C stops agl train however it was started, a script's background job (SIGINT ignored) too: from here on,
     # while the engine loads, not only once its event loop runs (`agentlightning.run_async`)
     with sigint_taken(), defer_full_gc():  # the engine imports torch next: no full collections until its loop starts
         try:
-            train = load_engine(args.engine)
+            plugin = load_engine(engine)
+            parser = train_parser(engine, plugin)
         except EngineNotFoundError as error:
+            if "-h" in words or "--help" in words:  # still list the shared options, and say why the engine's are not
+                train_parser().print_help()
             print(f"error: {error}", file=sys.stderr)
             return 2
-        return int(train(args))
+        parsed = parser.parse_args(words)
+        parsed.argv = getattr(args, "argv", words)
+        return int(plugin.train(parsed))

@@ -12,8 +12,9 @@ __all__ = ["ENGINE_ENTRY_POINTS", "Engine"]
 ENGINE_ENTRY_POINTS = "agentlightning.engines"
 """The entry-point group through which trainer packages offer their engine to ``agl train``.
 
-Each entry point is named after the engine (``agl train --engine NAME``) and points at the function that runs
-``agl train`` with it: ``train(args: argparse.Namespace) -> int`` (the parsed options, returning the exit code).
+Each entry point is named after the engine (``agl train --engine NAME``) and points at its
+`agentlightning.cli.EnginePlugin` (an object, or a class built without arguments): the options only that engine
+understands (``add_arguments(parser)``) and the run (``train(args) -> int``, the parsed options, the exit code).
 The engine named NAME is installed with ``pip install agentlightning-NAME``; the core never names the package.
 """
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from agentlightning.cli import TaskFileError, read_task_file
 
 __all__ = [
     "UsageError",
@@ -26,7 +27,7 @@ class UsageError(ValueError):
 def load_jsonl_tasks(
     path: Path, flag: str = "--tasks", check: Callable[[dict[str, Any]], str | None] | None = None
 ) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file, one JSON object per line (blank lines skipped).
+    """Tasks from a JSONL file, one JSON object per line (blank lines skipped; `agentlightning.cli.read_task_file`).
 
     Args:
         path: The file.
@@ -36,25 +37,10 @@ def load_jsonl_tasks(
     Raises:
         UsageError: The file is missing, a line is not a JSON object or fails ``check``, or there is no task.
     """
-    if not path.is_file():
-        raise UsageError(f"{flag} file {str(path)!r} does not exist")
-    tasks: list[dict[str, Any]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(task, dict):
-            raise UsageError(f"{path}:{number}: each line must be a JSON object (one task), got {type(task).__name__}")
-        problem = None if check is None else check(task)  # pyright: ignore[reportUnknownArgumentType]
-        if problem is not None:
-            raise UsageError(f"{path}:{number}: {problem}")
-        tasks.append(task)  # pyright: ignore[reportUnknownArgumentType]
-    if not tasks:
-        raise UsageError(f"{flag} file {str(path)!r} holds no tasks")
-    return tasks
+    try:
+        return read_task_file(path, flag, check)
+    except TaskFileError as error:
+        raise UsageError(str(error)) from None
 
 
 STABLE_RL: dict[str, Any] = {
