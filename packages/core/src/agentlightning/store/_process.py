@@ -72,6 +72,11 @@ class StoreServerProcess:
         host = "127.0.0.1" if is_wildcard(self.host) else self.host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (``None`` before `start` and after `stop`)."""
+        return None if self._proc is None else self._proc.pid
+
     def command(self) -> list[str]:
         """The child's command line (without the token)."""
         cmd = [sys.executable, "-m", "agentlightning.cli", "store", "serve", "--db", str(self.db)]

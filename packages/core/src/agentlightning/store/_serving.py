@@ -171,7 +171,7 @@ async def _open_database(
     servers: list[StoreServerProcess] = []
     try:
         if fresh:
-            held = (await store.stats()).rollouts
+            held = sum((await store.stats()).rollouts.values())
             if held:
                 raise StoreError(
                     f"the PostgreSQL store {store.where} holds {held} rollouts already (another run's): give this run "

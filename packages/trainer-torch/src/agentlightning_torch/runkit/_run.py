@@ -268,7 +268,9 @@ class TrainingRun:
         """Where a PostgreSQL store is, its servers, and the dashboard: the first server's ``/ui`` (it reads the
         database as every server does)."""
         urls = [server.url for server in opened.servers]
-        self.console.print(f"store: {self.store_location} served by {len(urls)} store server(s): {', '.join(urls)}")
+        self.console.print(f"store: {self.store_location}, served to the runners by {len(urls)} store server(s)")
+        for index, server in enumerate(opened.servers):
+            self.console.print(f"store server {index}: {server.url} pid {server.pid}")
         if self.settings.dashboard:
             # the token in the fragment only while the servers are on loopback, with a token made for this run
             token = f"#token={opened.token}" if serving.serve is None and serving.token is None else ""
