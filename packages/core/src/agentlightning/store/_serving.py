@@ -15,7 +15,7 @@ from agentlightning._netauth import check_bind_token, new_token
 from agentlightning.store._base import LightningStore, RetryPolicy, StoreError
 from agentlightning.store._client import StoreClient
 from agentlightning.store._client_transport import split_urls
-from agentlightning.store._postgres_schema import describe_dsn, driver, is_postgres_dsn
+from agentlightning.store._postgres_schema import describe_dsn, driver, is_postgres_dsn, one_line
 from agentlightning.store._process import StoreServerProcess
 from agentlightning.store._sqlite import SqliteStore
 
@@ -149,16 +149,23 @@ class StoreServing(BaseModel):
             return "postgresql://" + describe_dsn(self.database)
         return self.url if self.url is not None else str(db)
 
-    def check_driver(self) -> None:
-        """With a ``database``: refuse a missing driver or a malformed DSN now, before anything starts (no connection).
+    def check_database(self) -> None:
+        """With a ``database``: refuse a missing driver, a malformed DSN or a database that does not answer now, before
+        anything starts (one connection, closed at once).
 
         Raises:
             ImportError: The driver is not installed (the message is the install command).
-            StoreError: The DSN cannot be parsed (one line, without its password).
+            StoreError: The DSN cannot be parsed, or the database cannot be reached or logged in to (one line, without
+                the DSN's password).
         """
-        if self.database is not None:
-            driver()
-            describe_dsn(self.database)
+        if self.database is None:
+            return
+        psycopg, _ = driver()
+        where = describe_dsn(self.database)
+        try:
+            psycopg.connect(self.database, connect_timeout=10).close()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to the PostgreSQL store {where}: {one_line(exc)}") from None
 
 
 async def _open_database(

@@ -262,11 +262,12 @@ def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
     `agentlightning.cli.add_network_arguments`; ``settings``: further fields (``access_log``...).
 
     ``--store`` (or ``--store-url``) ``postgresql://...``: the store in that database, served to the runners by
-    ``--store-servers`` servers; the driver and the DSN are checked here, before anything starts (the database is
-    reached when the run opens it).
+    ``--store-servers`` servers; the driver, the DSN and the database's answer are checked here, before anything
+    starts (a model loads).
 
     Raises:
-        UsageError: The options contradict each other, the DSN is malformed or the driver is missing (one line).
+        UsageError: The options contradict each other, the DSN is malformed, the database does not answer or the
+            driver is missing (one line).
     """
     from pydantic import ValidationError
 
@@ -284,7 +285,7 @@ def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
             heartbeat_timeout_s=args.heartbeat_timeout,
             **settings,
         )
-        serving.check_driver()
+        serving.check_database()
     except ValidationError as error:
         raise UsageError(_messages(error)) from None
     except (ImportError, StoreError) as error:
