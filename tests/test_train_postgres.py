@@ -144,4 +144,3 @@ def _poll(trainer: subprocess.Popen[str], lines: list[str], done: Callable[[], b
         assert trainer.poll() is None, "".join(lines)[-3000:]
         assert time.monotonic() < deadline, f"waited 300 s in vain; the trainer's log ends: {''.join(lines)[-2000:]}"
         threading.Event().wait(0.1)
-
