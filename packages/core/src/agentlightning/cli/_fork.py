@@ -113,8 +113,8 @@ class _Wakeup:
 def supervise_runners(
     processes: int,
     workers: int,
-    run_one: Callable[[int], int],
-    fresh_command: Callable[[int], list[str]],
+    run_one: Callable[[int, int], int],
+    fresh_command: Callable[[int, int], list[str]],
     lifeline: int | None,
 ) -> int:
     """Start ``processes`` runners sharing ``workers`` and supervise them until they have all exited.
@@ -122,8 +122,10 @@ def supervise_runners(
     Args:
         processes: Runner processes to start.
         workers: Concurrent rollouts of them all (`shares`).
-        run_one: In a forked runner: runs it with this many workers; returns its exit code.
-        fresh_command: The command line of a runner with this many workers (when forking is not safe).
+        run_one: In a forked runner: runs it with this many workers, as runner number ``index`` (0 to
+            ``processes - 1``; it picks the runner's store server among several); returns its exit code.
+        fresh_command: The command line of a runner with this many workers and this index (when forking is not
+            safe).
         lifeline: The inherited lifeline of this process's parent (`take_lifeline`), or ``None``.
 
     Returns:
@@ -137,11 +139,11 @@ def supervise_runners(
     else:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
         logger.warning("importing the agent started threads (%s): runners start as fresh processes, not forks", names)
-        runners = _start_all([fresh_command(share) for share in shares(workers, processes)])
+        runners = _start_all([fresh_command(share, index) for index, share in enumerate(shares(workers, processes))])
     return _Supervisor(runners, wakeup, lifeline).run()
 
 
-def _fork_all(counts: Sequence[int], run_one: Callable[[int], int], close_in_child: list[int]) -> list[_Runner]:
+def _fork_all(counts: Sequence[int], run_one: Callable[[int, int], int], close_in_child: list[int]) -> list[_Runner]:
     """Fork one runner per entry of ``counts`` (its workers), in one new process group."""
     # Frozen: the runners' garbage collections never walk (nor copy) what the imports built. Only the young
     # generations are collected first: a full collection walked every object (~107k, ~70 ms of CPU in the calc
@@ -150,11 +152,12 @@ def _fork_all(counts: Sequence[int], run_one: Callable[[int], int], close_in_chi
     gc.freeze()
     runners: list[_Runner] = []
     group = 0
-    for count in counts:
+    for index, count in enumerate(counts):
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _runner_main(run_one, count, read_end, group, [*close_in_child, write_end, *(r.lifeline for r in runners)])
+            closing = [*close_in_child, write_end, *(r.lifeline for r in runners)]
+            _runner_main(run_one, (count, index), read_end, group, closing)
         os.close(read_end)
         group = group or pid
         with contextlib.suppress(OSError):  # the child sets it too: whichever comes first
@@ -163,8 +166,10 @@ def _fork_all(counts: Sequence[int], run_one: Callable[[int], int], close_in_chi
     return runners
 
 
-def _runner_main(run_one: Callable[[int], int], count: int, lifeline: int, group: int, close: list[int | None]) -> None:
-    """A forked runner's whole life: never returns into the supervisor's code."""
+def _runner_main(
+    run_one: Callable[[int, int], int], share: tuple[int, int], lifeline: int, group: int, close: list[int | None]
+) -> None:
+    """A forked runner's whole life (``share``: its workers and index): never returns into the supervisor's code."""
     code = 1
     try:
         with contextlib.suppress(OSError):
@@ -176,7 +181,7 @@ def _runner_main(run_one: Callable[[int], int], count: int, lifeline: int, group
             if fd is not None:
                 os.close(fd)
         watch_fd(lifeline, os.getppid())  # the supervisor's death (even a kill -9) stops this runner
-        code = run_one(count)
+        code = run_one(*share)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

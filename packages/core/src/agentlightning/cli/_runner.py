@@ -113,13 +113,14 @@ def run(args: argparse.Namespace) -> int:
     from agentlightning._lifeline import take_lifeline
     from agentlightning.cli._fork import supervise_runners
 
-    def fresh_command(workers: int) -> list[str]:  # the same runner, alone: the last --workers/--processes win
-        return [sys.executable, "-m", "agentlightning.cli", *args.argv, "--workers", str(workers), "--processes", "1"]
+    def fresh_command(workers: int, index: int) -> list[str]:  # the same runner, alone: the last options win
+        cmd = [sys.executable, "-m", "agentlightning.cli", *args.argv, "--workers", str(workers), "--processes", "1"]
+        return cmd + ([] if args.store_url is None else ["--store-url", spread_urls(args.store_url, index)])
 
     return supervise_runners(
         args.processes,
         args.workers,
-        lambda workers: _serve(args, agent, workers, console),
+        lambda workers, index: _serve(args, agent, workers, console, index),
         fresh_command,
         take_lifeline(),
     )
@@ -131,12 +132,23 @@ def owns_lifeline(args: argparse.Namespace) -> bool:
     return args.processes > 1
 
 
-def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any) -> int:
-    """One runner process with ``workers`` concurrent rollouts, until drained by a signal."""
+def spread_urls(store_url: str, index: int) -> str:
+    """``--store-url`` of runner ``index`` of several: the servers of ``store_url`` (comma-separated) rotated by
+    ``index``, so that the runners prefer different servers and each fails over to the others in turn."""
+    urls = [url for url in store_url.split(",") if url.strip()]
+    if not urls:
+        return store_url
+    shift = index % len(urls)
+    return ",".join(urls[shift:] + urls[:shift])
+
+
+def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any, index: int = 0) -> int:
+    """One runner process (number ``index`` of ``--processes``) with ``workers`` concurrent rollouts, until drained."""
     import agentlightning as agl
 
+    store_url = None if args.store_url is None else spread_urls(args.store_url, index)
     try:
-        store = connect_store(args.store_url, args.db, args.token)
+        store = connect_store(store_url, args.db, args.token)
         runner = agl.Runner(
             agent,
             store=store,
@@ -165,7 +177,7 @@ def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any) -> 
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    where = store_location(args.store_url, args.db)
+    where = store_location(store_url, args.db)
     console.print(
         f"runner: {workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
         f"(pid {os.getpid()})"

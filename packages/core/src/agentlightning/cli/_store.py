@@ -91,7 +91,11 @@ def add_store_arguments(parser: argparse.ArgumentParser, token_flag: str) -> Non
         token_flag: The flag of the served store's bearer token (default: ``$AGL_STORE_TOKEN``).
     """
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--store-url", help="URL of a served store (`agl store serve`), e.g. http://trainer:4747")
+    where.add_argument(
+        "--store-url",
+        help="URL of a served store (`agl store serve`), e.g. http://trainer:4747; several servers of one PostgreSQL "
+        "store separated by commas (http://a:4747,http://b:4747): the first until it fails, then the next",
+    )
     where.add_argument("--db", help="a SQLite store file on this machine (created if missing), or postgresql://...")
     parser.add_argument(token_flag, default=None, help=f"the served store's bearer token (default: ${TOKEN_ENV})")
 

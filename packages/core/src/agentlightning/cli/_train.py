@@ -210,17 +210,37 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
 def add_network_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:  # pyright: ignore[reportPrivateUsage]
     """Options of a trainer whose runners may be on other machines (``agl train`` and the examples' trainers).
 
-    ``--serve-store HOST:PORT`` / ``--store-url URL`` + ``--store-token`` (`agentlightning.StoreServing`),
-    ``--proxy-host`` / ``--proxy-port`` / ``--advertise-url`` / ``--proxy-token`` (`agentlightning.ProxySettings`)
-    and ``--heartbeat-timeout``. Tokens default to ``$AGL_STORE_TOKEN`` / ``$AGL_PROXY_TOKEN``.
+    ``--store DSN|URL`` / ``--store-servers N`` / ``--serve-store HOST:PORT`` / ``--store-url URL`` +
+    ``--store-token`` (`agentlightning.StoreServing`), ``--proxy-host`` / ``--proxy-port`` / ``--advertise-url`` /
+    ``--proxy-token`` (`agentlightning.ProxySettings`) and ``--heartbeat-timeout``. Tokens default to
+    ``$AGL_STORE_TOKEN`` / ``$AGL_PROXY_TOKEN``.
 
     Returns:
         The argument group, for a caller's own options of the same kind.
     """
     net = parser.add_argument_group("runners on other machines")
+    net.add_argument(
+        "--store",
+        metavar="DSN|URL",
+        help="keep the run's store in a PostgreSQL database (postgresql://user:password@host:port/dbname, empty: a "
+        "fresh database or schema; needs agentlightning-core[postgres]) served to the runners by --store-servers "
+        "store servers, or use a served store (http://...) ; default: a SQLite file in the run folder",
+    )
+    net.add_argument(
+        "--store-servers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with a database: N `agl store serve` processes over it, the runners spread over them (each fails over "
+        "to the others; default: 1)",
+    )
     where = net.add_mutually_exclusive_group()
     where.add_argument("--serve-store", metavar="HOST:PORT", help="serve this run's store to runners elsewhere")
-    where.add_argument("--store-url", help="use a store already served by `agl store serve` instead of a local file")
+    where.add_argument(
+        "--store-url",
+        help="use a store already served by `agl store serve` (URL, or several separated by commas) instead of a local "
+        "file, or a PostgreSQL database (postgresql://..., as --store)",
+    )
     net.add_argument("--store-token", default=os.environ.get("AGL_STORE_TOKEN") or None, help="($AGL_STORE_TOKEN)")
     net.add_argument("--proxy-host", default="127.0.0.1", help="interface the LLM proxy binds (default: 127.0.0.1)")
     net.add_argument("--proxy-port", type=int, default=0, help="port of the LLM proxy (default: a free one)")

@@ -104,8 +104,14 @@ class StoreClient(StoreTransport):
     `UnauthorizedError` (401) or `StoreError` (other 4xx) with the server's message. A store whose disk is full or
     read-only answers 507, raised at once as `StorageError` (retrying cannot help).
 
+    A store served by several servers over one PostgreSQL database (``agl store serve --db postgresql://...``) is
+    given as all their URLs: requests go to the first until it fails (a connection error, a broken-off answer, a
+    timeout or a 5xx), then to the next, and so on round the list. Each request's retry is safe on another server
+    as on the same one: they share the database, which remembers request ids.
+
     Args:
-        url: Base URL of the served store, e.g. ``http://127.0.0.1:4747``.
+        url: Base URL of the served store, e.g. ``http://127.0.0.1:4747``; several servers of one store as a list
+            or separated by commas (``http://a:4747,http://b:4747``), the preferred one first.
         token: Bearer token (``agl store serve --token``); ``None`` when the server has none.
         timeout: Seconds one request may take (long-polls of ``wait_for_rollouts`` get their wait added).
         retries: Most extra tries after a failed one (0 = never retry; ``None``: as many as ``retry_for`` allows).
@@ -124,7 +130,7 @@ class StoreClient(StoreTransport):
     def reopen_spec(self) -> tuple[type[StoreClient], dict[str, Any]]:
         """How to build an equivalent client in another process: ``cls(**kwargs)``."""
         return StoreClient, {
-            "url": self.url,
+            "url": ",".join(self.urls),
             "token": self.token,
             "timeout": self.timeout,
             "retries": self.retries,

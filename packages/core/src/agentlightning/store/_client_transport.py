@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from pydantic import BaseModel
@@ -54,15 +54,33 @@ class UnauthorizedError(StoreError):
     """The server refused the bearer token (HTTP 401)."""
 
 
+def split_urls(url: str | Sequence[str]) -> tuple[str, ...]:
+    """The store URLs of ``url``: one, several separated by commas, or a sequence of them (trailing ``/`` dropped).
+
+    Raises:
+        ValueError: None given, or one that is not ``http(s)://host[:port]``.
+    """
+    parts = url.split(",") if isinstance(url, str) else list(url)
+    urls = tuple(part.strip().rstrip("/") for part in parts if part.strip())
+    for one in urls:
+        parsed = urllib.parse.urlsplit(one)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"store url must look like http://host:port, got {one!r}")
+    if not urls:
+        raise ValueError(f"store url must look like http://host:port, got {url!r}")
+    return urls
+
+
 class StoreTransport(StoreBoundary):
-    """Connection pools, retries and error mapping of a `StoreClient` (its base class; use `StoreClient`).
+    """Connection pools, retries, failover between servers and error mapping of a `StoreClient` (its base class;
+    use `StoreClient`).
 
     Args: as `StoreClient`.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None = None,
         timeout: float = 30.0,
         retries: int | None = None,
@@ -70,23 +88,21 @@ class StoreTransport(StoreBoundary):
         backoff_max: float = 3.0,
         retry_for: float = 60.0,
     ) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"store url must look like http://host:port, got {url!r}")
+        self.urls = split_urls(url)
+        """Every server of the store, the preferred one first (several: stateless servers over one database)."""
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if retries is not None and retries < 0:
             raise ValueError(f"retries must be >= 0 or None, got {retries}")
         if not retry_for >= 0:
             raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
-        self.url = url.rstrip("/")
+        self._current = 0  # index in `urls` of the server requests go to (moves on when it fails)
         self.token = token
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.retry_for = retry_for
-        self._api = self.url + API_PREFIX
         self._headers = dict(_JSON_HEADERS)
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -94,10 +110,34 @@ class StoreTransport(StoreBoundary):
         self._lock = threading.Lock()
         self._retry_policy: RetryPolicy | None = None
         # Parsed once and reused: aiohttp would otherwise parse the URL string and build a timeout per request.
-        self._urls: dict[str, yarl.URL] = {}
+        self._urls: dict[tuple[int, str], yarl.URL] = {}
         self._timeout: aiohttp.ClientTimeout | None = None
         self.resent = 0
         """Requests sent again at once because their kept-alive connection had been closed unanswered."""
+
+    @property
+    def url(self) -> str:
+        """The server requests go to now (the first of `urls` until it fails)."""
+        return self.urls[self._current]
+
+    @property
+    def _api(self) -> str:
+        return self.url + API_PREFIX
+
+    def _fail_over(self, failed: int) -> None:
+        """Send the next requests to the server after ``failed`` in `urls` (when another request has not already).
+
+        Every server of one store serves the same database and keeps nothing of its own, and every write carries an
+        id the database remembers: a request retried on another server gets the answer the failed one would have
+        given.
+        """
+        if len(self.urls) < 2:
+            return
+        with self._lock:
+            if self._current != failed:
+                return
+            self._current = (failed + 1) % len(self.urls)
+        logger.warning("store at %s failed: switching to %s", self.urls[failed], self.url)
 
     async def close(self) -> None:
         """Close the running loop's connection pool (and forget pools of loops that have ended).
@@ -168,11 +208,6 @@ class StoreTransport(StoreBoundary):
         import aiohttp
 
         data = body if body is None or isinstance(body, bytes) else body.__pydantic_serializer__.to_json(body)
-        url = self._urls.get(path)
-        if url is None:
-            url = _url(self._api + path)
-            if method == "POST":  # POST paths are fixed; GET paths may carry an id and are not kept
-                self._urls[path] = url
         timeout = self._timeout
         if extra_timeout or timeout is None or timeout.total != self.timeout:
             timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
@@ -200,13 +235,15 @@ class StoreTransport(StoreBoundary):
                 await asyncio.sleep(min(delay * (0.5 + random.random()), max(0.0, give_up - loop.time())))
                 delay = min(delay * 2, self.backoff_max)
             attempt += 1
+            server = self._current
             try:
-                payload, status = await self._send(method, url, data, timeout)
+                payload, status = await self._send(method, self._request_url(server, method, path), data, timeout)
             except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 # the third: the answer broke off (a server killed mid-answer); whether the request took effect is
                 # unknown, as after a lost connection, and the store's request ids make the retry safe
                 last = f"{type(exc).__name__}: {exc}"
                 logger.debug("store %s %s failed (%s); try %d", method, path, last, attempt)
+                self._fail_over(server)
                 continue
             if status < 300:
                 if attempt > 1:
@@ -215,14 +252,25 @@ class StoreTransport(StoreBoundary):
             if status >= 500 and status != 507:
                 last = f"HTTP {status}: {_message(payload)}"
                 logger.debug("store %s %s answered %s; try %d", method, path, last, attempt)
+                self._fail_over(server)
                 continue
             if status == 409 and attempt > 1 and _kind(payload) != ATTEMPT_ENDED:
                 raise RetriedConflict(_message(payload))
             raise_for(status, payload)
         raise StoreUnavailableError(
-            f"store at {self.url} did not answer {method} {path} after {attempt} tries in "
+            f"store at {', '.join(self.urls)} did not answer {method} {path} after {attempt} tries in "
             f"{self.retry_for:.0f} s: {last}"
         )
+
+    def _request_url(self, server: int, method: str, path: str) -> yarl.URL:
+        """``path`` of the API of ``urls[server]`` (POST paths are parsed once and kept; GET paths may carry an id)."""
+        key = (server, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = _url(self.urls[server] + API_PREFIX + path)
+            if method == "POST":
+                self._urls[key] = url
+        return url
 
     async def _send(
         self, method: str, url: yarl.URL, data: bytes | None, timeout: aiohttp.ClientTimeout

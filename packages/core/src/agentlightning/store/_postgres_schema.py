@@ -149,6 +149,11 @@ def is_postgres_dsn(value: str) -> bool:
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 
 
+def mask_password(text: str) -> str:
+    """``text`` with the password of every URL in it masked (``postgresql://agl:***@host/db``)."""
+    return _PASSWORD.sub(r"\1***@", text)
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an error's message (libpq's run over several lines), any URL's password masked."""
     text = str(exc).strip()

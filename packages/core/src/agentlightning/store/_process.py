@@ -1,4 +1,5 @@
-"""`StoreServerProcess`: a trainer's SQLite store served to other machines by an ``agl store serve`` child process.
+"""`StoreServerProcess`: a trainer's store (a SQLite file or a PostgreSQL database) served to other machines by an
+``agl store serve`` child process.
 
 A separate process, not a thread of the trainer: the trainer's own work (a PPO step holds the GIL for seconds)
 never delays the runners' requests, and SQLite lets both processes use the file at once.
@@ -22,6 +23,7 @@ from agentlightning._lifeline import start_child
 from agentlightning._netauth import check_bind_token, is_wildcard, new_token
 from agentlightning._serve_extra import require_serve
 from agentlightning.store._base import RetryPolicy
+from agentlightning.store._postgres_schema import is_postgres_dsn, mask_password
 
 __all__ = ["StoreServerProcess"]
 
@@ -29,10 +31,10 @@ logger = logging.getLogger(__name__)
 
 
 class StoreServerProcess:
-    """Serve a SQLite store file over HTTP from a child process (``agl store serve``) until `stop`.
+    """Serve a store over HTTP from a child process (``agl store serve``) until `stop`.
 
     Args:
-        db: The SQLite file (the trainer keeps using it directly).
+        db: The SQLite file, or a ``postgresql://`` DSN (kept as given); the trainer keeps using it directly.
         host: Interface to bind (``0.0.0.0``: every interface).
         port: Port to bind.
         token: Bearer token clients must send; required, at least 16 characters, off loopback; ``None`` on
@@ -54,7 +56,7 @@ class StoreServerProcess:
         log_file: str | os.PathLike[str] | None = None,
     ) -> None:
         check_bind_token(host, token, "the store", "a store token")
-        self.db = Path(db)
+        self.db: Path | str = str(db) if is_postgres_dsn(str(db)) else Path(db)
         self.host = host
         self.port = port
         self.token: str = token or new_token()  # always one: a web page in a local browser can reach the port
@@ -69,6 +71,11 @@ class StoreServerProcess:
         """Where this machine reaches the server (``127.0.0.1`` when it binds every interface)."""
         host = "127.0.0.1" if is_wildcard(self.host) else self.host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (``None`` before `start` and after `stop`)."""
+        return None if self._proc is None else self._proc.pid
 
     def command(self) -> list[str]:
         """The child's command line (without the token)."""
@@ -115,7 +122,7 @@ class StoreServerProcess:
                     self.stop()
                     raise RuntimeError(f"the store server did not answer on {self.url} within {timeout} s") from None
                 time.sleep(0.05)
-        logger.info("serving store %s at http://%s:%d", self.db, self.host, self.port)
+        logger.info("serving store %s at http://%s:%d", mask_password(str(self.db)), self.host, self.port)
         return self
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -44,7 +44,8 @@ class RunSettings:
         processes: Local runner processes (0: runners on other machines, against a served store).
         workers: Concurrent rollouts over all local runner processes.
         serving: Where the store lives (`agentlightning.StoreServing`; ``None``: a SQLite file in ``output``).
-        dashboard: Serve the dashboard (``agl store serve`` of the run's file) on ``dashboard_port`` or a free one.
+        dashboard: Serve the dashboard (``agl store serve`` of the run's file) on ``dashboard_port`` or a free one;
+            a store in PostgreSQL shows it on its first store server's ``/ui``.
         dashboard_port: Preferred port of the dashboard.
         quiet: No progress bar.
         ray: `agentlightning.RayRunnerSettings`: runner actors placed by Ray (besides ``processes`` local ones).
@@ -78,6 +79,7 @@ class RunResult:
         best_checkpoint: The best checkpoint's folder (``None`` without evaluations).
         metric: The held-out figure that ranks evaluations (`LoopConfig.best_metric`).
         extra: Figures a script adds (its own summary fields).
+        store: Where the run's store is (the SQLite file, the served URL or the database without its password).
     """
 
     history: list[IterationReport]
@@ -90,6 +92,7 @@ class RunResult:
     best_checkpoint: Path | None
     metric: str = "reward_mean"
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
+    store: str = ""
 
     def score(self, report: IterationReport) -> float:
         """The held-out figure of an evaluation's report (`LoopConfig.best_metric`)."""
@@ -118,6 +121,7 @@ class RunResult:
             "held_out_points": [[iteration, round(score, 4)] for iteration, score in self.held_out_points],
             "checkpoint": str(self.checkpoint),
             "best_checkpoint": None if self.best_checkpoint is None else str(self.best_checkpoint),
+            "store": self.store,
         }
 
 
@@ -149,6 +153,8 @@ class TrainingRun:
 
             transformers_logging.disable_progress_bar()
         self.store: Any = None
+        self.store_location = ""
+        """Where the store is (the SQLite file, the served URL or the database without its password)."""
         self.runners: list[subprocess.Popen[bytes]] = []
         self._children: list[subprocess.Popen[bytes]] = []
         self.ray_runners: Any = None
@@ -211,8 +217,12 @@ class TrainingRun:
         (settings.output / "metrics.jsonl").unlink(missing_ok=True)
         serving = settings.serving if settings.serving is not None else agl.StoreServing()
         db = settings.output / "store.db"
-        opened = await serving.open(db, fresh=True)
+        try:
+            opened = await serving.open(db, fresh=True)
+        except (agl.StoreError, ImportError) as error:  # an unreachable or non-empty database, a missing driver
+            raise UsageError(str(error).splitlines()[0]) from None
         self.store = opened.store
+        self.store_location = serving.describe(db)
         try:
             self._start_children(serving, opened, db)
             try:
@@ -234,7 +244,9 @@ class TrainingRun:
 
     def _start_children(self, serving: Any, opened: Any, db: Path) -> None:
         settings = self.settings
-        if serving.serve is not None:
+        if serving.database is not None:
+            self._print_database(serving, opened)
+        elif serving.serve is not None:
             self.console.print(f"store served at {serving.serve} for runners on other machines (dashboard: /ui there)")
         elif serving.url is not None:
             self.console.print(f"store: {serving.url} (dashboard: {serving.url}/ui)")
@@ -251,6 +263,18 @@ class TrainingRun:
             self._children += self.runners
         elif settings.ray is None:
             self.console.print("no local runner (--runners 0): waiting for runners on other machines")
+
+    def _print_database(self, serving: Any, opened: Any) -> None:
+        """Where a PostgreSQL store is, its servers, and the dashboard: the first server's ``/ui`` (it reads the
+        database as every server does)."""
+        urls = [server.url for server in opened.servers]
+        self.console.print(f"store: {self.store_location}, served to the runners by {len(urls)} store server(s)")
+        for index, server in enumerate(opened.servers):
+            self.console.print(f"store server {index}: {server.url} pid {server.pid}")
+        if self.settings.dashboard:
+            # the token in the fragment only while the servers are on loopback, with a token made for this run
+            token = f"#token={opened.token}" if serving.serve is None and serving.token is None else ""
+            self.console.print(f"dashboard: [bold]{urls[0]}/ui{token}[/bold]")
 
     def _start_ray_runners(self, opened: Any) -> None:
         from agentlightning_torch.runkit._ray_runners import RayRunnerPool
@@ -336,6 +360,7 @@ class TrainingRun:
             checkpoint=trainer.checkpoint_dir,
             best_checkpoint=trainer.best_checkpoint_dir if trainer.best is not None else None,
             metric=metric,
+            store=self.store_location,
         )
         await self.finished(result)
         return result

@@ -247,23 +247,58 @@ def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
     """Where the run's store lives and who can reach it (`agentlightning.StoreServing`), from the options of
     `agentlightning.cli.add_network_arguments`; ``settings``: further fields (``access_log``...).
 
+    ``--store`` (or ``--store-url``) ``postgresql://...``: the store in that database, served to the runners by
+    ``--store-servers`` servers; the driver, the DSN and the database's answer are checked here, before anything
+    starts (a model loads).
+
     Raises:
-        UsageError: The options contradict each other (one line).
+        UsageError: The options contradict each other, the DSN is malformed, the database does not answer or the
+            driver is missing (one line).
     """
     from pydantic import ValidationError
 
     import agentlightning as agl
+    from agentlightning.store import StoreError
 
+    url, database = _store_location(args)
     try:
-        return agl.StoreServing(
+        serving = agl.StoreServing(
             serve=args.serve_store,
-            url=args.store_url,
+            url=url,
+            database=database,
+            servers=getattr(args, "store_servers", 1),
             token=args.store_token,
             heartbeat_timeout_s=args.heartbeat_timeout,
             **settings,
         )
+        serving.check_database()
     except ValidationError as error:
         raise UsageError(_messages(error)) from None
+    except (ImportError, StoreError) as error:
+        raise UsageError(f"--store: {str(error).splitlines()[0]}") from None
+    return serving
+
+
+def _store_location(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(url, database)`` of ``--store`` / ``--store-url``: a served store's URL(s) or a PostgreSQL DSN."""
+    store: str | None = getattr(args, "store", None)
+    url: str | None = args.store_url
+    if store is not None and url is not None:
+        raise UsageError("--store and --store-url both say where the store is: give one")
+    given = store if store is not None else url
+    servers: int = getattr(args, "store_servers", 1)
+    if servers < 1:
+        raise UsageError(f"--store-servers must be at least 1, got {servers}")
+    if given is not None and given.startswith(("postgresql://", "postgres://")):
+        return None, given
+    if store is not None and not store.startswith(("http://", "https://")):
+        raise UsageError(
+            f"--store takes a PostgreSQL database (postgresql://user:password@host:port/dbname) or a served store "
+            f"(http://host:port), got {store!r}"
+        )
+    if servers != 1:
+        raise UsageError("--store-servers needs the store in a PostgreSQL database (--store postgresql://...)")
+    return given, None
 
 
 def proxy_settings(args: argparse.Namespace) -> Any:
