@@ -164,59 +164,47 @@ def _places(log: str) -> dict[int, tuple[str, int, int, str]]:
     return {int(i): (node, int(pid), int(actor), cwd) for i, node, pid, actor, cwd in PLACE.findall(log)}
 
 
-@pytest.mark.timeout(600)
-def test_runners_spread_over_two_nodes_run_the_shipped_agent(cluster: Cluster, tmp_path: Path) -> None:
-    out, db = tmp_path / "run", tmp_path / "run" / "store.db"
-    trainer = _train(cluster, out)
-    _wait(trainer, out, lambda: len(_places(_log(out))) == 2, "the runners' places")
+def _placed(trainer: subprocess.Popen[str], out: Path) -> dict[int, tuple[str, int, int, str]]:
+    """Where the two runners run, once the trainer printed it (a line per runner, with its cwd)."""
+    _wait(trainer, out, lambda: len(re.findall(r"ray runner \d+: node", _log(out))) >= 2, "the runners' places")
     places = _places(_log(out))
-    pids = {pid for _, pid, _, _ in places.values()}
-    namespaces = {cluster.namespace_of(pid) for pid in pids}
-
-    def both_ran_two_iterations() -> bool:
-        ran = {_pid(worker) for _, worker, status in _attempts(db) if status == "succeeded"}
-        return ran == pids and _iterations(out) >= 2
-
-    _wait(trainer, out, both_ran_two_iterations, "2 iterations, and rollouts run by both runners")
-    log = _stop(trainer, out)
-    # one runner on each node: two Ray node ids, one runner process in each namespace
-    assert len({node for node, *_ in places.values()}) == 2, log[-3000:]
-    assert namespaces == {cluster.pair.trainer, cluster.pair.workers}, namespaces
-    # each ran Ray's shipped copy of the agent's folder (under the Ray session), not the folder itself: the worker
-    # node has no other copy of it, and its runner's rollouts succeeded
-    for _, _, _, cwd in places.values():
-        assert Path(cwd).is_relative_to(cluster.ray_tmp) and "working_dir" in cwd, cwd
-        assert (Path(cwd) / "calc_agent.py").read_bytes() == (cluster.app / "calc_agent.py").read_bytes()
-    _nothing_recorded_twice(db, 2)
+    assert sorted(places) == [0, 1], _log(out)[-3000:]
+    return places
 
 
-@pytest.mark.timeout(600)
-def test_the_worker_nodes_runner_killed_mid_iteration_is_restarted_by_ray(cluster: Cluster, tmp_path: Path) -> None:
-    """SIGKILL of the worker node's runner actor (and its runner) while it runs training attempts: Ray restarts the
-    actor on that node, whose new runner claims work; the store retries each killed attempt's rollout, which
+@pytest.mark.timeout(900)
+def test_runners_on_two_ray_nodes_run_the_shipped_agent_and_survive_a_kill(cluster: Cluster, tmp_path: Path) -> None:
+    """One run (one trainer start, the slow part): placement on both nodes and the shipped agent, then SIGKILL of
+    the worker node's runner actor (and its runner) while it runs training attempts, mid-iteration: Ray restarts the
+    actor on that node, whose new runner claims work; the store retries the killed attempts' rollouts, each
     succeeds once; nothing is recorded twice."""
     out, db = tmp_path / "run", tmp_path / "run" / "store.db"
     trainer = _train(cluster, out)
-    _wait(trainer, out, lambda: len(_places(_log(out))) == 2, "the runners' places")
-    places = _places(_log(out))
-    victim = next(i for i, (_, pid, _, _) in places.items() if cluster.namespace_of(pid) == cluster.pair.workers)
-    _, victim_pid, victim_actor, _ = places[victim]
-
-    def victim_runs_training() -> bool:
-        return any(s == "running" and r.startswith("it") and _pid(w) == victim_pid for r, w, s in _attempts(db))
-
-    _wait(trainer, out, victim_runs_training, "a training attempt of the worker node's runner")
-    os.kill(victim_pid, signal.SIGSTOP)  # frozen first: what it runs when killed is known
-    killed = {r for r, w, s in _attempts(db) if s == "running" and _pid(w) == victim_pid}
-    os.kill(victim_actor, signal.SIGKILL)
-    os.killpg(victim_pid, signal.SIGKILL)  # the actor's death ends it too (its lifeline); frozen, it would wait
+    places = _placed(trainer, out)
+    # one runner on each node: two Ray node ids, one runner process in each namespace
+    assert len({node for node, *_ in places.values()}) == 2, places
+    where = {cluster.namespace_of(pid): index for index, (_, pid, _, _) in places.items()}
+    assert where.keys() == {cluster.pair.trainer, cluster.pair.workers}, where
+    # each runs Ray's shipped copy of the agent's folder (under the Ray session), not the folder itself (which the
+    # worker node does not have)
+    for _, _, _, cwd in places.values():
+        assert Path(cwd).is_relative_to(cluster.ray_tmp) and "working_dir" in cwd, cwd
+        assert (Path(cwd) / "calc_agent.py").read_bytes() == (cluster.app / "calc_agent.py").read_bytes()
     first = {pid for _, pid, _, _ in places.values()}
+
+    def both_ran_two_iterations() -> bool:
+        ran = {_pid(worker) for _, worker, status in _attempts(db) if status == "succeeded"}
+        return ran == first and _iterations(out) >= 2
+
+    _wait(trainer, out, both_ran_two_iterations, "2 iterations, and rollouts run by both runners")
+    victim = where[cluster.pair.workers]
+    _, victim_pid, victim_actor, _ = places[victim]
+    killed = _kill_mid_iteration(trainer, out, victim_pid, victim_actor)
     last = max(int(r.split("-")[0][2:]) for r in killed)  # the iteration the kill hit (rollout ids: itN-...)
     restarted: set[int] = set()
 
     def restarted_and_retried() -> bool:
-        attempts = _attempts(db)
-        restarted.update(_pid(w) for _, w, _ in attempts if w and _pid(w) not in first)
+        restarted.update(_pid(w) for _, w, _ in _attempts(db) if w and _pid(w) not in first)
         return bool(restarted) and _iterations(out) > last  # the killed rollouts' iteration ended
 
     _wait(trainer, out, restarted_and_retried, "the restarted runner's first claim, and the killed rollouts retried")
@@ -224,5 +212,21 @@ def test_the_worker_nodes_runner_killed_mid_iteration_is_restarted_by_ray(cluste
     log = _stop(trainer, out)
     assert dict(RESTARTS.findall(log)).get(str(victim)) == "2", log[-3000:]  # the actor started twice
     ended = {r: s for r, w, s in _attempts(db) if _pid(w) == victim_pid and r in killed}
-    assert killed and ended.keys() == killed and "succeeded" not in ended.values(), ended
+    assert ended.keys() == killed and "succeeded" not in ended.values(), ended
     _nothing_recorded_twice(db, last + 1)  # the killed rollouts among them
+
+
+def _kill_mid_iteration(trainer: subprocess.Popen[str], out: Path, pid: int, actor: int) -> set[str]:
+    """SIGKILL of a runner actor (and its runner) while it runs training attempts; returns their rollouts."""
+    db = out / "store.db"
+
+    def runs_training() -> bool:
+        return any(s == "running" and r.startswith("it") and _pid(w) == pid for r, w, s in _attempts(db))
+
+    _wait(trainer, out, runs_training, "a training attempt of the worker node's runner")
+    os.kill(pid, signal.SIGSTOP)  # frozen first: what it runs when killed is known
+    killed = {r for r, w, s in _attempts(db) if s == "running" and _pid(w) == pid}
+    os.kill(actor, signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)  # the actor's death ends it too (its lifeline), but frozen it would wait
+    assert killed
+    return killed

@@ -57,7 +57,7 @@ class NetnsPair:
         trainer_dev: The first namespace's end of the link (an interface name).
         worker_dev: The second namespace's end.
         procs: Processes started in the namespaces, ended (SIGKILL) when the pair is torn down.
-        nodes: Ray nodes started in the namespaces, stopped (their process group: SIGTERM, then SIGKILL).
+        nodes: Ray nodes started in the namespaces, stopped (``ray start`` gets SIGTERM, then its group SIGKILL).
     """
 
     trainer: str
@@ -122,15 +122,16 @@ class NetnsPair:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        for node in self.nodes:
+        # worker nodes before the head, each by its `ray start` alone: it drains the node through the head's GCS,
+        # which a signal to its whole process group would have ended first (a 30 s wait for it, in vain)
+        for node in reversed(self.nodes):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGTERM)
-            try:
+                node.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
+            with contextlib.suppress(ProcessLookupError):  # whatever of the node is left
+                os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
 
 
 def _drain(node: subprocess.Popen[str], log: Path) -> None:
