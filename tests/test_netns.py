@@ -13,19 +13,15 @@ parsers everywhere.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import os
 import re
 import shlex
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +34,12 @@ import agentlightning as agl
 from agentlightning.adapters import get_adapter
 from agentlightning.cli import build_parser
 from agentlightning.store import RELEASED
+from agentlightning.testing import NetnsPair, netns_pair, why_no_netns
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC = ROOT / "examples" / "calc"
 STORE_PORT, PROXY_PORT = 4747, 4748
 README_HOST = "10.0.0.5"  # the trainer's address in the README's recipe
-_counter = itertools.count()
 
 
 def readme_recipe() -> tuple[list[str], list[str], list[str]]:
@@ -79,22 +75,7 @@ def _as_run_here(cmd: list[str], host: str) -> list[str]:
     return [sys.executable, *cmd[1:]]
 
 
-def _why_no_netns() -> str | None:
-    if sys.platform != "linux":
-        return "network namespaces are a Linux feature"
-    if os.geteuid() != 0:
-        return "building network namespaces (ip netns add) needs root; CI runs as root"
-    if shutil.which("ip") is None:
-        return "iproute2's `ip` is not installed (apt-get install iproute2; scripts/dev.py test does it in CI)"
-    probe = f"aglprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` failed here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _why_no_netns()
+_REASON = why_no_netns()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 TRAP = """
@@ -112,74 +93,13 @@ threading.Event().wait()
 """
 
 
-@dataclass
-class Netns:
-    """Two namespaces joined by a veth pair: ``trainer`` (``trainer_ip``) and ``workers`` (``worker_ip``)."""
-
-    trainer: str
-    workers: str
-    trainer_ip: str
-    worker_ip: str
-    procs: list[subprocess.Popen[str]] = field(default_factory=lambda: [])
-
-    def popen(self, ns: str, cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
-        with log.open("a") as out:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", ns, *cmd],
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=out,
-                text=True,
-                cwd=ROOT,
-            )
-        self.procs.append(proc)
-        return proc
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
-def netns(tmp_path: Path) -> Iterator[Netns]:
-    n = next(_counter)
-    tag = f"{os.getpid() % 100000}x{n}"
-    subnet = f"10.213.{(os.getpid() + n) % 250 + 1}"
-    pair = Netns(f"agl{tag}t", f"agl{tag}w", f"{subnet}.1", f"{subnet}.2")
-    made: list[str] = []
-    try:
-        for ns in (pair.trainer, pair.workers):
-            _ip("netns", "add", ns)
-            made.append(ns)
-        _ip(
-            "link",
-            "add",
-            f"v{tag}t",
-            "netns",
-            pair.trainer,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            f"v{tag}w",
-            "netns",
-            pair.workers,
-        )
-        for ns, dev, ip in ((pair.trainer, f"v{tag}t", pair.trainer_ip), (pair.workers, f"v{tag}w", pair.worker_ip)):
-            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+def netns() -> Iterator[NetnsPair]:
+    with netns_pair() as pair:
         yield pair
-    finally:
-        for proc in pair.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _start_trap(netns: Netns, tmp_path: Path) -> Path:
+def _start_trap(netns: NetnsPair, tmp_path: Path) -> Path:
     """Listen on loopback in the runners' namespace at the trainer's ports; returns the file of connections."""
     hits = tmp_path / "loopback_hits.txt"
     hits.touch()
@@ -201,20 +121,21 @@ def _start_trap(netns: Netns, tmp_path: Path) -> Path:
     return hits
 
 
-def _start_trainer(netns: Netns, out: Path, heartbeat_timeout: float) -> subprocess.Popen[str]:
+def _start_trainer(netns: NetnsPair, out: Path, heartbeat_timeout: float) -> subprocess.Popen[str]:
     """The README's trainer command, quickstart-size, with its store's access log."""
     cmd = [*_as_run_here(TRAIN_CMD, netns.trainer_ip), "--quiet", "--output", str(out), "--minutes", "10"]
     cmd += ["--iterations", "2", "--tasks-per-iteration", "2", "--samples-per-task", "2", "--eval-size", "2"]
     cmd += ["--access-log", "--heartbeat-timeout", str(heartbeat_timeout), "--rollout-timeout", "600"]
     assert f"{netns.trainer_ip}:{STORE_PORT}" in cmd and str(PROXY_PORT) in cmd  # the README's ports
     env = {"AGL_STORE_TOKEN": STORE_TOKEN, "AGL_PROXY_TOKEN": PROXY_TOKEN, "OMP_NUM_THREADS": "1"}
-    return netns.popen(netns.trainer, cmd, env, out.parent / "trainer.log")
+    return netns.popen(netns.trainer, cmd, env, out.parent / "trainer.log", cwd=ROOT)
 
 
-def _start_runner(netns: Netns, log: Path, *extra: str) -> subprocess.Popen[str]:
+def _start_runner(netns: NetnsPair, log: Path, *extra: str) -> subprocess.Popen[str]:
     """The README's worker command (later options override the README's)."""
     cmd = [*_as_run_here(RUNNER_CMD, netns.trainer_ip), "--heartbeat-interval", "0.5", "--log-level", "info", *extra]
-    return netns.popen(netns.workers, cmd, {"AGL_STORE_TOKEN": STORE_TOKEN, "OMP_NUM_THREADS": "1"}, log)
+    env = {"AGL_STORE_TOKEN": STORE_TOKEN, "OMP_NUM_THREADS": "1"}
+    return netns.popen(netns.workers, cmd, env, log, cwd=ROOT)
 
 
 def _finish(trainer: subprocess.Popen[str], out: Path) -> dict[str, Any]:
@@ -271,7 +192,7 @@ def _check_every_call_has_exact_ids(db: Path) -> int:
 
 @needs_netns
 @pytest.mark.timeout(900)
-def test_two_iterations_with_runners_in_another_namespace(netns: Netns, tmp_path: Path) -> None:
+def test_two_iterations_with_runners_in_another_namespace(netns: NetnsPair, tmp_path: Path) -> None:
     hits = _start_trap(netns, tmp_path)
     out = tmp_path / "run"
     trainer = _start_trainer(netns, out, heartbeat_timeout=30)
@@ -311,7 +232,7 @@ async def stall_training(task, resources):
 
 @needs_netns
 @pytest.mark.timeout(900)
-def test_killed_and_terminated_runners_lose_no_rollout(netns: Netns, tmp_path: Path) -> None:
+def test_killed_and_terminated_runners_lose_no_rollout(netns: NetnsPair, tmp_path: Path) -> None:
     (tmp_path / "stall_agents.py").write_text(STALL_AGENT.format(calc=str(CALC)))
     hits = _start_trap(netns, tmp_path)
     out = tmp_path / "run"

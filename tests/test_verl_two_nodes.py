@@ -11,21 +11,20 @@ Needs root and iproute2 (``ip netns``) and the verl + vLLM environment (``python
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from agentlightning.testing import NetnsPair, netns_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "packages" / "trainer-verl" / "README.md"
@@ -67,75 +66,33 @@ def test_the_recipe_is_what_the_test_runs() -> None:
 
 
 @pytest.fixture
-def namespaces() -> Iterator[dict[str, Any]]:
-    tag = f"{os.getpid() % 100000}"
-    subnet = f"10.214.{os.getpid() % 250 + 1}"
-    pair: dict[str, Any] = {"head": f"aglh{tag}", "worker": f"aglw{tag}"}
-    pair.update({"head_ip": f"{subnet}.1", "worker_ip": f"{subnet}.2", "nodes": []})
-    made: list[str] = []
-    try:
-        for ns in (pair["head"], pair["worker"]):
-            subprocess.run(["ip", "netns", "add", ns], check=True)
-            made.append(ns)
-        veth = ["ip", "link", "add", f"vh{tag}", "netns", pair["head"], "type", "veth"]
-        subprocess.run([*veth, "peer", "name", f"vw{tag}", "netns", pair["worker"]], check=True)
-        for role, dev in (("head", f"vh{tag}"), ("worker", f"vw{tag}")):
-            ns, ip = pair[role], pair[f"{role}_ip"]
-            subprocess.run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev], check=True)
-            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
-            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-            pair[f"{role}_dev"] = dev
+def namespaces() -> Iterator[NetnsPair]:
+    """The head's namespace (``trainer``) and the worker node's (``workers``); their Ray nodes stop with them."""
+    with netns_pair(subnet_byte=214) as pair:
         yield pair
-    finally:
-        # each Ray node is its own session (`ray start --block`): end exactly those, never `ray stop` (it would
-        # stop every Ray cluster on this machine, namespaces do not separate processes)
-        for node in pair["nodes"]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGTERM)
-            try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        if "ray_tmp" in pair:
-            shutil.rmtree(pair["ray_tmp"], ignore_errors=True)
-
-
-def start_node(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
-    """``ray start ... --block`` in its own session; returns once it says the node runs (or fails with its log)."""
-    node = subprocess.Popen(
-        [*argv, "--block"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    assert node.stdout is not None
-    with log.open("w") as out:
-        for line in node.stdout:
-            out.write(line)
-            if "Ray runtime started" in line:
-                break
-        else:
-            raise AssertionError(f"ray start ended (rc={node.wait()}): {log.read_text()[-3000:]}")
-    threading.Thread(target=_drain, args=(node, log), daemon=True).start()
-    return node
-
-
-def _drain(node: subprocess.Popen[str], log: Path) -> None:
-    assert node.stdout is not None
-    with log.open("a") as out:
-        for line in node.stdout:
-            out.write(line)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 def test_two_grpo_steps_with_one_actor_rank_and_one_vllm_replica_per_node(
-    namespaces: dict[str, Any], tmp_path: Path
+    namespaces: NetnsPair, tmp_path: Path
 ) -> None:
     venv = Path(os.environ.get("AGL_VERL_VLLM_VENV") or ROOT / ".venv-verl-vllm")
+    ray_tmp = tempfile.mkdtemp(prefix="aglray", dir="/tmp")  # short: Ray's socket paths
+    try:
+        _rehearse(namespaces, venv, Path(ray_tmp), tmp_path)
+    finally:
+        namespaces.stop()  # the Ray nodes first: they write into ray_tmp
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _rehearse(namespaces: NetnsPair, venv: Path, ray_tmp: Path, tmp_path: Path) -> None:
     starts, trainer = recipe()
-    ray_tmp = namespaces["ray_tmp"] = tempfile.mkdtemp(prefix="aglray", dir="/tmp")  # short: Ray's socket paths
+    roles = {
+        "head": (namespaces.trainer, namespaces.trainer_dev),
+        "worker": (namespaces.workers, namespaces.worker_dev),
+    }
     base_env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -149,7 +106,7 @@ def test_two_grpo_steps_with_one_actor_rank_and_one_vllm_replica_per_node(
     base_env.pop("VIRTUAL_ENV", None)
 
     def here(cmd: list[str], role: str) -> tuple[list[str], dict[str, str]]:
-        text = [a.replace(HEAD_IP, namespaces["head_ip"]).replace(WORKER_IP, namespaces["worker_ip"]) for a in cmd]
+        text = [a.replace(HEAD_IP, namespaces.trainer_ip).replace(WORKER_IP, namespaces.worker_ip) for a in cmd]
         if text[0] == "ray":
             # its own temp dir: `ray start` records its cluster there, where a plain ray.init() elsewhere on this
             # machine would otherwise find it and try to join
@@ -157,13 +114,14 @@ def test_two_grpo_steps_with_one_actor_rank_and_one_vllm_replica_per_node(
         elif text[0] in ("python", "python3"):
             text = [str(venv / "bin" / "python"), *text[1:]]
         # gloo (FSDP's collectives across the nodes) must use the veth link, not what the hostname resolves to
-        env = {**base_env, "GLOO_SOCKET_IFNAME": namespaces[f"{role}_dev"]}
-        return ["ip", "netns", "exec", namespaces[role], *text], env
+        env = {**base_env, "GLOO_SOCKET_IFNAME": roles[role][1]}
+        return text, env
 
     for cmd, role in ((starts[0], "head"), (starts[1], "worker")):
         argv, env = here(cmd, role)
-        namespaces["nodes"].append(start_node(argv, env, tmp_path / f"ray-{role}.log"))
+        namespaces.start_ray_node(roles[role][0], argv, env, tmp_path / f"ray-{role}.log")
     argv, env = here([*trainer, "--workdir", str(tmp_path)], "head")
+    argv = ["ip", "netns", "exec", namespaces.trainer, *argv]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2000, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"

@@ -181,9 +181,13 @@ def _ray_settings(args: argparse.Namespace) -> Any:
         raise UsageError(str(error)) from None
     if args.runner_processes < 1 or args.runner_cpus <= 0:
         raise UsageError("--runner-processes must be at least 1 and --runner-cpus positive")
+    app_dir, output = Path(args.app_dir).resolve(), Path(args.output).resolve()
+    # the agent's folder is shipped by Ray (a node without it runs the agent too), the run's own output never
+    excludes = (f"/{output.relative_to(app_dir).as_posix()}",) if output.is_relative_to(app_dir) else ()
     return RayRunnerSettings(
-        address=args.ray_address, processes=args.runner_processes, cpus=args.runner_cpus, placement=args.ray_placement
-    )
+        address=args.ray_address, processes=args.runner_processes, cpus=args.runner_cpus, placement=args.ray_placement,
+        working_dir=app_dir, excludes=excludes,
+    )  # fmt: skip
 
 
 def _validate(args: argparse.Namespace) -> _Plan:

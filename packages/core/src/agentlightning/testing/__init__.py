@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from agentlightning.testing._failover import FailoverReport, TcpFailover, run_failover
     from agentlightning.testing._guard import KitGuard, silent_overrides
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
+    from agentlightning.testing._netns import NetnsPair, netns_pair, why_no_netns
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
     from agentlightning.testing._raw_http import RawHttpServer, read_request
     from agentlightning.testing._served_store import ServedStoreProcess, free_port
@@ -35,6 +36,9 @@ _EXPORTS: dict[str, str] = {
     "ServedCall": "agentlightning.testing._model_server",
     "ServedStoreProcess": "agentlightning.testing._served_store",
     "PostgresServer": "agentlightning.testing._postgres_server",
+    "NetnsPair": "agentlightning.testing._netns",
+    "netns_pair": "agentlightning.testing._netns",
+    "why_no_netns": "agentlightning.testing._netns",
     "FailoverReport": "agentlightning.testing._failover",
     "TcpFailover": "agentlightning.testing._failover",
     "run_failover": "agentlightning.testing._failover",
@@ -55,6 +59,7 @@ __all__ = [
     "FailoverReport",
     "KitGuard",
     "KitHarness",
+    "NetnsPair",
     "PostgresServer",
     "RawHttpServer",
     "RunRecord",
@@ -70,11 +75,13 @@ __all__ = [
     "free_port",
     "make_call",
     "make_span",
+    "netns_pair",
     "read_request",
     "run_failover",
     "silent_overrides",
     "start_attempts",
     "wait_until",
+    "why_no_netns",
 ]
 
 

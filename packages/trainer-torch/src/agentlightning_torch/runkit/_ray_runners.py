@@ -54,6 +54,7 @@ class RayRunnerSettings:
         max_restarts: How often Ray restarts a runner actor that died (``-1``: always).
         working_dir: Shipped to the nodes as the runtime env's ``working_dir`` (the ``--app-dir``); ``None``: the
             agent is importable on every node already.
+        excludes: Paths in ``working_dir`` not shipped (``.gitignore`` patterns, as the runtime env's ``excludes``).
     """
 
     address: str | None = None
@@ -62,6 +63,7 @@ class RayRunnerSettings:
     placement: str = "spread"
     max_restarts: int = -1
     working_dir: Path | None = None
+    excludes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class RunnerPlace:
         pid: The ``agl runner`` process.
         starts: How many runner processes this actor has run so far (restarts + 1) as seen by `RayRunnerPool.places`.
         actor_pid: The Ray actor's own process (the runner's parent).
+        cwd: The actor's (and its runner's) working directory: Ray's copy of the shipped ``working_dir``, if any.
     """
 
     index: int
@@ -83,6 +86,7 @@ class RunnerPlace:
     pid: int
     starts: int
     actor_pid: int = 0
+    cwd: str = ""
 
 
 class _RunnerActor:
@@ -103,7 +107,7 @@ class _RunnerActor:
 
         context: Any = ray.get_runtime_context()
         where = {"node_id": str(context.get_node_id()), "hostname": socket.gethostname(), "pid": self._process.pid}
-        return {**where, "actor_pid": os.getpid()}
+        return {**where, "actor_pid": os.getpid(), "cwd": os.getcwd()}
 
     def exit_code(self) -> int | None:
         return self._process.poll()
@@ -128,7 +132,10 @@ class RayRunnerPool:
     def start(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
         """Connect to (or start) Ray and start the runner actors, each running ``cmd`` (``{app_dir}``: its folder).
 
-        Blocks until the placement group is ready and every runner process has started.
+        With a ``working_dir`` (shipped when this call connects to Ray: Ray ships a local folder per job only), the
+        folder's path in ``cmd`` becomes ``{app_dir}``: each runner imports the agent from its node's copy, so a
+        node that does not have the folder runs it too. Blocks until the placement group is ready and every runner
+        process has started.
         """
         ray = import_ray()
         settings = self.settings
@@ -138,9 +145,13 @@ class RayRunnerPool:
             runtime_env: dict[str, Any] = {}
             if settings.working_dir is not None:
                 runtime_env["working_dir"] = str(settings.working_dir)
+                runtime_env["excludes"] = list(settings.excludes)
             address = settings.address or os.environ.get("RAY_ADDRESS") or "local"
             ray.init(address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False)
             self._started_ray = True
+            cmd = _shipped(cmd, settings.working_dir)
+        elif settings.working_dir is not None:
+            logger.warning("Ray was connected before: %s is not shipped, every node needs it", settings.working_dir)
         from ray.util.placement_group import placement_group  # pyright: ignore[reportMissingImports]
         from ray.util.scheduling_strategies import (  # pyright: ignore[reportMissingImports]
             PlacementGroupSchedulingStrategy,
@@ -166,7 +177,7 @@ class RayRunnerPool:
             seen = self._seen.setdefault(index, {})
             pid, actor_pid = int(where["pid"]), int(where["actor_pid"])
             starts = len(seen) + (pid not in seen)
-            place = RunnerPlace(index, where["node_id"], where["hostname"], pid, starts, actor_pid)
+            place = RunnerPlace(index, where["node_id"], where["hostname"], pid, starts, actor_pid, where["cwd"])
             seen.setdefault(pid, place)
             places.append(place)
         return places
@@ -196,6 +207,14 @@ class RayRunnerPool:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def _shipped(cmd: Sequence[str], working_dir: Path | None) -> list[str]:
+    """``cmd`` with ``working_dir``'s path as ``{app_dir}`` (the actor's copy of it); unchanged without one."""
+    if working_dir is None:
+        return list(cmd)
+    local = str(Path(working_dir).resolve())
+    return ["{app_dir}" if arg == local else arg for arg in cmd]
 
 
 async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:

@@ -291,7 +291,7 @@ class TrainingRun:
         for place in pool.places():
             self.console.print(
                 f"ray runner {place.index}: node {place.node_id} host {place.hostname} pid {place.pid} "
-                f"actor {place.actor_pid}"
+                f"actor {place.actor_pid} cwd {place.cwd}"
             )
 
     async def _log_ray_counts(self) -> None:
