@@ -26,6 +26,8 @@ __all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "Runner
 logger = logging.getLogger(__name__)
 
 INSTALL = "pip install 'ray[default]'"
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+"""Object store of a Ray head the trainer starts itself (Ray's default is 30% of the machine's memory)."""
 
 
 class RayNotInstalledError(ImportError):
@@ -139,7 +141,11 @@ class RayRunnerPool:
             if settings.working_dir is not None:
                 runtime_env["working_dir"] = str(settings.working_dir)
             address = settings.address or os.environ.get("RAY_ADDRESS") or "local"
-            ray.init(address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False)
+            # a head of our own holds no objects (the runners talk to the store over HTTP): a small object store
+            small = {"object_store_memory": LOCAL_OBJECT_STORE_BYTES} if address == "local" else {}
+            ray.init(
+                address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False, **small
+            )
             self._started_ray = True
         from ray.util.placement_group import placement_group  # pyright: ignore[reportMissingImports]
         from ray.util.scheduling_strategies import (  # pyright: ignore[reportMissingImports]
