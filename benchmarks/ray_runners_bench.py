@@ -98,6 +98,15 @@ def run(mode: str, count: int, iterations: int, out: Path) -> float:
     return succeeded / float(summary["rl_seconds"])
 
 
+def _run_retried(mode: str, count: int, iterations: int, out: Path) -> float:
+    """`run`, once more after a failure (on a loaded machine a Ray head can time out while it starts)."""
+    try:
+        return run(mode, count, iterations, out)
+    except SystemExit as failure:
+        print(f"retrying {mode} {count}: {str(failure).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return run(mode, count, iterations, out.with_name(out.name + "-retry"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="1,2,4")
@@ -111,7 +120,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in [int(c) for c in args.counts.split(",")]:
             for mode in modes:
-                figures[f"{mode}_{n}"] = round(run(mode, n, args.iterations, Path(tmp) / f"{mode}{n}"), 2)
+                figures[f"{mode}_{n}"] = round(_run_retried(mode, n, args.iterations, Path(tmp) / f"{mode}{n}"), 2)
             figures[f"ratio_ray_hand_{n}"] = round(figures[f"ray_{n}"] / figures[f"hand_{n}"], 3)
             cells = "  ".join(f"{figures[f'{m}_{n}']:17.2f}" for m in modes)
             print(f"{n:7d}  {cells}  {figures[f'ratio_ray_hand_{n}']:8.3f}", flush=True)

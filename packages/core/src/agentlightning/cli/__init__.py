@@ -20,12 +20,13 @@ from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
-from agentlightning.cli._train import add_network_arguments
+from agentlightning.cli._train import add_network_arguments, add_runner_arguments
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
     "RunnerDied",
     "add_network_arguments",
+    "add_runner_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "guarded",

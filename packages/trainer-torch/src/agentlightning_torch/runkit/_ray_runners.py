@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentlightning_torch.runkit._runner_output import LineBuffer
+
 __all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "RunnerPlace", "import_ray", "runner_counts"]
 
 logger = logging.getLogger(__name__)
@@ -96,9 +98,13 @@ class _RunnerActor:
         # Runs in the actor's process: the runner's working directory is the shipped working_dir, if any.
         app_dir = os.getcwd()
         full_cmd = [arg if arg != "{app_dir}" else app_dir for arg in cmd]
+        # the runner's output goes to the trainer (`output`), not to Ray's log files on this node
         self._process: subprocess.Popen[bytes] = start_child(
-            full_cmd, env={**os.environ, **env}, start_new_session=True
-        )
+            full_cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        assert self._process.stdout is not None
+        self._output = LineBuffer(self._process.stdout)
 
     def place(self) -> dict[str, Any]:
         import ray  # pyright: ignore[reportMissingImports]
@@ -110,11 +116,16 @@ class _RunnerActor:
     def exit_code(self) -> int | None:
         return self._process.poll()
 
-    def stop(self) -> int:
+    def output(self) -> list[str]:
+        return self._output.drain()
+
+    def stop(self) -> list[str]:
+        """Stop the runner; returns its last output lines."""
         from agentlightning.cli import stop_children
 
         stop_children([self._process], grace_s=10.0)
-        return int(self._process.returncode or 0)
+        self._output.join(timeout=5.0)
+        return self._output.drain()
 
 
 @dataclass
@@ -182,13 +193,31 @@ class RayRunnerPool:
         self.places()
         return [place for seen in self._seen.values() for place in seen.values()]
 
-    def stop(self) -> None:
-        """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours."""
-        if not self.actors and self._group is None:
-            return
+    def output(self) -> list[tuple[int, str]]:
+        """The runners' output lines since the last call, as ``(actor index, line)`` (an actor that does not answer
+        within 10 s, dead or restarting, is skipped: what its runner wrote last is lost with it)."""
         ray = import_ray()
+        lines: list[tuple[int, str]] = []
+        for index, ref in enumerate([actor.output.remote() for actor in self.actors]):
+            try:
+                lines += [(index, line) for line in ray.get(ref, timeout=10)]
+            except Exception:  # see the docstring
+                continue
+        return lines
+
+    def stop(self) -> list[tuple[int, str]]:
+        """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours.
+
+        Returns:
+            The runners' last output lines (as `output`).
+        """
+        if not self.actors and self._group is None:
+            return []
+        ray = import_ray()
+        last: list[tuple[int, str]] = []
         try:
-            ray.get([actor.stop.remote() for actor in self.actors], timeout=20)
+            found: list[list[str]] = ray.get([actor.stop.remote() for actor in self.actors], timeout=20)
+            last = [(index, line) for index, lines in enumerate(found) for line in lines]
         except Exception as error:  # a dead or unreachable actor: killed below all the same
             logger.warning("ray runners did not all stop cleanly: %s", error)
         for actor in self.actors:
@@ -202,6 +231,7 @@ class RayRunnerPool:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+        return last
 
 
 async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:
