@@ -237,22 +237,17 @@ class RayRunnerPool:
 async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:
     """Per runner actor: attempts ``claimed``, ``finished`` (succeeded) and ``failed`` (any other end), from the store.
 
-    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's pid, so a
-    restarted actor's earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
+    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's host and pid
+    (`agentlightning.store.runner_totals` of the store's `RunStats.workers`, one request), so a restarted actor's
+    earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
     """
-    by_pid: dict[int, int] = {}
-    for place in places:
-        by_pid[place.pid] = place.index
+    from agentlightning.store import runner_totals
+
+    totals = runner_totals((await store.run_stats()).workers)
     counts = {place.index: {"claimed": 0, "finished": 0, "failed": 0} for place in places}
-    for rollout in await store.query_rollouts():
-        for attempt in await store.query_attempts(rollout.rollout_id):
-            parts = str(attempt.worker_id or "").split(":")
-            index = by_pid.get(int(parts[1])) if len(parts) > 2 and parts[1].isdigit() else None
-            if index is None:
-                continue
-            counts[index]["claimed"] += 1
-            if attempt.status == "succeeded":
-                counts[index]["finished"] += 1
-            elif attempt.status != "running":
-                counts[index]["failed"] += 1
+    for place in places:
+        total = totals.get(f"{place.hostname}:{place.pid}")
+        if total is not None:
+            for key in ("claimed", "finished", "failed"):
+                counts[place.index][key] += total[key]
     return counts
