@@ -4,7 +4,8 @@ Each runner is a Ray actor that starts one ``agl runner`` (the same command as a
 trainer's store and proxy) tied to the actor's process (`agentlightning.cli.start_child`): a ``kill -9`` of the
 actor ends its runner, and Ray restarts the actor (``max_restarts``), which starts a new runner; the store's retry
 policy gives the killed runner's rollouts to another attempt, so nothing is recorded twice. The actors are spread
-over the cluster's nodes by a placement group (``spread`` or ``pack``) and killed when training ends.
+over the cluster's nodes by a placement group (``spread`` or ``pack``) and killed when training ends. Each actor
+keeps its runner's output (`LineBuffer`) for the trainer, which relays it (`RayRunnerPool.output`).
 
 Ray is an optional import: without it, `RayRunnerPool.start` raises `RayNotInstalledError` (one line with the
 install command). The project writes no scheduler of its own: Ray places, restarts and stops.
