@@ -98,13 +98,16 @@ def run(mode: str, count: int, iterations: int, out: Path) -> float:
     return succeeded / float(summary["rl_seconds"])
 
 
-def _run_retried(mode: str, count: int, iterations: int, out: Path) -> float:
-    """`run`, once more after a failure (on a loaded machine a Ray head can time out while it starts)."""
-    try:
-        return run(mode, count, iterations, out)
-    except SystemExit as failure:
-        print(f"retrying {mode} {count}: {str(failure).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-        return run(mode, count, iterations, out.with_name(out.name + "-retry"))
+def _run_retried(mode: str, count: int, iterations: int, out: Path, tries: int = 3) -> float:
+    """`run`, again after a failure (on a loaded machine a Ray head can time out while it starts: Ray waits 30 s)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return run(mode, count, iterations, out.with_name(f"{out.name}-{attempt}"))
+        except SystemExit as failure:
+            if attempt == tries:
+                raise
+            print(f"retrying {mode} {count}: {str(failure).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def main() -> None:
