@@ -240,6 +240,11 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     writer_rows = page.locator("#policies-table tbody tr[data-policy=writer]")
     assert writer_rows.count() == 2  # versions 1 and 2, training rollouts
     assert "writer" in writer_rows.first.inner_text()
+    # one runner process (the test's agl.Runner) claimed every attempt: 8 succeeded, 8 failed
+    runners = page.locator("#runners-table tbody tr[data-runner]")
+    assert runners.count() == 1
+    cells = runners.first.locator("td").all_inner_texts()
+    assert cells[1] == str(os.getpid()) and cells[3:7] == ["16", "0", "8", "8"], cells
     page.screenshot(path=str(shots / "runs.png"), full_page=True)
 
     # rollouts: filter to the failed ones

@@ -66,6 +66,17 @@ def test_agl_train_with_two_ray_runners_trains_and_reports_where_they_ran(tmp_pa
     assert finished == sum(1 for *_, status in _attempts(out / "store.db") if status == "succeeded")
     for pid in pids:  # stopped when training ended
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    # each runner's output reaches the trainer's, named by runner (not through Ray's own log files), and its log file
+    for index in (0, 1):
+        assert re.search(rf"^ray runner {index} \| runner: \d+ async worker", done.stderr, re.M), done.stderr[-3000:]
+        assert "async worker" in (out / "runners" / f"ray-runner-{index}.log").read_text()
+    assert not re.search(r"_RunnerActor.*async worker", done.stderr)
+    # after each iteration, every runner's counts so far
+    iterations = re.findall(r"^it +(\d+) runners: (.*)$", done.stderr, re.M)
+    assert [int(i) for i, _ in iterations] == [1, 2], done.stderr[-3000:]
+    assert all(
+        re.search(r"ray runner \d \(\S+:\d+\) claimed \d+ finished \d+ failed \d+", line) for _, line in iterations
+    )
 
 
 @pytest.mark.timeout(600)

@@ -234,6 +234,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         UsageError,
         load_jsonl_tasks,
         plot_run,
+        ray_settings,
         store_serving,
     )
 
@@ -254,6 +255,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         runners=AgentRunners(agent, app_dir=HERE, instrument=instrument, worker_mode="async", env=runner_env(args)),
         processes=args.runners,
         workers=args.workers,
+        ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         serving=serving,
         dashboard=not args.no_dashboard,
         quiet=args.quiet,

@@ -84,7 +84,7 @@ def parse_train_args(argv: list[str]) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> Any:
     from agentlightning_torch.runkit import UsageError, trainer_config
 
-    if args.runners < 1:
+    if args.runners < 1 and not args.runners_ray:
         raise UsageError("--workers and --runners must be at least 1")
     return trainer_config(
         args,
@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace) -> Any:
 async def train(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures."""
     from agentlightning_torch import TorchTrainer
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run
+    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run, ray_settings
 
     config = build_config(args)
     train_problems, held_out = problems_from(args)
@@ -115,6 +115,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         val_tasks=tasks_of(held_out),
         runners=AgentRunners("math_agent:math_agent", app_dir=HERE, instrument="autogen", worker_mode="async"),
         processes=args.runners,
+        ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         workers=args.workers,
         quiet=args.quiet,
     )

@@ -41,6 +41,7 @@ from agentlightning_torch.runkit import (  # noqa: E402
     add_run_arguments,
     plot_run,
     print_table,
+    ray_settings,
     run_main,
 )
 
@@ -195,7 +196,7 @@ async def search_figures_per_line(store: Any) -> tuple[dict[int, dict[str, float
 def build_config(args: argparse.Namespace) -> Any:
     from agentlightning_torch.runkit import trainer_config
 
-    if args.runners < 1:
+    if args.runners < 1 and not args.runners_ray:
         raise UsageError("--workers and --runners must be at least 1")
     return trainer_config(
         args,
@@ -255,6 +256,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
             env={"RAG_CORPUS": str(corpus)},
         ),
         processes=args.runners,
+        ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         workers=args.workers,
         quiet=args.quiet,
     )

@@ -63,7 +63,7 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
     from agentlightning_torch import LoraSettings
     from agentlightning_torch.runkit import trainer_config
 
-    if args.eval_size < 1 or args.runners < 1:
+    if args.eval_size < 1 or (args.runners < 1 and not args.runners_ray):
         raise UsageError("--runners and --eval-size must be at least 1")
     if not (args.model_dir / "config.json").is_file():
         raise UsageError(f"--model-dir {str(args.model_dir)!r} is not a model folder (no config.json)")
@@ -117,7 +117,7 @@ async def shape_accuracy(store: Any) -> dict[str, float]:
 async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any]:
     """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures
     (``policies``: see `build_config`)."""
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run
+    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run, ray_settings
 
     config = build_config(args, policies)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
@@ -137,6 +137,7 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         val_tasks=val_tasks,
         runners=AgentRunners("sql_agent:sql_agent", app_dir=HERE, instrument="langchain", worker_mode="async"),
         processes=args.runners,
+        ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         workers=args.workers,
         quiet=args.quiet,
     )

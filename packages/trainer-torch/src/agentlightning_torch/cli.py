@@ -41,6 +41,7 @@ from agentlightning_torch.runkit import (
     load_jsonl_tasks,
     plot_run,
     proxy_settings,
+    ray_settings,
     serving_death,
     start_dashboard,
     store_serving,
@@ -167,27 +168,6 @@ class _Plan:
     output: Path
     policies: Any = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-
-
-def _ray_settings(args: argparse.Namespace) -> Any:
-    """``--runners ray``: the runner actors' settings (``None`` without it); Ray itself is imported only to start."""
-    if not getattr(args, "runners_ray", False):
-        return None
-    from agentlightning_torch.runkit._ray_runners import RayNotInstalledError, RayRunnerSettings, import_ray
-
-    try:
-        import_ray()  # refused here, in one line, before the model loads
-    except RayNotInstalledError as error:
-        raise UsageError(str(error)) from None
-    if args.runner_processes < 1 or args.runner_cpus <= 0:
-        raise UsageError("--runner-processes must be at least 1 and --runner-cpus positive")
-    app_dir, output = Path(args.app_dir).resolve(), Path(args.output).resolve()
-    # the agent's folder is shipped by Ray (a node without it runs the agent too), the run's own output never
-    excludes = (f"/{output.relative_to(app_dir).as_posix()}",) if output.is_relative_to(app_dir) else ()
-    return RayRunnerSettings(
-        address=args.ray_address, processes=args.runner_processes, cpus=args.runner_cpus, placement=args.ray_placement,
-        working_dir=app_dir, excludes=excludes,
-    )  # fmt: skip
 
 
 def _validate(args: argparse.Namespace) -> _Plan:
@@ -361,12 +341,13 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
         val_tasks=plan.val_tasks,
         runners=runners,
         processes=args.runners,
-        workers=args.workers * max(args.runners, 1),  # --workers is per runner process (a Ray actor too)
+        # --workers is per runner process (a Ray actor too)
+        workers=args.workers * (args.runner_processes if args.runners_ray else max(args.runners, 1)),
         serving=serving,
         dashboard=True,
         dashboard_port=args.dashboard_port,
         quiet=args.quiet,
-        ray=_ray_settings(args),
+        ray=ray_settings(args),
     )
     run = _AglTrainRun(trainer, settings, console)
     run.policies = plan.policies

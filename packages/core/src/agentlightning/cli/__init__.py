@@ -23,7 +23,7 @@ from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
 from agentlightning.cli._tasks import TaskFileError, read_task_file
-from agentlightning.cli._train import add_network_arguments, train_parser
+from agentlightning.cli._train import add_network_arguments, add_runner_arguments, train_parser
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
@@ -32,6 +32,7 @@ __all__ = [
     "RunnerDied",
     "TaskFileError",
     "add_network_arguments",
+    "add_runner_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "guarded",

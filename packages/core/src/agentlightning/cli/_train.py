@@ -186,15 +186,24 @@ class _RunnersAction(argparse.Action):
         namespace.runners_ray = False
 
 
-def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--runners N|ray[=ADDRESS]``, ``--runner-processes``, ``--runner-cpus``, ``--ray-placement``."""
+def add_runner_arguments(parser: argparse.ArgumentParser, default: int = 1) -> None:
+    """``--runners N|ray[=ADDRESS]``, ``--runner-processes``, ``--runner-cpus``, ``--ray-placement``.
+
+    ``--runners ray[=ADDRESS]`` sets ``runners`` to 0 (no local runner), ``runners_ray`` to true and ``ray_address``
+    (``None`` without ``=ADDRESS``); ``--runners N`` sets ``runners`` to N and ``runners_ray`` to false.
+
+    Args:
+        parser: The parser (``agl train``'s, a training script's).
+        default: Local runner processes without ``--runners``.
+    """
     parser.add_argument(
         "--runners",
         action=_RunnersAction,
-        default=1,
+        default=default,
         metavar="N|ray[=ADDRESS]",
-        help="local runner processes (default: 1; 0: wait for remote runners), or ray[=ADDRESS]: --runner-processes "
-        "runner actors placed by the Ray cluster at ADDRESS (default: $RAY_ADDRESS, else a head in this process)",
+        help=f"local runner processes (default: {default}; 0: wait for remote runners), or ray[=ADDRESS]: "
+        "--runner-processes runner actors placed by the Ray cluster at ADDRESS (default: $RAY_ADDRESS, else a head "
+        "in this process)",
     )
     parser.set_defaults(runners_ray=False, ray_address=None)
     parser.add_argument("--runner-processes", type=int, default=1, help="--runners ray: runner actors (default: 1)")

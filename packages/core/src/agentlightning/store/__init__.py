@@ -33,6 +33,7 @@ from agentlightning.store._query import (
 )
 from agentlightning.store._serving import OpenedStore, StoreServing
 from agentlightning.store._sqlite import SqliteStore
+from agentlightning.store._worker_stats import WorkerStats, runner_of, runner_totals
 
 __all__ = [
     "MAX_DEQUEUE_MANY",
@@ -65,6 +66,9 @@ __all__ = [
     "ThroughputBucket",
     "UnauthorizedError",
     "VersionStats",
+    "WorkerStats",
+    "runner_of",
+    "runner_totals",
 ]
 
 

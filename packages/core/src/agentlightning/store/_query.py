@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentlightning import semconv
 from agentlightning._models import Attempt, AttemptStatus, Rollout, RolloutMode, RolloutStatus, Span, now
+from agentlightning.store._worker_stats import WorkerStats, worker_stats_from
 
 __all__ = [
     "AttemptFacts",
@@ -228,6 +229,8 @@ class RunStats(_Frozen):
         versions: Per (model version, mode) statistics, ordered by version (``None`` first) then mode.
         policies: Per (policy, agent, model version, mode) statistics of LLM calls (see `PolicyStats`), ordered
             by policy, agent, version, mode (``None`` first in each).
+        workers: Per worker id, the attempts it claimed by how they ended (see `WorkerStats`; ``runner_totals``
+            groups them per runner process), ordered by worker id.
         throughput: Finished attempts per bucket over the last ``window`` seconds (oldest first, all buckets).
         bucket: Seconds per throughput bucket.
         success_reward: The threshold used for ``successes``.
@@ -238,6 +241,7 @@ class RunStats(_Frozen):
     attempts: dict[str, int]
     versions: list[VersionStats]
     policies: list[PolicyStats] = Field(default_factory=list["PolicyStats"])
+    workers: list[WorkerStats] = Field(default_factory=list[WorkerStats])
     throughput: list[ThroughputBucket]
     bucket: float
     success_reward: float
@@ -368,9 +372,11 @@ def run_stats_from(
     attempt_counts: dict[str, int] = {}
     groups: dict[tuple[int | None, RolloutMode | None], tuple[dict[str, int], _VersionAcc]] = {}
     start, buckets = empty_buckets(query, at)
+    claims: list[tuple[str | None, str, float | None]] = []
     for fact, mode in facts:
         attempt = fact.attempt
         attempt_counts[attempt.status] = attempt_counts.get(attempt.status, 0) + 1
+        claims.append((attempt.worker_id, attempt.status, attempt.start_time))
         if attempt.status == "running" or attempt.end_time is None:
             continue
         key = (fact.model_version, mode)
@@ -399,6 +405,7 @@ def run_stats_from(
         attempts=attempt_counts,
         versions=versions,
         policies=list(policies),
+        workers=worker_stats_from(claims),
         throughput=throughput(start, query.bucket, buckets),
         bucket=query.bucket,
         success_reward=query.success_reward,

@@ -31,6 +31,7 @@ from agentlightning.store._query import (
     version_stats,
 )
 from agentlightning.store._sql_rows import ATTEMPT_COLUMNS, attempt_from_row
+from agentlightning.store._worker_stats import WorkerStats, worker_stats
 
 __all__ = ["POSTGRES", "SQLITE", "SqlDialect", "list_rollouts", "run_stats"]
 
@@ -171,6 +172,15 @@ def _policy_groups(d: SqlDialect, conn: Any) -> list[Any]:
     return policy_stats({(r[0], r[1], r[2], r[3]): (int(r[4]), r[5], r[6], float(r[7])) for r in rows})
 
 
+def _worker_groups(d: SqlDialect, conn: Any) -> list[WorkerStats]:
+    """Per worker id: attempts by status and the first and last start (`RunStats.workers`)."""
+    rows = conn.execute(
+        "SELECT worker_id, status, COUNT(*), MIN(start_time), MAX(start_time) "
+        f"FROM {d.prefix}attempts WHERE worker_id IS NOT NULL GROUP BY worker_id, status"
+    ).fetchall()
+    return worker_stats((r[0], r[1], int(r[2]), r[3], r[4]) for r in rows)
+
+
 def run_stats(d: SqlDialect, conn: Any, query: RunStatsQuery) -> RunStats:
     """`LightningStore.run_stats` in SQL (grouped aggregates; the same numbers as the reference code)."""
     at = now()
@@ -193,6 +203,7 @@ def run_stats(d: SqlDialect, conn: Any, query: RunStatsQuery) -> RunStats:
         attempts=attempts,
         versions=versions,
         policies=_policy_groups(d, conn),
+        workers=_worker_groups(d, conn),
         throughput=throughput(start, query.bucket, buckets),
         bucket=query.bucket,
         success_reward=query.success_reward,

@@ -14,6 +14,7 @@ from agentlightning import semconv
 from agentlightning._models import LLMCall, Resources, Span
 from agentlightning.store._base import InvalidRequestError, LightningStore, RetryPolicy, RolloutRequest
 from agentlightning.store._query import RolloutQuery, RunStatsQuery
+from agentlightning.store._worker_stats import runner_totals
 
 __all__ = ["DashboardConformanceTests", "make_reward_span"]
 
@@ -211,6 +212,37 @@ class DashboardConformanceTests:
             ("writer", "writer", 2, "train", 1, 1, 0, None),
             ("writer", "writer", 2, "val", 1, 1, 1, 0.25),
         ]
+
+    async def test_run_stats_per_worker(self, store_factory: StoreFactory) -> None:
+        store = await store_factory(RetryPolicy(max_attempts=1))
+        assert (await store.run_stats()).workers == []
+        await store.enqueue_rollouts([RolloutRequest(rollout_id=f"wk-{i}") for i in range(7)])
+        # (worker id, how the attempt ends; None: still running); an attempt without a worker id is not counted
+        plans: list[tuple[str | None, str | None]] = [
+            ("h1:10:0", "succeeded"), ("h1:10:1", "failed"), ("h1:10:0", "timeout"), ("h2:20:0", "cancelled"),
+            ("h2:20:0", None), ("slot", "succeeded"), (None, "succeeded"),
+        ]  # fmt: skip
+        for worker_id, status in plans:
+            claim = await store.dequeue_rollout(worker_id=worker_id)
+            assert claim is not None
+            if status is not None:
+                await store.finish_attempt(claim.rollout.rollout_id, claim.attempt.attempt_id, status)  # pyright: ignore[reportArgumentType]
+        workers = (await store.run_stats()).workers
+        rows = [(w.worker_id, w.attempts, w.running, w.succeeded, w.failed, w.timed_out, w.cancelled) for w in workers]
+        assert rows == [
+            ("h1:10:0", 2, 0, 1, 0, 1, 0),
+            ("h1:10:1", 1, 0, 0, 1, 0, 0),
+            ("h2:20:0", 2, 1, 0, 0, 0, 1),
+            ("slot", 1, 0, 1, 0, 0, 0),
+        ]
+        first = workers[0]
+        assert first.first_start is not None and first.last_start is not None
+        assert first.first_start <= first.last_start
+        assert runner_totals(workers) == {
+            "h1:10": {"claimed": 3, "running": 0, "finished": 1, "failed": 2, "workers": 2},
+            "h2:20": {"claimed": 2, "running": 1, "finished": 0, "failed": 1, "workers": 1},
+            "slot": {"claimed": 1, "running": 0, "finished": 1, "failed": 0, "workers": 1},
+        }
 
     async def test_query_resources(self, store: LightningStore) -> None:
         assert await store.query_resources() == []

@@ -11,12 +11,14 @@ exit code 2.
 Example::
 
     from agentlightning_torch import TorchTrainer
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, run_main, trainer_config
+    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, ray_settings, run_main
+    from agentlightning_torch.runkit import trainer_config
 
     async def train(args):
         trainer = TorchTrainer(trainer_config(args, model_dir=args.model_dir, tool_parser="hermes"))
         runners = AgentRunners("my_agent:solve", app_dir=HERE, instrument="langchain")
-        settings = RunSettings(args.output, train_tasks, runners, val_tasks=val_tasks, processes=args.runners)
+        settings = RunSettings(args.output, train_tasks, runners, val_tasks=val_tasks, processes=args.runners,
+                               ray=ray_settings(args))  # --runners ray: runner actors placed by Ray
         result = await TrainingRun(trainer, settings).execute()
         return result.summary()
 
@@ -32,6 +34,7 @@ from agentlightning_torch.runkit._setup import (
     add_run_arguments,
     load_jsonl_tasks,
     proxy_settings,
+    ray_settings,
     store_serving,
     trainer_config,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "plot_run",
     "print_table",
     "proxy_settings",
+    "ray_settings",
     "run_main",
     "serving_death",
     "start_dashboard",

@@ -4,7 +4,8 @@ Each runner is a Ray actor that starts one ``agl runner`` (the same command as a
 trainer's store and proxy) tied to the actor's process (`agentlightning.cli.start_child`): a ``kill -9`` of the
 actor ends its runner, and Ray restarts the actor (``max_restarts``), which starts a new runner; the store's retry
 policy gives the killed runner's rollouts to another attempt, so nothing is recorded twice. The actors are spread
-over the cluster's nodes by a placement group (``spread`` or ``pack``) and killed when training ends.
+over the cluster's nodes by a placement group (``spread`` or ``pack``) and killed when training ends. Each actor
+keeps its runner's output (`LineBuffer`) for the trainer, which relays it (`RayRunnerPool.output`).
 
 Ray is an optional import: without it, `RayRunnerPool.start` raises `RayNotInstalledError` (one line with the
 install command). The project writes no scheduler of its own: Ray places, restarts and stops.
@@ -12,6 +13,7 @@ install command). The project writes no scheduler of its own: Ray places, restar
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -21,11 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RayNotInstalledError", "RayRunnerPool", "RayRunnerSettings", "RunnerPlace", "import_ray", "runner_counts"]
+from agentlightning_torch.runkit._runner_output import LineBuffer
+
+__all__ = [
+    "RayNotInstalledError",
+    "RayRunnerPool",
+    "RayRunnerSettings",
+    "RunnerPlace",
+    "import_ray",
+    "runner_counts",
+    "shipped_settings",
+]
 
 logger = logging.getLogger(__name__)
 
 INSTALL = "pip install 'ray[default]'"
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+"""Object store of a Ray head the trainer starts itself (Ray's default is 30% of the machine's memory)."""
 
 
 class RayNotInstalledError(ImportError):
@@ -66,6 +80,16 @@ class RayRunnerSettings:
     excludes: tuple[str, ...] = ()
 
 
+def shipped_settings(settings: RayRunnerSettings, app_dir: Path, output: Path) -> RayRunnerSettings:
+    """``settings`` with the agent's folder shipped to the nodes (unless a ``working_dir`` is set already), without the
+    run's own output when it lies inside that folder (checkpoints are never shipped)."""
+    if settings.working_dir is not None:
+        return settings
+    app_dir, output = Path(app_dir).resolve(), Path(output).resolve()
+    excludes = (f"/{output.relative_to(app_dir).as_posix()}",) if output.is_relative_to(app_dir) else ()
+    return dataclasses.replace(settings, working_dir=app_dir, excludes=excludes)
+
+
 @dataclass(frozen=True)
 class RunnerPlace:
     """Where one runner actor's ``agl runner`` process runs (as the actor reported it last).
@@ -98,9 +122,13 @@ class _RunnerActor:
         # Runs in the actor's process: the runner's working directory is the shipped working_dir, if any.
         app_dir = os.getcwd()
         full_cmd = [arg if arg != "{app_dir}" else app_dir for arg in cmd]
+        # the runner's output goes to the trainer (`output`), not to Ray's log files on this node
         self._process: subprocess.Popen[bytes] = start_child(
-            full_cmd, env={**os.environ, **env}, start_new_session=True
-        )
+            full_cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        assert self._process.stdout is not None
+        self._output = LineBuffer(self._process.stdout)
 
     def place(self) -> dict[str, Any]:
         import ray  # pyright: ignore[reportMissingImports]
@@ -112,11 +140,16 @@ class _RunnerActor:
     def exit_code(self) -> int | None:
         return self._process.poll()
 
-    def stop(self) -> int:
+    def output(self) -> list[str]:
+        return self._output.drain()
+
+    def stop(self) -> list[str]:
+        """Stop the runner; returns its last output lines."""
         from agentlightning.cli import stop_children
 
         stop_children([self._process], grace_s=10.0)
-        return int(self._process.returncode or 0)
+        self._output.join(timeout=5.0)
+        return self._output.drain()
 
 
 @dataclass
@@ -147,7 +180,11 @@ class RayRunnerPool:
                 runtime_env["working_dir"] = str(settings.working_dir)
                 runtime_env["excludes"] = list(settings.excludes)
             address = settings.address or os.environ.get("RAY_ADDRESS") or "local"
-            ray.init(address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False)
+            # a head of our own holds no objects (the runners talk to the store over HTTP): a small object store
+            small = {"object_store_memory": LOCAL_OBJECT_STORE_BYTES} if address == "local" else {}
+            ray.init(
+                address=address, runtime_env=runtime_env or None, log_to_driver=True, include_dashboard=False, **small
+            )
             self._started_ray = True
             cmd = _shipped(cmd, settings.working_dir)
         elif settings.working_dir is not None:
@@ -187,13 +224,31 @@ class RayRunnerPool:
         self.places()
         return [place for seen in self._seen.values() for place in seen.values()]
 
-    def stop(self) -> None:
-        """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours."""
-        if not self.actors and self._group is None:
-            return
+    def output(self) -> list[tuple[int, str]]:
+        """The runners' output lines since the last call, as ``(actor index, line)`` (an actor that does not answer
+        within 10 s, dead or restarting, is skipped: what its runner wrote last is lost with it)."""
         ray = import_ray()
+        lines: list[tuple[int, str]] = []
+        for index, ref in enumerate([actor.output.remote() for actor in self.actors]):
+            try:
+                lines += [(index, line) for line in ray.get(ref, timeout=10)]
+            except Exception:  # see the docstring
+                continue
+        return lines
+
+    def stop(self) -> list[tuple[int, str]]:
+        """Stop every runner (SIGTERM, then SIGKILL), kill the actors, free the placement group and Ray if ours.
+
+        Returns:
+            The runners' last output lines (as `output`).
+        """
+        if not self.actors and self._group is None:
+            return []
+        ray = import_ray()
+        last: list[tuple[int, str]] = []
         try:
-            ray.get([actor.stop.remote() for actor in self.actors], timeout=20)
+            found: list[list[str]] = ray.get([actor.stop.remote() for actor in self.actors], timeout=20)
+            last = [(index, line) for index, lines in enumerate(found) for line in lines]
         except Exception as error:  # a dead or unreachable actor: killed below all the same
             logger.warning("ray runners did not all stop cleanly: %s", error)
         for actor in self.actors:
@@ -207,6 +262,7 @@ class RayRunnerPool:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+        return last
 
 
 def _shipped(cmd: Sequence[str], working_dir: Path | None) -> list[str]:
@@ -220,22 +276,17 @@ def _shipped(cmd: Sequence[str], working_dir: Path | None) -> list[str]:
 async def runner_counts(store: Any, places: Sequence[RunnerPlace]) -> dict[int, dict[str, int]]:
     """Per runner actor: attempts ``claimed``, ``finished`` (succeeded) and ``failed`` (any other end), from the store.
 
-    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's pid, so a
-    restarted actor's earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
+    An attempt's worker id is ``host:pid:index`` (``agl runner``): it is matched to the runner process's host and pid
+    (`agentlightning.store.runner_totals` of the store's `RunStats.workers`, one request), so a restarted actor's
+    earlier processes count only if `RayRunnerPool.places` saw them (`RayRunnerPool.all_places`).
     """
-    by_pid: dict[int, int] = {}
-    for place in places:
-        by_pid[place.pid] = place.index
+    from agentlightning.store import runner_totals
+
+    totals = runner_totals((await store.run_stats()).workers)
     counts = {place.index: {"claimed": 0, "finished": 0, "failed": 0} for place in places}
-    for rollout in await store.query_rollouts():
-        for attempt in await store.query_attempts(rollout.rollout_id):
-            parts = str(attempt.worker_id or "").split(":")
-            index = by_pid.get(int(parts[1])) if len(parts) > 2 and parts[1].isdigit() else None
-            if index is None:
-                continue
-            counts[index]["claimed"] += 1
-            if attempt.status == "succeeded":
-                counts[index]["finished"] += 1
-            elif attempt.status != "running":
-                counts[index]["failed"] += 1
+    for place in places:
+        total = totals.get(f"{place.hostname}:{place.pid}")
+        if total is not None:
+            for key in ("claimed", "finished", "failed"):
+                counts[place.index][key] += total[key]
     return counts

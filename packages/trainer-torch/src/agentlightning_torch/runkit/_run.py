@@ -14,6 +14,7 @@ from typing import Any
 from agentlightning import IterationReport
 from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
 from agentlightning.loop import held_out_score
+from agentlightning_torch.runkit._runner_report import RunnerReport
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port
 from agentlightning_torch.runkit._setup import UsageError
 
@@ -42,7 +43,8 @@ class RunSettings:
             iterations (empty: no evaluation).
         runners: The runner processes' command.
         processes: Local runner processes (0: runners on other machines, against a served store).
-        workers: Concurrent rollouts over all local runner processes.
+        workers: Concurrent rollouts over all local runner processes (and, as many again, over the Ray runner
+            actors: each runs its share).
         serving: Where the store lives (`agentlightning.StoreServing`; ``None``: a SQLite file in ``output``).
         dashboard: Serve the dashboard (``agl store serve`` of the run's file) on ``dashboard_port`` or a free one;
             a store in PostgreSQL shows it on its first store server's ``/ui``.
@@ -158,6 +160,7 @@ class TrainingRun:
         self.runners: list[subprocess.Popen[bytes]] = []
         self._children: list[subprocess.Popen[bytes]] = []
         self.ray_runners: Any = None
+        self.runner_report: RunnerReport | None = None
         self._dashboard: OnDemandDashboard | None = None
         self._progress: Any = None
         self._bar: Any = None
@@ -225,9 +228,13 @@ class TrainingRun:
         self.store_location = serving.describe(db)
         try:
             self._start_children(serving, opened, db)
+            watching = self._watch_runners()
             try:
                 return await self._train()
             finally:
+                watching.cancel()
+                if self.runner_report is not None:  # the last iteration's counts, the output so far
+                    await self.runner_report.catch_up(self.trainer)
                 if self._dashboard is not None:  # no server starts once the children are being stopped
                     self._dashboard.close()
                 # The runners first, while the proxy still answers them (they hand their rollouts back as they
@@ -237,6 +244,8 @@ class TrainingRun:
                 await asyncio.to_thread(self._stop_ray_runners)
                 await self.trainer.stop()
         finally:
+            if self.runner_report is not None:
+                self.runner_report.close()
             if self._dashboard is not None:
                 self._dashboard.close()
             stop_children(self._children)
@@ -277,12 +286,13 @@ class TrainingRun:
             self.console.print(f"dashboard: [bold]{urls[0]}/ui{token}[/bold]")
 
     def _start_ray_runners(self, opened: Any) -> None:
-        from agentlightning_torch.runkit._ray_runners import RayRunnerPool
+        from agentlightning_torch.runkit._ray_runners import RayRunnerPool, shipped_settings
 
         settings = self.settings
-        pool = RayRunnerPool(settings.ray)
+        pool = RayRunnerPool(shipped_settings(settings.ray, settings.runners.app_dir, settings.output))
         self.ray_runners = pool
-        cmd = settings.runners.command(opened.runner_args, settings.workers, 1)
+        share = max(1, -(-settings.workers // settings.ray.processes))  # settings.workers over all the actors
+        cmd = settings.runners.command(opened.runner_args, share, 1)
         env = {**settings.runners.env, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": opened.token or ""}
         for name in ("AGL_PROXY_TOKEN", "PYTHONPATH"):
             if os.environ.get(name):
@@ -310,6 +320,15 @@ class TrainingRun:
         except Exception as error:  # counts are a report: a failure here must not hide the run's own outcome
             self.console.print(f"ray runner counts: {error}".splitlines()[0])
 
+    def _watch_runners(self) -> asyncio.Task[None]:
+        """The `RunnerReport` of the run's runners, relaying while the run trains (cancel the task to stop it)."""
+        settings = self.settings
+        remote = settings.ray is not None or not settings.processes  # runners the trainer does not start itself
+        self.runner_report = RunnerReport(self.console, self.store, settings.output, self.ray_runners, counts=remote)
+        if self.ray_runners is not None:
+            self.console.print(f"ray runners' output: 'ray runner I | ...' and {settings.output}/runners/")
+        return asyncio.create_task(self.runner_report.watch(self.trainer), name="agl-runner-report")
+
     def _stop_ray_runners(self) -> None:
         pool = self.ray_runners
         if pool is None:
@@ -322,7 +341,9 @@ class TrainingRun:
                 )
         except Exception as error:  # a runner that cannot answer any more: it is killed below all the same
             self.console.print(f"ray runners: {error}".splitlines()[0])
-        pool.stop()
+        last = pool.stop()
+        if self.runner_report is not None:
+            self.runner_report.write(last)
 
     async def _train(self) -> RunResult:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

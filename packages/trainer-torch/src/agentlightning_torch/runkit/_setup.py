@@ -8,13 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentlightning.cli import TaskFileError, read_task_file
+from agentlightning.cli import TaskFileError, add_runner_arguments, read_task_file
 
 __all__ = [
     "UsageError",
     "add_run_arguments",
     "load_jsonl_tasks",
     "proxy_settings",
+    "ray_settings",
     "store_serving",
     "trainer_config",
 ]
@@ -77,8 +78,9 @@ def add_run_arguments(
     ``--output``, the budgets (``--minutes``, ``--iterations``: whichever ends first), ``--eval-every``, the batch
     shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``, ``--ppo-epochs``: the
     script's defaults are the settings its README measured), ``--threads``, ``--device``,
-    the local runners (``--workers`` concurrent rollouts over ``--runners`` processes), ``--rollout-timeout``,
-    ``--seed`` and ``--quiet``.
+    the runners (``--workers`` concurrent rollouts over ``--runners`` local processes, or over
+    ``--runner-processes`` Ray actors with ``--runners ray[=ADDRESS]``, ``--runner-cpus`` and ``--ray-placement``:
+    `ray_settings`), ``--rollout-timeout``, ``--seed`` and ``--quiet``.
     """
     parser.add_argument("--output", type=Path, default=output, help="run folder (store, metrics, plot, checkpoints)")
     parser.add_argument("--minutes", type=float, default=minutes, help="RL time budget in minutes")
@@ -107,7 +109,7 @@ def add_run_arguments(
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=workers, help="concurrent rollouts over all runner processes")
-    parser.add_argument("--runners", type=int, default=runners, help="local runner processes")
+    add_runner_arguments(parser, default=runners)  # --runners N|ray[=ADDRESS] and the Ray runners' settings
     parser.add_argument(
         "--rollout-timeout", type=float, default=rollout_timeout, help="seconds an iteration waits for its rollouts"
     )
@@ -119,6 +121,28 @@ def add_run_arguments(
         default=[],
         metavar="POLICY:KEY=VALUE[,...]",
         help=POLICY_SETTINGS_HELP,
+    )
+
+
+def ray_settings(args: argparse.Namespace) -> Any:
+    """`RunSettings.ray` from the `add_run_arguments` options: the Ray runner actors' settings (``None`` without
+    ``--runners ray``). Ray itself is imported here only to refuse, in one line, a run it cannot start.
+
+    Raises:
+        UsageError: Ray is not installed, or ``--runner-processes`` / ``--runner-cpus`` are not positive.
+    """
+    if not getattr(args, "runners_ray", False):
+        return None
+    from agentlightning_torch.runkit._ray_runners import RayNotInstalledError, RayRunnerSettings, import_ray
+
+    try:
+        import_ray()  # refused here, before a model loads
+    except RayNotInstalledError as error:
+        raise UsageError(str(error)) from None
+    if args.runner_processes < 1 or args.runner_cpus <= 0:
+        raise UsageError("--runner-processes must be at least 1 and --runner-cpus positive")
+    return RayRunnerSettings(
+        address=args.ray_address, processes=args.runner_processes, cpus=args.runner_cpus, placement=args.ray_placement
     )
 
 

@@ -1,9 +1,11 @@
 // Runs: what training looks like right now, refreshed live. Reward mean and success rate per model version
-// (one line per rollout mode), throughput, failed / timed-out counts, and one reward curve per policy (policies.js).
+// (one line per rollout mode), throughput, failed / timed-out counts, one reward curve per policy (policies.js), and
+// the attempts of each runner process (runners.js).
 
 import { COLORS, barChart, lineChart } from "./chart.js";
 import { clear, fmtNum, fmtPct, fmtTime, h, post } from "./lib.js";
 import { policyPanel } from "./policies.js";
+import { runnerTable } from "./runners.js";
 
 const REFRESH_MS = 3000;
 
@@ -69,7 +71,7 @@ function draw(root, stats) {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "no finished attempts yet"))));
   const policies = policyPanel(stats);
   charts.append(policies.chart);
-  clear(root).append(cards, charts, h("h2", {}, "Per model version"), table, ...policies.table,
+  clear(root).append(cards, charts, h("h2", {}, "Per model version"), table, ...policies.table, ...runnerTable(stats),
     h("p", { class: "muted", id: "runs-updated" }, "updated " + fmtTime(stats.now)));
 }
 
