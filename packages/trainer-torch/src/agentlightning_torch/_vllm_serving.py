@@ -136,13 +136,17 @@ class _VLLMServingBase:
             raise RuntimeError("vLLM is not started")
         return self.server.url
 
+    def _client(self) -> VLLMClient | None:
+        """The server's control client once started (each way of serving holds it in its sync)."""
+        raise NotImplementedError
+
     @property
     def client(self) -> VLLMClient:
         """The server's control client (after `start`)."""
-        raise NotImplementedError
-
-    def _started(self) -> bool:
-        raise NotImplementedError
+        client = self._client()
+        if client is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        return client
 
     def _server_args(self) -> list[str]:
         args = list(vllm_lora_args(*self.lora)) if self.lora is not None else extension_launch()[0]
@@ -175,12 +179,14 @@ class _VLLMServingBase:
 
     async def running(self) -> int:
         """Requests vLLM is generating now (0 before `start`)."""
-        return await self.client.running() if self._started() else 0
+        client = self._client()
+        return 0 if client is None else await client.running()
 
     async def drain(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until vLLM generates nothing (its ``vllm:num_requests_running`` is 0);
         returns the requests still running."""
-        return await self.client.drain(timeout_s) if self._started() else 0
+        client = self._client()
+        return 0 if client is None else await client.drain(timeout_s)
 
     async def stop(self) -> None:
         """Stop a launched server (a server given by ``url`` keeps running)."""
@@ -210,15 +216,8 @@ class VLLMWeightsServing(_VLLMServingBase):
         self.last_probe: ProbeResult | None = None
         """The last sync's probe (its version and largest log-prob difference)."""
 
-    def _started(self) -> bool:
-        return self._sync is not None
-
-    @property
-    def client(self) -> VLLMClient:
-        """The server's control client (after `start`)."""
-        if self._sync is None:
-            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-        return self._sync.client
+    def _client(self) -> VLLMClient | None:
+        return None if self._sync is None else self._sync.client
 
     async def start(self, version: int) -> list[str]:
         """Launch (or reach) vLLM, load the policy's current weights into it and verify them; returns its URL.
@@ -282,15 +281,8 @@ class VLLMLoRAServing(_VLLMServingBase):
         self.adapter_sync: VLLMAdapterSync | None = None
         """The per-policy adapter sync (after `start`)."""
 
-    def _started(self) -> bool:
-        return self.adapter_sync is not None
-
-    @property
-    def client(self) -> VLLMClient:
-        """The server's control client (after `start`)."""
-        if self.adapter_sync is None:
-            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-        return self.adapter_sync.base.client
+    def _client(self) -> VLLMClient | None:
+        return None if self.adapter_sync is None else self.adapter_sync.base.client
 
     async def start(self, version: int) -> list[str]:
         """Launch (or reach) vLLM, verify its base model, load every policy's adapter and verify it; returns its URL.
