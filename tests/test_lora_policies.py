@@ -34,10 +34,12 @@ import agentlightning_langchain
 from agentlightning import AGENT_HEADER, FROZEN, LLMCall, PolicyMap
 from agentlightning.testing import start_attempts
 from agentlightning_torch import (
+    BackendPoliciesServing,
     LoraSettings,
     PPOConfig,
     TorchTrainer,
     TorchTrainerConfig,
+    VLLMLoRAServing,
     VLLMSettings,
     WeightSyncMismatch,
     policy_metric,
@@ -167,7 +169,9 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path
         # the next calls of each agent are served by its own new adapter (both at version 2)
         await trainer.evaluate(store, [{"prompt": "rewrite a poem"}])
         assert _served(await _calls(store, 16)) == {("writer", "writer", 2), ("rewriter", "rewriter", 2)}
-        backend = trainer.engine._backend  # pyright: ignore[reportPrivateUsage]
+        serving = trainer.engine.serving
+        assert isinstance(serving, BackendPoliciesServing)
+        backend = serving.backend
         assert backend is not None and backend.adapter_versions == {"writer": 2, "rewriter": 2}
         for name in ("writer", "rewriter"):  # what the backend serves is what the trainer holds
             served = get_peft_model_state_dict(backend.model, adapter_name=name)
@@ -258,8 +262,8 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
     runner_task = asyncio.create_task(runner.arun())
     try:
         await trainer.start(store)  # vLLM's base verified, both adapters loaded and verified
-        vllm = trainer.engine.vllm
-        assert vllm is not None and vllm.adapter_sync is not None
+        vllm = trainer.engine.serving
+        assert isinstance(vllm, VLLMLoRAServing) and vllm.adapter_sync is not None
         assert vllm.policy_versions() == {FROZEN: 0, "draft": 0, "edit": 0}
         draft0, edit0 = _adapter(trainer, "draft"), _adapter(trainer, "edit")
 
@@ -353,7 +357,9 @@ async def test_a_full_weight_policy_and_a_lora_policy_train_and_are_each_served_
         # the next calls: each policy at its new version; the writer's backend holds the trainer's writer weights
         await trainer.evaluate(store, [{"prompt": "rewrite a poem"}])
         assert _served(await _calls(store, 8)) == {("writer", "writer", 1), ("rewriter", "rewriter", 1)}
-        backends = trainer.engine._full_backends  # pyright: ignore[reportPrivateUsage]
+        serving = trainer.engine.serving
+        assert isinstance(serving, BackendPoliciesServing)
+        backends = serving.full_backends
         assert backends is not None and backends.backends["writer"].model_version == 1
         served = backends.backends["writer"].model.state_dict()
         assert all(torch.equal(served[k], v) for k, v in trained.full.state_dict("writer").items())

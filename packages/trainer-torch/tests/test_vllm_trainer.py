@@ -34,11 +34,13 @@ import agentlightning as agl
 from agentlightning import semconv
 from agentlightning.testing import start_attempts
 from agentlightning_torch import (
+    BackendServing,
     TorchTrainer,
     TorchTrainerConfig,
     VLLMError,
     VLLMNotInstalledError,
     VLLMSettings,
+    VLLMWeightsServing,
     VLLMWeightSync,
     WeightSyncMismatch,
     find_vllm_python,
@@ -105,6 +107,13 @@ async def vllm_trainer(
         await trainer.stop()
 
 
+def _vllm(trainer: TorchTrainer) -> VLLMWeightsServing:
+    """The trainer's vLLM serving (``backend="vllm"``, one policy)."""
+    serving = trainer.engine.serving
+    assert isinstance(serving, VLLMWeightsServing)
+    return serving
+
+
 def _perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -114,12 +123,12 @@ def _perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
 
 async def test_start_loads_and_verifies_the_trainers_weights(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
     trainer, _ = vllm_trainer
-    assert trainer.engine.vllm is not None and trainer.engine.vllm.syncs == 1
-    probe = trainer.engine.vllm.last_probe
+    assert _vllm(trainer).syncs == 1
+    probe = _vllm(trainer).last_probe
     assert probe is not None and probe.version == 0 and probe.tokens == 23
     assert probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
     # The server really is vLLM with the weight-sync extension (the CPU backend empties its packed linear weights).
-    server = trainer.engine.vllm.server
+    server = _vllm(trainer).server
     assert server is not None and "agl_vllm_worker.WeightSyncExtension" in server.command
 
 
@@ -132,9 +141,9 @@ async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
     await trainer.proxy.pause(timeout=60)
     await trainer.engine.sync_weights(version)
     trainer.proxy.resume(model_version=version)
-    assert trainer.engine.vllm is not None and trainer.engine.vllm.last_probe is not None
-    assert trainer.engine.vllm.last_probe.version == version
-    assert trainer.engine.vllm.metrics()["vllm_sync_max_logprob_diff"] <= trainer.engine.config.vllm.tolerance
+    probe = _vllm(trainer).last_probe
+    assert probe is not None and probe.version == version
+    assert _vllm(trainer).metrics()["vllm_sync_max_logprob_diff"] <= trainer.engine.config.vllm.tolerance
 
     attempts = await start_attempts(store, ["served-1"])
     url = f"{trainer.proxy.base_url('served-1', attempts['served-1'])}/completions"
@@ -155,11 +164,10 @@ async def test_a_synced_update_is_served_and_recorded_as_the_new_version(
 
 async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple[TorchTrainer, Any]) -> None:
     trainer, _ = vllm_trainer
-    assert trainer.engine.vllm is not None
     stale = {k: v.detach().clone() for k, v in trainer.engine.policy.state_dict().items()}
     _perturb(trainer.engine.policy, seed=2)  # the trainer moves on...
     # ...but the sync delivers the old weights (a transport that lost the update): vLLM answers 200 all the same.
-    extension = VLLMWeightSync(trainer.engine.vllm.client, trainer.engine.tokenizer, 27, method="extension")
+    extension = VLLMWeightSync(_vllm(trainer).client, trainer.engine.tokenizer, 27, method="extension")
     with pytest.raises(WeightSyncMismatch, match=r"weight sync to version 41 failed verification"):
         await extension.sync(stale, trainer.engine.policy, 41)
     # A file without the linear layers is refused by the extension (those weights would be uninitialised memory).
@@ -168,8 +176,9 @@ async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple
     with pytest.raises(VLLMError, match=r"lacks \d+ linear layer"):
         await extension.sync(partial, trainer.engine.policy, 42)
     # The whole current state dict repairs it (and is verified).
-    probe = await trainer.engine.vllm.sync(weights, trainer.engine.policy, 43)
-    assert probe.version == 43 and probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
+    await _vllm(trainer).sync(43)
+    probe = _vllm(trainer).last_probe
+    assert probe is not None and probe.version == 43 and probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
 
 
 # ----- cancelled rollouts stop generating -------------------------------------------------------------------
@@ -215,11 +224,12 @@ async def long_or_short_agent(task: dict[str, Any], resources: agl.Resources) ->
 
 def _running_now(trainer: TorchTrainer) -> int:
     """The server's running requests, read synchronously (from the update's worker thread)."""
-    if trainer.engine.vllm is not None:
-        with urllib.request.urlopen(f"{trainer.engine.vllm.url}/metrics", timeout=30) as answer:
+    serving = trainer.engine.serving
+    if isinstance(serving, VLLMWeightsServing):
+        with urllib.request.urlopen(f"{serving.url}/metrics", timeout=30) as answer:
             return running_requests(answer.read().decode())
-    assert trainer.engine._backend is not None  # pyright: ignore[reportPrivateUsage]
-    return trainer.engine._backend.running  # pyright: ignore[reportPrivateUsage]
+    assert isinstance(serving, BackendServing) and serving.backend is not None
+    return serving.backend.running
 
 
 async def _running(trainer: TorchTrainer) -> int:
@@ -274,8 +284,8 @@ async def test_vllm_a_cancelled_long_generation_stops_before_the_update(
 ) -> None:
     trainer, store = vllm_trainer  # the store the trainer's proxy records into
     await _cancelled_generation_frees_its_slot(trainer, store)
-    vllm = trainer.engine.vllm
-    assert vllm is not None and vllm.last_probe is not None  # the update was synced and verified
+    vllm = _vllm(trainer)
+    assert vllm.last_probe is not None  # the update was synced and verified
     assert vllm.last_probe.version == trainer.model_version
 
 
@@ -299,16 +309,15 @@ async def test_a_server_given_by_url_is_synced_and_verified_at_start(
     own weights (the checkpoint's, not the first trainer's) are loaded and verified at start. Runs last: it leaves
     the shared server serving the second trainer's weights."""
     trainer, _ = vllm_trainer
-    assert trainer.engine.vllm is not None
     config = _config(long_context_model, tmp_path, "vllm").model_copy(
-        update={"vllm": VLLMSettings(url=f"{trainer.engine.vllm.url}/v1")}
+        update={"vllm": VLLMSettings(url=f"{_vllm(trainer).url}/v1")}
     )
     other = TorchTrainer(config)
     await other.start(agl.MemoryStore())
     try:
-        assert other.engine.vllm is not None and other.engine.vllm.server is None  # nothing launched
-        probe = other.engine.vllm.last_probe
+        assert _vllm(other).server is None  # nothing launched
+        probe = _vllm(other).last_probe
         assert probe is not None and probe.version == 0 and probe.max_abs_diff <= config.vllm.tolerance
     finally:
         await other.stop()
-    assert await trainer.engine.vllm.running() == 0  # stopping the second trainer left the server it had not launched
+    assert await _vllm(trainer).running() == 0  # stopping the second trainer left the server it had not launched

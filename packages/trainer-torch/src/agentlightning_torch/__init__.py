@@ -14,8 +14,13 @@ folder in ``examples/calc``, served and trained through the same path as any oth
   batching of concurrent requests.
 - `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
 - `TorchEngine`: the policy, its optimizer and its server as an `agentlightning.Engine`; `TorchTrainer` builds it
-  and the `agentlightning.RLLoop` that trains it from one `TorchTrainerConfig`.
+  and the `agentlightning.RLLoop` that trains it from one `TorchTrainerConfig`. The engine serves through one
+  `Serving` (`make_serving` picks it): `BackendServing`, `BackendPoliciesServing`, `VLLMWeightsServing` or
+  `VLLMLoRAServing`. ``VLLMServing`` is the deprecated old name of `VLLMWeightsServing` (removed in 0.3.0).
 """
+
+import warnings
+from typing import Any
 
 from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
 from agentlightning_torch._chat import ChatTemplate, HFChatTemplate, ParsedResponse, TemplateError
@@ -36,6 +41,7 @@ from agentlightning_torch._loading import (
     eos_token_ids,
     load_model,
 )
+from agentlightning_torch._local_serving import BackendPoliciesServing, BackendServing
 from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
 from agentlightning_torch._policy_full import FullPolicies
@@ -51,6 +57,7 @@ from agentlightning_torch._ppo import (
     response_logprobs,
 )
 from agentlightning_torch._server import BackendServer, create_app, serve_backend
+from agentlightning_torch._serving import Serving, make_serving
 from agentlightning_torch._sft import (
     SFTConfig,
     SFTExample,
@@ -73,7 +80,7 @@ from agentlightning_torch._trainer_config import TorchTrainerConfig
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError
 from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV, VLLMAdapterError, load_vllm_adapter
 from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
-from agentlightning_torch._vllm_serving import VLLMServing, VLLMSettings
+from agentlightning_torch._vllm_serving import VLLMLoRAServing, VLLMSettings, VLLMWeightsServing
 from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
 
 __version__ = "0.1.0"
@@ -84,7 +91,9 @@ __all__ = [
     "HERMES_CHAT_TEMPLATE",
     "VLLM_LORA_ARGS",
     "VLLM_LORA_ENV",
+    "BackendPoliciesServing",
     "BackendServer",
+    "BackendServing",
     "BackendStats",
     "ChatTemplate",
     "FullPolicies",
@@ -106,6 +115,7 @@ __all__ = [
     "SFTExample",
     "SFTResult",
     "SamplingParams",
+    "Serving",
     "TemplateError",
     "ToolParser",
     "TorchEngine",
@@ -115,12 +125,13 @@ __all__ = [
     "VLLMAdapterError",
     "VLLMClient",
     "VLLMError",
+    "VLLMLoRAServing",
     "VLLMNotInstalledError",
     "VLLMServer",
-    "VLLMServing",
     "VLLMSettings",
     "VLLMStartError",
     "VLLMWeightSync",
+    "VLLMWeightsServing",
     "WeightSyncMismatch",
     "__version__",
     "apply_lora",
@@ -140,6 +151,7 @@ __all__ = [
     "load_trainer_state",
     "load_vllm_adapter",
     "make_optimizer",
+    "make_serving",
     "make_tool_call",
     "merged_model",
     "merged_state_dict",
@@ -157,3 +169,16 @@ __all__ = [
     "tool_parser_names",
     "train_chat_tokenizer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names, removed in 0.3.0 (each warns): ``VLLMServing`` (`VLLMWeightsServing`)."""
+    if name == "VLLMServing":
+        warnings.warn(
+            "agentlightning_torch.VLLMServing is deprecated: use VLLMWeightsServing (one policy on vLLM; several LoRA "
+            "policies: VLLMLoRAServing), whose start/sync take only the version; it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VLLMWeightsServing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,9 +10,7 @@ wherever runners are (other processes, other machines); the trainer only talks t
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,19 +19,15 @@ import torch
 
 from agentlightning import Engine, IterationReport, RLLoop, TrainingBatch
 from agentlightning.loop import BEST_CHECKPOINT
-from agentlightning.proxy import register_backend, unregister_backend
-from agentlightning_torch._backend import LocalBackend, merged_state_dict
-from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
-from agentlightning_torch._endpoint import OpenAIEndpoint
+from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, save_checkpoint
 from agentlightning_torch._loading import load_model
+from agentlightning_torch._local_serving import served_state_dict
 from agentlightning_torch._lora import is_lora
 from agentlightning_torch._policy_adapters import PolicyAdapters
-from agentlightning_torch._policy_serving import FullBackends, PolicyEndpoint
 from agentlightning_torch._policy_set import TrainedPolicies
 from agentlightning_torch._ppo import make_optimizer, ppo_update, prepare_policy
-from agentlightning_torch._server import BackendServer
+from agentlightning_torch._serving import Serving, make_serving
 from agentlightning_torch._trainer_config import TorchTrainerConfig
-from agentlightning_torch._vllm_serving import VLLMServing
 
 __all__ = ["IterationReport", "TorchEngine", "TorchTrainer"]
 
@@ -82,111 +76,32 @@ class TorchEngine(Engine):
         self.ref_model: torch.nn.Module | None = None
         if config.ppo.kl_coef > 0 and self.trained is None and not is_lora(self.policy):
             self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
-        self._backend: LocalBackend | None = None
-        self._full_backends: FullBackends | None = None
-        self.vllm: VLLMServing | None = None
-        if config.backend == "vllm":
-            self.vllm = VLLMServing(
-                config.vllm,
-                model_dir=config.model_dir,
-                model_name=config.model_name,
-                tool_parser=config.tool_parser,
-                device=config.device,
-                tokenizer=self.tokenizer,
-                vocab_size=int(getattr(loaded.model.config, "vocab_size", len(self.tokenizer))),
-                # policies: vLLM serves each one's adapter (multi-LoRA) beside the frozen base
-                lora=None if self.adapters is None else (len(self.adapters.names), self.adapters.max_rank),
-            )
-        self._server: BackendServer | None = None
-        self._backend_url: str | None = None
-        # backend batches, requests, busy seconds, decode steps, rows, generation CPU and tokens at the last call
-        self._seen: tuple[int, int, float, int, int, float, int] = (0, 0, 0.0, 0, 0, 0.0, 0)
-
-    async def start_servers(self, model_version: int) -> list[str]:
-        """Start the local backend (a copy of the policy, reported as ``model_version``); returns how the proxy
-        reaches it: in-process (an ``inproc://`` URL, no HTTP), or its HTTP server's URL with ``backend_http``.
-        With policies, every adapter is served beside the frozen base, and each full-weight policy by a backend of
-        its own behind the same in-process endpoint (`PolicyEndpoint`, routed by the request's ``model``).
-
-        With ``backend="vllm"``: launch (or reach) vLLM, load the policy's weights into it and verify them (with
-        policies: verify its base and load every policy's adapter, each verified)."""
-        if self.vllm is not None:
-            if self._backend_url is None and self.adapters is not None:
-                self._backend_url = await self.vllm.start_adapters(self.adapters, model_version)
-            elif self._backend_url is None:
-                self._backend_url = await self.vllm.start(merged_state_dict(self.policy), self.policy, model_version)
-            return [self._backend_url]
-        if self._backend_url is None:
-            multi = self.trained is not None
-            served: Any = self.policy if self.serves_adapter or multi else merged_model(self.policy)
-            backend = self._local_backend(served, self.config.model_name)
-            backend.model_version = model_version
-            if self.adapters is not None:  # every policy's adapter, served beside the frozen base
-                for name in self.adapters.names:
-                    backend.load_adapter(name, self.policy, version=model_version)
-            self._backend = backend
-            if self.config.backend_http:
-                self._server = BackendServer(backend).start()
-                self._backend_url = self._server.url
-            else:
-                backend.start()
-                self._backend_url = register_backend(self._endpoint(backend, model_version))
-        return [self._backend_url]
-
-    def _local_backend(self, model: Any, model_name: str) -> LocalBackend:
-        """A `LocalBackend` (a copy of ``model``) with the config's batching, threads and parsers."""
-        return LocalBackend(
-            model,
-            self.tokenizer,
-            device=self.config.device,
-            max_batch_size=self.config.max_batch_size,
-            batch_wait_ms=self.config.batch_wait_ms,
-            max_batch_wait_ms=self.config.max_batch_wait_ms,
-            model_name=model_name,
-            num_threads=self.config.num_threads,
-            seed=self.config.seed,
-            tool_parser=self.config.tool_parser,
+        self.serving: Serving = make_serving(
+            config,
+            policy=self.policy,
+            trained=self.trained,
+            tokenizer=self.tokenizer,
             generation_config=self.generation_config,
         )
+        """How the policies are served (`make_serving` picks one way from ``config.backend`` and ``config.policies``):
+        every server step below is this object's."""
 
-    def _endpoint(self, backend: LocalBackend, model_version: int) -> OpenAIEndpoint | PolicyEndpoint:
-        """The in-process endpoint: ``backend``'s, or with full-weight policies one routing to each one's backend."""
-        if self.trained is None or self.trained.full is None:
-            return OpenAIEndpoint(backend)
-        self._full_backends = FullBackends(self.trained.full, self._local_backend, model_version)
-        return PolicyEndpoint(OpenAIEndpoint(backend), self._full_backends.endpoints())
+    async def start_servers(self, model_version: int) -> list[str]:
+        """Start the servers (`Serving.start`), serving the current weights as ``model_version``; returns how the
+        proxy reaches them: the local backend in-process (an ``inproc://`` URL, no HTTP) or its HTTP server's URL
+        with ``backend_http``; with ``backend="vllm"`` vLLM's, once the policy's weights (or every policy's adapter)
+        are loaded into it and verified."""
+        return await self.serving.start(model_version)
 
     async def stop_servers(self) -> None:
-        """Stop the backend (and its HTTP server), or a vLLM server the trainer launched."""
-        if self.vllm is not None:
-            self._backend_url = None
-            await asyncio.to_thread(self.vllm.stop)
-            return
-        if self._backend_url is not None:
-            unregister_backend(self._backend_url)
-            self._backend_url = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-        elif self._backend is not None:
-            self._backend.stop()
-        if self._full_backends is not None:
-            self._full_backends.stop()
-            self._full_backends = None
+        """Stop the servers (`Serving.stop`): the backends, or a vLLM server the trainer launched."""
+        await self.serving.stop()
 
     async def drain_servers(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the backend generates nothing: the calls the proxy aborted have left
-        `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests still running."""
-        if self.vllm is not None:
-            return await self.vllm.wait_idle(timeout_s)
-        backend = self._backend
-        if backend is None:
-            return 0
-        deadline = time.monotonic() + timeout_s
-        full = self._full_backends
-        while (backend.running or (full is not None and full.running)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
-        return backend.running + (full.running if full is not None else 0)
+        """Wait (at most ``timeout_s``) until the servers generate nothing (`Serving.drain`): the calls the proxy
+        aborted have left `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests
+        still running."""
+        return await self.serving.drain(timeout_s)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
@@ -203,70 +118,27 @@ class TorchEngine(Engine):
         return lora is not None and lora.serve == "adapter"
 
     def served_weights(self) -> dict[str, torch.Tensor]:
-        """The state dict the backend loads at a sync: the PEFT model's own, or the merged plain model's."""
-        if self.serves_adapter:
-            return {k: v.detach() for k, v in self.policy.state_dict().items()}
-        return merged_state_dict(self.policy)
+        """The state dict the local backend loads at a sync: the PEFT model's own, or the merged plain model's."""
+        return served_state_dict(self.policy, self.serves_adapter)
 
     async def sync_weights(self, version: int) -> None:
-        """Copy the policy's weights (see `served_weights`) into the backend, which reports ``version`` from now on.
+        """Load the updated weights into the servers, which report ``version`` from now on (`Serving.sync`).
 
-        vLLM: the merged weights are loaded and verified by log-probs (`VLLMServing.sync`); a mismatch raises
-        `WeightSyncMismatch` naming ``version``, which stops the run. With policies, only the adapters the update
-        changed are loaded into vLLM (in place, under their names) and verified (the error names the policy too); on
-        the local backend, the updated adapters and full-weight policies (each into its own backend)."""
-        if self.vllm is not None and self.adapters is not None:
-            await self.vllm.sync_adapters(self.adapters, list(self.adapters.updated), version)
-            return
-        if self.vllm is not None:
-            await self.vllm.sync(merged_state_dict(self.policy), self.policy, version)
-            return
-        if self._backend is None:
-            raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
-        if self.trained is not None:  # only the policies this update changed get the new version
-            for name in self.adapters.updated if self.adapters is not None else []:
-                await asyncio.to_thread(self._backend.load_adapter, name, self.policy, version=version)
-            if self._full_backends is not None:
-                await self._full_backends.sync(self.trained.updated, version)
-            return
-        await asyncio.to_thread(self._backend.load_state_dict, self.served_weights(), version)
+        vLLM: the merged weights are loaded and verified by log-probs; a mismatch raises `WeightSyncMismatch`
+        naming ``version``, which stops the run. With policies, only the policies the update changed are loaded
+        (adapters in place under their names, full-weight policies into their own backends) and, on vLLM, verified
+        (the error names the policy too)."""
+        await self.serving.sync(version)
 
     def policy_versions(self) -> dict[str, int]:
-        """Per policy, the version vLLM serves it with (vLLM reports none; `LocalBackend` reports its own)."""
-        return {} if self.vllm is None else self.vllm.policy_versions()
+        """Per policy, the version vLLM serves it with (`Serving.policy_versions`; `LocalBackend` reports its own)."""
+        return self.serving.policy_versions()
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Backend admission groups and their mean size, decode steps and their mean rows, generation time (wall and
-        the generation thread's CPU) since the previous call; with vLLM, the last sync's timings and probe
-        difference."""
-        if self.vllm is not None:
-            return self.vllm.metrics()
-        if self._backend is None:
-            return {}
-        backends = [self._backend, *(self._full_backends.backends.values() if self._full_backends else [])]
-        every = [b.stats for b in backends]
-        now = (
-            sum(s.batches for s in every),
-            sum(s.requests for s in every),
-            sum(s.busy_seconds for s in every),
-            sum(s.steps for s in every),
-            sum(s.row_steps for s in every),
-            sum(s.cpu_seconds for s in every),
-            sum(s.tokens for s in every),
-        )
-        batches, requests, busy, steps, row_steps, cpu, tokens = (a - b for a, b in zip(now, self._seen, strict=True))
-        self._seen = now
-        return {
-            "backend_batches": float(batches),
-            "backend_mean_batch": requests / max(batches, 1),
-            "backend_steps": float(steps),
-            "backend_mean_rows": row_steps / max(steps, 1),
-            "time_generating": busy,
-            "cpu_generating": cpu,
-            "tokens_generated": float(tokens),
-            # generated tokens per second of the backend's prefill + decode (what generation throughput is)
-            "tokens_per_s": tokens / busy if busy > 0 else 0.0,
-        }
+        """Serving metrics since the previous call (`Serving.metrics`): the backends' admission groups and their mean
+        size, decode steps and their mean rows, generation time (wall and CPU) and tokens; with vLLM, the last
+        sync's timings and probe difference."""
+        return self.serving.metrics()
 
     def save_state(self, directory: Path) -> None:
         """A plain ``save_pretrained`` folder (LoRA merged; ``adapter/`` too for LoRA) plus the optimizer state.

@@ -8,20 +8,24 @@ weights are verified by log-probs before `sync` returns, and only then does the 
 version.
 
 Several policies (`PolicyAdapters`: one LoRA adapter per policy on a frozen base) are served by vLLM's multi-LoRA
-serving: a launched server gets ``--enable-lora`` and runtime adapter loading instead of the weight-sync extension,
-and `start_adapters` / `sync_adapters` load each policy's adapter under its name, verified by log-probs
-(`VLLMAdapterSync`); the proxy records each policy's version from `policy_versions`.
+serving (`VLLMLoRAServing`): a launched server gets ``--enable-lora`` and runtime adapter loading instead of the
+weight-sync extension, and each policy's adapter is loaded under its name, verified by log-probs (`VLLMAdapterSync`);
+the proxy records each policy's version from `policy_versions`. One policy is `VLLMWeightsServing`. Both are the
+engine's `agentlightning_torch._serving.Serving`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentlightning_torch._backend import merged_state_dict
 from agentlightning_torch._policy_adapters import PolicyAdapters
 from agentlightning_torch._vllm_adapter_sync import VLLMAdapterSync
 from agentlightning_torch._vllm_client import VLLMClient, VLLMError, extension_launch
@@ -29,7 +33,10 @@ from agentlightning_torch._vllm_lora import VLLM_LORA_ENV, vllm_lora_args
 from agentlightning_torch._vllm_server import VLLMServer
 from agentlightning_torch._vllm_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
-__all__ = ["VLLMServing", "VLLMSettings"]
+if TYPE_CHECKING:
+    from agentlightning_torch._trainer_config import TorchTrainerConfig
+
+__all__ = ["VLLMLoRAServing", "VLLMModel", "VLLMSettings", "VLLMWeightsServing", "vllm_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +79,11 @@ class VLLMSettings(BaseModel):
     log_path: Path | None = None
 
 
-class VLLMServing:
-    """One vLLM server for the trainer: start (launch or connect) → sync + verify per version → stop.
+@dataclass(frozen=True)
+class VLLMModel:
+    """The model a vLLM `Serving` serves, and how (what `vllm_model` reads from a `TorchTrainerConfig`).
 
-    Args:
+    Attributes:
         settings: The vLLM settings.
         model_dir: The model folder a launched server loads (its weights are replaced at `start` anyway).
         model_name: The served model name.
@@ -83,40 +91,41 @@ class VLLMServing:
         device: The trainer's device (``auto`` sync picks vLLM's reload on CUDA).
         tokenizer: The model's tokenizer (probe prompt).
         vocab_size: The model's vocabulary size.
-        lora: ``(adapters, rank)`` for a multi-policy run: a launched server serves that many LoRA adapters of that
-            rank (multi-LoRA); ``None``: one policy, synced as full weights.
     """
 
-    def __init__(
-        self,
-        settings: VLLMSettings,
-        *,
-        model_dir: str | Path,
-        model_name: str,
-        tool_parser: str | None,
-        device: str,
-        tokenizer: Any,
-        vocab_size: int,
-        lora: tuple[int, int] | None = None,
-    ) -> None:
-        self.settings = settings
+    settings: VLLMSettings
+    model_dir: str | Path
+    model_name: str
+    tool_parser: str | None
+    device: str
+    tokenizer: Any
+    vocab_size: int
+
+
+def vllm_model(config: TorchTrainerConfig, tokenizer: Any, vocab_size: int) -> VLLMModel:
+    """The `VLLMModel` of a ``backend="vllm"`` config."""
+    return VLLMModel(
+        config.vllm, config.model_dir, config.model_name, config.tool_parser, config.device, tokenizer, vocab_size
+    )
+
+
+class _VLLMServingBase:
+    """What both vLLM ways of serving share: launch (or reach) the server, wait for it, stop it.
+
+    Args:
+        model: The model and the vLLM settings.
+        lora: ``(adapters, rank)``: a launched server serves that many LoRA adapters of that rank (multi-LoRA);
+            ``None``: one model, synced as full weights through the worker extension.
+    """
+
+    def __init__(self, model: VLLMModel, lora: tuple[int, int] | None) -> None:
+        self.model = model
+        self.settings = model.settings
         self.lora = lora
-        self.model_dir = model_dir
-        self.model_name = model_name
-        self.tool_parser = tool_parser
-        method: SyncMethod = "extension"
-        on_gpu = device.startswith("cuda") or torch.cuda.is_available()  # a vLLM launched here runs on CUDA then
-        if settings.sync == "reload" or (settings.sync == "auto" and on_gpu):
-            method = "reload"
-        self.method: SyncMethod = method
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
         self.server: VLLMServer | None = None
-        self._sync: VLLMWeightSync | None = None
-        self.adapter_sync: VLLMAdapterSync | None = None
-        """The per-policy adapter sync (``lora`` runs, after `start_adapters`)."""
+        """The server launched here (``None``: not yet, or one given by ``settings.url``)."""
         self.syncs = 0
-        self.last_probe: ProbeResult | None = None
+        """Weight syncs (or adapter loads at `start` and each sync) done so far."""
 
     @property
     def url(self) -> str:
@@ -127,81 +136,36 @@ class VLLMServing:
             raise RuntimeError("vLLM is not started")
         return self.server.url
 
+    def _client(self) -> VLLMClient | None:
+        """The server's control client once started (each way of serving holds it in its sync)."""
+        raise NotImplementedError
+
+    @property
+    def client(self) -> VLLMClient:
+        """The server's control client (after `start`)."""
+        client = self._client()
+        if client is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        return client
+
     def _server_args(self) -> list[str]:
         args = list(vllm_lora_args(*self.lora)) if self.lora is not None else extension_launch()[0]
         args += self.settings.extra_args
-        if self.tool_parser is not None:
-            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.model.tool_parser is not None:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.model.tool_parser]
             if self.settings.tool_parser_plugin is not None:
                 args += ["--tool-parser-plugin", str(self.settings.tool_parser_plugin)]
         return args
 
-    async def start(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> str:
-        """Launch (or reach) vLLM, load the trainer's current weights into it and verify them; returns its URL.
-
-        The weights are synced even when vLLM loaded the same folder: a resumed run's policy differs from the
-        folder, and a server given by ``url`` may have loaded anything of the same architecture.
-        """
-        await self._launch()
-        client = VLLMClient(self.url, self.model_name)
-        self._sync = VLLMWeightSync(
-            client,
-            self.tokenizer,
-            self.vocab_size,
-            method=self.method,
-            tolerance=self.settings.tolerance,
-            idle_timeout_s=self.settings.idle_timeout_s,
-        )
-        await self.sync(weights, model, version)
-        return self.url
-
-    async def start_adapters(self, adapters: PolicyAdapters, version: int) -> str:
-        """Launch (or reach) vLLM, verify its base model, load every policy's adapter and verify it; returns its URL.
-
-        Raises:
-            WeightSyncMismatch: vLLM's base or an adapter differs from the trainer's (names version and policy).
-            VLLMError: vLLM refused an adapter (started without ``--enable-lora`` or runtime LoRA updating?).
-        """
-        await self._launch()
-        self.adapter_sync = VLLMAdapterSync(
-            self.url,
-            self.model_name,
-            self.tokenizer,
-            self.vocab_size,
-            tolerance=self.settings.tolerance,
-            idle_timeout_s=self.settings.idle_timeout_s,
-        )
-        await self.adapter_sync.start(adapters, version)
-        self.syncs += 1
-        return self.url
-
-    async def sync_adapters(self, adapters: PolicyAdapters, names: list[str], version: int) -> None:
-        """Load the adapters ``names`` into vLLM as ``version`` and verify each (the others keep their version).
-
-        Raises:
-            WeightSyncMismatch: vLLM's log-probs of an adapter differ from the trainer's (names version and policy).
-            VLLMError: vLLM was busy past ``idle_timeout_s`` or refused an adapter.
-        """
-        if self.adapter_sync is None:
-            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-        await self.adapter_sync.sync(adapters, names, version)
-        self.syncs += 1
-
-    def policy_versions(self) -> dict[str, int]:
-        """Per policy (``frozen`` included), the version of the weights vLLM serves it with (multi-policy runs)."""
-        return {} if self.adapter_sync is None else dict(self.adapter_sync.versions)
-
     async def _launch(self) -> None:
         """Launch a server for the model folder unless one is given by ``url`` (or already launched)."""
-        import asyncio
-
         if self.settings.url is None and self.server is None:
             env = dict(VLLM_LORA_ENV) if self.lora is not None else extension_launch()[1]
             server = VLLMServer(
-                self.model_dir,
-                served_model_name=self.model_name,
+                self.model.model_dir,
+                served_model_name=self.model.model_name,
                 args=self._server_args(),
-                max_model_len=self.settings.max_model_len or _context_length(self.model_dir),
+                max_model_len=self.settings.max_model_len or _context_length(self.model.model_dir),
                 enforce_eager=self.settings.enforce_eager,
                 kv_cache_gib=self.settings.kv_cache_gib,
                 env=env,
@@ -213,54 +177,161 @@ class VLLMServing:
             await asyncio.to_thread(server.start)
             self.server = server
 
-    async def sync(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> ProbeResult:
-        """Load ``weights`` into vLLM and verify them against ``model``; vLLM serves ``version`` from now on.
+    async def running(self) -> int:
+        """Requests vLLM is generating now (0 before `start`)."""
+        client = self._client()
+        return 0 if client is None else await client.running()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until vLLM generates nothing (its ``vllm:num_requests_running`` is 0);
+        returns the requests still running."""
+        client = self._client()
+        return 0 if client is None else await client.drain(timeout_s)
+
+    async def stop(self) -> None:
+        """Stop a launched server (a server given by ``url`` keeps running)."""
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+            self.server = None
+
+
+class VLLMWeightsServing(_VLLMServingBase):
+    """`Serving` of one policy on vLLM: launch or connect → the policy's (merged) weights synced and verified by
+    log-probs per version (`VLLMWeightSync`) → stop.
+
+    Args:
+        model: The model and the vLLM settings.
+        policy: The trained model (a LoRA policy is merged before each sync).
+    """
+
+    def __init__(self, model: VLLMModel, policy: torch.nn.Module) -> None:
+        super().__init__(model, lora=None)
+        self.policy = policy
+        method: SyncMethod = "extension"
+        on_gpu = model.device.startswith("cuda") or torch.cuda.is_available()  # a vLLM launched here runs on CUDA
+        if self.settings.sync == "reload" or (self.settings.sync == "auto" and on_gpu):
+            method = "reload"
+        self.method: SyncMethod = method
+        self._sync: VLLMWeightSync | None = None
+        self.last_probe: ProbeResult | None = None
+        """The last sync's probe (its version and largest log-prob difference)."""
+
+    def _client(self) -> VLLMClient | None:
+        return None if self._sync is None else self._sync.client
+
+    async def start(self, version: int) -> list[str]:
+        """Launch (or reach) vLLM, load the policy's current weights into it and verify them; returns its URL.
+
+        The weights are synced even when vLLM loaded the same folder: a resumed run's policy differs from the
+        folder, and a server given by ``url`` may have loaded anything of the same architecture.
+        """
+        if self._sync is None:
+            await self._launch()
+            client = VLLMClient(self.url, self.model.model_name)
+            self._sync = VLLMWeightSync(
+                client,
+                self.model.tokenizer,
+                self.model.vocab_size,
+                method=self.method,
+                tolerance=self.settings.tolerance,
+                idle_timeout_s=self.settings.idle_timeout_s,
+            )
+            await self.sync(version)
+        return [self.url]
+
+    async def sync(self, version: int) -> None:
+        """Load the policy's merged weights into vLLM and verify them; vLLM serves ``version`` from now on.
 
         Raises:
-            WeightSyncMismatch: vLLM's probe log-probs differ from ``model``'s (the message names ``version``).
-            VLLMError: vLLM was busy past ``idle_timeout_s`` or refused the load.
+            WeightSyncMismatch: vLLM's probe log-probs differ from the policy's (the message names ``version``).
+            VLLMError: vLLM is not started, was busy past ``idle_timeout_s`` or refused the load.
         """
         if self._sync is None:
             raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-        self.last_probe = await self._sync.sync(weights, model, version)
+        self.last_probe = await self._sync.sync(merged_state_dict(self.policy), self.policy, version)
         self.syncs += 1
-        return self.last_probe
-
-    @property
-    def client(self) -> VLLMClient:
-        """The server's control client (after `start` or `start_adapters`)."""
-        if self._sync is not None:
-            return self._sync.client
-        if self.adapter_sync is not None:
-            return self.adapter_sync.base.client
-        raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
-
-    async def running(self) -> int:
-        """Requests vLLM is generating now."""
-        if self._sync is None and self.adapter_sync is None:
-            return 0
-        return await self.client.running()
-
-    async def wait_idle(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until vLLM generates nothing; returns the requests still running."""
-        if self._sync is None and self.adapter_sync is None:
-            return 0
-        return await self.client.wait_idle(timeout_s)
 
     def metrics(self) -> dict[str, float]:
         """The last sync's timings and its probe's largest log-prob difference."""
-        if self.adapter_sync is not None:
-            return dict(self.adapter_sync.last)
         return {} if self._sync is None else dict(self._sync.last)
 
-    def stop(self) -> None:
-        """Stop a launched server (a server given by ``url`` keeps running) and delete the adapter folders."""
+    async def stop(self) -> None:
+        """Stop a launched server; a later `start` launches (or reaches) and syncs again."""
+        self._sync = None
+        await super().stop()
+
+    def policy_versions(self) -> dict[str, int]:
+        """Empty: one policy, whose version the proxy records from the loop."""
+        return {}
+
+
+class VLLMLoRAServing(_VLLMServingBase):
+    """`Serving` of several LoRA policies on vLLM's multi-LoRA serving: a launched server gets ``--enable-lora`` and
+    runtime adapter loading; each policy's adapter is loaded under its name and verified by log-probs
+    (`VLLMAdapterSync`); the proxy records each policy's version from `policy_versions`.
+
+    Args:
+        model: The model and the vLLM settings.
+        adapters: The run's LoRA policies on the frozen base.
+    """
+
+    def __init__(self, model: VLLMModel, adapters: PolicyAdapters) -> None:
+        super().__init__(model, lora=(len(adapters.names), adapters.max_rank))
+        self.adapters = adapters
+        self.adapter_sync: VLLMAdapterSync | None = None
+        """The per-policy adapter sync (after `start`)."""
+
+    def _client(self) -> VLLMClient | None:
+        return None if self.adapter_sync is None else self.adapter_sync.base.client
+
+    async def start(self, version: int) -> list[str]:
+        """Launch (or reach) vLLM, verify its base model, load every policy's adapter and verify it; returns its URL.
+
+        Raises:
+            WeightSyncMismatch: vLLM's base or an adapter differs from the trainer's (names version and policy).
+            VLLMError: vLLM refused an adapter (started without ``--enable-lora`` or runtime LoRA updating?).
+        """
+        if self.adapter_sync is None:
+            await self._launch()
+            self.adapter_sync = VLLMAdapterSync(
+                self.url,
+                self.model.model_name,
+                self.model.tokenizer,
+                self.model.vocab_size,
+                tolerance=self.settings.tolerance,
+                idle_timeout_s=self.settings.idle_timeout_s,
+            )
+            await self.adapter_sync.start(self.adapters, version)
+            self.syncs += 1
+        return [self.url]
+
+    async def sync(self, version: int) -> None:
+        """Load the adapters the last update changed into vLLM as ``version`` and verify each (the others keep
+        their version).
+
+        Raises:
+            WeightSyncMismatch: vLLM's log-probs of an adapter differ from the trainer's (names version and policy).
+            VLLMError: vLLM is not started, was busy past ``idle_timeout_s`` or refused an adapter.
+        """
+        if self.adapter_sync is None:
+            raise VLLMError("vLLM is not started; call `await trainer.start(store)` first")
+        await self.adapter_sync.sync(self.adapters, list(self.adapters.updated), version)
+        self.syncs += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The last sync's timings and its probes' largest log-prob difference."""
+        return {} if self.adapter_sync is None else dict(self.adapter_sync.last)
+
+    def policy_versions(self) -> dict[str, int]:
+        """Per policy (``frozen`` included), the version of the weights vLLM serves it with."""
+        return {} if self.adapter_sync is None else dict(self.adapter_sync.versions)
+
+    async def stop(self) -> None:
+        """Delete the adapter folders and stop a launched server."""
         if self.adapter_sync is not None:
             self.adapter_sync.close()
             self.adapter_sync = None
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        await super().stop()
 
 
 def _context_length(model_dir: str | Path) -> int:

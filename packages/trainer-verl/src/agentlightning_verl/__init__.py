@@ -6,6 +6,9 @@ Importing this package imports neither verl nor torch; each entry point imports 
 old name of `VerlTrainer` (removed in 0.3.0). The CPU rehearsal of verl's GPU recipe (verl and its vLLM rollout on
 a CPU, for tests) is not user API: it lives in the private `agentlightning_verl._cpu_rehearsal`, which lists every
 private verl / vLLM attribute it relies on; ``install_cpu_platform`` here is its deprecated alias (removed in 0.3.0).
+The engine serves through its backend's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`);
+``RolloutServing``, ``VllmServing`` and ``LocalServing`` are deprecated old names of `Serving`, `VLLMReplicaServing`
+and `ExportedWeightsServing` (removed in 0.3.0).
 """
 
 import warnings
@@ -22,10 +25,11 @@ from agentlightning_verl._ray_backend import (
     cpu_ray_init_kwargs,
 )
 from agentlightning_verl._serving import (
+    ExportedWeightsServing,
     LocalServer,
-    LocalServing,
-    RolloutServing,
-    VllmServing,
+    NoServing,
+    Serving,
+    VLLMReplicaServing,
     named_tensors_checksum,
 )
 
@@ -37,19 +41,20 @@ __all__ = [
     "CPU_WORKER_SETUP_HOOK",
     "GPU_INSTALL_HINT",
     "VERL_VERSION",
+    "ExportedWeightsServing",
     "LocalServer",
-    "LocalServing",
     "LocalVerlActor",
     "LocalVerlBackend",
+    "NoServing",
     "RayVerlBackend",
-    "RolloutServing",
     "SequenceTooLongError",
+    "Serving",
     "TruncationPolicy",
+    "VLLMReplicaServing",
     "VerlBackend",
     "VerlEngine",
     "VerlTrainer",
     "VerlTrainerConfig",
-    "VllmServing",
     "cpu_ray_init_kwargs",
     "named_tensors_checksum",
     "to_data_proto",
@@ -57,8 +62,34 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Deprecated names, removed in 0.3.0 (each warns): ``VerlAlgorithm`` (`VerlTrainer`) and
-    ``install_cpu_platform`` (the CPU rehearsal's, now private: ``agentlightning_verl._cpu_rehearsal``)."""
+    """Deprecated names, removed in 0.3.0 (each warns): ``VerlAlgorithm`` (`VerlTrainer`),
+    ``install_cpu_platform`` (the CPU rehearsal's, now private: ``agentlightning_verl._cpu_rehearsal``),
+    ``RolloutServing`` (`Serving`), ``VllmServing`` (`VLLMReplicaServing`), ``LocalServing``
+    (`ExportedWeightsServing`)."""
+    if name == "RolloutServing":
+        warnings.warn(
+            "agentlightning_verl.RolloutServing is deprecated: use Serving (steps start, drain, sync, metrics, stop, "
+            "release); it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Serving
+    if name == "VllmServing":
+        warnings.warn(
+            "agentlightning_verl.VllmServing is deprecated: use VLLMReplicaServing (a Serving: start, drain, sync, "
+            "metrics, stop, release); it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VLLMReplicaServing
+    if name == "LocalServing":
+        warnings.warn(
+            "agentlightning_verl.LocalServing is deprecated: use ExportedWeightsServing (a Serving: start, drain, "
+            "sync, metrics, stop, release); it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ExportedWeightsServing
     if name == "install_cpu_platform":
         warnings.warn(
             "agentlightning_verl.install_cpu_platform is deprecated: the CPU rehearsal is not user API "

@@ -5,8 +5,8 @@ pause the proxy, flush → transitions + LightningRL credit → ``update`` → `
 resume); `VerlTrainer` is that loop with a `VerlEngine` built from one `VerlTrainerConfig`. The engine: ``update``
 converts the `TrainingBatch` with `to_data_proto`, recomputes ``old_log_probs`` (and entropy) with verl's actor,
 (PPO) values with the critic, advantages with verl's ``compute_advantage``, then updates critic and actor;
-``sync_weights`` pushes the new weights into the rollout servers through `RolloutServing` (vLLM's checkpoint engine
-or a local server); ``save_state``/``load_state`` are verl's own actor/critic checkpoints.
+``sync_weights`` pushes the new weights into the rollout servers through the backend's `Serving` (vLLM's checkpoint
+engine, a local server, or nothing); ``save_state``/``load_state`` are verl's own actor/critic checkpoints.
 
 The verl side sits behind the small `VerlBackend` protocol: `RayVerlBackend` (Ray worker groups on GPUs or on the
 CPU platform) or `LocalVerlBackend` (one in-process actor, no serving).
@@ -14,7 +14,6 @@ CPU platform) or `LocalVerlBackend` (one in-process actor, no serving).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agentlightning import Engine, IterationReport, LoopConfig, RLLoop, TrainingBatch
 from agentlightning_verl._config import VerlTrainerConfig
 from agentlightning_verl._convert import to_data_proto
+from agentlightning_verl._serving import Serving
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -36,8 +36,9 @@ logger = logging.getLogger(__name__)
 class VerlBackend(Protocol):
     """What `VerlEngine` needs from verl; `RayVerlBackend` is the real one, `LocalVerlBackend` a one-process one."""
 
-    def rollout_addresses(self) -> list[str]:
-        """OpenAI-compatible base URLs of the inference servers (the LLM proxy's backends)."""
+    @property
+    def serving(self) -> Serving:
+        """The inference servers the actor's weights go to (`Serving`; `NoServing` where nothing serves)."""
         ...
 
     def compute_log_prob(self, data: DataProto) -> tuple[Any, Any]:
@@ -54,14 +55,6 @@ class VerlBackend(Protocol):
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """One actor update; metrics prefixed ``actor/``."""
-        ...
-
-    async def release_rollout(self) -> None:
-        """Before an update: let the inference servers give up the accelerator (vLLM sleeps)."""
-        ...
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """Serve the actor's weights as model ``version`` from now on; returns timing metrics."""
         ...
 
     def save_checkpoint(self, directory: Path, step: int) -> None:
@@ -97,7 +90,6 @@ class VerlEngine(Engine):
     def __init__(self, config: VerlTrainerConfig, *, backend: VerlBackend | None = None) -> None:
         self.config = config
         self._backend = backend
-        self._sync_metrics: dict[str, float] = {}
         self.steps = 0
         """verl updates this engine applied (verl's ``global_step`` bookkeeping in its checkpoints)."""
 
@@ -110,23 +102,29 @@ class VerlEngine(Engine):
             self._backend = RayVerlBackend(self.config)
         return self._backend
 
+    @property
+    def serving(self) -> Serving:
+        """The backend's inference servers (`VerlBackend.serving`): every server step below is this object's."""
+        return self.backend.serving
+
     async def start_servers(self, model_version: int) -> list[str]:
         """Serve the actor's current weights as ``model_version``; returns the rollout servers' base URLs."""
-        backend = self.backend
-        self._sync_metrics.update(await backend.sync_weights(model_version))
-        return backend.rollout_addresses()
+        return await self.serving.start(model_version)
 
     async def drain_servers(self, timeout_s: float) -> int:
         """Stop what the rollout servers still generate for cancelled rollouts (vLLM: verl's abort of every
         request, admission held until the next sync); returns the requests left (0)."""
-        drain = getattr(self.backend, "drain_rollout", None)  # backends without servers have nothing to drain
-        return 0 if drain is None else int(await drain())
+        return await self.serving.drain(timeout_s)
+
+    async def stop_servers(self) -> None:
+        """`Serving.stop` (the servers verl's workers host go with the backend: ``RayVerlBackend.shutdown``)."""
+        await self.serving.stop()
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One verl step on ``batch``: old log-probs, (values), advantages, (critic), actor. Weights are not synced.
 
-        Call it with no rollout in flight (the proxy paused): the rollout servers are released first (vLLM sleeps
-        until `sync_weights`). Runs in a worker thread when called from `run`.
+        Call it with no rollout in flight (the proxy paused): the rollout servers are released first
+        (`Serving.release`: vLLM sleeps until `sync_weights`). Runs in a worker thread when called from `run`.
 
         Raises:
             ValueError: An empty batch or a sample that does not fit (see `to_data_proto`).
@@ -149,7 +147,7 @@ class VerlEngine(Engine):
             include_advantages=cfg.advantages_from == "agentlightning",
             meta_info={"temperature": cfg.temperature},
         )
-        asyncio.run(backend.release_rollout())
+        self.serving.release()  # in the update's worker thread: vLLM sleeps until `sync_weights`
         verl_cfg = cfg.to_verl_config()
         mask = data.batch["response_mask"].float()
         # verl's default ("decoupled") mode: the PPO anchor is the trainer's own policy, recomputed here.
@@ -190,13 +188,12 @@ class VerlEngine(Engine):
         return metrics
 
     async def sync_weights(self, version: int) -> None:
-        """Make the rollout servers serve the updated weights, as model ``version`` (`RolloutServing`)."""
-        self._sync_metrics.update(await self.backend.sync_weights(version))
+        """Make the rollout servers serve the updated weights, as model ``version`` (`Serving.sync`)."""
+        await self.serving.sync(version)
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Weight-sync timings since the previous call."""
-        metrics, self._sync_metrics = self._sync_metrics, {}
-        return metrics
+        """Weight-sync timings since the previous call (`Serving.metrics`)."""
+        return self.serving.metrics()
 
     def save_state(self, directory: Path) -> None:
         """verl's checkpoints of actor and critic (model, optimizer, scheduler, RNG) into ``directory/verl``."""

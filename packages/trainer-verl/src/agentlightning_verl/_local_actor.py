@@ -19,6 +19,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentlightning_verl._serving import ExportedWeightsServing, NoServing, ServingMethods, VLLMReplicaServing
+
 if TYPE_CHECKING:
     import torch
     from omegaconf import DictConfig
@@ -189,21 +191,21 @@ class LocalVerlActor:
         return _scalar_metrics(tu.get(output, "metrics"))
 
 
-class LocalVerlBackend:
+class LocalVerlBackend(ServingMethods):
     """`VerlEngine` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
 
-    It trains but serves nothing: there is no inference server to sync weights into, so `rollout_addresses` is
-    empty and `sync_weights` only records the version. Use it to run `VerlEngine.update` on one device (tests,
+    It trains but serves nothing: there is no inference server to sync weights into, so its `serving` is a
+    `NoServing` (no address; a sync only records the version). Use it to run `VerlEngine.update` on one device (tests,
     debugging, offline data); `RayVerlBackend` serves rollouts.
     """
 
     def __init__(self, actor: LocalVerlActor) -> None:
         self.actor = actor
-        self.synced_versions: list[int] = []
-
-    def rollout_addresses(self) -> list[str]:
-        """No inference server in this backend."""
-        return []
+        nothing = NoServing()
+        self.serving: ExportedWeightsServing | VLLMReplicaServing | NoServing = nothing
+        """Nothing serves (`NoServing`)."""
+        self.synced_versions: list[int] = nothing.synced_versions
+        """Every version the engine synced (the serving's record)."""
 
     def compute_log_prob(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
         """See `LocalVerlActor.compute_log_prob_and_entropy`."""
@@ -220,14 +222,6 @@ class LocalVerlBackend:
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """See `LocalVerlActor.update`."""
         return {k if k.startswith("actor/") else f"actor/{k}": v for k, v in self.actor.update(data).items()}
-
-    async def release_rollout(self) -> None:
-        """Nothing to release."""
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """Nothing to sync to; records the version."""
-        self.synced_versions.append(version)
-        return {}
 
     def save_checkpoint(self, directory: Path, step: int) -> None:
         """verl's checkpoint of the actor (model, optimizer, scheduler) into ``directory/actor``."""

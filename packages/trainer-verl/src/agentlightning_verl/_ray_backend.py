@@ -2,11 +2,11 @@
 
 On GPUs (``device="cuda"``, the default): the actor worker group is verl's ``ActorRolloutRefWorker`` in role
 ``actor_rollout`` (FSDP actor colocated with vLLM replicas built by verl's ``LLMServerManager``), a
-``TrainingWorker`` critic for PPO in the same processes, weights synced by `VllmServing`.
+``TrainingWorker`` critic for PPO in the same processes, weights synced by `VLLMReplicaServing`.
 
 On CPUs (``device="cpu"``, tests and debugging): the same worker classes in role ``actor`` (no vLLM), each Ray
 worker process running `install_cpu_platform` first (Ray's ``worker_process_setup_hook``), placement groups without
-GPUs, and rollouts served by a `LocalServer` (the embedded torch backend) synced by `LocalServing`.
+GPUs, and rollouts served by a `LocalServer` (the embedded torch backend) synced by `ExportedWeightsServing`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentlightning_verl._config import VerlTrainerConfig
-from agentlightning_verl._serving import LocalServer, LocalServing, RolloutServing, VllmServing
+from agentlightning_verl._serving import (
+    ExportedWeightsServing,
+    LocalServer,
+    NoServing,
+    ServingMethods,
+    VLLMReplicaServing,
+)
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -141,14 +147,14 @@ def _one_placement_group_per_node(nnodes: int, per_node: int) -> list[Any]:
     return groups
 
 
-class RayVerlBackend:
+class RayVerlBackend(ServingMethods):
     """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
 
     Args:
         config: Our settings.
         verl_config: verl's full config; defaults to ``config.to_verl_config()``.
         device: ``cuda`` (GPUs, vLLM) or ``cpu`` (the CPU platform; vLLM's CPU build or a ``local_server``).
-        local_server: Serve rollouts with this server instead of vLLM (`LocalServing`).
+        local_server: Serve rollouts with this server instead of vLLM (`ExportedWeightsServing`).
 
     Raises:
         ImportError: The GPU stack (or, on ``cpu``, vLLM's CPU build) is missing; the message gives the command.
@@ -181,9 +187,10 @@ class RayVerlBackend:
         self.pool = self._resource_pool()
         classes, critic_cfg = self._worker_classes(actor_role="actor_rollout" if use_vllm else "actor")
         self._spawn(classes, critic_cfg)
-        self.serving: RolloutServing = (
-            LocalServing(self.actor_wg, local_server) if local_server is not None else self._vllm_serving()
+        self.serving: ExportedWeightsServing | VLLMReplicaServing | NoServing = (
+            ExportedWeightsServing(self.actor_wg, local_server) if local_server is not None else self._vllm_serving()
         )
+        """The rollout servers (`Serving`): verl's vLLM replicas, or the local server."""
         logger.info("verl workers ready on %s (%d per node x %d nodes)", device, config.n_gpus_per_node, config.nnodes)
 
     def _resource_pool(self) -> Any:
@@ -256,7 +263,7 @@ class RayVerlBackend:
         self.actor_wg: Any = spawned["actor"]
         self.actor_wg.init_model()
 
-    def _vllm_serving(self) -> VllmServing:
+    def _vllm_serving(self) -> VLLMReplicaServing:
         """verl's vLLM replicas on the actor's bundles, asleep until the first `sync_weights` wakes them."""
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
@@ -275,25 +282,7 @@ class RayVerlBackend:
             replicas=llm_servers.get_replicas(),
         )
         checkpoints.sleep_replicas()  # as RayPPOTrainer.init_workers; the first sync_weights wakes them
-        return VllmServing(llm_servers, checkpoints)
-
-    # ----- serving ---------------------------------------------------------------------------------------------
-
-    def rollout_addresses(self) -> list[str]:
-        """OpenAI-compatible base URLs of the rollout servers."""
-        return self.serving.addresses()
-
-    async def drain_rollout(self) -> int:
-        """See `RolloutServing.drain`."""
-        return await self.serving.drain()
-
-    async def release_rollout(self) -> None:
-        """See `RolloutServing.release`."""
-        await self.serving.release()
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """See `RolloutServing.sync_weights`."""
-        return await self.serving.sync_weights(version)
+        return VLLMReplicaServing(llm_servers, checkpoints)
 
     def actor_checksum(self) -> str:
         """`named_tensors_checksum` of the actor's full weights (rank 0)."""

@@ -1,16 +1,25 @@
-"""How trained weights reach the inference servers: one interface, `RolloutServing`, two implementations.
+"""How trained weights reach the inference servers: one `Serving` protocol, one implementation per way of serving.
 
-`VerlEngine` calls the same two methods whatever serves the rollouts: `RolloutServing.release` before an update
-(the proxy is paused, nothing is generating) and `RolloutServing.sync_weights` after it.
+`VerlEngine` delegates its server steps to its backend's `Serving` (``VerlBackend.serving``) whatever serves the
+rollouts: ``start_servers`` → `Serving.start`, ``drain_servers`` → `Serving.drain`, ``sync_weights`` →
+`Serving.sync`, ``iteration_metrics`` → `Serving.metrics`, ``stop_servers`` → `Serving.stop`, and `Serving.release`
+at the start of ``update`` (the proxy is paused, nothing is generating). trainer-torch has a `Serving` protocol of its
+own with the same steps (``agentlightning_torch.Serving``); a test (``tests/test_serving_contract.py``) keeps the two
+alike.
 
-* `VllmServing`: verl's colocated vLLM replicas. ``release`` is verl's ``CheckpointEngineManager.sleep_replicas``
-  (vLLM frees its weights and KV cache so FSDP can use the GPU); ``sync_weights`` is verl's
-  ``CheckpointEngineManager.update_weights`` (with the default ``naive`` backend: each actor rank streams
+* `VLLMReplicaServing`: verl's colocated vLLM replicas. ``release`` is verl's
+  ``CheckpointEngineManager.sleep_replicas`` (vLLM frees its weights and KV cache so FSDP can use the GPU); ``sync``
+  is verl's ``CheckpointEngineManager.update_weights`` (with the default ``naive`` backend: each actor rank streams
   ``engine.get_per_tensor_param()`` into its colocated vLLM worker, then vLLM wakes up) — exactly what
   ``RayPPOTrainer.fit`` does around its update.
-* `LocalServing`: any server that can load a state dict (the embedded torch backend, ``agentlightning_torch``'s
-  ``LocalBackend``, standing in for vLLM on a machine without GPUs): ``sync_weights`` gathers the actor's full
-  weights from verl's FSDP engine (the same generator verl feeds vLLM) and loads them, tagged with the version.
+* `ExportedWeightsServing`: any server that can load a state dict (the embedded torch backend,
+  ``agentlightning_torch``'s ``LocalBackend``, standing in for vLLM on a machine without GPUs): ``sync`` gathers the
+  actor's full weights from verl's FSDP engine (the same generator verl feeds vLLM) and loads them, tagged with the
+  version.
+* `NoServing`: nothing serves (`LocalVerlBackend`: updates only); ``sync`` records the version.
+
+``RolloutServing``, ``VllmServing`` and ``LocalServing`` are the deprecated old names of `Serving`,
+`VLLMReplicaServing` and `ExportedWeightsServing` (removed in 0.3.0).
 """
 
 from __future__ import annotations
@@ -20,13 +29,22 @@ import hashlib
 import inspect
 import logging
 import time
+import warnings
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LocalServer", "LocalServing", "RolloutServing", "VllmServing", "named_tensors_checksum"]
+__all__ = [
+    "ExportedWeightsServing",
+    "LocalServer",
+    "NoServing",
+    "Serving",
+    "ServingMethods",
+    "VLLMReplicaServing",
+    "named_tensors_checksum",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,27 +65,55 @@ def named_tensors_checksum(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 
 async def _maybe_await(value: Any) -> Any:
+    """verl's managers answer a coroutine or a result depending on the caller (``auto_await``): either, awaited."""
     return await value if inspect.isawaitable(value) else value
 
 
-class RolloutServing(Protocol):
+@runtime_checkable
+class Serving(Protocol):
     """The inference servers behind the LLM proxy, and how the actor's weights get into them."""
 
-    def addresses(self) -> list[str]:
-        """OpenAI-compatible base URLs of the servers (the LLM proxy's backends)."""
+    async def start(self, version: int) -> list[str]:
+        """Serve the actor's current weights as ``version``; returns the servers' OpenAI-compatible base URLs (the
+        LLM proxy's backends; none where nothing serves)."""
         ...
 
-    async def drain(self) -> int:
-        """Stop whatever the servers still generate (calls of cancelled rollouts); returns the requests left."""
+    async def drain(self, timeout_s: float) -> int:
+        """Stop whatever the servers still generate (calls of cancelled rollouts), waiting at most ``timeout_s``;
+        returns the requests left."""
         ...
 
-    async def release(self) -> None:
-        """Called before an update, with no request in flight: give the accelerator to the trainer if needed."""
+    async def sync(self, version: int) -> None:
+        """Serve the actor's current weights from now on, as model ``version`` (timings go to `metrics`)."""
         ...
 
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """Serve the actor's current weights from now on, as model ``version``; returns timing metrics."""
+    def metrics(self) -> dict[str, float]:
+        """The weight syncs' timings since the previous call."""
         ...
+
+    async def stop(self) -> None:
+        """Stop what `start` started (the servers verl's workers host stay: they go with the backend)."""
+        ...
+
+    def release(self) -> None:
+        """Called at the start of an update, with no request in flight and from the update's worker thread: give
+        the accelerator to the trainer if needed (synchronous: the update runs outside the event loop)."""
+        ...
+
+
+class _Timings:
+    """`Serving.metrics` of the implementations below: what `sync` recorded since the previous call."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, float] = {}
+
+    def metrics(self) -> dict[str, float]:
+        """The weight syncs' timings since the previous call."""
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    async def stop(self) -> None:
+        """Nothing to stop here: the servers belong to the backend (``RayVerlBackend.shutdown``)."""
 
 
 class LocalServer(Protocol):
@@ -83,8 +129,8 @@ class LocalServer(Protocol):
         ...
 
 
-class LocalServing:
-    """`RolloutServing` for a `LocalServer`: the actor's full weights, exported by verl's engine, loaded into it.
+class ExportedWeightsServing(_Timings):
+    """`Serving` of a `LocalServer`: the actor's full weights, exported by verl's engine, loaded into it.
 
     Args:
         actor_wg: verl's actor worker group built from `agentlightning_verl._workers.ActorWorker`.
@@ -92,6 +138,7 @@ class LocalServing:
     """
 
     def __init__(self, actor_wg: Any, server: LocalServer) -> None:
+        super().__init__()
         self.actor_wg = actor_wg
         self.server = server
 
@@ -99,14 +146,20 @@ class LocalServing:
         """The local server's URL."""
         return [self.server.base_url]
 
-    async def drain(self) -> int:
+    async def start(self, version: int) -> list[str]:
+        """Load the actor's weights into the server as ``version``; returns its URL."""
+        await self.sync(version)
+        return self.addresses()
+
+    async def drain(self, timeout_s: float) -> int:
         """The local server finishes its batch between calls; nothing to abort."""
+        del timeout_s
         return 0
 
-    async def release(self) -> None:
+    def release(self) -> None:
         """Nothing to release: the local server does not share an accelerator with the trainer."""
 
-    async def sync_weights(self, version: int) -> dict[str, float]:
+    async def sync(self, version: int) -> None:
         """Export the actor's weights (rank 0's copy) and load them into the server as ``version``.
 
         Raises:
@@ -120,11 +173,11 @@ class LocalServing:
         if served != version:
             raise RuntimeError(f"the local server reports model version {served} after loading version {version}")
         logger.info("local server now serves model version %d (%d tensors)", version, len(state_dict))
-        return {"sync/export_s": exported_at - started, "sync/load_s": time.perf_counter() - exported_at}
+        self._metrics.update({"sync/export_s": exported_at - started, "sync/load_s": time.perf_counter() - exported_at})
 
 
-class VllmServing:
-    """`RolloutServing` for verl's vLLM replicas (``LLMServerManager``), synced by ``CheckpointEngineManager``.
+class VLLMReplicaServing(_Timings):
+    """`Serving` of verl's vLLM replicas (``LLMServerManager``), synced by ``CheckpointEngineManager``.
 
     Args:
         llm_servers: verl's ``LLMServerManager`` (its replicas run colocated with the actor workers).
@@ -132,6 +185,7 @@ class VllmServing:
     """
 
     def __init__(self, llm_servers: Any, checkpoints: Any) -> None:
+        super().__init__()
         self.llm_servers = llm_servers
         self.checkpoints = checkpoints
         self.requests_at_release: list[int] = []
@@ -145,9 +199,15 @@ class VllmServing:
         """Each replica's first server (the one holding vLLM's engine; others run headless)."""
         return [replica.servers[0] for replica in self.llm_servers.get_replicas()]
 
-    async def drain(self) -> int:
+    async def start(self, version: int) -> list[str]:
+        """Wake the replicas with the actor's weights as ``version`` (`sync`); returns their URLs."""
+        await self.sync(version)
+        return self.addresses()
+
+    async def drain(self, timeout_s: float) -> int:
         """Abort whatever vLLM still generates and hold new requests until the next sync (verl's
-        ``abort_replicas``, as its partial-rollout sync does); returns the requests left (0)."""
+        ``abort_replicas``, as its partial-rollout sync does: nothing to wait for); returns the requests left (0)."""
+        del timeout_s
         await _maybe_await(self.checkpoints.abort_replicas())
         return await self.running_requests()
 
@@ -163,17 +223,101 @@ class VllmServing:
         )
         return [str(checksum) for per_server in results for checksum in per_server]
 
-    async def release(self) -> None:
-        """Nothing may generate during the update: abort (`drain`), then verl's ``sleep_replicas`` (vLLM frees
-        weights and KV cache; a no-op where sleep mode is off, as on CPU)."""
-        self.requests_at_release.append(await self.drain())
-        await _maybe_await(self.checkpoints.sleep_replicas())
+    def release(self) -> None:
+        """Nothing may generate during the update: abort, then verl's ``sleep_replicas`` (vLLM frees weights and KV
+        cache; a no-op where sleep mode is off, as on CPU). verl's managers are synchronous when called outside an
+        event loop (``auto_await``), as ``RayPPOTrainer.fit`` calls them."""
+        import ray
 
-    async def sync_weights(self, version: int) -> dict[str, float]:
+        self.checkpoints.abort_replicas()
+        counts = ray.get([server.agl_running_requests.remote() for server in self._servers()])
+        self.requests_at_release.append(int(sum(counts)))
+        self.checkpoints.sleep_replicas()
+
+    async def sync(self, version: int) -> None:
         """``CheckpointEngineManager.update_weights(version)`` (actor weights into every replica, then wake up),
         then generation resumes (verl's ``resume_generation_replicas``)."""
         started = time.perf_counter()
         result = await _maybe_await(self.checkpoints.update_weights(version))
         await _maybe_await(self.checkpoints.resume_generation_replicas())
         metrics = {f"sync/{k}": float(v) for k, v in (result or {}).items() if isinstance(v, int | float)}
-        return {**metrics, "sync/update_weights_s": time.perf_counter() - started}
+        self._metrics.update({**metrics, "sync/update_weights_s": time.perf_counter() - started})
+
+
+class NoServing(_Timings):
+    """`Serving` where nothing serves (`LocalVerlBackend`: updates only): no address, nothing to drain or release;
+    `sync` records the version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced_versions: list[int] = []
+        """Every version `sync` (and `start`) was given."""
+
+    def addresses(self) -> list[str]:
+        """None: nothing serves."""
+        return []
+
+    async def start(self, version: int) -> list[str]:
+        """No server: records the version, returns no address."""
+        await self.sync(version)
+        return []
+
+    async def drain(self, timeout_s: float) -> int:
+        """Nothing generates."""
+        del timeout_s
+        return 0
+
+    def release(self) -> None:
+        """Nothing to release."""
+
+    async def sync(self, version: int) -> None:
+        """Nothing to sync to; records the version."""
+        self.synced_versions.append(version)
+
+
+class ServingMethods:
+    """The methods `VerlBackend` s had before `Serving`, kept (deprecated, removed in 0.3.0) on the shipped backends:
+    each warns and calls the backend's ``serving``."""
+
+    serving: ExportedWeightsServing | VLLMReplicaServing | NoServing
+
+    def rollout_addresses(self) -> list[str]:
+        """Deprecated: the URLs are what ``serving.start`` returns."""
+        warnings.warn(
+            "agentlightning_verl.VerlBackend.rollout_addresses is deprecated: use the URLs backend.serving.start "
+            "returns; it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.serving.addresses()
+
+    async def drain_rollout(self) -> int:
+        """Deprecated: ``serving.drain``."""
+        warnings.warn(
+            "agentlightning_verl.VerlBackend.drain_rollout is deprecated: use backend.serving.drain (same meaning); "
+            "it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return await self.serving.drain(0.0)
+
+    async def release_rollout(self) -> None:
+        """Deprecated: ``serving.release``."""
+        warnings.warn(
+            "agentlightning_verl.VerlBackend.release_rollout is deprecated: use backend.serving.release (same "
+            "meaning, synchronous); it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await asyncio.to_thread(self.serving.release)
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """Deprecated: ``serving.sync`` (its timings: ``serving.metrics``)."""
+        warnings.warn(
+            "agentlightning_verl.VerlBackend.sync_weights is deprecated: use backend.serving.sync (timings: "
+            "backend.serving.metrics()); it is removed in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await self.serving.sync(version)
+        return self.serving.metrics()
