@@ -20,8 +20,7 @@ def _parse(example: str, module: Any, argv: list[str]) -> Any:
 
 @pytest.mark.parametrize("example", ["calc", "sql", "rag", "math"])
 def test_an_example_maps_the_ray_runner_options(example: str, example_script: Any, tmp_path: Any) -> None:
-    from agentlightning_torch.runkit import ray_settings
-    from agentlightning_torch.runkit._ray_runners import RayRunnerSettings
+    from agentlightning_torch.runkit import RayRunnerSettings, ray_settings
 
     if example in ("sql", "calc"):
         pytest.importorskip("langgraph")

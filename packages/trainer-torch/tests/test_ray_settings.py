@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("ray")
 
 from agentlightning.cli import train_parser
-from agentlightning_torch.runkit import ray_settings
-from agentlightning_torch.runkit._ray_runners import _shipped, shipped_settings  # pyright: ignore[reportPrivateUsage]
+from agentlightning_torch.runkit import ray_settings, shipped_settings
+from agentlightning_torch.runkit._ray_runners import _shipped  # pyright: ignore[reportPrivateUsage]
 
 
 def _args(*extra: str) -> object:

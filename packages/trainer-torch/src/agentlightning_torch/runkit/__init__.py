@@ -26,6 +26,7 @@ Example::
 """
 
 from agentlightning_torch.runkit._output import Curve, exit_process, plot_run, print_table, run_main, serving_death
+from agentlightning_torch.runkit._ray_runners import RayRunnerSettings, shipped_settings
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
@@ -44,6 +45,7 @@ __all__ = [
     "AgentRunners",
     "Curve",
     "OnDemandDashboard",
+    "RayRunnerSettings",
     "RunResult",
     "RunSettings",
     "TrainingRun",
@@ -58,6 +60,7 @@ __all__ = [
     "ray_settings",
     "run_main",
     "serving_death",
+    "shipped_settings",
     "start_dashboard",
     "store_serving",
     "trainer_config",
