@@ -28,16 +28,7 @@ class UsageError(ValueError):
 def load_jsonl_tasks(
     path: Path, flag: str = "--tasks", check: Callable[[dict[str, Any]], str | None] | None = None
 ) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file, one JSON object per line (blank lines skipped; `agentlightning.cli.read_task_file`).
-
-    Args:
-        path: The file.
-        flag: The option that named it (for the messages).
-        check: Returns what is wrong with one task (``None``: nothing); the message gets the file and line.
-
-    Raises:
-        UsageError: The file is missing, a line is not a JSON object or fails ``check``, or there is no task.
-    """
+    """`agentlightning.cli.read_task_file` (same arguments), its `TaskFileError` raised as a `UsageError`."""
     try:
         return read_task_file(path, flag, check)
     except TaskFileError as error:
