@@ -189,6 +189,8 @@ class TrainingRun:
             done = max(done, (time.monotonic() - self._started) / config.time_budget_s)
         if self._progress is not None:
             self._progress.update(self._bar, completed=min(done, 1.0), status=self.status(report))
+        if self.runner_report is not None:
+            self.runner_report.iteration_done(report.iteration)
 
     async def evaluate(self, *, greedy: bool = True, when: str = "") -> IterationReport:
         """Evaluate the held-out tasks once (guarded by the runners); greedy ones compete for ``checkpoint/best``."""

@@ -41,24 +41,34 @@ class RunnerReport:
         self.counts = counts
         self._files: dict[int, IO[str]] = {}
         self._failed = False
-        self._seen = 0
+        self._counting: list[asyncio.Task[None]] = []
+
+    def iteration_done(self, iteration: int) -> None:
+        """Called (in the event loop) as each training iteration ends: its counts line is printed now, not at the next
+        poll (two iterations can end between polls on a fast run or a busy machine: each gets its line)."""
+        if self.counts:
+            self._counting.append(asyncio.get_running_loop().create_task(self._guarded(self.print_counts(iteration))))
 
     async def watch(self, trainer: Any, every_s: float = 1.0) -> None:
-        """Relay the Ray runners' output every ``every_s`` and print the counts once per finished iteration."""
-        self._seen = len(trainer.history)
+        """Relay the Ray runners' output every ``every_s``."""
         while True:
             await asyncio.sleep(every_s)
             await self.catch_up(trainer)
 
     async def catch_up(self, trainer: Any) -> None:
-        """Relay the Ray runners' output so far, and print the counts if an iteration finished since last time."""
+        """Relay the Ray runners' output so far, after every counts line asked for so far is printed."""
+        counting, self._counting = self._counting, []
+        await asyncio.gather(*counting)
+        if self.pool is not None and self.pool.actors:
+            await self._guarded(self._relay())
+
+    async def _relay(self) -> None:
+        assert self.pool is not None
+        self.write(await asyncio.to_thread(self.pool.output))
+
+    async def _guarded(self, work: Any) -> None:
         try:
-            if self.pool is not None and self.pool.actors:
-                self.write(await asyncio.to_thread(self.pool.output))
-            if len(trainer.history) > self._seen:
-                self._seen = len(trainer.history)
-                if self.counts:
-                    await self.print_counts(trainer.history[-1].iteration)
+            await work
         except Exception as error:  # a report must never stop the run: say it once and go on
             if not self._failed:
                 self._failed = True
