@@ -116,8 +116,8 @@ def lora_vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     Shared by every test of the session that loads LoRA adapters into vLLM (one server start: ~1 minute on CPU);
     each test uses adapter names of its own. ``/metrics`` is on (the trainer waits on its running count).
     """
-    from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV
     from agentlightning_torch.testing import VLLMNotInstalledError, VLLMServer, find_vllm_python
+    from agentlightning_torch.vllm._lora import VLLM_LORA_ARGS, VLLM_LORA_ENV
 
     try:
         python = find_vllm_python()

@@ -44,8 +44,8 @@ from agentlightning_torch import (
     WeightSyncMismatch,
     policy_metric,
 )
-from agentlightning_torch._vllm_sync import reference_logprobs
 from agentlightning_torch.testing import VLLMServer, make_tiny_chat_model
+from agentlightning_torch.vllm._weight_sync import reference_logprobs
 
 
 def _graph() -> Any:
@@ -172,7 +172,7 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path: Path
         serving = trainer.engine.serving
         assert isinstance(serving, BackendPoliciesServing)
         backend = serving.backend
-        assert backend is not None and backend.adapter_versions == {"writer": 2, "rewriter": 2}
+        assert backend is not None and backend.lora_versions == {"writer": 2, "rewriter": 2}
         for name in ("writer", "rewriter"):  # what the backend serves is what the trainer holds
             served = get_peft_model_state_dict(backend.model, adapter_name=name)
             assert all(torch.equal(served[k], v) for k, v in _adapter(trainer, name).items())
@@ -263,7 +263,7 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
     try:
         await trainer.start(store)  # vLLM's base verified, both adapters loaded and verified
         vllm = trainer.engine.serving
-        assert isinstance(vllm, VLLMLoRAServing) and vllm.adapter_sync is not None
+        assert isinstance(vllm, VLLMLoRAServing) and vllm.lora_sync is not None
         assert vllm.policy_versions() == {FROZEN: 0, "draft": 0, "edit": 0}
         draft0, edit0 = _adapter(trainer, "draft"), _adapter(trainer, "edit")
 
@@ -277,8 +277,8 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
         assert first.metrics["vllm_sync_adapters"] == 1.0  # only the changed adapter was loaded again
         assert _served(await _calls(store, 0)) == {("writer", "draft", 0)}
         assert vllm.policy_versions() == {FROZEN: 0, "draft": 1, "edit": 0}
-        assert vllm.adapter_sync.probes["draft"].version == 1
-        assert vllm.adapter_sync.probes["draft"].max_abs_diff <= trainer.engine.config.vllm.tolerance
+        assert vllm.lora_sync.probes["draft"].version == 1
+        assert vllm.lora_sync.probes["draft"].max_abs_diff <= trainer.engine.config.vllm.tolerance
 
         # the next calls of each agent: its own adapter, at its own version; vLLM's log-probs are the trainer's
         await trainer.evaluate(store, [{"prompt": "rewrite a poem"}])
@@ -299,7 +299,7 @@ async def test_each_agent_trains_and_is_served_by_its_own_adapter_in_vllm(
                 if ".edit." in name and "lora_" in name:
                     parameter.add_(0.5)
         with pytest.raises(WeightSyncMismatch, match=r"policy 'edit': weight sync to version 1 failed verification"):
-            await vllm.adapter_sync.verify(trainer.engine.adapters, "edit", 1)  # pyright: ignore[reportArgumentType]
+            await vllm.lora_sync.verify(trainer.engine.loras, "edit", 1)  # pyright: ignore[reportArgumentType]
     finally:
         runner.stop()
         await asyncio.wait_for(runner_task, 60)

@@ -42,10 +42,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmarks/span_path_bench.py", "agentlightning.tracing._light"): (
         "times the light span path against the OpenTelemetry SDK's spans with the same contents"
     ),
-    ("tests/test_lora_policies.py", "agentlightning_torch._vllm_sync"): (
+    ("tests/test_lora_policies.py", "agentlightning_torch.vllm._weight_sync"): (
         "checks vLLM's log-probs for each adapter against the trainer's own float32 reference computation"
     ),
-    ("tests/test_quickstart.py", "agentlightning_torch._backend"): (
+    ("tests/test_quickstart.py", "agentlightning_torch.serving._backend"): (
         "spies on the backend's batched generation to count how many requests one forward pass served"
     ),
 }

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 import agentlightning as agl
 import agentlightning_torch
 from agentlightning_torch import TorchTrainer, TorchTrainerConfig
-from agentlightning_torch import _backend as backend_module
+from agentlightning_torch.serving import _backend as backend_module
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC = ROOT / "examples" / "calc"

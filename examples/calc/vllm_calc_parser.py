@@ -2,8 +2,9 @@
 
 vLLM loads this file with ``--tool-parser-plugin examples/calc/vllm_calc_parser.py --tool-call-parser calc
 --enable-auto-tool-choice`` (``train.py --backend vllm`` passes them). It runs inside vLLM's environment and imports
-only vLLM; the rule is the one the embedded backend's ``calc`` parser applies (agentlightning_torch._tool_parsers):
-the call is made only when the request declares a function named ``calculator``, otherwise the text stays content.
+only vLLM; the rule is the one the embedded backend's ``calc`` parser applies
+(agentlightning_torch.models._tool_parsers): the call is made only when the request declares a function named
+``calculator``, otherwise the text stays content.
 """
 
 # pyright: basic

@@ -29,7 +29,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from agentlightning_torch import build_chat_model, count_parameters, load_model, train_chat_tokenizer
 from agentlightning_torch import models as models_module
-from agentlightning_torch._gguf_write import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute
 from agentlightning_torch.model_cli import main as model_main
 from agentlightning_torch.models import (
     GGUF_INSTALL_HINT,
@@ -42,6 +41,7 @@ from agentlightning_torch.models import (
     models_dir,
     sha256_file,
 )
+from agentlightning_torch.models._gguf_write import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute
 from agentlightning_torch.testing import write_gguf
 
 # --- source models --------------------------------------------------------------------------------------------

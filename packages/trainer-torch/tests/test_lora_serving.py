@@ -19,7 +19,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning_torch import LocalBackend, OpenAIEndpoint
-from agentlightning_torch._generate import SamplingParams
+from agentlightning_torch.serving._generate import SamplingParams
 
 pytestmark = pytest.mark.filterwarnings("ignore:Adapter name:UserWarning")  # peft dislikes one-letter names
 
@@ -51,8 +51,8 @@ def policies(base: PreTrainedModel) -> PeftModel:
 @pytest.fixture
 def backend(base: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, policies: PeftModel) -> Iterator[LocalBackend]:
     served = LocalBackend(base, tokenizer, batch_wait_ms=0).start()
-    served.load_adapter("a", policies)
-    served.load_adapter("b", policies)
+    served.load_lora("a", policies)
+    served.load_lora("b", policies)
     yield served
     served.stop()
 
@@ -64,8 +64,8 @@ def _alone(
     alone = LocalBackend(base, tokenizer, batch_wait_ms=0).start()
     try:
         if adapter is not None:
-            alone.load_adapter(adapter, policies)
-        return [alone.submit(p, GREEDY, adapter=adapter).result().token_ids for p in PROMPTS]
+            alone.load_lora(adapter, policies)
+        return [alone.submit(p, GREEDY, lora=adapter).result().token_ids for p in PROMPTS]
     finally:
         alone.stop()
 
@@ -75,7 +75,7 @@ def test_a_mixed_batch_gives_each_row_its_own_adapters_greedy_tokens(
 ) -> None:
     adapters: list[str | None] = ["a", "b", None]
     backend.pause()  # everything queued now is admitted together and decoded in the same steps
-    futures = [(adapter, backend.submit(p, GREEDY, adapter=adapter)) for p in PROMPTS for adapter in adapters]
+    futures = [(adapter, backend.submit(p, GREEDY, lora=adapter)) for p in PROMPTS for adapter in adapters]
     backend.resume()
     mixed: dict[str | None, list[list[int]]] = {adapter: [] for adapter in adapters}
     for adapter, future in futures:
@@ -90,36 +90,42 @@ def test_a_mixed_batch_gives_each_row_its_own_adapters_greedy_tokens(
 def test_each_adapter_has_its_own_version_and_a_replacement_serves_new_weights(
     backend: LocalBackend, policies: PeftModel
 ) -> None:
-    assert backend.adapter_versions == {"a": 0, "b": 0}
-    before = backend.submit(PROMPTS[0], GREEDY, adapter="a").result()
+    assert backend.lora_versions == {"a": 0, "b": 0}
+    before = backend.submit(PROMPTS[0], GREEDY, lora="a").result()
     assert before.model_version == 0
     with torch.no_grad():  # the trainer updates adapter a only
         for name, parameter in policies.named_parameters():
             if "lora_B.a." in name:
                 parameter.mul_(-3.0)
-    assert backend.load_adapter("a", policies) == 1
-    assert backend.adapter_versions == {"a": 1, "b": 0}
-    after = backend.submit(PROMPTS[0], GREEDY, adapter="a").result()
+    assert backend.load_lora("a", policies) == 1
+    assert backend.lora_versions == {"a": 1, "b": 0}
+    after = backend.submit(PROMPTS[0], GREEDY, lora="a").result()
     assert after.model_version == 1 and after.token_ids != before.token_ids
-    assert backend.submit(PROMPTS[0], GREEDY, adapter="b").result().model_version == 0
+    assert backend.submit(PROMPTS[0], GREEDY, lora="b").result().model_version == 0
     assert backend.generate(PROMPTS[0], GREEDY).model_version == backend.model_version
+    with pytest.warns(DeprecationWarning, match="load_adapter is deprecated: use load_lora"):
+        assert backend.load_adapter("b", policies) == 1  # the old names, until 0.3.0
+    with pytest.warns(DeprecationWarning, match="adapter_versions is deprecated: use lora_versions"):
+        assert backend.adapter_versions == {"a": 1, "b": 1}
+    with pytest.warns(DeprecationWarning, match=r"submit\(adapter=...\) is deprecated: use lora="):
+        assert backend.submit(PROMPTS[0], GREEDY, adapter="a").result().token_ids == after.token_ids
 
 
 def test_bad_adapters_are_refused_and_change_nothing(
     backend: LocalBackend, base: PreTrainedModel, policies: PeftModel
 ) -> None:
     with pytest.raises(ValueError, match="no LoRA adapter 'c' is served"):
-        backend.submit(PROMPTS[0], GREEDY, adapter="c")
+        backend.submit(PROMPTS[0], GREEDY, lora="c")
     wider = LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"])
     other_rank = get_peft_model(copy.deepcopy(base), wider, adapter_name="a")
-    reference = backend.submit(PROMPTS[1], GREEDY, adapter="a").result().token_ids
+    reference = backend.submit(PROMPTS[1], GREEDY, lora="a").result().token_ids
     with pytest.raises(ValueError, match="keeps its rank"):
-        backend.load_adapter("a", other_rank)
-    assert backend.adapter_versions["a"] == 0
-    assert backend.submit(PROMPTS[1], GREEDY, adapter="a").result().token_ids == reference
+        backend.load_lora("a", other_rank)
+    assert backend.lora_versions["a"] == 0
+    assert backend.submit(PROMPTS[1], GREEDY, lora="a").result().token_ids == reference
     with pytest.raises(ValueError, match="no adapter 'z'"):
-        backend.load_adapter("z", policies)
-    with pytest.raises(RuntimeError, match="load_adapter"):
+        backend.load_lora("z", policies)
+    with pytest.raises(RuntimeError, match="load_lora"):
         backend.load_state_dict(base.state_dict())
 
 
@@ -129,11 +135,11 @@ def test_an_adapter_saved_with_save_pretrained_serves_the_same_tokens(
     policies.save_pretrained(str(tmp_path), selected_adapters=["b"])
     folder = tmp_path / "b"
     assert (folder / "adapter_config.json").is_file()
-    served = backend.submit(PROMPTS[2], GREEDY, adapter="b").result().token_ids
-    backend.load_adapter("b", folder)
-    assert backend.submit(PROMPTS[2], GREEDY, adapter="b").result().token_ids == served
+    served = backend.submit(PROMPTS[2], GREEDY, lora="b").result().token_ids
+    backend.load_lora("b", folder)
+    assert backend.submit(PROMPTS[2], GREEDY, lora="b").result().token_ids == served
     with pytest.raises(ValueError, match="holds no LoRA adapter"):
-        backend.load_adapter("b", tmp_path / "missing")
+        backend.load_lora("b", tmp_path / "missing")
 
 
 async def test_the_request_model_names_the_adapter_as_with_vllm(backend: LocalBackend) -> None:
@@ -148,6 +154,6 @@ async def test_the_request_model_names_the_adapter_as_with_vllm(backend: LocalBa
         answers[model] = answer["choices"][0]["token_ids"]
         assert answer["model"] == model
     short = SamplingParams(temperature=0.0, max_tokens=6)
-    direct = {name: backend.submit(PROMPTS[0], short, adapter=name).result().token_ids for name in ("a", "b")}
+    direct = {name: backend.submit(PROMPTS[0], short, lora=name).result().token_ids for name in ("a", "b")}
     assert answers["a"] == direct["a"] and answers["b"] == direct["b"]
     assert answers["a"] != answers["b"]

@@ -11,13 +11,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch
-from agentlightning_torch._lora import LoraSettings
-from agentlightning_torch._policy_adapters import policy_metric
-from agentlightning_torch._policy_set import TrainedPolicies
-from agentlightning_torch._policy_settings import PolicySettings, parse_policy_settings
-from agentlightning_torch._ppo import PPOConfig
-from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch.models._lora import LoraSettings
 from agentlightning_torch.testing import policy_sample
+from agentlightning_torch.training._lora_policies import policy_metric
+from agentlightning_torch.training._policy_set import TrainedPolicies
+from agentlightning_torch.training._policy_settings import PolicySettings, parse_policy_settings
+from agentlightning_torch.training._ppo import PPOConfig
+from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
 PPO = PPOConfig(lr=1e-3, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 FULL = PolicySettings(weights="full")
@@ -177,9 +177,9 @@ async def test_the_endpoint_lists_every_policys_model_and_routes_by_model(
 ) -> None:
     import json
 
-    from agentlightning_torch._backend import LocalBackend
-    from agentlightning_torch._endpoint import OpenAIEndpoint
-    from agentlightning_torch._policy_serving import PolicyEndpoint
+    from agentlightning_torch.serving._backend import LocalBackend
+    from agentlightning_torch.serving._endpoint import OpenAIEndpoint
+    from agentlightning_torch.serving._policy_endpoint import PolicyEndpoint
 
     base = OpenAIEndpoint(LocalBackend(make_small_model(tokenizer), tokenizer, model_name="base"))
     writer = OpenAIEndpoint(LocalBackend(make_small_model(tokenizer), tokenizer, model_name="writer"))

@@ -12,13 +12,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch
-from agentlightning_torch._lora import LoraSettings
-from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
-from agentlightning_torch._policy_progress import PolicyProgress, adapter_drift
-from agentlightning_torch._policy_settings import LORA_LR_SCALE, PolicySettings, parse_policy_settings
-from agentlightning_torch._ppo import PPOConfig
-from agentlightning_torch._trainer_config import TorchTrainerConfig
+from agentlightning_torch.models._lora import LoraSettings
 from agentlightning_torch.testing import policy_sample
+from agentlightning_torch.training._lora_policies import LoRAPolicies, policy_metric
+from agentlightning_torch.training._policy_progress import PolicyProgress, lora_drift
+from agentlightning_torch.training._policy_settings import LORA_LR_SCALE, PolicySettings, parse_policy_settings
+from agentlightning_torch.training._ppo import PPOConfig
+from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
 RUN = PPOConfig(lr=1e-3, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 
@@ -31,7 +31,7 @@ def test_each_policy_gets_its_own_learning_rate_kl_and_rank(
     make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
 ) -> None:
     settings = {"writer": PolicySettings(lr=2e-4, kl_coef=0.0, lora=LoraSettings(r=2, alpha=4))}
-    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], RUN, settings)
+    adapters = LoRAPolicies(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], RUN, settings)
     # the optimizer of each adapter holds its own rate; an unset one is the LoRA default (10x the run's)
     assert adapters.optimizers["writer"].param_groups[0]["lr"] == 2e-4
     assert adapters.optimizers["rewriter"].param_groups[0]["lr"] == pytest.approx(RUN.lr * LORA_LR_SCALE)
@@ -87,8 +87,8 @@ def test_drift_is_zero_at_the_start_and_grows_with_the_learning_rate(
 ) -> None:
     torch.manual_seed(0)
     settings = {"slow": PolicySettings(lr=1e-5), "fast": PolicySettings(lr=1e-2)}
-    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
-    assert adapter_drift(adapters.model, "slow") == adapter_drift(adapters.model, "fast") == 0.0
+    adapters = LoRAPolicies(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
+    assert lora_drift(adapters.model, "slow") == lora_drift(adapters.model, "fast") == 0.0
     for seed in range(3):
         metrics = adapters.update(_batch(["slow", "fast"] * 4, seed))
     slow, fast = metrics[policy_metric("slow", "drift")], metrics[policy_metric("fast", "drift")]
@@ -144,9 +144,9 @@ def test_the_adapters_log_the_warning_with_the_setting_to_look_at(
 ) -> None:
     torch.manual_seed(0)
     settings = {"slow": PolicySettings(lr=1e-6), "fast": PolicySettings(lr=1e-2)}
-    adapters = PolicyAdapters(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
+    adapters = LoRAPolicies(make_small_model(tokenizer, seed=5), ["slow", "fast"], RUN, settings)
     adapters.progress = PolicyProgress(adapters.names, window=2)
-    with caplog.at_level(logging.WARNING, logger="agentlightning_torch._policy_adapters"):
+    with caplog.at_level(logging.WARNING, logger="agentlightning_torch.training._lora_policies"):
         for seed in range(3):
             metrics = adapters.update(_batch(["slow", "fast"] * 4, seed))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -163,7 +163,7 @@ def test_a_large_model_gets_micro_batches_its_activations_fit_in() -> None:
     machine): the token budget follows the model's size and ``activation_memory_gib``."""
     from transformers import LlamaConfig
 
-    from agentlightning_torch._ppo import activation_bytes_per_token, fit_micro_batches
+    from agentlightning_torch.training._ppo import activation_bytes_per_token, fit_micro_batches
 
     smollm2 = torch.nn.Module()
     smollm2.config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)  # no weights needed

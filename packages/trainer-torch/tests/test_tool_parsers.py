@@ -15,7 +15,7 @@ from agentlightning_torch import (
     split_reasoning,
     tool_parser_names,
 )
-from agentlightning_torch._tool_parsers import HermesToolParser
+from agentlightning_torch.models._tool_parsers import HermesToolParser
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
 

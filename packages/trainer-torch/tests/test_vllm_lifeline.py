@@ -66,7 +66,7 @@ threading.Event().wait()
 @pytest.fixture(autouse=True)
 def _own_deaths(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deaths these tests cause stay theirs (the list is process-wide: other tests' runs must not see them)."""
-    from agentlightning_torch import _vllm_server
+    from agentlightning_torch.vllm import _server as _vllm_server
 
     monkeypatch.setattr(_vllm_server, "_DEATHS", [])
 
@@ -122,7 +122,7 @@ def test_killed_trainer_leaves_no_vllm_behind(fake_vllm: Path, tmp_path: Path) -
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_server_that_dies_while_serving_is_named_in_one_line(fake_vllm: Path, tmp_path: Path) -> None:
-    from agentlightning_torch._vllm_server import serving_deaths
+    from agentlightning_torch.vllm._server import serving_deaths
 
     log = tmp_path / "vllm.log"
     server = VLLMServer(tmp_path / "model", python=sys.executable, env={"PYTHONPATH": str(fake_vllm)}, log_path=log)

@@ -21,10 +21,10 @@ from agentlightning.proxy import LLMProxy
 from agentlightning.store import MemoryStore
 from agentlightning.testing import start_attempts
 from agentlightning_torch import LocalBackend
-from agentlightning_torch._generate import SamplingParams
-from agentlightning_torch._loading import load_model
-from agentlightning_torch._vllm_lora import VLLMAdapterError, load_vllm_adapter
+from agentlightning_torch.models._loading import load_model
+from agentlightning_torch.serving._generate import SamplingParams
 from agentlightning_torch.testing import VLLMServer
+from agentlightning_torch.vllm._lora import VLLMLoRAError, load_vllm_lora
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -47,8 +47,8 @@ def _writer(tool_model_dir: Path) -> PeftModel:
 def _local_tokens(tool_model_dir: Path, writer: PeftModel) -> tuple[list[int], list[int]]:
     backend = LocalBackend(load_model(tool_model_dir), batch_wait_ms=0).start()
     try:
-        backend.load_adapter("writer", writer)
-        adapted = backend.submit(PROMPT, GREEDY, adapter="writer").result().token_ids
+        backend.load_lora("writer", writer)
+        adapted = backend.submit(PROMPT, GREEDY, lora="writer").result().token_ids
         return adapted, backend.generate(PROMPT, GREEDY).token_ids
     finally:
         backend.stop()
@@ -74,7 +74,7 @@ async def test_vllm_serves_each_policys_adapter_as_the_local_backend_does(
 ) -> None:
     writer = _writer(tool_model_dir)
     writer.save_pretrained(str(tmp_path / "v1"))
-    load_vllm_adapter(lora_vllm.url, "writer", tmp_path / "v1" / "writer")
+    load_vllm_lora(lora_vllm.url, "writer", tmp_path / "v1" / "writer")
     adapted, base = _local_tokens(tool_model_dir, writer)
     assert adapted != base  # the adapter changes the greedy answer
     assert await _through_proxy(lora_vllm, "writer") == adapted
@@ -85,13 +85,13 @@ async def test_vllm_serves_each_policys_adapter_as_the_local_backend_does(
             if "lora_B" in name:
                 parameter.mul_(-2.0)
     writer.save_pretrained(str(tmp_path / "v2"))
-    load_vllm_adapter(lora_vllm.url, "writer", tmp_path / "v2" / "writer")
+    load_vllm_lora(lora_vllm.url, "writer", tmp_path / "v2" / "writer")
     updated, _ = _local_tokens(tool_model_dir, writer)
     assert updated != adapted
     assert await _through_proxy(lora_vllm, "writer") == updated
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "adapter_config.json").write_text("{}")
-    with pytest.raises(VLLMAdapterError, match="refused adapter 'writer'"):
-        load_vllm_adapter(lora_vllm.url, "writer", tmp_path / "empty")
+    with pytest.raises(VLLMLoRAError, match="refused adapter 'writer'"):
+        load_vllm_lora(lora_vllm.url, "writer", tmp_path / "empty")
     assert await _through_proxy(lora_vllm, "writer") == updated  # the adapter served before stays

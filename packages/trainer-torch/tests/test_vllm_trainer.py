@@ -45,8 +45,8 @@ from agentlightning_torch import (
     WeightSyncMismatch,
     find_vllm_python,
 )
-from agentlightning_torch._vllm_client import running_requests
-from agentlightning_torch._vllm_sync import reference_logprobs
+from agentlightning_torch.vllm._client import running_requests
+from agentlightning_torch.vllm._weight_sync import reference_logprobs
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 

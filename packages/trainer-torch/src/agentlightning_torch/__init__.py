@@ -1,87 +1,119 @@
 """Agent Lightning trainer for one machine: plain PyTorch PPO/GRPO on any Hugging Face chat model, a local backend.
 
-The pieces the torch trainer is built from (the CPU quickstart's tiny calculator model is an ordinary Hugging Face
-folder in ``examples/calc``, served and trained through the same path as any other model):
+Every public name is importable from here; the package is four parts, each its own subpackage:
 
-- `load_model`: any Hugging Face causal LM with a chat template (folder or hub id) through the Auto classes.
-- `HFChatTemplate`: the tokenizer's own chat template for prompts, a named tool-call parser (`get_tool_parser`:
-  ``hermes``, ``llama3_json``, ``calc``) for responses; `HERMES_CHAT_TEMPLATE` for folders without a template
-  (`chatml_template`: the same turns with a system turn of your own).
-- Warm starts of small chat models made from scratch: `train_chat_tokenizer` (byte-level BPE + hermes chat template),
-  `build_chat_model` (random Qwen2/Llama), `supervised_finetune` (OpenAI-format conversations rendered as the
-  backend renders them, loss on assistant tokens only), `save_checkpoint` (a plain ``save_pretrained`` folder).
-- `LocalBackend` + `serve_backend`: an OpenAI-compatible server with vLLM's token-id wire format and continuous
-  batching of concurrent requests.
-- `PPOConfig` + `ppo_update`: the clipped policy-gradient step on an `agentlightning.TrainingBatch`.
-- `TorchEngine`: the policy, its optimizer and its server as an `agentlightning.Engine`; `TorchTrainer` builds it
-  and the `agentlightning.RLLoop` that trains it from one `TorchTrainerConfig`. The engine serves through one
-  `Serving` (`make_serving` picks it): `BackendServing`, `BackendPoliciesServing`, `VLLMWeightsServing` or
-  `VLLMLoRAServing`. ``VLLMServing`` is the deprecated old name of `VLLMWeightsServing` (removed in 0.3.0).
+- `agentlightning_torch.models`: loading any Hugging Face causal LM with a chat template (`load_model`), chat templates
+  and tool-call parsers (`HFChatTemplate`, `get_tool_parser`), warm starts of small chat models made from scratch
+  (`train_chat_tokenizer`, `build_chat_model`, `supervised_finetune`), LoRA (`apply_lora`), checkpoints
+  (`save_checkpoint`), and real models fetched without a hub (`smollm2`, `import_gguf`).
+- `agentlightning_torch.serving`: `LocalBackend` + `serve_backend` (an OpenAI-compatible server with vLLM's token-id
+  wire format and continuous batching), and the `Serving` contract the engine delegates to (`make_serving` picks
+  `BackendServing`, `BackendPoliciesServing`, `VLLMWeightsServing` or `VLLMLoRAServing`).
+- `agentlightning_torch.vllm`: a real vLLM server for the policy (`VLLMServer`), weight and LoRA syncs verified by
+  log-probs, and the two servings through it.
+- `agentlightning_torch.training`: `PPOConfig` + `ppo_update`, `TorchEngine` (an `agentlightning.Engine`) and
+  `TorchTrainer` (the engine and its `agentlightning.RLLoop` from one `TorchTrainerConfig`), several policies in one
+  run (`LoRAPolicies`, `FullPolicies`, `TrainedPolicies`).
+- `agentlightning_torch.runkit`: what ``agl train`` and the examples share to run a training (stores, runners, Ray).
+
+Words: an *adapter* is a framework adapter (``agentlightning-langchain``...); LoRA weights are called *LoRA*
+(`LoRAPolicies`, `load_lora_weights`, `LocalBackend.load_lora`). Deprecated names (each warns; removed in 0.3.0):
+``VLLMServing`` (`VLLMWeightsServing`), ``PolicyAdapters`` (`LoRAPolicies`), ``load_adapter_weights``
+(`load_lora_weights`), ``VLLMAdapterError`` (`VLLMLoRAError`), ``load_vllm_adapter`` (`load_vllm_lora`).
 """
 
 import warnings
 from typing import Any
 
-from agentlightning_torch._backend import BackendStats, LocalBackend, RequestCancelled, merged_state_dict
-from agentlightning_torch._chat import ChatTemplate, HFChatTemplate, ParsedResponse, TemplateError
-from agentlightning_torch._chat_model import (
+from agentlightning_torch.models import (
     CHAT_SPECIAL_TOKENS,
     CHAT_TOOL_TOKENS,
-    build_chat_model,
-    train_chat_tokenizer,
-)
-from agentlightning_torch._chat_templates import HERMES_CHAT_TEMPLATE, chatml_template
-from agentlightning_torch._checkpoint import load_adapter_weights, load_trainer_state, merged_model, save_checkpoint
-from agentlightning_torch._endpoint import OpenAIEndpoint
-from agentlightning_torch._generate import GenerationResult, SamplingParams, generate_batch
-from agentlightning_torch._loading import (
+    HERMES_CHAT_TEMPLATE,
+    ChatTemplate,
+    HFChatTemplate,
     LoadedModel,
+    LoraSettings,
     MissingChatTemplateError,
+    ParsedResponse,
+    SFTConfig,
+    SFTExample,
+    SFTResult,
+    TemplateError,
+    ToolParser,
+    apply_lora,
+    build_chat_model,
+    chatml_template,
     count_parameters,
     eos_token_ids,
+    fit_examples,
+    get_tool_parser,
+    guess_tool_parser,
+    is_lora,
+    load_lora_weights,
     load_model,
+    load_trainer_state,
+    make_tool_call,
+    merged_model,
+    register_tool_parser,
+    save_checkpoint,
+    split_reasoning,
+    supervised_finetune,
+    tokenize_conversation,
+    tool_parser_names,
+    train_chat_tokenizer,
 )
-from agentlightning_torch._local_serving import BackendPoliciesServing, BackendServing
-from agentlightning_torch._lora import LoraSettings, apply_lora, is_lora
-from agentlightning_torch._policy_adapters import PolicyAdapters, policy_metric
-from agentlightning_torch._policy_full import FullPolicies
-from agentlightning_torch._policy_progress import PolicyProgress
-from agentlightning_torch._policy_set import TrainedPolicies
-from agentlightning_torch._policy_settings import PolicySettings
-from agentlightning_torch._ppo import (
+from agentlightning_torch.serving import (
+    BackendPoliciesServing,
+    BackendServer,
+    BackendServing,
+    BackendStats,
+    GenerationResult,
+    LocalBackend,
+    OpenAIEndpoint,
+    RequestCancelled,
+    SamplingParams,
+    Serving,
+    create_app,
+    generate_batch,
+    make_serving,
+    merged_state_dict,
+    serve_backend,
+)
+from agentlightning_torch.training import (
+    FullPolicies,
+    IterationReport,
+    LoRAPolicies,
+    PolicyProgress,
+    PolicySettings,
     PPOConfig,
+    TorchEngine,
+    TorchTrainer,
+    TorchTrainerConfig,
+    TrainedPolicies,
     make_optimizer,
     plan_micro_batches,
+    policy_metric,
     ppo_update,
     prepare_policy,
     response_logprobs,
 )
-from agentlightning_torch._server import BackendServer, create_app, serve_backend
-from agentlightning_torch._serving import Serving, make_serving
-from agentlightning_torch._sft import (
-    SFTConfig,
-    SFTExample,
-    SFTResult,
-    fit_examples,
-    supervised_finetune,
-    tokenize_conversation,
+from agentlightning_torch.vllm import (
+    VLLM_LORA_ARGS,
+    VLLM_LORA_ENV,
+    VLLMClient,
+    VLLMError,
+    VLLMLoRAError,
+    VLLMLoRAServing,
+    VLLMNotInstalledError,
+    VLLMServer,
+    VLLMSettings,
+    VLLMStartError,
+    VLLMWeightsServing,
+    VLLMWeightSync,
+    WeightSyncMismatch,
+    find_vllm_python,
+    load_vllm_lora,
 )
-from agentlightning_torch._tool_parsers import (
-    ToolParser,
-    get_tool_parser,
-    guess_tool_parser,
-    make_tool_call,
-    register_tool_parser,
-    split_reasoning,
-    tool_parser_names,
-)
-from agentlightning_torch._trainer import IterationReport, TorchEngine, TorchTrainer
-from agentlightning_torch._trainer_config import TorchTrainerConfig
-from agentlightning_torch._vllm_client import VLLMClient, VLLMError
-from agentlightning_torch._vllm_lora import VLLM_LORA_ARGS, VLLM_LORA_ENV, VLLMAdapterError, load_vllm_adapter
-from agentlightning_torch._vllm_server import VLLMNotInstalledError, VLLMServer, VLLMStartError, find_vllm_python
-from agentlightning_torch._vllm_serving import VLLMLoRAServing, VLLMSettings, VLLMWeightsServing
-from agentlightning_torch._vllm_sync import VLLMWeightSync, WeightSyncMismatch
 
 __version__ = "0.1.0"
 
@@ -100,6 +132,7 @@ __all__ = [
     "GenerationResult",
     "HFChatTemplate",
     "IterationReport",
+    "LoRAPolicies",
     "LoadedModel",
     "LocalBackend",
     "LoraSettings",
@@ -107,7 +140,6 @@ __all__ = [
     "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
-    "PolicyAdapters",
     "PolicyProgress",
     "PolicySettings",
     "RequestCancelled",
@@ -122,9 +154,9 @@ __all__ = [
     "TorchTrainer",
     "TorchTrainerConfig",
     "TrainedPolicies",
-    "VLLMAdapterError",
     "VLLMClient",
     "VLLMError",
+    "VLLMLoRAError",
     "VLLMLoRAServing",
     "VLLMNotInstalledError",
     "VLLMServer",
@@ -146,10 +178,10 @@ __all__ = [
     "get_tool_parser",
     "guess_tool_parser",
     "is_lora",
-    "load_adapter_weights",
+    "load_lora_weights",
     "load_model",
     "load_trainer_state",
-    "load_vllm_adapter",
+    "load_vllm_lora",
     "make_optimizer",
     "make_serving",
     "make_tool_call",
@@ -171,14 +203,39 @@ __all__ = [
 ]
 
 
+_DEPRECATED: dict[str, tuple[str, str]] = {
+    "VLLMServing": (
+        "VLLMWeightsServing",
+        "agentlightning_torch.VLLMServing is deprecated: use VLLMWeightsServing (one policy on vLLM; several LoRA "
+        "policies: VLLMLoRAServing), whose start/sync take only the version; it is removed in 0.3.0",
+    ),
+    "PolicyAdapters": (
+        "LoRAPolicies",
+        "agentlightning_torch.PolicyAdapters is deprecated: use LoRAPolicies (the same class); it is removed in 0.3.0",
+    ),
+    "load_adapter_weights": (
+        "load_lora_weights",
+        "agentlightning_torch.load_adapter_weights is deprecated: use load_lora_weights (the same function); it is "
+        "removed in 0.3.0",
+    ),
+    "VLLMAdapterError": (
+        "VLLMLoRAError",
+        "agentlightning_torch.VLLMAdapterError is deprecated: use VLLMLoRAError (the same exception); it is removed "
+        "in 0.3.0",
+    ),
+    "load_vllm_adapter": (
+        "load_vllm_lora",
+        "agentlightning_torch.load_vllm_adapter is deprecated: use load_vllm_lora (the same function); it is removed "
+        "in 0.3.0",
+    ),
+}
+"""Old name -> (new name, warning); renamed so that "adapter" means only a framework adapter."""
+
+
 def __getattr__(name: str) -> Any:
-    """Deprecated names, removed in 0.3.0 (each warns): ``VLLMServing`` (`VLLMWeightsServing`)."""
-    if name == "VLLMServing":
-        warnings.warn(
-            "agentlightning_torch.VLLMServing is deprecated: use VLLMWeightsServing (one policy on vLLM; several LoRA "
-            "policies: VLLMLoRAServing), whose start/sync take only the version; it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return VLLMWeightsServing
+    """Deprecated names (`_DEPRECATED`), removed in 0.3.0: each warns and returns what replaced it."""
+    if name in _DEPRECATED:
+        new, message = _DEPRECATED[name]
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return globals()[new]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

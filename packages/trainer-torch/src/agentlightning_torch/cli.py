@@ -185,7 +185,7 @@ def _validate(args: argparse.Namespace) -> _Plan:
     _check_model(args.model)
     max_tokens = token_budget(args.max_tokens, _model_context(args.model))
     if args.backend == "vllm" and args.vllm_url is None:
-        from agentlightning_torch._vllm_server import VLLMNotInstalledError, find_vllm_python
+        from agentlightning_torch.vllm._server import VLLMNotInstalledError, find_vllm_python
 
         try:
             find_vllm_python()
@@ -276,8 +276,8 @@ def _check_llm_used(report: Any, failure: str | None) -> None:
 
 
 def _trainer_config(plan: _Plan) -> Any:
-    from agentlightning_torch._lora import LoraSettings
-    from agentlightning_torch._vllm_serving import VLLMSettings
+    from agentlightning_torch.models._lora import LoraSettings
+    from agentlightning_torch.vllm._serving import VLLMSettings
 
     args = plan.args
     lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
@@ -321,7 +321,7 @@ class _AglTrainRun(TrainingRun):
 
 
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
-    from agentlightning_torch._trainer import TorchTrainer
+    from agentlightning_torch.training._trainer import TorchTrainer
 
     args = plan.args
     config = _trainer_config(plan)

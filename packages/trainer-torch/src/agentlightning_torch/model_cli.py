@@ -68,7 +68,7 @@ def import_command(args: argparse.Namespace) -> int:
     """``agl model import``: returns the exit code (2 with one line for bad input)."""
     console = _console()
     try:
-        from agentlightning_torch._gguf_import import GGUFImportError, import_gguf
+        from agentlightning_torch.models._gguf_import import GGUFImportError, import_gguf
     except ImportError as error:  # torch/transformers missing: a broken install, still one line
         return _fail(console, "import", error)
     try:

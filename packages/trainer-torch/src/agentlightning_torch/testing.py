@@ -22,20 +22,25 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from agentlightning import TrainingSample
-from agentlightning_torch._chat_model import (
+from agentlightning_torch.models._chat_model import (
     CHAT_SPECIAL_TOKENS,
     build_chat_model,
     train_chat_tokenizer,
 )
-from agentlightning_torch._checkpoint import save_checkpoint
-from agentlightning_torch._gguf_write import make_tiny_gguf, write_gguf
-from agentlightning_torch._sft import (
+from agentlightning_torch.models._checkpoint import save_checkpoint
+from agentlightning_torch.models._gguf_write import make_tiny_gguf, write_gguf
+from agentlightning_torch.models._sft import (
     SFTConfig,
     SFTExample,
     fit_examples,
 )
-from agentlightning_torch._tool_model import TOOL_MODEL_ANSWER, TOOL_MODEL_CALL, add_tool_schema, make_tool_chat_model
-from agentlightning_torch._vllm_server import (
+from agentlightning_torch.models._tool_model import (
+    TOOL_MODEL_ANSWER,
+    TOOL_MODEL_CALL,
+    add_tool_schema,
+    make_tool_chat_model,
+)
+from agentlightning_torch.vllm._server import (
     VLLM_INSTALL_HINT,
     VLLM_VENV_ENV,
     VLLMNotInstalledError,

@@ -117,7 +117,7 @@ def run_main(
 
 def serving_death() -> str | None:
     """The first death of a model server this process ran (one line: what died, its status, its log), if any."""
-    from agentlightning_torch._vllm_server import serving_deaths
+    from agentlightning_torch.vllm._server import serving_deaths
 
     deaths = serving_deaths()
     return deaths[0] if deaths else None

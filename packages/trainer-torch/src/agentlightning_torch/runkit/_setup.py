@@ -163,8 +163,8 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
     """
     from pydantic import ValidationError
 
-    from agentlightning_torch._ppo import PPOConfig
-    from agentlightning_torch._trainer_config import TorchTrainerConfig
+    from agentlightning_torch.training._ppo import PPOConfig
+    from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
     _check_budgets(args)
     ppo_settings: dict[str, Any] = {"lr": args.lr, "kl_coef": args.kl_coef, "epochs": args.ppo_epochs}
@@ -207,7 +207,7 @@ POLICY_SETTINGS_HELP = (
 
 def _policy_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     """``policy_settings`` from ``--policy-settings`` (only for a run with policies; without, they are refused)."""
-    from agentlightning_torch._policy_settings import parse_policy_settings
+    from agentlightning_torch.training._policy_settings import parse_policy_settings
 
     entries: list[str] = list(getattr(args, "policy_settings", None) or [])
     if not entries:

@@ -1,0 +1,44 @@
+"""The torch trainer's RL training: the PPO/GRPO step, the engine and trainer, and policies trained side by side.
+
+- `PPOConfig` + `ppo_update` (the clipped policy-gradient step on an `agentlightning.TrainingBatch`).
+- `TorchEngine` (policy, optimizer and `agentlightning_torch.serving.Serving` as an `agentlightning.Engine`) and
+  `TorchTrainer` (the engine and the `agentlightning.RLLoop` that trains it, from one `TorchTrainerConfig`).
+- Several policies in one run (`agentlightning.PolicyMap`): `LoRAPolicies` (a LoRA adapter each on one base),
+  `FullPolicies` (a full copy each), `TrainedPolicies` (both kinds), each with its `PolicySettings`;
+  `PolicyProgress` warns about a policy whose weights barely move.
+"""
+
+from agentlightning_torch.training._full_policies import FullPolicies
+from agentlightning_torch.training._lora_policies import LoRAPolicies, policy_metric
+from agentlightning_torch.training._policy_progress import PolicyProgress
+from agentlightning_torch.training._policy_set import TrainedPolicies
+from agentlightning_torch.training._policy_settings import PolicySettings
+from agentlightning_torch.training._ppo import (
+    PPOConfig,
+    make_optimizer,
+    plan_micro_batches,
+    ppo_update,
+    prepare_policy,
+    response_logprobs,
+)
+from agentlightning_torch.training._trainer import IterationReport, TorchEngine, TorchTrainer
+from agentlightning_torch.training._trainer_config import TorchTrainerConfig
+
+__all__ = [
+    "FullPolicies",
+    "IterationReport",
+    "LoRAPolicies",
+    "PPOConfig",
+    "PolicyProgress",
+    "PolicySettings",
+    "TorchEngine",
+    "TorchTrainer",
+    "TorchTrainerConfig",
+    "TrainedPolicies",
+    "make_optimizer",
+    "plan_micro_batches",
+    "policy_metric",
+    "ppo_update",
+    "prepare_policy",
+    "response_logprobs",
+]

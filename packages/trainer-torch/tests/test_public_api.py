@@ -1,0 +1,66 @@
+"""The package shows its parts: ``models``, ``serving``, ``vllm``, ``training`` and ``runkit`` subpackages, each with
+its own public names, and every one of them also importable from ``agentlightning_torch`` itself."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+
+import agentlightning_torch
+from agentlightning_torch import models, runkit, serving, training, vllm
+
+PACKAGE = Path(agentlightning_torch.__file__).parent
+PARTS = {"models": models, "serving": serving, "vllm": vllm, "training": training, "runkit": runkit}
+TOP_MODULES = {"__init__.py", "cli.py", "model_cli.py", "testing.py"}
+"""The modules that stay at the top: the package's names, two CLI entry points, and the test kit."""
+
+
+def test_the_top_of_the_package_holds_only_its_parts_and_entry_points() -> None:
+    modules = {path.name for path in PACKAGE.glob("*.py")}
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    assert modules == TOP_MODULES, f"a module outside the parts: {sorted(modules - TOP_MODULES)}"
+    assert folders == set(PARTS)
+
+
+def test_every_public_name_has_one_part_and_the_same_object_at_the_top() -> None:
+    homes: dict[str, list[str]] = {}
+    for part_name, part in PARTS.items():
+        for name in part.__all__:
+            assert hasattr(part, name), f"agentlightning_torch.{part_name}.__all__ names a missing {name}"
+            homes.setdefault(name, []).append(part_name)
+    assert not {name: parts for name, parts in homes.items() if len(parts) > 1}, "a name exported by two parts"
+    top = set(agentlightning_torch.__all__) - {"__version__"}
+    assert top - set(homes) == set(), "a top-level name no part exports"
+    for name in top:
+        assert getattr(agentlightning_torch, name) is getattr(PARTS[homes[name][0]], name), name
+
+
+def test_models_is_the_base_and_imports_no_other_part() -> None:
+    others = tuple(f"agentlightning_torch.{name}" for name in PARTS if name != "models")
+    for path in sorted((PACKAGE / "models").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(others), f"models/{path.name} imports {node.module}"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("VLLMServing", "VLLMWeightsServing"),
+        ("PolicyAdapters", "LoRAPolicies"),
+        ("load_adapter_weights", "load_lora_weights"),
+        ("VLLMAdapterError", "VLLMLoRAError"),
+        ("load_vllm_adapter", "load_vllm_lora"),
+    ],
+)
+def test_an_old_name_warns_and_gives_the_new_one(old: str, new: str) -> None:
+    with pytest.warns(
+        DeprecationWarning, match=f"agentlightning_torch.{old} is deprecated: use {new} .*removed in 0.3.0"
+    ):
+        assert getattr(agentlightning_torch, old) is getattr(agentlightning_torch, new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(agentlightning_torch, new)  # the new name does not warn
