@@ -30,6 +30,7 @@ dependencies resolved by pip; not testable on the CPU machine that CI runs on).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -37,8 +38,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,13 +156,37 @@ def _install_system_packages() -> None:
     subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
 
 
-def test(args: list[str]) -> int:
-    """Install everything, then lint, type-check and run the whole test suite; extra args go to pytest."""
-    _install_system_packages()
+def _side_by_side(steps: dict[str, Callable[[], object]]) -> None:
+    """Run independent setup steps at once (they mostly wait on downloads and the disk); when every one has ended,
+    raise the first failure."""
+    started = time.monotonic()
+    failures: list[BaseException] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(steps)) as pool:
+        futures = {pool.submit(step): name for name, step in steps.items()}
+        for future in concurrent.futures.as_completed(futures):
+            error = future.exception()
+            print(f"setup: {futures[future]} {'failed' if error else 'done'} after {time.monotonic() - started:.0f} s")
+            if error is not None:
+                failures.append(error)
+    if failures:
+        raise failures[0]
+
+
+def _dev_venv() -> None:
     _ensure_venv()
     _install(ALL_PACKAGES, dev_tools())
-    install_vllm()
-    install_verl_vllm()
+
+
+def test(args: list[str]) -> int:
+    """Install everything, then lint, type-check and run the whole test suite; extra args go to pytest."""
+    _side_by_side(
+        {
+            "system packages": _install_system_packages,
+            "dev venv": _dev_venv,
+            "vLLM venv": install_vllm,
+            "verl + vLLM venv": install_verl_vllm,
+        }
+    )
     _run(_bin("ruff"), "check", ".")
     _run(_bin("ruff"), "format", "--check", ".")  # the layout rule checks itself too
     _run(_bin("pyright"))
