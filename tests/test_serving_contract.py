@@ -25,7 +25,7 @@ PACKAGES = {
     "trainer-torch": ROOT / "packages/trainer-torch/src/agentlightning_torch",
     "trainer-verl": ROOT / "packages/trainer-verl/src/agentlightning_verl",
 }
-ENGINES = {"trainer-torch": ("_trainer.py", "TorchEngine"), "trainer-verl": ("_engine.py", "VerlEngine")}
+ENGINES = {"trainer-torch": ("training/_trainer.py", "TorchEngine"), "trainer-verl": ("_engine.py", "VerlEngine")}
 STEPS = ("start", "drain", "sync", "metrics", "stop")
 """The serving steps both packages share (a package's protocol may add its own, e.g. verl's ``release``)."""
 ENGINE_STEPS = {
