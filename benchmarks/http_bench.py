@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.store import RolloutRequest, StoreClient
-from agentlightning.testing import PostgresServer, ServedStoreProcess, make_span
+from agentlightning.testing import PostgresServer, StoreServerProcessForTests, make_span
 
 TOKEN = "bench-token"
 Section = Callable[[argparse.Namespace], dict[str, float]]
@@ -149,10 +149,10 @@ def store_section(args: argparse.Namespace) -> dict[str, float]:
     """Served SQLite store: enqueue/dequeue and span writes over loopback."""
     with (
         tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
-        ServedStoreProcess(Path(tmp) / "bench.db", token=TOKEN) as server,
+        StoreServerProcessForTests(Path(tmp) / "bench.db", token=TOKEN) as server,
     ):
-        assert server.proc is not None
-        return asyncio.run(_store_figures(server.url, server.proc.pid, 0.25 if args.quick else 1.0))
+        assert server.pid is not None
+        return asyncio.run(_store_figures(server.url, server.pid, 0.25 if args.quick else 1.0))
 
 
 def _fresh_schema(dsn: str) -> str:
@@ -183,9 +183,9 @@ def postgres_section(args: argparse.Namespace) -> dict[str, float]:
     """Served PostgreSQL store (--db): one server, as the SQLite section measures it."""
     if args.db is None:
         return {}
-    with _database(args) as dsn, ServedStoreProcess(_fresh_schema(dsn), token=TOKEN) as server:
-        assert server.proc is not None
-        return asyncio.run(_store_figures(server.url, server.proc.pid, 0.25 if args.quick else 1.0))
+    with _database(args) as dsn, StoreServerProcessForTests(_fresh_schema(dsn), token=TOKEN) as server:
+        assert server.pid is not None
+        return asyncio.run(_store_figures(server.url, server.pid, 0.25 if args.quick else 1.0))
 
 
 async def _two_server_figures(urls: list[str], scale: float) -> dict[str, float]:
@@ -233,17 +233,17 @@ def postgres_two_servers_section(args: argparse.Namespace) -> dict[str, float]:
     scale = 0.25 if args.quick else 1.0
     with (
         tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp,
-        ServedStoreProcess(Path(tmp) / "side.db", token=TOKEN) as sqlite,
+        StoreServerProcessForTests(Path(tmp) / "side.db", token=TOKEN) as sqlite,
     ):
         lite = asyncio.run(_two_server_figures([sqlite.url], scale))
     with _database(args) as dsn:
         fresh = _fresh_schema(dsn)
         with (
-            ServedStoreProcess(fresh, token=TOKEN) as first,
-            ServedStoreProcess(fresh, token=TOKEN) as second,
+            StoreServerProcessForTests(fresh, token=TOKEN) as first,
+            StoreServerProcessForTests(fresh, token=TOKEN) as second,
         ):
             two = asyncio.run(_two_server_figures([first.url, second.url], scale))
-        with ServedStoreProcess(_fresh_schema(dsn), token=TOKEN) as only:
+        with StoreServerProcessForTests(_fresh_schema(dsn), token=TOKEN) as only:
             one = asyncio.run(_two_server_figures([only.url], scale))
     return (
         {f"sqlite_{k}": v for k, v in lite.items()}

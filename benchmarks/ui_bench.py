@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.store import SqliteStore
-from agentlightning.testing import ServedStoreProcess
+from agentlightning.testing import StoreServerProcessForTests
 
 TOKEN = "bench-token"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -162,7 +162,7 @@ def main() -> None:
         started = time.perf_counter()
         fill(db, args.rollouts)
         fill_s = time.perf_counter() - started
-        with ServedStoreProcess(db, token=TOKEN) as server:
+        with StoreServerProcessForTests(db, token=TOKEN) as server:
             api = server.url + "/v1"
             post(api + "/rollouts/list", {})  # warm the server and SQLite's page cache
             figures: dict[str, Any] = {"rollouts": args.rollouts, "fill_seconds": round(fill_s, 2)}

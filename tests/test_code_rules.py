@@ -4,6 +4,8 @@
 * A deprecation says when it goes: every `DeprecationWarning` names the version that removes the old name (that
   each is listed in ``CHANGELOG.md`` is checked by ``tests/test_docs_site.py``).
 * Every document the code points readers to is a file of this repository.
+* One name per thing: no two classes in ``packages/*/src`` share a name, across packages, public or private
+  (`SAME_CLASS_NAME_ALLOWED` lists the deliberate ones, each with its reason).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 import tomllib
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +177,55 @@ def test_every_document_the_code_refers_to_is_in_the_repository() -> None:
                 f"{where}: {m.group(1)}" for m in MARKDOWN_PATH.finditer(line) if not _resolves(path, m.group(1))
             ]
     assert broken == [], "documents referred to that are not in the repository:\n" + "\n".join(sorted(set(broken)))
+
+
+# ------------------------------------------------------------------------------------------- one name per class
+SAME_CLASS_NAME_ALLOWED: dict[str, str] = {
+    "serving": (
+        "one concept, one word: each trainer package's engine delegates its server steps to its own `Serving` "
+        "protocol (trainer-torch adds `policy_versions`, trainer-verl `release`); tests/test_serving_contract.py keeps "
+        "their shared steps alike"
+    ),
+}
+"""Class names (as `_class_key` spells them) defined more than once on purpose, with the reason. Keep this short."""
+
+
+def _class_key(name: str) -> str:
+    """A class name as a reader tells names apart: ``Route``, ``_Route`` and ``ROUTE`` are one name."""
+    return name.replace("_", "").lower()
+
+
+def _classes(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
+    """`_class_key` -> ``"file:line: Name"`` of every class defined in ``paths``, nested ones included."""
+    found: defaultdict[str, list[str]] = defaultdict(list)
+    for path in paths:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef):
+                found[_class_key(node.name)].append(f"{path.relative_to(root)}:{node.lineno}: {node.name}")
+    return dict(found)
+
+
+def _shared_class_names(classes: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {key: where for key, where in classes.items() if len(where) > 1 and key not in SAME_CLASS_NAME_ALLOWED}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """One name per thing (CONVENTIONS, "Code"): two classes of one name are two things a reader (and a search, a
+    traceback, the API reference) cannot tell apart, e.g. the proxy's ``Route`` of a call to a policy beside the
+    servers' ``Route`` of an HTTP operation. Private classes count too, and the packages are read together."""
+    classes = _classes(_sources())
+    assert "storeserverprocess" in classes and "serving" in classes  # the scan sees core and the trainers
+    shared = _shared_class_names(classes)
+    assert shared == {}, "classes sharing a name (rename one, or allow it with a reason):\n" + "\n".join(
+        "; ".join(where) for where in shared.values()
+    )
+    stale = sorted(key for key in SAME_CLASS_NAME_ALLOWED if len(classes.get(key, [])) < 2)
+    assert stale == [], f"allowed shared class names no longer shared (remove them from the list): {stale}"
+
+
+def test_the_class_name_check_reads_every_file_and_nested_classes(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("class Route:\n    class Serving: ...\n")
+    (tmp_path / "b.py").write_text("def f():\n    class _route: ...\n")
+    (tmp_path / "c.py").write_text("class Routes: ...\n")
+    classes = _classes(sorted(tmp_path.glob("*.py")), root=tmp_path)
+    assert _shared_class_names(classes) == {"route": ["a.py:1: Route", "b.py:2: _route"]}

@@ -44,7 +44,7 @@ from langgraph.prebuilt import ToolNode
 
 import agentlightning as agl
 from agentlightning.proxy import LLMProxy
-from agentlightning.testing import ScriptedModelServer, ScriptedReply, ServedStoreProcess, free_port
+from agentlightning.testing import ScriptedModelServer, ScriptedReply, StoreServerProcessForTests, free_port
 from agentlightning_langchain import LangChainAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
 
     policy = agl.RetryPolicy(max_attempts=2, retry_on=frozenset({"failed"}))
     shots = _artifacts()
-    with ServedStoreProcess(tmp_path / "store.db", token=TOKEN, retry_policy=policy) as server:
+    with StoreServerProcessForTests(tmp_path / "store.db", token=TOKEN, retry_policy=policy) as server:
         asyncio.run(_fill(server.url))
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)

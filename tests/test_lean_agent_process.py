@@ -20,7 +20,7 @@ import pytest
 
 from agentlightning import semconv
 from agentlightning.store import StoreClient
-from agentlightning.testing import ServedStoreProcess
+from agentlightning.testing import StoreServerProcessForTests
 
 SERVE_ONLY = ("fastapi", "starlette", "uvicorn", "rich", "uvloop", "httptools", "watchfiles")
 
@@ -91,7 +91,7 @@ def test_the_blocker_really_hides_the_serving_packages(lean_env: dict[str, str])
 def test_an_agent_process_runs_a_rollout_without_the_serve_extra(lean_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "agent_process.py"
     script.write_text(_AGENT)
-    with ServedStoreProcess(tmp_path / "store.db") as served:
+    with StoreServerProcessForTests(tmp_path / "store.db") as served:
 
         async def enqueue() -> str:
             client = StoreClient(served.url, token=served.token)

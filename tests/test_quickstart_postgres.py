@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.testing import PostgresServer, ServedStoreProcess
+from agentlightning.testing import PostgresServer, StoreServerProcessForTests
 
 pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
 
@@ -23,7 +23,7 @@ def test_quickstart_trains_through_a_postgresql_backed_store(agl_postgres: Postg
     from agentlightning.store import PostgresStore
 
     dsn = agl_postgres.new_schema()
-    with ServedStoreProcess(db=dsn) as served:
+    with StoreServerProcessForTests(db=dsn) as served:
         cmd = [
             sys.executable, str(CALC / "train.py"), "--quiet", "--store-url", served.url, "--store-token", served.token,
             "--iterations", "1", "--tasks-per-iteration", "2", "--samples-per-task", "4", "--eval-size", "2",

@@ -103,6 +103,18 @@ def test_store_server_and_final_reward_aliases() -> None:
         _ = agl.StoreServe  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def test_served_store_process_is_the_store_server_for_tests() -> None:
+    import agentlightning.testing as testing
+
+    with pytest.warns(DeprecationWarning, match="agentlightning.testing.ServedStoreProcess is deprecated: use "):
+        old = testing.ServedStoreProcess  # pyright: ignore[reportAttributeAccessIssue]
+    assert old is testing.StoreServerProcessForTests and issubclass(old, agl.StoreServerProcess)
+    with pytest.warns(DeprecationWarning, match="removed in 0.3.0"):
+        from agentlightning.testing import ServedStoreProcess  # pyright: ignore[reportAttributeAccessIssue]
+    assert ServedStoreProcess is testing.StoreServerProcessForTests
+    assert "ServedStoreProcess" not in testing.__all__  # `import *` does not warn
+
+
 def test_every_old_name_says_when_it_is_removed() -> None:
     """The warning names the removal version (0.3.0, as in CHANGELOG.md's "Deprecated" table)."""
     sample = agl.TrainingSample.model_validate({**SAMPLE, "prompt_token_ids": [1], "response_token_ids": [2]})

@@ -21,7 +21,7 @@ from agentlightning.credit import build_training_batch
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.runner import _execute as execute_module  # pyright: ignore[reportPrivateUsage]
 from agentlightning.store import SqliteStore, StoreClient
-from agentlightning.testing import ServedStoreProcess, wait_until
+from agentlightning.testing import StoreServerProcessForTests, wait_until
 from agentlightning.tracing import get_span_processor
 
 TOKEN = "runner-reliability-token-42"
@@ -36,7 +36,7 @@ def _port_open(port: int) -> bool:
 
 
 def test_spans_written_while_the_store_is_down_are_kept_and_written_when_it_is_back(tmp_path: Path) -> None:
-    served = ServedStoreProcess(tmp_path / "outage.db", token=TOKEN).start()
+    served = StoreServerProcessForTests(tmp_path / "outage.db", token=TOKEN).start()
     started, store_down = threading.Event(), threading.Event()
 
     @agl.rollout

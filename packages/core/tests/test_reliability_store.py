@@ -32,7 +32,7 @@ from agentlightning.store import (
     StorageError,
     StoreClient,
 )
-from agentlightning.testing import ServedStoreProcess, make_call, make_span
+from agentlightning.testing import StoreServerProcessForTests, make_call, make_span
 
 TOKEN = "reliability-token-0123456789"
 AGL = [sys.executable, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
@@ -52,8 +52,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[ServedStoreProcess]:
-    with ServedStoreProcess(tmp_path / "served.db", token=TOKEN) as server:
+def served(tmp_path: Path) -> Iterator[StoreServerProcessForTests]:
+    with StoreServerProcessForTests(tmp_path / "served.db", token=TOKEN) as server:
         yield server
 
 
@@ -92,7 +92,7 @@ async def test_non_finite_numbers_are_refused_naming_the_field(store: agl.Lightn
     assert await store.add_spans([good]) == 1
 
 
-async def test_served_store_answers_422_naming_the_non_finite_field(served: ServedStoreProcess) -> None:
+async def test_served_store_answers_422_naming_the_non_finite_field(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN)
     try:
         await client.enqueue_rollout("task")
@@ -155,7 +155,7 @@ async def test_records_of_attempts_the_store_never_started_are_refused(store: ag
     assert await store.query_spans(rid) == [] and await store.query_llm_calls(rid) == []
 
 
-async def test_served_store_answers_404_for_a_forged_attempt(served: ServedStoreProcess) -> None:
+async def test_served_store_answers_404_for_a_forged_attempt(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN)
     try:
         await client.enqueue_rollout("task", rollout_id="ro-real")
@@ -173,7 +173,7 @@ async def test_served_store_answers_404_for_a_forged_attempt(served: ServedStore
 # ------------------------------------------------------------------------------------------- retried requests
 
 
-async def test_a_dequeue_retried_after_the_server_died_gets_the_same_claim(served: ServedStoreProcess) -> None:
+async def test_a_dequeue_retried_after_the_server_died_gets_the_same_claim(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN)
     try:
         await client.enqueue_rollouts([RolloutRequest(rollout_id=f"q-{i}") for i in range(3)])
@@ -191,7 +191,7 @@ async def test_a_dequeue_retried_after_the_server_died_gets_the_same_claim(serve
 
 
 async def test_a_retried_add_spans_reports_the_count_of_the_first_try(
-    store: agl.LightningStore, served: ServedStoreProcess
+    store: agl.LightningStore, served: StoreServerProcessForTests
 ) -> None:
     rid, aid = await _claim(store)
     spans = [make_span(rid, aid, i) for i in range(3)]
@@ -264,7 +264,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_served_store_on_a_full_disk_answers_507_and_healthz_says_so(tiny_disk: Path) -> None:
-    with ServedStoreProcess(tiny_disk / "store.db", token=TOKEN) as server:
+    with StoreServerProcessForTests(tiny_disk / "store.db", token=TOKEN) as server:
         client = StoreClient(server.url, token=TOKEN)
         try:
             await client.enqueue_rollout("t")
@@ -311,7 +311,7 @@ def test_cli_refuses_bad_arguments_in_one_line_with_exit_code_2(args: list[str],
 # ------------------------------------------------------------------------------------------- big batches
 
 
-async def test_a_20mb_batch_does_not_stall_healthz(served: ServedStoreProcess) -> None:
+async def test_a_20mb_batch_does_not_stall_healthz(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN)
     try:
         await client.enqueue_rollout("t")

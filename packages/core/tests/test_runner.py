@@ -296,9 +296,9 @@ def test_auto_mode_choice(tmp_path: Path) -> None:
 async def test_served_store_async_workers_and_worker_processes(tmp_path: Path) -> None:
     """A real `agl store serve` process over HTTP: an async runner in this loop, then sync worker processes."""
     from agentlightning.store import StoreClient
-    from agentlightning.testing._served_store import ServedStoreProcess
+    from agentlightning.testing import StoreServerProcessForTests
 
-    with ServedStoreProcess(tmp_path / "served.db", token="tok") as server:
+    with StoreServerProcessForTests(tmp_path / "served.db", token="tok") as server:
         client = StoreClient(server.url, token="tok")
         try:
             ids = await _enqueue(client, 16)

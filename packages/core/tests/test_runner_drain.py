@@ -15,7 +15,7 @@ import pytest
 import agentlightning as agl
 from agentlightning.runner import ROOT_SPAN_NAME
 from agentlightning.store import RELEASED, MemoryStore, SqliteStore
-from agentlightning.testing import ServedStoreProcess, free_port, wait_until
+from agentlightning.testing import StoreServerProcessForTests, free_port, wait_until
 
 AGL = [sys.executable, "-m", "agentlightning.cli"]
 # A heartbeat timeout far longer than any test: a rollout that comes back did so because it was released.
@@ -169,7 +169,7 @@ def test_agl_runner_reconnects_when_the_store_restarts(tmp_path: Path) -> None:
     cmd += ["--agent", "agents:done", "--workers", "2", "--no-instrument", "--poll-interval", "0.02"]
     # started before its store exists, as a worker machine may be
     runner = subprocess.Popen(cmd, env={**os.environ, "AGL_STORE_TOKEN": token}, stderr=subprocess.PIPE, text=True)
-    server = ServedStoreProcess(tmp_path / "served.db", token=token, port=port)
+    server = StoreServerProcessForTests(tmp_path / "served.db", token=token, port=port)
     try:
         for round_ in range(2):
             server.start()
@@ -196,7 +196,7 @@ async def test_runner_backs_off_while_the_store_is_down_and_says_when_it_is_back
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     token = "store-token-0123456789"
-    server = ServedStoreProcess(tmp_path / "served.db", token=token)
+    server = StoreServerProcessForTests(tmp_path / "served.db", token=token)
     client = agl.StoreClient(server.url, token=token, retries=0)  # every failed request reaches the runner
     runner = agl.Runner(done, client, n_workers=2, poll_interval=0.02)
     task = asyncio.create_task(runner.arun())
@@ -245,7 +245,7 @@ def test_agl_runner_stops_quietly_on_sigterm(tmp_path: Path, where: str) -> None
     token = "store-token-0123456789"
     server = None
     if where == "store-url":
-        server = ServedStoreProcess(tmp_path / "served.db", token=token, retry_policy=NEVER).start()
+        server = StoreServerProcessForTests(tmp_path / "served.db", token=token, retry_policy=NEVER).start()
         store: agl.LightningStore = agl.StoreClient(server.url, token=token)
         location = ["--store-url", server.url]
     else:

@@ -20,14 +20,14 @@ from pydantic import BaseModel
 from agentlightning import LLMCall, LLMResource, MemoryStore, PostgresStore, Resources, Span, SqliteStore
 from agentlightning._models import SpanEvent
 from agentlightning.store import InvalidRequestError, LightningStore, RolloutRequest, StoreClient
-from agentlightning.testing import ServedStoreProcess, make_call, make_span
+from agentlightning.testing import StoreServerProcessForTests, make_call, make_span
 
 TOKEN = "boundary-token-0123456789"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedStoreProcess]:
-    with ServedStoreProcess(tmp_path_factory.mktemp("served") / "s.db", token=TOKEN) as server:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServerProcessForTests]:
+    with StoreServerProcessForTests(tmp_path_factory.mktemp("served") / "s.db", token=TOKEN) as server:
         yield server
 
 
@@ -158,7 +158,9 @@ def _plain(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("case", [0, 2, 5, 6])
-async def test_the_server_refuses_the_same_records_sent_as_raw_json(served: ServedStoreProcess, case: int) -> None:
+async def test_the_server_refuses_the_same_records_sent_as_raw_json(
+    served: StoreServerProcessForTests, case: int
+) -> None:
     kind, make, expected = CASES[case]
     client = StoreClient(served.url, token=TOKEN)
     try:

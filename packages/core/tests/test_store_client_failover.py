@@ -13,7 +13,7 @@ import pytest
 import agentlightning as agl
 from agentlightning.cli._runner import spread_urls
 from agentlightning.store import PostgresStore, StoreClient, StoreError
-from agentlightning.testing import PostgresServer, ServedStoreProcess, free_port
+from agentlightning.testing import PostgresServer, StoreServerProcessForTests, free_port
 
 TOKEN = "a-token-of-24-characters"
 
@@ -42,7 +42,10 @@ def test_runner_processes_prefer_different_servers_in_turn() -> None:
 
 def test_a_client_fails_over_to_the_next_server_when_its_own_dies(agl_postgres: PostgresServer) -> None:
     dsn = agl_postgres.new_schema()
-    with ServedStoreProcess(db=dsn, token=TOKEN) as first, ServedStoreProcess(db=dsn, token=TOKEN) as second:
+    with (
+        StoreServerProcessForTests(db=dsn, token=TOKEN) as first,
+        StoreServerProcessForTests(db=dsn, token=TOKEN) as second,
+    ):
 
         async def check() -> None:
             client = StoreClient([first.url, second.url], token=TOKEN, backoff=0.01)

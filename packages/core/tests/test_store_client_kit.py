@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentlightning.store import LightningStore, RetryPolicy, StoreClient
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import StoreServerProcessForTests
 from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory
 
 TOKEN = "kit-token"
@@ -21,12 +21,14 @@ class TestServedSqliteStore(StoreConformanceTests):
 
     @pytest.fixture
     async def store_factory(self, tmp_path: Path) -> AsyncIterator[StoreFactory]:
-        servers: list[ServedStoreProcess] = []
+        servers: list[StoreServerProcessForTests] = []
         clients: list[StoreClient] = []
         counter = itertools.count()
 
         async def make(retry_policy: RetryPolicy | None = None) -> LightningStore:
-            server = ServedStoreProcess(tmp_path / f"store-{next(counter)}.db", token=TOKEN, retry_policy=retry_policy)
+            server = StoreServerProcessForTests(
+                tmp_path / f"store-{next(counter)}.db", token=TOKEN, retry_policy=retry_policy
+            )
             servers.append(server.start())
             client = StoreClient(server.url, token=TOKEN)
             clients.append(client)

@@ -15,7 +15,7 @@ import pytest
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
 from agentlightning.store import MemoryStore, RetryPolicy, RolloutQuery, SqliteStore
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import StoreServerProcessForTests
 from agentlightning.ui import ExplainRequest, explain_attempt, load_assets
 
 _TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -114,7 +114,7 @@ def _http(url: str, token: str | None = None, body: dict[str, Any] | None = None
 def test_ui_files_open_api_behind_the_token(tmp_path: Path) -> None:
     assets = load_assets()
     assert {"index.html", "app.js", "app.css", "lib.js", "chart.js", "rollouts.js", "rollout.js"} <= set(assets)
-    with ServedStoreProcess(tmp_path / "s.db", token="sesame") as server:
+    with StoreServerProcessForTests(tmp_path / "s.db", token="sesame") as server:
         status, headers, body = _http(server.url + "/ui")
         assert status == 200 and b'id="login-form"' in body
         assert headers["Content-Type"].startswith("text/html")

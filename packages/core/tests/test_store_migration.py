@@ -17,8 +17,7 @@ import pytest
 
 from agentlightning import SqliteStore
 from agentlightning.store import AttemptEndedError, LightningStore, StoreClient, StoreError
-from agentlightning.testing import PostgresServer
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import PostgresServer, StoreServerProcessForTests
 from agentlightning.testing._store_kit_records import RecordRoundTripTests, round_trip_calls, round_trip_spans
 
 V4_FILE = Path(__file__).parent / "data" / "store_v4.db"
@@ -175,7 +174,7 @@ class TestServedPostgresRoundTrip(RecordRoundTripTests):
     @pytest.fixture
     async def store(self, agl_postgres: PostgresServer) -> AsyncIterator[LightningStore]:
         pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
-        server = ServedStoreProcess(agl_postgres.new_schema(), token="round-trip-token").start()
+        server = StoreServerProcessForTests(agl_postgres.new_schema(), token="round-trip-token").start()
         client = StoreClient(server.url, token="round-trip-token")
         try:
             yield client

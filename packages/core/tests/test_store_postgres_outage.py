@@ -14,7 +14,7 @@ import pytest
 
 from agentlightning._models import Span
 from agentlightning.store import StoreClient
-from agentlightning.testing import PostgresServer, ServedStoreProcess, find_pg_bin, wait_until
+from agentlightning.testing import PostgresServer, StoreServerProcessForTests, find_pg_bin, wait_until
 
 pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "agentlightning-core[postgres]"')
 pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL's server programs are not installed")
@@ -57,7 +57,7 @@ async def _answers_503(url: str, rollout_id: str, attempt_id: str, count: int) -
 
 
 async def test_a_database_outage_is_one_line_each_way_and_healthz_tells_the_truth() -> None:
-    with PostgresServer() as database, ServedStoreProcess(database.new_schema(), token=TOKEN) as served:
+    with PostgresServer() as database, StoreServerProcessForTests(database.new_schema(), token=TOKEN) as served:
         client = StoreClient(served.url, token=TOKEN, retry_for=300)
         try:
             rollout = await client.enqueue_rollout("through the outage")

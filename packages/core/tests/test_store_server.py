@@ -17,7 +17,7 @@ from agentlightning.cli import main as agl_main
 from agentlightning.store import ConflictError, MemoryStore, NotFoundError, RetryPolicy, StoreError
 from agentlightning.store._client import InvalidRequestError, UnauthorizedError
 from agentlightning.store._server import create_store_app
-from agentlightning.testing._served_store import free_port
+from agentlightning.testing import free_port
 from agentlightning.testing._store_kit import make_span
 
 TOKEN = "s3cret-token"

@@ -10,21 +10,21 @@ import pytest
 
 from agentlightning.store import RolloutRequest, StoreClient
 from agentlightning.store._client import StoreUnavailableError, UnauthorizedError
-from agentlightning.testing._served_store import ServedStoreProcess
+from agentlightning.testing import StoreServerProcessForTests
 from agentlightning.testing._store_kit import make_call, make_span
 
 TOKEN = "reliability-token"
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[ServedStoreProcess]:
-    server = ServedStoreProcess(tmp_path / "served.db", token=TOKEN)
+def served(tmp_path: Path) -> Iterator[StoreServerProcessForTests]:
+    server = StoreServerProcessForTests(tmp_path / "served.db", token=TOKEN)
     with server:
         yield server
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])
-async def test_restart_keeps_every_acknowledged_write(served: ServedStoreProcess, hard: bool) -> None:
+async def test_restart_keeps_every_acknowledged_write(served: StoreServerProcessForTests, hard: bool) -> None:
     client = StoreClient(served.url, token=TOKEN)
     try:
         queued = await client.enqueue_rollouts([RolloutRequest(rollout_id=f"q-{i}", input=i) for i in range(20)])
@@ -58,7 +58,7 @@ async def test_restart_keeps_every_acknowledged_write(served: ServedStoreProcess
 
 
 @pytest.mark.slow
-async def test_concurrent_clients_write_every_span_exactly_once(served: ServedStoreProcess) -> None:
+async def test_concurrent_clients_write_every_span_exactly_once(served: StoreServerProcessForTests) -> None:
     n_clients, per_client, batch = 32, 1_000, 100
     setup = StoreClient(served.url, token=TOKEN)
     await setup.enqueue_rollouts([RolloutRequest(rollout_id=f"c-{i}") for i in range(n_clients)])
@@ -93,7 +93,7 @@ async def test_concurrent_clients_write_every_span_exactly_once(served: ServedSt
             await client.close()
 
 
-async def test_process_rejects_missing_and_wrong_tokens(served: ServedStoreProcess) -> None:
+async def test_process_rejects_missing_and_wrong_tokens(served: StoreServerProcessForTests) -> None:
     for token in (None, "wrong-token"):
         client = StoreClient(served.url, token=token, retries=0)
         try:
@@ -110,7 +110,7 @@ async def test_process_rejects_missing_and_wrong_tokens(served: ServedStoreProce
         await good.close()
 
 
-async def test_client_retries_until_a_restarted_server_answers(served: ServedStoreProcess) -> None:
+async def test_client_retries_until_a_restarted_server_answers(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN, retries=12, backoff=0.05, backoff_max=1.0)
     try:
         await client.enqueue_rollout("before", rollout_id="before")
@@ -129,7 +129,7 @@ async def test_client_retries_until_a_restarted_server_answers(served: ServedSto
         await client.close()
 
 
-async def test_client_gives_up_with_a_clear_error(served: ServedStoreProcess) -> None:
+async def test_client_gives_up_with_a_clear_error(served: StoreServerProcessForTests) -> None:
     client = StoreClient(served.url, token=TOKEN, retries=2, backoff=0.01)
     try:
         served.kill()
@@ -140,7 +140,7 @@ async def test_client_gives_up_with_a_clear_error(served: ServedStoreProcess) ->
         served.start()
 
 
-async def test_client_works_from_several_event_loops(served: ServedStoreProcess) -> None:
+async def test_client_works_from_several_event_loops(served: StoreServerProcessForTests) -> None:
     """The tracing exporter calls ``add_spans`` from its own thread's loop while the runner uses another."""
     client = StoreClient(served.url, token=TOKEN)
     try:
@@ -164,3 +164,24 @@ async def test_client_works_from_several_event_loops(served: ServedStoreProcess)
         assert len(await client.query_spans(rid)) == 30
     finally:
         await client.close()
+
+
+def test_the_kit_server_is_a_store_server_process_with_a_file_of_its_own() -> None:
+    """The test kit's server is a `StoreServerProcess`: the same child; without a ``db``, a fresh SQLite file."""
+    from agentlightning import StoreServerProcess
+
+    with StoreServerProcessForTests() as server:
+        assert isinstance(server, StoreServerProcess) and server.pid is not None
+        assert server.db == server.folder / "store.db" and Path(server.db).exists()
+        assert server.url == f"http://127.0.0.1:{server.port}" and "-m agentlightning.cli" in " ".join(server.command())
+        port, db = server.port, server.db
+        server.restart(hard=True)  # same port, same file
+        assert (server.port, server.db) == (port, db) and server.pid is not None
+    assert server.pid is None
+
+
+def test_the_kit_server_quotes_its_output_when_it_cannot_start(tmp_path: Path) -> None:
+    server = StoreServerProcessForTests(tmp_path / "s.db", extra_args=["--max-body-mb", "lots"])
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*the server's output:.*--max-body-mb"):
+        server.start()
+    assert server.pid is None and "invalid float value: 'lots'" in server.output()

@@ -22,7 +22,7 @@ from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-__all__ = ["AGENT_HEADER", "FROZEN", "PolicyMap", "Route", "decode_agent_header", "encode_agent_header"]
+__all__ = ["AGENT_HEADER", "FROZEN", "PolicyMap", "PolicyRoute", "decode_agent_header", "encode_agent_header"]
 
 FROZEN = "frozen"
 """The policy name of the frozen base model: served as it is, never trained."""
@@ -46,7 +46,7 @@ def decode_agent_header(value: str | None) -> str | None:
     return unquote(value) or None
 
 
-class Route(NamedTuple):
+class PolicyRoute(NamedTuple):
     """Where one call goes (`PolicyMap.resolve`).
 
     Attributes:
@@ -68,7 +68,7 @@ class PolicyMap(BaseModel):
 
     Example:
         >>> PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN}).resolve("writer", None)
-        Route(policy='writer', matched=True)
+        PolicyRoute(policy='writer', matched=True)
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -140,18 +140,18 @@ class PolicyMap(BaseModel):
                 return policy
         return None
 
-    def resolve(self, agent: str | None, model: object) -> Route:
+    def resolve(self, agent: str | None, model: object) -> PolicyRoute:
         """The policy of a call by ``agent`` asking for ``model``.
 
         A request whose ``model`` names a policy (an agent that names a model per sub-agent) goes there; otherwise
         the agent's entry decides; otherwise the default policy serves it (``matched=False``).
         """
         if isinstance(model, str) and model in self.policies:
-            return Route(model, True)
+            return PolicyRoute(model, True)
         found = self.policy_of(agent)
         if found is not None:
-            return Route(found, True)
-        return Route(self.default, False)
+            return PolicyRoute(found, True)
+        return PolicyRoute(self.default, False)
 
     def model_for(self, policy: str, base_model: str | None) -> str | None:
         """The model name to ask the backend for: the adapter's name, or ``base_model`` for `FROZEN`."""

@@ -57,7 +57,7 @@ def shares(workers: int, processes: int) -> list[int]:
 
 
 @dataclass
-class _Runner:
+class _RunnerProcess:
     """A runner process: forked (``process`` is ``None``; ``lifeline`` is the write end it watches) or started."""
 
     pid: int
@@ -143,14 +143,16 @@ def supervise_runners(
     return _Supervisor(runners, wakeup, lifeline).run()
 
 
-def _fork_all(counts: Sequence[int], run_one: Callable[[int, int], int], close_in_child: list[int]) -> list[_Runner]:
+def _fork_all(
+    counts: Sequence[int], run_one: Callable[[int, int], int], close_in_child: list[int]
+) -> list[_RunnerProcess]:
     """Fork one runner per entry of ``counts`` (its workers), in one new process group."""
     # Frozen: the runners' garbage collections never walk (nor copy) what the imports built. Only the young
     # generations are collected first: a full collection walked every object (~107k, ~70 ms of CPU in the calc
     # example's runner) to free a few dozen (see `agentlightning._gc`).
     gc.collect(1)
     gc.freeze()
-    runners: list[_Runner] = []
+    runners: list[_RunnerProcess] = []
     group = 0
     for index, count in enumerate(counts):
         read_end, write_end = os.pipe()
@@ -162,7 +164,7 @@ def _fork_all(counts: Sequence[int], run_one: Callable[[int, int], int], close_i
         group = group or pid
         with contextlib.suppress(OSError):  # the child sets it too: whichever comes first
             os.setpgid(pid, group)
-        runners.append(_Runner(pid, lifeline=write_end))
+        runners.append(_RunnerProcess(pid, lifeline=write_end))
     return runners
 
 
@@ -195,15 +197,15 @@ def _runner_main(
         os._exit(code)
 
 
-def _start_all(commands: Sequence[Sequence[str]]) -> list[_Runner]:
+def _start_all(commands: Sequence[Sequence[str]]) -> list[_RunnerProcess]:
     """Start one fresh runner per command line, tied to this process, in one new process group."""
-    runners: list[_Runner] = []
+    runners: list[_RunnerProcess] = []
     group = 0
     try:
         for cmd in commands:
             process = start_child(cmd, process_group=group)
             group = group or process.pid
-            runners.append(_Runner(process.pid, process=process))
+            runners.append(_RunnerProcess(process.pid, process=process))
     except OSError:
         for runner in runners:
             with contextlib.suppress(ProcessLookupError):
@@ -215,7 +217,7 @@ def _start_all(commands: Sequence[Sequence[str]]) -> list[_Runner]:
 class _Supervisor:
     """Forwards stops to the runners, watches the parent's lifeline and the runners' exits (see the module)."""
 
-    def __init__(self, runners: list[_Runner], wakeup: _Wakeup, lifeline: int | None) -> None:
+    def __init__(self, runners: list[_RunnerProcess], wakeup: _Wakeup, lifeline: int | None) -> None:
         self.runners = runners
         self.wakeup = wakeup
         self.lifeline = lifeline
@@ -261,7 +263,7 @@ class _Supervisor:
         self.asked += 1
         self.orphaned_at = time.monotonic()
 
-    def _exited(self, runner: _Runner) -> None:
+    def _exited(self, runner: _RunnerProcess) -> None:
         code = runner.code or 0
         if self.wakeup.stops + self.asked > 0 or self.failure is not None:
             return  # asked to stop, or one failure already stops them all
@@ -269,7 +271,7 @@ class _Supervisor:
         self.failure = code or 1
         self.asked += 1
 
-    def _forward(self, running: list[_Runner]) -> None:
+    def _forward(self, running: list[_RunnerProcess]) -> None:
         while self.forwarded < self.wakeup.stops + self.asked:
             self.forwarded += 1
             for runner in running:

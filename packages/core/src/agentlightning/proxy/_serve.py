@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 
+from agentlightning._quiet_server import QuietServer
+
 __all__ = ["ServerHandle"]
-
-
-class _QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves the host program's signal handlers alone."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 def _config(app: Any, host: str, port: int) -> uvicorn.Config:
@@ -47,7 +39,7 @@ class ServerHandle:
     @classmethod
     async def start_in_loop(cls, app: Any, host: str, port: int) -> ServerHandle:
         """Serve ``app`` as a task of the running loop; returns once it listens."""
-        server = _QuietServer(_config(app, host, port))
+        server = QuietServer(_config(app, host, port))
         task = asyncio.create_task(server.serve())
         while not server.started:
             if task.done():
@@ -61,7 +53,7 @@ class ServerHandle:
     @classmethod
     def start_in_thread(cls, app: Any, host: str, port: int) -> ServerHandle:
         """Serve ``app`` from a daemon thread with its own event loop; returns once it listens."""
-        server = _QuietServer(_config(app, host, port))
+        server = QuietServer(_config(app, host, port))
         failure: list[BaseException] = []
 
         def run() -> None:

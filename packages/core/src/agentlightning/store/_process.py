@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 from agentlightning._lifeline import start_child
 from agentlightning._netauth import check_bind_token, is_wildcard, new_token
@@ -91,7 +91,7 @@ class StoreServerProcess:
             cmd += ["--access-log"]
         return cmd
 
-    def start(self, timeout: float = 60.0) -> StoreServerProcess:
+    def start(self, timeout: float = 60.0) -> Self:
         """Start the child and wait until it answers ``/healthz``.
 
         Raises:
@@ -110,7 +110,7 @@ class StoreServerProcess:
         while True:
             code = self._proc.poll()
             if code is not None:
-                self._proc = None
+                self.stop()  # forgets the child and closes its log file
                 where = f"; see {self.log_file}" if self.log_file is not None else ""
                 raise RuntimeError(f"`agl store serve` on {self.host}:{self.port} exited with code {code}{where}")
             try:
@@ -139,7 +139,7 @@ class StoreServerProcess:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> StoreServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from agentlightning._deprecation import warn_renamed
+
 if TYPE_CHECKING:
     from agentlightning.testing._adapter_kit import AdapterConformanceTests, KitHarness, RunRecord
     from agentlightning.testing._attempts import start_attempts
@@ -19,8 +21,8 @@ if TYPE_CHECKING:
     from agentlightning.testing._netns import NetnsPair, netns_pair, why_no_netns
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
     from agentlightning.testing._raw_http import RawHttpServer, read_request
-    from agentlightning.testing._served_store import ServedStoreProcess, free_port
     from agentlightning.testing._store_kit import StoreConformanceTests, StoreFactory, make_call, make_span
+    from agentlightning.testing._store_server import StoreServerProcessForTests, free_port
     from agentlightning.testing._wait import wait_until
 
 # public name -> module that defines it
@@ -34,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "ToyTokenizer": "agentlightning.testing._model_server",
     "start_attempts": "agentlightning.testing._attempts",
     "ServedCall": "agentlightning.testing._model_server",
-    "ServedStoreProcess": "agentlightning.testing._served_store",
+    "StoreServerProcessForTests": "agentlightning.testing._store_server",
     "PostgresServer": "agentlightning.testing._postgres_server",
     "NetnsPair": "agentlightning.testing._netns",
     "netns_pair": "agentlightning.testing._netns",
@@ -43,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "TcpFailover": "agentlightning.testing._failover",
     "run_failover": "agentlightning.testing._failover",
     "find_pg_bin": "agentlightning.testing._postgres_server",
-    "free_port": "agentlightning.testing._served_store",
+    "free_port": "agentlightning.testing._store_server",
     "StoreFactory": "agentlightning.testing._store_kit",
     "make_call": "agentlightning.testing._store_kit",
     "make_span": "agentlightning.testing._store_kit",
@@ -66,9 +68,9 @@ __all__ = [
     "ScriptedModelServer",
     "ScriptedReply",
     "ServedCall",
-    "ServedStoreProcess",
     "StoreConformanceTests",
     "StoreFactory",
+    "StoreServerProcessForTests",
     "TcpFailover",
     "ToyTokenizer",
     "find_pg_bin",
@@ -86,6 +88,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    """The kits' names, imported on first use; ``ServedStoreProcess`` is the deprecated name of
+    `StoreServerProcessForTests` (removed in 0.3.0)."""
+    if name == "ServedStoreProcess":
+        warn_renamed(
+            "agentlightning.testing.ServedStoreProcess",
+            "agentlightning.testing.StoreServerProcessForTests",
+            removed_in="0.3.0",
+        )
+        name = "StoreServerProcessForTests"
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'agentlightning.testing' has no attribute {name!r}")

@@ -19,8 +19,8 @@ from agentlightning._models import Attempt, Rollout
 from agentlightning.store._base import RetryPolicy, RolloutRequest
 from agentlightning.store._client import StoreClient
 from agentlightning.store._postgres import PostgresStore
-from agentlightning.testing._served_store import ServedStoreProcess
 from agentlightning.testing._store_kit import make_span
+from agentlightning.testing._store_server import StoreServerProcessForTests
 
 __all__ = ["FailoverReport", "TcpFailover", "run_failover"]
 
@@ -99,7 +99,7 @@ async def run_failover(dsn: str, rollouts: int, runners: int, token: str) -> Fai
     through `TcpFailover`, SIGKILL the first server once a third finished, and report (see `FailoverReport`)."""
     policy = RetryPolicy(heartbeat_timeout=3600.0)  # no runner here heartbeats: nothing may time out
     trainer = PostgresStore(dsn, retry_policy=policy, pool_size=2)
-    servers = [ServedStoreProcess(dsn, token=token, retry_policy=policy) for _ in range(2)]
+    servers = [StoreServerProcessForTests(dsn, token=token, retry_policy=policy) for _ in range(2)]
     await asyncio.gather(*(asyncio.to_thread(server.start) for server in servers))
     balancers = [await TcpFailover([servers[i].port, servers[1 - i].port]).start() for i in (0, 1)]
     report = FailoverReport(rollouts=[], attempts={}, spans={})
@@ -123,7 +123,7 @@ async def run_failover(dsn: str, rollouts: int, runners: int, token: str) -> Fai
 
 
 async def _run_runners(
-    servers: list[ServedStoreProcess],
+    servers: list[StoreServerProcessForTests],
     balancers: list[TcpFailover],
     trainer: PostgresStore,
     total: int,

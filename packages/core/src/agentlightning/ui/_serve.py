@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
-from collections.abc import Generator
 from pathlib import Path
 from types import TracebackType
 
 import uvicorn
 
 from agentlightning._netauth import check_bind_token, new_token
+from agentlightning._quiet_server import QuietServer
 from agentlightning.store import LightningStore, SqliteStore
 
 __all__ = ["DashboardServer"]
 
 logger = logging.getLogger(__name__)
-
-
-class _QuietServer(uvicorn.Server):
-    """Leaves the host program's signal handlers alone (Ctrl-C stays the training script's)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 class DashboardServer:
@@ -55,7 +46,7 @@ class DashboardServer:
         self.host = host
         self.port = port
         self.token: str = token or new_token()
-        self._server: _QuietServer | None = None
+        self._server: QuietServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -81,7 +72,7 @@ class DashboardServer:
         app = create_store_app(self.store, token=self.token, extra_routes=ui_routes(self.store))
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
                                 lifespan="off")  # fmt: skip
-        server = _QuietServer(config)
+        server = QuietServer(config)
         failure: list[BaseException] = []
 
         def run() -> None:
