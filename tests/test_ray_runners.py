@@ -47,33 +47,93 @@ def _no_rollout_twice(db: Path) -> None:
     assert succeeded and len(succeeded) == len(set(succeeded)), "a rollout was recorded twice"
 
 
+class _Run:
+    """``agl train`` with two Ray runners for as many iterations as the test wants: started long (1000 iterations) and
+    stopped with Ctrl-C once what the test waits for has happened, so no check depends on how fast a busy machine
+    brings up the second runner. Its stderr is collected in `lines` as it comes."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.db = out, out / "store.db"
+        self.trainer = subprocess.Popen(
+            _train_cmd(out, 1000), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.placed = threading.Event()
+        self.readers = [threading.Thread(target=self._read, daemon=True)]
+        self.readers.append(threading.Thread(target=self.trainer.stdout.read, daemon=True))  # type: ignore[union-attr]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self) -> None:
+        assert self.trainer.stderr is not None
+        for line in self.trainer.stderr:
+            self.lines.append(line)
+            if len(PLACE.findall(self.log)) >= 2:
+                self.placed.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def poll(self, done: Callable[[], bool]) -> None:
+        _poll(self.trainer, self.lines, done)
+
+    def stop(self) -> None:
+        """Ctrl-C, and the trainer's end (killed, with its process group, if it outlives the test)."""
+        try:
+            if self.trainer.poll() is None:
+                self.trainer.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, and with it every runner
+                self.trainer.wait(timeout=240)
+        finally:
+            if self.trainer.poll() is None:
+                os.killpg(self.trainer.pid, signal.SIGKILL)
+                self.trainer.wait()
+            for reader in self.readers:
+                reader.join(timeout=30)
+
+
+def _runner_pids(db: Path, status: str | None = None) -> set[int]:
+    """The runner processes with an attempt in the store (of ``status``, if given)."""
+    return {_pid(w) for _, w, s in _attempts(db) if w and (status is None or s == status)}
+
+
 @pytest.mark.timeout(600)
 def test_agl_train_with_two_ray_runners_trains_and_reports_where_they_ran(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    done = subprocess.run(_train_cmd(out, 2), cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    places = {int(index): (node, int(pid)) for index, node, pid, _ in PLACE.findall(done.stderr)}
-    assert sorted(places) == [0, 1], done.stderr[-3000:]
-    pids = {pid for _, pid in places.values()}
-    assert len(pids) == 2
-    assert [line for line in (out / "metrics.jsonl").read_text().splitlines() if line]  # two iterations reported
-    ran = {int(worker.split(":")[1]) for _, worker, _ in _attempts(out / "store.db")}
-    assert ran <= pids and ran, (ran, pids)  # every rollout ran in one of the Ray runners
-    _no_rollout_twice(out / "store.db")
-    counts = re.findall(r"ray runner (\d+): claimed (\d+) finished (\d+) failed (\d+)", done.stderr)
-    assert sorted(int(index) for index, *_ in counts) == [0, 1], done.stderr[-3000:]
+    run = _Run(tmp_path / "run")
+    try:
+        assert run.placed.wait(300), run.log[-3000:]
+        places = {int(index): (node, int(pid)) for index, node, pid, _ in PLACE.findall(run.log)}
+        pids = {pid for _, pid in places.values()}
+        # the event: each runner has finished an attempt, its output reached the trainer's, two iterations ended
+        run.poll(
+            lambda: (
+                _runner_pids(run.db, "succeeded") == pids
+                and all(re.search(rf"^ray runner {i} \| runner: \d+ async worker", run.log, re.M) for i in (0, 1))
+                and len(re.findall(r"^it +\d+ runners: ", run.log, re.M)) >= 2
+            )
+        )
+    finally:
+        run.stop()
+    log = run.log
+    assert run.trainer.returncode == 130, log[-3000:]
+    assert sorted(places) == [0, 1] and len(pids) == 2, log[-3000:]
+    assert len([line for line in (run.out / "metrics.jsonl").read_text().splitlines() if line]) >= 2
+    assert _runner_pids(run.db) == pids  # every rollout ran in one of the Ray runners
+    _no_rollout_twice(run.db)
+    counts = re.findall(r"ray runner (\d+): claimed (\d+) finished (\d+) failed (\d+)", log)
+    assert sorted(int(index) for index, *_ in counts) == [0, 1], log[-3000:]
     finished = sum(int(f) for _, _, f, _ in counts)
-    assert finished == sum(1 for *_, status in _attempts(out / "store.db") if status == "succeeded")
+    assert finished == sum(1 for *_, status in _attempts(run.db) if status == "succeeded")
     for pid in pids:  # stopped when training ended
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     # each runner's output reaches the trainer's, named by runner (not through Ray's own log files), and its log file
     for index in (0, 1):
-        assert re.search(rf"^ray runner {index} \| runner: \d+ async worker", done.stderr, re.M), done.stderr[-3000:]
-        assert "async worker" in (out / "runners" / f"ray-runner-{index}.log").read_text()
-    assert not re.search(r"_RunnerActor.*async worker", done.stderr)
+        assert "async worker" in (run.out / "runners" / f"ray-runner-{index}.log").read_text()
+    assert not re.search(r"_RunnerActor.*async worker", log)
     # after each iteration, every runner's counts so far
-    iterations = re.findall(r"^it +(\d+) runners: (.*)$", done.stderr, re.M)
-    assert [int(i) for i, _ in iterations] == [1, 2], done.stderr[-3000:]
+    iterations = re.findall(r"^it +(\d+) runners: (.*)$", log, re.M)
+    assert [int(i) for i, _ in iterations] == list(range(1, len(iterations) + 1)), log[-3000:]
     assert all(
         re.search(r"ray runner \d \(\S+:\d+\) claimed \d+ finished \d+ failed \d+", line) for _, line in iterations
     )
@@ -86,46 +146,21 @@ def test_a_ray_runner_killed_mid_iteration_is_restarted_and_nothing_is_recorded_
     The run is long (the test stops it with Ctrl-C once the restarted runner has claimed an attempt): a short run
     could end on the surviving runner before Ray brought the other back on a busy machine.
     """
-    out = tmp_path / "run"
-    trainer = subprocess.Popen(
-        _train_cmd(out, 1000), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    placed = threading.Event()
-
-    def read() -> None:
-        assert trainer.stderr is not None
-        for line in trainer.stderr:
-            lines.append(line)
-            if len(PLACE.findall("".join(lines))) >= 2:
-                placed.set()
-
-    readers = [threading.Thread(target=read, daemon=True), threading.Thread(target=trainer.stdout.read, daemon=True)]  # type: ignore[union-attr]
-    for reader in readers:
-        reader.start()
-    db = out / "store.db"
+    run = _Run(tmp_path / "run")
     try:
-        assert placed.wait(300), "".join(lines)[-3000:]
-        first = {int(i): (int(pid), int(actor)) for i, _, pid, actor in PLACE.findall("".join(lines))}
+        assert run.placed.wait(300), run.log[-3000:]
+        first = {int(i): (int(pid), int(actor)) for i, _, pid, actor in PLACE.findall(run.log)}
         victim_pid, victim_actor = first[0]
-        _poll(trainer, lines, lambda: any(s == "running" and w and _pid(w) == victim_pid for _, w, s in _attempts(db)))
+        run.poll(lambda: any(s == "running" and w and _pid(w) == victim_pid for _, w, s in _attempts(run.db)))
         os.kill(victim_actor, signal.SIGKILL)
         started = {pid for pid, _ in first.values()}
         # Ray restarts the actor: a runner process that is neither of the first two claims an attempt
-        _poll(trainer, lines, lambda: bool({_pid(w) for _, w, _ in _attempts(db) if w} - started))
-        trainer.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, and with it every runner
-        trainer.wait(timeout=240)
+        run.poll(lambda: bool(_runner_pids(run.db) - started))
     finally:
-        if trainer.poll() is None:
-            os.killpg(trainer.pid, signal.SIGKILL)
-            trainer.wait()
-    for reader in readers:
-        reader.join(timeout=30)
-    log = "".join(lines)
-    assert trainer.returncode == 130, log[-3000:]
-    _no_rollout_twice(db)
-    for pid in {_pid(w) for _, w, _ in _attempts(db) if w}:  # every runner process is gone
+        run.stop()
+    assert run.trainer.returncode == 130, run.log[-3000:]
+    _no_rollout_twice(run.db)
+    for pid in _runner_pids(run.db):  # every runner process is gone
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentlightning import IterationReport
 from agentlightning.cli import cancel_on_sigterm, guarded, stop_children
@@ -17,6 +17,9 @@ from agentlightning.loop import held_out_score
 from agentlightning_torch.runkit._runner_report import RunnerReport
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port
 from agentlightning_torch.runkit._setup import UsageError
+
+if TYPE_CHECKING:
+    from agentlightning_torch.runkit._ray_runners import RunnerPlace
 
 __all__ = ["RunResult", "RunSettings", "TrainingRun", "breakdown"]
 
@@ -242,8 +245,9 @@ class TrainingRun:
                 # The runners first, while the proxy still answers them (they hand their rollouts back as they
                 # drain), and from a thread: the proxy runs on this loop.
                 await asyncio.to_thread(stop_children, self._children)
-                await self._log_ray_counts()
+                places = await self._ray_places()  # asked while the actors answer; counted once they have stopped
                 await asyncio.to_thread(self._stop_ray_runners)
+                await self._log_ray_counts(places)
                 await self.trainer.stop()
         finally:
             if self.runner_report is not None:
@@ -306,14 +310,24 @@ class TrainingRun:
                 f"actor {place.actor_pid} cwd {place.cwd}"
             )
 
-    async def _log_ray_counts(self) -> None:
-        from agentlightning_torch.runkit._ray_runners import runner_counts
-
+    async def _ray_places(self) -> list[RunnerPlace]:
+        """Every Ray runner process of the run so far (none without Ray runners, or when the actors do not answer)."""
         pool = self.ray_runners
         if pool is None or not pool.actors:
+            return []
+        try:
+            return await asyncio.to_thread(pool.all_places)
+        except Exception as error:  # counts are a report: a failure here must not hide the run's own outcome
+            self.console.print(f"ray runner counts: {error}".splitlines()[0])
+            return []
+
+    async def _log_ray_counts(self, places: list[RunnerPlace]) -> None:
+        """Each Ray runner's attempts, from the store, once the runners have stopped (the in-flight ones ended)."""
+        from agentlightning_torch.runkit._ray_runners import runner_counts
+
+        if not places:
             return
         try:
-            places = await asyncio.to_thread(pool.all_places)
             for index, count in sorted((await runner_counts(self.store, places)).items()):
                 self.console.print(
                     f"ray runner {index}: claimed {count['claimed']} finished {count['finished']} "
