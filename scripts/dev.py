@@ -359,8 +359,11 @@ def build(args: list[str]) -> int:
 
 
 def docs_tools() -> list[str]:
-    """The dev group's documentation tools (mkdocs, its theme, mkdocstrings): all `docs` needs installed."""
-    return [req for req in dev_tools() if req.replace(" ", "").lower().startswith("mkdocs")]
+    """The dev group's documentation tools (mkdocs, its theme, mkdocstrings) and ruff: all `docs` needs installed.
+
+    mkdocstrings wraps long signatures with a formatter, black or ruff, when one is installed; without one every
+    signature of the API reference renders as one long line."""
+    return [req for req in dev_tools() if req.replace(" ", "").lower().startswith(("mkdocs", "ruff"))]
 
 
 def docs(args: list[str]) -> int:

@@ -62,6 +62,28 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     api = (tmp_path / "site" / "api" / "core" / "index.html").read_text()
     assert 'id="agentlightning.Runner"' in api and 'id="agentlightning.SqliteStore"' in api  # generated, from __all__
     assert (tmp_path / "site" / "frameworks" / "langchain" / "index.html").exists()
+    widths = _signature_widths(tmp_path / "site" / "api" / "core" / "index.html")
+    assert widths and max(widths) <= 100, f"signatures not wrapped: widest line {max(widths)} characters"
+
+
+def test_the_docs_tools_wrap_signatures() -> None:
+    """``dev.py docs`` installs a formatter with mkdocs: mkdocstrings wraps signatures only when it finds one."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import dev  # pyright: ignore[reportMissingImports]
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    tools = [req.split(">")[0].split("=")[0].split("[")[0].strip().lower() for req in dev.docs_tools()]  # pyright: ignore
+    assert "ruff" in tools and any(tool.startswith("mkdocstrings") for tool in tools), tools
+
+
+def _signature_widths(page: Path) -> list[int]:
+    """The widest line of each signature block of a built API page."""
+    import html
+
+    signature = r'class="doc-signature highlight"><pre><span></span><code>(.*?)</code></pre>'
+    blocks = re.findall(signature, page.read_text(), re.S)
+    return [max(len(line) for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines()) for block in blocks]
 
 
 def _small_site(tmp_path: Path, pages: dict[str, str], nav: list[str]) -> Path:
