@@ -10,7 +10,7 @@ FILE``); `calibrate` measures its agreement with a checker.
 """
 
 from agentlightning.judge._apply import JudgeFailedError, apply_judgements, check_failures, judge_results
-from agentlightning.judge._calibrate import CalibrationReport, agreement, calibrate
+from agentlightning.judge._calibrate import CalibrationReport, agreement, calibrate, spearman
 from agentlightning.judge._client import JudgeCounters
 from agentlightning.judge._config import JudgeConfig
 from agentlightning.judge._judge import (
@@ -50,5 +50,6 @@ __all__ = [
     "judge_results",
     "parse_scores",
     "read_trace",
+    "spearman",
     "trace_from_records",
 ]
