@@ -159,7 +159,7 @@ async def test_group_and_step_scores_reach_the_transitions_and_per_step_credit(t
         assert group.attributes[JUDGE_SCORE] == (1.0 if best else 0.25)
         assert group.attributes[JUDGE_REASON] in ("r1 is best", "r2 is best", "r1 is worse", "r2 is worse")
         steps = sorted(
-            (s for s in verdicts if s.attributes[JUDGE_SCOPE] == "step"), key=lambda s: s.attributes[JUDGE_STEP]
+            (s for s in verdicts if s.attributes[JUDGE_SCOPE] == "step"), key=lambda s: str(s.attributes[JUDGE_STEP])
         )  # type: ignore[arg-type, return-value]
         assert [s.attributes[JUDGE_SCORE] for s in steps] == [0.1, 0.7]
         assert [by_id[s.parent_id].attributes[semconv.GEN_AI_AGENT_NAME] for s in steps if s.parent_id] == [
