@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,50 @@ async def test_calibrate_against_the_checker(tmp_path: Path) -> None:
     assert "accuracy 1.000, Spearman +1.000" in report.summary()
     assert spearman([0.1, 0.2, 0.3], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert spearman([0.5, 0.5], [0.0, 1.0]) is None
+
+
+AGENT = """
+import aiohttp
+import agentlightning as agl
+
+
+@agl.rollout
+async def agent(task, resources):
+    llm = resources.llm
+    body = {"model": llm.model, "messages": [{"role": "user", "content": f"answer {task['q']}"}], "max_tokens": 8}
+    headers = {"Authorization": f"Bearer {llm.api_key}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agl.llm_base_url()}/chat/completions", json=body, headers=headers) as resp:
+            answer = (await resp.json())["choices"][0]["message"]["content"]
+    return 1.0 if "right" in answer else 0.0
+"""
+
+
+def test_agl_judge_calibrate(tmp_path: Path) -> None:
+    """The command runs the agent through a proxy (the judge reads its calls), judges each group, and reports."""
+    (tmp_path / "calib_agent.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({"q": q}) for q in ("right", "wrong", "right")))
+    (tmp_path / "rubric.md").write_text("The answer must be right.")
+    output = tmp_path / "out"
+    with ScriptedModelServer() as policy, ScriptedModelServer(_good) as judge_server:
+        words = ["--tasks", str(tmp_path / "tasks.jsonl"), "--agent", "calib_agent:agent", "--app-dir", str(tmp_path)]
+        words += ["--llm-url", policy.base_url, "--samples", "2", "--output", str(output)]
+        words += ["--judge", judge_server.base_url, "--judge-model", "judge", "--rubric", str(tmp_path / "rubric.md")]
+        done = subprocess.run(
+            [sys.executable, "-m", "agentlightning.cli", "judge", "calibrate", *words],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr
+        assert len(judge_server.requests) == 3 and len(policy.requests) == 6  # one judge call per task's group
+    assert "judge vs checker on 6 rollouts: accuracy 1.000, Spearman +1.000" in done.stdout
+    report = json.loads((output / "calibration.json").read_text())
+    assert report["rollouts"] == 6 and report["binary"] and report["accuracy"] == 1.0
+    missing = subprocess.run(
+        [sys.executable, "-m", "agentlightning.cli", "judge", "calibrate", *words[:-6]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "needs --judge URL" in missing.stderr
