@@ -22,7 +22,6 @@ import pytest
 
 import agentlightning as agl
 from agentlightning import semconv
-from agentlightning._models import AttributeValue, LLMCall, Span
 from agentlightning.judge import JudgeConfig, LLMJudge
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, StoreServerProcessForTests
 
@@ -66,8 +65,8 @@ def _judge(body: dict[str, Any]) -> ScriptedReply:
     return ScriptedReply(content=json.dumps({"steps": answer}))
 
 
-def _span(rid: str, aid: str, i: int, name: str, attrs: dict[str, AttributeValue]) -> Span:
-    return Span(
+def _span(rid: str, aid: str, i: int, name: str, attrs: dict[str, Any]) -> agl.Span:
+    return agl.Span(
         rollout_id=rid, attempt_id=aid, sequence_id=i, trace_id=TRACE, span_id=f"{i + 1:016x}", name=name,
         start_time=100.0 + i, end_time=100.5 + i, attributes=attrs,
     )  # fmt: skip
@@ -87,13 +86,13 @@ async def _fill(url: str) -> None:
         rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
         spans, calls = [], []
         for i, agent in enumerate(("planner", "solver")):
-            attrs: dict[str, AttributeValue] = {
+            attrs: dict[str, Any] = {
                 semconv.SPAN_KIND: semconv.KIND_LLM,
                 semconv.GEN_AI_AGENT_NAME: agent,
                 semconv.GEN_AI_RESPONSE_ID: f"resp-{rid}-{i}",
             }
             spans.append(_span(rid, aid, i, f"chat {agent}", attrs))
-            call = LLMCall(
+            call = agl.LLMCall(
                 call_id=f"call-{rid}-{i}", rollout_id=rid, attempt_id=aid, response_id=f"resp-{rid}-{i}",
                 request={"messages": [{"role": "user", "content": f"{agent}: sample {rid[-2:]}"}]},
                 response={"choices": [{"message": {"role": "assistant", "content": f"{agent} answer"}}]},
