@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["JudgeAnswer", "JudgeBudgetExceeded", "JudgeCallError", "JudgeClient", "JudgeCounters"]
 
 logger = logging.getLogger(__name__)
+
+_CACHE_SIZE = 4096
 
 
 class JudgeCallError(Exception):
@@ -106,7 +109,7 @@ class JudgeClient:
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
         self.counters = JudgeCounters()
-        self._cache: dict[str, Any] = {}
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # the newest `_CACHE_SIZE` valid answers
         self._session: aiohttp.ClientSession | None = None
 
     def new_iteration(self) -> JudgeCounters:
@@ -118,12 +121,15 @@ class JudgeClient:
         """A valid answer given before to the same request (counted as a cache hit)."""
         value = self._cache.get(key)
         if value is not None:
+            self._cache.move_to_end(key)
             self.counters.cache_hits += 1
         return value
 
     def remember(self, key: str, value: Any) -> None:
         """Keep a validated answer for identical requests."""
         self._cache[key] = value
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)  # a long run must not keep every answer it ever got
 
     def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
         """The request body for ``messages``."""
