@@ -49,6 +49,7 @@ _JUDGE_MODEL = "agentlightning.judge.model"
 _JUDGE_STEP_ID = "agentlightning.judge.step_id"
 
 _CONCURRENCY = 4  # judge calls in flight at once
+_READ_CONCURRENCY = 16  # rollouts read from the store at once (as `results_from_store`)
 
 
 @dataclass
@@ -122,7 +123,13 @@ class LLMJudge:
         The per-iteration budget starts afresh at each call.
         """
         self.client.new_iteration()
-        traces = await asyncio.gather(*(read_trace(store, rollout_id) for rollout_id in rollout_ids))
+        reads = asyncio.Semaphore(_READ_CONCURRENCY)
+
+        async def read(rollout_id: str) -> JudgedTrace | None:
+            async with reads:
+                return await read_trace(store, rollout_id)
+
+        traces = await asyncio.gather(*(read(rollout_id) for rollout_id in rollout_ids))
         judgements = {
             rid: RolloutJudgement(rid, trace.attempt_id if trace is not None else None, missing=None)
             for rid, trace in zip(rollout_ids, traces, strict=True)
