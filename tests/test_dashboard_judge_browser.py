@@ -150,6 +150,10 @@ def test_the_rollout_view_shows_the_judges_reasons(tmp_path: Path) -> None:
                 assert "judge 0.8" in page.inner_text("#judge-verdict")
                 planner = page.inner_text(".call[data-call-id='call-g0-s0-0'] .judge-step")
                 assert "judge step 1 0.6" in planner and "the planner moved the task on" in planner
+                # the transitions' rewards are the judge's (the rollout's score, each step's), as a trainer gave them
+                page.wait_for_selector("#transitions-table tr[data-step='1']:has-text('0.800')")
+                step = page.inner_text("#transitions-table tr[data-step='0']")
+                assert "0.600" in step and "0.800" in step
                 rows = page.locator("#span-tree .span-row[data-kind=judge]")
                 assert rows.count() == 3  # the rollout's verdict and one per step
                 page.screenshot(path=str(shots / "judged-rollout.png"), full_page=True)
@@ -157,6 +161,7 @@ def test_the_rollout_view_shows_the_judges_reasons(tmp_path: Path) -> None:
                 page.goto(server.url + "/ui#/rollout/g1-s1")
                 page.wait_for_selector("#judge-verdict .error:has-text('no reward')")
                 assert "misses id(s) r2" in page.inner_text("#judge-verdict")
+                page.wait_for_selector("#problems:has-text('a trainer leaves this rollout out')")
                 page.screenshot(path=str(shots / "unjudged-rollout.png"), full_page=True)
                 assert errors == [], f"JavaScript errors in the page: {errors}"
             finally:

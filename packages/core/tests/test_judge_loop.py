@@ -26,6 +26,7 @@ from agentlightning import semconv
 from agentlightning.judge import JUDGE_REASON, JUDGE_SCOPE, JUDGE_SCORE, JUDGE_STEP, JudgeConfig
 from agentlightning.loop import Engine, LoopConfig, RLLoop
 from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
+from agentlightning.ui import ExplainRequest, explain_attempt
 
 STEP_SCORES = {"planner": 0.1, "solver": 0.7}
 
@@ -166,6 +167,14 @@ async def test_group_and_step_scores_reach_the_transitions_and_per_step_credit(t
             "planner",
             "solver",
         ]
+
+    # the dashboard's explanation shows the rewards the trainer applied, read back from the verdict spans
+    explained = await explain_attempt(
+        store, ExplainRequest(rollout_id=batch.samples[0].rollout_id, credit="per_step", estimator="passthrough")
+    )
+    final = 1.0 if explained.rollout_id.endswith("-s0") else 0.25
+    assert [(r.intermediate_reward, r.final_reward) for r in explained.transitions] == [(0.1, final), (0.7, final)]
+    assert [r.credit for r in explained.transitions] == pytest.approx([0.8 + final, 0.7 + final])
 
     [line] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     metrics = line["metrics"]

@@ -9,7 +9,14 @@ and logged). `RLLoop` uses it when `LoopConfig.judge` is set (``agl train --judg
 FILE``); `calibrate` measures its agreement with a checker.
 """
 
-from agentlightning.judge._apply import JudgeFailedError, apply_judgements, check_failures, judge_results
+from agentlightning.judge._apply import (
+    JudgeFailedError,
+    apply_judgements,
+    check_failures,
+    final_reward,
+    judge_results,
+    rewarded,
+)
 from agentlightning.judge._calibrate import CalibrationReport, agreement, calibrate, spearman
 from agentlightning.judge._client import JudgeCounters
 from agentlightning.judge._config import JudgeConfig
@@ -19,9 +26,12 @@ from agentlightning.judge._judge import (
     JUDGE_SCOPE,
     JUDGE_SCORE,
     JUDGE_STEP,
+    JUDGE_STEP_ID,
+    JUDGE_WEIGHT,
     JudgeOutcome,
     LLMJudge,
     RolloutJudgement,
+    stored_judgement,
 )
 from agentlightning.judge._prompts import InvalidJudgement, Score, parse_scores
 from agentlightning.judge._trace import JudgedTrace, TraceStep, read_trace, trace_from_records
@@ -32,6 +42,8 @@ __all__ = [
     "JUDGE_SCOPE",
     "JUDGE_SCORE",
     "JUDGE_STEP",
+    "JUDGE_STEP_ID",
+    "JUDGE_WEIGHT",
     "CalibrationReport",
     "InvalidJudgement",
     "JudgeConfig",
@@ -47,9 +59,12 @@ __all__ = [
     "apply_judgements",
     "calibrate",
     "check_failures",
+    "final_reward",
     "judge_results",
     "parse_scores",
     "read_trace",
+    "rewarded",
     "spearman",
+    "stored_judgement",
     "trace_from_records",
 ]

@@ -21,7 +21,7 @@ from agentlightning.judge._prompts import Score
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionResult
 
-__all__ = ["JudgeFailedError", "apply_judgements", "check_failures", "judge_results"]
+__all__ = ["JudgeFailedError", "apply_judgements", "check_failures", "final_reward", "judge_results", "rewarded"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,21 +36,25 @@ def _step_score(transition: Transition, steps: dict[str, Score]) -> float | None
     return sum(scores) if scores else None
 
 
-def _final(result: TransitionResult, judgement: RolloutJudgement, config: JudgeConfig) -> float | str:
-    """The rollout's final reward, or why it has none."""
+def final_reward(result: TransitionResult, judgement: RolloutJudgement, groups: bool, weight: float) -> float | str:
+    """The rollout's final reward from its judgement (``groups``: the judge scored groups; ``weight``: its share,
+    the checker's final reward the rest), or why it has none."""
     checker = result.final_reward
-    if not config.judges_groups:
+    if not groups:
         # step scores alone: the return is their sum (a checker's final reward, when there is one, is kept)
         return 0.0 if checker is None else checker
-    assert judgement.score is not None
-    if config.weight == 1.0:
+    if judgement.score is None:
+        return "the judge gave the rollout no score"
+    if weight == 1.0:
         return judgement.score
     if checker is None:
-        return f"weight {config.weight} mixes in the checker's final reward, and the rollout reported none"
-    return config.weight * judgement.score + (1.0 - config.weight) * checker
+        return f"weight {weight} mixes in the checker's final reward, and the rollout reported none"
+    return weight * judgement.score + (1.0 - weight) * checker
 
 
-def _rewarded(result: TransitionResult, judgement: RolloutJudgement, final: float) -> TransitionResult:
+def rewarded(result: TransitionResult, judgement: RolloutJudgement, final: float) -> TransitionResult:
+    """``result`` with ``final`` as every transition's final reward and each judged step's score added to its
+    intermediate reward."""
     transitions: list[Transition] = []
     for transition in result.transitions:
         update: dict[str, object] = {"final_reward": final}
@@ -84,11 +88,11 @@ def apply_judgements(
         if judgement.missing is not None:
             missing[rollout_id] = judgement.missing
             continue
-        final = _final(result, judgement, config)
+        final = final_reward(result, judgement, config.judges_groups, config.weight)
         if isinstance(final, str):
             missing[rollout_id] = final
             continue
-        kept.append(_rewarded(result, judgement, final))
+        kept.append(rewarded(result, judgement, final))
     for rollout_id, reason in list(missing.items())[:5]:
         logger.warning("rollout %s has no reward (not trained): %s", rollout_id, reason)
     if len(missing) > 5:

@@ -30,9 +30,12 @@ __all__ = [
     "JUDGE_SCOPE",
     "JUDGE_SCORE",
     "JUDGE_STEP",
+    "JUDGE_STEP_ID",
+    "JUDGE_WEIGHT",
     "JudgeOutcome",
     "LLMJudge",
     "RolloutJudgement",
+    "stored_judgement",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,8 +48,11 @@ JUDGE_STEP = "agentlightning.judge.step"
 """The 1-based step number of a step verdict."""
 JUDGE_ERROR = "agentlightning.judge.error"
 """Why the judge could not score the rollout (its reward is then missing)."""
+JUDGE_WEIGHT = "agentlightning.judge.weight"
+"""The judge's share of the final reward (`JudgeConfig.weight`), on a rollout's verdict."""
+JUDGE_STEP_ID = "agentlightning.judge.step_id"
+"""The judged step's LLM span id (or proxy record's call id), on a step's verdict."""
 _JUDGE_MODEL = "agentlightning.judge.model"
-_JUDGE_STEP_ID = "agentlightning.judge.step_id"
 
 _CONCURRENCY = 4  # judge calls in flight at once
 _READ_CONCURRENCY = 16  # rollouts read from the store at once (as `results_from_store`)
@@ -250,7 +256,12 @@ class LLMJudge:
             attrs = {JUDGE_SCOPE: "rollout", JUDGE_ERROR: judgement.missing}
             add("judge.failed", None, attrs, SpanStatus(code="error", description=judgement.missing))
         elif judgement.score is not None:
-            attrs = {JUDGE_SCOPE: "rollout", JUDGE_SCORE: judgement.score, JUDGE_REASON: judgement.reason or ""}
+            attrs = {
+                JUDGE_SCOPE: "rollout",
+                JUDGE_SCORE: judgement.score,
+                JUDGE_REASON: judgement.reason or "",
+                JUDGE_WEIGHT: self.config.weight,
+            }
             add("judge.rollout", None, attrs)
         for step in trace.steps:
             score = judgement.steps.get(step.step_id)
@@ -258,9 +269,34 @@ class LLMJudge:
                 attrs = {
                     JUDGE_SCOPE: "step",
                     JUDGE_STEP: step.number,
-                    _JUDGE_STEP_ID: step.step_id,
+                    JUDGE_STEP_ID: step.step_id,
                     JUDGE_SCORE: score.score,
                     JUDGE_REASON: score.reason,
                 }
                 add("judge.step", step.step_id if step.is_span else None, attrs)
         return out
+
+
+def stored_judgement(spans: Sequence[Span]) -> tuple[RolloutJudgement, bool, float] | None:
+    """The judgement an attempt's verdict spans record, whether it scored the group, and the judge's weight.
+
+    What the dashboard reads to show the rewards a trainer gave (``None``: the attempt has no verdict).
+    """
+    verdicts = [s for s in spans if s.attributes.get(semconv.SPAN_KIND) == semconv.KIND_JUDGE]
+    if not verdicts:
+        return None
+    first = verdicts[0]
+    judgement = RolloutJudgement(first.rollout_id, first.attempt_id)
+    groups, weight = False, 1.0
+    for span in verdicts:
+        attrs = span.attributes
+        score = attrs.get(JUDGE_SCORE)
+        if attrs.get(JUDGE_ERROR) is not None:
+            judgement.missing = str(attrs[JUDGE_ERROR])
+        elif attrs.get(JUDGE_SCOPE) == "rollout" and isinstance(score, int | float):
+            groups, judgement.score, judgement.reason = True, float(score), str(attrs.get(JUDGE_REASON, ""))
+            stored_weight = attrs.get(JUDGE_WEIGHT)
+            weight = float(stored_weight) if isinstance(stored_weight, int | float) else 1.0
+        elif attrs.get(JUDGE_SCOPE) == "step" and isinstance(score, int | float):
+            judgement.steps[str(attrs.get(JUDGE_STEP_ID))] = Score(float(score), str(attrs.get(JUDGE_REASON, "")))
+    return judgement, groups, weight
