@@ -66,3 +66,19 @@ def test_the_defaults_are_those_agl_train_had() -> None:
 def test_every_invocation_of_the_docs_and_tests_still_parses(words: list[str]) -> None:
     args = _parse(*words)
     assert args.agent == "calc_agent:calc_agent" and args.engine == "torch"
+
+
+def test_the_judge_options_reach_the_loop(tmp_path: Path) -> None:
+    """``--judge URL --judge-model M --rubric FILE``: the loop judges; step scores select the per_step strategy."""
+    from agentlightning_torch.runkit import UsageError, trainer_config
+
+    rubric = tmp_path / "rubric.md"
+    rubric.write_text("The answer must equal the reference.")
+    judge = ["--judge", "http://127.0.0.1:9/v1", "--judge-model", "j", "--rubric", str(rubric), "--output", "out"]
+    loop = trainer_config(_parse(*judge, "--judge-mode", "both", "--judge-max-calls", "5"), model_dir=tmp_path)
+    config = loop.loop_config()
+    assert config.judge is not None and config.judge.rubric == "The answer must equal the reference."
+    assert (config.judge.mode, config.judge.max_calls_per_iteration, config.credit) == ("both", 5, "per_step")
+    assert trainer_config(_parse("--output", "out"), model_dir=tmp_path).loop_config().judge is None
+    with pytest.raises(UsageError, match="--judge needs --judge-model"):
+        trainer_config(_parse("--judge", "http://127.0.0.1:9/v1", "--output", "out"), model_dir=tmp_path)

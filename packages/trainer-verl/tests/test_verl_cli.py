@@ -70,6 +70,9 @@ def test_the_shared_options_become_the_verl_config(tmp_path: Path) -> None:
         ([*URL, "--max-staleness", "1"], "trains synchronously"),
         ([*URL, "--verl-override", "novalue"], "--verl-override takes dotted.key=value"),
         ([*URL, "--samples-per-task", "1"], "n_rollouts_per_task >= 2"),
+        ([*URL, "--judge", "http://127.0.0.1:9/v1", "--judge-mode", "step"], "group scores only"),
+        ([*URL, "--judge", "http://127.0.0.1:9/v1", "--judge-model", "j", "--rubric", "no-such.md"], "rubric file"),
+        ([*URL, "--rubric", "rubric.md"], "need --judge URL"),
     ],
 )
 def test_what_verl_cannot_do_is_one_line(

@@ -22,6 +22,7 @@ __all__ = [
     "GEN_AI_USAGE_OUTPUT_TOKENS",
     "KIND_AGENT",
     "KIND_ANNOTATION",
+    "KIND_JUDGE",
     "KIND_LLM",
     "KIND_REWARD",
     "KIND_ROLLOUT",
@@ -49,6 +50,9 @@ KIND_TOOL = "tool"
 KIND_REWARD = "reward"
 KIND_ANNOTATION = "annotation"
 KIND_ROLLOUT = "rollout"
+KIND_JUDGE = "judge"
+"""A judge's verdict on a finished rollout or one of its steps (`agentlightning.judge`): the one kind of span a
+store accepts for an attempt that has ended."""
 
 # OpenTelemetry GenAI semantic conventions.
 GEN_AI_OPERATION = "gen_ai.operation.name"

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentlightning.cli import read_task_file
+from agentlightning.cli import judge_config, read_task_file
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 
 __all__ = ["VerlEnginePlugin", "verl_config"]
@@ -73,6 +73,11 @@ def _refuse_unsupported(args: argparse.Namespace) -> None:
             "--engine verl trains on a served store: start `agl store serve --db FILE --port 4747` and give "
             "--store-url http://127.0.0.1:4747 (runners on other machines use the same URL)"
         )
+    if getattr(args, "judge", None) is not None and args.judge_mode != "group":
+        raise _Refused(
+            "--engine verl takes the judge's group scores only (--judge-mode group): step scores need "
+            "the per_step credit strategy, which --engine verl does not set yet"
+        )
     if args.runners < 0 or args.workers < 1 or args.minutes <= 0:
         raise _Refused("--runners must be 0 or more, --workers at least 1 and --minutes positive")
 
@@ -86,6 +91,8 @@ def verl_config(args: argparse.Namespace) -> VerlTrainerConfig:
     """
     try:
         _refuse_unsupported(args)
+        if hasattr(args, "judge"):
+            judge_config(args)  # an unreadable rubric or a bad judge setting: one line now, not after the start
         overrides = _overrides(list(args.verl_override))
     except _Refused as error:
         raise ValueError(str(error)) from None
@@ -144,7 +151,10 @@ async def _run(args: argparse.Namespace, config: VerlTrainerConfig, tasks: list[
         host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
     )
     time_budget = args.minutes * 60
-    loop = config.loop_config(output_dir=Path(args.output), proxy=proxy, seed=args.seed, time_budget_s=time_budget)
+    judge = judge_config(args) if hasattr(args, "judge") else None  # checked in verl_config
+    loop = config.loop_config(
+        output_dir=Path(args.output), proxy=proxy, seed=args.seed, time_budget_s=time_budget, judge=judge
+    )
     store: Any = StoreClient(args.store_url, token=args.store_token)
     env = {**os.environ, **({"AGL_STORE_TOKEN": args.store_token} if args.store_token else {})}
     runners = start_runners(_runner_commands(args), env=env)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentlightning.cli._engines import DEFAULT_ENGINE, EngineNotFoundError, EnginePlugin, engine_names, load_engine
+from agentlightning.cli._judge import add_judge_arguments
 from agentlightning.cli._options import add_log_level_argument
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
@@ -135,6 +136,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dashboard-port", type=int, default=4747, help="port of the served store (dashboard)")
     parser.add_argument("--seed", type=int, default=0)
     add_network_arguments(parser)
+    add_judge_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_log_level_argument(parser)
 

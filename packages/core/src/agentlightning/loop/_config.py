@@ -11,6 +11,7 @@ from agentlightning._netauth import check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
 from agentlightning.credit._advantages import is_group_estimator
 from agentlightning.credit._config import CreditConfig
+from agentlightning.judge._config import JudgeConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
 
@@ -111,6 +112,9 @@ class LoopConfig(BaseModel):
         policies: Train several policies in one run (one LoRA adapter per agent, say): which agent uses which
             policy (`agentlightning.PolicyMap`). The proxy routes each call to its agent's policy and records it;
             samples carry it, and the engine trains each policy on its own samples. ``None``: one policy.
+        judge: Rewards from an LLM judge that reads each finished rollout's trace (`agentlightning.judge`): group
+            scores become final rewards, step scores intermediate rewards (use ``credit="per_step"``), both read
+            before credit assignment; evaluations keep the checker's reward. ``None``: the agent's own rewards.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -140,6 +144,7 @@ class LoopConfig(BaseModel):
     success_reward: float = 1.0
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policies: PolicyMap | None = None
+    judge: JudgeConfig | None = None
 
     @field_validator("max_staleness")
     @classmethod
@@ -150,6 +155,15 @@ class LoopConfig(BaseModel):
                 f"during the update), got {value}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _step_scores_need_per_step(self) -> LoopConfig:
+        if self.judge is not None and self.judge.judges_steps and self.credit in ("identical", "discounted"):
+            raise ValueError(
+                f"the judge scores each step (mode={self.judge.mode!r}), and credit={self.credit!r} ignores step "
+                "rewards: use credit='per_step'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _group_estimator_needs_groups(self) -> LoopConfig:

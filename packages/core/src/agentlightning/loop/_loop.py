@@ -52,6 +52,7 @@ from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
 from agentlightning.credit._batch import build_batch_from_results
+from agentlightning.judge._judge import LLMJudge
 from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, write_loop_state
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
@@ -111,6 +112,7 @@ class RLLoop(Generic[EngineT]):
         # max_staleness=1: the next iteration's rollouts, enqueued during this one (and the store holding them)
         self._prefetched: tuple[LightningStore, list[str]] | None = None
         self._deadline: float | None = None  # `run`'s time budget, as a time.monotonic() value
+        self._judge: LLMJudge | None = None if config.judge is None else LLMJudge(config.judge)
         if config.max_staleness and not engine.serves_during_update:
             raise ValueError(
                 f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
@@ -179,6 +181,8 @@ class RLLoop(Generic[EngineT]):
             proxy, self._proxy = self._proxy, None
             await proxy.stop()
             await self.engine.stop_servers()
+        if self._judge is not None:
+            await self._judge.close()
 
     async def _publish(self, store: LightningStore) -> None:
         """Publish sampling and greedy resources for the current model version."""
@@ -270,11 +274,14 @@ class RLLoop(Generic[EngineT]):
             # proxy keeps serving the next iteration's meanwhile, and the flush does not wait for those.
             await proxy.flush()
             results = await results_from_store(store, done_ids, self._transition_config())
+            judged: dict[str, float] = {}
+            if self._judge is not None:  # rewards from the judge, read before credit assignment
+                results, judged = await self._judged(store, done_ids, results)
             batch = build_batch_from_results(
                 results, config.credit, config.estimator, config.credit_config, current_version=self.model_version
             )
             t_batch = time.monotonic()
-            metrics: dict[str, float] = dict(batch.metrics)
+            metrics: dict[str, float] = {**batch.metrics, **judged}
             metrics["rollouts_failed"] = float(self.rollouts_failed)
             if batch.samples:
                 metrics.update(await update_in_thread(self.engine.update, batch))
@@ -436,6 +443,15 @@ class RLLoop(Generic[EngineT]):
                 why,
                 aborted,
             )
+
+    async def _judged(
+        self, store: LightningStore, rollout_ids: list[str], results: list[TransitionResult]
+    ) -> tuple[list[TransitionResult], dict[str, float]]:
+        """The judge's rewards on ``results`` (`judge_results`; ``LoopConfig.judge``) and its ``judge_*`` metrics."""
+        from agentlightning.judge._apply import judge_results  # imported on use: only a run with a judge needs it
+
+        assert self._judge is not None
+        return await judge_results(self._judge, store, rollout_ids, results)
 
     def _transition_config(self) -> TransitionConfig:
         return TransitionConfig(mode=self.config.transition_mode, agent_filter=self.config.agent_filter)

@@ -174,6 +174,8 @@ class LightningStore(Protocol):
       store never started) rejects the batch and stores nothing. Records are only added to a running attempt:
       one of an attempt that ended (any status but ``running``) rejects the batch with `AttemptEndedError`,
       checked in the same transaction as the write, so a record either lands before its attempt's end or not at all.
+      The one exception: a batch made only of judge verdicts (spans of kind ``judge``, `agentlightning.judge`)
+      annotates an attempt after its end, and is accepted for any attempt the store started.
     * ``dequeue_rollout``, ``dequeue_many``, ``add_spans`` and ``add_llm_calls`` take an optional ``request_id``: a
       repeated request returns the first answer (what a retry after a lost answer needs).
     * ``add_resources`` assigns the next version; re-adding a known ``resources_id`` returns the stored one.

@@ -25,6 +25,7 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, TypeAdapter
 
+from agentlightning import semconv
 from agentlightning._models import (
     TERMINAL_ROLLOUT_STATUSES,
     AttemptStatus,
@@ -46,6 +47,7 @@ __all__ = [
     "check_record_attempts",
     "check_spans_finite",
     "check_statuses",
+    "judgement_batch",
     "revalidate_unchecked",
     "validate_calls",
     "validate_requests",
@@ -246,13 +248,23 @@ def check_statuses(statuses: Sequence[str] | None) -> list[str] | None:
     return values
 
 
+def judgement_batch(spans: Sequence[Span]) -> bool:
+    """Whether every span of a non-empty batch is a judge's verdict (kind ``judge``): such a batch may be added to
+    an attempt that has ended (a judge reads a rollout only once it finished)."""
+    return bool(spans) and all(span.attributes.get(semconv.SPAN_KIND) == semconv.KIND_JUDGE for span in spans)
+
+
 def check_record_attempts(
     pairs: Iterable[tuple[str, str]],
     status_of: Callable[[str, str], str | None],
     what: str,
     unknown: Callable[[str, str], Exception],
+    ended_ok: bool = False,
 ) -> None:
     """The rule every backend applies to a batch of records (spans, LLM calls): each of their attempts runs now.
+
+    ``ended_ok``: the batch holds only judge verdicts (`judgement_batch`), which annotate a finished attempt and
+    so may target one that ended; the attempt must still exist.
 
     Called by each backend inside the transaction (or under the lock) that writes the batch, after it has read (and,
     on PostgreSQL, locked) the attempts' rows, so that a record and its attempt's end are ordered: a record either
@@ -268,7 +280,7 @@ def check_record_attempts(
         status = status_of(rollout_id, attempt_id)
         if status is None:
             raise unknown(rollout_id, attempt_id)
-        if status != "running":
+        if status != "running" and not ended_ok:
             raise AttemptEndedError(
                 f"attempt {attempt_id!r} of rollout {rollout_id!r} already ended ({status}): {what} of an attempt "
                 "that no longer runs are refused and not stored (late records never join a finished attempt)"

@@ -31,6 +31,7 @@ from agentlightning.store._common import (
     ALL_ROLLOUT_STATUSES,
     ChangeNotifier,
     check_record_attempts,
+    judgement_batch,
 )
 from agentlightning.store._query import (
     AttemptFacts,
@@ -100,10 +101,10 @@ class MemoryRecords(StoreBoundary):
 
     # ----------------------------------------------------------------- spans and calls
 
-    def _check_attempts_locked(self, pairs: set[tuple[str, str]], what: str) -> None:
+    def _check_attempts_locked(self, pairs: set[tuple[str, str]], what: str, ended_ok: bool = False) -> None:
         """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs."""
         check_record_attempts(
-            pairs, self._attempt_status_locked, what, lambda r, a: self._unknown_attempt_locked(r, a, what)
+            pairs, self._attempt_status_locked, what, lambda r, a: self._unknown_attempt_locked(r, a, what), ended_ok
         )
 
     def _attempt_status_locked(self, rollout_id: str, attempt_id: str) -> str | None:
@@ -132,7 +133,7 @@ class MemoryRecords(StoreBoundary):
         with self._lock:
             if key is not None and key in self._requests:
                 return self._requests[key]
-            self._check_attempts_locked({(s.rollout_id, s.attempt_id) for s in batch}, "spans")
+            self._check_attempts_locked({(s.rollout_id, s.attempt_id) for s in batch}, "spans", judgement_batch(batch))
             for span in batch:
                 per_rollout = self._spans.setdefault(span.rollout_id, {})
                 span_key = (span.attempt_id, span.span_id)

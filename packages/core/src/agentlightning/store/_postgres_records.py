@@ -258,7 +258,7 @@ class PostgresRecords(StoreBoundary):
             self._requests_since_purge = 0
             conn.execute("DELETE FROM agl_requests WHERE created_at < %s", (t - REQUEST_MEMORY_SECONDS,))
 
-    def _check_attempts(self, conn: Any, pairs: set[tuple[str, str]], what: str) -> None:
+    def _check_attempts(self, conn: Any, pairs: set[tuple[str, str]], what: str, ended_ok: bool = False) -> None:
         """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs.
 
         The attempts' rows are locked (``FOR NO KEY UPDATE``, in id order) until the transaction that writes the
@@ -275,7 +275,7 @@ class PostgresRecords(StoreBoundary):
                 "attempt the store started (dequeue_rollout)"
             )
 
-        check_record_attempts(pairs, lambda r, a: statuses.get((r, a)), what, unknown)
+        check_record_attempts(pairs, lambda r, a: statuses.get((r, a)), what, unknown, ended_ok)
 
     # ----------------------------------------------------------------- spans and calls
 
@@ -307,7 +307,7 @@ class PostgresRecords(StoreBoundary):
         self, conn: Any, records: RecordBatch, insert: str, update: str, key: str | None, what: str
     ) -> int:
         try:
-            self._check_attempts(conn, records.pairs, what)
+            self._check_attempts(conn, records.pairs, what, records.ended_ok)
         except AttemptEndedError:
             if key is not None and (seen := self._lock_request(conn, key)) is not None:
                 return int(seen)  # a retry of a request stored before its attempt ended: the first answer

@@ -36,6 +36,7 @@ class RecordBatch:
             concurrent writers lock attempts in one order).
         pairs: The (rollout id, attempt id) pairs the batch writes to.
         columns: With ``rows=False`` (`span_batch`): the rows' columns instead of the rows (``rows`` is empty).
+        ended_ok: Only judge verdicts (`judgement_batch`): the batch may target attempts that have ended.
     """
 
     rows: list[tuple[Any, ...]]
@@ -43,6 +44,7 @@ class RecordBatch:
     updates: list[tuple[Any, ...]]
     pairs: set[tuple[str, str]]
     columns: tuple[Sequence[Any], ...] = ()
+    ended_ok: bool = False
 
 
 _IDS = operator.attrgetter("rollout_id", "attempt_id", "span_id", "sequence_id", "attributes")
@@ -75,9 +77,10 @@ def span_batch(batch: Sequence[Span], rows: bool = True) -> RecordBatch:
                 finals[pair] = (reward, seq)
     updates = [(r, seq, a, rid, seq) for (rid, a), (r, seq) in sorted(finals.items())]
     pairs = set(zip(rollout_ids, attempt_ids, strict=True))
+    ended_ok = semconv.KIND_JUDGE in kinds and all(kind == semconv.KIND_JUDGE for kind in kinds)
     if not rows:
-        return RecordBatch([], blobs, updates, pairs, columns)
-    return RecordBatch(list(zip(*columns, strict=True)), blobs, updates, pairs)
+        return RecordBatch([], blobs, updates, pairs, columns, ended_ok)
+    return RecordBatch(list(zip(*columns, strict=True)), blobs, updates, pairs, ended_ok=ended_ok)
 
 
 def call_batch(batch: Sequence[LLMCall]) -> RecordBatch:

@@ -174,7 +174,9 @@ class SqliteRecords(StoreBoundary):
             self._requests_since_purge = 0
             conn.execute("DELETE FROM requests WHERE created_at < ?", (t - REQUEST_MEMORY_SECONDS,))
 
-    def _check_attempts(self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], what: str) -> None:
+    def _check_attempts(
+        self, conn: sqlite3.Connection, pairs: set[tuple[str, str]], what: str, ended_ok: bool = False
+    ) -> None:
         """Apply the store's rule on records (`check_record_attempts`): every attempt was started and still runs.
 
         Read inside the write transaction (SQLite's writes are serialised): no attempt can end between this check
@@ -185,7 +187,7 @@ class SqliteRecords(StoreBoundary):
             row = conn.execute(_ATTEMPT_STATUS, (attempt_id, rollout_id)).fetchone()
             return None if row is None else row[0]
 
-        check_record_attempts(pairs, status_of, what, lambda r, a: self._unknown_attempt(conn, r, a, what))
+        check_record_attempts(pairs, status_of, what, lambda r, a: self._unknown_attempt(conn, r, a, what), ended_ok)
 
     def _unknown_attempt(self, conn: sqlite3.Connection, rollout_id: str, attempt_id: str, what: str) -> NotFoundError:
         self._get_rollout(conn, rollout_id)  # raises, naming the rollout, when it is the rollout that is unknown
@@ -242,7 +244,7 @@ class SqliteRecords(StoreBoundary):
         new_keys: dict[tuple[str, str], int] = {}
         with self._write as conn:
             try:
-                self._check_attempts(conn, records.pairs, what)
+                self._check_attempts(conn, records.pairs, what, records.ended_ok)
             except AttemptEndedError:
                 if key is not None and (seen := self._seen_request(conn, key)) is not None:
                     return int(seen)  # a retry of a request stored before its attempt ended: the first answer

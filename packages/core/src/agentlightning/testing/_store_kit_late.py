@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._base import AttemptEndedError, ConflictError, LightningStore, RetryPolicy
+from agentlightning.store._base import AttemptEndedError, ConflictError, LightningStore, NotFoundError, RetryPolicy
 
 __all__ = ["LateRecordConformanceTests"]
 
@@ -108,6 +109,21 @@ class LateRecordConformanceTests:
         await self._assert_refused(store, rollout_id, attempt_id, attempt.status)
         assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [0]
         assert len(await store.query_llm_calls(rollout_id)) == 1
+
+    @pytest.mark.parametrize("end", sorted(_ENDS))
+    async def test_judge_verdicts_join_an_ended_attempt_alone(self, store: LightningStore, end: str) -> None:
+        """A batch of judge verdicts (kind ``judge``) annotates an ended attempt; one with any other span is refused."""
+        rollout_id, attempt_id = await self._claim(store)
+        await _ENDS[end](store, rollout_id, attempt_id)
+        verdict = _span(rollout_id, attempt_id, 3).model_copy(
+            update={"attributes": {semconv.SPAN_KIND: semconv.KIND_JUDGE, "agentlightning.judge.score": 0.5}}
+        )
+        with pytest.raises(AttemptEndedError):
+            await store.add_spans([verdict, _span(rollout_id, attempt_id, 4)])
+        assert await store.add_spans([verdict]) == 1
+        assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [3]
+        with pytest.raises(NotFoundError):  # still only for an attempt the store started
+            await store.add_spans([verdict.model_copy(update={"attempt_id": "never-started"})])
 
     async def test_records_after_a_heartbeat_timeout_are_refused_while_the_retry_runs(
         self, store_factory: StoreFactory

@@ -9,6 +9,7 @@ of the attempt is reported as trained (with its step) or not, and why not.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,7 @@ from agentlightning import semconv
 from agentlightning._models import Attempt, Rollout, Span
 from agentlightning._training_models import TrainingSample, Transition
 from agentlightning.credit import CreditConfig, advantage_estimator_names, build_training_batch, credit_strategy_names
+from agentlightning.judge import final_reward, rewarded, stored_judgement
 from agentlightning.store import LightningStore, NotFoundError, RolloutQuery
 from agentlightning.transitions import TransitionBuilder, TransitionConfig, TransitionResult, build_trace_tree
 
@@ -115,7 +117,20 @@ async def _convert(
     spans, calls = await asyncio.gather(
         store.query_spans(rollout_id, attempt_id), store.query_llm_calls(rollout_id, attempt_id)
     )
-    return builder.build(spans, calls, group_id=group_id), spans
+    return _judged(builder.build(spans, calls, group_id=group_id), spans), spans
+
+
+def _judged(result: TransitionResult, spans: list[Span]) -> TransitionResult:
+    """The rewards an LLM judge gave the attempt (its verdict spans), as the trainer applied them."""
+    stored = stored_judgement(spans)
+    if stored is None:
+        return result
+    judgement, groups, weight = stored
+    final = final_reward(result, judgement, groups, weight) if judgement.missing is None else judgement.missing
+    if isinstance(final, str):
+        problem = f"the LLM judge gave no reward ({final}): a trainer leaves this rollout out"
+        return dataclasses.replace(result, problems=[*result.problems, problem])
+    return rewarded(result, judgement, final)
 
 
 async def _pick_attempt(store: LightningStore, request: ExplainRequest) -> tuple[Rollout, Attempt, Attempt]:

@@ -149,6 +149,21 @@ def _check_budgets(args: argparse.Namespace) -> None:
         raise UsageError(f"--eval-every must be 0 or more, got {args.eval_every}")
 
 
+def _judge_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """``judge`` (and ``credit="per_step"`` for step scores) from ``agl train``'s ``--judge`` options, if given."""
+    from agentlightning.cli import judge_config
+
+    if not hasattr(args, "judge"):  # a training script without the judge's options
+        return {}
+    judge = judge_config(args)
+    if judge is None:
+        return {}
+    out: dict[str, Any] = {"judge": judge}
+    if judge.judges_steps and "credit" not in settings:
+        out["credit"] = "per_step"  # step scores are intermediate rewards: the strategy that reads them
+    return out
+
+
 def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specific: Any) -> Any:
     """A `TorchTrainerConfig` from the `add_run_arguments` options plus the script's own settings.
 
@@ -186,6 +201,7 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
         **specific,
     }
     try:
+        settings.update(_judge_settings(args, settings))
         settings["ppo"] = PPOConfig(num_threads=args.threads, **ppo_settings)
         settings.update(_policy_settings(args, settings))
         config = TorchTrainerConfig(**settings)

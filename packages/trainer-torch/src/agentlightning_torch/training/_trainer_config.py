@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentlightning import CreditConfig, LoopConfig, PolicyMap, ProxySettings
+from agentlightning.judge import JudgeConfig
 from agentlightning_torch.training._policy_settings import PolicySettings
 from agentlightning_torch.training._ppo import PPOConfig
 from agentlightning_torch.vllm._lora import vllm_lora_args
@@ -71,6 +72,8 @@ class TorchTrainerConfig(BaseModel):
             weight and LoRA shape (`PolicySettings`; a LoRA policy's learning rate defaults to 10x ``ppo.lr``, its
             shape to ``ppo.lora``; a full one's to ``ppo.lr``; full-weight policies are served by the local backend
             in-process, each by a backend of its own).
+        judge: Rewards from an LLM judge that reads each rollout's trace (`agentlightning.judge.JudgeConfig`;
+            `LoopConfig.judge`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,6 +112,7 @@ class TorchTrainerConfig(BaseModel):
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     policies: PolicyMap | None = None
     policy_settings: dict[str, PolicySettings] = Field(default_factory=dict[str, PolicySettings])
+    judge: JudgeConfig | None = None
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
@@ -135,6 +139,7 @@ class TorchTrainerConfig(BaseModel):
             seed=self.seed,
             proxy=self.proxy,
             policies=self.policies,
+            judge=self.judge,
         )
 
     @field_validator("model_dir")

@@ -71,7 +71,8 @@ function timeline(spans, detailBox) {
     const err = isError(span);
     const left = ((span.start_time - t0) / total) * 100;
     const width = Math.max(0.3, ((span.end_time - span.start_time) / total) * 100);
-    const label = kind === "reward" ? `reward ${fmtNum(span.attributes["agentlightning.reward.value"])}` : span.name;
+    const label = kind === "reward" ? `reward ${fmtNum(span.attributes["agentlightning.reward.value"])}`
+      : kind === "judge" ? judgeLabel(span) : span.name;
     const el = h("div", { class: "span-row" + (err ? " error" : ""), dataset: { spanId: span.span_id, kind }, tabindex: 0 },
       h("div", { class: "name", style: `padding-left:${depth * 14}px`, title: span.name },
         err ? "⚠ " : "", label, h("span", { class: "kind" }, kind)),
@@ -85,6 +86,35 @@ function timeline(spans, detailBox) {
     box.append(el);
   }
   return box;
+}
+
+// the judge's verdicts (spans of kind "judge", agentlightning.judge): one on the rollout, one per judged step
+const J = "agentlightning.judge.";
+
+function judgeLabel(span) {
+  const a = span.attributes;
+  if (a[J + "error"]) return `judge: no reward · ${a[J + "error"]}`;
+  const what = a[J + "scope"] === "step" ? `judge step ${a[J + "step"]}` : "judge";
+  return `${what} ${fmtNum(a[J + "score"])} · ${a[J + "reason"] || ""}`;
+}
+
+function judgeVerdicts(spans) {
+  const judged = spans.filter((s) => kindOf(s) === "judge");
+  const byId = new Map(spans.map((s) => [s.span_id, s]));
+  const steps = new Map(); // response id or call id of the judged call -> verdict span
+  for (const v of judged.filter((s) => s.attributes[J + "scope"] === "step")) {
+    const llm = v.parent_id && byId.get(v.parent_id);
+    const key = llm ? llm.attributes["gen_ai.response.id"] : v.attributes[J + "step_id"];
+    if (key) steps.set(key, v);
+  }
+  return { rollout: judged.filter((s) => s.attributes[J + "scope"] === "rollout"), steps };
+}
+
+function judgeCard(verdicts) {
+  if (!verdicts.rollout.length && !verdicts.steps.size) return null;
+  const lines = verdicts.rollout.map((v) => h("p", { class: v.attributes[J + "error"] ? "error" : null }, judgeLabel(v)));
+  if (verdicts.steps.size) lines.push(h("p", { class: "muted" }, `${verdicts.steps.size} step(s) judged: see each LLM call`));
+  return h("div", { class: "card", id: "judge-verdict" }, h("h2", {}, "Judge"), lines);
 }
 
 function text(content) {
@@ -104,11 +134,12 @@ function bubble(msg, extra) {
     h("pre", {}, text(msg.content)), calls);
 }
 
-function chat(calls, verdicts) {
+function chat(calls, verdicts, judged) {
   if (!calls.length) return h("p", { class: "muted", id: "chat" }, "no LLM calls went through the proxy in this attempt");
   const box = h("div", { id: "chat" });
   calls.forEach((call, i) => {
     const verdict = verdicts.get(call.call_id);
+    const step = judged && (judged.steps.get(call.response_id) || judged.steps.get(call.call_id));
     const usage = (call.response && call.response.usage) || {};
     const choice = call.response && call.response.choices && call.response.choices[0];
     const answer = choice && (choice.message || { role: "assistant", content: choice.text });
@@ -128,6 +159,7 @@ function chat(calls, verdicts) {
       h("div", { class: "meta" }, meta, verdict ? [" · ", badge(verdict.trained ? "trained" : "not trained", verdict.trained ? "trained" : "filtered")] : null),
       messages.map((m) => bubble(m)),
       answer ? bubble(answer, "response") : null,
+      step ? h("p", { class: "judge-step", dataset: { step: step.attributes[J + "step"] } }, judgeLabel(step)) : null,
       call.error ? h("p", { class: "error" }, "backend error: " + call.error) : null));
   });
   return box;
@@ -218,6 +250,9 @@ export async function renderRollout(view, path, params, isStale) {
   const detail = h("div", { id: "span-detail-box" });
   const chatBox = h("div", { id: "chat-box" });
   const explainBox = h("div", { id: "transitions-box" }, h("p", { class: "muted" }, "building transitions…"));
+  const judged = judgeVerdicts(spans.spans);
+  const card = judgeCard(judged);
+  if (card) view.append(card);
   view.append(h("h2", {}, `Timeline · attempt ${chosen.sequence}`), timeline(spans.spans, detail), detail,
     h("h2", {}, "LLM calls"), chatBox, h("h2", {}, "Transitions and credit"), explainBox);
   const firstError = spans.spans.find((s) => isError(s) && s.events.some((e) => e.name === "exception"));
@@ -234,11 +269,11 @@ export async function renderRollout(view, path, params, isStale) {
     if (isStale()) return;
     const verdicts = new Map();
     for (const t of result.transitions) for (const id of t.call_ids) verdicts.set(id, { agent_name: t.agent_name, trained: t.in_batch });
-    clear(chatBox).append(chat(calls.calls, verdicts));
+    clear(chatBox).append(chat(calls.calls, verdicts, judged));
     clear(explainBox).append(explainControls(settings, result, (next) => { settings = next; explain(); }), transitionsTable(result));
     explainBox.dataset.credit = settings.credit;
     view.dataset.loaded = "1";
   }
-  clear(chatBox).append(chat(calls.calls, new Map()));
+  clear(chatBox).append(chat(calls.calls, new Map(), judged));
   await explain();
 }
