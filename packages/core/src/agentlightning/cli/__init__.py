@@ -51,6 +51,7 @@ _COMMAND_MODULES = (
     "agentlightning.cli._proxy",
     "agentlightning.cli._train",
     "agentlightning.cli._runner",
+    "agentlightning.cli._doctor",
 )
 
 COMMAND_ENTRY_POINTS = "agentlightning.commands"
