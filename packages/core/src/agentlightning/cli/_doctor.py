@@ -14,14 +14,13 @@ one row per agent and call site, the run's figures and one line per problem with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from agentlightning.cli._engines import DEFAULT_ENGINE, EngineNotFoundError, load_engine
 
-__all__ = ["add_doctor_arguments", "register", "show_report"]
+__all__ = ["add_doctor_arguments", "register"]
 
 _DESCRIPTION = (
     "Is the agent trainable? Runs -n tasks --samples times each through agl train's path (its options apply: "
@@ -69,19 +68,6 @@ def _store_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def show_report(report: Any, as_json: bool) -> int:
-    """Print a `agentlightning.doctor.DoctorReport` (a table, or ``--json`` one object) and return the exit code."""
-    from rich.console import Console
-
-    from agentlightning.doctor import exit_code, print_report
-
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_json()) + "\n")
-    else:
-        print_report(report, Console(soft_wrap=True))
-    return exit_code(report)
-
-
 def _fail(message: str) -> int:
     print(f"agl doctor: error: {message}", file=sys.stderr)
     return 2
@@ -120,7 +106,7 @@ def _check_store(args: argparse.Namespace) -> int:
     """``agl doctor --store``: check the finished rollouts of a run's store."""
     from agentlightning import run_async
     from agentlightning.cli._store import connect_store
-    from agentlightning.doctor import diagnose
+    from agentlightning.doctor import diagnose, show_report
 
     location: str = args.store
     remote = location.startswith(("http://", "https://"))

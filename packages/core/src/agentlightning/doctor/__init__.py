@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from agentlightning.doctor._calls import ChatRenderer, check_calls, site_findings
 from agentlightning.doctor._evidence import collect
-from agentlightning.doctor._render import print_report
+from agentlightning.doctor._render import print_report, show_report
 from agentlightning.doctor._report import DoctorReport, Finding, RunFigures, SiteReport, exit_code
 from agentlightning.doctor._rollouts import rollout_findings, run_figures
 from agentlightning.store._base import LightningStore
@@ -34,6 +34,7 @@ __all__ = [
     "diagnose",
     "exit_code",
     "print_report",
+    "show_report",
 ]
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
-from agentlightning.doctor._report import DoctorReport, SiteReport
+from agentlightning.doctor._report import DoctorReport, SiteReport, exit_code
 
-__all__ = ["print_report"]
+__all__ = ["print_report", "show_report"]
 
 
 def _ratio(part: int, whole: int) -> str:
@@ -58,3 +60,14 @@ def print_report(report: DoctorReport, console: Any) -> None:
         console.print("[green]trainable[/]" + (" (with warnings)" if report.findings else ""))
     else:
         console.print(f"[red]not trainable[/]: {len(report.problems)} problem(s)")
+
+
+def show_report(report: DoctorReport, as_json: bool = False) -> int:
+    """Print ``report`` on stdout (a table, or with ``as_json`` one JSON object); returns the exit code."""
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json()) + "\n")
+    else:
+        from rich.console import Console
+
+        print_report(report, Console(soft_wrap=True))
+    return exit_code(report)
