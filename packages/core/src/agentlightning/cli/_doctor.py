@@ -6,7 +6,7 @@
 
 The first form runs ``-n`` tasks ``--samples`` times each through exactly what ``agl train`` runs (its parser, its
 engine plug-in's serving, the LLM proxy, runner processes, the store) and trains nothing: the engine plug-in's
-``doctor(args)`` does it (``agentlightning-torch`` has one). The second checks a store that a run left. Both print
+``doctor(args)`` does it (the torch engine has one). The second checks a store that a run left. Both print
 one row per agent and call site, the run's figures and one line per problem with its fix
 (`agentlightning.doctor.diagnose`); exit code 0 trainable, 1 with problems, 2 when it could not run.
 """

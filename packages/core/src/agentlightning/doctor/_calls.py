@@ -23,7 +23,7 @@ _PROBE = "\u2063agl-doctor-probe\u2063"
 class ChatRenderer(Protocol):
     """The model's own chat template: renders a conversation to the ids (and text) the model is prompted with.
 
-    ``agentlightning_torch.models.HFChatTemplate`` is one (the tokenizer's ``apply_chat_template``).
+    The torch engine's Hugging Face template (the tokenizer's ``apply_chat_template``) is one.
     """
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None) -> Any:
