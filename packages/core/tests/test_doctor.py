@@ -301,3 +301,33 @@ def test_agl_doctor_store_exits_0_when_trainable_and_2_when_it_cannot_run(
     assert "trainable" in capsys.readouterr().out
     assert main(["doctor", "--store", str(tmp_path / "missing.db")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_dashboard_health_panel_shows_the_checks_of_a_live_run(tmp_path: Path) -> None:
+    """``POST /v1/ui/health`` of a served store: the newest finished rollouts' findings, behind the token."""
+    import urllib.error
+    import urllib.request
+
+    from agentlightning.testing import StoreServerProcessForTests
+    from agentlightning.ui import load_assets
+
+    db = tmp_path / "store.db"
+    asyncio.run(_run(db, no_reward, tasks=1, samples=2))
+    assert b"/v1/ui/health" in load_assets()["health.js"][0]
+
+    def post(url: str, body: dict[str, Any], token: str | None) -> tuple[int, dict[str, Any]]:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+
+    with StoreServerProcessForTests(db, token="sesame") as server:
+        assert post(server.url + "/v1/ui/health", {}, None)[0] == 401
+        status, report = post(server.url + "/v1/ui/health", {"last": 1}, "sesame")
+        assert status == 200 and report["checked"] == 1 and report["trainable"] is False
+        assert [f["check"] for f in report["findings"]] == ["no-reward"]
+        assert report["findings"][0]["message"].startswith("no reward reached 1 of 1 rollouts")
+        assert post(server.url + "/v1/ui/health", {"last": 0}, "sesame")[0] == 422
