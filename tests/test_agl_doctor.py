@@ -4,6 +4,7 @@ LLM proxy, SQLite store) and checked; a healthy LangGraph agent is trainable, a 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,19 @@ def test_max_tokens_that_cut_every_answer_of_the_openai_agent_are_named() -> Non
     out = " ".join(done.stdout.split())
     assert "problem [truncated]" in out and "4 of 4 answers were cut by max_tokens" in out
     assert "raise --max-tokens" in out and "not trainable" in out
-    assert "the rollouts' store is kept:" in " ".join(done.stderr.split())
+    kept = " ".join(done.stderr.split()).split("the rollouts' store is kept: ", 1)[1].split()[0]
+    assert kept.endswith("store.db") and Path(kept).is_file()
+    # the kept store, checked again with --store: the same findings, the prompts against the toy model's template
+    again = subprocess.run(
+        [sys.executable, "-m", "agentlightning.cli", "doctor", "--store", kept, "--model", "toy", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert again.returncode == 1, again.stderr[-3000:]
+    report = json.loads(again.stdout.strip().splitlines()[-1])
+    assert "truncated" in {f["check"] for f in report["findings"] if f["severity"] == "problem"}
+    (site,) = report["sites"]
+    assert site["template_checked"] == site["template_equal"] == 4 and report["figures"]["context"] == 128
+    shutil.rmtree(Path(kept).parent)
 
 
 def test_an_agent_that_does_not_import_is_exit_2_in_one_line() -> None:

@@ -44,8 +44,12 @@ def register(subparsers: Any) -> None:
 
 def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     """The options only ``agl doctor`` has (an engine plug-in's ``doctor(args)`` reads them)."""
-    group = parser.add_argument_group("agl doctor")
-    group.add_argument("-n", "--doctor-tasks", dest="doctor_tasks", type=int, default=8, help="tasks to run (8)")
+    group = parser.add_argument_group(
+        "agl doctor", "(agl doctor --store URL|FILE [--model M] checks the rollouts of a run's store instead)"
+    )
+    group.add_argument(
+        "-n", "--doctor-tasks", dest="doctor_tasks", type=int, default=8, metavar="N", help="tasks to run (default: 8)"
+    )
     group.add_argument("--samples", type=int, default=4, help="rollouts per task, one group (default: 4)")
     group.add_argument("--json", action="store_true", help="print the report as one JSON object")
     group.add_argument(
@@ -55,7 +59,6 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the agents training would select (repeatable; default: every agent)",
     )
-    group.add_argument("--doctor-store", dest="doctor_store", help=argparse.SUPPRESS)
 
 
 def _store_parser() -> argparse.ArgumentParser:
