@@ -301,6 +301,8 @@ def test_agl_doctor_store_exits_0_when_trainable_and_2_when_it_cannot_run(
     assert "trainable" in capsys.readouterr().out
     assert main(["doctor", "--store", str(tmp_path / "missing.db")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["doctor", "--store", str(db), "--agent", "calc_agent:calc_agent"]) == 2  # one or the other
+    assert "to run the agent, leave --store out" in capsys.readouterr().err
 
 
 def test_the_dashboard_health_panel_shows_the_checks_of_a_live_run(tmp_path: Path) -> None:

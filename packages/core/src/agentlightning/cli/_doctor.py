@@ -42,15 +42,17 @@ def register(subparsers: Any) -> None:
     stand_in.set_defaults(func=_run)
 
 
-def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options only ``agl doctor`` has (an engine plug-in's ``doctor(args)`` reads them)."""
+def add_doctor_arguments(parser: argparse.ArgumentParser, run: bool = True) -> None:
+    """The options only ``agl doctor`` has (an engine plug-in's ``doctor(args)`` reads them); ``run``: with the
+    options of a doctor's own rollouts (``-n``, ``--samples``), which a ``--store`` check has none of."""
     group = parser.add_argument_group(
         "agl doctor", "(agl doctor --store URL|FILE [--model M] checks the rollouts of a run's store instead)"
     )
-    group.add_argument(
-        "-n", "--doctor-tasks", dest="doctor_tasks", type=int, default=8, metavar="N", help="tasks to run (default: 8)"
-    )
-    group.add_argument("--samples", type=int, default=4, help="rollouts per task, one group (default: 4)")
+    if run:
+        group.add_argument(
+            "-n", "--doctor-tasks", dest="doctor_tasks", type=int, default=8, metavar="N", help="tasks (default: 8)"
+        )
+        group.add_argument("--samples", type=int, default=4, help="rollouts per task, one group (default: 4)")
     group.add_argument("--json", action="store_true", help="print the report as one JSON object")
     group.add_argument(
         "--agent-filter",
@@ -67,7 +69,7 @@ def _store_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store-token", default=None, help="the served store's bearer token ($AGL_STORE_TOKEN)")
     parser.add_argument("--model", default=None, help="the model folder, to check prompts against its template")
     parser.add_argument("--engine", default=DEFAULT_ENGINE, help="the engine whose package reads --model")
-    add_doctor_arguments(parser)
+    add_doctor_arguments(parser, run=False)
     return parser
 
 
@@ -83,6 +85,11 @@ def _run(args: argparse.Namespace) -> int:
     first.add_argument("--engine", default=DEFAULT_ENGINE)
     known, _ = first.parse_known_args(words)
     if known.store is not None:
+        if any(word == "--agent" or word.startswith("--agent=") for word in words):
+            return _fail(
+                "--store checks the rollouts of an existing run's store; to run the agent, leave --store out (the "
+                "doctor's rollouts go to a temporary SQLite store)"
+            )
         return _check_store(_store_parser().parse_args(words))
     try:
         plugin = load_engine(known.engine)
