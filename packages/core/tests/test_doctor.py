@@ -140,6 +140,8 @@ async def _run(
     agent_for_model: Callable[[str], Any] | None = None,
     tasks: int = 2,
     samples: int = 3,
+    workers: int = 4,
+    slots: bool = True,
 ) -> ToyTokenizer:
     """Run ``tasks`` x ``samples`` rollouts of ``agent`` into the SQLite store ``db``; returns the model's tokenizer."""
     store = agl.SqliteStore(str(db))
@@ -147,11 +149,14 @@ async def _run(
         if agent_for_model is not None:
             agent = agent_for_model(model.base_url)
         async with LLMProxy(store, [model.base_url]) as proxy:
-            await store.add_resources(agl.Resources(resources_id="v1", items={"llm": proxy.llm_resource("toy")}))
+            llm = proxy.llm_resource("toy")
+            if not slots:  # no runner token: each rollout gets its own URL (the proxy records calls by it)
+                llm = llm.model_copy(update={"runner_token": None})
+            await store.add_resources(agl.Resources(resources_id="v1", items={"llm": llm}))
             for t in range(tasks):
                 for s in range(samples):
                     await store.enqueue_rollout({"question": f"What is {t} + 3?", "sample": s}, group_id=f"task-{t}")
-            await agl.Runner(agent, store=store, n_workers=4, stop_when_idle=True).arun()
+            await agl.Runner(agent, store=store, n_workers=workers, stop_when_idle=True).arun()
         return model.tokenizer
 
 
@@ -214,6 +219,25 @@ def test_a_client_that_bypasses_the_proxy_is_found_from_its_spans(tmp_path: Path
     assert finding.message.startswith("6 of 6 calls never reached the LLM proxy")
     assert "base_url=agl.llm_base_url()" in finding.message
     assert report.sites[0].recorded == 0
+
+
+def test_a_client_cached_with_an_earlier_rollout_s_url_is_found(tmp_path: Path) -> None:
+    cached: list[openai.AsyncOpenAI] = []
+
+    @agl.rollout
+    async def caching(task: dict[str, Any], resources: agl.Resources) -> float:
+        if not cached:  # built in the first rollout, kept for the next ones: their calls carry its URL
+            cached.append(_client())
+        reply = await cached[0].chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": task["question"]}]
+        )
+        return _graded(task, reply.choices[0].message.content or "")
+
+    db = tmp_path / "store.db"
+    report = _doctor(db, asyncio.run(_run(db, caching, workers=1, slots=False)))
+    (finding,) = [f for f in report.findings if f.check == "bypassed-proxy"]
+    assert finding.message.startswith("5 of 6 calls never reached the LLM proxy")
+    assert "built for an earlier rollout and kept" in finding.message and not report.trainable
 
 
 def test_a_missing_adapter_line_loses_the_agent_names(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from agentlightning._models import LLMCall
-from agentlightning.doctor._evidence import NO_SPAN_SITE, CallView, RolloutEvidence
+from agentlightning.doctor._evidence import NO_SPAN_SITE, UNMATCHED_SITE, CallView, RolloutEvidence
 from agentlightning.doctor._report import Finding, SiteReport
 from agentlightning.semconv import PROMPT_TOKEN_IDS, RESPONSE_TOKEN_IDS
 from agentlightning.transitions import TransitionConfig
@@ -193,6 +193,15 @@ def site_findings(site: SiteReport) -> list[Finding]:  # one short rule per chec
             f"trains as one agent{'' if site.trained else '; agent_filter selects none of them'}); add the "
             "framework's adapter line (e.g. agentlightning_langchain.instrument(), agl.instrument_openai() or "
             "agl.instrument_all())",
+        )
+    if site.site == UNMATCHED_SITE:
+        add(
+            "unmatched-calls",
+            "problem",
+            f"{site.calls} calls were recorded under rollouts whose LLM spans do not name them: calls made for "
+            "other rollouts (a client built for an earlier rollout and kept, a call made after its rollout ended) "
+            "or by a framework without its adapter; build clients in each rollout from agl.llm_base_url(), and "
+            "instrument every framework the agent uses",
         )
     if site.recorded - site.with_token_ids:
         add(

@@ -16,10 +16,12 @@ from agentlightning._models import Attempt, LLMCall, Rollout, Span
 from agentlightning.semconv import GEN_AI_AGENT_NAME, GEN_AI_RESPONSE_ID, KIND_AGENT, KIND_LLM, SPAN_KIND
 from agentlightning.store._base import LightningStore
 
-__all__ = ["NO_SPAN_SITE", "CallView", "RolloutEvidence", "collect"]
+__all__ = ["NO_SPAN_SITE", "UNMATCHED_SITE", "CallView", "RolloutEvidence", "collect"]
 
 NO_SPAN_SITE = "(no LLM span)"
-"""The call site of proxy records that no LLM span references."""
+"""The call site of proxy records of an attempt that has no LLM span at all (the agent runs without its adapter)."""
+UNMATCHED_SITE = "(no matching LLM span)"
+"""The call site of proxy records that none of their attempt's LLM spans references, while other calls have spans."""
 
 
 @dataclass
@@ -76,9 +78,10 @@ def call_views(spans: Sequence[Span], records: Sequence[LLMCall]) -> list[CallVi
         if record is not None:
             referenced.add(record.call_id)
         views.append(CallView(_agent_of(span, by_id), span.name, span.start_time, span, record))
+    site = UNMATCHED_SITE if views else NO_SPAN_SITE
     for record in records:
         if record.call_id not in referenced:
-            views.append(CallView(record.agent_name, NO_SPAN_SITE, record.start_time, None, record))
+            views.append(CallView(record.agent_name, site, record.start_time, None, record))
     views.sort(key=lambda view: view.start)
     return views
 
