@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentlightning.doctor import diagnose
 from agentlightning.store import LightningStore, RolloutQuery
 
-__all__ = ["HealthRequest", "HealthResponse", "run_health"]
+__all__ = ["RunHealthRequest", "RunHealthResponse", "run_health"]
 
 
-class HealthRequest(BaseModel):
+class RunHealthRequest(BaseModel):
     """Which rollouts the health panel checks.
 
     Attributes:
@@ -31,7 +31,7 @@ class HealthRequest(BaseModel):
     agent_filter: str | None = Field(default=None, min_length=1, max_length=256)
 
 
-class HealthResponse(BaseModel):
+class RunHealthResponse(BaseModel):
     """`agentlightning.doctor.DoctorReport` as JSON (`DoctorReport.to_json`), and how many rollouts it checked."""
 
     trainable: bool
@@ -41,9 +41,9 @@ class HealthResponse(BaseModel):
     findings: list[dict[str, Any]]
 
 
-async def run_health(store: LightningStore, request: HealthRequest) -> HealthResponse:
+async def run_health(store: LightningStore, request: RunHealthRequest) -> RunHealthResponse:
     """Check the ``request.last`` newest finished rollouts of ``store`` (`agentlightning.doctor.diagnose`)."""
     page = await store.list_rollouts(RolloutQuery(status=["succeeded", "failed"], limit=request.last))
     ids = [row.rollout_id for row in page.rollouts]
     report = await diagnose(store, ids, agent_filter=request.agent_filter)
-    return HealthResponse(checked=len(ids), **report.to_json())
+    return RunHealthResponse(checked=len(ids), **report.to_json())

@@ -3,7 +3,7 @@
 ==========================================  ==========================================
 ``GET  /ui``, ``GET /ui/<asset>``           the page and its scripts/styles (no token: they hold no data)
 ``POST /v1/ui/explain``                     `ExplainRequest` -> `ExplainResponse` (behind the token)
-``POST /v1/ui/health``                      `HealthRequest` -> `HealthResponse`: ``agl doctor``'s checks (token)
+``POST /v1/ui/health``                      `RunHealthRequest` -> `RunHealthResponse`: ``agl doctor``'s checks (token)
 ==========================================  ==========================================
 
 The page keeps the token in ``sessionStorage`` and sends it as a bearer header on every API call (never a cookie:
@@ -22,7 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from agentlightning._routing import OPEN, Route
 from agentlightning.store import LightningStore
 from agentlightning.ui._explain import ExplainRequest, ExplainResponse, explain_attempt
-from agentlightning.ui._health import HealthRequest, HealthResponse, run_health
+from agentlightning.ui._health import RunHealthRequest, RunHealthResponse, run_health
 
 __all__ = ["UI_PATH", "load_assets", "ui_routes"]
 
@@ -85,7 +85,7 @@ def ui_routes(store: LightningStore) -> list[Route]:
         result = await explain_attempt(store, body)
         return result.__pydantic_serializer__.to_json(result)
 
-    async def health(body: HealthRequest) -> bytes:
+    async def health(body: RunHealthRequest) -> bytes:
         result = await run_health(store, body)
         return result.__pydantic_serializer__.to_json(result)
 
@@ -98,5 +98,5 @@ def ui_routes(store: LightningStore) -> list[Route]:
               body=ExplainRequest, response=ExplainResponse, tags=("dashboard",)),
         Route("POST", "/v1/ui/health", health, "health",
               "agl doctor's checks over the newest finished rollouts: per agent and call site, each problem's fix.",
-              body=HealthRequest, response=HealthResponse, tags=("dashboard",)),
+              body=RunHealthRequest, response=RunHealthResponse, tags=("dashboard",)),
     ]  # fmt: skip
