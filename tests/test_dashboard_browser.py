@@ -309,6 +309,17 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     assert page.locator("#resources-table .badge.current").count() == 1
     page.screenshot(path=str(shots / "resources.png"), full_page=True)
 
+    # health: agl doctor's checks of the run (4 of the 12 finished rollouts failed: a warning with the agent's error)
+    page.click("#nav a[data-view=health]")
+    page.wait_for_selector(f"{view}[data-view=health][data-loaded]")
+    verdict = page.inner_text("#health-verdict")
+    assert verdict.startswith("trainable over the newest 12 finished rollouts"), verdict
+    failed = page.inner_text("#health-findings li[data-check=rollouts-failed]")
+    assert "warning" in failed and "4 of 12 rollouts failed" in failed and "lost its way" in failed, failed
+    sites = page.locator("#health-sites tbody tr").all_inner_texts()
+    assert any("researcher" in row for row in sites) and any("writer" in row for row in sites), sites
+    page.screenshot(path=str(shots / "health.png"), full_page=True)
+
 
 def _wait_until_healthy(url: str, proc: subprocess.Popen[str]) -> None:
     """Until ``url`` answers 200 (the address is printed just before the socket listens)."""

@@ -54,6 +54,7 @@ _COMMAND_MODULES = (
     "agentlightning.cli._train",
     "agentlightning.cli._runner",
     "agentlightning.cli._judge",
+    "agentlightning.cli._doctor",
 )
 
 COMMAND_ENTRY_POINTS = "agentlightning.commands"

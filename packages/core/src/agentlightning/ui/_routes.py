@@ -3,6 +3,7 @@
 ==========================================  ==========================================
 ``GET  /ui``, ``GET /ui/<asset>``           the page and its scripts/styles (no token: they hold no data)
 ``POST /v1/ui/explain``                     `ExplainRequest` -> `ExplainResponse` (behind the token)
+``POST /v1/ui/health``                      `RunHealthRequest` -> `RunHealthResponse`: ``agl doctor``'s checks (token)
 ==========================================  ==========================================
 
 The page keeps the token in ``sessionStorage`` and sends it as a bearer header on every API call (never a cookie:
@@ -21,6 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from agentlightning._routing import OPEN, Route
 from agentlightning.store import LightningStore
 from agentlightning.ui._explain import ExplainRequest, ExplainResponse, explain_attempt
+from agentlightning.ui._health import RunHealthRequest, RunHealthResponse, run_health
 
 __all__ = ["UI_PATH", "load_assets", "ui_routes"]
 
@@ -83,6 +85,10 @@ def ui_routes(store: LightningStore) -> list[Route]:
         result = await explain_attempt(store, body)
         return result.__pydantic_serializer__.to_json(result)
 
+    async def health(body: RunHealthRequest) -> bytes:
+        result = await run_health(store, body)
+        return result.__pydantic_serializer__.to_json(result)
+
     return [
         Route("GET", UI_PATH, index, "ui", "The dashboard page.", auth=OPEN, documented=False),
         Route("GET", UI_PATH + "/", index_slash, "ui_slash", "Redirects to the page.", auth=OPEN, documented=False),
@@ -90,4 +96,7 @@ def ui_routes(store: LightningStore) -> list[Route]:
         Route("POST", "/v1/ui/explain", explain, "explain",
               "An attempt's transitions with the credit and advantage LightningRL gives them within their group.",
               body=ExplainRequest, response=ExplainResponse, tags=("dashboard",)),
+        Route("POST", "/v1/ui/health", health, "health",
+              "agl doctor's checks over the newest finished rollouts: per agent and call site, each problem's fix.",
+              body=RunHealthRequest, response=RunHealthResponse, tags=("dashboard",)),
     ]  # fmt: skip

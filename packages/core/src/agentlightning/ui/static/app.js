@@ -3,12 +3,13 @@
 // a fragment to the server (nor in a Referer). The page moves it to sessionStorage and out of the address bar.
 
 import { AuthError, TOKEN_KEY, clear, currentRoute, get, h } from "./lib.js";
+import { renderHealth } from "./health.js";
 import { renderResources } from "./resources.js";
 import { renderRollout } from "./rollout.js";
 import { renderRollouts } from "./rollouts.js";
 import { renderRuns } from "./runs.js";
 
-const VIEWS = { runs: renderRuns, rollouts: renderRollouts, rollout: renderRollout, resources: renderResources };
+const VIEWS = { runs: renderRuns, rollouts: renderRollouts, rollout: renderRollout, resources: renderResources, health: renderHealth };
 const $ = (id) => document.getElementById(id);
 let cleanup = null;
 let generation = 0;
