@@ -146,9 +146,7 @@ def test_bad_otlp_bodies_are_refused_and_nothing_is_stored() -> None:
             "no attempt named": _post(server.url, good.replace(b"agentlightning.rollout_id", b"x"), credential),
             "no span": _post(server.url, b'{"resourceSpans": []}', credential),
             "oversized": _post(server.url, _otlp_json(*ids, name="x" * 100_000), credential),
-            "another attempt": _post(
-                server.url, _otlp_json(other.rollout.rollout_id, other.attempt.attempt_id), credential
-            ),
+            "another attempt": _post(server.url, others, credential),
             "ended attempt": _post(
                 server.url,
                 _otlp_json(ended.rollout.rollout_id, ended.attempt.attempt_id),
