@@ -161,7 +161,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="What a command agent costs per rollout against an in-process one.")
     parser.add_argument("--rollouts", type=int, default=40)
     parser.add_argument("--workers", type=int, default=4)
     asyncio.run(main(parser.parse_args()))
