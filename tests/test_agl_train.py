@@ -155,6 +155,29 @@ def test_agent_that_cannot_be_found_is_refused(
     _refused(done, message, out)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--agent-command", "no-such-program-xyz agent.mjs"], "--agent-command: the agent command's program"),
+        (["--agent-command", "node agent.mjs", "--agent", "calc_agent:calc_agent"], "not allowed with argument"),
+        (["--agent-command", "  "], "--agent-command: the agent command is empty"),
+    ],
+)
+def test_agent_command_that_cannot_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    try:
+        done = agl_train_here(
+            capsys, *flags, "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+            "--output", str(out),
+        )  # fmt: skip
+    except SystemExit as exit:  # argparse refuses --agent with --agent-command
+        assert exit.code == 2 and message in capsys.readouterr().err
+        return
+    _refused(done, message, out)
+
+
 def test_missing_model_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     done = agl_train_here(
