@@ -185,3 +185,28 @@ def test_reward_lines() -> None:
     for bad in ("true", '"1"', "[1]", "Infinity", "reward: 1"):
         with pytest.raises(ValueError):
             parse_reward_line(bad)
+
+
+BARRIER = """
+import os, sys, time
+folder = sys.argv[1]
+open(os.path.join(folder, str(os.getpid())), "w").close()
+while len(os.listdir(folder)) < 3:  # every rollout's command waits for the others: only concurrent ones finish
+    time.sleep(0.02)
+print(1)
+"""
+
+
+def test_the_runners_workers_run_that_many_commands_at_once(tmp_path: Path) -> None:
+    _write(tmp_path, "agent.py", BARRIER)
+    (tmp_path / "started").mkdir()
+    agent = agl.CommandAgent(f"{PYTHON} agent.py started", cwd=tmp_path, timeout=120)
+
+    async def main() -> list[str]:
+        store = agl.SqliteStore(tmp_path / "many.db", retry_policy=agl.RetryPolicy(max_attempts=1))
+        for i in range(3):
+            await store.enqueue_rollout({"i": i})
+        await agl.Runner(agent, store=store, n_workers=3, stop_when_idle=True).arun()
+        return [r.status for r in await store.query_rollouts()]
+
+    assert asyncio.run(main()) == ["succeeded"] * 3
