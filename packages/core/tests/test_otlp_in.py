@@ -58,12 +58,14 @@ print(json.dumps({"reward": None}))  # the reward went with the spans
 """
 
 
-def test_spans_of_an_agent_in_another_process_join_their_attempt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("served", [True, False], ids=["served-store", "runner-opened-store"])
+def test_spans_of_an_agent_in_another_process_join_their_attempt(tmp_path: Path, served: bool) -> None:
+    """Through the store server's route (a served store), or the runner's own receiver (a SQLite file it opened)."""
     (tmp_path / "agent.py").write_text(textwrap.dedent(AGENT))
     agent = agl.CommandAgent(f"{shlex.quote(sys.executable)} -I agent.py", cwd=tmp_path)
 
     async def main(server: StoreServerProcessForTests) -> tuple[list[agl.Transition], list[agl.Span], str]:
-        store = agl.StoreClient(server.url, token=server.token)
+        store = agl.StoreClient(server.url, token=server.token) if served else agl.SqliteStore(tmp_path / "own.db")
         try:
             with ScriptedModelServer(lambda request: "2 + 2 = 4") as model:
                 async with LLMProxy(store, [model.base_url]) as proxy:

@@ -6,7 +6,8 @@ The contract (docs/agents-in-other-languages.md):
   with one argument; quote an argument with spaces. It runs in the app folder, in a process group of its own;
 * its environment is the runner's (without the store's and the proxy's tokens) plus `command_environment`: the
   attempt's LLM proxy URL, key and model for the OpenAI and Anthropic SDKs, the rollout's ids, and the OpenTelemetry
-  exporter settings that send its spans into its attempt (when the store is a served one);
+  exporter settings that send its spans into its attempt: the served store's ``/v1/traces``, or, for a store the
+  runner opened itself, a receiver of the runner's own (`agentlightning.runner._otlp_receiver`);
 * the task is written to its stdin as one JSON document, and stdin is closed;
 * its reward is the last non-empty line of its stdout: ``{"reward": 0.7, ...}`` or a bare number (``null`` or
   ``{"reward": null}``: no final reward, its reward spans carry it). Anything else on stdout before that line is
@@ -133,7 +134,8 @@ def command_environment(
 
 
 def _otlp_target(store: Any, rollout_id: str, attempt_id: str) -> tuple[str, str] | None:
-    """Where the command's spans go: the served store's OTLP route, with the attempt's own credential."""
+    """Where the command's spans go: the served store's OTLP route, with the attempt's own credential (``None``: the
+    store is not a served one)."""
     from agentlightning._otlp_auth import attempt_credential
     from agentlightning.store._client import StoreClient
 
@@ -244,10 +246,29 @@ class CommandAgent:
             from agentlightning.tracing import llm_base_url
 
             base_url = llm_base_url()
+        otlp = _otlp_target(ctx.store, ctx.rollout_id, ctx.attempt_id)
+        if otlp is not None:
+            return await self._start(ctx.rollout_id, ctx.attempt_id, task, resources, base_url, otlp)
+        # A store this runner opened itself: it receives the command's spans itself, while the command runs.
+        from agentlightning.runner._otlp_receiver import OtlpReceiver
+
+        receiver = OtlpReceiver(ctx.store)
+        async with receiver as url:
+            otlp = url, receiver.credential(ctx.rollout_id, ctx.attempt_id)
+            return await self._start(ctx.rollout_id, ctx.attempt_id, task, resources, base_url, otlp)
+
+    async def _start(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        task: Any,
+        resources: Resources | None,
+        base_url: str | None,
+        otlp: tuple[str, str],
+    ) -> float | None:
         env = {key: value for key, value in os.environ.items() if key not in _HIDDEN}
         env.update(self.env)
-        otlp = _otlp_target(ctx.store, ctx.rollout_id, ctx.attempt_id)
-        env.update(command_environment(ctx.rollout_id, ctx.attempt_id, resources, base_url, otlp))
+        env.update(command_environment(rollout_id, attempt_id, resources, base_url, otlp))
         stdin = json.dumps(task).encode() + b"\n"
         try:
             process = await asyncio.create_subprocess_exec(
