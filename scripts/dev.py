@@ -96,9 +96,10 @@ def dev_tools() -> list[str]:
 
 
 # System packages the tests need; installed with apt when the job runs as root (CI does).
-APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2", "initdb": "postgresql"}
+APT_PACKAGES = {"chromium": "chromium", "ip": "iproute2", "initdb": "postgresql", "node": "nodejs", "npm": "npm"}
 """Command -> Debian package: the browser the dashboard tests drive, `ip` for the network-namespace tests,
-PostgreSQL's server (`initdb`, `pg_ctl`) for the PostgreSQL store's tests, which start one of their own."""
+PostgreSQL's server (`initdb`, `pg_ctl`) for the PostgreSQL store's tests, which start one of their own, Node.js and
+npm for the JavaScript agent of `examples/node` (its test runs `npm ci`)."""
 
 
 def _has_command(cmd: str) -> bool:
@@ -148,7 +149,7 @@ def _install_system_packages() -> None:
         return
     if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         print(f"note: {', '.join(missing)} not installed and apt-get cannot run here (needs root on Debian); "
-              "the tests that need them (browser, netns, PostgreSQL) will be skipped", flush=True)  # fmt: skip
+              "the tests that need them (browser, netns, PostgreSQL, Node.js) will be skipped", flush=True)  # fmt: skip
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     print("+ apt-get update && apt-get install -y " + " ".join(missing), flush=True)

@@ -155,6 +155,29 @@ def test_agent_that_cannot_be_found_is_refused(
     _refused(done, message, out)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--agent-command", "no-such-program-xyz agent.mjs"], "--agent-command: the agent command's program"),
+        (["--agent-command", "node agent.mjs", "--agent", "calc_agent:calc_agent"], "not allowed with argument"),
+        (["--agent-command", "  "], "--agent-command: the agent command is empty"),
+    ],
+)
+def test_agent_command_that_cannot_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    try:
+        done = agl_train_here(
+            capsys, *flags, "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+            "--output", str(out),
+        )  # fmt: skip
+    except SystemExit as exit:  # argparse refuses --agent with --agent-command
+        assert exit.code == 2 and message in capsys.readouterr().err
+        return
+    _refused(done, message, out)
+
+
 def test_missing_model_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     done = agl_train_here(
@@ -408,8 +431,13 @@ def _why_running(pid: int) -> str:
     return "\n".join(lines)
 
 
+CALC_AGENT = ("--agent", "calc_agent:calc_agent", "--app-dir", str(CALC))
+NODE_AGENT = ("--agent-command", "node agent.mjs", "--app-dir", str(ROOT / "examples" / "node"))
+"""The JavaScript calculator agent of examples/node (``npm ci`` there first: `tests/test_example_node.py`)."""
+
+
 def _start_training(
-    out: Path, log: Path, sigint: signal.Handlers = signal.SIG_DFL
+    out: Path, log: Path, sigint: signal.Handlers = signal.SIG_DFL, agent: tuple[str, ...] = CALC_AGENT
 ) -> tuple[subprocess.Popen[str], list[int]]:
     """A long `agl train` run, once both runners have said they run and rollouts are claimed; with its children.
 
@@ -418,8 +446,8 @@ def _start_training(
     pytest itself was started: ``SIG_DFL`` as from a terminal, ``SIG_IGN`` as a script's background job gets it.
     """
     cmd = [
-        sys.executable, "-m", "agentlightning.cli", "train",
-        "--agent", "calc_agent:calc_agent", "--app-dir", str(CALC), "--model", str(CHECKPOINT), "--tasks", str(TASKS),
+        sys.executable, "-m", "agentlightning.cli", "train", *agent,
+        "--model", str(CHECKPOINT), "--tasks", str(TASKS),
         "--iterations", "1000", "--runners", "2", "--tool-parser", "calc", "--output", str(out), *SMALL,
     ]  # fmt: skip
 
@@ -435,10 +463,14 @@ def _start_training(
         runners = [line for line in log.read_text().splitlines() if line.startswith("runner: ")]
         return len(runners) == 2 and _attempts(out / "store.db") > 0
 
+    def commands_in(pids: list[int]) -> bool:
+        return agent[0] != "--agent-command" or any(_name(pid) == agent[1].split()[0] for pid in pids)
+
     deadline = time.monotonic() + 600
     try:
         # two runners and the dashboard store server, each with whatever it started
-        while len(children := _descendants(agl.pid)) < 3 or not started():
+        # (a command agent's: at least one of its commands running, to be ended with the rest)
+        while len(children := _descendants(agl.pid)) < 3 or not started() or not commands_in(children):
             assert agl.poll() is None, f"agl train exited with code {agl.returncode}"
             assert time.monotonic() < deadline, "agl train never started its runner processes"
             time.sleep(0.2)
@@ -447,6 +479,15 @@ def _start_training(
         agl.wait()
         raise
     return agl, children
+
+
+def _name(pid: int) -> str:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _attempts(db: Path) -> int:
@@ -499,9 +540,13 @@ def test_interrupted_agl_train_stops_its_runner_processes(
 
 
 @pytest.mark.timeout(900)
-def test_killed_agl_train_leaves_no_process_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("agent", [CALC_AGENT, NODE_AGENT], ids=["python-agent", "node-command-agent"])
+def test_killed_agl_train_leaves_no_process_behind(tmp_path: Path, agent: tuple[str, ...]) -> None:
+    if agent is NODE_AGENT and not (ROOT / "examples" / "node" / "node_modules" / "openai").is_dir():
+        npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
+        subprocess.run(npm_ci, cwd=ROOT / "examples" / "node", check=True, timeout=600)
     out = tmp_path / "run"
-    agl, children = _start_training(out, tmp_path / "stderr.txt")
+    agl, children = _start_training(out, tmp_path / "stderr.txt", agent=agent)
     agl.kill()  # kill -9: agl train cleans up nothing itself
     agl.wait()
     try:

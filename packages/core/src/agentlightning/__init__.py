@@ -38,7 +38,7 @@ from agentlightning.credit import (
     register_credit_strategy,
 )
 from agentlightning.loop import Engine, IterationReport, LoopConfig, ProxySettings, RLLoop
-from agentlightning.runner import RolloutAgent, Runner, load_agent, rollout
+from agentlightning.runner import CommandAgent, CommandAgentError, RolloutAgent, Runner, load_agent, rollout
 from agentlightning.store import (
     ConflictError,
     LightningStore,
@@ -88,6 +88,8 @@ __all__ = [
     "Algorithm",
     "Attempt",
     "Claim",
+    "CommandAgent",
+    "CommandAgentError",
     "ConflictError",
     "CreditConfig",
     "Engine",

@@ -9,6 +9,9 @@ finish within a grace period, ends it outright.
 A pipe rather than ``prctl(PR_SET_PDEATHSIG)``: it works on macOS too, and the death signal fires when the parent
 *thread* that started the child ends, not the process. One caveat: a process forked (not exec'd) from the parent
 inherits the write end and keeps the pipe open while it lives.
+
+A child that is not an ``agl`` command (a command agent: ``node agent.mjs``) cannot watch a pipe itself: the runner
+hands its process group to a watcher that does (`agentlightning.runner._reaper`, the same pipe rule).
 """
 
 from __future__ import annotations

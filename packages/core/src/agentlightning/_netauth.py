@@ -101,6 +101,8 @@ def bearer_matches(authorization: str | bytes | None, token: str) -> bool:
 
 
 _WRITES = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+# JSON, and OTLP's protobuf (the store's /v1/traces): neither is a type a form post or a no-cors fetch can send.
+_BODY_TYPES = frozenset((b"application/json", b"application/x-protobuf"))
 
 
 def _host_name(host: bytes) -> str:
@@ -144,8 +146,8 @@ def cross_site_refusal(
       under a name with this port, and an SSH tunnel may forward another local port here.
     * An ``Origin`` (browsers send it on cross-origin requests and same-origin writes) must be this server's own,
       ``http(s)://<Host>`` (403); requests without one (every non-browser client) pass.
-    * A write with a body must be ``Content-Type: application/json`` (415): a form post or a ``no-cors`` fetch can
-      only send ``text/plain``, form or multipart bodies.
+    * A write with a body must be ``Content-Type: application/json`` (or OTLP's ``application/x-protobuf``) (415): a
+      form post or a ``no-cors`` fetch can only send ``text/plain``, form or multipart bodies.
 
     Args:
         method: The request method.
@@ -174,7 +176,7 @@ def cross_site_refusal(
             )
     if has_body and method in _WRITES:
         media_type = content_type.split(b";", 1)[0].strip().lower()
-        if media_type != b"application/json":
+        if media_type not in _BODY_TYPES:
             given = content_type.decode("latin-1") or "none"
             return 415, (
                 f"send the body as JSON with 'Content-Type: application/json' (got {given!r}); "

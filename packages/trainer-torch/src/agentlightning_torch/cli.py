@@ -193,6 +193,24 @@ def _validate(args: argparse.Namespace) -> _Plan:
             raise UsageError(f"--backend vllm: {error}") from None
     train_tasks = load_tasks(Path(args.tasks), "--tasks")
     val_tasks = load_tasks(Path(args.val_tasks), "--val-tasks") if args.val_tasks else []
+    _check_agent(args)
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {str(output)!r} exists and is not a folder")
+    _check_writable(output)
+    return _Plan(args, train_tasks, val_tasks, output, _policies(args), max_tokens)
+
+
+def _check_agent(args: argparse.Namespace) -> None:
+    """Refuse an ``--agent`` that cannot be imported or called, or an ``--agent-command`` that cannot run."""
+    if getattr(args, "agent_command", None) is not None:
+        from agentlightning.cli import command_agent
+
+        try:
+            command_agent(args)
+        except ValueError as error:
+            raise UsageError(f"--agent-command: {error}") from None
+        return
     agent = resolve_agent(args.agent, args.app_dir)
     from agentlightning.runner import as_agent
 
@@ -200,11 +218,6 @@ def _validate(args: argparse.Namespace) -> _Plan:
         as_agent(agent)
     except TypeError as error:
         raise UsageError(f"--agent {args.agent}: {error}") from None
-    output = Path(args.output)
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output {str(output)!r} exists and is not a folder")
-    _check_writable(output)
-    return _Plan(args, train_tasks, val_tasks, output, _policies(args), max_tokens)
 
 
 def _policies(args: argparse.Namespace) -> Any:
@@ -334,7 +347,9 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:  # a folder without weights or chat template, an unreachable hub id
         raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
-    runners = AgentRunners(args.agent, app_dir=Path(args.app_dir))
+    runners = AgentRunners(
+        args.agent or "", app_dir=Path(args.app_dir), agent_command=args.agent_command, agent_timeout=args.agent_timeout
+    )
     settings = RunSettings(
         output=plan.output,
         train_tasks=plan.train_tasks,
@@ -364,7 +379,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
         "rl_seconds": round(result.rl_seconds, 1),
         "model_version": trainer.model_version,
         "metrics": str(plan.output / "metrics.jsonl"),
-        "plot": str(plot) if plot_run(result, plot, title=f"agl train: {args.agent}") else None,
+        "plot": str(plot) if plot_run(result, plot, title=f"agl train: {args.agent or args.agent_command}") else None,
     }
 
 

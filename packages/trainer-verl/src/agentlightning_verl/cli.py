@@ -135,7 +135,9 @@ def _require_verl() -> None:
 def _runner_commands(args: argparse.Namespace) -> list[list[str]]:
     """``agl runner`` on this machine, ``--runners`` processes against the served store (its token in the env)."""
     app_dir = str(Path(args.app_dir).resolve())
-    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", app_dir, "--agent", args.agent]
+    command: str | None = getattr(args, "agent_command", None)
+    which = ["--agent", args.agent] if command is None else ["--agent-command", command]
+    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", app_dir, *which]
     cmd += ["--store-url", args.store_url, "--workers", str(args.workers)]
     return [cmd for _ in range(args.runners)]
 

@@ -7,7 +7,15 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["LOG_LEVELS", "PlainConsole", "add_log_level_argument", "error_console", "log_level"]
+__all__ = [
+    "LOG_LEVELS",
+    "PlainConsole",
+    "add_agent_command_arguments",
+    "add_log_level_argument",
+    "command_agent",
+    "error_console",
+    "log_level",
+]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 """The levels ``--log-level`` takes (any case), as `logging` and uvicorn name them."""
@@ -60,3 +68,36 @@ def error_console() -> Any:
     except ImportError:
         return PlainConsole()
     return Console(stderr=True, soft_wrap=True)
+
+
+def add_agent_command_arguments(
+    which: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,  # pyright: ignore[reportPrivateUsage]
+    parser: argparse.ArgumentParser,
+) -> None:
+    """``--agent-command CMD`` (in ``which``, beside ``--agent``) and ``--agent-timeout`` (`command_agent`)."""
+    which.add_argument(
+        "--agent-command",
+        metavar="CMD",
+        help="instead of --agent: run this program for each rollout, in --app-dir (split as a shell would, run "
+        "without a shell: 'node agent.mjs'); the task is on its stdin, the LLM proxy in OPENAI_BASE_URL / "
+        'ANTHROPIC_BASE_URL, its reward the last line of its stdout ({"reward": 0.7} or 0.7)',
+    )
+    parser.add_argument(
+        "--agent-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--agent-command: seconds a rollout's command may run before it is stopped and its attempt failed "
+        "(default: no limit)",
+    )
+
+
+def command_agent(args: argparse.Namespace) -> Any:
+    """The `agentlightning.CommandAgent` of ``--agent-command`` / ``--agent-timeout`` / ``--app-dir``.
+
+    Raises:
+        ValueError: An empty command, a program not found, a missing folder, a timeout that is not positive.
+    """
+    from agentlightning.runner import CommandAgent
+
+    return CommandAgent(args.agent_command, cwd=args.app_dir, timeout=args.agent_timeout)

@@ -18,7 +18,12 @@ import sys
 from typing import Any
 
 from agentlightning._eventloop import run_async
-from agentlightning.cli._options import add_log_level_argument, error_console
+from agentlightning.cli._options import (
+    add_agent_command_arguments,
+    add_log_level_argument,
+    command_agent,
+    error_console,
+)
 from agentlightning.cli._store import add_store_arguments, connect_store, store_location
 
 __all__ = ["register", "run"]
@@ -37,10 +42,14 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_store_arguments(parser, "--token")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--agent", help="the agent function as module:function (e.g. my_pkg.agent:solve)")
+    add_agent_command_arguments(which, parser)
     parser.add_argument(
-        "--agent", required=True, help="the agent function as module:function (e.g. my_pkg.agent:solve)"
+        "--app-dir",
+        default=".",
+        help="folder put first on sys.path to import --agent, or --agent-command's (default: .)",
     )
-    parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent (default: .)")
     parser.add_argument(
         "--workers", type=int, default=8, help="concurrent rollouts, of all --processes together (default: 8)"
     )
@@ -96,20 +105,28 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]--drain-timeout must not be negative, got {args.drain_timeout}[/red]")
         return 2
     try:
-        agent = agl.load_agent(args.agent, args.app_dir)
-        # A framework that traces only through the global OpenTelemetry provider (AutoGen) is routed into rollouts
-        # when the first one starts (`agentlightning.tracing.when_global_provider`), as under any runner.
-        if args.instrument:
-            names = [name.strip() for name in args.instrument.split(",") if name.strip()]
-            for name in names:
-                get_adapter(name).instrument()  # a missing or unsupported framework is an error here
-        elif not args.no_instrument:
-            agl.instrument_all()
+        if args.agent_command is not None:
+            agent = command_agent(args)  # a program per rollout: nothing of it runs in this process to instrument
+        else:
+            agent = agl.load_agent(args.agent, args.app_dir)
+            # A framework that traces only through the global OpenTelemetry provider (AutoGen) is routed into
+            # rollouts when the first one starts (`agentlightning.tracing.when_global_provider`), as under any runner.
+            if args.instrument:
+                names = [name.strip() for name in args.instrument.split(",") if name.strip()]
+                for name in names:
+                    get_adapter(name).instrument()  # a missing or unsupported framework is an error here
+            elif not args.no_instrument:
+                agl.instrument_all()
     except (ValueError, OSError, KeyError, ImportError, agl.StoreError) as exc:
         console.print(f"[red]{exc}[/red]")
         return 2
     if args.processes == 1:
         return _serve(args, agent, args.workers, console)
+    return _supervise(args, agent, console)
+
+
+def _supervise(args: argparse.Namespace, agent: Any, console: Any) -> int:
+    """``--processes`` runner processes sharing ``--workers``, supervised by this one."""
     from agentlightning._lifeline import take_lifeline
     from agentlightning.cli._fork import supervise_runners
 
@@ -178,9 +195,9 @@ def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any, ind
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     where = store_location(store_url, args.db)
+    what = args.agent or repr(args.agent_command)
     console.print(
-        f"runner: {workers} {runner.worker_mode} worker(s) running {args.agent} on rollouts from {where} "
-        f"(pid {os.getpid()})"
+        f"runner: {workers} {runner.worker_mode} worker(s) running {what} on rollouts from {where} (pid {os.getpid()})"
     )
     if runner.worker_mode == "async":
         run_async(_run_async(runner, store))  # one loop for the workers and the store's connections

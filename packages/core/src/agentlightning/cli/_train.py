@@ -17,7 +17,7 @@ from typing import Any
 
 from agentlightning.cli._engines import DEFAULT_ENGINE, EngineNotFoundError, EnginePlugin, engine_names, load_engine
 from agentlightning.cli._judge import add_judge_arguments
-from agentlightning.cli._options import add_log_level_argument
+from agentlightning.cli._options import add_agent_command_arguments, add_log_level_argument
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
 __all__ = [
@@ -90,7 +90,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the engine that trains, as registered in the {ENGINE_ENTRY_POINTS} entry points (default: "
         f"{DEFAULT_ENGINE}; installed: {', '.join(engine_names()) or 'none'}; pip install agentlightning-NAME)",
     )
-    parser.add_argument("--agent", required=True, help="the @agl.rollout function as module:function")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--agent", help="the @agl.rollout function as module:function")
+    add_agent_command_arguments(which, parser)
     parser.add_argument("--model", required=True, help="a Hugging Face model folder or hub id")
     parser.add_argument("--tasks", required=True, help="JSONL training tasks, one task dict per line")
     parser.add_argument("--val-tasks", default=None, help="JSONL held-out tasks, evaluated before and after")
@@ -106,7 +108,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_arguments(parser)
     parser.add_argument("--workers", type=int, default=32, help="concurrent rollouts per runner (default: 32)")
     parser.add_argument("--output", default="runs/agl-train", help="run folder (default: runs/agl-train)")
-    parser.add_argument("--app-dir", default=".", help="folder put first on sys.path to import --agent")
+    parser.add_argument(
+        "--app-dir", default=".", help="folder put first on sys.path to import --agent, or --agent-command's folder"
+    )
     parser.add_argument("--tasks-per-iteration", type=int, default=16)
     parser.add_argument("--samples-per-task", type=int, default=8, help="rollouts per task (one GRPO group)")
     parser.add_argument(

@@ -228,9 +228,14 @@ async def execute_async(
     rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
     outcome = Outcome()
     use_active_sources()  # the app's own GenAI instrumentation, turned on since the last rollout, is read too
-    beat = asyncio.create_task(
-        heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end)
-    )
+    gone = asyncio.Event()  # the store ended the attempt while its agent ran (cancelled by the trainer, timed out)
+
+    async def on_gone() -> None:
+        gone.set()
+        if on_agent_end is not None:
+            await on_agent_end()
+
+    beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_gone))
     ending: asyncio.Future[None] | None = None
     try:
         with (
@@ -249,7 +254,8 @@ async def execute_async(
                 async with deadline:
                     result = agent.invoke(claim.rollout.input, resources)
                     if inspect.isawaitable(result):
-                        result = await result
+                        stoppable = getattr(agent.fn, "stop_when_attempt_ends", False)
+                        result = await (_unless_gone(result, gone) if stoppable else result)
                 _accept_result(result, outcome)
             except TimeoutError as exc:
                 if deadline.expired():
@@ -281,6 +287,29 @@ async def execute_async(
     finally:
         beat.cancel()
     return outcome, await _finish(store, claim, outcome)
+
+
+async def _unless_gone(awaitable: Awaitable[T], gone: asyncio.Event) -> T:
+    """Await an agent that can be stopped (a `CommandAgent`: its process group ends) until the store ends its attempt.
+
+    Raises:
+        RuntimeError: The store ended the attempt first (the agent was cancelled).
+    """
+    task = asyncio.ensure_future(awaitable)  # the same context: the rollout and its root span
+    waiter = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise RuntimeError("the attempt ended in the store while its agent ran (cancelled or timed out); agent stopped")
 
 
 async def _agent_ended(on_agent_end: Callable[[], Awaitable[None]], attempt_id: str) -> None:

@@ -32,6 +32,7 @@ from agentlightning.store._base import (
     StorageError,
     StoreError,
 )
+from agentlightning.store._otlp_in import OTLP_AUTH, OtlpRequest, credential_attempt
 from agentlightning.store._wire import ATTEMPT_ENDED, ErrorResponse
 
 __all__ = ["Answer", "StoreASGI", "classify_error", "describe_validation", "error_bytes"]
@@ -115,7 +116,7 @@ class StoreASGI(ServerBase):
     def __init__(self, table: RouteTable, token: str, max_body_bytes: int) -> None:
         if not token:
             raise ValueError("a served store needs a bearer token (secrets.token_urlsafe(32) makes one)")
-        super().__init__(table, max_body_bytes, {"bearer": self._check_token})
+        super().__init__(table, max_body_bytes, {"bearer": self._check_token, OTLP_AUTH: self._check_otlp})
         self.token = token
         self._big_requests = asyncio.Semaphore(BIG_REQUESTS_AT_ONCE)
 
@@ -124,6 +125,15 @@ class StoreASGI(ServerBase):
             return None
         reason = "missing" if not authorization else "wrong"
         return Refusal(401, f"{reason} bearer token: send 'Authorization: Bearer <token>'", "unauthorized")
+
+    def _check_otlp(self, authorization: str | None, params: Mapping[str, str]) -> Refusal | None:
+        """The OTLP route: the store's token, or an attempt's OTLP credential (its body is checked against it)."""
+        if self._check_token(authorization, params) is None or credential_attempt(self.token, authorization):
+            return None
+        reason = "missing" if not authorization else "wrong"
+        return Refusal(
+            401, f"{reason} credential: send the one the runner set in OTEL_EXPORTER_OTLP_HEADERS", "unauthorized"
+        )
 
     async def refuse(self, scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
         """Send ``refusal`` as an `ErrorResponse`."""
@@ -138,7 +148,9 @@ class StoreASGI(ServerBase):
     async def answer(self, scope: Scope, receive: Receive, send: Send, request: Admitted) -> None:
         """Run the route's handler (a big body's in a worker thread) and send its answer."""
         found, body = request.match, request.body
-        if request.method in ("GET", "HEAD") or len(body) < OFFLOAD_BYTES:
+        if found.route.auth == OTLP_AUTH:  # the handler checks the body against the credential
+            answer = await self._answer(found, OtlpRequest(request.authorization, body))
+        elif request.method in ("GET", "HEAD") or len(body) < OFFLOAD_BYTES:
             answer = await self._answer(found, body)
         else:
             # Parsing, validating and storing a batch of megabytes takes seconds of CPU: do it in a worker
@@ -152,11 +164,13 @@ class StoreASGI(ServerBase):
         else:
             await send_json(send, answer[0], answer[1])
 
-    async def _answer(self, found: Match, body: bytes) -> tuple[int, bytes] | Response:
+    async def _answer(self, found: Match, body: bytes | OtlpRequest) -> tuple[int, bytes] | Response:
         route: Route = found.route
         try:
             model = route.body
-            if model is not None:
+            if isinstance(body, OtlpRequest):
+                given = body
+            elif model is not None:
                 given: Any = None if route.read is None else route.read(body)
                 if given is None:
                     given = validate_body(model, body, 422)

@@ -36,6 +36,7 @@ from agentlightning._routing import OPEN, Route, RouteTable, openapi_document
 from agentlightning._server_base import STORE_MAX_BODY_BYTES
 from agentlightning.store._asgi import Answer, StoreASGI
 from agentlightning.store._base import LightningStore, RetryPolicy, StoreStats
+from agentlightning.store._otlp_in import otlp_routes
 from agentlightning.store._server_dashboard import dashboard_routes
 from agentlightning.store._wire import (
     API_PREFIX,
@@ -176,7 +177,7 @@ def create_store_app(
         raise ValueError("a served store needs a bearer token: pass token=... (secrets.token_urlsafe(32) makes one)")
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    routes = [*store_routes(store), *dashboard_routes(store), *extra_routes]
+    routes = [*store_routes(store), *otlp_routes(store, token), *dashboard_routes(store), *extra_routes]
     document = openapi_document(
         routes,
         title=_TITLE,

@@ -81,7 +81,9 @@ def _warn_proxy_only(rollout_id: str, calls: int, filtered: bool) -> None:
     logger.warning(
         "rollout %s has %d LLM call(s) recorded by the proxy but no LLM span: training on the proxy's records "
         "alone, one transition per call. Agent names%s need the framework's adapter (e.g. "
-        "agentlightning_langchain.instrument() or agl.instrument_all()). Shown once.",
+        "agentlightning_langchain.instrument() or agl.instrument_all()), or, for an agent in another process "
+        "(--agent-command), its OpenTelemetry spans with gen_ai.response.id, sent to a served store over OTLP. "
+        "Shown once.",
         rollout_id,
         calls,
         " and the agent_filter (which now trains none of these calls)" if filtered else " and agent_filter",

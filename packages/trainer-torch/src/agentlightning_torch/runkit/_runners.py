@@ -36,6 +36,8 @@ class AgentRunners:
             ``None``: every installed one.
         worker_mode: ``agl runner --worker-mode`` (``auto``: async tasks for an async agent).
         env: Extra environment of the runner processes.
+        agent_command: Run this program per rollout instead of ``agent`` (``agl runner --agent-command``).
+        agent_timeout: With ``agent_command``: seconds a rollout's command may run (``None``: no limit).
     """
 
     agent: str
@@ -43,6 +45,8 @@ class AgentRunners:
     instrument: str | None = None
     worker_mode: str = "auto"
     env: Mapping[str, str] = field(default_factory=dict[str, str])
+    agent_command: str | None = None
+    agent_timeout: float | None = None
 
     def command(self, where: list[str], workers: int, processes: int = 1) -> list[str]:
         """The runners' command; ``where`` is ``--db FILE`` or ``--store-url URL``.
@@ -51,7 +55,12 @@ class AgentRunners:
         processes, which share ``workers``.
         """
         cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", str(Path(self.app_dir).resolve())]
-        cmd += ["--agent", self.agent, "--worker-mode", self.worker_mode, *where, "--workers", str(workers)]
+        if self.agent_command is not None:
+            cmd += ["--agent-command", self.agent_command]
+            cmd += [] if self.agent_timeout is None else ["--agent-timeout", str(self.agent_timeout)]
+        else:
+            cmd += ["--agent", self.agent]
+        cmd += ["--worker-mode", self.worker_mode, *where, "--workers", str(workers)]
         if processes > 1:
             cmd += ["--processes", str(processes)]
         if self.instrument is not None:
