@@ -140,7 +140,12 @@ async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
     settings = RunSettings(
         output=plan.output,
         train_tasks=_pick(plan.train_tasks, args.doctor_tasks),
-        runners=AgentRunners(args.agent, app_dir=Path(args.app_dir)),
+        runners=AgentRunners(
+            args.agent or "",
+            app_dir=Path(args.app_dir),
+            agent_command=getattr(args, "agent_command", None),
+            agent_timeout=getattr(args, "agent_timeout", None),
+        ),
         processes=max(args.runners, 1),
         workers=min(args.workers, rollouts),
         serving=store_serving(args),

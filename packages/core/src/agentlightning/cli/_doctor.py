@@ -85,7 +85,10 @@ def _run(args: argparse.Namespace) -> int:
     first.add_argument("--engine", default=DEFAULT_ENGINE)
     known, _ = first.parse_known_args(words)
     if known.store is not None:
-        if any(word == "--agent" or word.startswith("--agent=") for word in words):
+        if any(
+            word in ("--agent", "--agent-command") or word.startswith(("--agent=", "--agent-command="))
+            for word in words
+        ):
             return _fail(
                 "--store checks the rollouts of an existing run's store; to run the agent, leave --store out (the "
                 "doctor's rollouts go to a temporary SQLite store)"
