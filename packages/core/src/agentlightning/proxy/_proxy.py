@@ -67,7 +67,7 @@ from agentlightning.proxy._asgi import ADMIN, RUNNER, SLOT, ProxyASGI
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
 from agentlightning.proxy._policy_routing import PolicyRouter
-from agentlightning.proxy._routes import proxy_routes, runner_refusal, slot_refusal
+from agentlightning.proxy._routes import proxy_routes, runner_refusal, served_apis, slot_refusal
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
@@ -377,7 +377,8 @@ class LLMProxy(Forwarder):
             ADMIN: lambda authorization, _: admin_refusal(self, authorization),
             RUNNER: lambda authorization, _: runner_refusal(self, authorization),
         }
-        return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self}))
+        state = State({"llm_proxy": self})
+        return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, state, served_apis())
 
     async def _open(self) -> None:
         self._loop = asyncio.get_running_loop()
