@@ -149,13 +149,14 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
             call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
             calls.add(call_id)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            last = messages[-1] if messages else None
+            last: dict[str, Any] | None = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": None}
                 if reasoning is not None:
                     last["reasoning_content"], reasoning = reasoning, None
                 messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
+            calls_of: list[dict[str, Any]] = last.setdefault("tool_calls", [])
+            calls_of.append(call)
         elif kind == "function_call_output":
             call_id = _string(item, "call_id", where)
             if call_id not in calls:

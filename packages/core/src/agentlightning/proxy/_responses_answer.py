@@ -107,7 +107,8 @@ class ResponsesCall:
         finish = choice.get("finish_reason")
         status = "incomplete" if finish in _INCOMPLETE else "completed"
         reasoning = message.get("reasoning_content") or message.get("reasoning")
-        text = message.get("content") if isinstance(message.get("content"), str) else ""
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
         calls = [c for c in cast(list[Any], message.get("tool_calls") or []) if isinstance(c, dict)]
         items: dict[int, dict[str, Any]] = {}
         if isinstance(reasoning, str) and reasoning:
