@@ -18,7 +18,9 @@ batches instead; call `LLMProxy.flush` before reading them.
 A call whose record the store refuses (an attempt it never started, say) is not answered 200: the agent gets
 the error (a stream ends with an error event instead of ``[DONE]``). Request bodies over ``max_body_bytes`` get
 413 before they reach a backend. An agent that hangs up while the backend works has its backend request
-cancelled (the connection closes; the embedded backend then frees the sequence).
+cancelled (the connection closes; the embedded backend then frees the sequence). ``/v1/responses`` (OpenAI's
+Responses API) is served through the backend's chat completions, translated both ways (``_responses.py``,
+``_responses_answer.py``, ``_translate.py``): recorded, refused and limited as a chat call is.
 
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass

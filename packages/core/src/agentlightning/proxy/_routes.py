@@ -10,8 +10,9 @@
 ==================================================================  =========================================
 
 The agent APIs are one table, `AGENT_APIS`. ``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the
-per-rollout URL), ``/slot/{key}`` (a runner
-slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). Under a runner slot's
+per-rollout URL), ``/slot/{key}`` (a runner slot's URL) or nothing (plain ``/v1``, refused for completions unless
+``allow_unrecorded``). A path no route serves is answered 404 naming it and the APIs of `AGENT_APIS`, before any
+token check (`agentlightning.proxy._asgi.ProxyASGI.unserved`). Under a runner slot's
 URL the slot's key is the agent's credential (`slot_refusal`): the URL alone is enough, whatever ``api_key`` the agent
 sends; the per-rollout and plain URLs need the agents' token (when the proxy has one). The completion bodies
 are OpenAI's: their models check the fields the proxy reads (400 with a one-line reason) and the body is forwarded
