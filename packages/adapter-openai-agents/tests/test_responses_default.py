@@ -9,14 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from agents import Agent, Runner, function_tool, set_default_openai_client
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_default_openai_client
 from openai import AsyncOpenAI
 
 import agentlightning as agl
 import agentlightning_openai_agents
 from agentlightning import semconv
 from agentlightning.proxy import LLMProxy
-from agentlightning.testing import ScriptedModelServer, ScriptedReply
+from agentlightning.testing import AdapterConformanceTests, ScriptedModelServer, ScriptedReply
+from agentlightning_openai_agents import OpenAIAgentsAdapter
 
 TOKEN = "agents-token-0123456789"
 
@@ -92,3 +93,48 @@ async def test_default_agents_sdk_agent_trains_through_the_responses_api(backend
         assert transition.final_reward == 1.0
     # each call named its agent to the proxy (the header our openai instrumentation adds on responses.create too)
     assert [c.agent_name for c in calls] == ["triage", "math", "math"]
+
+
+def build_responses_agent(base_url: str) -> Agent[Any]:
+    """The conformance suite's agents on the Responses API (the SDK's default model class), one client per run."""
+    model = OpenAIResponsesModel(model="toy", openai_client=AsyncOpenAI(base_url=base_url, api_key="kit"))
+    math = Agent(name="math", instructions="Solve with the add tool.", model=model, tools=[add])
+    return Agent(name="triage", instructions="Hand math to the math agent.", model=model, handoffs=[math])
+
+
+class TestAgentsSdkResponsesConformance(AdapterConformanceTests):
+    """The whole conformance kit (tree, ids, rewards, concurrent rollouts, streaming) on the Responses path."""
+
+    supports_streaming = True
+
+    def script(self, body: dict[str, Any]) -> ScriptedReply:
+        messages = body.get("messages") or []
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        task = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        if "transfer_to_math" in tools and not _called(messages, "transfer_to_math"):
+            return ScriptedReply(tool_calls=[{"name": "transfer_to_math", "arguments": {}}])
+        if "add" in tools and not _called(messages, "add"):
+            return ScriptedReply(tool_calls=[{"name": "add", "arguments": dict(self.tool_arguments)}])
+        return ScriptedReply(content=f"{self.final_answer} [{task}]")
+
+    @pytest.fixture
+    def adapter(self) -> OpenAIAgentsAdapter:
+        return OpenAIAgentsAdapter.default()
+
+    @pytest.fixture
+    def agent(self) -> Any:
+        async def run(base_url: str, task: str) -> str:
+            result = await Runner.run(build_responses_agent(base_url), task)
+            return str(result.final_output)
+
+        return run
+
+    @pytest.fixture
+    def agent_streaming(self) -> Any:
+        async def run(base_url: str, task: str) -> str:
+            streamed = Runner.run_streamed(build_responses_agent(base_url), task)
+            async for _ in streamed.stream_events():
+                pass
+            return str(streamed.final_output)
+
+        return run

@@ -1,6 +1,7 @@
 """A chat completion answered as OpenAI's Responses API: a ``response`` object, or its stream of events.
 
-`ResponsesCall` is the `agentlightning.proxy._translate.Translation` of one ``POST /v1/responses`` call. Output
+`ResponsesCall` is the `agentlightning.proxy._translate.Translation` of one ``POST /v1/responses`` call. Its id is
+``resp_`` and the backend's chat completion id (`responses_id`). Output
 items: ``reasoning`` (the chat message's ``reasoning_content`` / ``reasoning``), a ``message`` with one
 ``output_text`` part (with its logprobs when the request includes ``message.output_text.logprobs``), and one
 ``function_call`` per tool call, whose ``call_id`` is the chat tool call's id. ``finish_reason`` ``length`` makes the
@@ -22,7 +23,7 @@ from typing import Any, cast
 
 from agentlightning.proxy._assemble import dumps
 
-__all__ = ["ResponsesCall"]
+__all__ = ["ResponsesCall", "responses_id"]
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _MESSAGE = -1
@@ -32,6 +33,12 @@ _REASONING = -2
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def responses_id(chat_id: str) -> str:
+    """The id of the response that answers the chat completion ``chat_id``: one id along the path, so a response
+    the agent saw is found in the backend's logs (and a test's model server) by the chat id in it."""
+    return f"resp_{chat_id}"
 
 
 class ResponsesCall:
@@ -99,6 +106,8 @@ class ResponsesCall:
 
     def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The ``response`` object for a chat completion (its first choice)."""
+        if isinstance(chat.get("id"), str) and chat["id"]:
+            self.id = responses_id(chat["id"])
         choices = chat.get("choices")
         choice: dict[str, Any] = {}
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -163,6 +172,8 @@ class ResponsesCall:
         out: list[bytes] = []
         if not self._started:
             self._started = True
+            if isinstance(chunk.get("id"), str) and chunk["id"]:
+                self.id = responses_id(chunk["id"])
             response = self._envelope("in_progress", [], chunk.get("model"))
             out += [self._event("response.created", response=response),
                     self._event("response.in_progress", response=response)]  # fmt: skip
