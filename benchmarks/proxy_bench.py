@@ -1,6 +1,6 @@
 """LLM proxy: latency it adds per request, over real loopback HTTP.
 
-Run: ``.venv/bin/python benchmarks/proxy_bench.py [--requests N] [--quick] [--vllm]``
+Run: ``.venv/bin/python benchmarks/proxy_bench.py [--requests N] [--quick] [--vllm] [--baseline SRC]``
 
 Setup: the scripted model server (``agentlightning.testing.ScriptedModelServer``) runs in its own process; each
 proxy configuration runs in its own process too (so the client, the proxy and the backend do not share a GIL).
@@ -11,7 +11,13 @@ difference is only the proxy's own work: receive, parse, forward, read the ids, 
 
 Configurations: ``sync`` (the default: each call written to an in-memory store before answering), ``background``
 (writes batched), ``sqlite-sync`` (``agl proxy serve --db``: one SQLite commit per call before answering), and
-``stream`` (the same request with ``stream: true``, timed to the last byte). With ``--vllm``, also ``vllm`` (and
+``stream`` (the same request with ``stream: true``, timed to the last byte), ``responses`` and ``responses-stream``
+(the same conversation sent by the agent as an OpenAI Responses call, ``POST .../v1/responses``: the proxy translates
+it into the chat request the direct path sends, and the chat answer back). With ``--baseline SRC`` (another
+``packages/core/src``, e.g. ``git archive <commit> packages/core/src``), also ``sync-baseline``: that code's ``sync``
+proxy, measured as a pair with this code's in the same loop (direct, this proxy, that proxy, rotating), and
+``chat_added_ratio``, this proxy's added mean latency over the baseline's (the chat path must not get slower).
+With ``--vllm``, also ``vllm`` (and
 ``vllm-stream``): the ``sync`` proxy in front of a real vLLM server (``$AGL_VLLM_VENV`` or ``.venv-vllm``) serving
 a tiny Qwen2 built here, greedy replies of 8 tokens; vLLM's own latency is the "direct" column.
 
@@ -84,8 +90,12 @@ async def _sqlite_attempt(path: str) -> str:
         await store.close()
 
 
-def _spawn(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _spawn(args: list[str], src: str | None = None) -> subprocess.Popen[str]:
+    """A child process; with ``src``, it imports ``agentlightning`` from that source folder (the baseline)."""
+    env = None
+    if src is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
 
 async def _wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
@@ -123,15 +133,26 @@ def _cpu_seconds(pid: int) -> float:
 
 
 VLLM_BODY = {**BODY, "max_tokens": 8, "temperature": 0.0}
+RESPONSES_BODY = {"model": "toy", "instructions": "Be brief.", "input": "6*7?"}
+"""The conversation of `BODY` as an OpenAI Responses request (the proxy sends the backend `BODY`)."""
 
 
 async def _measure(
-    backend: str, proxy: str, prefix: str, n: int, stream: bool, pids: tuple[int, int], body: dict[str, Any] = BODY
+    backend: str,
+    proxy: str,
+    prefix: str,
+    n: int,
+    stream: bool,
+    pids: tuple[int, int],
+    body: dict[str, Any] = BODY,
+    responses: bool = False,
 ) -> dict[str, float]:
-    agent_body = dict(body, stream=stream)
-    backend_body = dict(agent_body, return_token_ids=True, logprobs=True)  # what the proxy forwards
+    agent_body = dict(RESPONSES_BODY if responses else body, stream=stream)
+    backend_body = dict(body, stream=stream, return_token_ids=True, logprobs=True)  # what the proxy forwards
+    if stream and responses:
+        backend_body["stream_options"] = {"include_usage": True}
     direct_url = f"{backend}/v1/chat/completions"
-    proxy_url = f"{proxy}{prefix}/v1/chat/completions"
+    proxy_url = f"{proxy}{prefix}/v1/{'responses' if responses else 'chat/completions'}"
     raw_direct, raw_proxy = json.dumps(backend_body).encode(), json.dumps(agent_body).encode()
     direct: list[float] = []
     proxied: list[float] = []
@@ -154,6 +175,31 @@ async def _measure(
     # the backend serves both paths: 2n requests
     figures["backend_cpu_per_request_ms"] = (cpu_after[1] - cpu_before[1]) * 1000.0 / (2 * n)
     return figures
+
+
+async def _measure_pair(
+    backend: str, proxies: tuple[str, str], n: int, pids: tuple[int, int, int]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """This code's proxy and the baseline's (each ``url + attempt prefix``), chat, in one loop: their figures."""
+    direct_url = f"{backend}/v1/chat/completions"
+    urls = [direct_url, *(f"{proxy}/v1/chat/completions" for proxy in proxies)]
+    raws = [json.dumps(dict(BODY, return_token_ids=True, logprobs=True)).encode(), *[json.dumps(BODY).encode()] * 2]
+    times: list[list[float]] = [[], [], []]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as http:
+        for _ in range(min(100, n // 5)):  # warm-up: connections, caches
+            for url, raw in zip(urls, raws, strict=True):
+                await _timed(http, url, raw)
+        cpu_before = [_cpu_seconds(pid) for pid in pids]
+        for i in range(n):
+            for k in range(3):  # rotating order: none of the three always follows another
+                j = (i + k) % 3
+                times[j].append(await _timed(http, urls[j], raws[j]))
+        cpu_after = [_cpu_seconds(pid) for pid in pids]
+    pair = (_figures(times[0], times[1]), _figures(times[0], times[2]))
+    for figures, before, after in zip(pair, cpu_before, cpu_after, strict=False):
+        figures["proxy_cpu_per_request_ms"] = (after - before) * 1000.0 / n
+        figures["backend_cpu_per_request_ms"] = (cpu_after[2] - cpu_before[2]) * 1000.0 / (3 * n)  # 3n requests
+    return pair
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -199,7 +245,7 @@ async def _measure_vllm(n: int, results: dict[str, Any], children: list[subproce
         server.stop()
 
 
-async def _run(n: int, vllm: bool = False) -> dict[str, Any]:
+async def _run(n: int, vllm: bool = False, baseline: str | None = None) -> dict[str, Any]:
     py = sys.executable
     children: list[subprocess.Popen[str]] = []
     results: dict[str, Any] = {"requests": n}
@@ -219,6 +265,10 @@ async def _run(n: int, vllm: bool = False) -> dict[str, Any]:
         sqlite_cmd = [*agl, "proxy", "serve", "--db", db, "--backend", backend]
         configs.append(("sqlite-sync", [*sqlite_cmd, "--port", "{port}"], False, await _sqlite_attempt(db)))
         configs.append(("stream", [py, HERE, "_proxy", backend, "{port}", "sync"], True, None))
+        configs.append(("responses", [py, HERE, "_proxy", backend, "{port}", "sync"], False, None))
+        configs.append(("responses-stream", [py, HERE, "_proxy", backend, "{port}", "sync"], True, None))
+        if baseline is not None:
+            await _run_pair(n, backend, backend_proc.pid, baseline, results, children)
         for name, template, stream, prefix in configs:
             port = _free_port()
             proc = _spawn([part.replace("{port}", str(port)) for part in template])
@@ -228,7 +278,9 @@ async def _run(n: int, vllm: bool = False) -> dict[str, Any]:
                 prefix = proc.stdout.readline().strip()
             url = f"http://127.0.0.1:{port}"
             await _wait_ready(f"{url}/v1/models", proc)
-            results[name] = await _measure(backend, url, prefix, n, stream, (proc.pid, backend_proc.pid))
+            results[name] = await _measure(
+                backend, url, prefix, n, stream, (proc.pid, backend_proc.pid), responses=name.startswith("responses")
+            )
             proc.terminate()
             proc.wait(timeout=30)
         if vllm:
@@ -243,6 +295,26 @@ async def _run(n: int, vllm: bool = False) -> dict[str, Any]:
     return results
 
 
+async def _run_pair(
+    n: int, backend: str, backend_pid: int, baseline: str, results: dict[str, Any], children: list[Any]
+) -> None:
+    """This code's ``sync`` proxy and the baseline's, measured together (`_measure_pair`)."""
+    urls: list[str] = []
+    pids: list[int] = []
+    for src in (None, baseline):
+        port = _free_port()
+        proc = _spawn([sys.executable, HERE, "_proxy", backend, str(port), "sync"], src)
+        children.append(proc)
+        assert proc.stdout is not None
+        prefix = proc.stdout.readline().strip()
+        await _wait_ready(f"http://127.0.0.1:{port}/v1/models", proc)
+        urls.append(f"http://127.0.0.1:{port}{prefix}")
+        pids.append(proc.pid)
+    ours, theirs = await _measure_pair(backend, (urls[0], urls[1]), n, (pids[0], pids[1], backend_pid))
+    results["sync-pair"], results["sync-baseline"] = ours, theirs
+    results["chat_added_ratio"] = ours["added_mean_ms"] / theirs["added_mean_ms"]
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_backend":
         _serve_backend()
@@ -254,9 +326,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per configuration and path")
     parser.add_argument("--quick", action="store_true", help="200 requests per configuration")
     parser.add_argument("--vllm", action="store_true", help="also in front of a real vLLM server")
+    parser.add_argument("--baseline", help="another packages/core/src: its sync proxy measured as a pair with this one")
     args = parser.parse_args()
     n = 200 if args.quick else args.requests
-    results = asyncio.run(_run(n, args.vllm))
+    results = asyncio.run(_run(n, args.vllm, args.baseline))
     header = f"{'config':<12} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'direct p99':>10} "
     header += f"{'proxy p99':>10} {'added p99':>10} {'added mean':>10} {'proxy CPU':>10} {'backend CPU':>11}"
     print(f"LLM proxy added latency, {n} sequential requests per path, ms; load average {os.getloadavg()[0]:.1f}")
@@ -271,11 +344,15 @@ def main() -> None:
             f"{fig['added_mean_ms']:>10.3f} {fig['proxy_cpu_per_request_ms']:>10.3f} "
             f"{fig['backend_cpu_per_request_ms']:>11.3f}"
         )
+    if "chat_added_ratio" in results:
+        print(f"chat path, this code's added mean latency / the baseline's: {results['chat_added_ratio']:.3f}")
     flat: dict[str, Any] = {"benchmark": "proxy_latency", "requests": n, "load_average": os.getloadavg()[0]}
     for name, fig in results.items():
         if isinstance(fig, dict):
             for key, value in fig.items():
                 flat[f"{name.replace('-', '_')}_{key}"] = round(value, 4)
+        elif name == "chat_added_ratio":
+            flat[name] = round(fig, 4)
     print(json.dumps(flat))
 
 

@@ -149,6 +149,14 @@ class ServerBase:
         """Answer an admitted request."""
         raise NotImplementedError
 
+    def unserved(self, method: str, path: str) -> Refusal | None:
+        """The refusal of a path no route serves, sent before any auth rule (``None``: refused behind ``bearer``).
+
+        A server whose API is public (the LLM proxy speaks OpenAI's) says at once what it serves, so that an agent
+        calling an API it does not serve learns that, not that its token is wrong.
+        """
+        return None
+
     def path_of(self, scope: Scope) -> str:
         """The path matched against the table (the decoded path; a server with raw paths overrides it)."""
         return str(scope["path"])
@@ -195,6 +203,10 @@ class ServerBase:
         path = self.path_of(scope)
         found = self.table.match("GET" if method == "HEAD" else method, path)  # HEAD is answered as GET
         route = found.route if found is not None else self.table.allowed(path)
+        if route is None:
+            unserved = self.unserved(method, path)
+            if unserved is not None:
+                return unserved
         # A path the table does not serve (or not under this method) is behind the main rule: only a caller who may
         # use the API learns what it holds.
         rule = found.route.auth if found is not None else "bearer"

@@ -1,6 +1,7 @@
 """Spans for raw ``openai`` client calls: a small instrumentation of the client's public request methods.
 
-While the hook is held, ``chat.completions.create`` / ``chat.completions.parse`` and ``completions.create`` of the
+While the hook is held, ``chat.completions.create`` / ``chat.completions.parse``, ``responses.create`` /
+``responses.parse`` and ``completions.create`` of the
 sync and async clients (the classes ``openai.resources.chat.Completions`` ... as exported by ``openai``) are
 wrapped. Inside a rollout each call maps onto our conventions:
 
@@ -64,6 +65,10 @@ _TARGETS = (
     ("openai.resources.chat", "AsyncCompletions", "parse", "chat"),
     ("openai.resources", "Completions", "create", "text_completion"),
     ("openai.resources", "AsyncCompletions", "create", "text_completion"),
+    ("openai.resources.responses", "Responses", "create", "chat"),
+    ("openai.resources.responses", "AsyncResponses", "create", "chat"),
+    ("openai.resources.responses", "Responses", "parse", "chat"),
+    ("openai.resources.responses", "AsyncResponses", "parse", "chat"),
 )
 
 
@@ -93,7 +98,11 @@ class _Sink:
         self.span.set_attributes(attributes)
 
     def record(self, obj: Any) -> None:
-        """Take the response id, model and usage from a response or a streamed chunk."""
+        """Take the response id, model and usage from a response or a streamed chunk (or a Responses stream event
+        that carries the response: ``response.created``, ``response.completed``...)."""
+        inner = getattr(obj, "response", None)
+        if inner is not None and isinstance(getattr(obj, "type", None), str):
+            obj = inner
         found: dict[str, Any] = {}
         if not self.seen_id:
             response_id = getattr(obj, "id", None)
@@ -106,6 +115,8 @@ class _Sink:
         usage = getattr(obj, "usage", None)
         if usage is not None:
             prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+            if prompt is None:  # the Responses API's names
+                prompt, completion = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
             if prompt is not None:
                 found[semconv.GEN_AI_USAGE_INPUT_TOKENS] = prompt
             if completion is not None:
@@ -434,7 +445,7 @@ class OpenAIAdapter(Adapter):
 
 
 def instrument_openai() -> OpenAIAdapter:
-    """Record every ``openai`` chat/completions call made inside a rollout as an LLM span (idempotent).
+    """Record every ``openai`` chat/completions/responses call made inside a rollout as an LLM span (idempotent).
 
     Returns:
         The process-wide adapter (call ``uninstrument()`` on it, or :func:`uninstrument_openai`).

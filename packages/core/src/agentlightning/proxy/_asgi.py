@@ -181,6 +181,7 @@ class ProxyASGI(ServerBase):
         max_body_bytes: Larger request bodies get 413.
         startup: Awaited on the server's lifespan startup; ``shutdown`` on its shutdown.
         state: Attributes for the app's users (``state.llm_proxy``).
+        served: The APIs the proxy serves, as the 404 of a path no route serves names them.
     """
 
     name = "LLM proxy"
@@ -193,9 +194,16 @@ class ProxyASGI(ServerBase):
         startup: Callable[[], Awaitable[None]],
         shutdown: Callable[[], Awaitable[None]],
         state: State,
+        served: str = "",
     ) -> None:
         super().__init__(table, max_body_bytes, authorizers, startup, shutdown)
         self.state = state
+        self.served = served
+
+    def unserved(self, method: str, path: str) -> Refusal | None:
+        """404 naming the path and the APIs the proxy serves, whatever the token (the API is OpenAI's, no secret):
+        an agent on an API the proxy does not serve learns that, not that its token is wrong."""
+        return Refusal(404, f"no route {method} {path} on the {self.name}; it serves {self.served}", "not_found")
 
     def path_of(self, scope: Scope) -> str:
         """The raw path (ids may hold an encoded ``/``), without the app's root path."""

@@ -36,6 +36,7 @@ from agentlightning.proxy._recording import CallRecorder, unrecorded
 from agentlightning.proxy._routes import Target
 from agentlightning.proxy._slots import ATTEMPT_FINISHED, SLOT_NOT_REGISTERED, SlotTable
 from agentlightning.proxy._streaming import Meta, StreamState, TrackedStream, relay
+from agentlightning.proxy._translate import Translation, relay_translated
 from agentlightning.proxy._transport import UNREACHABLE, BackendReply, send
 
 __all__ = ["CALL_ID_HEADER", "Forwarder"]
@@ -162,13 +163,19 @@ class Forwarder(CallRecorder):
             return error(502, f"LLM proxy could not reach backend {backend}: {exc!r}", "proxy_backend_error")
 
     async def complete(
-        self, target: Target, agent_request: dict[str, Any], authorization: str | None, agent: str | None = None
+        self,
+        target: Target,
+        agent_request: dict[str, Any],
+        authorization: str | None,
+        agent: str | None = None,
+        translation: Translation | None = None,
     ) -> Response:
         """Forward one completion request and record it (the handler of every completion route).
 
         ``agent_request`` is the request body as the agent sent it, a JSON object whose fields the proxy reads were
         validated by the route's model. ``agent`` is the raw `agentlightning.AGENT_HEADER` of the request (the
-        agent that makes the call).
+        agent that makes the call). With a ``translation`` (an agent API served through chat completions),
+        ``agent_request`` is its chat request and the agent is answered, and the call recorded, in its own API.
         """
         start = now()
         kind, rollout_id, attempt_id = target.kind, target.rollout_id, target.attempt_id
@@ -206,8 +213,9 @@ class Forwarder(CallRecorder):
             self._calls.setdefault(rollout_id, {})[task] = task.cancel  # pyright: ignore[reportArgumentType]
         try:
             response, streamed = await self._forward(
-                agent_request, kind, rollout_id, attempt_id, start, authorization, decode_agent_header(agent)
-            )
+                agent_request, kind, rollout_id, attempt_id, start, authorization, decode_agent_header(agent),
+                translation,
+            )  # fmt: skip
             return response
         except asyncio.CancelledError:
             if task is None or task not in self._aborted:
@@ -289,6 +297,7 @@ class Forwarder(CallRecorder):
         start: float,
         authorization: str | None,
         agent: str | None = None,
+        translation: Translation | None = None,
     ) -> tuple[Response, bool]:
         """Send the call to its backend and answer the agent: (the response, whether it is a stream still open)."""
         record = rollout_id is not None and attempt_id is not None
@@ -297,8 +306,9 @@ class Forwarder(CallRecorder):
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         call_id = new_id("call")
         headers = {CALL_ID_HEADER: call_id} if record else {}
+        recorded_request = agent_request if translation is None else translation.request
         meta: Meta = (
-            call_id, rollout_id or "", attempt_id or "", agent_request, backend, start, admitted, policy, agent
+            call_id, rollout_id or "", attempt_id or "", recorded_request, backend, start, admitted, policy, agent
         )  # fmt: skip
         try:
             resp = await send(
@@ -323,8 +333,8 @@ class Forwarder(CallRecorder):
         view = AgentView.of(agent_request, kind) if record else _AS_IS
         kept = meta if record else None
         if agent_request.get("stream") and resp.status < 400:
-            return self._relay_stream(resp, kind, kept, backend, view, headers, rollout_id), True
-        return await self._whole_answer(resp, kind, kept, backend, view, headers), False
+            return self._relay_stream(resp, kind, kept, backend, view, headers, rollout_id, translation), True
+        return await self._whole_answer(resp, kind, kept, backend, view, headers, translation), False
 
     def _relay_stream(
         self,
@@ -335,12 +345,17 @@ class Forwarder(CallRecorder):
         view: AgentView,
         headers: dict[str, str],
         rollout_id: str | None,
+        translation: Translation | None = None,
     ) -> Response:
         """Relay a streamed answer chunk by chunk; it is recorded once the stream is over (``meta``: recorded)."""
         state = StreamState(StreamAssembler(kind), meta, backend, view=view)
         media = resp.header("content-type") or "text/event-stream"
-        streaming = TrackedStream(relay(resp, state, self._record), resp.status, headers=headers, media_type=media)
-        streaming.on_close = lambda: self._stream_closed(resp, state, rollout_id)
+        if translation is None:
+            body = relay(resp, state, self._record)
+        else:
+            body, media = relay_translated(resp, state, self._record, translation), "text/event-stream"
+        streaming = TrackedStream(body, resp.status, headers=headers, media_type=media)
+        streaming.on_close = lambda: self._stream_closed(resp, state, rollout_id, translation)
         if rollout_id is not None:
             self._calls.setdefault(rollout_id, {})[resp] = resp.abort
         return streaming
@@ -353,8 +368,10 @@ class Forwarder(CallRecorder):
         backend: str,
         view: AgentView,
         headers: dict[str, str],
+        translation: Translation | None = None,
     ) -> Response:
-        """Read a whole answer, record it (``meta``: recorded) and pass it on without the proxy's token-id options."""
+        """Read a whole answer, record it (``meta``: recorded) and pass it on without the proxy's token-id options
+        (with a ``translation``: the agent's API's answer, recorded as such)."""
         data = resp.parsed if resp.status < 400 else None
         try:  # an in-process backend's parsed answer need not be encoded when the agent gets a stripped copy
             raw = b"" if isinstance(data, dict) and meta is not None and view != _AS_IS else await resp.read()
@@ -373,21 +390,28 @@ class Forwarder(CallRecorder):
                 text = raw.decode("utf-8", errors="replace")[:4000]
                 await self._record_shielded(meta, None, Extracted(), error=f"backend HTTP {resp.status}: {text}")
             return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers))
-        if meta is not None:
+        if meta is not None or translation is not None:
             if data is None:
                 try:
                     data = loads(raw)
                 except ValueError:
                     data = None
+            if translation is not None and not isinstance(data, dict):
+                message = "backend answered 200 with a body that is not JSON"
+                if meta is not None:
+                    await self._record_shielded(meta, None, Extracted(), error=message)
+                return error(502, message, "proxy_backend_error", headers=headers)
             if isinstance(data, dict):
                 data = cast(dict[str, Any], data)
-                failure = await self._record_shielded(meta, data, extract(data, kind))
-                stripped = view.strip(data)
+                answer = data if translation is None else translation.answer(data)
+                failure = await self._record_shielded(meta, answer, extract(data, kind)) if meta is not None else None
+                stripped = view.strip(data) if translation is None else answer
                 if stripped is not None:  # the agent gets what it asked for, not the proxy's token-id options
                     raw = dumps(stripped)
                 elif not raw:  # not read (released above): the parsed value is the body's meaning
                     raw = dumps(data)
             else:
+                assert meta is not None
                 failure = await self._record_shielded(
                     meta, None, Extracted(), error="backend answered 200 with a body that is not JSON"
                 )
@@ -395,7 +419,9 @@ class Forwarder(CallRecorder):
                 return unrecorded(failure, headers)
         return RawResponse(raw, resp.status, raw_headers(raw, resp.status, resp.content_type, headers))
 
-    def _stream_closed(self, resp: BackendReply, state: StreamState, rollout_id: str | None) -> None:
+    def _stream_closed(
+        self, resp: BackendReply, state: StreamState, rollout_id: str | None, translation: Translation | None = None
+    ) -> None:
         """Runs once the streamed response is over, whether it completed, broke, or was never started."""
         if rollout_id is not None:
             self._untrack(rollout_id, resp)
@@ -406,4 +432,7 @@ class Forwarder(CallRecorder):
             error = state.error or "stream ended before the agent received it"
             if state.assembler.finish_reason is not None and state.error is None:
                 error = None  # a complete stream without [DONE]
-            self._spawn(self._record(state.meta, state.assembler.response(), state.assembler.extracted(), error=error))
+            answer = state.assembler.response()
+            if translation is not None:
+                answer = translation.answer(answer)
+            self._spawn(self._record(state.meta, answer, state.assembler.extracted(), error=error))

@@ -18,7 +18,9 @@ batches instead; call `LLMProxy.flush` before reading them.
 A call whose record the store refuses (an attempt it never started, say) is not answered 200: the agent gets
 the error (a stream ends with an error event instead of ``[DONE]``). Request bodies over ``max_body_bytes`` get
 413 before they reach a backend. An agent that hangs up while the backend works has its backend request
-cancelled (the connection closes; the embedded backend then frees the sequence).
+cancelled (the connection closes; the embedded backend then frees the sequence). ``/v1/responses`` (OpenAI's
+Responses API) is served through the backend's chat completions, translated both ways (``_responses.py``,
+``_responses_answer.py``, ``_translate.py``): recorded, refused and limited as a chat call is.
 
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
@@ -67,7 +69,7 @@ from agentlightning.proxy._asgi import ADMIN, RUNNER, SLOT, ProxyASGI
 from agentlightning.proxy._assemble import MODEL_VERSION_FIELD, MODEL_VERSION_HEADER
 from agentlightning.proxy._forwarding import CALL_ID_HEADER, Forwarder
 from agentlightning.proxy._policy_routing import PolicyRouter
-from agentlightning.proxy._routes import proxy_routes, runner_refusal, slot_refusal
+from agentlightning.proxy._routes import proxy_routes, runner_refusal, served_apis, slot_refusal
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
 from agentlightning.store._base import LightningStore
@@ -377,7 +379,8 @@ class LLMProxy(Forwarder):
             ADMIN: lambda authorization, _: admin_refusal(self, authorization),
             RUNNER: lambda authorization, _: runner_refusal(self, authorization),
         }
-        return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, State({"llm_proxy": self}))
+        state = State({"llm_proxy": self})
+        return ProxyASGI(table, authorizers, self.max_body_bytes, self._open, self._close, state, served_apis())
 
     async def _open(self) -> None:
         self._loop = asyncio.get_running_loop()

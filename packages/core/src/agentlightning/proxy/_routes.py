@@ -2,14 +2,17 @@
 
 ==================================================================  =========================================
 ``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
+``POST {prefix}/v1/responses``                                       translated to a chat completion, recorded
 ``GET  {prefix}/v1/models``                                          the backend's model list
 ``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot (runner token)
 ``PUT /slots``                                                        register slots, report ends (runner token)
 ``/admin/*``                                                          pause, resume, backends, status
 ==================================================================  =========================================
 
-``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the per-rollout URL), ``/slot/{key}`` (a runner
-slot's URL) or nothing (plain ``/v1``, refused for completions unless ``allow_unrecorded``). Under a runner slot's
+The agent APIs are one table, `AGENT_APIS`. ``{prefix}`` is ``/rollout/{rollout_id}/attempt/{attempt_id}`` (the
+per-rollout URL), ``/slot/{key}`` (a runner slot's URL) or nothing (plain ``/v1``, refused for completions unless
+``allow_unrecorded``). A path no route serves is answered 404 naming it and the APIs of `AGENT_APIS`, before any
+token check (`agentlightning.proxy._asgi.ProxyASGI.unserved`). Under a runner slot's
 URL the slot's key is the agent's credential (`slot_refusal`): the URL alone is enough, whatever ``api_key`` the agent
 sends; the per-rollout and plain URLs need the agents' token (when the proxy has one). The completion bodies
 are OpenAI's: their models check the fields the proxy reads (400 with a one-line reason) and the body is forwarded
@@ -19,24 +22,26 @@ as it was sent, every other field included (`agentlightning._server_base.validat
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from agentlightning._netauth import MIN_TOKEN_LENGTH, bearer_matches
-from agentlightning._routing import Route, openapi_document
+from agentlightning._routing import Method, Route, openapi_document
 from agentlightning._server_base import Refusal, validate_body
 from agentlightning._urls import check_slot_key
 from agentlightning.proxy._admin import admin_routes
 from agentlightning.proxy._asgi import ADMIN, COMPLETIONS_TAG, RUNNER, SLOT, ProxyRequest, error
 from agentlightning.proxy._assemble import Kind
+from agentlightning.proxy._responses import ResponsesBody, responses_call
 from agentlightning.proxy._slots import MAX_PER_REQUEST, clear_slot, register_slot, update_slots
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy
 
-__all__ = ["Target", "proxy_routes", "runner_refusal", "slot_refusal"]
+__all__ = ["AGENT_APIS", "AgentApi", "Target", "proxy_routes", "runner_refusal", "served_apis", "slot_refusal"]
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 SLOT_PREFIX = "/slot/{slot}"
@@ -125,9 +130,14 @@ _DESCRIPTION = "OpenAI-compatible calls forwarded to inference backends, each re
 _COMMON_ERRORS = {401: "missing or wrong token (the agents' api_key)", 413: "body too large"}
 _SLOT_DOC = " The slot's key in the URL admits the call (no token needed while the slot is registered)."
 _RUNNER_401 = "missing or wrong runner token (the agents' token does not open slot routes)"
+_RESPONSES_400 = (
+    "not JSON, a plain /v1 call the proxy does not record, or what it cannot honour (previous_response_id, "
+    "conversation, built-in tools, image or file input) or malformed input items"
+)
 _COMPLETION_ERRORS = {
     400: "not JSON, or a plain /v1 call the proxy does not record",
-    404: "the slot runs no attempt now, or the attempt is unknown to the store",
+    404: "the slot runs no attempt now, or the attempt is unknown to the store; or a path the proxy does not serve "
+    "(answered before any token check, naming the APIs it serves)",
     409: "the attempt already ended (its runner said so, or the store refused its record): a late call, not recorded",
     502: "the backend could not be reached, or the call could not be recorded",
     503: "paused for a model update (Retry-After)",
@@ -156,26 +166,73 @@ def _target(kind: Kind, params: dict[str, str]) -> Target | Response:
         return error(404, f"not a runner slot's URL: {exc}", "invalid_request_error")
 
 
+async def _chat(proxy: LLMProxy, target: Target, request: ProxyRequest) -> Response:
+    return await proxy.complete(target, request.parsed, request.authorization, request.agent)
+
+
+async def _models(proxy: LLMProxy, target: Target, request: ProxyRequest) -> Response:
+    return await proxy.models(target, request.authorization)
+
+
+async def _responses(proxy: LLMProxy, target: Target, request: ProxyRequest) -> Response:
+    translated = responses_call(request.parsed)
+    if isinstance(translated, Refusal):
+        return error(translated.status, translated.message, translated.kind)
+    return await proxy.complete(target, translated.chat_request, request.authorization, request.agent, translated)
+
+
+class AgentApi(NamedTuple):
+    """One API the proxy serves to agents, under each of the three URL shapes (one row of `AGENT_APIS`)."""
+
+    api: str
+    """What it is, as the 404 of an unserved path names it (``OpenAI Responses``)."""
+    method: Method
+    path: str
+    """The path under the URL shape's prefix (``/v1/responses``)."""
+    name: str
+    """The operation name (prefixed per URL shape)."""
+    kind: Kind
+    """What the backend is asked for (``chat``: its chat completions; an API other than chat is translated)."""
+    doc: str
+    answer: Callable[[LLMProxy, Target, ProxyRequest], Awaitable[Response]]
+    body: type[BaseModel] | None = None
+    errors: dict[int, str] = _COMPLETION_ERRORS
+    tags: tuple[str, ...] = (COMPLETIONS_TAG,)
+
+
+AGENT_APIS: tuple[AgentApi, ...] = (
+    AgentApi("OpenAI Chat Completions", "POST", "/v1/chat/completions", "chat_completions", "chat",
+             "A chat completion, forwarded and recorded", _chat, ChatCompletionBody),
+    AgentApi("OpenAI Completions", "POST", "/v1/completions", "completions", "completion",
+             "A text completion, forwarded and recorded", _chat, CompletionBody),
+    AgentApi("OpenAI Responses", "POST", "/v1/responses", "responses", "chat",
+             "A response (OpenAI's Responses API), served through the backend's chat completions and recorded",
+             _responses, ResponsesBody, {**_COMPLETION_ERRORS, 400: _RESPONSES_400}),
+    AgentApi("OpenAI Models", "GET", "/v1/models", "models", "chat", "The backend's models", _models,
+             errors={502: "the backend could not be reached"}, tags=("models",)),
+)  # fmt: skip
+"""Every API agents call, one row each: a new API is one more row (its routes under the three URL shapes, its
+place in the 404 of an unserved path and in ``/openapi.json`` follow)."""
+
+
+def served_apis() -> str:
+    """The APIs the proxy serves, as the 404 of an unserved path lists them."""
+    apis = ", ".join(f"{api.api} ({api.method} {api.path})" for api in AGENT_APIS)
+    shapes = f"{{proxy}}/v1, {{proxy}}{ROLLOUT_PREFIX}/v1 or {{proxy}}/slot/{{key}}/v1"
+    return f"{apis}, under a base URL ending in /v1: {shapes}"
+
+
 def _completion_routes(proxy: LLMProxy) -> list[Route]:
-    """Chat and text completions and the model list, under each of the three URL shapes."""
+    """Every row of `AGENT_APIS` under each of the three URL shapes."""
 
-    async def chat(request: ProxyRequest) -> Response:
-        found = _target("chat", request.params)
-        if isinstance(found, Response):
-            return found
-        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
+    def handler(api: AgentApi) -> Callable[[ProxyRequest], Awaitable[Response]]:
+        async def answer(request: ProxyRequest) -> Response:
+            found = _target(api.kind, request.params)
+            if isinstance(found, Response):
+                return found
+            return await api.answer(proxy, found, request)
 
-    async def completions(request: ProxyRequest) -> Response:
-        found = _target("completion", request.params)
-        if isinstance(found, Response):
-            return found
-        return await proxy.complete(found, request.parsed, request.authorization, request.agent)
-
-    async def models(request: ProxyRequest) -> Response:
-        found = _target("chat", request.params)
-        if isinstance(found, Response):
-            return found
-        return await proxy.models(found, request.authorization)
+        return answer
 
     routes: list[Route] = []
     shapes = (("", "plain", "", "bearer"), (ROLLOUT_PREFIX, "per-rollout", "rollout_", "bearer"),
@@ -183,15 +240,9 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
     for prefix, scope, name, auth in shapes:
         where = f" ({scope} URL).{_SLOT_DOC if auth == SLOT else ''}"
         routes += [
-            Route("POST", f"{prefix}/v1/chat/completions", chat, f"{name}chat_completions",
-                  f"A chat completion, forwarded and recorded{where}", body=ChatCompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,), auth=auth),
-            Route("POST", f"{prefix}/v1/completions", completions, f"{name}completions",
-                  f"A text completion, forwarded and recorded{where}", body=CompletionBody,
-                  response=OpenAIAnswer, errors=_COMPLETION_ERRORS, tags=(COMPLETIONS_TAG,), auth=auth),
-            Route("GET", f"{prefix}/v1/models", models, f"{name}models", f"The backend's models{where}",
-                  response=OpenAIAnswer, errors={502: "the backend could not be reached"}, tags=("models",),
-                  auth=auth),
+            Route(api.method, f"{prefix}{api.path}", handler(api), f"{name}{api.name}", f"{api.doc}{where}",
+                  body=api.body, response=OpenAIAnswer, errors=api.errors, tags=api.tags, auth=auth)
+            for api in AGENT_APIS
         ]  # fmt: skip
     return routes
 

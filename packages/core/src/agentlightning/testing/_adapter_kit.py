@@ -37,8 +37,10 @@ from agentlightning._models import LLMCall, Span
 from agentlightning._training_models import Transition
 from agentlightning.adapters import Adapter, UnsupportedVersionError
 from agentlightning.proxy import LLMProxy
+from agentlightning.proxy._responses_answer import responses_id
 from agentlightning.store import MemoryStore
 from agentlightning.testing._guard import KitGuard
+from agentlightning.testing._model_answers import ServedCall
 from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply
 from agentlightning.tracing import aflush, emit_reward, rollout_context
 from agentlightning.transitions import TransitionBuilder, TransitionConfig, TransitionResult
@@ -122,6 +124,17 @@ class KitHarness:
         return record
 
 
+def _served(harness: KitHarness) -> dict[str | None, ServedCall]:
+    """The model server's answers by response id: the chat id, and the id of the Responses answer the proxy made of
+    it (an agent on the Responses API is served through chat completions: `responses_id`)."""
+    served: dict[str | None, ServedCall] = {}
+    for call in harness.server.served:
+        served[call.response_id] = call
+        if call.response_id is not None:
+            served[responses_id(call.response_id)] = call
+    return served
+
+
 class AdapterConformanceTests(KitGuard):
     """Checks every adapter must pass; subclass it and provide the ``adapter`` and ``agent`` fixtures.
 
@@ -202,7 +215,7 @@ class AdapterConformanceTests(KitGuard):
         record = await harness.collect(await harness.run(agent, "task-ids"))
         llm = record.of_kind(semconv.KIND_LLM)
         assert llm, "no span of kind 'llm'"
-        served = {c.response_id for c in harness.server.served}
+        served = set(_served(harness))
         for span in llm:
             response_id = span.attributes.get(semconv.GEN_AI_RESPONSE_ID)
             assert response_id in served, f"LLM span {span.name!r} has response id {response_id!r}, not served"
@@ -250,7 +263,7 @@ class AdapterConformanceTests(KitGuard):
         )
         assert len(result.transitions) == len(record.calls)
         assert result.diagnostics.joined_by_response_id == len(record.calls)
-        served = {c.response_id: c for c in harness.server.served}
+        served = _served(harness)
         by_call = {c.call_id: c for c in record.calls}
         for transition in result.transitions:
             (call_id,) = transition.call_ids
@@ -286,7 +299,7 @@ class AdapterConformanceTests(KitGuard):
         record = await harness.collect(await harness.run(agent_streaming, "task-stream"))
         assert record.transitions is not None
         assert len(record.transitions.transitions) == len(record.calls) > 0
-        served = {c.response_id: c for c in harness.server.served}
+        served = _served(harness)
         for call in record.calls:
             assert served[call.response_id].token_ids == call.response_token_ids
 
