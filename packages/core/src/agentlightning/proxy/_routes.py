@@ -3,6 +3,7 @@
 ==================================================================  =========================================
 ``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
 ``GET  {prefix}/v1/models``                                          the backend's model list
+``POST {prefix}/v1/messages``, ``.../v1/messages/count_tokens``      Anthropic's Messages API, as chat calls
 ``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot (runner token)
 ``PUT /slots``                                                        register slots, report ends (runner token)
 ``/admin/*``                                                          pause, resume, backends, status
@@ -180,6 +181,9 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
     routes: list[Route] = []
     shapes = (("", "plain", "", "bearer"), (ROLLOUT_PREFIX, "per-rollout", "rollout_", "bearer"),
               (SLOT_PREFIX, "runner slot", "slot_", SLOT))  # fmt: skip
+    from agentlightning.proxy._messages_routes import messages_routes  # imports this module's names
+
+    routes += messages_routes(proxy, _target, shapes)
     for prefix, scope, name, auth in shapes:
         where = f" ({scope} URL).{_SLOT_DOC if auth == SLOT else ''}"
         routes += [
