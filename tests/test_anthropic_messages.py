@@ -18,12 +18,18 @@ import anthropic
 import httpx
 import pytest
 from anthropic import AsyncAnthropic
+from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
 from openai import AsyncOpenAI
 
 import agentlightning as agl
 from agentlightning.proxy import LLMProxy, register_backend, unregister_backend
 from agentlightning.store import MemoryStore
 from agentlightning.transitions import transitions_from_store
+from agentlightning_langchain import LangChainAdapter
 from agentlightning_torch import LocalBackend, OpenAIEndpoint
 from agentlightning_torch.testing import TOOL_MODEL_ANSWER, TOOL_MODEL_CALL
 
@@ -138,6 +144,71 @@ async def test_anthropic_sdk_tool_agent_under_the_runner(setup: tuple[MemoryStor
     for transition, call in zip(transitions, calls, strict=True):
         assert transition.prompt_token_ids == call.prompt_token_ids and transition.prompt_token_ids
         assert transition.response_token_ids == call.response_token_ids and transition.response_token_ids
+    assert transitions[-1].final_reward == 1.0
+
+
+def _langgraph_agent(llm: Any) -> Any:
+    """LangGraph's tool agent as its docs build it: the model with tools bound, a ToolNode, a route between them."""
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = llm.bind_tools([add])
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    def route(state: MessagesState) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([add]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", route, ["tools", END])
+    graph.add_edge("tools", "agent")
+    return graph.compile()
+
+
+@agl.rollout
+async def chat_anthropic_agent(task: dict[str, Any], resources: agl.Resources) -> float:
+    llm = ChatAnthropic(  # type: ignore[call-arg]
+        model_name="tiny", base_url=agl.llm_base_url().removesuffix("/v1"), api_key="literal-key",  # type: ignore[arg-type]
+        temperature=0, max_tokens=48, max_retries=0,
+    )  # fmt: skip
+    result = await _langgraph_agent(llm).ainvoke({"messages": [SystemMessage(SYSTEM), HumanMessage(QUESTION)]})
+    SEEN[task["id"]] = result["messages"]
+    return 1.0 if result["messages"][-1].content == TOOL_MODEL_ANSWER else 0.0
+
+
+async def test_langchain_chat_anthropic_in_a_langgraph_tool_agent(setup: tuple[MemoryStore, LLMProxy]) -> None:
+    store, _ = setup
+    rollout = await store.enqueue_rollout({"id": "lg"})
+    adapter = LangChainAdapter.default()
+    adapter.instrument()
+    try:
+        await agl.Runner(chat_anthropic_agent, store, n_workers=1, worker_mode="async", stop_when_idle=True).arun()
+    finally:
+        adapter.uninstrument()
+    assert (await store.get_rollout(rollout.rollout_id)).status == "succeeded"
+    roles = [type(m).__name__ for m in SEEN["lg"]]
+    assert roles == ["SystemMessage", "HumanMessage", "AIMessage", "ToolMessage", "AIMessage"]
+    assert SEEN["lg"][3].content == "5"
+    calls = sorted(await store.query_llm_calls(rollout.rollout_id), key=lambda c: c.start_time)
+    assert len(calls) == 2 and all(c.error is None for c in calls)
+    assert calls[1].request["messages"][-1] == {"role": "tool", "tool_call_id": calls[1].request["messages"][-2][
+        "tool_calls"][0]["id"], "content": "5"}  # fmt: skip
+    # the adapter's LLM spans carry the Messages id, which is the recorded call's: joined by response id
+    spans = await store.query_spans(rollout.rollout_id)
+    span_ids = {
+        s.attributes.get("gen_ai.response.id") for s in spans if s.attributes.get("agentlightning.span.kind") == "llm"
+    }
+    assert span_ids == {c.response_id for c in calls}
+    transitions = await transitions_from_store(store, [rollout.rollout_id])
+    assert [t.response_token_ids for t in transitions] == [c.response_token_ids for c in calls]
     assert transitions[-1].final_reward == 1.0
 
 
