@@ -261,3 +261,73 @@ async def test_count_tokens_without_tokenize_names_why(proxy: tuple[LLMProxy, Me
     async with _client(running, aid) as client:
         with pytest.raises(anthropic.BadRequestError, match="/tokenize"):
             await client.messages.count_tokens(model="toy", messages=[{"role": "user", "content": "hi"}])
+
+
+class _Reasoner:
+    """An in-process chat backend whose model reasons first (``reasoning_content``, as vLLM's reasoning parsers and the
+    embedded backend send it), then answers; it keeps the requests it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    async def request(self, method: str, path: str, body: bytes) -> InProcessReply:
+        request = json.loads(body)
+        self.requests.append(request)
+        head = {"id": "chatcmpl-r", "model": "toy", "prompt_token_ids": [1, 2]}
+        if not request.get("stream"):
+            message = {"role": "assistant", "reasoning_content": "2 and 2 make 4.", "content": "4"}
+            choice = {"index": 0, "message": message, "finish_reason": "stop", "token_ids": [7, 8, 9]}
+            answer = {**head, "choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}
+            return InProcessReply(200, {"content-type": "application/json"}, None, answer)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            deltas = [({"reasoning_content": "2 and 2 "}, None), ({"reasoning_content": "make 4."}, None),
+                      ({"content": "4"}, "stop")]  # fmt: skip
+            for index, (delta, finish) in enumerate(deltas):
+                choice = {"index": 0, "delta": delta, "finish_reason": finish, "token_ids": [7 + index]}
+                yield b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+            usage = {**head, "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}
+            yield b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n"
+
+        return InProcessReply(200, {"content-type": "text/event-stream"}, chunks())
+
+
+async def test_thinking_is_kept_as_the_model_produced_it_and_tool_choice_is_translated() -> None:
+    store = MemoryStore()
+    aid = (await start_attempts(store, ["ro-1"]))["ro-1"]
+    reasoner = _Reasoner()
+    url = register_backend(reasoner)
+    question: list[Any] = [{"role": "user", "content": "2+2?"}]
+    try:
+        async with LLMProxy(store, [url]) as running, _client(running, aid) as client:
+            whole = await client.messages.create(
+                model="toy", max_tokens=8, messages=question, tools=TOOLS, tool_choice={"type": "tool", "name": "add"}
+            )
+            async with client.messages.stream(
+                model="toy",
+                max_tokens=8,
+                messages=question,
+                tools=TOOLS,
+                tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+            ) as stream:
+                streamed = await stream.get_final_message()
+            # the thinking block goes back into the conversation as the model's reasoning
+            await client.messages.create(
+                model="toy", max_tokens=8, tools=TOOLS, tool_choice={"type": "none"},
+                messages=[*question, {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+                          {"role": "user", "content": "sure?"}],
+            )  # fmt: skip
+            await running.flush()
+            assert len(await store.query_llm_calls("ro-1", aid)) == 3
+    finally:
+        unregister_backend(url)
+    for answer in (whole, streamed):
+        assert [b.type for b in answer.content] == ["thinking", "text"]
+        assert answer.content[0].thinking == "2 and 2 make 4."  # type: ignore[union-attr]
+        assert answer.content[1].text == "4" and answer.stop_reason == "end_turn"  # type: ignore[union-attr]
+        assert (answer.usage.input_tokens, answer.usage.output_tokens) == (2, 3)
+    first, second, third = reasoner.requests
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert (second["tool_choice"], second["parallel_tool_calls"]) == ("auto", False)
+    assert third["tool_choice"] == "none"
+    assert third["messages"][1] == {"role": "assistant", "content": "4", "reasoning_content": "2 and 2 make 4."}
