@@ -38,7 +38,6 @@ from typing import Any, cast
 from agentlightning.proxy._assemble import dumps
 
 __all__ = [
-    "MESSAGES_VERSION",
     "MessagesRefusal",
     "anthropic_error",
     "chat_request",
@@ -49,9 +48,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agentlightning.proxy._proxy")
-
-MESSAGES_VERSION = "2023-06-01"
-"""The ``anthropic-version`` whose wire format the proxy speaks (the one every Anthropic SDK sends)."""
 
 _IGNORED = frozenset({
     "metadata", "service_tier", "thinking", "stream", "cache_control", "inference_geo", "speed", "user_profile_id",
@@ -94,9 +90,9 @@ def _where(index: int, role: str) -> str:
     return f"messages[{index}] ({role})"
 
 
-def _text_of(content: Any, where: str, *, allow_string: bool = True) -> str:
+def _text_of(content: Any, where: str) -> str:
     """The text of a string or a list of ``text`` blocks (a system prompt, a tool result)."""
-    if isinstance(content, str) and allow_string:
+    if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise MessagesRefusal(f"{where} must be a string or a list of text blocks")

@@ -20,6 +20,9 @@ the error (a stream ends with an error event instead of ``[DONE]``). Request bod
 413 before they reach a backend. An agent that hangs up while the backend works has its backend request
 cancelled (the connection closes; the embedded backend then frees the sequence).
 
+Anthropic's ``/v1/messages`` is translated to a chat completion and answered and recorded by the same path
+(``_messages_routes.py``).
+
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
 ``allow_unrecorded=True`` to forward them unrecorded instead. ``/v1/models`` is always forwarded.
