@@ -13,7 +13,9 @@ Configurations: ``sync`` (the default: each call written to an in-memory store b
 (writes batched), ``sqlite-sync`` (``agl proxy serve --db``: one SQLite commit per call before answering), and
 ``stream`` (the same request with ``stream: true``, timed to the last byte), ``responses`` and ``responses-stream``
 (the same conversation sent by the agent as an OpenAI Responses call, ``POST .../v1/responses``: the proxy translates
-it into the chat request the direct path sends, and the chat answer back). With ``--baseline SRC`` (another
+it into the chat request the direct path sends, and the chat answer back), ``messages`` and ``messages-stream``
+(the call as an Anthropic Messages request to ``/v1/messages``, against the chat request the proxy forwards for it).
+With ``--baseline SRC`` (another
 ``packages/core/src``, e.g. ``git archive <commit> packages/core/src``), also ``sync-baseline``: that code's ``sync``
 proxy, measured as a pair with this code's in the same loop (direct, this proxy, that proxy, rotating), and
 ``chat_added_ratio``, this proxy's added mean latency over the baseline's (the chat path must not get slower).
@@ -220,6 +222,41 @@ def _figures(direct: list[float], proxied: list[float]) -> dict[str, float]:
     }
 
 
+MESSAGES_BODY = {
+    "model": "toy",
+    "max_tokens": 64,
+    "system": "Be brief.",
+    "messages": [{"role": "user", "content": "6*7?"}],
+}
+
+
+async def _measure_messages(
+    backend: str, proxy: str, prefix: str, n: int, stream: bool, pids: tuple[int, int]
+) -> dict[str, float]:
+    """The same call sent as Anthropic Messages (``/v1/messages``): direct is the chat request the proxy forwards for
+    it, so the difference is the proxy's work plus the translation both ways (the stream: event by event)."""
+    agent_body = dict(MESSAGES_BODY, stream=stream)
+    backend_body = dict(BODY, max_tokens=64, stream=stream, return_token_ids=True, logprobs=True)  # its translation
+    if stream:
+        backend_body["stream_options"] = {"include_usage": True}
+    urls = (f"{backend}/v1/chat/completions", f"{proxy}{prefix}/v1/messages")
+    raws = (json.dumps(backend_body).encode(), json.dumps(agent_body).encode())
+    times: tuple[list[float], list[float]] = ([], [])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as http:
+        for _ in range(min(100, n // 5)):  # warm-up: connections, caches
+            for url, raw in zip(urls, raws, strict=True):
+                await _timed(http, url, raw)
+        cpu_before = [_cpu_seconds(pid) for pid in pids]
+        for i in range(n):
+            for side in (0, 1) if i % 2 else (1, 0):  # alternate which goes first, as `_measure` does
+                times[side].append(await _timed(http, urls[side], raws[side]))
+        cpu_after = [_cpu_seconds(pid) for pid in pids]
+    figures = _figures(times[0], times[1])
+    figures["proxy_cpu_per_request_ms"] = (cpu_after[0] - cpu_before[0]) * 1000.0 / n
+    figures["backend_cpu_per_request_ms"] = (cpu_after[1] - cpu_before[1]) * 1000.0 / (2 * n)
+    return figures
+
+
 async def _measure_vllm(n: int, results: dict[str, Any], children: list[subprocess.Popen[str]]) -> None:
     """The ``sync`` proxy in front of a real vLLM server, plain and streamed."""
     from agentlightning_torch import VLLMServer
@@ -283,6 +320,17 @@ async def _run(n: int, vllm: bool = False, baseline: str | None = None) -> dict[
             )
             proc.terminate()
             proc.wait(timeout=30)
+        for name, stream in (("messages", False), ("messages-stream", True)):  # the Anthropic Messages path
+            port = _free_port()
+            proc = _spawn([py, HERE, "_proxy", backend, str(port), "sync"])
+            children.append(proc)
+            assert proc.stdout is not None
+            prefix = proc.stdout.readline().strip()
+            await _wait_ready(f"http://127.0.0.1:{port}/v1/models", proc)
+            pids = (proc.pid, backend_proc.pid)
+            results[name] = await _measure_messages(backend, f"http://127.0.0.1:{port}", prefix, n, stream, pids)
+            proc.terminate()
+            proc.wait(timeout=30)
         if vllm:
             await _measure_vllm(n, results, children)
     finally:
@@ -330,7 +378,7 @@ def main() -> None:
     args = parser.parse_args()
     n = 200 if args.quick else args.requests
     results = asyncio.run(_run(n, args.vllm, args.baseline))
-    header = f"{'config':<12} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'direct p99':>10} "
+    header = f"{'config':<15} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'direct p99':>10} "
     header += f"{'proxy p99':>10} {'added p99':>10} {'added mean':>10} {'proxy CPU':>10} {'backend CPU':>11}"
     print(f"LLM proxy added latency, {n} sequential requests per path, ms; load average {os.getloadavg()[0]:.1f}")
     print("(CPU = process CPU time per request; on a loaded machine wall-clock latency is dominated by scheduling)")
@@ -339,7 +387,7 @@ def main() -> None:
         if not isinstance(fig, dict):
             continue
         print(
-            f"{name:<12} {fig['direct_p50_ms']:>10.3f} {fig['proxy_p50_ms']:>10.3f} {fig['added_p50_ms']:>10.3f} "
+            f"{name:<15} {fig['direct_p50_ms']:>10.3f} {fig['proxy_p50_ms']:>10.3f} {fig['added_p50_ms']:>10.3f} "
             f"{fig['direct_p99_ms']:>10.3f} {fig['proxy_p99_ms']:>10.3f} {fig['added_p99_ms']:>10.3f} "
             f"{fig['added_mean_ms']:>10.3f} {fig['proxy_cpu_per_request_ms']:>10.3f} "
             f"{fig['backend_cpu_per_request_ms']:>11.3f}"

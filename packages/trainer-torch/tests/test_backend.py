@@ -318,3 +318,17 @@ async def test_each_answer_reports_the_version_of_the_weights_that_generated_it(
         assert {extra["model_version"] for extra in await late} == {5}
         await proxy.flush()
     assert [call.model_version for call in await store.query_llm_calls("ro-1")] == [0, 5]
+
+
+def test_tokenize_renders_a_chat_as_a_completion_does(server: BackendServer, template: HFChatTemplate) -> None:
+    """vLLM's ``/tokenize``: the prompt ids a chat completion would render, their count; a text; bad bodies 400."""
+    messages = [{"role": "user", "content": "Q:2*3+4="}]
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        answer = http.post("/tokenize", json={"messages": messages}).json()
+        chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "return_token_ids": True})
+        assert answer["tokens"] == chat.json()["prompt_token_ids"] == template.render(messages)
+        assert answer["count"] == len(answer["tokens"]) and answer["max_model_len"] > 0
+        text = http.post("/tokenize", json={"prompt": "Q:1"}).json()
+        assert text["tokens"] == template.encode_text("Q:1")
+        refused = http.post("/tokenize", json={})
+        assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]

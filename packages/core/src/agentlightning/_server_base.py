@@ -127,6 +127,10 @@ class ServerBase:
     name = "server"
     """How refusals name the server (``no route GET /x on the LLM proxy``)."""
 
+    api_key_header: bytes | None = None
+    """A header whose value counts as ``Authorization: Bearer <value>`` when no ``Authorization`` is sent (the LLM
+    proxy's ``x-api-key``, which Anthropic's SDKs send instead)."""
+
     def __init__(
         self,
         table: RouteTable,
@@ -174,7 +178,7 @@ class ServerBase:
 
     async def _admit(self, scope: Scope, receive: Receive) -> Admitted | Refusal | None:
         """The admitted request, the refusal to send, or ``None`` when the client went away."""
-        authorization = agent = None
+        authorization = agent = api_key = None
         host = origin = content_type = b""
         length: int | None = None
         chunked = False
@@ -195,6 +199,10 @@ class ServerBase:
                 chunked = True
             elif name == b"x-agentlightning-agent":
                 agent = value.decode("latin-1")
+            elif name == self.api_key_header:
+                api_key = value.decode("latin-1")
+        if authorization is None and api_key is not None:
+            authorization = f"Bearer {api_key}"
         method: str = scope["method"]
         # A web page in the user's browser reaches a server on this machine too: it must not read or write it.
         refusal = cross_site_refusal(method, host, origin, content_type, chunked or bool(length), scope.get("server"))

@@ -1,4 +1,5 @@
-"""The LLM proxy: forwards agents' OpenAI-style calls to inference backends and records exact token ids.
+"""The LLM proxy: forwards agents' OpenAI-style calls (and Anthropic Messages calls, translated to chat) to inference
+backends and records exact token ids.
 
 See `LLMProxy` for routes, recording modes and pause/resume around weight updates. `rollout_base_url` and
 `parse_rollout_prefix` build and parse the per-rollout URL (ids percent-encoded); `slot_base_url` and

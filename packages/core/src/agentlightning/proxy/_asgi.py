@@ -185,6 +185,7 @@ class ProxyASGI(ServerBase):
     """
 
     name = "LLM proxy"
+    api_key_header = b"x-api-key"  # Anthropic's SDKs send the agent's key so
 
     def __init__(
         self,

@@ -144,6 +144,13 @@ class Forwarder(CallRecorder):
 
     async def models(self, target: Target, authorization: str | None) -> Response:
         """The model list of the backend that ``target``'s rollout sticks to (``/v1/models``)."""
+        return await self.unrecorded_call(target, "GET", "/v1/models", b"", authorization)
+
+    async def unrecorded_call(
+        self, target: Target, method: str, path: str, body: bytes, authorization: str | None
+    ) -> Response:
+        """The answer of the backend that ``target``'s rollout sticks to for a request it does not record (the model
+        list, ``/tokenize``), as it came; 502 if it cannot be reached."""
         rollout_id = target.rollout_id
         if target.slot is not None:
             occupant = self.slots.resolve(target.slot)
@@ -152,7 +159,7 @@ class Forwarder(CallRecorder):
         headers = self._backend_headers(authorization)
         try:
             resp = await send(
-                self._session, backend, "GET", "/v1/models", b"", headers, self.request_timeout, self._count_resend
+                self._session, backend, method, path, body, headers, self.request_timeout, self._count_resend
             )
             try:
                 body = await resp.read()

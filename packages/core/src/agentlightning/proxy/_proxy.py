@@ -22,6 +22,9 @@ cancelled (the connection closes; the embedded backend then frees the sequence).
 Responses API) is served through the backend's chat completions, translated both ways (``_responses.py``,
 ``_responses_answer.py``, ``_translate.py``): recorded, refused and limited as a chat call is.
 
+Anthropic's ``/v1/messages`` is translated to a chat completion and answered and recorded by the same path
+(``_messages_routes.py``).
+
 Plain ``/v1/chat/completions`` and ``/v1/completions`` (no rollout in the URL) are rejected with HTTP 400 that
 names the per-rollout URL, because calls that are silently not recorded are lost training data; pass
 ``allow_unrecorded=True`` to forward them unrecorded instead. ``/v1/models`` is always forwarded.

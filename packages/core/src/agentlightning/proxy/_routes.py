@@ -4,6 +4,7 @@
 ``POST {prefix}/v1/chat/completions``, ``{prefix}/v1/completions``   forwarded to a backend and recorded
 ``POST {prefix}/v1/responses``                                       translated to a chat completion, recorded
 ``GET  {prefix}/v1/models``                                          the backend's model list
+``POST {prefix}/v1/messages``, ``.../v1/messages/count_tokens``      Anthropic's Messages API, as chat calls
 ``PUT`` / ``DELETE /slot/{key}``                                      register / clear a runner slot (runner token)
 ``PUT /slots``                                                        register slots, report ends (runner token)
 ``/admin/*``                                                          pause, resume, backends, status
@@ -215,9 +216,18 @@ AGENT_APIS: tuple[AgentApi, ...] = (
 place in the 404 of an unserved path and in ``/openapi.json`` follow)."""
 
 
+MESSAGES_APIS: tuple[tuple[str, Method, str], ...] = (
+    ("Anthropic Messages", "POST", "/v1/messages"),
+    ("Anthropic Messages token count", "POST", "/v1/messages/count_tokens"),
+)
+"""The Anthropic routes (`agentlightning.proxy._messages_routes`: their errors are Anthropic-shaped, so they are
+not rows of `AGENT_APIS`), as the 404 of an unserved path names them."""
+
+
 def served_apis() -> str:
     """The APIs the proxy serves, as the 404 of an unserved path lists them."""
-    apis = ", ".join(f"{api.api} ({api.method} {api.path})" for api in AGENT_APIS)
+    rows = [(api.api, api.method, api.path) for api in AGENT_APIS] + list(MESSAGES_APIS)
+    apis = ", ".join(f"{api} ({method} {path})" for api, method, path in rows)
     shapes = f"{{proxy}}/v1, {{proxy}}{ROLLOUT_PREFIX}/v1 or {{proxy}}/slot/{{key}}/v1"
     return f"{apis}, under a base URL ending in /v1: {shapes}"
 
@@ -237,6 +247,9 @@ def _completion_routes(proxy: LLMProxy) -> list[Route]:
     routes: list[Route] = []
     shapes = (("", "plain", "", "bearer"), (ROLLOUT_PREFIX, "per-rollout", "rollout_", "bearer"),
               (SLOT_PREFIX, "runner slot", "slot_", SLOT))  # fmt: skip
+    from agentlightning.proxy._messages_routes import messages_routes  # imports this module's names
+
+    routes += messages_routes(proxy, _target, shapes)
     for prefix, scope, name, auth in shapes:
         where = f" ({scope} URL).{_SLOT_DOC if auth == SLOT else ''}"
         routes += [

@@ -108,6 +108,9 @@ def llm_base_url() -> str:
     ``{proxy}/rollout/{rollout_id}/attempt/{attempt_id}/v1``. Either way, a call made after the attempt ended is
     refused (409) when the runner could tell the proxy of the end.
 
+    It ends in ``/v1``, as OpenAI's SDKs want it. Anthropic's SDKs add ``/v1`` themselves: give them
+    ``agl.llm_base_url().removesuffix("/v1")`` (the proxy serves their ``/v1/messages`` under the same prefix).
+
     Raises:
         RuntimeError: Outside a rollout, or when the rollout's resources hold no LLM resource.
     """

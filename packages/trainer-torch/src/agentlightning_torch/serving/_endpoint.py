@@ -42,6 +42,7 @@ from agentlightning_torch.serving._wire import (
     ChoiceStream,
     CompletionRequest,
     ServerError,
+    TokenizeRequest,
     chat_message,
     keeps_special_tokens,
     logprob_content,
@@ -139,7 +140,7 @@ async def _results(backend: LocalBackend, futures: list[Future[GenerationResult]
 
 
 class OpenAIEndpoint:
-    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health`` of ``backend``.
+    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/tokenize`` and ``/health`` of ``backend``.
 
     Each handler returns the Starlette response the HTTP server sends; a `BadRequest` it raises is answered 400
     (`bad_request`). `request` answers the in-process proxy: a completion's JSON is handed over as its value, and
@@ -258,6 +259,27 @@ class OpenAIEndpoint:
         response["usage"] = usage(prompt, results)
         return _versioned(response, results, body.logprobs is not None)
 
+    def tokenize(self, raw: bytes) -> JSONResponse:
+        """vLLM's ``/tokenize``: a chat rendered with the model's template (as a chat completion renders its prompt),
+        or a text, as token ids and their ``count``."""
+        body: TokenizeRequest = parse_body(TokenizeRequest, raw)
+        template = self.template
+        try:
+            if body.messages is not None:
+                tokens = template.render(
+                    body.messages,
+                    tools=body.tools,
+                    add_generation_prompt=body.add_generation_prompt,
+                    template_kwargs=body.chat_template_kwargs,
+                )
+            elif body.prompt is not None:
+                tokens = template.encode_text(body.prompt)
+            else:
+                raise BadRequest("send 'messages' (a chat) or 'prompt' (a text)", "messages")
+        except (TemplateError, ValueError) as error:
+            raise BadRequest(str(error), "messages") from error
+        return JSONResponse({"count": len(tokens), "max_model_len": self.backend.max_context, "tokens": tokens})
+
     async def request(self, method: str, path: str, body: bytes) -> InProcessReply:
         """Answer one request in-process exactly as the HTTP server would (the `InProcessBackend` protocol)."""
         try:
@@ -290,6 +312,8 @@ class OpenAIEndpoint:
             return await self._chat(body)
         if name == "complete":
             return await self._complete(body)
+        if name == "tokenize":
+            return self.tokenize(body)
         return self.models() if name == "models" else self.health()
 
 
@@ -297,6 +321,7 @@ _ROUTES: dict[str, dict[str, str]] = {
     "/v1/chat/completions": {"POST": "chat"},
     "/v1/completions": {"POST": "complete"},
     "/v1/models": {"GET": "models"},
+    "/tokenize": {"POST": "tokenize"},
     "/health": {"GET": "health"},
 }
 

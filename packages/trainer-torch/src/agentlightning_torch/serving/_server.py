@@ -43,7 +43,8 @@ class _BearerOnly:
 
 
 def create_app(backend: LocalBackend, token: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for ``backend``.
+    """The FastAPI app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/tokenize`` for
+    ``backend``.
 
     With ``token``, every request but ``GET /health`` must carry it as a bearer token (401 otherwise).
     """
@@ -75,6 +76,10 @@ def create_app(backend: LocalBackend, token: str | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def _complete(request: Request) -> Response:  # pyright: ignore[reportUnusedFunction]
         return await endpoint.complete(await request.body())
+
+    @app.post("/tokenize")
+    async def _tokenize(request: Request) -> Response:  # pyright: ignore[reportUnusedFunction]
+        return endpoint.tokenize(await request.body())
 
     return app
 

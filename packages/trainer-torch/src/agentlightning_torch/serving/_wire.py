@@ -46,6 +46,19 @@ class ChatRequest(SamplingRequest):
     include_reasoning: bool = True
 
 
+class TokenizeRequest(BaseModel):
+    """``/tokenize`` body (vLLM's): a chat to render with the model's template, or a text."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
 class CompletionRequest(SamplingRequest):
     """``/v1/completions`` body."""
 
