@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 import agentlightning as agl
 from agentlightning.store import SqliteStore
@@ -44,6 +47,12 @@ def sync_gil_holding_agent(task: dict[str, object]) -> float:
     return 1.0
 
 
+def sync_spinning_agent(task: dict[str, object]) -> float:
+    if task["block"]:
+        spin_forever()
+    return 1.0
+
+
 def _store(tmp_path: Path) -> SqliteStore:
     return SqliteStore(tmp_path / "store.db", retry_policy=agl.RetryPolicy(max_attempts=1, heartbeat_timeout=600))
 
@@ -63,7 +72,8 @@ def _check_the_run(store: SqliteStore, ids: list[str], blocked_at: int, frame: s
             if i == blocked_at:
                 [attempt] = attempts  # ended once, by the runner's watchdog
                 assert attempt.status == "timeout"
-                pattern = rf"the agent blocked its worker for \d+(\.\d+)? s in {frame} \(.*test_runner_blocking\.py:\d+\)"
+                where = rf"{frame} \(.*test_runner_blocking\.py:\d+\)"
+                pattern = rf"the agent blocked its worker for \d+(\.\d+)? s in {where}"
                 assert re.fullmatch(pattern, attempt.error or ""), attempt.error
                 assert (await store.get_rollout(rollout_id)).status == "failed"
             else:
@@ -86,13 +96,18 @@ def test_an_async_agent_that_spins_the_cpu_times_out_and_the_others_finish(tmp_p
     _check_the_run(store, ids, 1, "spin_forever")
 
 
-def test_a_process_worker_holding_the_gil_is_killed_and_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("agent", "frame"),
+    [(sync_gil_holding_agent, "hold_the_gil"), (sync_spinning_agent, "spin_forever")],
+    ids=["holding-the-gil", "spinning"],
+)
+def test_a_blocked_process_worker_is_replaced(tmp_path: Path, agent: Callable[..., float], frame: str) -> None:
+    # Holding the GIL, the whole worker process is stuck: the runner kills it. Spinning in pure Python, its own
+    # timeout abandons the agent's thread and the process asks to be replaced (the thread would go on spinning).
     store = _store(tmp_path)
     ids = asyncio.run(_enqueue(store, blocked_at=0, count=4))
-    runner = agl.Runner(
-        sync_gil_holding_agent, store, n_workers=2, worker_mode="process", rollout_timeout=TIMEOUT, stop_when_idle=True
-    )
+    runner = agl.Runner(agent, store, n_workers=2, worker_mode="process", rollout_timeout=TIMEOUT, stop_when_idle=True)
     runner.run()
     assert runner.workers_replaced == 1
     assert multiprocessing.active_children() == []
-    _check_the_run(store, ids, 0, "hold_the_gil")
+    _check_the_run(store, ids, 0, frame)

@@ -36,6 +36,8 @@ class AgentRunners:
             ``None``: every installed one.
         worker_mode: ``agl runner --worker-mode`` (``auto``: async tasks for an async agent).
         env: Extra environment of the runner processes.
+        rollout_timeout: ``agl runner --rollout-timeout``: seconds an attempt may run (a worker whose agent blocks
+            it that long is replaced); ``None``: the run sets it a little under its iterations' wait.
     """
 
     agent: str
@@ -43,6 +45,7 @@ class AgentRunners:
     instrument: str | None = None
     worker_mode: str = "auto"
     env: Mapping[str, str] = field(default_factory=dict[str, str])
+    rollout_timeout: float | None = None
 
     def command(self, where: list[str], workers: int, processes: int = 1) -> list[str]:
         """The runners' command; ``where`` is ``--db FILE`` or ``--store-url URL``.
@@ -56,6 +59,8 @@ class AgentRunners:
             cmd += ["--processes", str(processes)]
         if self.instrument is not None:
             cmd += ["--instrument", self.instrument]
+        if self.rollout_timeout is not None:
+            cmd += ["--rollout-timeout", repr(self.rollout_timeout)]
         if where[:1] == ["--db"]:
             cmd += ["--poll-interval", "0.02"]  # a local SQLite poll is cheap: pick up new rollouts sooner
         return cmd
