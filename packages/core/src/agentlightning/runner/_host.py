@@ -26,7 +26,7 @@ from agentlightning.runner._workers import WorkerSettings, _ProcessBudget, _reso
 from agentlightning.store._base import LightningStore
 from agentlightning.tracing import export_to_otlp
 
-__all__ = ["host_main", "look_at"]
+__all__ = ["host_main", "instrument", "instrumented_adapters", "look_at"]
 
 logger = logging.getLogger("agentlightning.runner._runner")  # the runner's logger
 
@@ -42,8 +42,12 @@ def host_main(
     limited: bool,
     progress: Any,
     dump_path: str,
+    adapters: tuple[str, ...] = (),
 ) -> None:
-    """Entry point of the async workers' host process: reopen the store, run ``n_workers`` async workers, close."""
+    """Entry point of the async workers' host process: reopen the store, run ``n_workers`` async workers, close.
+
+    ``adapters``: the adapters instrumented in the runner's process, instrumented here too.
+    """
     from agentlightning.runner._runner import Runner
 
     logging.basicConfig(level=logging.WARNING)
@@ -51,6 +55,7 @@ def host_main(
         export_to_otlp(settings.otlp_endpoint)
     dump_frames_on_signal(dump_path)
     agent = _resolve_agent(agent_ref)
+    instrument(adapters)
     store: LightningStore = store_type(**store_kwargs)
     runner = Runner(
         agent,
@@ -78,6 +83,21 @@ def host_main(
 
     asyncio.run(main())
     os._exit(0)  # the watcher thread and any thread an agent left behind must not hold the exit
+
+
+def instrumented_adapters() -> tuple[str, ...]:
+    """The names of the adapters instrumented in this process (a worker process instruments the same)."""
+    from agentlightning.adapters import Adapter
+
+    return tuple(adapter.NAME for adapter in Adapter.instances() if adapter.instrumented)
+
+
+def instrument(names: tuple[str, ...]) -> None:
+    """Instrument the adapters named ``names`` in this (worker) process."""
+    from agentlightning.adapters import get_adapter
+
+    for name in names:
+        get_adapter(name).instrument()
 
 
 def look_at(

@@ -20,7 +20,7 @@ from agentlightning._gc import frozen_gc
 from agentlightning._models import Claim
 from agentlightning.runner._agent import as_agent
 from agentlightning.runner._execute import execute_async, release
-from agentlightning.runner._host import host_main, look_at
+from agentlightning.runner._host import host_main, instrumented_adapters, look_at
 from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, Watch, ask_to_stop, new_progress, stepping, tick_on
 from agentlightning.runner._workers import (
     CLAIM_GRACE,
@@ -448,7 +448,7 @@ class Runner:
             limit = (stop_event, budget, self.max_rollouts is not None)
             dump = os.path.join(dumps.name, f"worker-{index}.txt")
             if self.hosted:
-                target, args = host_main, (*common, self.n_workers, *limit, progress, dump)
+                target, args = host_main, (*common, self.n_workers, *limit, progress, dump, instrumented_adapters())
             else:
                 target, args = process_main, (*common, index, *limit, progress, dump)
             process = ctx.Process(target=target, args=args, name=f"agl-worker-{index}")
