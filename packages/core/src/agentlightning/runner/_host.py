@@ -12,17 +12,21 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from agentlightning.runner._watchdog import (
-    Watch,
+    WorkerWatch,
     beat_for,
     blocked_frame,
     dump_frames_on_signal,
     end_attempts_of,
 )
-from agentlightning.runner._workers import WorkerSettings, _ProcessBudget, _resolve_agent  # pyright: ignore[reportPrivateUsage]
+from agentlightning.runner._workers import WorkerSettings
+from agentlightning.runner._workers import _end_with_parent as end_with_parent  # pyright: ignore[reportPrivateUsage]
+from agentlightning.runner._workers import _ProcessBudget as ProcessBudget  # pyright: ignore[reportPrivateUsage]
+from agentlightning.runner._workers import _resolve_agent as resolve_agent  # pyright: ignore[reportPrivateUsage]
 from agentlightning.store._base import LightningStore
 from agentlightning.tracing import export_to_otlp
 
@@ -54,7 +58,7 @@ def host_main(
     if settings.otlp_endpoint is not None:
         export_to_otlp(settings.otlp_endpoint)
     dump_frames_on_signal(dump_path)
-    agent = _resolve_agent(agent_ref)
+    agent = resolve_agent(agent_ref)
     instrument(adapters)
     store: LightningStore = store_type(**store_kwargs)
     runner = Runner(
@@ -71,9 +75,10 @@ def host_main(
         watchdog=False,
     )
     # The runner asks it to stop through ``progress`` (ticked from its loop), never ``stop_event``: see new_progress.
-    runner.watched = (_ProcessBudget(budget_value, limited), progress)
+    runner.watched = (ProcessBudget(budget_value, limited), progress)
     # The runner's drain (SIGTERM, its grace over) releases the claims at once; its stop ends the host after them.
     signal.signal(signal.SIGTERM, lambda signum, frame: runner.drain(0.0))
+    end_with_parent()  # a runner killed outright: SIGTERM, as above
 
     async def main() -> None:
         try:
@@ -82,7 +87,9 @@ def host_main(
             await store.close()
 
     asyncio.run(main())
-    os._exit(0)  # the watcher thread and any thread an agent left behind must not hold the exit
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)  # a thread an agent left behind must not hold the exit
 
 
 def instrumented_adapters() -> tuple[str, ...]:
@@ -103,7 +110,7 @@ def instrument(names: tuple[str, ...]) -> None:
 def look_at(
     process: Any,
     index: int,
-    watch: Watch,
+    watch: WorkerWatch,
     settings: WorkerSettings,
     call: Callable[[Coroutine[Any, Any, Any]], Any],
     store: LightningStore,

@@ -21,7 +21,7 @@ from agentlightning._models import Claim
 from agentlightning.runner._agent import as_agent
 from agentlightning.runner._execute import execute_async, release
 from agentlightning.runner._host import host_main, instrumented_adapters, look_at
-from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, Watch, ask_to_stop, new_progress, stepping, tick_on
+from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, WorkerWatch, ask_to_stop, new_progress, stepping, tick_on
 from agentlightning.runner._workers import (
     CLAIM_GRACE,
     ThreadBudget,
@@ -438,25 +438,12 @@ class Runner:
         ctx: Any = multiprocessing.get_context(self.mp_start_method)
         stop_event = ctx.Event()
         budget = ctx.Value("q", self.max_rollouts if self.max_rollouts is not None else 0)
-        watched = self._settings.rollout_timeout is not None and (self.hosted or self._watchdog)
-        watches: list[Watch | None] = []
+        watches: list[WorkerWatch | None] = []
         dumps = tempfile.TemporaryDirectory(prefix="agl-frames-")
 
         def start(index: int) -> Any:
-            progress = new_progress(ctx) if watched else None
-            common = (agent_ref(self.agent), store_type, store_kwargs, self._settings)
-            limit = (stop_event, budget, self.max_rollouts is not None)
-            dump = os.path.join(dumps.name, f"worker-{index}.txt")
-            if self.hosted:
-                target, args = host_main, (*common, self.n_workers, *limit, progress, dump, instrumented_adapters())
-            else:
-                target, args = process_main, (*common, index, *limit, progress, dump)
-            process = ctx.Process(target=target, args=args, name=f"agl-worker-{index}")
-            process.start()
-            if index < len(watches):
-                watches[index] = None if progress is None else Watch(progress)
-            else:
-                watches.append(None if progress is None else Watch(progress))
+            process, watch = self._start_worker(ctx, index, (store_type, store_kwargs), stop_event, budget, dumps.name)
+            watches[index:] = [watch, *watches[index + 1 :]]  # set (a replacement) or append (a first start)
             return process
 
         processes = [start(i) for i in range(1 if self.hosted else self.n_workers)]
@@ -530,14 +517,35 @@ class Runner:
             codes = ", ".join(str(p.exitcode) for p in failed)
             raise RuntimeError(f"all {len(processes)} worker processes failed (exit codes {codes}); see their stderr")
 
+    def _start_worker(
+        self, ctx: Any, index: int, spec: tuple[type[Any], dict[str, Any]], stop_event: Any, budget: Any, dumps: str
+    ) -> tuple[Any, WorkerWatch | None]:
+        """Start worker process ``index`` (the async workers' host when `hosted`), watched with a rollout timeout."""
+        watched = self._settings.rollout_timeout is not None and (self.hosted or self._watchdog)
+        progress = new_progress(ctx) if watched else None
+        common = (agent_ref(self.agent), *spec, self._settings)
+        limit = (stop_event, budget, self.max_rollouts is not None)
+        dump = os.path.join(dumps, f"worker-{index}.txt")
+        if self.hosted:
+            target, args = host_main, (*common, self.n_workers, *limit, progress, dump, instrumented_adapters())
+        else:
+            target, args = process_main, (*common, index, *limit, progress, dump)
+        process = ctx.Process(target=target, args=args, name=f"agl-worker-{index}")
+        process.start()
+        return process, None if progress is None else WorkerWatch(progress)
+
     async def _fail_attempts_of(self, process: Any, index: int) -> list[str]:
         """Fail the running attempts of a dead worker process; returns their rollout ids."""
         worker_id = f"{socket.gethostname()}:{process.pid}:{index}"
+        prefix = f"{socket.gethostname()}:{process.pid}:"  # a host process runs every slot
         failed: list[str] = []
         try:
             for rollout in await self.store.query_rollouts(status=["running"]):
                 for attempt in await self.store.query_attempts(rollout.rollout_id):
-                    if attempt.worker_id != worker_id or attempt.status != "running":
+                    mine = attempt.worker_id == worker_id or (
+                        self.hosted and (attempt.worker_id or "").startswith(prefix)
+                    )
+                    if not mine or attempt.status != "running":
                         continue
                     await self.store.finish_attempt(
                         rollout.rollout_id,

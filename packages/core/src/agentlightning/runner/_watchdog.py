@@ -5,11 +5,12 @@ An agent can block its worker so that nothing inside the worker's process can ac
 holds the GIL for minutes, a pure-Python loop never yields the event loop, a C extension holds the GIL. Neither the
 rollout timeout (``asyncio.timeout`` needs the loop; a thread's join needs the GIL) nor the heartbeats can fire. So
 each worker process ticks a shared counter from its event loop (`tick_on`), marks which slot's agent is stepping
-(`stepping`), and lets `faulthandler` dump its threads' frames on ``SIGUSR2`` (`dump_frames_on_signal`; faulthandler
-needs no GIL). The runner's process, which runs no agent, reads the ticks (`Watch`): while a worker is stuck it beats
-for that worker's attempts (`beat_for`), and once the worker has not progressed for the rollout timeout it reads the
-stuck frame (`blocked_frame`), kills the process, ends the blocked attempt as ``timeout`` with the reason and hands
-the worker's other attempts back to the queue (`end_attempts_of`); the runner then starts a new worker process.
+(`stepping`), and lets `faulthandler` dump its threads' frames on ``SIGUSR2`` (`dump_frames_on_signal`;
+faulthandler needs no GIL). The runner's process, which runs no agent, reads the ticks (`WorkerWatch`): while a worker
+is stuck it beats for that worker's attempts (`beat_for`), and once the worker has not progressed for the rollout
+timeout it reads the stuck frame (`blocked_frame`), kills the process, ends the blocked attempt as ``timeout`` with
+the reason and hands the worker's other attempts back to the queue (`end_attempts_of`); the runner then starts a new
+worker process.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from agentlightning.store._base import LightningStore, StoreError
 
 __all__ = [
     "RECYCLE_EXIT_CODE",
-    "Watch",
+    "WorkerWatch",
     "ask_to_stop",
     "beat_for",
     "blocked_frame",
@@ -168,7 +169,7 @@ def _innermost_user_frame(dump: str) -> str:
     return f"{first['name']} ({first['file']}:{first['line']})" if first else "an unknown frame"
 
 
-class Watch:
+class WorkerWatch:
     """The runner's view of one worker process's progress.
 
     Args:

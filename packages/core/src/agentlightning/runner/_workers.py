@@ -410,6 +410,8 @@ def process_main(
         loop_thread.call(store.close())
         loop_thread.stop()
     if abandoned:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         os._exit(RECYCLE_EXIT_CODE)  # the abandoned thread must not hold the exit
 
 
