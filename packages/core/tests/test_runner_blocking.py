@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 import agentlightning as agl
 from agentlightning.store import SqliteStore
+from agentlightning.testing import wait_until
 
 TIMEOUT = 4.0
 """The rollout timeout: short, so the test is quick; the healthy rollouts take milliseconds."""
@@ -65,16 +69,18 @@ async def _enqueue(store: SqliteStore, blocked_at: int, count: int) -> list[str]
     return ids
 
 
-def _check_the_run(store: SqliteStore, ids: list[str], blocked_at: int, frame: str) -> None:
+def _check_the_run(store: SqliteStore, ids: list[str], blocked_at: int, frame: str, tries: int = 1) -> None:
     async def check() -> None:
         for i, rollout_id in enumerate(ids):
             attempts = await store.query_attempts(rollout_id)
             if i == blocked_at:
-                [attempt] = attempts  # ended once, by the runner's watchdog
-                assert attempt.status == "timeout"
-                where = rf"{frame} \(.*test_runner_blocking\.py:\d+\)"
-                pattern = rf"the agent blocked its worker for \d+(\.\d+)? s in {where}"
-                assert re.fullmatch(pattern, attempt.error or ""), attempt.error
+                # each attempt ended once, by the runner's watchdog (agl runner's store retries it: max_attempts 3)
+                assert len(attempts) == tries
+                for attempt in attempts:
+                    assert attempt.status == "timeout"
+                    where = rf"{frame} \(.*test_runner_blocking\.py:\d+\)"
+                    pattern = rf"the agent blocked its worker for \d+(\.\d+)? s in {where}"
+                    assert re.fullmatch(pattern, attempt.error or ""), attempt.error
                 assert (await store.get_rollout(rollout_id)).status == "failed"
             else:
                 # finished once: a rollout released from the killed worker has a cancelled attempt before it
@@ -111,3 +117,30 @@ def test_a_blocked_process_worker_is_replaced(tmp_path: Path, agent: Callable[..
     assert runner.workers_replaced == 1
     assert multiprocessing.active_children() == []
     _check_the_run(store, ids, 0, frame)
+
+
+def test_agl_runner_with_a_rollout_timeout_survives_an_agent_that_blocks(tmp_path: Path) -> None:
+    # What `agl train` starts: `agl runner --rollout-timeout` in a session of its own, stopped with SIGTERM.
+    store = _store(tmp_path)
+    ids = asyncio.run(_enqueue(store, blocked_at=2, count=6))
+    cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--db", str(tmp_path / "store.db"), "--no-instrument"]
+    cmd += ["--app-dir", str(Path(__file__).parent), "--agent", "test_runner_blocking:async_spinning_agent"]
+    cmd += ["--workers", "3", "--rollout-timeout", str(TIMEOUT), "--poll-interval", "0.02"]
+    runner = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        statuses = ("succeeded", "failed")
+        wait_until(
+            lambda: all(r.status in statuses for r in asyncio.run(store.query_rollouts(rollout_ids=ids))),
+            "every rollout to end",
+            timeout=240,
+        )
+        children = psutil.Process(runner.pid).children(recursive=True)
+        runner.terminate()
+        assert runner.wait(timeout=120) == 0
+        psutil.wait_procs(children, timeout=60)
+        assert not [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    _check_the_run(store, ids, 2, "spin_forever", tries=agl.RetryPolicy().max_attempts)
