@@ -54,6 +54,8 @@ def host_main(
     """
     from agentlightning.runner._runner import Runner
 
+    stopping: list[Any] = []  # a SIGTERM before the runner exists: it drains at once when it does
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     logging.basicConfig(level=logging.WARNING)
     if settings.otlp_endpoint is not None:
         export_to_otlp(settings.otlp_endpoint)
@@ -78,6 +80,8 @@ def host_main(
     runner.watched = (ProcessBudget(budget_value, limited), progress)
     # The runner's drain (SIGTERM, its grace over) releases the claims at once; its stop ends the host after them.
     signal.signal(signal.SIGTERM, lambda signum, frame: runner.drain(0.0))
+    if stopping:
+        runner.drain(0.0)
     end_with_parent()  # a runner killed outright: SIGTERM, as above
 
     async def main() -> None:

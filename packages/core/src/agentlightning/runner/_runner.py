@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import threading
@@ -511,8 +512,12 @@ class Runner:
             dumps.cleanup()
         failed = [p for p in processes if p.exitcode not in (0, RECYCLE_EXIT_CODE)]
         for p in failed:
+            # A stop signal to the runner's process group reaches its worker processes too, a starting one before
+            # it can take it as a drain: asked for, no warning.
+            asked = self._stop.is_set() and p.exitcode == -signal.SIGTERM
             if p not in ended:
-                logger.warning("worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
+                level = logging.INFO if asked else logging.WARNING
+                logger.log(level, "worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
         if failed and len(failed) == len(processes) and not self._stop.is_set():
             codes = ", ".join(str(p.exitcode) for p in failed)
             raise RuntimeError(f"all {len(processes)} worker processes failed (exit codes {codes}); see their stderr")
