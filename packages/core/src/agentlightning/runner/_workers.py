@@ -231,11 +231,12 @@ def sync_worker(
     store_loop: asyncio.AbstractEventLoop,
     index: int,
     stop_event: Any,
+    recycle: bool = False,
 ) -> bool:
     """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``.
 
-    Returns whether it left an agent's thread running (abandoned past the rollout timeout): it then took no more
-    rollouts (a worker process asks to be replaced; a thread worker's slot stays empty).
+    With ``recycle`` (a worker process's), it stops once it left an agent's thread running (abandoned past the
+    rollout timeout) and returns ``True``: the process asks to be replaced. A thread worker goes on beside it.
     """
 
     call = call_on(store_loop)
@@ -281,7 +282,7 @@ def sync_worker(
             loop.active.pop(worker_id, None)
             with contextlib.suppress(RunnerStopped):
                 call(loop.slots.release(index, clean))
-        if abandoned:  # its agent's thread still runs (and may hold the GIL): no more rollouts beside it here
+        if abandoned and recycle:  # its agent's thread still runs (and may hold the GIL): no more rollouts beside it
             logger.warning("worker %s: stops taking rollouts, an abandoned agent thread still runs in it", worker_id)
             return True
     return False
@@ -401,7 +402,7 @@ def process_main(
 
         signal.signal(signal.SIGTERM, on_terminate)
         _end_with_parent()
-        abandoned = sync_worker(agent, loop, loop_thread.loop, index, stop_event)
+        abandoned = sync_worker(agent, loop, loop_thread.loop, index, stop_event, recycle=True)
         loop_thread.call(loop.slots.close())
         flush(settings.flush_timeout)
         if settings.otlp_endpoint is not None:
