@@ -89,6 +89,22 @@ def test_queries_run_read_only_and_bounded() -> None:
     assert execute(db, "SELECT COUNT(*) FROM customers").rows
 
 
+def test_a_query_that_would_run_for_minutes_is_cut_off() -> None:
+    db = database_path("shop_2")
+    # One instr() call over strings the query builds itself: a single VM step (no progress handler sees it) that ran
+    # for about six minutes here (a 200 MB haystack, a 50 kB needle).
+    one_call = "SELECT instr(printf('%.*c', 200000000, 'a'), printf('%.*c', 50000, 'a') || 'b')"
+    assert execute(db, one_call).rows == [(None,)]  # printf() refuses to build a string over the length bound
+    assert execute(db, "SELECT length(zeroblob(200000000))").error == "string or blob too big"
+    # Many costly calls, each within bounds: cut off by the wall clock before the step budget (about 15 min before).
+    many_calls = (
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 5000) "
+        "SELECT sum(instr(printf('%.*c', 99000 - x, 'a'), printf('%.*c', 45000, 'a') || 'b')) FROM n"
+    )
+    assert execute(db, many_calls).error == "query too expensive"
+    assert execute(db, "SELECT name FROM customers WHERE name LIKE '%a%'").rows  # ordinary queries still run
+
+
 def test_reply_parsing() -> None:
     assert extract_sql("```sql\nSELECT a FROM t;\n```") == "SELECT a FROM t"
     assert extract_sql("Here it is: SELECT a FROM t; SELECT b") == "SELECT a FROM t"

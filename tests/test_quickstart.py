@@ -46,6 +46,10 @@ def test_quickstart_small_run_trains_and_serves_new_versions(tmp_path: Path) -> 
         "--rollout-timeout", "3600", timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    # A healthy run's log: no traceback, no warning (the calculator's results once grew past what str() converts
+    # and the prompt past the model's context, and an agent of the runners' watched process lost its LLM spans)
+    warnings = [line for line in done.stderr.splitlines() if "Traceback" in line or "WARNING" in line]
+    assert not warnings, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"reward_before", "reward_after", "greedy_before", "greedy_after", "rl_seconds", "iterations"}
     assert set(summary) >= expected | {"seconds", "best_iteration", "greedy_best"}

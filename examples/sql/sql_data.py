@@ -29,6 +29,7 @@ import random
 import re
 import sqlite3
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,10 @@ MAX_ROWS = 200
 """Most rows a query may return before it is cut off (the reward compares at most this many)."""
 
 _MAX_VM_STEPS = 200_000  # SQLite virtual-machine steps a query may take (a cross join of junk stops here)
+_CHECK_EVERY = 100  # VM steps between two checks of the budget: a step may be a costly function call (instr, replace)
+_MAX_SECONDS = 2.0  # wall-clock time a query may take: a few steps of costly calls each stop here
+_MAX_LENGTH = 100_000  # bytes of any string or blob a query may build (one call on two of them stays well under 1 s)
+_MAX_PATTERN = 1_000  # characters of a LIKE or GLOB pattern
 
 
 @dataclass(frozen=True)
@@ -335,17 +340,25 @@ def execute(db: Path, sql: str) -> ExecutionResult:
     if not db.is_file():
         return ExecutionResult(None, f"database file {db} does not exist")
     steps = [0]
+    deadline = time.monotonic() + _MAX_SECONDS
+
+    def over() -> bool:
+        return steps[0] * _CHECK_EVERY > _MAX_VM_STEPS or time.monotonic() > deadline
 
     def budget() -> int:
         steps[0] += 1
-        return 1 if steps[0] * 1000 > _MAX_VM_STEPS else 0
+        return 1 if over() else 0
 
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        connection.set_progress_handler(budget, 1000)
+        # One SQL function call is one VM step the progress handler cannot cut short: instr() of two strings the
+        # query built with printf() ran for minutes. Bounding what a call gets bounds each step.
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _MAX_LENGTH)
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, _MAX_PATTERN)
+        connection.set_progress_handler(budget, _CHECK_EVERY)
         rows = connection.execute(text).fetchmany(MAX_ROWS)
     except (sqlite3.Error, sqlite3.Warning, ValueError) as error:
-        message = "query too expensive" if steps[0] * 1000 > _MAX_VM_STEPS else str(error)
+        message = "query too expensive" if over() else str(error)
         return ExecutionResult(None, message)
     finally:
         connection.close()

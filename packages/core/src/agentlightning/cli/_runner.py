@@ -81,6 +81,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
     parser.add_argument(
+        "--rollout-timeout",
+        type=float,
+        default=None,
+        help="seconds an attempt may run before it ends as timeout; a worker whose agent blocks it (its event loop, "
+        "or the GIL) that long is killed and replaced, see the runner's watchdog (default: no limit)",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=float,
         default=0.05,
@@ -173,6 +180,7 @@ def _serve(args: argparse.Namespace, agent: Any, workers: int, console: Any, ind
             worker_mode=args.worker_mode,
             heartbeat_interval=args.heartbeat_interval,
             poll_interval=args.poll_interval,
+            rollout_timeout=args.rollout_timeout,
         )
     except (ValueError, OSError, KeyError, ImportError, agl.StoreError) as exc:
         console.print(f"[red]{exc}[/red]")

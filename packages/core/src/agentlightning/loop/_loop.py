@@ -57,7 +57,7 @@ from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, w
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
-from agentlightning.loop._rollouts import cancel_unfinished, first_failure, group_requests
+from agentlightning.loop._rollouts import cancel_unfinished, failure_reasons, first_failure, group_requests
 from agentlightning.loop._update import update_in_thread
 from agentlightning.store._base import LightningStore
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
@@ -421,10 +421,12 @@ class RLLoop(Generic[EngineT]):
         self.rollouts_failed = sum(1 for r in finished if r.status == "failed")
         self.last_failure = await first_failure(store, finished)
         if self.rollouts_failed:
+            reasons = await failure_reasons(store, finished)
             logger.warning(
-                "%d of %d rollout(s) failed (the agent raised, or its worker died; the runners' logs have each): %s",
+                "%d of %d rollout(s) failed (%s; the runners' logs have each); e.g. %s",
                 self.rollouts_failed,
                 len(rollout_ids),
+                ", ".join(f"{count} {reason}" for reason, count in reasons.most_common()),
                 self.last_failure,
             )
         await self._cancel_late(store, rollout_ids, f"after {self.config.rollout_timeout_s:.0f} s")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from agentlightning._models import Rollout
 from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
 
-__all__ = ["cancel_unfinished", "first_failure", "group_requests"]
+__all__ = ["cancel_unfinished", "failure_reasons", "first_failure", "group_requests"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +57,31 @@ async def first_failure(store: LightningStore, rollouts: Sequence[Rollout]) -> s
         return None
     errors = [attempt.error for attempt in await store.query_attempts(failed.rollout_id) if attempt.error]
     return f"rollout {failed.rollout_id}: {errors[-1] if errors else 'no error was recorded (its worker died?)'}"
+
+
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?): ")
+
+
+def _reason(status: str, error: str | None) -> str:
+    """A failure's kind, alike for alike failures: the exception's type, or the runner's sentence without its
+    numbers and place (``timeout: the agent blocked its worker for N s``)."""
+    if not error:
+        return f"{status}: no error recorded"
+    match = _EXCEPTION.match(error)
+    if match and " " not in match.group(1):
+        return f"{status}: {match.group(1)}"
+    head = re.split(r" in | \(|: ", error, maxsplit=1)[0]
+    return f"{status}: {_NUMBER.sub('N', head)[:80]}"
+
+
+async def failure_reasons(store: LightningStore, rollouts: Sequence[Rollout]) -> Counter[str]:
+    """How many of the failed ``rollouts`` failed for each reason (their last attempt's status and error kind)."""
+    reasons: Counter[str] = Counter()
+    for rollout in rollouts:
+        if rollout.status != "failed":
+            continue
+        attempts = await store.query_attempts(rollout.rollout_id)
+        last = attempts[-1] if attempts else None
+        reasons[_reason(last.status, last.error) if last else "failed: no attempt"] += 1
+    return reasons

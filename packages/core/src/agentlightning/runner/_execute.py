@@ -7,6 +7,7 @@ import concurrent.futures
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -50,6 +51,8 @@ class Outcome:
     status: AttemptStatus = "succeeded"
     error: str | None = None
     reward: float | None = None
+    abandoned: bool = False
+    """The agent's thread ran past the timeout and was left running (a worker process then asks to be replaced)."""
 
 
 async def heartbeat_loop(
@@ -216,8 +219,11 @@ async def execute_async(
     llm_base_url: str | None = None,
     on_heartbeat: Callable[[], Awaitable[None]] | None = None,
     on_agent_end: Callable[[], Awaitable[None]] | None = None,
+    watched: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]] | None = None,
 ) -> tuple[Outcome, Rollout | None]:
     """Run one attempt in the current event loop (which must own ``store``).
+
+    ``watched`` wraps the agent's coroutine (a watched worker process marks whose steps run: `stepping`).
 
     ``llm_base_url`` is what `agentlightning.llm_base_url` returns to the agent (default: the per-rollout URL);
     ``on_heartbeat`` runs with each heartbeat; ``on_agent_end`` runs once the agent returned (or raised, or timed
@@ -253,9 +259,12 @@ async def execute_async(
             try:
                 async with deadline:
                     result = agent.invoke(claim.rollout.input, resources)
-                    if inspect.isawaitable(result):
-                        stoppable = getattr(agent.fn, "stop_when_attempt_ends", False)
-                        result = await (_unless_gone(result, gone) if stoppable else result)
+                    if inspect.isawaitable(result) and getattr(agent.fn, "stop_when_attempt_ends", False):
+                        result = await _unless_gone(result, gone)  # a command agent: its process ends with the attempt
+                    elif watched is not None and inspect.iscoroutine(result):
+                        result = await watched(result)
+                    elif inspect.isawaitable(result):
+                        result = await result
                 _accept_result(result, outcome)
             except TimeoutError as exc:
                 if deadline.expired():
@@ -385,8 +394,11 @@ def execute_sync(
             helper.start()
             helper.join(timeout)
             if helper.is_alive():
-                outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
-                logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+                where = thread_frame(helper)
+                outcome = Outcome("timeout", f"the agent blocked its worker for {timeout:g} s in {where}", None, True)
+                logger.warning(
+                    "rollout %s: agent still running after %ss in %s; attempt abandoned", rollout_id, timeout, where
+                )
         ending = None
         if on_agent_end is not None and store_loop.is_running():  # overlaps the flush (a stopped loop: shutting down)
             ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)
@@ -401,6 +413,14 @@ def execute_sync(
     finally:
         beat.cancel()
     return outcome, call(_finish(store, claim, outcome))
+
+
+def thread_frame(thread: threading.Thread) -> str:
+    """The innermost frame ``thread`` runs now, as ``function (file:line)`` (where an abandoned agent was)."""
+    frame = sys._current_frames().get(thread.ident or -1)  # pyright: ignore[reportPrivateUsage]
+    if frame is None:
+        return "an unknown frame"
+    return f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
 async def _await(awaitable: Any) -> Any:

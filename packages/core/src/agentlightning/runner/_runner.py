@@ -7,8 +7,11 @@ import functools
 import logging
 import math
 import multiprocessing
+import os
 import pickle
+import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +21,8 @@ from agentlightning._gc import frozen_gc
 from agentlightning._models import Claim
 from agentlightning.runner._agent import as_agent
 from agentlightning.runner._execute import execute_async, release
+from agentlightning.runner._host import host_main, instrumented_adapters, look_at
+from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, WorkerWatch, ask_to_stop, new_progress, stepping, tick_on
 from agentlightning.runner._workers import (
     CLAIM_GRACE,
     ThreadBudget,
@@ -74,6 +79,13 @@ class Runner:
         otlp_endpoint: Also send every span to this OpenTelemetry collector over OTLP/HTTP (e.g.
             ``http://localhost:4318``), for Jaeger, Phoenix or Langfuse users; default: ``$AGL_OTLP_ENDPOINT``.
             Needs ``pip install "agentlightning-core[otlp]"``.
+        watchdog: With a ``rollout_timeout``, watch the workers from a process no agent runs in (async workers
+            then run in one host process; process workers are watched as they are): a worker process that has not
+            progressed for the rollout timeout (an agent that blocks its event loop or holds the GIL, e.g. big-int
+            arithmetic) is killed, its blocked attempt ends as ``timeout`` ("the agent blocked its worker for N s in
+            <frame>"), its other attempts go back to the queue, and a new worker process takes its place; while it
+            is stuck, this process heartbeats for its attempts. Needs a store with ``reopen_spec()`` and an agent a
+            child process can import; otherwise async workers run in this process, unwatched.
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class Runner:
         flush_timeout: float | None = 90.0,
         mp_start_method: str = "spawn",
         otlp_endpoint: str | None = None,
+        watchdog: bool = True,
     ) -> None:
         self.agent = as_agent(agent)
         otlp_endpoint = otlp_endpoint or otlp_endpoint_from_env()
@@ -121,7 +134,23 @@ class Runner:
         self._drain_deadline: float | None = None
         self._wake: Callable[[], None] | None = None  # wakes the async pool's loop (set while it runs)
         self.worker_pids: list[int | None] = []  # pids of worker processes (process mode), once started
-        self.workers_replaced = 0  # worker processes that died in an attempt and were replaced
+        self.workers_replaced = 0  # worker processes that died in an attempt (or were stuck) and were replaced
+        self.watched: tuple[Any, Any] | None = None  # in a host process: (the shared claim budget, its progress)
+        self._watchdog = watchdog
+        self.hosted = watchdog and self._can_host()
+        """Whether the async workers run in a watched host process (`_host.host_main`)."""
+
+    def _can_host(self) -> bool:
+        if self.worker_mode != "async" or self._settings.rollout_timeout is None or self._reopen_spec() is None:
+            return False
+        try:
+            pickle.dumps(agent_ref(self.agent))
+        except Exception as exc:
+            logger.info(
+                "agent %s cannot be sent to a watched worker process (%s); running it unwatched", self.agent, exc
+            )
+            return False
+        return True
 
     def _reopen_spec(self) -> tuple[type[Any], dict[str, Any]] | None:
         reopen = getattr(self.store, "reopen_spec", None)
@@ -181,7 +210,9 @@ class Runner:
     # ------------------------------------------------------------------ sync entry point
     def run(self) -> None:
         """Run until `stop` is called (or, with ``stop_when_idle``, until no rollout is left)."""
-        if self.worker_mode == "async":
+        if self.hosted:
+            self._run_processes()
+        elif self.worker_mode == "async":
             asyncio.run(self.arun())
         elif self.worker_mode == "process":
             self._run_processes()
@@ -198,12 +229,15 @@ class Runner:
 
     async def arun(self) -> None:
         """Async `run`; the running loop must own the store (it is used from this loop only)."""
-        if self.worker_mode == "async":
-            loop = WorkerLoop(self.store, self._settings, ThreadBudget(self.max_rollouts), self._stop.is_set)
+        if self.worker_mode == "async" and not self.hosted:
+            budget = ThreadBudget(self.max_rollouts) if self.watched is None else self.watched[0]
+            loop = WorkerLoop(self.store, self._settings, budget, self._stop.is_set)
+            if self.watched is not None:
+                tick_on(asyncio.get_running_loop(), self.watched[1], self.stop)
             with frozen_gc():  # the agent's modules and clients out of full garbage collections
                 await self._async_pool(loop)
             await aflush_left()
-        elif self.worker_mode == "process":
+        elif self.worker_mode == "process" or self.hosted:
             await asyncio.to_thread(self._run_processes)
         else:
             running = asyncio.get_running_loop()
@@ -358,6 +392,9 @@ class Runner:
                 llm_base_url=url,
                 on_heartbeat=functools.partial(loop.slots.refresh, index) if url is not None else None,
                 on_agent_end=functools.partial(loop.slots.end, index),
+                watched=None
+                if self.watched is None
+                else functools.partial(stepping, progress=self.watched[1], slot=index),
             )
             clean = ended_cleanly(claim, outcome.status)
         except Exception:
@@ -402,49 +439,60 @@ class Runner:
         ctx: Any = multiprocessing.get_context(self.mp_start_method)
         stop_event = ctx.Event()
         budget = ctx.Value("q", self.max_rollouts if self.max_rollouts is not None else 0)
+        watches: list[WorkerWatch | None] = []
+        dumps = tempfile.TemporaryDirectory(prefix="agl-frames-")
 
         def start(index: int) -> Any:
-            process = ctx.Process(
-                target=process_main,
-                args=(
-                    agent_ref(self.agent),
-                    store_type,
-                    store_kwargs,
-                    self._settings,
-                    index,
-                    stop_event,
-                    budget,
-                    self.max_rollouts is not None,
-                ),
-                name=f"agl-worker-{index}",
-            )
-            process.start()
+            process, watch = self._start_worker(ctx, index, (store_type, store_kwargs), stop_event, budget, dumps.name)
+            watches[index:] = [watch, *watches[index + 1 :]]  # set (a replacement) or append (a first start)
             return process
 
-        processes = [start(i) for i in range(self.n_workers)]
+        processes = [start(i) for i in range(1 if self.hosted else self.n_workers)]
         self.worker_pids = [p.pid for p in processes]
         ended: list[Any] = []  # processes that exited (replaced ones included)
         store_loop = LoopThread("agentlightning-runner-watch")
+
+        def replace(index: int) -> None:
+            processes[index] = start(index)
+            self.worker_pids[index] = processes[index].pid
+            self.workers_replaced += 1
+
         try:
             while any(p.is_alive() for p in processes):
                 if self._stop.is_set():
                     stop_event.set()
+                    for watch in watches:
+                        if watch is not None:
+                            ask_to_stop(watch.progress)
                 if self._drain_due():
                     for p in processes:
                         if p.is_alive():
                             p.terminate()  # the worker releases its claim and exits
                 for index, p in enumerate(processes):
                     p.join(0.1)
-                    if p.exitcode is None or p.exitcode == 0 or stop_event.is_set():
+                    watch = watches[index]
+                    if p.exitcode is None:
+                        dump = os.path.join(dumps.name, f"worker-{index}.txt")
+                        if watch is not None and look_at(
+                            p, index, watch, self._settings, store_loop.call, self.store, dump, self.hosted
+                        ):
+                            ended.append(p)
+                            if not stop_event.is_set():
+                                replace(index)
+                        continue
+                    if p.exitcode == RECYCLE_EXIT_CODE and not stop_event.is_set():
+                        ended.append(p)  # it left an agent's thread running: a fresh process goes on instead
+                        logger.info("worker process %s (pid %s) asked to be replaced", p.name, p.pid)
+                        replace(index)
+                        continue
+                    if p.exitcode == 0 or stop_event.is_set():
                         continue
                     # A worker died (os._exit, a segfault, the OOM killer): end its attempt now rather than after
                     # the heartbeat timeout, and give the pool a new worker so the run goes on.
                     ended.append(p)
                     failed = store_loop.call(self._fail_attempts_of(p, index))
                     if failed:
-                        processes[index] = start(index)
-                        self.worker_pids[index] = processes[index].pid
-                        self.workers_replaced += 1
+                        replace(index)
                         logger.warning(
                             "worker process %s (pid %s) died with exit code %s while running %s; its attempt is "
                             "failed and a new worker (pid %s) took its place",
@@ -461,22 +509,48 @@ class Runner:
             if ended and isinstance(self.store, StoreClient):
                 store_loop.call(self.store.close())  # only this loop's connection pool
             store_loop.stop()
-        failed = [p for p in processes if p.exitcode != 0]
+            dumps.cleanup()
+        failed = [p for p in processes if p.exitcode not in (0, RECYCLE_EXIT_CODE)]
         for p in failed:
+            # A stop signal to the runner's process group reaches its worker processes too, a starting one before
+            # it can take it as a drain: asked for, no warning.
+            asked = self._stop.is_set() and p.exitcode == -signal.SIGTERM
             if p not in ended:
-                logger.warning("worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
+                level = logging.INFO if asked else logging.WARNING
+                logger.log(level, "worker process %s (pid %s) exited with code %s", p.name, p.pid, p.exitcode)
         if failed and len(failed) == len(processes) and not self._stop.is_set():
             codes = ", ".join(str(p.exitcode) for p in failed)
             raise RuntimeError(f"all {len(processes)} worker processes failed (exit codes {codes}); see their stderr")
 
+    def _start_worker(
+        self, ctx: Any, index: int, spec: tuple[type[Any], dict[str, Any]], stop_event: Any, budget: Any, dumps: str
+    ) -> tuple[Any, WorkerWatch | None]:
+        """Start worker process ``index`` (the async workers' host when `hosted`), watched with a rollout timeout."""
+        watched = self._settings.rollout_timeout is not None and (self.hosted or self._watchdog)
+        progress = new_progress(ctx) if watched else None
+        common = (agent_ref(self.agent), *spec, self._settings)
+        limit = (stop_event, budget, self.max_rollouts is not None)
+        dump = os.path.join(dumps, f"worker-{index}.txt")
+        if self.hosted:
+            target, args = host_main, (*common, self.n_workers, *limit, progress, dump, instrumented_adapters())
+        else:
+            target, args = process_main, (*common, index, *limit, progress, dump)
+        process = ctx.Process(target=target, args=args, name=f"agl-worker-{index}")
+        process.start()
+        return process, None if progress is None else WorkerWatch(progress)
+
     async def _fail_attempts_of(self, process: Any, index: int) -> list[str]:
         """Fail the running attempts of a dead worker process; returns their rollout ids."""
         worker_id = f"{socket.gethostname()}:{process.pid}:{index}"
+        prefix = f"{socket.gethostname()}:{process.pid}:"  # a host process runs every slot
         failed: list[str] = []
         try:
             for rollout in await self.store.query_rollouts(status=["running"]):
                 for attempt in await self.store.query_attempts(rollout.rollout_id):
-                    if attempt.worker_id != worker_id or attempt.status != "running":
+                    mine = attempt.worker_id == worker_id or (
+                        self.hosted and (attempt.worker_id or "").startswith(prefix)
+                    )
+                    if not mine or attempt.status != "running":
                         continue
                     await self.store.finish_attempt(
                         rollout.rollout_id,

@@ -26,6 +26,7 @@ from agentlightning._models import Claim, Resources
 from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_sync, release
 from agentlightning.runner._slots import SlotRegistrar, for_agents
+from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, dump_frames_on_signal, tick_on
 from agentlightning.store._base import LightningStore
 from agentlightning.tracing import LoopThread, aflush, export_to_otlp, flush, flush_otlp
 
@@ -230,8 +231,13 @@ def sync_worker(
     store_loop: asyncio.AbstractEventLoop,
     index: int,
     stop_event: Any,
-) -> None:
-    """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``."""
+    recycle: bool = False,
+) -> bool:
+    """A worker in a thread (or a worker process's main thread): store calls run on ``store_loop``.
+
+    With ``recycle`` (a worker process's), it stops once it left an agent's thread running (abandoned past the
+    rollout timeout) and returns ``True``: the process asks to be replaced. A thread worker goes on beside it.
+    """
 
     call = call_on(store_loop)
     worker_id = worker_id_of(index)
@@ -243,13 +249,13 @@ def sync_worker(
             stop_event.wait(loop.outage.failed(exc))
             continue
         if claim == "stop" or claim == "idle":
-            return
+            return False
         if claim == "wait":
             stop_event.wait(settings.poll_interval)
             continue
         assert isinstance(claim, Claim)
         loop.active[worker_id] = claim
-        clean = False
+        clean = abandoned = False
         try:
             resources, agent_resources = call(loop.resources(claim))
             url = call(loop.slots.acquire(index, claim, resources))
@@ -266,15 +272,20 @@ def sync_worker(
                 on_agent_end=functools.partial(loop.slots.end, index),
             )
             clean = ended_cleanly(claim, outcome.status)
+            abandoned = outcome.abandoned
         except RunnerStopped:
             logger.info("worker %s: the runner stopped while it ran rollout %s", worker_id, claim.rollout.rollout_id)
-            return  # the drain released its claim already
+            return False  # the drain released its claim already
         except Exception:
             log_failure(worker_id, claim)
         finally:
             loop.active.pop(worker_id, None)
             with contextlib.suppress(RunnerStopped):
                 call(loop.slots.release(index, clean))
+        if abandoned and recycle:  # its agent's thread still runs (and may hold the GIL): no more rollouts beside it
+            logger.warning("worker %s: stops taking rollouts, an abandoned agent thread still runs in it", worker_id)
+            return True
+    return False
 
 
 class RunnerStopped(RuntimeError):
@@ -361,13 +372,24 @@ def process_main(
     stop_event: Any,
     budget_value: Any,
     limited: bool,
+    progress: Any = None,
+    dump_path: str | None = None,
 ) -> None:
-    """Entry point of a worker process: reopen the store, run one sync worker, close."""
+    """Entry point of a worker process: reopen the store, run one sync worker, close.
+
+    With ``progress`` (a watched worker, see `_watchdog`) its store loop ticks it and ``SIGUSR2`` dumps its frames
+    to ``dump_path``; a worker that had to abandon an agent's thread exits with `RECYCLE_EXIT_CODE` to be replaced.
+    """
     logging.basicConfig(level=logging.WARNING)
     if settings.otlp_endpoint is not None:
         export_to_otlp(settings.otlp_endpoint)
+    if dump_path is not None:
+        dump_frames_on_signal(dump_path)
     agent = _resolve_agent(agent_ref)
     loop_thread = LoopThread("agentlightning-store")
+    if progress is not None:
+        tick_on(loop_thread.loop, progress)
+    abandoned = False
     store: LightningStore = store_type(**store_kwargs)
     try:
         loop = WorkerLoop(store, settings, _ProcessBudget(budget_value, limited), stop_event.is_set)
@@ -380,7 +402,7 @@ def process_main(
 
         signal.signal(signal.SIGTERM, on_terminate)
         _end_with_parent()
-        sync_worker(agent, loop, loop_thread.loop, index, stop_event)
+        abandoned = sync_worker(agent, loop, loop_thread.loop, index, stop_event, recycle=True)
         loop_thread.call(loop.slots.close())
         flush(settings.flush_timeout)
         if settings.otlp_endpoint is not None:
@@ -388,6 +410,10 @@ def process_main(
     finally:
         loop_thread.call(store.close())
         loop_thread.stop()
+    if abandoned:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(RECYCLE_EXIT_CODE)  # the abandoned thread must not hold the exit
 
 
 def _end_with_parent() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import time
@@ -272,12 +273,20 @@ class TrainingRun:
         if settings.ray is not None:
             self._start_ray_runners(opened)
         if settings.processes:
-            self.runners = settings.runners.start(
-                opened.runner_args, settings.workers, settings.processes, opened.token
-            )
+            self.runners = self._runners().start(opened.runner_args, settings.workers, settings.processes, opened.token)
             self._children += self.runners
         elif settings.ray is None:
             self.console.print("no local runner (--runners 0): waiting for runners on other machines")
+
+    def _runners(self) -> AgentRunners:
+        """The runners' settings, their rollout timeout a tenth under the iterations' wait when not set: an agent
+        that blocks its worker is then ended by the runner, with the frame it was stuck in, before the iteration
+        cancels it without a reason."""
+        runners = self.settings.runners
+        wait = getattr(getattr(self.trainer, "config", None), "rollout_timeout_s", None)
+        if runners.rollout_timeout is None and isinstance(wait, int | float):
+            runners = dataclasses.replace(runners, rollout_timeout=0.9 * wait)
+        return runners
 
     def _print_database(self, serving: Any, opened: Any) -> None:
         """Where a PostgreSQL store is, its servers, and the dashboard: the first server's ``/ui`` (it reads the
@@ -298,7 +307,7 @@ class TrainingRun:
         pool = RayRunnerPool(shipped_settings(settings.ray, settings.runners.app_dir, settings.output))
         self.ray_runners = pool
         share = max(1, -(-settings.workers // settings.ray.processes))  # settings.workers over all the actors
-        cmd = settings.runners.command(opened.runner_args, share, 1)
+        cmd = self._runners().command(opened.runner_args, share, 1)
         env = {**settings.runners.env, "OMP_NUM_THREADS": "1", "AGL_STORE_TOKEN": opened.token or ""}
         for name in ("AGL_PROXY_TOKEN", "PYTHONPATH"):
             if os.environ.get(name):

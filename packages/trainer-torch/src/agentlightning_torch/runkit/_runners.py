@@ -38,6 +38,8 @@ class AgentRunners:
         env: Extra environment of the runner processes.
         agent_command: Run this program per rollout instead of ``agent`` (``agl runner --agent-command``).
         agent_timeout: With ``agent_command``: seconds a rollout's command may run (``None``: no limit).
+        rollout_timeout: ``agl runner --rollout-timeout``: seconds an attempt may run (a worker whose agent blocks
+            it that long is replaced); ``None``: the run sets it a little under its iterations' wait.
     """
 
     agent: str
@@ -47,6 +49,7 @@ class AgentRunners:
     env: Mapping[str, str] = field(default_factory=dict[str, str])
     agent_command: str | None = None
     agent_timeout: float | None = None
+    rollout_timeout: float | None = None
 
     def command(self, where: list[str], workers: int, processes: int = 1) -> list[str]:
         """The runners' command; ``where`` is ``--db FILE`` or ``--store-url URL``.
@@ -65,6 +68,8 @@ class AgentRunners:
             cmd += ["--processes", str(processes)]
         if self.instrument is not None:
             cmd += ["--instrument", self.instrument]
+        if self.rollout_timeout is not None:
+            cmd += ["--rollout-timeout", repr(self.rollout_timeout)]
         if where[:1] == ["--db"]:
             cmd += ["--poll-interval", "0.02"]  # a local SQLite poll is cheap: pick up new rollouts sooner
         return cmd
