@@ -334,9 +334,25 @@ def agent_ref(agent: RolloutAgent) -> tuple[str, str, str | None] | RolloutAgent
     module_name = getattr(agent, "__module__", None)
     qualname = getattr(agent, "__qualname__", "")
     module = sys.modules.get(module_name or "")
-    if module_name is None or not qualname or "<" in qualname or module is None:
-        return agent  # pickled as is; fails clearly if it cannot be
+    if (
+        module_name is None
+        or not qualname
+        or "<" in qualname
+        or module is None
+        or not _found_as(module, qualname, agent)
+    ):
+        return agent  # pickled as is (a callable object such as a `CommandAgent`); fails clearly if it cannot be
     return module_name, qualname, getattr(module, "__file__", None)
+
+
+def _found_as(module: Any, qualname: str, agent: Any) -> bool:
+    """Whether ``module.<qualname>`` is ``agent`` (or what it wraps): a name a fresh process can import it by."""
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return False
+    return found is agent or found is getattr(agent, "fn", None) or getattr(found, "fn", None) is agent
 
 
 def _resolve_agent(ref: tuple[str, str, str | None] | RolloutAgent) -> RolloutAgent:
