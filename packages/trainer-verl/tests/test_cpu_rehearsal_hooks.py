@@ -106,10 +106,8 @@ def test_the_table_names_each_hook_once_and_only_verl_or_vllm() -> None:
     assert all(hook.module.split(".")[0] in {"verl", "vllm"} for hook in PRIVATE_HOOKS)
 
 
-def test_the_old_public_name_is_a_deprecated_alias() -> None:
+def test_the_rehearsal_is_not_public() -> None:
     import agentlightning_verl
-    from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     assert "install_cpu_platform" not in agentlightning_verl.__all__
-    with pytest.warns(DeprecationWarning, match="removed in 0.3.0"):
-        assert agentlightning_verl.install_cpu_platform is install_cpu_platform
+    assert not hasattr(agentlightning_verl, "install_cpu_platform")

@@ -21,7 +21,6 @@ from agentlightning_verl._serving import (
     ExportedWeightsServing,
     LocalServer,
     NoServing,
-    ServingMethods,
     VLLMReplicaServing,
 )
 
@@ -147,7 +146,7 @@ def _one_placement_group_per_node(nnodes: int, per_node: int) -> list[Any]:
     return groups
 
 
-class RayVerlBackend(ServingMethods):
+class RayVerlBackend:
     """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
 
     Args:
