@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agentlightning_template import TemplateAdapter
 
 from agentlightning.testing import AdapterConformanceTests, KitHarness
+from agentlightning_template import TemplateAdapter
 
 
 async def run_agent(base_url: str, task: str) -> Any:
