@@ -51,16 +51,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
-from agentlightning.credit._batch import build_batch_from_results
+from agentlightning.credit import build_batch_from_results
 from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, write_loop_state
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
 from agentlightning.loop._rollouts import cancel_unfinished, first_failure, group_requests
 from agentlightning.loop._update import update_in_thread
-from agentlightning.store._base import LightningStore
-from agentlightning.transitions._config import TransitionConfig, TransitionResult
-from agentlightning.transitions._store import results_from_store
+from agentlightning.store import LightningStore
+from agentlightning.transitions import TransitionConfig, TransitionResult
+from agentlightning.transitions import results_from_store
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy

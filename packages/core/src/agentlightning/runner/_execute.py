@@ -21,7 +21,7 @@ from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
 from agentlightning.adapters import use_active_sources
 from agentlightning.runner._agent import RolloutAgent, reward_from_result
 from agentlightning.runner._heartbeats import batcher_for, next_tick
-from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, rollout_context
 from agentlightning.tracing._provider import light_tracer
 
@@ -291,6 +291,20 @@ async def _agent_ended(on_agent_end: Callable[[], Awaitable[None]], attempt_id: 
         logger.warning("attempt %s: reporting its end to the LLM proxy failed: %r", attempt_id, exc)
 
 
+def _ran_in_time(body: Callable[[], None], timeout: float | None, rollout_id: str) -> bool:
+    """Run ``body`` in this thread, or with a ``timeout`` in a helper thread; False when it still ran at the timeout
+    (the helper thread is then abandoned: a sync function cannot be interrupted)."""
+    if timeout is None:
+        body()
+        return True
+    helper = threading.Thread(
+        target=contextvars.copy_context().run, args=(body,), name=f"agent-{rollout_id}", daemon=True
+    )
+    helper.start()
+    helper.join(timeout)
+    return not helper.is_alive()
+
+
 def execute_sync(
     agent: RolloutAgent,
     claim: Claim,
@@ -347,17 +361,9 @@ def execute_sync(
         heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end), store_loop
     )
     try:
-        if timeout is None:
-            body()
-        else:
-            helper = threading.Thread(
-                target=contextvars.copy_context().run, args=(body,), name=f"agent-{rollout_id}", daemon=True
-            )
-            helper.start()
-            helper.join(timeout)
-            if helper.is_alive():
-                outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
-                logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
+        if not _ran_in_time(body, timeout, rollout_id):
+            outcome = Outcome("timeout", f"the agent ran past the rollout timeout of {timeout}s")
+            logger.warning("rollout %s: agent still running after %ss; attempt abandoned", rollout_id, timeout)
         ending = None
         if on_agent_end is not None and store_loop.is_running():  # overlaps the flush (a stopped loop: shutting down)
             ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._base import AttemptEndedError, ConflictError, LightningStore, RetryPolicy
+from agentlightning.store import AttemptEndedError, ConflictError, LightningStore, RetryPolicy
 
 __all__ = ["LateRecordConformanceTests"]
 

@@ -10,8 +10,8 @@ import weakref
 from pathlib import Path
 from typing import Self
 
-from agentlightning.store._base import RetryPolicy
-from agentlightning.store._process import StoreServerProcess
+from agentlightning.store import RetryPolicy
+from agentlightning.store import StoreServerProcess
 
 __all__ = ["StoreServerProcessForTests", "free_port"]
 

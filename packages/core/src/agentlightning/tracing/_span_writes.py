@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agentlightning._models import Span
-from agentlightning.store._base import AttemptEndedError, LightningStore, StoreError
-from agentlightning.store._client import StoreUnavailableError
+from agentlightning.store import AttemptEndedError, LightningStore, StoreError
+from agentlightning.store import StoreUnavailableError
 
 __all__ = ["PartlyWritten", "SpanWriteError", "write_batch"]
 

@@ -101,13 +101,54 @@ class _CpuDeviceModule(types.ModuleType):
         self.manual_seed(seed)
 
 
+class _CpuRuntimeHooks:
+    """`PlatformCPU`'s answers about collectives, profiling, Ray and the rollout's environment (verl asks its
+    platform; on a CPU: gloo, no profiler, Ray's ``CPU`` resource, vLLM's CPU build settings)."""
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    def nvtx_range(self, msg: str) -> Any:
+        return contextlib.nullcontext()
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        # vLLM's CPU build: its KV cache size, and no pinning of its threads on cores other jobs share
+        return {
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "VLLM_NO_USAGE_STATS": "1",
+        }
+
+    def cudart(self) -> Any:
+        return None
+
+
 def _platform_class() -> type[Any]:
     import torch
     from verl.plugin.platform.platform_base import PlatformBase
 
     device_module = _CpuDeviceModule()
 
-    class PlatformCPU(PlatformBase):  # type: ignore[misc]
+    class PlatformCPU(_CpuRuntimeHooks, PlatformBase):  # type: ignore[misc]
         """verl platform for a machine without an accelerator (single process, gloo collectives)."""
 
         @property
@@ -152,42 +193,6 @@ def _platform_class() -> type[Any]:
 
         def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
             return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        def nvtx_range(self, msg: str) -> Any:
-            return contextlib.nullcontext()
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def rollout_env_vars(self) -> dict[str, str]:
-            # vLLM's CPU build: its KV cache size, and no pinning of its threads on cores other jobs share
-            return {
-                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "VLLM_NO_USAGE_STATS": "1",
-            }
-
-        def cudart(self) -> Any:
-            return None
 
     return PlatformCPU
 

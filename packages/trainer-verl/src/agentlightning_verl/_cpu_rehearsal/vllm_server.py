@@ -33,6 +33,7 @@ On ``cuda`` (`llm_server_manager`) the same server subclass runs with verl's own
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import sys
 from collections.abc import Iterator
@@ -141,10 +142,56 @@ def apply_cpu_rollout(cfg: Any) -> None:
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
+async def _launch_one_server_per_node(replica: Any) -> None:
+    """``CpuVllmReplica.launch_servers``: verl's, without accelerator ids (a CPU Ray worker has none): one server per
+    node, on that node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from verl.plugin.platform import get_platform
+
+    if len(replica.workers) != replica.world_size:
+        raise RuntimeError(f"{len(replica.workers)} workers for a vLLM replica of world size {replica.world_size}")
+    node_ids = await asyncio.gather(
+        *[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in replica.workers]
+    )
+    per_node = replica.gpus_per_replica_node
+    env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}
+    env_vars.update(get_platform().rollout_env_vars())
+    for node_rank in range(replica.nnodes):
+        node = NodeAffinitySchedulingStrategy(node_id=node_ids[node_rank * per_node], soft=False)
+        server: Any = replica.server_class.options(
+            scheduling_strategy=node,
+            runtime_env={"env_vars": env_vars},
+            name=f"{replica._get_server_name_prefix()}server_{replica.replica_rank}_{node_rank}{replica.name_suffix}",
+            max_concurrency=replica.max_concurrency,
+        ).remote(
+            config=replica.config,
+            model_config=replica.model_config,
+            rollout_mode=replica.rollout_mode,
+            workers=replica.workers[node_rank * per_node : (node_rank + 1) * per_node],
+            replica_rank=replica.replica_rank,
+            node_rank=node_rank,
+            gpus_per_node=per_node,
+            nnodes=replica.nnodes,
+            cuda_visible_devices="",
+        )
+        replica.servers.append(server)
+    servers: list[Any] = replica.servers
+    master = await servers[0].get_master_address.remote()
+    await asyncio.gather(
+        *[
+            s.launch_server.remote(master_address=master[0], master_port=master[1], dp_rpc_port=master[2])
+            for s in servers
+        ]
+    )
+    address, port = await servers[0].get_server_address.remote()
+    replica._server_handle = replica.servers[0]
+    replica._server_address = f"{address}:{port}"
+
+
 def _server_classes() -> dict[str, type[Any]]:
     """Build the subclasses lazily: importing verl's vLLM server module imports vLLM."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from verl.workers.rollout.llm_server import LLMServerManager
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
@@ -173,48 +220,7 @@ def _server_classes() -> dict[str, type[Any]]:
         """The replica without accelerator ids (a CPU Ray worker has none): one server per node, on that node."""
 
         async def launch_servers(self) -> None:
-            import asyncio
-
-            from verl.plugin.platform import get_platform
-
-            if len(self.workers) != self.world_size:
-                raise RuntimeError(f"{len(self.workers)} workers for a vLLM replica of world size {self.world_size}")
-            node_ids = await asyncio.gather(
-                *[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.workers]
-            )
-            per_node = self.gpus_per_replica_node
-            env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}
-            env_vars.update(get_platform().rollout_env_vars())
-            for node_rank in range(self.nnodes):
-                node = NodeAffinitySchedulingStrategy(node_id=node_ids[node_rank * per_node], soft=False)
-                server: Any = self.server_class.options(
-                    scheduling_strategy=node,
-                    runtime_env={"env_vars": env_vars},
-                    name=f"{self._get_server_name_prefix()}server_{self.replica_rank}_{node_rank}{self.name_suffix}",
-                    max_concurrency=self.max_concurrency,
-                ).remote(
-                    config=self.config,
-                    model_config=self.model_config,
-                    rollout_mode=self.rollout_mode,
-                    workers=self.workers[node_rank * per_node : (node_rank + 1) * per_node],
-                    replica_rank=self.replica_rank,
-                    node_rank=node_rank,
-                    gpus_per_node=per_node,
-                    nnodes=self.nnodes,
-                    cuda_visible_devices="",
-                )
-                self.servers.append(server)
-            servers: list[Any] = self.servers
-            master = await servers[0].get_master_address.remote()
-            await asyncio.gather(
-                *[
-                    s.launch_server.remote(master_address=master[0], master_port=master[1], dp_rpc_port=master[2])
-                    for s in servers
-                ]
-            )
-            address, port = await servers[0].get_server_address.remote()
-            self._server_handle = self.servers[0]
-            self._server_address = f"{address}:{port}"
+            await _launch_one_server_per_node(self)
 
     class AglLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
         """verl's ``LLMServerManager`` building `AglVllmReplica` replicas (its ``rollout_replica_class`` hook)."""
