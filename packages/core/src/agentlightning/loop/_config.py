@@ -9,8 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentlightning._netauth import check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
-from agentlightning.credit import is_group_estimator
-from agentlightning.credit import CreditConfig
+from agentlightning.credit import CreditConfig, is_group_estimator
 
 __all__ = ["LoopConfig", "ProxySettings"]
 

@@ -59,8 +59,7 @@ from agentlightning.loop._report import IterationReport, append_metrics, held_ou
 from agentlightning.loop._rollouts import cancel_unfinished, first_failure, group_requests
 from agentlightning.loop._update import update_in_thread
 from agentlightning.store import LightningStore
-from agentlightning.transitions import TransitionConfig, TransitionResult
-from agentlightning.transitions import results_from_store
+from agentlightning.transitions import TransitionConfig, TransitionResult, results_from_store
 
 if TYPE_CHECKING:
     from agentlightning.proxy._proxy import LLMProxy

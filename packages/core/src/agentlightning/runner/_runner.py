@@ -35,8 +35,7 @@ from agentlightning.runner._workers import (
     sync_worker,
     worker_id_of,
 )
-from agentlightning.store import LightningStore, StoreError
-from agentlightning.store import StoreClient
+from agentlightning.store import LightningStore, StoreClient, StoreError
 from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]

@@ -48,9 +48,9 @@ from agentlightning.store import (
     LightningStore,
     NotFoundError,
     RetryPolicy,
+    RolloutQuery,
     RolloutRequest,
 )
-from agentlightning.store import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_claims import ClaimConformanceTests

@@ -12,9 +12,15 @@ import pytest
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Resources, Span
-from agentlightning.store import InvalidRequestError, LightningStore, RetryPolicy, RolloutRequest
-from agentlightning.store import RolloutQuery, RunStatsQuery
-from agentlightning.store import runner_totals
+from agentlightning.store import (
+    InvalidRequestError,
+    LightningStore,
+    RetryPolicy,
+    RolloutQuery,
+    RolloutRequest,
+    RunStatsQuery,
+    runner_totals,
+)
 
 __all__ = ["DashboardConformanceTests", "make_reward_span"]
 

@@ -1,7 +1,7 @@
 """The CPU rehearsal of verl's GPU recipe: verl 0.9.1 and its vLLM rollout run on a CPU, for tests and debugging.
 
-Not user API: nothing here is exported by `agentlightning_verl`. `agentlightning_verl.RayVerlBackend` uses it when built with ``device="cpu"``;
-tests call `install_cpu_platform` first thing in a fresh process.
+Not user API: nothing here is exported by `agentlightning_verl`. `agentlightning_verl.RayVerlBackend` uses it when
+built with ``device="cpu"``; tests call `install_cpu_platform` first thing in a fresh process.
 
 verl and vLLM's CPU build are not made for this, so the rehearsal relies on what they do not promise to keep:
 private attributes it reads, methods it overrides in subclasses, one method it re-implements and one metadata alias.
