@@ -98,6 +98,10 @@ def timed(url: str, body: dict[str, Any], repeats: int) -> tuple[float, int]:
     return statistics.median(ms for ms, _ in runs), runs[0][1]
 
 
+# the view has drawn the address in the bar (data-loaded names the route drawn; absent while one loads)
+DRAWN = "() => document.querySelector('main#view').dataset.loaded === (location.hash || '#/')"
+
+
 def browser(url: str, pages: int) -> dict[str, float] | None:
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     try:
@@ -120,13 +124,10 @@ def browser(url: str, pages: int) -> dict[str, float] | None:
             renders: list[float] = []
             for n in range(pages):  # a fresh hash each time: the view fetches and draws the page again
                 page.evaluate(f"location.hash = '#/rollouts?page={n}'")
-                page.wait_for_function(
-                    f"() => location.hash.endsWith('page={n}') && document.querySelector('main#view').dataset.loaded",
-                    timeout=120_000,
-                )
+                page.wait_for_function(DRAWN, timeout=120_000)
                 renders.append(page.evaluate(measure))
             page.evaluate("location.hash = '#/rollouts?status=failed&mode=val'")
-            page.wait_for_function("() => document.querySelector('main#view').dataset.loaded", timeout=120_000)
+            page.wait_for_function(DRAWN, timeout=120_000)
             filtered = page.evaluate(measure)
             rows = page.locator("#rollouts-table tbody tr").count()
             plain = page.evaluate(

@@ -1,9 +1,10 @@
 """The workspace's written code rules, each checked (read with the ``ast`` module and as text; nothing is imported).
 
 * A function fits on a screen: none in ``packages/*/src`` is longer than `MAX_FUNCTION_LINES`.
-* A deprecation says when it goes: every `DeprecationWarning` names the version that removes the old name (that
-  each is listed in ``CHANGELOG.md`` is checked by ``tests/test_docs_site.py``).
+* No deprecated names: nothing in ``packages/*/src`` raises a `DeprecationWarning` or serves an old name through a
+  module ``__getattr__`` (the renames are listed in ``CHANGELOG.md``).
 * Every document the code points readers to is a file of this repository.
+* Core's subpackages import each other's public names (at most `MAX_PRIVATE_REACH_INS` private reach-ins).
 * One name per thing: no two classes in ``packages/*/src`` share a name, across packages, public or private
   (`SAME_CLASS_NAME_ALLOWED` lists the deliberate ones, each with its reason).
 """
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-MAX_FUNCTION_LINES = 90
-"""Longest function or method, from its ``def`` line to the end of its body (CONVENTIONS: ~100 the most)."""
+MAX_FUNCTION_LINES = 80
+"""Longest function or method, from its ``def`` line to the end of its body (``docs/contributing.md``, "Rules that
+are tests")."""
 
 
 def _sources() -> list[Path]:
@@ -50,7 +51,7 @@ def _function_lengths(path: Path) -> list[tuple[str, int]]:
 
 
 def test_no_function_is_longer_than_the_bar() -> None:
-    """A long function reads as a list of named phases, each its own function (CONVENTIONS, "Code")."""
+    """A long function reads as a list of named phases, each its own function (``docs/contributing.md``)."""
     sources = _sources()
     assert any(p.name == "_store.py" for p in sources)  # the glob found the packages
     too_long = [
@@ -71,11 +72,9 @@ def test_the_length_check_counts_from_def_to_the_end_of_the_body(tmp_path: Path)
 
 
 # ------------------------------------------------------------------------------------------------ deprecations
-DEPRECATION_HELPERS = {"warn_renamed"}
-"""``agentlightning._deprecation``'s helpers: each call must pass ``removed_in="X.Y.Z"`` (a literal)."""
 WARNING_CLASSES = {"DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"}
-REMOVED_IN = re.compile(r"removed in (\d+\.\d+\.\d+)")
-VERSION = re.compile(r"\d+\.\d+\.\d+")
+LAZY_MODULE_GETATTR = {"packages/core/src/agentlightning/testing/__init__.py": "imports the kits on first use"}
+"""Modules whose ``__getattr__`` is allowed, with the reason: a module ``__getattr__`` was how old names were served."""
 
 
 def _called(node: ast.Call) -> str:
@@ -83,72 +82,64 @@ def _called(node: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
-def _arguments(node: ast.Call) -> list[ast.expr]:
-    return [*node.args, *(keyword.value for keyword in node.keywords)]
-
-
-def _text(node: ast.AST) -> str:
-    """The literal text of a message expression (an f-string's or a concatenation's constant parts)."""
-    return "".join(n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
-
-
-def _package_version(path: Path) -> tuple[int, ...]:
-    package = next(p for p in path.parents if p.parent.name == "packages")
-    version = tomllib.loads((package / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
-    return tuple(int(part) for part in version.split("."))
-
-
-def _deprecations() -> list[tuple[str, str | None, ast.Call]]:
-    """``(file:line, removal version or None, call)`` of every deprecation warning raised in ``packages/*/src``."""
-    found: list[tuple[str, str | None, ast.Call]] = []
-    for path in _sources():
-        if path.name == "_deprecation.py":  # the helpers themselves: their callers are checked
-            continue
-        for node in ast.walk(_tree(path)):
+def _deprecations(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """``file:line: what`` of every deprecated name served in ``paths``: a deprecation warning raised, a helper that
+    warns of a rename, or a module ``__getattr__`` outside `LAZY_MODULE_GETATTR`."""
+    found: list[str] = []
+    for path in paths:
+        tree = _tree(path)
+        where = str(path.relative_to(root))
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            if _called(node) in DEPRECATION_HELPERS:
-                given = next((k.value for k in node.keywords if k.arg == "removed_in"), None)
-                text = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else ""
-                found.append((where, text if VERSION.fullmatch(text) else None, node))
-            elif any(isinstance(v, ast.Name) and v.id in WARNING_CLASSES for v in _arguments(node)):
-                match = REMOVED_IN.search(_text(node.args[0])) if node.args else None
-                found.append((where, match.group(1) if match else None, node))
+            arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+            if _called(node) == "warn_renamed" or any(
+                isinstance(v, ast.Name) and v.id in WARNING_CLASSES for v in arguments
+            ):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)[:100]}")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and where not in LAZY_MODULE_GETATTR:
+                found.append(f"{where}:{node.lineno}: a module __getattr__")
     return found
 
 
-def test_every_deprecation_names_the_version_that_removes_it() -> None:
-    """A deprecated name is kept for a stated time: its warning says in which version it goes (``removed in X.Y.Z``).
+def test_no_deprecated_name_remains() -> None:
+    """0.1.0 was never published: a renamed name is simply renamed (``CHANGELOG.md`` keeps the renames), never kept
+    as a deprecated alias that warns."""
+    found = _deprecations(_sources())
+    assert found == [], "deprecated names (remove them; CHANGELOG.md says what replaced them):\n" + "\n".join(found)
 
-    And it does go: a removal version that is not above the package's own version fails too.
-    """
-    found = _deprecations()
-    assert len(found) >= 13, found  # the scan sees the known ones (13 renamed names in 0.1.0)
-    missing = [where for where, version, _ in found if version is None]
-    assert missing == [], (
-        "deprecations without a removal version (pass removed_in='X.Y.Z' to the helper, or say 'removed in X.Y.Z' in "
-        "the warning) and a CHANGELOG entry:\n" + "\n".join(missing)
+
+def test_the_deprecation_scan_sees_each_way_of_keeping_an_old_name(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import warnings\n"
+        "def __getattr__(name):\n"
+        "    warnings.warn('old is deprecated', DeprecationWarning, stacklevel=2)\n"
+        "def f():\n"
+        "    warn_renamed('a', 'b', removed_in='0.3.0')\n"
+        "    warnings.warn('x', category=FutureWarning)\n"
+        "    warnings.warn('a user mistake', UserWarning)\n"
     )
-    overdue = [
-        f"{where}: removed in {version}"
-        for where, version, _ in found
-        if version is not None
-        and tuple(int(p) for p in version.split(".")) <= _package_version(ROOT / where.split(":")[0])
-    ]
-    assert overdue == [], "deprecated names past their removal version (remove them):\n" + "\n".join(overdue)
+    found = _deprecations([tmp_path / "m.py"], tmp_path)
+    assert [line.split(":")[1] for line in found] == ["3", "5", "6", "2"], found
 
 
 # ------------------------------------------------------------------------------------------ documents referred to
 SCANNED = ("packages/*/src/**/*", "scripts/**/*", "examples/**/*", "benchmarks/**/*")
+TESTS = ("packages/*/tests/**/*.py", "tests/**/*.py")
+"""Also read for `NAMED_DOCUMENT` only (test fixtures name made-up ``.md`` files): the rules' own docs included."""
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yaml", ".yml", ".json", ".sh", ".cfg", ".ini", ".js", ".html"}
 MARKDOWN_PATH = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w-][\w./-]*\.md)\b")
 OUTSIDE = re.compile(r"(?<![\w.])\.\./shared\b|(?<![\w./-])shared/notes/")
+DOCUMENT_NAMES = ("CONVENTIONS.md", "DESIGN.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "STYLE.md")
+NAMED_DOCUMENT = re.compile(r"\b(" + "|".join(name.removesuffix(".md") for name in DOCUMENT_NAMES) + r")\b(?!\.md)")
+"""A document named by its stem, without ``.md``: it must be a file of the repository too."""
 
 
 def _referred_files() -> list[Path]:
     files = {p for pattern in SCANNED for p in ROOT.glob(pattern) if p.is_file() and p.suffix in TEXT_SUFFIXES}
-    return sorted(p for p in files if "__pycache__" not in p.parts and ".venv" not in p.parts)
+    skipped = {"__pycache__", ".venv", "node_modules"}  # installed code (npm ci in examples/node) is not ours
+    return sorted(p for p in files if not skipped.intersection(p.parts))
 
 
 def _resolves(path: Path, name: str) -> bool:
@@ -163,19 +154,32 @@ def _resolves(path: Path, name: str) -> bool:
         folder = folder.parent
 
 
+def _unnamed_documents(where: str, line: str) -> list[str]:
+    return [
+        f"{where}: {m.group(1)} (no {m.group(1)}.md in the repository)"
+        for m in NAMED_DOCUMENT.finditer(line)
+        if not any(ROOT.glob(f"*/{m.group(1)}.md")) and not (ROOT / f"{m.group(1)}.md").exists()
+    ]
+
+
 def test_every_document_the_code_refers_to_is_in_the_repository() -> None:
     """A ``.md`` path named in code, comments or docs resolves to a file of this repository (read from the naming
     file's folder or one above it, up to the root), and nothing points outside it (``../shared``, notes)."""
     files = _referred_files()
-    assert any(p.name == "_deprecation.py" for p in files)
+    assert any(p.name == "_store.py" for p in files)
     broken: list[str] = []
     for path in files:
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
             where = f"{path.relative_to(ROOT)}:{number}"
             broken += [f"{where}: {m.group(0)} (outside the repository)" for m in OUTSIDE.finditer(line)]
+            broken += _unnamed_documents(where, line)
             broken += [
                 f"{where}: {m.group(1)}" for m in MARKDOWN_PATH.finditer(line) if not _resolves(path, m.group(1))
             ]
+    tests = sorted({p for pattern in TESTS for p in ROOT.glob(pattern)})
+    for path in tests:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            broken += _unnamed_documents(f"{path.relative_to(ROOT)}:{number}", line)
     assert broken == [], "documents referred to that are not in the repository:\n" + "\n".join(sorted(set(broken)))
 
 
@@ -210,7 +214,7 @@ def _shared_class_names(classes: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def test_no_two_classes_share_a_name() -> None:
-    """One name per thing (CONVENTIONS, "Code"): two classes of one name are two things a reader (and a search, a
+    """One name per thing (``docs/contributing.md``): two classes of one name are two things a reader (and a search, a
     traceback, the API reference) cannot tell apart, e.g. the proxy's ``Route`` of a call to a policy beside the
     servers' ``Route`` of an HTTP operation. Private classes count too, and the packages are read together."""
     classes = _classes(_sources())
@@ -229,3 +233,46 @@ def test_the_class_name_check_reads_every_file_and_nested_classes(tmp_path: Path
     (tmp_path / "c.py").write_text("class Routes: ...\n")
     classes = _classes(sorted(tmp_path.glob("*.py")), root=tmp_path)
     assert _shared_class_names(classes) == {"route": ["a.py:1: Route", "b.py:2: _route"]}
+
+
+# ------------------------------------------------------------------------ core's subpackages meet at their faces
+MAX_PRIVATE_REACH_INS = 20
+"""Imports in one subpackage of core of another subpackage's private module (``from agentlightning.store._base import``
+in ``agentlightning/proxy/``): what one subpackage needs of another is exported by its ``__init__``; the few left
+are internals shared on purpose (the tracing internals the adapters hook into, the store's server app)."""
+
+
+def _private_reach_ins(core: Path) -> list[str]:
+    """``file:line: module`` of every import of another core subpackage's ``_private`` module."""
+    found: list[str] = []
+    for path in sorted(core.rglob("*.py")):
+        parts = path.relative_to(core).parts
+        own = parts[0] if len(parts) > 1 else None
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{core.name}."):
+                module = node.module.split(".")
+                if len(module) > 2 and module[2].startswith("_") and module[1] != own:
+                    found.append(f"{path.relative_to(core.parent)}:{node.lineno}: {node.module}")
+    return found
+
+
+def test_core_subpackages_import_each_other_through_their_faces() -> None:
+    found = _private_reach_ins(ROOT / "packages/core/src/agentlightning")
+    assert len(found) <= MAX_PRIVATE_REACH_INS, (
+        f"{len(found)} imports of another subpackage's private module (at most {MAX_PRIVATE_REACH_INS}): export the "
+        "name from that subpackage's __init__ and import it from there:\n" + "\n".join(found)
+    )
+
+
+def test_the_reach_in_count_sees_only_other_subpackages_private_modules(tmp_path: Path) -> None:
+    core = tmp_path / "agentlightning"
+    for sub in ("store", "proxy"):
+        (core / sub).mkdir(parents=True)
+        (core / sub / "__init__.py").write_text("")
+    (core / "proxy" / "_proxy.py").write_text(
+        "from agentlightning.store._base import LightningStore\n"  # counted
+        "from agentlightning.store import StoreClient\n"  # the face
+        "from agentlightning.proxy._transport import Transport\n"  # its own subpackage
+        "from agentlightning._models import Span\n"  # core's top-level private modules are shared
+    )
+    assert _private_reach_ins(core) == ["agentlightning/proxy/_proxy.py:1: agentlightning.store._base"]

@@ -203,8 +203,19 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
     print(f"dashboard screenshots: {shots}")
 
 
+_DRAWN = """name => {
+    const view = document.querySelector("main#view");
+    return view.dataset.view === name && view.dataset.loaded === (location.hash || "#/");
+}"""
+
+
+def _wait_drawn(page: Any, name: str) -> None:
+    """Until the view ``name`` has drawn the data of the address in the bar: ``data-loaded`` names the route whose data
+    is on screen, so a flag left by the previous route (the unfiltered rows) never passes for the new one."""
+    page.wait_for_function(_DRAWN, arg=name)
+
+
 def _walk(page: Any, url: str, shots: Path) -> None:
-    view = "main#view"
     page.goto(url + "/ui")
     page.wait_for_selector("#login-form", state="visible")
 
@@ -219,7 +230,7 @@ def _walk(page: Any, url: str, shots: Path) -> None:
     # the right token opens the runs view; it lives in sessionStorage only, never in the URL
     page.fill("#token", TOKEN)
     page.click("#login-submit")
-    page.wait_for_selector(f"{view}[data-view=runs][data-loaded]")
+    _wait_drawn(page, "runs")
     assert page.is_hidden("#login") and page.is_visible("#nav")
     assert TOKEN not in page.url and page.evaluate("localStorage.length") == 0
     assert TOKEN in page.evaluate("Object.values(sessionStorage)")
@@ -249,12 +260,18 @@ def _walk(page: Any, url: str, shots: Path) -> None:
 
     # rollouts: filter to the failed ones
     page.click("#nav a[data-view=rollouts]")
-    page.wait_for_selector(f"{view}[data-view=rollouts][data-loaded]")
+    _wait_drawn(page, "rollouts")
     assert page.get_attribute("#rollouts-table", "data-total") == "12"
-    page.check(".status-filter input[value=failed]")
-    page.wait_for_function(
-        "() => location.hash.includes('status=failed') && document.querySelector('main#view').dataset.loaded"
+    # the moment the filter changes, before its rows arrive, the view no longer says it is loaded (the 12 rows on
+    # screen are not the filtered ones): read in the same task as the click, before any event or response
+    hash_now, loaded_now = page.evaluate(
+        """() => {
+            document.querySelector(".status-filter input[value=failed]").click();
+            return [location.hash, document.querySelector("main#view").dataset.loaded ?? null];
+        }"""
     )
+    assert "status=failed" in hash_now and loaded_now is None, (hash_now, loaded_now)
+    _wait_drawn(page, "rollouts")
     rows = page.locator("#rollouts-table tbody tr")
     assert rows.count() == 4 and page.get_attribute("#rollouts-table", "data-total") == "4"
     assert all(
@@ -266,7 +283,7 @@ def _walk(page: Any, url: str, shots: Path) -> None:
 
     # one failed rollout: attempts, span tree with the error's traceback, the chat, its transitions
     page.click("#rollouts-table tbody tr:first-child a")
-    page.wait_for_selector(f"{view}[data-view=rollout][data-loaded]")
+    _wait_drawn(page, "rollout")
     assert page.locator("#attempts-table tbody tr").count() == 2
     kinds = page.eval_on_selector_all("#span-tree .span-row", "rs => rs.map(r => r.dataset.kind)")
     assert {"rollout", "agent", "llm", "tool"} <= set(kinds), kinds
@@ -289,9 +306,10 @@ def _walk(page: Any, url: str, shots: Path) -> None:
 
     # a succeeded rollout: its transitions are in the batch with credit and advantage
     page.goto(url + "/ui#/rollouts?status=succeeded&search=Paris")
-    page.wait_for_selector(f"{view}[data-view=rollouts][data-loaded]")
+    _wait_drawn(page, "rollouts")
+    assert page.get_attribute("#rollouts-table", "data-total") == "4"  # Paris, 2 per version
     page.click("#rollouts-table tbody tr:first-child a")
-    page.wait_for_selector(f"{view}[data-view=rollout][data-loaded]")
+    _wait_drawn(page, "rollout")
     cells = page.eval_on_selector_all(
         "#transitions-table tbody tr", "rs => rs.map(r => [r.children[2].innerText, r.children[8].innerText])"
     )
@@ -303,7 +321,7 @@ def _walk(page: Any, url: str, shots: Path) -> None:
 
     # resources: both versions, the newest current
     page.click("#nav a[data-view=resources]")
-    page.wait_for_selector(f"{view}[data-view=resources][data-loaded]")
+    _wait_drawn(page, "resources")
     assert page.locator("#resources-table tbody tr").count() == 2
     assert "policy-v2" in page.inner_text("#resources-table tbody tr:first-child")
     assert page.locator("#resources-table .badge.current").count() == 1
@@ -311,7 +329,7 @@ def _walk(page: Any, url: str, shots: Path) -> None:
 
     # health: agl doctor's checks of the run (4 of the 12 finished rollouts failed: a warning with the agent's error)
     page.click("#nav a[data-view=health]")
-    page.wait_for_selector(f"{view}[data-view=health][data-loaded]")
+    _wait_drawn(page, "health")
     verdict = page.inner_text("#health-verdict")
     assert verdict.startswith("trainable over the newest 12 finished rollouts"), verdict
     failed = page.inner_text("#health-findings li[data-check=rollouts-failed]")
@@ -373,13 +391,13 @@ def test_dashboard_opens_with_the_token_in_its_address(tmp_path: Path) -> None:
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
             page.on("response", lambda r: errors.append(r.url) if r.status == 401 and "/v1/" in r.url else None)
             page.goto(address)
-            page.wait_for_selector("main#view[data-view=runs][data-loaded]")
+            _wait_drawn(page, "runs")
             assert page.is_hidden("#login") and page.is_visible("#nav")
             # the token moved to the tab's sessionStorage and out of the address bar (and its history entry)
             assert page.url == match.group(1) and match.group(2) not in page.url
             assert page.evaluate("Object.values(sessionStorage)") == [match.group(2)]
             page.goto(match.group(1) + "#/resources")  # the tab keeps it while it lives
-            page.wait_for_selector("main#view[data-view=resources][data-loaded]")
+            _wait_drawn(page, "resources")
             assert errors == [], errors
             # without the token (another tab's session) the page asks for it
             other = browser.new_page()

@@ -6,7 +6,7 @@ name (``::: module.Name``) that no longer exists. The API reference lists each p
 sources by mkdocstrings. The code blocks of ``docs/`` run in ``tests/test_readme_blocks.py``.
 
 Also checked here, without a build: every benchmark figure on the performance page names the command that produces
-it, every benchmark script is on that page, and every deprecated name the packages warn about is in the changelog.
+it, and every benchmark script is on that page.
 """
 
 from __future__ import annotations
@@ -197,28 +197,3 @@ def test_the_figure_check_is_not_vacuous() -> None:
     problems = unsourced_figures(page)
     assert len(problems) == 2, problems
     assert problems[0].startswith("## Unsourced: figures (975 B") and "no_such_bench.py does not exist" in problems[1]
-
-
-def _deprecated_names() -> set[str]:
-    """Every old name the packages warn about (`warn_renamed`'s first argument, and the classes that warn by hand)."""
-    names: set[str] = set()
-    for source in ROOT.glob("packages/*/src/**/*.py"):
-        text = source.read_text()
-        names |= {name for name in re.findall(r'warn_renamed\(\s*"([^"{}(]+)"', text)}
-        names |= set(re.findall(r'"(agentlightning[\w.]*\.\w+) is deprecated', text))
-        names |= set(re.findall(r"subclasses (agentlightning\.\w+), which is deprecated", text))
-    return names
-
-
-def test_every_deprecated_name_is_in_the_changelog() -> None:
-    names = _deprecated_names()
-    assert {"agentlightning.StoreServer", "Transition.prompt_ids", "agentlightning_verl.VerlAlgorithm"} <= names
-    rows = [line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("|")]
-    missing = sorted(
-        name
-        for name in names
-        if not any(
-            (f"`{name}`" in row or f"`{name} " in row) and re.search(r"\| \d+\.\d+\.\d+ \|", row) for row in rows
-        )
-    )
-    assert missing == [], f"deprecated names without a CHANGELOG row with their removal version: {missing}"

@@ -3,8 +3,7 @@
 Read with the ``ast`` module (nothing is imported): no module, class, function, method, module-level name or
 attribute set on ``self`` that the trainer packages define is named with "adapter". LoRA things are named LoRA
 (`agentlightning_torch.LoRAPolicies`, ``load_lora_weights``, ``LocalBackend.load_lora``). Calls into peft and vLLM
-keep their own names (``set_adapter``, ``load_lora_adapter``): only definitions are checked. The old names that still
-work for a release (each warns) are the only exceptions.
+keep their own names (``set_adapter``, ``load_lora_adapter``): only definitions are checked.
 """
 
 from __future__ import annotations
@@ -14,11 +13,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS = ("packages/trainer-torch/src", "packages/trainer-verl/src")
-
-DEPRECATED: dict[tuple[str, str], str] = {
-    ("agentlightning_torch/serving/_backend.py", "load_adapter"): "old name of LocalBackend.load_lora, until 0.3.0",
-    ("agentlightning_torch/serving/_backend.py", "adapter_versions"): "old name of LocalBackend.lora_versions",
-}
 
 
 def _is_self(node: ast.expr) -> bool:
@@ -56,7 +50,7 @@ def _adapter_names(src: Path) -> list[str]:
         if "adapter" in path.stem.lower():
             found.append(f"{where} (the module's name)")
         for name in _defined_names(ast.parse(path.read_text(encoding="utf-8"))):
-            if "adapter" in name.lower() and (where, name) not in DEPRECATED:
+            if "adapter" in name.lower():
                 found.append(f"{where}: {name}")
     return found
 

@@ -67,6 +67,6 @@ def test_both_trainers_use_the_shared_file() -> None:
 
     assert SHARED.parent == VLLM_WORKER_DIR
     torch_client = ROOT / "packages/trainer-torch/src/agentlightning_torch/vllm/_client.py"
-    verl_worker = ROOT / "packages/trainer-verl/src/agentlightning_verl/_cpu_rehearsal/vllm_worker.py"
+    verl_worker = ROOT / "packages/trainer-verl/src/agentlightning_verl/_vllm_integration/worker.py"
     assert "VLLM_WORKER_DIR" in torch_client.read_text()
     assert load_worker_module.__name__ in verl_worker.read_text()

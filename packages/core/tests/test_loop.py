@@ -428,18 +428,10 @@ async def test_the_loops_proxy_always_has_a_token_and_publishes_it(tmp_path: Pat
         await loop.stop()
 
 
-def test_algorithm_is_a_deprecated_base_and_the_loop_is_not_one() -> None:
-    """One training contract: an `Engine` driven by `RLLoop`; the old `Algorithm` base warns when subclassed."""
-    with pytest.warns(DeprecationWarning, match=r"implement agentlightning\.Engine"):
-
-        class OldStyle(agl.Algorithm):  # pyright: ignore[reportUnusedClass]
-            async def run(self, store: Any, train_tasks: Any, val_tasks: Any = None) -> None:
-                del store, train_tasks, val_tasks
-
-            def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
-                return {}
-
-    assert not issubclass(agl.RLLoop, agl.Algorithm) and not hasattr(agl.RLLoop, "update")
+def test_the_old_algorithm_base_is_gone_and_the_loop_is_the_one_contract() -> None:
+    """One training contract: an `Engine` driven by `RLLoop`; the old ``Algorithm`` base class is removed."""
+    assert not hasattr(agl, "Algorithm") and "Algorithm" not in agl.__all__
+    assert not hasattr(agl.RLLoop, "update")
 
 
 HELD_OUT_BY_VERSION = {0: 0.25, 1: 0.75, 2: 0.5, 3: 0.75}

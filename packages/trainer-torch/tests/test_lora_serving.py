@@ -103,12 +103,7 @@ def test_each_adapter_has_its_own_version_and_a_replacement_serves_new_weights(
     assert after.model_version == 1 and after.token_ids != before.token_ids
     assert backend.submit(PROMPTS[0], GREEDY, lora="b").result().model_version == 0
     assert backend.generate(PROMPTS[0], GREEDY).model_version == backend.model_version
-    with pytest.warns(DeprecationWarning, match="load_adapter is deprecated: use load_lora"):
-        assert backend.load_adapter("b", policies) == 1  # the old names, until 0.3.0
-    with pytest.warns(DeprecationWarning, match="adapter_versions is deprecated: use lora_versions"):
-        assert backend.adapter_versions == {"a": 1, "b": 1}
-    with pytest.warns(DeprecationWarning, match=r"submit\(adapter=...\) is deprecated: use lora="):
-        assert backend.submit(PROMPTS[0], GREEDY, adapter="a").result().token_ids == after.token_ids
+    assert not hasattr(backend, "load_adapter") and not hasattr(backend, "adapter_versions")  # renamed, no alias
 
 
 def test_bad_adapters_are_refused_and_change_nothing(

@@ -4,7 +4,6 @@ its own public names, and every one of them also importable from ``agentlightnin
 from __future__ import annotations
 
 import ast
-import warnings
 from pathlib import Path
 
 import pytest
@@ -46,21 +45,8 @@ def test_models_is_the_base_and_imports_no_other_part() -> None:
                 assert not node.module.startswith(others), f"models/{path.name} imports {node.module}"
 
 
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("VLLMServing", "VLLMWeightsServing"),
-        ("PolicyAdapters", "LoRAPolicies"),
-        ("load_adapter_weights", "load_lora_weights"),
-        ("VLLMAdapterError", "VLLMLoRAError"),
-        ("load_vllm_adapter", "load_vllm_lora"),
-    ],
-)
-def test_an_old_name_warns_and_gives_the_new_one(old: str, new: str) -> None:
-    with pytest.warns(
-        DeprecationWarning, match=f"agentlightning_torch.{old} is deprecated: use {new} .*removed in 0.3.0"
-    ):
-        assert getattr(agentlightning_torch, old) is getattr(agentlightning_torch, new)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        getattr(agentlightning_torch, new)  # the new name does not warn
+@pytest.mark.parametrize("old", ["VLLMServing", "PolicyAdapters", "load_adapter_weights", "VLLMAdapterError"])
+def test_an_old_name_is_gone(old: str) -> None:
+    """Renamed before any release: the old name is not kept as an alias (CHANGELOG.md lists what replaced it)."""
+    with pytest.raises(AttributeError, match=f"has no attribute '{old}'"):
+        getattr(agentlightning_torch, old)

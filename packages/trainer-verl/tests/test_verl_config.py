@@ -149,12 +149,11 @@ def test_loop_config_takes_the_loop_settings_from_the_verl_config(tmp_path) -> N
         VerlTrainer(cfg, loop=cfg.loop_config(max_staleness=1))
 
 
-def test_verl_algorithm_is_a_deprecated_name_of_verl_trainer() -> None:
+def test_the_old_name_of_verl_trainer_is_gone() -> None:
     import agentlightning_verl
 
-    with pytest.warns(DeprecationWarning, match="VerlAlgorithm is deprecated: use VerlTrainer"):
-        old = agentlightning_verl.VerlAlgorithm
-    assert old is VerlTrainer
+    with pytest.raises(AttributeError, match="has no attribute 'VerlAlgorithm'"):
+        _ = agentlightning_verl.VerlAlgorithm  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_checksum_sees_every_bit_name_and_dtype() -> None:

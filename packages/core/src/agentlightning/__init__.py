@@ -3,9 +3,6 @@
 The public API is re-exported here; see the README for the five-line tour.
 """
 
-from typing import Any
-
-from agentlightning._deprecation import warn_renamed
 from agentlightning._distribution import ForeignDistributionWarning, installed_version, warn_if_foreign
 from agentlightning._eventloop import run_async
 from agentlightning._gc import defer_full_gc
@@ -26,7 +23,6 @@ from agentlightning._models import (
 from agentlightning._policies import AGENT_HEADER, FROZEN, PolicyMap
 from agentlightning._training_models import TrainingBatch, TrainingSample, Transition
 from agentlightning.adapters import instrument_all, instrument_openai, uninstrument_all, uninstrument_openai
-from agentlightning.algorithm import Algorithm
 from agentlightning.credit import (
     CreditConfig,
     build_batch_from_results,
@@ -85,7 +81,6 @@ warn_if_foreign()
 __all__ = [
     "AGENT_HEADER",
     "FROZEN",
-    "Algorithm",
     "Attempt",
     "Claim",
     "CommandAgent",
@@ -162,11 +157,3 @@ __all__ = [
     "uninstrument_all",
     "uninstrument_openai",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names: ``StoreServer`` is `StoreServerProcess` (it runs ``agl store serve`` as a child process)."""
-    if name == "StoreServer":
-        warn_renamed("agentlightning.StoreServer", "agentlightning.StoreServerProcess", removed_in="0.3.0")
-        return StoreServerProcess
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,41 +6,13 @@ once; code past the store boundary builds them through `agentlightning._fast`.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 
-from agentlightning._deprecation import warn_renamed
 from agentlightning._models import RecordModel
 
 __all__ = ["TrainingBatch", "TrainingSample", "TrainingSampleFields", "Transition", "TransitionFields"]
-
-
-_TRANSITION_RENAMED = {
-    "prompt_ids": "prompt_token_ids",
-    "response_ids": "response_token_ids",
-    "logprobs": "response_logprobs",
-    "reward": "intermediate_reward",
-}
-_SAMPLE_RENAMED = {
-    "prompt_ids": "prompt_token_ids",
-    "response_ids": "response_token_ids",
-    "old_logprobs": "response_logprobs",
-}
-_TRANSITION_OLD = frozenset(_TRANSITION_RENAMED)
-_SAMPLE_OLD = frozenset((*_SAMPLE_RENAMED, "returns"))
-
-
-def _renamed_fields(model: str, given: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
-    """``given`` with each deprecated field name replaced by its new one (warned; both at once is an error)."""
-    data = dict(given)
-    for old, new in renamed.items():
-        if old in data:
-            if new in data:
-                raise ValueError(f"{model}: pass {new} only ({old} is its deprecated name)")
-            warn_renamed(f"{model}({old}=...)", f"{new}=", removed_in="0.3.0")
-            data[new] = data.pop(old)
-    return data
 
 
 class Transition(RecordModel):
@@ -69,10 +41,6 @@ class Transition(RecordModel):
         policy: The policy whose weights generated it (`LLMCall.policy`: the LoRA adapter the proxy routed the call
             to), ``None`` when the run routes no policies.
         metadata: Free-form extras (span ids, ...).
-
-    The names ``prompt_ids``, ``response_ids``, ``logprobs`` and ``reward`` are deprecated aliases (as keyword
-    arguments and attributes) of ``prompt_token_ids``, ``response_token_ids``, ``response_logprobs`` and
-    ``intermediate_reward``, removed in 0.3.0.
     """
 
     rollout_id: str
@@ -91,13 +59,6 @@ class Transition(RecordModel):
     policy: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated_names(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not _TRANSITION_OLD.isdisjoint(cast(dict[str, Any], data)):
-            return _renamed_fields("Transition", cast(dict[str, Any], data), _TRANSITION_RENAMED)
-        return cast(Any, data)
-
     @model_validator(mode="after")
     def _check_lengths(self) -> Transition:
         if len(self.response_mask) != len(self.response_token_ids):
@@ -105,30 +66,6 @@ class Transition(RecordModel):
         if self.response_logprobs is not None and len(self.response_logprobs) != len(self.response_token_ids):
             raise ValueError("response_logprobs must have one entry per response token")
         return self
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        """Deprecated: `prompt_token_ids`."""
-        warn_renamed("Transition.prompt_ids", "Transition.prompt_token_ids", removed_in="0.3.0")
-        return self.prompt_token_ids
-
-    @property
-    def response_ids(self) -> list[int]:
-        """Deprecated: `response_token_ids`."""
-        warn_renamed("Transition.response_ids", "Transition.response_token_ids", removed_in="0.3.0")
-        return self.response_token_ids
-
-    @property
-    def logprobs(self) -> list[float] | None:
-        """Deprecated: `response_logprobs`."""
-        warn_renamed("Transition.logprobs", "Transition.response_logprobs", removed_in="0.3.0")
-        return self.response_logprobs
-
-    @property
-    def reward(self) -> float | None:
-        """Deprecated: `intermediate_reward` (the step's intermediate rewards, not the episode's outcome)."""
-        warn_renamed("Transition.reward", "Transition.intermediate_reward", removed_in="0.3.0")
-        return self.intermediate_reward
 
 
 class TrainingSample(RecordModel):
@@ -153,10 +90,6 @@ class TrainingSample(RecordModel):
             trainer's current version minus this is the sample's staleness.
         policy: The policy that generated it (`Transition.policy`): a multi-policy engine trains it on that
             policy's adapter only.
-
-    The names ``prompt_ids``, ``response_ids`` and ``old_logprobs`` are deprecated aliases (as keyword arguments
-    and attributes) of ``prompt_token_ids``, ``response_token_ids`` and ``response_logprobs``; ``returns`` is a
-    deprecated alias of ``credit`` (passing a different value is an error); all four are removed in 0.3.0.
     """
 
     prompt_token_ids: list[int]
@@ -173,52 +106,12 @@ class TrainingSample(RecordModel):
     model_version: int | None = Field(default=None, ge=0)
     policy: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated_names(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or _SAMPLE_OLD.isdisjoint(cast(dict[str, Any], data)):
-            return cast(Any, data)
-        values = _renamed_fields("TrainingSample", cast(dict[str, Any], data), _SAMPLE_RENAMED)
-        if "returns" in values:
-            returns = values.pop("returns")
-            warn_renamed("TrainingSample(returns=...)", "credit= (the return is the credit)", removed_in="0.3.0")
-            if returns != values.get("credit"):
-                raise ValueError(
-                    f"TrainingSample: returns ({returns!r}) differs from credit ({values.get('credit')!r}); the "
-                    "return a critic learns is the credit: pass credit only"
-                )
-        return values
-
     @field_validator("response_token_ids")
     @classmethod
     def _non_empty(cls, value: list[int]) -> list[int]:
         if not value:
             raise ValueError("a training sample needs at least one response token")
         return value
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        """Deprecated: `prompt_token_ids`."""
-        warn_renamed("TrainingSample.prompt_ids", "TrainingSample.prompt_token_ids", removed_in="0.3.0")
-        return self.prompt_token_ids
-
-    @property
-    def response_ids(self) -> list[int]:
-        """Deprecated: `response_token_ids`."""
-        warn_renamed("TrainingSample.response_ids", "TrainingSample.response_token_ids", removed_in="0.3.0")
-        return self.response_token_ids
-
-    @property
-    def old_logprobs(self) -> list[float] | None:
-        """Deprecated: `response_logprobs`."""
-        warn_renamed("TrainingSample.old_logprobs", "TrainingSample.response_logprobs", removed_in="0.3.0")
-        return self.response_logprobs
-
-    @property
-    def returns(self) -> float:
-        """Deprecated: `credit` (it always held the credit)."""
-        warn_renamed("TrainingSample.returns", "TrainingSample.credit", removed_in="0.3.0")
-        return self.credit
 
 
 class TransitionFields(TypedDict):

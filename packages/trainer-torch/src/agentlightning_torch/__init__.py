@@ -17,13 +17,8 @@ Every public name is importable from here; the package is four parts, each its o
 - `agentlightning_torch.runkit`: what ``agl train`` and the examples share to run a training (stores, runners, Ray).
 
 Words: an *adapter* is a framework adapter (``agentlightning-langchain``...); LoRA weights are called *LoRA*
-(`LoRAPolicies`, `load_lora_weights`, `LocalBackend.load_lora`). Deprecated names (each warns; removed in 0.3.0):
-``VLLMServing`` (`VLLMWeightsServing`), ``PolicyAdapters`` (`LoRAPolicies`), ``load_adapter_weights``
-(`load_lora_weights`), ``VLLMAdapterError`` (`VLLMLoRAError`), ``load_vllm_adapter`` (`load_vllm_lora`).
+(`LoRAPolicies`, `load_lora_weights`, `LocalBackend.load_lora`).
 """
-
-import warnings
-from typing import Any
 
 from agentlightning_torch.models import (
     CHAT_SPECIAL_TOKENS,
@@ -201,39 +196,3 @@ __all__ = [
     "tool_parser_names",
     "train_chat_tokenizer",
 ]
-
-
-_DEPRECATED: dict[str, tuple[str, str]] = {
-    "VLLMServing": (
-        "VLLMWeightsServing",
-        "agentlightning_torch.VLLMServing is deprecated: use VLLMWeightsServing (one policy on vLLM; several LoRA "
-        "policies: VLLMLoRAServing), whose start/sync take only the version",
-    ),
-    "PolicyAdapters": (
-        "LoRAPolicies",
-        "agentlightning_torch.PolicyAdapters is deprecated: use LoRAPolicies (the same class)",
-    ),
-    "load_adapter_weights": (
-        "load_lora_weights",
-        "agentlightning_torch.load_adapter_weights is deprecated: use load_lora_weights (the same function)",
-    ),
-    "VLLMAdapterError": (
-        "VLLMLoRAError",
-        "agentlightning_torch.VLLMAdapterError is deprecated: use VLLMLoRAError (the same exception)",
-    ),
-    "load_vllm_adapter": (
-        "load_vllm_lora",
-        "agentlightning_torch.load_vllm_adapter is deprecated: use load_vllm_lora (the same function)",
-    ),
-}
-"""Old name -> (new name, its warning before "it is removed in 0.3.0"): renamed so that "adapter" means only a
-framework adapter."""
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names (`_DEPRECATED`), removed in 0.3.0: each warns and returns what replaced it."""
-    if name in _DEPRECATED:
-        new, message = _DEPRECATED[name]
-        warnings.warn(f"{message}; it is removed in 0.3.0", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,17 +2,12 @@
 
 Importing this package imports neither verl nor torch; each entry point imports them when called.
 `VerlEngine` is the `agentlightning.Engine` (verl's actor, critic and rollout servers); `VerlTrainer` is the
-`agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. ``VerlAlgorithm`` is the deprecated
-old name of `VerlTrainer` (removed in 0.3.0). The CPU rehearsal of verl's GPU recipe (verl and its vLLM rollout on
-a CPU, for tests) is not user API: it lives in the private `agentlightning_verl._cpu_rehearsal`, which lists every
-private verl / vLLM attribute it relies on; ``install_cpu_platform`` here is its deprecated alias (removed in 0.3.0).
-The engine serves through its backend's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`);
-``RolloutServing``, ``VllmServing`` and ``LocalServing`` are deprecated old names of `Serving`, `VLLMReplicaServing`
-and `ExportedWeightsServing` (removed in 0.3.0).
+`agentlightning.RLLoop` that trains one, both built from a `VerlTrainerConfig`. The CPU rehearsal of verl's GPU
+recipe (verl and its vLLM rollout on a CPU, for tests) is not user API: it lives in the private
+`agentlightning_verl._cpu_rehearsal`; verl's vLLM rollout as both paths run it is the private
+`agentlightning_verl._vllm_integration`, which lists every private verl / vLLM attribute they rely on. The engine serves
+through its backend's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`).
 """
-
-import warnings
-from typing import Any
 
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
@@ -59,54 +54,3 @@ __all__ = [
     "named_tensors_checksum",
     "to_data_proto",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names, removed in 0.3.0 (each warns): ``VerlAlgorithm`` (`VerlTrainer`),
-    ``install_cpu_platform`` (the CPU rehearsal's, now private: ``agentlightning_verl._cpu_rehearsal``),
-    ``RolloutServing`` (`Serving`), ``VllmServing`` (`VLLMReplicaServing`), ``LocalServing``
-    (`ExportedWeightsServing`)."""
-    if name == "RolloutServing":
-        warnings.warn(
-            "agentlightning_verl.RolloutServing is deprecated: use Serving (steps start, drain, sync, metrics, stop, "
-            "release); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return Serving
-    if name == "VllmServing":
-        warnings.warn(
-            "agentlightning_verl.VllmServing is deprecated: use VLLMReplicaServing (a Serving: start, drain, sync, "
-            "metrics, stop, release); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return VLLMReplicaServing
-    if name == "LocalServing":
-        warnings.warn(
-            "agentlightning_verl.LocalServing is deprecated: use ExportedWeightsServing (a Serving: start, drain, "
-            "sync, metrics, stop, release); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ExportedWeightsServing
-    if name == "install_cpu_platform":
-        warnings.warn(
-            "agentlightning_verl.install_cpu_platform is deprecated: the CPU rehearsal is not user API "
-            "(agentlightning_verl._cpu_rehearsal.install_cpu_platform; RayVerlBackend(device='cpu') calls it); "
-            "it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from agentlightning_verl._cpu_rehearsal import install_cpu_platform
-
-        return install_cpu_platform
-    if name == "VerlAlgorithm":
-        warnings.warn(
-            "agentlightning_verl.VerlAlgorithm is deprecated: use VerlTrainer (an agentlightning.RLLoop whose "
-            "engine, a VerlEngine, is trainer.engine); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return VerlTrainer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -213,6 +213,17 @@ class VerlTrainerConfig(BaseModel):
 
         base = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
         cfg = OmegaConf.load(base)
+        settings = self._verl_settings()
+        for key, value in {**settings, **self.overrides}.items():
+            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and key not in settings:
+                raise KeyError(f"override {key!r} is not a key of verl 0.9.1's PPO trainer config")
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+        OmegaConf.resolve(cfg)
+        return cfg  # pyright: ignore[reportReturnType]
+
+    def _verl_settings(self) -> dict[str, Any]:
+        """Our fields as verl config keys (dotted paths into verl's PPO trainer config)."""
         world = self.nnodes * self.n_gpus_per_node
         # FSDP's MixedPrecision param dtype is what the forward/backward run in (verl's default: bf16).
         mixed_precision = {
@@ -276,10 +287,4 @@ class VerlTrainerConfig(BaseModel):
         if world == 1:
             settings["actor_rollout_ref.actor.fsdp_config.fsdp_size"] = 1
             settings["critic.fsdp.fsdp_size"] = 1
-        for key, value in {**settings, **self.overrides}.items():
-            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and key not in settings:
-                raise KeyError(f"override {key!r} is not a key of verl 0.9.1's PPO trainer config")
-            with open_dict(cfg):
-                OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-        OmegaConf.resolve(cfg)
-        return cfg  # pyright: ignore[reportReturnType]
+        return settings

@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentlightning_verl._serving import ExportedWeightsServing, NoServing, ServingMethods, VLLMReplicaServing
+from agentlightning_verl._serving import ExportedWeightsServing, NoServing, VLLMReplicaServing
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,7 @@ class LocalVerlActor:
         return _scalar_metrics(tu.get(output, "metrics"))
 
 
-class LocalVerlBackend(ServingMethods):
+class LocalVerlBackend:
     """`VerlEngine` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
 
     It trains but serves nothing: there is no inference server to sync weights into, so its `serving` is a

@@ -21,7 +21,6 @@ from agentlightning_verl._serving import (
     ExportedWeightsServing,
     LocalServer,
     NoServing,
-    ServingMethods,
     VLLMReplicaServing,
 )
 
@@ -147,7 +146,7 @@ def _one_placement_group_per_node(nnodes: int, per_node: int) -> list[Any]:
     return groups
 
 
-class RayVerlBackend(ServingMethods):
+class RayVerlBackend:
     """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
 
     Args:
@@ -180,7 +179,7 @@ class RayVerlBackend(ServingMethods):
         _ensure_ray(device, config.nnodes * config.n_gpus_per_node)
         use_vllm = local_server is None
         if use_vllm and device == "cpu":
-            from agentlightning_verl._cpu_rehearsal.vllm_server import apply_cpu_rollout
+            from agentlightning_verl._cpu_rehearsal.vllm_cpu import apply_cpu_rollout
 
             apply_cpu_rollout(self.cfg)
         # Phases: the resource pool → the worker classes (actor, critic) → spawned and initialised → serving.
@@ -268,7 +267,7 @@ class RayVerlBackend(ServingMethods):
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
 
-        from agentlightning_verl._cpu_rehearsal.vllm_server import llm_server_manager
+        from agentlightning_verl._vllm_integration import llm_server_manager
 
         # verl's manager with our replica/server classes (CPU launch, weight-sync extension, probes); verl's
         # @auto_await: called from synchronous code these return results, not coroutines

@@ -17,9 +17,6 @@ alike.
   actor's full weights from verl's FSDP engine (the same generator verl feeds vLLM) and loads them, tagged with the
   version.
 * `NoServing`: nothing serves (`LocalVerlBackend`: updates only); ``sync`` records the version.
-
-``RolloutServing``, ``VllmServing`` and ``LocalServing`` are the deprecated old names of `Serving`,
-`VLLMReplicaServing` and `ExportedWeightsServing` (removed in 0.3.0).
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import hashlib
 import inspect
 import logging
 import time
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -41,7 +37,6 @@ __all__ = [
     "LocalServer",
     "NoServing",
     "Serving",
-    "ServingMethods",
     "VLLMReplicaServing",
     "named_tensors_checksum",
 ]
@@ -273,51 +268,3 @@ class NoServing(_Timings):
     async def sync(self, version: int) -> None:
         """Nothing to sync to; records the version."""
         self.synced_versions.append(version)
-
-
-class ServingMethods:
-    """The methods `VerlBackend` s had before `Serving`, kept (deprecated, removed in 0.3.0) on the shipped backends:
-    each warns and calls the backend's ``serving``."""
-
-    serving: ExportedWeightsServing | VLLMReplicaServing | NoServing
-
-    def rollout_addresses(self) -> list[str]:
-        """Deprecated: the URLs are what ``serving.start`` returns."""
-        warnings.warn(
-            "agentlightning_verl.VerlBackend.rollout_addresses is deprecated: use the URLs backend.serving.start "
-            "returns; it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.serving.addresses()
-
-    async def drain_rollout(self) -> int:
-        """Deprecated: ``serving.drain``."""
-        warnings.warn(
-            "agentlightning_verl.VerlBackend.drain_rollout is deprecated: use backend.serving.drain (same meaning); "
-            "it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return await self.serving.drain(0.0)
-
-    async def release_rollout(self) -> None:
-        """Deprecated: ``serving.release``."""
-        warnings.warn(
-            "agentlightning_verl.VerlBackend.release_rollout is deprecated: use backend.serving.release (same "
-            "meaning, synchronous); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        await asyncio.to_thread(self.serving.release)
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """Deprecated: ``serving.sync`` (its timings: ``serving.metrics``)."""
-        warnings.warn(
-            "agentlightning_verl.VerlBackend.sync_weights is deprecated: use backend.serving.sync (timings: "
-            "backend.serving.metrics()); it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        await self.serving.sync(version)
-        return self.serving.metrics()

@@ -127,7 +127,7 @@ async def _run_calibration(args: argparse.Namespace, config: Any, tasks: list[di
     from agentlightning._netauth import new_token
     from agentlightning.judge import calibrate
     from agentlightning.proxy import LLMProxy
-    from agentlightning.runner._load import load_agent
+    from agentlightning.runner import load_agent
 
     agent = load_agent(args.agent, args.app_dir)
     output = Path(args.output)

@@ -84,7 +84,7 @@ def serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from agentlightning._netauth import check_bind_token
-    from agentlightning.store._base import StoreError
+    from agentlightning.store import StoreError
 
     console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
     if not 0 <= args.port <= 65535:

@@ -115,7 +115,7 @@ def connect_store(store_url: str | None, db: str, token: str | None) -> Any:
 
 def store_location(store_url: str | None, db: str) -> str:
     """Where the store of `add_store_arguments`' options is, for messages (a DSN without its password)."""
-    from agentlightning.store._base import StoreError
+    from agentlightning.store import StoreError
     from agentlightning.store._postgres_schema import describe_dsn, is_postgres_dsn
 
     if store_url:
@@ -134,7 +134,7 @@ def serve(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from agentlightning._netauth import new_token
-    from agentlightning.store._base import StoreError
+    from agentlightning.store import StoreError
 
     console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error stays one line however long
     given: str | None = args.token or os.environ.get(TOKEN_ENV) or None
@@ -283,15 +283,15 @@ def _open_store(args: argparse.Namespace) -> Any:
         except Exception as exc:  # pydantic's ValidationError names the bad flag's field
             raise ValueError(f"invalid retry policy: {exc}") from exc
     if args.memory:
-        from agentlightning.store._memory import MemoryStore
+        from agentlightning.store import MemoryStore
 
         return MemoryStore(**kwargs)
     from agentlightning.store._postgres_schema import is_postgres_dsn
 
     if is_postgres_dsn(args.db):
-        from agentlightning.store._postgres import PostgresStore
+        from agentlightning.store import PostgresStore
 
         return PostgresStore(args.db, **kwargs)
-    from agentlightning.store._sqlite import SqliteStore
+    from agentlightning.store import SqliteStore
 
     return SqliteStore(args.db, synchronous=args.synchronous, **kwargs)

@@ -23,10 +23,9 @@ from agentlightning.credit._advantages import (
 )
 from agentlightning.credit._config import CreditConfig
 from agentlightning.credit._strategies import CreditStrategy, discounted, get_credit_strategy, identical, per_step
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 from agentlightning.store._common import revalidate_unchecked
-from agentlightning.transitions._config import TransitionConfig, TransitionDiagnostics, TransitionResult
-from agentlightning.transitions._store import results_from_store
+from agentlightning.transitions import TransitionConfig, TransitionDiagnostics, TransitionResult, results_from_store
 
 __all__ = ["build_batch_from_results", "build_batch_from_store", "build_training_batch", "staleness_metrics"]
 

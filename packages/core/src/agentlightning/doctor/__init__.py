@@ -22,7 +22,7 @@ from agentlightning.doctor._evidence import collect
 from agentlightning.doctor._render import print_report, show_report
 from agentlightning.doctor._report import DoctorReport, Finding, RunFigures, SiteReport, exit_code
 from agentlightning.doctor._rollouts import rollout_findings, run_figures
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 from agentlightning.transitions import TransitionConfig
 
 __all__ = [

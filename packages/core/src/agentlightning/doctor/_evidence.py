@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from agentlightning._models import Attempt, LLMCall, Rollout, Span
 from agentlightning.semconv import GEN_AI_AGENT_NAME, GEN_AI_RESPONSE_ID, KIND_AGENT, KIND_LLM, SPAN_KIND
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 
 __all__ = ["NO_SPAN_SITE", "UNMATCHED_SITE", "CallView", "RolloutEvidence", "collect"]
 

@@ -18,8 +18,8 @@ from agentlightning._training_models import Transition, TransitionFields
 from agentlightning.judge._config import JudgeConfig
 from agentlightning.judge._judge import JudgeOutcome, LLMJudge, RolloutJudgement
 from agentlightning.judge._prompts import Score
-from agentlightning.store._base import LightningStore
-from agentlightning.transitions._config import TransitionResult
+from agentlightning.store import LightningStore
+from agentlightning.transitions import TransitionResult
 
 __all__ = ["JudgeFailedError", "apply_judgements", "check_failures", "final_reward", "judge_results", "rewarded"]
 

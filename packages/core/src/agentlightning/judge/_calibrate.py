@@ -16,9 +16,8 @@ from pathlib import Path
 
 from agentlightning.judge._config import JudgeConfig
 from agentlightning.judge._judge import LLMJudge
-from agentlightning.store._base import LightningStore
-from agentlightning.transitions._config import TransitionConfig
-from agentlightning.transitions._store import results_from_store
+from agentlightning.store import LightningStore
+from agentlightning.transitions import TransitionConfig, results_from_store
 
 __all__ = ["CalibrationReport", "agreement", "calibrate", "spearman"]
 

@@ -22,7 +22,7 @@ from agentlightning.judge._client import JudgeBudgetExceeded, JudgeCallError, Ju
 from agentlightning.judge._config import JudgeConfig
 from agentlightning.judge._prompts import InvalidJudgement, Score, group_messages, parse_scores, step_messages
 from agentlightning.judge._trace import JudgedTrace, read_trace
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 
 __all__ = [
     "JUDGE_ERROR",

@@ -15,8 +15,8 @@ from typing import Any
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._base import LightningStore
-from agentlightning.transitions._tree import TraceTree, build_trace_tree
+from agentlightning.store import LightningStore
+from agentlightning.transitions import TraceTree, build_trace_tree
 
 __all__ = ["JudgedTrace", "TraceStep", "read_trace", "trace_from_records"]
 

@@ -9,9 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentlightning._netauth import check_bind_token, is_wildcard
 from agentlightning._policies import PolicyMap
-from agentlightning.credit._advantages import is_group_estimator
-from agentlightning.credit._config import CreditConfig
-from agentlightning.judge._config import JudgeConfig
+from agentlightning.credit import CreditConfig, is_group_estimator
+from agentlightning.judge import JudgeConfig
 
 __all__ = ["LoopConfig", "ProxySettings"]
 

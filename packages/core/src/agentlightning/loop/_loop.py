@@ -51,20 +51,19 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from agentlightning._gc import frozen_gc
 from agentlightning._models import LLMResource, Resources
 from agentlightning._netauth import new_token
-from agentlightning.credit._batch import build_batch_from_results
-from agentlightning.judge._judge import LLMJudge
+from agentlightning.credit import build_batch_from_results
+from agentlightning.judge import LLMJudge
 from agentlightning.loop._checkpoints import BEST_CHECKPOINT, read_loop_state, write_loop_state
 from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
 from agentlightning.loop._rollouts import cancel_unfinished, failure_reasons, first_failure, group_requests
 from agentlightning.loop._update import update_in_thread
-from agentlightning.store._base import LightningStore
-from agentlightning.transitions._config import TransitionConfig, TransitionResult
-from agentlightning.transitions._store import results_from_store
+from agentlightning.store import LightningStore
+from agentlightning.transitions import TransitionConfig, TransitionResult, results_from_store
 
 if TYPE_CHECKING:
-    from agentlightning.proxy._proxy import LLMProxy
+    from agentlightning.proxy import LLMProxy
 
 __all__ = ["EngineT", "RLLoop"]
 
@@ -153,7 +152,7 @@ class RLLoop(Generic[EngineT]):
         settings.check_exposure()
         if self.config.resume and not self._restored:
             self.restore()
-        from agentlightning.proxy._proxy import LLMProxy  # imported on use: `import agentlightning` stays light
+        from agentlightning.proxy import LLMProxy  # imported on use: `import agentlightning` stays light
 
         backends = await self.engine.start_servers(self.model_version)
         proxy = LLMProxy(
@@ -296,14 +295,7 @@ class RLLoop(Generic[EngineT]):
                 self.model_version = version
                 await self._publish(store)
             else:
-                logger.warning(
-                    "iteration %d: %d of %d rollouts finished and gave no training sample; the update is skipped "
-                    "(batch metrics: %s)",
-                    self.iteration,
-                    len(done_ids),
-                    len(rollout_ids),
-                    {k: v for k, v in batch.metrics.items() if v},
-                )
+                self._warn_skipped(len(done_ids), len(rollout_ids), batch.metrics)
                 metrics["skipped_update"] = 1.0
                 t_update = t_batch
         finally:
@@ -317,13 +309,29 @@ class RLLoop(Generic[EngineT]):
                 "time_sync": time.monotonic() - t_update,
             }
         )
+        return self._finish_iteration(len(rollout_ids), results, t0, metrics)
+
+    def _warn_skipped(self, done: int, enqueued: int, batch_metrics: dict[str, float]) -> None:
+        logger.warning(
+            "iteration %d: %d of %d rollouts finished and gave no training sample; the update is skipped "
+            "(batch metrics: %s)",
+            self.iteration,
+            done,
+            enqueued,
+            {k: v for k, v in batch_metrics.items() if v},
+        )
+
+    def _finish_iteration(
+        self, enqueued: int, results: Sequence[TransitionResult], t0: float, metrics: dict[str, float]
+    ) -> IterationReport:
+        """The iteration's report: recorded, handed to ``on_iteration``, and a checkpoint when one is due."""
         metrics.update(self.engine.iteration_metrics())
         self.iteration += 1
-        report = self._report("train", len(rollout_ids), results, t0, metrics)
+        report = self._report("train", enqueued, results, t0, metrics)
         self._record(report)
         if self.on_iteration is not None:
             self.on_iteration(report)
-        if config.checkpoint_every and self.iteration % config.checkpoint_every == 0:
+        if self.config.checkpoint_every and self.iteration % self.config.checkpoint_every == 0:
             self.save_checkpoint()
         return report
 
@@ -450,7 +458,7 @@ class RLLoop(Generic[EngineT]):
         self, store: LightningStore, rollout_ids: list[str], results: list[TransitionResult]
     ) -> tuple[list[TransitionResult], dict[str, float]]:
         """The judge's rewards on ``results`` (`judge_results`; ``LoopConfig.judge``) and its ``judge_*`` metrics."""
-        from agentlightning.judge._apply import judge_results  # imported on use: only a run with a judge needs it
+        from agentlightning.judge import judge_results  # imported on use: only a run with a judge needs it
 
         assert self._judge is not None
         return await judge_results(self._judge, store, rollout_ids, results)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agentlightning.transitions._config import TransitionResult
+from agentlightning.transitions import TransitionResult
 
 __all__ = ["IterationReport", "append_metrics", "held_out_score", "make_report", "summarize_results"]
 

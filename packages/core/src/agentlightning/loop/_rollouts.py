@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentlightning._models import Rollout
-from agentlightning.store._base import ConflictError, LightningStore, RolloutRequest
+from agentlightning.store import ConflictError, LightningStore, RolloutRequest
 
 __all__ = ["cancel_unfinished", "failure_reasons", "first_failure", "group_requests"]
 

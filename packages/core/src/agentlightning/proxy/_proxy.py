@@ -75,7 +75,7 @@ from agentlightning.proxy._policy_routing import PolicyRouter
 from agentlightning.proxy._routes import proxy_routes, runner_refusal, served_apis, slot_refusal
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._transport import IN_PROCESS_SCHEME
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 
 __all__ = ["CALL_ID_HEADER", "MODEL_VERSION_FIELD", "MODEL_VERSION_HEADER", "LLMProxy", "create_proxy_app"]
 

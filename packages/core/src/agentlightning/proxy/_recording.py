@@ -18,7 +18,7 @@ from agentlightning.proxy._asgi import error
 from agentlightning.proxy._assemble import Extracted, without_token_fields
 from agentlightning.proxy._slots import SlotTable
 from agentlightning.proxy._streaming import LATE_CALL, Meta, refusal_of
-from agentlightning.store._base import AttemptEndedError, LightningStore
+from agentlightning.store import AttemptEndedError, LightningStore
 
 __all__ = ["CallRecorder", "unrecorded"]
 

@@ -137,7 +137,7 @@ def _otlp_target(store: Any, rollout_id: str, attempt_id: str) -> tuple[str, str
     """Where the command's spans go: the served store's OTLP route, with the attempt's own credential (``None``: the
     store is not a served one)."""
     from agentlightning._otlp_auth import attempt_credential
-    from agentlightning.store._client import StoreClient
+    from agentlightning.store import StoreClient
 
     if not isinstance(store, StoreClient) or not store.token:
         return None

@@ -22,7 +22,7 @@ from agentlightning._models import AttemptStatus, Claim, Resources, Rollout
 from agentlightning.adapters import use_active_sources
 from agentlightning.runner._agent import RolloutAgent, reward_from_result
 from agentlightning.runner._heartbeats import batcher_for, next_tick
-from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store import LightningStore, StoreError
 from agentlightning.tracing import aflush, emit_reward, flush, rollout_context
 from agentlightning.tracing._provider import light_tracer
 
@@ -242,7 +242,6 @@ async def execute_async(
             await on_agent_end()
 
     beat = asyncio.create_task(heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_gone))
-    ending: asyncio.Future[None] | None = None
     try:
         with (
             rollout_context(
@@ -258,13 +257,7 @@ async def execute_async(
             deadline = asyncio.timeout(timeout)
             try:
                 async with deadline:
-                    result = agent.invoke(claim.rollout.input, resources)
-                    if inspect.isawaitable(result) and getattr(agent.fn, "stop_when_attempt_ends", False):
-                        result = await _unless_gone(result, gone)  # a command agent: its process ends with the attempt
-                    elif watched is not None and inspect.iscoroutine(result):
-                        result = await watched(result)
-                    elif inspect.isawaitable(result):
-                        result = await result
+                    result = await _run_agent(agent, claim, resources, gone, watched)
                 _accept_result(result, outcome)
             except TimeoutError as exc:
                 if deadline.expired():
@@ -279,16 +272,7 @@ async def execute_async(
                 _record_failure(root, outcome, exc, rollout_id)
                 outcome.error = "the runner was cancelled while the agent ran; the rollout was released"
                 raise
-        if on_agent_end is not None:
-            ending = asyncio.ensure_future(_agent_ended(on_agent_end, attempt_id))  # overlaps the flush
-        await _drain_adapters()
-        try:
-            await aflush(flush_timeout, attempt_id)
-        except Exception as exc:
-            if outcome.status == "succeeded":
-                outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
-        if ending is not None:
-            await ending
+        await _flush_attempt(outcome, flush_timeout, attempt_id, on_agent_end)
     except asyncio.CancelledError:
         # The agent did not fail, its runner went away (shutdown, drain): hand the rollout to another runner now.
         await asyncio.shield(release(store, claim))
@@ -296,6 +280,40 @@ async def execute_async(
     finally:
         beat.cancel()
     return outcome, await _finish(store, claim, outcome)
+
+
+async def _run_agent(
+    agent: RolloutAgent,
+    claim: Claim,
+    resources: Resources | None,
+    gone: asyncio.Event,
+    watched: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]] | None,
+) -> Any:
+    """The agent's result, awaited as its kind needs: a command agent until the store ends its attempt (its process
+    ends with it), a coroutine step by step where the worker is watched."""
+    result = agent.invoke(claim.rollout.input, resources)
+    if inspect.isawaitable(result) and getattr(agent.fn, "stop_when_attempt_ends", False):
+        return await _unless_gone(result, gone)
+    if watched is not None and inspect.iscoroutine(result):
+        return await watched(result)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+async def _flush_attempt(
+    outcome: Outcome, flush_timeout: float | None, attempt_id: str, on_agent_end: Callable[[], Awaitable[None]] | None
+) -> None:
+    """The attempt's spans stored (a failure to store them fails a succeeded attempt), ``on_agent_end`` overlapping."""
+    ending = None if on_agent_end is None else asyncio.ensure_future(_agent_ended(on_agent_end, attempt_id))
+    await _drain_adapters()
+    try:
+        await aflush(flush_timeout, attempt_id)
+    except Exception as exc:
+        if outcome.status == "succeeded":
+            outcome.status, outcome.error = "failed", f"the attempt's spans could not be stored: {exc!r}"
+    if ending is not None:
+        await ending
 
 
 async def _unless_gone(awaitable: Awaitable[T], gone: asyncio.Event) -> T:
@@ -327,6 +345,20 @@ async def _agent_ended(on_agent_end: Callable[[], Awaitable[None]], attempt_id: 
         await on_agent_end()
     except Exception as exc:
         logger.warning("attempt %s: reporting its end to the LLM proxy failed: %r", attempt_id, exc)
+
+
+def _stuck_after(body: Callable[[], None], timeout: float | None, rollout_id: str) -> threading.Thread | None:
+    """Run ``body`` in this thread, or with a ``timeout`` in a helper thread; the helper when it still runs at the
+    timeout (it is then abandoned: a sync function cannot be interrupted), else ``None``."""
+    if timeout is None:
+        body()
+        return None
+    helper = threading.Thread(
+        target=contextvars.copy_context().run, args=(body,), name=f"agent-{rollout_id}", daemon=True
+    )
+    helper.start()
+    helper.join(timeout)
+    return helper if helper.is_alive() else None
 
 
 def execute_sync(
@@ -385,20 +417,13 @@ def execute_sync(
         heartbeat_loop(store, rollout_id, attempt_id, heartbeat_interval, on_heartbeat, on_agent_end), store_loop
     )
     try:
-        if timeout is None:
-            body()
-        else:
-            helper = threading.Thread(
-                target=contextvars.copy_context().run, args=(body,), name=f"agent-{rollout_id}", daemon=True
+        stuck = _stuck_after(body, timeout, rollout_id)
+        if stuck is not None:
+            where = thread_frame(stuck)
+            outcome = Outcome("timeout", f"the agent blocked its worker for {timeout:g} s in {where}", None, True)
+            logger.warning(
+                "rollout %s: agent still running after %ss in %s; attempt abandoned", rollout_id, timeout, where
             )
-            helper.start()
-            helper.join(timeout)
-            if helper.is_alive():
-                where = thread_frame(helper)
-                outcome = Outcome("timeout", f"the agent blocked its worker for {timeout:g} s in {where}", None, True)
-                logger.warning(
-                    "rollout %s: agent still running after %ss in %s; attempt abandoned", rollout_id, timeout, where
-                )
         ending = None
         if on_agent_end is not None and store_loop.is_running():  # overlaps the flush (a stopped loop: shutting down)
             ending = asyncio.run_coroutine_threadsafe(_agent_ended(on_agent_end, attempt_id), store_loop)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 
-from agentlightning.store._base import ConflictError, LightningStore, StoreError
+from agentlightning.store import ConflictError, LightningStore, StoreError
 
 __all__ = ["HeartbeatBatcher", "batcher_for", "next_tick"]
 

@@ -27,7 +27,7 @@ from agentlightning.runner._workers import WorkerSettings
 from agentlightning.runner._workers import _end_with_parent as end_with_parent  # pyright: ignore[reportPrivateUsage]
 from agentlightning.runner._workers import _ProcessBudget as ProcessBudget  # pyright: ignore[reportPrivateUsage]
 from agentlightning.runner._workers import _resolve_agent as resolve_agent  # pyright: ignore[reportPrivateUsage]
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 from agentlightning.tracing import export_to_otlp
 
 __all__ = ["host_main", "instrument", "instrumented_adapters", "look_at"]

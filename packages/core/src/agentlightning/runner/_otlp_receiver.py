@@ -17,7 +17,7 @@ from typing import Any
 
 from agentlightning._otlp_auth import attempt_credential
 from agentlightning._server_base import STORE_MAX_BODY_BYTES
-from agentlightning.store._base import AttemptEndedError, LightningStore, NotFoundError, StoreError
+from agentlightning.store import AttemptEndedError, LightningStore, NotFoundError, StoreError
 from agentlightning.store._otlp_in import OTLP_PATH, OtlpError, credential_attempt, spans_from_otlp
 
 __all__ = ["OtlpReceiver"]

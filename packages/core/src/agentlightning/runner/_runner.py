@@ -40,8 +40,7 @@ from agentlightning.runner._workers import (
     sync_worker,
     worker_id_of,
 )
-from agentlightning.store._base import LightningStore, StoreError
-from agentlightning.store._client import StoreClient
+from agentlightning.store import LightningStore, StoreClient, StoreError
 from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
 
 __all__ = ["Runner", "WorkerMode"]
@@ -493,15 +492,7 @@ class Runner:
                     failed = store_loop.call(self._fail_attempts_of(p, index))
                     if failed:
                         replace(index)
-                        logger.warning(
-                            "worker process %s (pid %s) died with exit code %s while running %s; its attempt is "
-                            "failed and a new worker (pid %s) took its place",
-                            p.name,
-                            p.pid,
-                            p.exitcode,
-                            ", ".join(failed),
-                            processes[index].pid,
-                        )
+                        _warn_replaced(p, failed, processes[index].pid)
         finally:
             stop_event.set()
             for p in processes:
@@ -510,6 +501,10 @@ class Runner:
                 store_loop.call(self.store.close())  # only this loop's connection pool
             store_loop.stop()
             dumps.cleanup()
+        self._check_exits(processes, ended)
+
+    def _check_exits(self, processes: list[Any], ended: list[Any]) -> None:
+        """Log the worker processes that exited unasked (``ended``: already handled); raise when all of them did."""
         failed = [p for p in processes if p.exitcode not in (0, RECYCLE_EXIT_CODE)]
         for p in failed:
             # A stop signal to the runner's process group reaches its worker processes too, a starting one before
@@ -563,3 +558,15 @@ class Runner:
         except StoreError as exc:
             logger.warning("could not end the attempts of dead worker %s: %s", worker_id, exc)
         return failed
+
+
+def _warn_replaced(process: Any, failed: list[str], new_pid: int | None) -> None:
+    logger.warning(
+        "worker process %s (pid %s) died with exit code %s while running %s; its attempt is failed and a new worker "
+        "(pid %s) took its place",
+        process.name,
+        process.pid,
+        process.exitcode,
+        ", ".join(failed),
+        new_pid,
+    )

@@ -28,7 +28,7 @@ from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
-from agentlightning.store._base import LightningStore, StoreError
+from agentlightning.store import LightningStore, StoreError
 
 __all__ = [
     "RECYCLE_EXIT_CODE",

@@ -27,7 +27,7 @@ from agentlightning.runner._agent import RolloutAgent, as_agent
 from agentlightning.runner._execute import execute_sync, release
 from agentlightning.runner._slots import SlotRegistrar, for_agents
 from agentlightning.runner._watchdog import RECYCLE_EXIT_CODE, dump_frames_on_signal, tick_on
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 from agentlightning.tracing import LoopThread, aflush, export_to_otlp, flush, flush_otlp
 
 __all__ = [

@@ -1,8 +1,5 @@
 """Store protocol and backends."""
 
-from typing import Any
-
-from agentlightning._deprecation import warn_renamed
 from agentlightning.store._base import (
     MAX_DEQUEUE_MANY,
     RELEASED,
@@ -70,11 +67,3 @@ __all__ = [
     "runner_of",
     "runner_totals",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names: ``StoreServer`` is `StoreServerProcess` (it runs ``agl store serve`` as a child process)."""
-    if name == "StoreServer":
-        warn_renamed("agentlightning.store.StoreServer", "agentlightning.store.StoreServerProcess", removed_in="0.3.0")
-        return StoreServerProcess
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agentlightning._deprecation import warn_renamed
-
 if TYPE_CHECKING:
     from agentlightning.testing._adapter_kit import AdapterConformanceTests, KitHarness, RunRecord
     from agentlightning.testing._attempts import start_attempts
@@ -88,15 +86,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The kits' names, imported on first use; ``ServedStoreProcess`` is the deprecated name of
-    `StoreServerProcessForTests` (removed in 0.3.0)."""
-    if name == "ServedStoreProcess":
-        warn_renamed(
-            "agentlightning.testing.ServedStoreProcess",
-            "agentlightning.testing.StoreServerProcessForTests",
-            removed_in="0.3.0",
-        )
-        name = "StoreServerProcessForTests"
+    """The kits' names, imported on first use."""
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'agentlightning.testing' has no attribute {name!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentlightning.store._base import LightningStore, RolloutRequest
+from agentlightning.store import LightningStore, RolloutRequest
 
 __all__ = ["start_attempts"]
 

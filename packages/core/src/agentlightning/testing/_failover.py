@@ -16,9 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from agentlightning._models import Attempt, Rollout
-from agentlightning.store._base import RetryPolicy, RolloutRequest
-from agentlightning.store._client import StoreClient
-from agentlightning.store._postgres import PostgresStore
+from agentlightning.store import PostgresStore, RetryPolicy, RolloutRequest, StoreClient
 from agentlightning.testing._store_kit import make_span
 from agentlightning.testing._store_server import StoreServerProcessForTests
 

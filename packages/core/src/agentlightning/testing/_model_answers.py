@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -253,16 +253,29 @@ class ScriptedAnswers:
         await resp.write_eof()
         return resp
 
+    def _completion_prompt(self, prompt: Any) -> list[int] | None:
+        """The legacy completions API's ``prompt`` as token ids (a string or a list of ids), ``None`` if neither."""
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in cast(list[Any], prompt)):
+            return [int(t) for t in cast(list[int], prompt)]
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return None
+
+    def _completion_logprobs(self, piece_ids: list[int], start: int) -> dict[str, Any]:
+        """The legacy completions API's ``logprobs`` block of the tokens ``piece_ids`` at text offset ``start``."""
+        return {
+            "tokens": [self.tokenizer.token_text(t) for t in piece_ids],
+            "token_logprobs": [pseudo_logprob(t, start + j) for j, t in enumerate(piece_ids)],
+            "top_logprobs": [{} for _ in piece_ids],
+            "text_offset": list(range(start, start + len(piece_ids))),
+        }
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body, err, version = await self._pre(request)
         if err is not None or body is None:
             return err or error_answer(500, "unreachable")
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt_ids = [int(t) for t in prompt]
-        elif isinstance(prompt, str):
-            prompt_ids = self.tokenizer.encode(prompt)
-        else:
+        prompt_ids = self._completion_prompt(body.get("prompt"))
+        if prompt_ids is None:
             return error_answer(400, "'prompt' must be a string or a list of token ids")
         try:
             gen = self._generate(self._next_reply(body), prompt_ids)
@@ -282,15 +295,6 @@ class ScriptedAnswers:
             "total_tokens": len(prompt_ids) + len(ids),
         }
 
-        def lp_block(piece_ids: list[int], start: int) -> dict[str, Any]:
-            toks = [self.tokenizer.token_text(t) for t in piece_ids]
-            return {
-                "tokens": toks,
-                "token_logprobs": [pseudo_logprob(t, start + j) for j, t in enumerate(piece_ids)],
-                "top_logprobs": [{} for _ in piece_ids],
-                "text_offset": list(range(start, start + len(piece_ids))),
-            }
-
         if body.get("stream"):
             resp = _stream_response(version)
             await resp.prepare(request)
@@ -307,7 +311,7 @@ class ScriptedAnswers:
                     "logprobs": None,
                 }
                 if want_lp:
-                    choice["logprobs"] = lp_block(piece_ids, pos)
+                    choice["logprobs"] = self._completion_logprobs(piece_ids, pos)
                 if want_ids:
                     choice["token_ids"] = piece_ids
                 data: dict[str, Any] = {
@@ -324,7 +328,12 @@ class ScriptedAnswers:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp_block(ids, 0) if want_lp else None}
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": finish,
+            "logprobs": self._completion_logprobs(ids, 0) if want_lp else None,
+        }
         if want_ids:
             choice["token_ids"] = ids
         data = {

@@ -43,14 +43,14 @@ from typing import Any, ClassVar
 import pytest
 
 from agentlightning._models import LLMCall, Resources, Span, ValueResource
-from agentlightning.store._base import (
+from agentlightning.store import (
     InvalidRequestError,
     LightningStore,
     NotFoundError,
     RetryPolicy,
+    RolloutQuery,
     RolloutRequest,
 )
-from agentlightning.store._query import RolloutQuery
 from agentlightning.testing._guard import KitGuard
 from agentlightning.testing._store_kit_attempts import AttemptConformanceTests
 from agentlightning.testing._store_kit_claims import ClaimConformanceTests

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from agentlightning.store._base import (
+from agentlightning.store import (
     RELEASED,
     ConflictError,
     InvalidRequestError,

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from agentlightning.store._base import MAX_DEQUEUE_MANY, InvalidRequestError, LightningStore, NotFoundError
+from agentlightning.store import MAX_DEQUEUE_MANY, InvalidRequestError, LightningStore, NotFoundError
 
 __all__ = ["ClaimConformanceTests"]
 

@@ -12,9 +12,15 @@ import pytest
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Resources, Span
-from agentlightning.store._base import InvalidRequestError, LightningStore, RetryPolicy, RolloutRequest
-from agentlightning.store._query import RolloutQuery, RunStatsQuery
-from agentlightning.store._worker_stats import runner_totals
+from agentlightning.store import (
+    InvalidRequestError,
+    LightningStore,
+    RetryPolicy,
+    RolloutQuery,
+    RolloutRequest,
+    RunStatsQuery,
+    runner_totals,
+)
 
 __all__ = ["DashboardConformanceTests", "make_reward_span"]
 

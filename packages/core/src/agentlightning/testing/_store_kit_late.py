@@ -15,7 +15,7 @@ import pytest
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._base import AttemptEndedError, ConflictError, LightningStore, NotFoundError, RetryPolicy
+from agentlightning.store import AttemptEndedError, ConflictError, LightningStore, NotFoundError, RetryPolicy
 
 __all__ = ["LateRecordConformanceTests"]
 

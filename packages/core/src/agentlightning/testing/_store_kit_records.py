@@ -14,7 +14,7 @@ from typing import Any
 
 from agentlightning import semconv
 from agentlightning._models import LLMCall, Span, SpanEvent, SpanStatus
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 
 __all__ = ["RecordRoundTripTests", "round_trip_calls", "round_trip_spans"]
 

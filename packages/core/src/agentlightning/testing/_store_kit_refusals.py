@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentlightning._models import LLMCall, Span
-from agentlightning.store._base import InvalidRequestError, LightningStore
+from agentlightning.store import InvalidRequestError, LightningStore
 
 __all__ = ["BAD_INPUTS", "RefusalConformanceTests", "refusal_of"]
 
@@ -146,7 +146,7 @@ class RefusalConformanceTests:
     """Bad input: one refusal, the same on every backend (part of `StoreConformanceTests`)."""
 
     async def test_every_method_refuses_bad_input_the_same_way(self, store: LightningStore) -> None:
-        from agentlightning.store._memory import MemoryStore  # the reference
+        from agentlightning.store import MemoryStore  # the reference
 
         reference = MemoryStore()
         ref_rid, ref_aid = await _running(reference)

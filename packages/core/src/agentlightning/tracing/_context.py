@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlightning._models import Resources
-from agentlightning.store._base import LightningStore
+from agentlightning.store import LightningStore
 
 __all__ = ["RolloutContext", "current_rollout", "rollout_context"]
 

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from agentlightning import semconv
 from agentlightning._models import Span
-from agentlightning.store._base import AttemptEndedError, LightningStore
+from agentlightning.store import AttemptEndedError, LightningStore
 from agentlightning.tracing import _genai
 from agentlightning.tracing._context import _CURRENT, RolloutContext  # pyright: ignore[reportPrivateUsage]
 from agentlightning.tracing._loop_thread import LoopThread

@@ -11,8 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agentlightning._models import Span
-from agentlightning.store._base import AttemptEndedError, LightningStore, StoreError
-from agentlightning.store._client import StoreUnavailableError
+from agentlightning.store import AttemptEndedError, LightningStore, StoreError, StoreUnavailableError
 
 __all__ = ["PartlyWritten", "SpanWriteError", "write_batch"]
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from agentlightning._training_models import Transition
-from agentlightning.store._base import LightningStore, NotFoundError
+from agentlightning.store import LightningStore, NotFoundError
 from agentlightning.transitions._builder import TransitionBuilder
 from agentlightning.transitions._config import TransitionConfig, TransitionResult
 

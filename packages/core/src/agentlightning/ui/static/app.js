@@ -2,7 +2,7 @@
 // The address agl store serve / agl train print carries the token in its fragment (#token=...): a browser never sends
 // a fragment to the server (nor in a Referer). The page moves it to sessionStorage and out of the address bar.
 
-import { AuthError, TOKEN_KEY, clear, currentRoute, get, h } from "./lib.js";
+import { AuthError, TOKEN_KEY, clear, currentRoute, get, h, startLoad } from "./lib.js";
 import { renderHealth } from "./health.js";
 import { renderResources } from "./resources.js";
 import { renderRollout } from "./rollout.js";
@@ -53,10 +53,10 @@ async function route() {
   cleanup = null;
   const mine = ++generation;
   const view = clear($("view"));
-  delete view.dataset.loaded; // set again by the view once it has drawn (tests and benchmarks wait on it)
+  const loaded = startLoad(view); // the view calls it once it has drawn this route's data
   view.dataset.view = name;
   try {
-    cleanup = (await VIEWS[name](view, path.slice(1), params, () => mine !== generation)) || null;
+    cleanup = (await VIEWS[name](view, path.slice(1), params, () => mine !== generation, loaded)) || null;
   } catch (err) {
     if (err instanceof AuthError) {
       sessionStorage.removeItem(TOKEN_KEY);

@@ -35,7 +35,7 @@ export function drawHealth(body, report) {
         : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no LLM call yet")))));
 }
 
-export async function renderHealth(view, _path, _params, isStale) {
+export async function renderHealth(view, _path, _params, isStale, loaded) {
   const body = h("div", { id: "health-body" });
   view.append(h("h1", {}, "Health"),
     h("p", { class: "muted" }, "agl doctor's checks of the run as it goes (the chat template check needs the model: agl doctor --store … --model …)."),
@@ -48,7 +48,7 @@ export async function renderHealth(view, _path, _params, isStale) {
     const report = await post("/v1/ui/health", { last: 64 });
     if (stopped || isStale()) return;
     drawHealth(body, report);
-    view.dataset.loaded = "1";
+    loaded();
     if (!document.hidden) timer = setTimeout(() => refresh().catch(() => {}), REFRESH_MS);
   }
   const onVisible = () => {

@@ -107,8 +107,33 @@ export function currentRoute() {
   return { path: path ? path.split("/").map(decodeURIComponent) : [], params: new URLSearchParams(query || "") };
 }
 
+// The view's load state, which readers (tests, benchmarks) wait on: main#view's data-loaded is the address (hash) of
+// the route whose data is drawn, and is absent while a view, or a new load of it, is on its way. Each load takes a
+// sequence number: a load that an earlier one overtook (a slow response to an old filter) never marks the view loaded.
+let loadSeq = 0;
+
+function unload() {
+  loadSeq += 1;
+  const view = document.getElementById("view");
+  if (view) delete view.dataset.loaded;
+}
+
+// Starts a load of `view` for the current address; returns the function that marks it drawn (a no-op once a later
+// load started).
+export function startLoad(view) {
+  unload();
+  const seq = loadSeq;
+  const hash = location.hash || "#/";
+  return () => {
+    if (seq === loadSeq) view.dataset.loaded = hash;
+  };
+}
+
 export function routeTo(path, params) {
   const query = params && [...params.keys()].length ? "?" + params.toString() : "";
   const hash = "#/" + path.map(encodeURIComponent).join("/") + query;
-  if (location.hash !== hash) location.hash = hash;
+  if (location.hash === hash) return;
+  // the hashchange event that draws the new route comes later: until then the old rows are not the new route's
+  unload();
+  location.hash = hash;
 }

