@@ -13,8 +13,9 @@ from agentlightning_torch import models, runkit, serving, training, vllm
 
 PACKAGE = Path(agentlightning_torch.__file__).parent
 PARTS = {"models": models, "serving": serving, "vllm": vllm, "training": training, "runkit": runkit}
-TOP_MODULES = {"__init__.py", "cli.py", "model_cli.py", "testing.py"}
-"""The modules that stay at the top: the package's names, two CLI entry points, and the test kit."""
+TOP_MODULES = {"__init__.py", "cli.py", "model_cli.py", "doctor_cli.py", "testing.py"}
+"""The modules that stay at the top: the package's names, three CLI entry points (``agl train``'s plug-in,
+``agl model``, ``agl doctor``'s plug-in), and the test kit."""
 
 
 def test_the_top_of_the_package_holds_only_its_parts_and_entry_points() -> None:

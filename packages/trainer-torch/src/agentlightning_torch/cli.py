@@ -461,12 +461,12 @@ class TorchEnginePlugin:
 
     def doctor(self, args: argparse.Namespace) -> int:
         """Run ``agl doctor``: a few groups of rollouts through this engine's ``agl train`` path, checked."""
-        from agentlightning_torch._doctor import doctor
+        from agentlightning_torch.doctor_cli import doctor
 
         return doctor(args)
 
     def doctor_model(self, model: str) -> tuple[Any, int | None]:
         """``agl doctor --store --model``: the model's own chat template and its context length."""
-        from agentlightning_torch._doctor import doctor_model
+        from agentlightning_torch.doctor_cli import doctor_model
 
         return doctor_model(model)
