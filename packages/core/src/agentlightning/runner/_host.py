@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -23,7 +22,7 @@ from agentlightning.runner._watchdog import (
     dump_frames_on_signal,
     end_attempts_of,
 )
-from agentlightning.runner._workers import WorkerSettings
+from agentlightning.runner._workers import HOSTED_BY, WorkerSettings, worker_prefix
 from agentlightning.runner._workers import _end_with_parent as end_with_parent  # pyright: ignore[reportPrivateUsage]
 from agentlightning.runner._workers import _ProcessBudget as ProcessBudget  # pyright: ignore[reportPrivateUsage]
 from agentlightning.runner._workers import _resolve_agent as resolve_agent  # pyright: ignore[reportPrivateUsage]
@@ -60,6 +59,7 @@ def host_main(
     if settings.otlp_endpoint is not None:
         export_to_otlp(settings.otlp_endpoint)
     dump_frames_on_signal(dump_path)
+    HOSTED_BY[:] = [os.getppid()]  # this process's worker ids name the runner's process (`worker_id_of`)
     agent = resolve_agent(agent_ref)
     instrument(adapters)
     store: LightningStore = store_type(**store_kwargs)
@@ -133,15 +133,16 @@ def look_at(
         # It cannot beat for its attempts: beat for them here, so the store does not take them for dead first.
         if stuck - watch.last_beat >= settings.heartbeat_interval:
             watch.last_beat = stuck
-            call(beat_for(store, process.pid))
+            call(beat_for(store, worker_prefix(process.pid, os.getpid() if hosted else None)))
         return False
     slot = watch.stepping_slot() if hosted else index
     frame = blocked_frame(process.pid, dump_path)
     process.kill()
     process.join()
     reason = f"the agent blocked its worker for {stuck:.0f} s in {frame}"
-    blocked = None if slot is None else f"{socket.gethostname()}:{process.pid}:{slot}"
-    timed_out, released = call(end_attempts_of(store, process.pid, blocked, reason))
+    prefix = worker_prefix(process.pid, os.getpid() if hosted else None)
+    blocked = None if slot is None else f"{prefix}{slot}"
+    timed_out, released = call(end_attempts_of(store, prefix, blocked, reason))
     logger.warning(
         "worker process %s (pid %s) was stuck for %.0f s in %s: killed; %s; a new worker process takes its place",
         process.name,

@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from agentlightning.runner._workers import (
     release_active,
     sync_worker,
     worker_id_of,
+    worker_prefix,
 )
 from agentlightning.store import LightningStore, StoreClient, StoreError
 from agentlightning.tracing import LoopThread, export_to_otlp, flush_otlp, otlp_endpoint_from_env
@@ -536,8 +536,8 @@ class Runner:
 
     async def _fail_attempts_of(self, process: Any, index: int) -> list[str]:
         """Fail the running attempts of a dead worker process; returns their rollout ids."""
-        worker_id = f"{socket.gethostname()}:{process.pid}:{index}"
-        prefix = f"{socket.gethostname()}:{process.pid}:"  # a host process runs every slot
+        prefix = worker_prefix(process.pid, os.getpid() if self.hosted else None)  # a host process runs every slot
+        worker_id = f"{prefix}{index}"
         failed: list[str] = []
         try:
             for rollout in await self.store.query_rollouts(status=["running"]):

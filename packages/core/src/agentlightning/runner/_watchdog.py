@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import sysconfig
 import time
 from collections.abc import Callable, Coroutine, Generator
@@ -191,11 +190,6 @@ class WorkerWatch:
         return mark - 1 if mark > 0 else None
 
 
-def worker_prefix(pid: int | None) -> str:
-    """The start of the worker ids of process ``pid`` (``host:pid:``; see `worker_id_of`)."""
-    return f"{socket.gethostname()}:{pid}:"
-
-
 async def _running_attempts(store: LightningStore, prefix: str) -> list[tuple[str, str, str]]:
     found: list[tuple[str, str, str]] = []
     for rollout in await store.query_rollouts(status=["running"]):
@@ -205,30 +199,32 @@ async def _running_attempts(store: LightningStore, prefix: str) -> list[tuple[st
     return found
 
 
-async def beat_for(store: LightningStore, pid: int | None) -> int:
-    """Heartbeat the running attempts of the stuck worker process ``pid`` (it cannot); returns how many."""
+async def beat_for(store: LightningStore, prefix: str) -> int:
+    """Heartbeat the running attempts of a stuck worker process (it cannot), its worker ids starting with ``prefix``
+    (`agentlightning.runner._workers.worker_prefix`); returns how many."""
     beaten = 0
     try:
-        for rollout_id, attempt_id, _ in await _running_attempts(store, worker_prefix(pid)):
+        for rollout_id, attempt_id, _ in await _running_attempts(store, prefix):
             try:
                 await store.heartbeat(rollout_id, attempt_id)
                 beaten += 1
             except StoreError:  # ended meanwhile
                 pass
     except StoreError as exc:
-        logger.warning("could not beat for the attempts of stuck worker process %s: %s", pid, exc)
+        logger.warning("could not beat for the attempts of stuck worker %s: %s", prefix, exc)
     return beaten
 
 
 async def end_attempts_of(
-    store: LightningStore, pid: int | None, blocked_worker_id: str | None, reason: str
+    store: LightningStore, prefix: str, blocked_worker_id: str | None, reason: str
 ) -> tuple[list[str], list[str]]:
-    """End the attempts of the killed worker process ``pid``: ``blocked_worker_id``'s as ``timeout`` with ``reason``,
-    the others released to the queue (their agents were blameless). Returns (timed out, released) rollout ids."""
+    """End the attempts of a killed worker process (worker ids starting with ``prefix``): ``blocked_worker_id``'s as
+    ``timeout`` with ``reason``, the others released to the queue (their agents were blameless). Returns (timed out,
+    released) rollout ids."""
     timed_out: list[str] = []
     released: list[str] = []
     try:
-        for rollout_id, attempt_id, worker_id in await _running_attempts(store, worker_prefix(pid)):
+        for rollout_id, attempt_id, worker_id in await _running_attempts(store, prefix):
             try:
                 if worker_id == blocked_worker_id:
                     await store.finish_attempt(rollout_id, attempt_id, "timeout", reason)
@@ -239,5 +235,5 @@ async def end_attempts_of(
             except StoreError as exc:  # ended meanwhile (the trainer cancelled it)
                 logger.info("attempt %s of rollout %s already ended: %s", attempt_id, rollout_id, exc)
     except StoreError as exc:
-        logger.warning("could not end the attempts of stuck worker process %s: %s", pid, exc)
+        logger.warning("could not end the attempts of stuck worker %s: %s", prefix, exc)
     return timed_out, released

@@ -45,6 +45,7 @@ __all__ = [
     "release_active",
     "sync_worker",
     "worker_id_of",
+    "worker_prefix",
 ]
 
 logger = logging.getLogger("agentlightning.runner._runner")  # the runner's logger, as before the split
@@ -123,8 +124,22 @@ class ExecuteLimits(TypedDict):
     flush_timeout: float | None
 
 
+HOSTED_BY: list[int] = []
+"""In a runner's watched host process (`agentlightning.runner._host.host_main`): the runner's pid, which its worker
+ids name, so a worker id always names the runner process (``agl train``'s counts, the Ray runners' places)."""
+
+
 def worker_id_of(index: int) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{index}"
+    """``host:pid:index``; in a watched host process ``host:runner_pid:w<host_pid>.index`` (see `worker_prefix`)."""
+    return f"{worker_prefix(os.getpid(), HOSTED_BY[0] if HOSTED_BY else None)}{index}"
+
+
+def worker_prefix(pid: int | None, runner_pid: int | None = None) -> str:
+    """The start of the worker ids of process ``pid``: ``host:pid:``, or with ``runner_pid`` (``pid`` is that
+    runner's watched host process) ``host:runner_pid:w<pid>.``."""
+    if runner_pid is None:
+        return f"{socket.gethostname()}:{pid}:"
+    return f"{socket.gethostname()}:{runner_pid}:w{pid}."
 
 
 _MAX_BACKOFF = 5.0

@@ -85,9 +85,12 @@ def worker_stats_from(attempts: Iterable[tuple[str | None, str, float | None]]) 
 
 
 def runner_of(worker_id: str) -> str:
-    """The runner process of a worker id: ``host:pid`` of ``host:pid:index`` (any other id is its own runner)."""
+    """The runner process of a worker id: ``host:pid`` of ``host:pid:index`` or of ``host:pid:w<host_pid>.index``
+    (a runner's watched host process); any other id is its own runner."""
     head, sep, index = worker_id.rpartition(":")
-    return head if sep and head and index.isdigit() else worker_id
+    hosted, dot, slot = index.partition(".")
+    in_host = bool(dot) and hosted[:1] == "w" and hosted[1:].isdigit() and slot.isdigit()
+    return head if sep and head and (index.isdigit() or in_host) else worker_id
 
 
 def runner_totals(workers: Iterable[WorkerStats]) -> dict[str, Mapping[str, int]]:
