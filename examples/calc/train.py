@@ -155,9 +155,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-staleness",
         type=int,
-        choices=(0, 1),
         default=0,
-        help="0: synchronous; 1: the next iteration's rollouts run during the update (one version off-policy)",
+        metavar="K",
+        help="0: synchronous; K > 0: the next K iterations' rollouts run during the update (samples up to K "
+        "versions off-policy, importance-corrected)",
     )
     parser.add_argument(
         "--backend",

@@ -55,6 +55,17 @@ def register(subparsers: Any) -> None:
     stand_in.set_defaults(func=_run, serving="agl train")
 
 
+def _non_negative_int(value: str) -> int:
+    """An option's whole number of 0 or more (``--max-staleness``); argparse names the option on refusal."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (use 0 or more)")
+    return number
+
+
 def _engine_named(words: Sequence[str]) -> str:
     """The ``--engine`` of ``agl train``'s command line (the default when it has none)."""
     first = argparse.ArgumentParser(prog="agl train", add_help=False)
@@ -127,10 +138,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-staleness",
-        type=int,
-        choices=(0, 1),
+        type=_non_negative_int,
         default=0,
-        help="0: synchronous (default); 1: the next iteration's rollouts run during the update (one version old)",
+        metavar="K",
+        help="0: synchronous (default); K > 0: rollouts keep running during the update, samples up to K versions "
+        "old are trained, importance-corrected",
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: 1e-5)")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the starting model (default: 0)")

@@ -87,14 +87,17 @@ class LoopConfig(BaseModel):
         agent_filter: Agent names (or one regex) to train; ``None`` trains every agent.
         rollout_timeout_s: How long an iteration waits for its rollouts; later ones are cancelled (they would
             train on a stale policy) and the iteration trains on what finished.
-        max_staleness: ``0``: synchronous (every sample comes from the weights being updated). ``1``: one-step
-            off-policy: the next iteration's rollouts are enqueued as soon as this iteration's are collected and run
-            while the batch is built and the engine updates (the proxy is paused only around the weight sync, and
-            holds the calls that arrive meanwhile until it resumes), so
-            their calls come from the current version or the one after it and the iteration trains on samples up
-            to one version old (PPO's ratio is taken against the recorded logprobs of the weights that generated
-            them; samples without recorded logprobs get the engine's recomputed ones, from the weights being
-            updated). Needs an engine that serves while it updates (`Engine.serves_during_update`).
+        max_staleness: The staleness bound k: how many versions older than the weights being updated a trained
+            sample may be. ``0``: synchronous (every sample comes from the weights being updated). ``k > 0``:
+            rollouts keep being generated while the engine updates: as soon as an iteration's rollouts are
+            collected, those of the next k iterations are enqueued (the ones not enqueued yet), so the runners work
+            on them while the batch is built and the engine updates (the proxy is paused only around the weight
+            sync, and holds the calls that arrive meanwhile until it resumes). A batch enqueued at version v is
+            trained by version v + k at most: no rollout is started whose samples would be more than k versions
+            old when trained (admission control), and a sample older than that at training time is dropped and
+            counted (``samples_dropped_stale``), as is one of unknown version or without behaviour log-probs
+            (needed for the engine's importance correction). Needs an engine that serves while it updates
+            (`Engine.serves_during_update`).
         max_idle_iterations: Raise after this many consecutive iterations in which no rollout finished (runners
             down?) instead of spinning forever.
         eval_every: With validation tasks, evaluate greedily every N iterations (0: never during `run`); each such
@@ -133,7 +136,7 @@ class LoopConfig(BaseModel):
     transition_mode: Literal["per_call", "trajectory"] = "per_call"
     agent_filter: tuple[str, ...] | str | None = None
     rollout_timeout_s: float = Field(default=120.0, gt=0)
-    max_staleness: int = 0
+    max_staleness: int = Field(default=0, ge=0)
     max_idle_iterations: int = Field(default=3, ge=1)
     eval_every: int = Field(default=0, ge=0)
     best_metric: str = Field(default="reward_mean", min_length=1)
@@ -144,16 +147,6 @@ class LoopConfig(BaseModel):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policies: PolicyMap | None = None
     judge: JudgeConfig | None = None
-
-    @field_validator("max_staleness")
-    @classmethod
-    def _known_staleness(cls, value: int) -> int:
-        if value not in (0, 1):
-            raise ValueError(
-                f"max_staleness must be 0 (synchronous) or 1 (one-step off-policy: the next iteration's rollouts run "
-                f"during the update), got {value}"
-            )
-        return value
 
     @model_validator(mode="after")
     def _step_scores_need_per_step(self) -> LoopConfig:

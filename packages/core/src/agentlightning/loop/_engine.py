@@ -30,14 +30,18 @@ class Engine(ABC):
     `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. An engine must not serve the new
     weights before `sync_weights`. Synchronously (``LoopConfig.max_staleness == 0``) the loop pauses the LLM proxy
     (no request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
-    servers to sleep while it trains (colocated vLLM). With ``max_staleness == 1`` the proxy keeps serving the next
-    iteration's rollouts during `update` and is paused only around `sync_weights`; the loop accepts that only from
-    an engine whose `serves_during_update` is true.
+    servers to sleep while it trains (colocated vLLM). With ``max_staleness`` k > 0 the proxy keeps serving the
+    next iterations' rollouts during `update` and is paused only around `sync_weights`; the loop accepts that only
+    from an engine whose `serves_during_update` is true, and a k no larger than its `max_staleness_supported`.
     """
 
     serves_during_update: bool = False
     """Whether the inference servers keep serving the current weights while `update` runs (they hold their own
-    copy of the weights, and stay awake): what ``LoopConfig.max_staleness=1`` needs."""
+    copy of the weights, and stay awake): what ``LoopConfig.max_staleness`` > 0 needs."""
+
+    max_staleness_supported: int | None = None
+    """The largest ``LoopConfig.max_staleness`` this engine can correct for (``None``: any). An engine whose update
+    corrects for one version of lag only (or none) says so here, and `RLLoop` refuses a larger bound."""
 
     policies_unsupported: str | None = "it trains one policy (LoopConfig.policies needs a multi-policy engine)"
     """Why this engine cannot train several policies (``LoopConfig.policies``: one LoRA adapter per agent); ``None``

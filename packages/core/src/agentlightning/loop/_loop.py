@@ -27,16 +27,21 @@ The proxy is paused from step 3 to 7 rather than only around the weight sync: no
 trained on (the late rollouts are cancelled), and a colocated inference engine (verl with vLLM) sleeps while the
 trainer uses the accelerator.
 
-One-step off-policy (``LoopConfig.max_staleness=1``, for an engine whose `Engine.serves_during_update`): right after
-step 2, the next iteration's rollouts are enqueued (pinned to the current version's resources) unless the loop
-ends after this iteration (``iterations``; ``time_budget_s`` already spent); the proxy is not paused in step 3 (the
-flush writes the records of the finished rollouts while it keeps serving) and the runners work on the next
-iteration while the batch is built and the engine updates; the proxy is paused (drained) only around step 6, so
-each call is recorded with the version that served it, the current one before the sync and the new one after. The
-next `train_iteration` waits for those rollouts instead of enqueuing; their samples are up to one version old
-(``staleness_max`` 1) and PPO's ratio is taken against their recorded logprobs. When `run` ends (iterations, time
-budget, an error) or the loop stops, rollouts enqueued for an iteration that will not run are cancelled like late
-ones. `evaluate` waits only for its own rollouts: prefetched ones neither count in it nor block it.
+Off-policy with a staleness bound of k versions (``LoopConfig.max_staleness=k`` > 0, for an engine whose
+`Engine.serves_during_update`): right after step 2, the rollouts of the next k iterations are enqueued (those not
+enqueued yet, each batch pinned to the current version's resources), except for iterations the loop will not run
+(``iterations``; ``time_budget_s`` already spent). That is the admission control: a batch enqueued at version v is
+trained k iterations later at the latest, so by a model of version v + k at most, and no rollout is started whose
+samples would be older than k when trained. The proxy is not paused in step 3 (the flush writes the records of the
+finished rollouts while it keeps serving) and the runners work on the next iterations while the batch is built and
+the engine updates; the proxy is paused (drained) only around step 6, so each call is recorded with the version
+that served it. The next `train_iteration` waits for the oldest enqueued batch instead of enqueuing. At training
+time every sample is checked (`admit_samples`): one older than k, of unknown version or without behaviour
+log-probs is dropped and counted (``samples_dropped_stale``...), never trained; the metrics get the version-lag
+histogram (``version_lag_<n>``) and the engine corrects for the lag with the recorded log-probs (trainer-torch:
+truncated importance sampling). When `run` ends (iterations, time budget, an error) or the loop stops, rollouts
+enqueued for iterations that will not run are cancelled like late ones. `evaluate` waits only for its own
+rollouts: prefetched ones neither count in it nor block it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -58,6 +64,7 @@ from agentlightning.loop._config import LoopConfig
 from agentlightning.loop._engine import Engine
 from agentlightning.loop._report import IterationReport, append_metrics, held_out_score, make_report
 from agentlightning.loop._rollouts import cancel_unfinished, failure_reasons, first_failure, group_requests
+from agentlightning.loop._staleness import admit_samples
 from agentlightning.loop._update import update_in_thread
 from agentlightning.store import LightningStore
 from agentlightning.transitions import TransitionConfig, TransitionResult, results_from_store
@@ -108,14 +115,21 @@ class RLLoop(Generic[EngineT]):
         self._proxy: LLMProxy | None = None
         self._resources: dict[str, Resources] = {}
         self._restored = False
-        # max_staleness=1: the next iteration's rollouts, enqueued during this one (and the store holding them)
-        self._prefetched: tuple[LightningStore, list[str]] | None = None
+        # max_staleness=k: the rollouts of up to k coming iterations, oldest first, enqueued during earlier ones
+        self._prefetched: deque[list[str]] = deque()
+        self._prefetch_store: LightningStore | None = None  # the store holding them
         self._deadline: float | None = None  # `run`'s time budget, as a time.monotonic() value
         self._judge: LLMJudge | None = None if config.judge is None else LLMJudge(config.judge)
         if config.max_staleness and not engine.serves_during_update:
             raise ValueError(
                 f"max_staleness={config.max_staleness} needs an engine that serves while it updates; "
                 f"{type(engine).__name__} does not (Engine.serves_during_update is False): use max_staleness=0"
+            )
+        supported = engine.max_staleness_supported
+        if supported is not None and config.max_staleness > supported:
+            raise ValueError(
+                f"max_staleness={config.max_staleness}: {type(engine).__name__} supports at most {supported} "
+                "(Engine.max_staleness_supported)"
             )
         if config.policies is not None and engine.policies_unsupported is not None:
             raise ValueError(f"{type(engine).__name__} cannot train several policies: {engine.policies_unsupported}")
@@ -246,16 +260,15 @@ class RLLoop(Generic[EngineT]):
         """One iteration: rollouts → batch → ``engine.update`` → ``engine.sync_weights`` → publish.
 
         An iteration whose rollouts give no training sample logs a warning and skips the update (the model
-        version stays); its report has ``metrics["skipped_update"] == 1``. With ``max_staleness=1`` it trains on the
-        rollouts the previous call enqueued (when there are any) and enqueues the next iteration's from
-        ``train_tasks`` before it updates.
+        version stays); its report has ``metrics["skipped_update"] == 1``. With ``max_staleness=k`` > 0 it trains on
+        the oldest rollouts earlier calls enqueued (when there are any) and enqueues those of the next k iterations
+        not enqueued yet from ``train_tasks`` before it updates.
         """
         await self.start(store)
         config = self.config
         t0 = time.monotonic()
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:
-            rollout_ids = prefetched[1]
+        if self._prefetched:
+            rollout_ids = self._prefetched.popleft()
         else:
             rollout_ids = await self._enqueue_train(store, train_tasks, self.iteration)
         done_ids = await self._wait(store, rollout_ids)
@@ -263,14 +276,13 @@ class RLLoop(Generic[EngineT]):
         proxy = self.proxy
         paused = False
         try:
-            if config.max_staleness and self._next_iteration_runs():
-                self._prefetched = (store, await self._enqueue_train(store, train_tasks, self.iteration + 1))
+            await self._prefetch(store, train_tasks)
             if not config.max_staleness:
                 paused = True
                 await self._pause()
                 await self._drain("the update")
-            # The finished rollouts' calls were queued for recording before they ended; with max_staleness 1 the
-            # proxy keeps serving the next iteration's meanwhile, and the flush does not wait for those.
+            # The finished rollouts' calls were queued for recording before they ended; with max_staleness > 0 the
+            # proxy keeps serving the next iterations' meanwhile, and the flush does not wait for those.
             await proxy.flush()
             results = await results_from_store(store, done_ids, self._transition_config())
             judged: dict[str, float] = {}
@@ -279,13 +291,14 @@ class RLLoop(Generic[EngineT]):
             batch = build_batch_from_results(
                 results, config.credit, config.estimator, config.credit_config, current_version=self.model_version
             )
+            batch = admit_samples(batch, self.model_version, config.max_staleness)
             t_batch = time.monotonic()
             metrics: dict[str, float] = {**batch.metrics, **judged}
             metrics["rollouts_failed"] = float(self.rollouts_failed)
             if batch.samples:
                 metrics.update(await update_in_thread(self.engine.update, batch))
                 t_update = time.monotonic()
-                if not paused:  # max_staleness 1: drain the next iteration's calls in flight, then swap
+                if not paused:  # max_staleness > 0: drain the next iterations' calls in flight, then swap
                     paused = True
                     # the agents keep working: their new calls wait for the new weights instead of a 503
                     await self._pause(hold_s=self.config.proxy.pause_timeout_s)
@@ -391,11 +404,25 @@ class RLLoop(Generic[EngineT]):
                 self.config.proxy.pause_timeout_s,
             )
 
-    def _next_iteration_runs(self) -> bool:
-        """Whether `run` starts another iteration after this one (as far as can be told before the update)."""
-        if self.iteration + 1 >= self.config.iterations:
+    def _iteration_runs(self, iteration: int) -> bool:
+        """Whether `run` gets to start ``iteration`` (as far as can be told now)."""
+        if iteration >= self.config.iterations:
             return False
         return self._deadline is None or time.monotonic() < self._deadline
+
+    async def _prefetch(self, store: LightningStore, train_tasks: Sequence[Any]) -> None:
+        """Admission control: enqueue the rollouts of the next ``max_staleness`` iterations not enqueued yet.
+
+        Enqueued now (at the current version v, pinned to its resources), a batch is trained at most
+        ``max_staleness`` iterations later, by a model of version v + ``max_staleness`` at most: none is enqueued
+        further ahead, so no rollout starts whose samples would be older than the bound when trained.
+        """
+        self._prefetch_store = store
+        while len(self._prefetched) < self.config.max_staleness:
+            iteration = self.iteration + 1 + len(self._prefetched)
+            if not self._iteration_runs(iteration):
+                break
+            self._prefetched.append(await self._enqueue_train(store, train_tasks, iteration))
 
     async def _enqueue_train(self, store: LightningStore, train_tasks: Sequence[Any], iteration: int) -> list[str]:
         """Enqueue iteration ``iteration``'s groups of training rollouts, pinned to the current sampling resources."""
@@ -403,10 +430,11 @@ class RLLoop(Generic[EngineT]):
         return await self._enqueue(store, self._pick_tasks(train_tasks), self.config.samples_per_task, "sample", prefix)
 
     async def _cancel_prefetched(self) -> None:
-        """Cancel the rollouts enqueued for an iteration that will not run (those still queued or running)."""
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:
-            await self._cancel_late(*prefetched, "enqueued for an iteration that will not run")
+        """Cancel the rollouts enqueued for iterations that will not run (those still queued or running)."""
+        store, pending = self._prefetch_store, [rollout_id for ids in self._prefetched for rollout_id in ids]
+        self._prefetched.clear()
+        if store is not None and pending:
+            await self._cancel_late(store, pending, "enqueued for an iteration that will not run")
 
     def _pick_tasks(self, tasks: Sequence[Any]) -> list[Any]:
         n = self.config.tasks_per_iteration
