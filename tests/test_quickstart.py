@@ -176,7 +176,7 @@ async def test_update_trains_on_exactly_the_token_ids_the_backend_generated(
         (["--threads", "0"], "--threads"),
         (["--minutes", "0"], "--minutes"),
         (["--transition-mode", "per_step"], "--transition-mode"),
-        (["--max-staleness", "2"], "--max-staleness"),
+        (["--max-staleness", "-1"], "--max-staleness"),
     ],
 )
 def test_quickstart_rejects_bad_settings_with_a_clear_message(args: list[str], message: str) -> None:

@@ -85,14 +85,14 @@ async def test_a_checkpoint_resumes_weights_optimizer_iteration_and_served_versi
         await resumed.stop()
 
 
-async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the_sync(tmp_path: Path) -> None:
+async def test_with_max_staleness_2_the_backend_serves_its_own_weights_until_the_sync(tmp_path: Path) -> None:
     make_tiny_chat_model(tmp_path / "model")
     with pytest.raises(ValueError, match="max_staleness"):
-        TorchTrainerConfig(model_dir=tmp_path / "model", max_staleness=2)  # type: ignore[arg-type]
-    config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", max_staleness=1)
+        TorchTrainerConfig(model_dir=tmp_path / "model", max_staleness=-1)
+    config = TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "run", max_staleness=2)
     trainer = TorchTrainer(config)
     engine = trainer.engine
-    assert engine.serves_during_update and trainer.config.max_staleness == 1
+    assert engine.serves_during_update and trainer.config.max_staleness == 2 and engine.ppo.is_correction
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         policy_before = engine.policy(input_ids=ids).logits
@@ -117,7 +117,10 @@ async def test_with_max_staleness_1_the_backend_serves_its_own_weights_until_the
                 return reply.json()["model_version"], calls[-1].response_token_ids, calls[-1].response_logprobs or []
 
             before = await ask()
-            engine.update(_batch())  # the policy's weights change in place, as during the loop's update
+            # off-policy samples carry their behaviour log-probs (what the importance correction needs)
+            [plain] = _batch().samples
+            logged = plain.model_copy(update={"response_logprobs": [-1.0] * len(plain.response_token_ids)})
+            engine.update(agl.TrainingBatch(samples=[logged]))  # the policy changes in place, as during the update
             with torch.no_grad():
                 assert not torch.equal(engine.policy(input_ids=ids).logits, policy_before)
             assert await ask() == before  # the backend still serves version 0's weights, bit for bit

@@ -2,7 +2,9 @@
 
 Every sample is a prompt plus a response; the loss covers response tokens whose mask is 1, weighted by the
 sample's advantage. Log-probs are recomputed for the current weights and compared with the behaviour log-probs
-the backend recorded (or, if a sample has none, with the weights before the update).
+the backend recorded (or, if a sample has none, with the weights before the update). With ``is_correction`` (samples
+up to k versions old, `LoopConfig.max_staleness`), the ratio is taken against the weights before the update and each
+token is weighted by its truncated importance weight from the behaviour policy (`_offpolicy`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch.models._lora import LoraSettings, apply_lora, is_lora
+from agentlightning_torch.training._offpolicy import check_behaviour_logprobs, truncated_importance_weights
 
 __all__ = [
     "PPOConfig",
@@ -60,6 +63,12 @@ class PPOConfig(BaseModel):
         bf16: Run forward passes under bfloat16 autocast on CUDA (ignored on CPU).
         num_threads: ``torch.set_num_threads`` during the update; ``None`` leaves it alone. On a busy 2-core
             machine two threads were measured 25x slower than one.
+        is_correction: Off-policy correction by truncated importance sampling: the PPO ratio is taken against the
+            weights before the update (recomputed), and each token's surrogate is weighted by
+            ``min(pi_before / pi_behaviour, is_cap)`` from its recorded behaviour log-probs (a sample without them
+            is refused). ``None``: the trainer decides (on when its `LoopConfig.max_staleness` is above 0); off:
+            the ratio is taken against the behaviour log-probs directly.
+        is_cap: Where the importance weight is truncated (``is_correction`` only).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -81,6 +90,8 @@ class PPOConfig(BaseModel):
     gradient_checkpointing: bool = False
     bf16: bool = True
     num_threads: int | None = Field(default=1, ge=1)
+    is_correction: bool | None = None
+    is_cap: float = Field(default=2.0, ge=1.0)
 
 
 def prepare_policy(model: torch.nn.Module, config: PPOConfig) -> torch.nn.Module:
@@ -280,10 +291,13 @@ _LOSS_KEYS = ("loss", "pg_loss", "kl", "approx_kl", "clip_fraction", "entropy")
 
 @dataclass
 class _Anchors:
-    """What each sample's new log-probs are compared with: the behaviour (old) log-probs and the reference's."""
+    """What each sample's new log-probs are compared with: the old log-probs (behaviour, or the weights before the
+    update with ``is_correction``), the reference's, and the truncated importance weights (``is_correction``)."""
 
     old: list[list[float]]
     ref: list[list[float]] | None
+    is_weights: list[list[float]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict[str, float])
 
 
 @dataclass
@@ -310,7 +324,16 @@ def _anchors(
     config: PPOConfig,
 ) -> _Anchors:
     """The behaviour log-probs (recorded, or recomputed with the weights before the update for a sample without
-    them) and, with a KL penalty, the reference policy's log-probs."""
+    them) and, with a KL penalty, the reference policy's log-probs; with ``is_correction``, the log-probs before the
+    update as the old ones and the truncated importance weights from the recorded behaviour log-probs."""
+    ref_rows = _reference_logprobs(model, ref_model, samples, device, config) if config.kl_coef > 0 else None
+    if config.is_correction:
+        proximal = response_logprobs(
+            model, samples, device, config.micro_batch_size, config.micro_batch_tokens, bf16=config.bf16
+        )
+        behaviour = [list(s.response_logprobs or ()) for s in samples]  # checked present by `ppo_update`
+        weights = truncated_importance_weights(proximal, behaviour, [s.response_mask for s in samples], config.is_cap)
+        return _Anchors(proximal, ref_rows, weights.weights, weights.metrics())
     missing = [i for i, s in enumerate(samples) if s.response_logprobs is None]
     old_rows: list[list[float]] = [list(s.response_logprobs or ()) for s in samples]
     if missing:
@@ -320,7 +343,6 @@ def _anchors(
         )
         for i, row in zip(missing, recomputed, strict=True):
             old_rows[i] = row
-    ref_rows = _reference_logprobs(model, ref_model, samples, device, config) if config.kl_coef > 0 else None
     return _Anchors(old_rows, ref_rows)
 
 
@@ -359,6 +381,8 @@ def _micro_batch_backward(
     unclipped = -advantage * ratio
     clipped = -advantage * ratio.clamp(1 - config.clip_ratio, 1 + config.clip_ratio)
     pg = torch.maximum(unclipped, clipped)
+    if anchors.is_weights is not None:  # off-policy: each token's surrogate times its truncated importance weight
+        pg = pg * _padded([anchors.is_weights[i] for i in rows], device)
     loss_tokens = pg
     kl = torch.zeros_like(pg)
     if anchors.ref is not None:
@@ -444,11 +468,14 @@ def ppo_update(
     Returns:
         Metrics: ``loss``, ``pg_loss``, ``kl``, ``approx_kl``, ``clip_fraction``, ``entropy``, ``grad_norm``,
         ``num_samples``, ``num_tokens``, ``optimizer_steps``, ``micro_batches``, ``max_micro_batch_tokens``,
-        ``lr``. An empty batch (or one with no trained token) makes no step and reports ``optimizer_steps = 0``.
+        ``lr``; with ``is_correction``, ``is_ratio_mean``, ``is_ratio_max`` and ``is_truncated_fraction`` (over the
+        trained tokens, before truncation). An empty batch (or one with no trained token) makes no step and reports
+        ``optimizer_steps = 0``.
 
     Raises:
-        ValueError: On a sample that does not fit the model (checked before anything changes), or ``kl_coef > 0``
-            without ``ref_model`` for a policy that is not LoRA.
+        ValueError: On a sample that does not fit the model or, with ``is_correction``, has no behaviour log-probs
+            (checked before anything changes), or ``kl_coef > 0`` without ``ref_model`` for a policy that is not
+            LoRA.
     """
     config = config or PPOConfig()
     device = torch.device(device)
@@ -462,6 +489,8 @@ def ppo_update(
         return _no_step_metrics(len(samples), lr)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 1 << 62))
     _validate(samples, vocab, _max_positions(model))
+    if config.is_correction:
+        check_behaviour_logprobs(samples)
     config = fit_micro_batches(model, config, device)
     if config.num_threads is not None and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
@@ -489,4 +518,5 @@ def ppo_update(
         max_micro_batch_tokens=float(tally.max_micro_tokens),
         lr=lr,
     )
+    metrics.update(anchors.metrics)
     return metrics

@@ -43,7 +43,8 @@ class TorchEngine(Engine):
     The backend generates with its own copy of the weights (`LocalBackend` copies the model it is given; a
     weight sync copies the policy's state dict into it), so the model's parameters are held twice, plus the
     optimizer state; in exchange the backend keeps serving the current version while `update` changes the policy in
-    place, which ``max_staleness=1`` (the next iteration's rollouts run during the update) relies on.
+    place, which ``max_staleness`` k > 0 (the next iterations' rollouts run during the update) relies on; then the
+    update corrects for the samples' lag by truncated importance sampling (`PPOConfig.is_correction`).
 
     Args:
         config: Validated settings (the loop's share is ``config.loop_config()``).
@@ -55,6 +56,8 @@ class TorchEngine(Engine):
     def __init__(self, config: TorchTrainerConfig) -> None:
         self.config = config
         torch.set_num_threads(config.num_threads)
+        self.ppo = config.update_settings()
+        """The update's settings: ``config.ppo`` with the importance correction decided (`update_settings`)."""
         loaded = load_model(config.model_dir, device=config.device)
         self.tokenizer = loaded.tokenizer
         self.generation_config = loaded.generation_config
@@ -64,7 +67,7 @@ class TorchEngine(Engine):
         """The LoRA policies (served together by one backend, or by vLLM's multi-LoRA serving)."""
         self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
         if config.policies is not None:
-            trained = TrainedPolicies(loaded.model, config.policies.trained, config.ppo, config.policy_settings)
+            trained = TrainedPolicies(loaded.model, config.policies.trained, self.ppo, config.policy_settings)
             self.trained, self.loras = trained, trained.lora
             self.policy: torch.nn.Module = trained.base
             self.optimizer = next(iter(trained.optimizers.values()))
@@ -107,9 +110,7 @@ class TorchEngine(Engine):
         """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
         if self.trained is not None:
             return self.trained.update(batch, self.config.device)
-        return ppo_update(
-            self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
-        )
+        return ppo_update(self.policy, self.optimizer, batch, self.ppo, self.config.device, ref_model=self.ref_model)
 
     @property
     def serves_lora(self) -> bool:

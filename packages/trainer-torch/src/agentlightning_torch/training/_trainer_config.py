@@ -45,8 +45,9 @@ class TorchTrainerConfig(BaseModel):
         drop_equal_groups: Drop groups whose rollouts all earned the same reward (they carry no signal).
         ppo: The policy update settings.
         rollout_timeout_s: How long an iteration waits for its rollouts before training on what finished.
-        max_staleness: ``0``: synchronous; ``1``: one-step off-policy, the next iteration's rollouts run on the
-            backend's copy of the current weights while the policy is updated (see `LoopConfig.max_staleness`).
+        max_staleness: ``0``: synchronous; ``k > 0``: the next k iterations' rollouts run on the backend's copy of
+            the current weights while the policy is updated, samples up to k versions old are trained, corrected by
+            truncated importance sampling (``ppo.is_correction`` and ``ppo.is_cap``; see `LoopConfig.max_staleness`).
         checkpoint_every: Save a checkpoint every N iterations (0: only at the end).
         eval_every: With validation tasks, `TorchTrainer.run` evaluates greedily every N iterations (0: never) and
             keeps the best evaluation's checkpoint in ``checkpoint/best`` (see `LoopConfig.eval_every`).
@@ -97,7 +98,7 @@ class TorchTrainerConfig(BaseModel):
     drop_equal_groups: bool = True
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     rollout_timeout_s: float = Field(default=120.0, gt=0)
-    max_staleness: Literal[0, 1] = 0
+    max_staleness: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=25, ge=0)
     eval_every: int = Field(default=0, ge=0)
     best_metric: str = Field(default="reward_mean", min_length=1)
@@ -113,6 +114,12 @@ class TorchTrainerConfig(BaseModel):
     policies: PolicyMap | None = None
     policy_settings: dict[str, PolicySettings] = Field(default_factory=dict[str, PolicySettings])
     judge: JudgeConfig | None = None
+
+    def update_settings(self) -> PPOConfig:
+        """``ppo`` with ``is_correction`` decided: on when samples may be stale (``max_staleness > 0``) unless set."""
+        if self.ppo.is_correction is not None:
+            return self.ppo
+        return self.ppo.model_copy(update={"is_correction": self.max_staleness > 0})
 
     def loop_config(self) -> LoopConfig:
         """The `LoopConfig` of the trainer's `RLLoop` (the loop's share of these settings)."""
