@@ -80,7 +80,10 @@ class VerlEngine(Engine):
 
     serves_during_update = False
     """The colocated vLLM servers sleep while verl updates (they give the accelerator to the actor) and verl's PPO
-    anchor is the actor's own recomputed log-probs, so ``LoopConfig.max_staleness=1`` is refused."""
+    anchor is the actor's own recomputed log-probs, so any ``LoopConfig.max_staleness`` above 0 is refused."""
+
+    max_staleness_supported = 0
+    """No off-policy samples until verl's own async rollout is wired in (a k > 0 is refused in one line)."""
 
     policies_unsupported = (
         "verl trains one actor model (no per-agent LoRA adapters yet; see the trainer-verl README, 'Several policies')"
@@ -219,7 +222,7 @@ class VerlTrainer(RLLoop[VerlEngine]):
         on_iteration: Called with every training iteration's report.
 
     Raises:
-        ValueError: ``loop.max_staleness`` is 1 (verl's engine does not serve during an update).
+        ValueError: ``loop.max_staleness`` is above 0 (verl's engine does not serve during an update).
     """
 
     def __init__(

@@ -60,7 +60,7 @@ class CallRecorder:
         """Store every record queued before this call (``record="background"``); returns once they are written.
 
         Records of calls answered meanwhile are not waited for, so a proxy that keeps serving (the RL loop's
-        ``max_staleness=1``) cannot hold a flush up.
+        ``max_staleness`` > 0) cannot hold a flush up.
         """
         loop = self._loop
         if loop is not None and loop is not asyncio.get_running_loop():

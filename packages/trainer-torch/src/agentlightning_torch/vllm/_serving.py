@@ -1,7 +1,7 @@
 """vLLM as `TorchTrainer`'s inference server (``backend="vllm"``): launch or connect, sync, verify, report.
 
 The trainer keeps its policy; vLLM serves its own copy of the weights (so it serves while the policy updates,
-``max_staleness=1`` works). Model versions: vLLM reports none on its answers, so the LLM proxy records the version it
+``max_staleness>0`` works). Model versions: vLLM reports none on its answers, so the LLM proxy records the version it
 was told when it admitted each call. That is truthful because the loop drains the proxy before `sync` (no call in
 flight), `sync` refuses to swap while vLLM still generates anything (its ``vllm:num_requests_running``), the new
 weights are verified by log-probs before `sync` returns, and only then does the loop resume the proxy with the new
