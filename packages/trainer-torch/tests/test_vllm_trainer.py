@@ -181,6 +181,43 @@ async def test_a_broken_sync_is_caught_and_names_the_version(vllm_trainer: tuple
     assert probe is not None and probe.version == 43 and probe.max_abs_diff <= trainer.engine.config.vllm.tolerance
 
 
+async def test_a_sync_goes_through_vllms_rl_endpoints_and_a_kept_request_survives_a_pause(
+    vllm_trainer: tuple[TorchTrainer, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer, _ = vllm_trainer
+    serving = _vllm(trainer)
+    client = serving.client
+    assert await client.has_rl_api()
+    _perturb(trainer.engine.policy, seed=4)
+    await serving.sync(60)
+    # the load ran between /pause?mode=keep and /resume, the version is set on the server, and the checksums of
+    # the served tensors say the sync changed them
+    assert await client.weight_version() == "60" and not await client.is_paused()
+    metrics = serving.metrics()
+    assert metrics["vllm_sync_rl_api"] == 1.0 and metrics["vllm_sync_changed_tensors"] > 0
+    assert metrics["vllm_sync_max_logprob_diff"] <= trainer.engine.config.vllm.tolerance
+    # weights loaded behind the trainer's back are noticed by the next sync (weight_checker compare)
+    other = VLLMWeightSync(client, trainer.engine.tokenizer, 27, method="extension")
+    _perturb(trainer.engine.policy, seed=5)
+    await other.sync({k: v.detach() for k, v in trainer.engine.policy.state_dict().items()}, trainer.engine.policy, 61)
+    _perturb(trainer.engine.policy, seed=6)
+    with caplog.at_level("WARNING", logger="agentlightning_torch.vllm._weight_sync"):
+        await serving.sync(62)
+    assert "tensor(s) of vLLM's weights changed since the last verified sync" in caplog.text
+    assert await client.weight_version() == "62"
+    # a request sent during a keep pause is not refused nor lost: it is answered once vLLM resumes (whether it
+    # reached vLLM before the resume cannot be observed: a paused engine publishes no queue gauges)
+    await client.pause("keep")
+    try:
+        assert await client.is_paused()
+        held = asyncio.create_task(client.greedy([5, 6, 7, 8], 4))
+        await asyncio.sleep(0)  # let the request start
+    finally:
+        await client.resume()
+    ids, logprobs, _ = await asyncio.wait_for(held, 120)
+    assert len(ids) == len(logprobs) == 4
+
+
 # ----- cancelled rollouts stop generating -------------------------------------------------------------------
 
 STATUS: list[tuple[str, int]] = []

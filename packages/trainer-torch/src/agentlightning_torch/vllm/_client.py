@@ -117,6 +117,52 @@ class VLLMClient:
             raise VLLMError(f"vLLM at {self.url}: collective_rpc {method!r} answered {status}: {text[:500]}")
         return json.loads(text).get("results") if text else None
 
+    async def has_rl_api(self) -> bool:
+        """Whether the server has vLLM's RL routes (``/pause``, ``/resume``, ``/update_weight_version``,
+        ``/weight_checker``: vLLM 0.32+ with ``VLLM_SERVER_DEV_MODE=1``)."""
+        status, _ = await self._request("GET", "/is_paused")
+        return status == 200
+
+    async def _rl(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        status, text = await self._request(method, path, body)
+        if status != 200:
+            raise VLLMError(f"vLLM at {self.url} answered {status} to {method} {path}: {text[:500]}")
+        answer: dict[str, Any] = json.loads(text) if text else {}
+        return answer
+
+    async def pause(self, mode: str = "keep") -> None:
+        """``POST /pause?mode=...``: ``keep`` freezes requests in vLLM's queue (none is lost; they go on at
+        `resume`), ``wait`` lets those in flight finish, ``abort`` aborts them."""
+        await self._rl("POST", f"/pause?mode={mode}")
+
+    async def resume(self) -> None:
+        """``POST /resume``: generation goes on (requests kept by a ``keep`` pause included)."""
+        await self._rl("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        """``GET /is_paused``."""
+        return bool((await self._rl("GET", "/is_paused"))["is_paused"])
+
+    async def update_weight_version(self, version: str) -> None:
+        """``POST /update_weight_version``: the version vLLM reports for its weights from now on (`weight_version`)."""
+        await self._rl("POST", "/update_weight_version", {"new_version": version})
+
+    async def weight_version(self) -> str | None:
+        """``GET /weight_info``: the version last set by `update_weight_version` (``None``: never set)."""
+        version = (await self._rl("GET", "/weight_info")).get("weight_version")
+        return None if version is None else str(version)
+
+    async def weight_checksums(self) -> dict[str, str]:
+        """``POST /weight_checker`` ``checksum``: a SHA-256 per tensor of the weights vLLM serves (its own layout:
+        comparable with an earlier checksum of the same server, not with the trainer's state dict)."""
+        checksums: dict[str, str] = (await self._rl("POST", "/weight_checker", {"action": "checksum"}))["checksums"]
+        return checksums
+
+    async def weights_match(self, baseline: dict[str, str]) -> list[str]:
+        """``POST /weight_checker`` ``compare``: the tensors whose checksum differs from ``baseline`` (none: [])."""
+        answer = await self._rl("POST", "/weight_checker", {"action": "compare", "baseline": baseline})
+        return [str(name) for name in answer.get("mismatches", [])]
+
     async def greedy(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], list[float], list[float]]:
         """Greedy completion of a token-id prompt: (response ids, their log-probs, the prompt's log-probs from its
         second token on), as vLLM computes them."""
