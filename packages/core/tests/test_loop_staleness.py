@@ -268,3 +268,16 @@ def test_max_staleness_takes_any_k_and_an_engine_may_cap_it(tmp_path: Path) -> N
     RLLoop(_config(tmp_path, max_staleness=1), OneStep())
     with pytest.raises(ValueError, match=r"max_staleness=2: OneStep supports at most 1"):
         RLLoop(_config(tmp_path, max_staleness=2), OneStep())
+
+
+def test_agl_train_takes_any_bound_and_refuses_a_negative_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentlightning.cli import train_parser
+
+    parser = train_parser()
+    shared = ["--agent", "calc_agent:calc_agent", "--model", "ckpt", "--tasks", "train.jsonl"]
+    assert parser.parse_args([*shared, "--max-staleness", "4"]).max_staleness == 4
+    assert parser.parse_args(shared).max_staleness == 0  # one-machine default: synchronous
+    for bad, why in (("-1", "-1 is negative (use 0 or more)"), ("two", "'two' is not a whole number")):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*shared, "--max-staleness", bad])
+        assert f"argument --max-staleness: {why}" in capsys.readouterr().err
