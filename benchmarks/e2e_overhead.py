@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the agent of the framework run(s) (default: both for toy, langgraph for smollm2)",
     )
     parser.add_argument(
-        "--max-staleness", type=int, choices=(0, 1), default=0, help="the framework runs' LoopConfig.max_staleness"
+        "--max-staleness", type=int, default=0, help="the framework runs' LoopConfig.max_staleness (any K >= 0)"
     )
     parser.add_argument(
         "--repeats",
