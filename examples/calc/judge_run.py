@@ -112,8 +112,9 @@ def calibrate(name: str, judge: list[str], policy_url: str, args: argparse.Names
     rollouts = args.calibrate_tasks * args.samples_per_task
     report_file = out / "calibration.json"
     if done.returncode != 0 or not report_file.is_file():
-        error = [line for line in done.stderr.splitlines() if line.startswith("error")][-1:] or done.stderr[-300:]
-        return {"rollouts": rollouts, "judged": 0, "pass_fail_agreement": None, "error": str(error), "seconds": seconds}
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+        error = errors[-1] if errors else done.stderr[-300:]
+        return {"rollouts": rollouts, "judged": 0, "pass_fail_agreement": None, "error": error, "seconds": seconds}
     report = json.loads(report_file.read_text(encoding="utf-8"))
     pairs = report["pairs"]
     # the calc checker's rewards are 1 / 0 / -0.1 (graded for calibrate): pass is a reward >= 0.5, as for the judge
@@ -150,21 +151,25 @@ def train(name: str, judge: list[str], args: argparse.Namespace) -> dict[str, An
     else:
         errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
         result["error"] = (errors[-1] if errors else done.stderr[-300:]).strip()
-    result.update(judge_totals(out / "metrics.jsonl"))
+    result.update(run_totals(out / "metrics.jsonl"))
+    if done.returncode != 0 and result.get("held_out"):  # a run that stopped still measured its start
+        result["greedy_before"] = result["held_out"][0][1]
     return result
 
 
-def judge_totals(metrics: Path) -> dict[str, Any]:
-    """The judge's calls, tokens, failures and seconds summed over the run's iterations (``metrics.jsonl``)."""
+def run_totals(metrics: Path) -> dict[str, Any]:
+    """From the run's ``metrics.jsonl``: its held-out points ``[iteration, accuracy]``, and the judge's calls, tokens,
+    failures and seconds summed over the iterations."""
     if not metrics.is_file():
         return {}
     rows = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    held_out = [[row["iteration"], row["metrics"]["accuracy"]] for row in rows if row.get("kind") == "eval"]
     trained = [row["metrics"] for row in rows if row.get("kind") == "train"]
     keys = ("judge_calls", "judge_failed_calls", "judge_tokens", "judge_latency_s", "judge_rollouts_missing")
     totals = {
         key: round(sum(float(m.get(key, 0.0)) for m in trained), 1) for key in keys if any(key in m for m in trained)
     }
-    return {"trained_iterations": len(trained), **totals}
+    return {"held_out": held_out, "trained_iterations": len(trained), **totals}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
