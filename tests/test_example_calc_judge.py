@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,23 @@ def test_the_oracle_judge_scores_the_group_prompt_by_the_reference_answer() -> N
     messages = [{"role": "system", "content": "rubric"}, {"role": "user", "content": "\n\n".join(parts)}]
     scores = parse_scores(oracle_scores({"messages": messages}), "scores", "id", ids)
     assert [scores[i].score for i in ids] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_train_py_takes_the_judge_options(tmp_path: Path, example_script: Any) -> None:
+    train = example_script("calc", "train")
+    rubric = CALC / "prompts" / "judge_rubric.md"
+    judge = ["--judge", "http://127.0.0.1:9/v1", "--judge-model", "j", "--rubric", str(rubric)]
+    out = ["--output", str(tmp_path / "run")]
+    config = train.build_config(
+        train.parse_args([*judge, "--judge-answer-tokens", "160", "--judge-attempts", "1", *out])
+    )
+    assert config.judge is not None and config.judge.rubric == rubric.read_text().strip()
+    assert config.judge.mode == "group" and config.judge.max_tokens == 160 and config.judge.max_attempts == 1
+    assert train.build_config(train.parse_args(out)).judge is None  # the checker's reward, as before
+    from agentlightning_torch.runkit import UsageError
+
+    with pytest.raises(UsageError, match="--judge needs --judge-model"):
+        train.build_config(train.parse_args([*judge[:2], *out]))
 
 
 @pytest.mark.slow
