@@ -7,18 +7,19 @@
 
 What runs, in order, for the toy policy (the quickstart's model, `checkpoint/`):
 
-1. every judge of ``--judges`` is served on 127.0.0.1: ``smollm2`` by the local backend (`LocalBackend`, greedy),
-   ``oracle`` by a scripted server that reads each rollout's last ``A:<n>`` and compares it with the task's
-   reference answer (the judge a perfect reader of the rubric would be: an upper bound), ``url`` is yours;
-2. ``agl judge calibrate`` on ``--calibrate-tasks`` calc tasks (the starting policy, served here, ``--samples-per-task``
-   rollouts each at temperature 1): each judge's agreement with the checker;
-3. ``train.py`` with the checker's reward, then once per judge with ``--judge`` (the judge's group score is the only
-   reward; the rubric, ``prompts/judge_rubric.md``, tells the judge the task's ``answer`` is the reference), the same
-   budget: ``--iterations`` of ``--tasks-per-iteration`` x ``--samples-per-task``, same seed;
-4. a table, ``summary.json`` in ``--output`` and a final JSON line: held-out greedy accuracy (the checker's, on
-   ``--eval-size`` tasks never trained on) before, best and last for every run, each judge's agreement, its calls,
-   tokens and failures. A judge run that stops (most of an iteration's rollouts not judged) is reported with the
-   reason, not hidden.
+1. ``train.py`` with the checker's reward and the common budget: ``--iterations`` of ``--tasks-per-iteration`` x
+   ``--samples-per-task``, ``--seed``;
+2. for each judge of ``--judges``, served on 127.0.0.1 meanwhile (``smollm2`` by the local backend, `LocalBackend`,
+   greedy; ``oracle`` by a scripted server that reads each rollout's last ``A:<n>`` and compares it with the task's
+   reference answer, the judge a perfect reader of the rubric would be; ``url`` is yours):
+   ``agl judge calibrate`` on ``--calibrate-tasks`` calc tasks (the starting policy, served here,
+   ``--samples-per-task`` rollouts each at temperature 1), then ``train.py --judge ...`` with the same budget (the
+   judge's group score is the only reward; the rubric, ``prompts/judge_rubric.md``, tells the judge the task's
+   ``answer`` is the reference);
+3. a table, ``summary.json`` in ``--output`` and a final JSON line: held-out greedy accuracy (the checker's, on
+   ``--eval-size`` tasks never trained on) before, best and last for every run, each judge's agreement, its calls
+   and failures. A judge run that stops (most of an iteration's rollouts not judged) is reported with the reason,
+   not hidden.
 """
 
 from __future__ import annotations
