@@ -85,7 +85,7 @@ def resolve_model(args: argparse.Namespace) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from agentlightning.cli import add_network_arguments
+    from agentlightning.cli import add_judge_arguments, add_network_arguments
     from agentlightning_torch.runkit import add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
@@ -169,6 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (see README)")
     parser.add_argument("--no-dashboard", action="store_true", help="do not serve the browser dashboard")
+    add_judge_arguments(parser)  # --judge URL --judge-model M --rubric FILE: rewards from an LLM judge (judge_run.py)
     return parser.parse_args(argv)
 
 

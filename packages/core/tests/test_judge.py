@@ -275,3 +275,34 @@ def test_agl_judge_calibrate(tmp_path: Path) -> None:
         timeout=120,
     )
     assert missing.returncode == 2 and "needs --judge URL" in missing.stderr
+
+
+async def test_the_answer_length_bound_is_sent_when_set() -> None:
+    """A small local judge that loops would otherwise fill the server's default: the rest of its context."""
+    store = agl.MemoryStore()
+    ids = await _finished(store, groups=1)
+    with ScriptedModelServer(_good) as server:
+        for settings, expected in (({}, None), ({"max_tokens": 200}, 200)):
+            judge = LLMJudge(_config(server, **settings))
+            outcome = await judge.judge(store, ids)
+            await judge.close()
+            assert not outcome.missing
+            assert server.requests[-1].get("max_tokens") == expected
+
+
+def test_agl_options_bound_the_answer_and_the_tries(tmp_path: Path) -> None:
+    """``--judge-answer-tokens`` and ``--judge-attempts`` reach the config (``agl train``, ``train.py``, calibrate)."""
+    import argparse
+
+    from agentlightning.cli import add_judge_arguments, judge_config
+
+    (tmp_path / "rubric.md").write_text("The answer must be right.")
+    parser = argparse.ArgumentParser()
+    add_judge_arguments(parser)
+    base = ["--judge", "http://127.0.0.1:9/v1", "--judge-model", "j", "--rubric", str(tmp_path / "rubric.md")]
+    default = judge_config(parser.parse_args(base))
+    assert default.max_tokens is None and default.max_attempts == 3
+    bounded = judge_config(parser.parse_args([*base, "--judge-answer-tokens", "160", "--judge-attempts", "1"]))
+    assert bounded.max_tokens == 160 and bounded.max_attempts == 1
+    with pytest.raises(ValueError, match="max_attempts"):
+        judge_config(parser.parse_args([*base, "--judge-attempts", "0"]))

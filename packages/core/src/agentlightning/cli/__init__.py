@@ -22,7 +22,7 @@ from typing import Any
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
 from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
-from agentlightning.cli._judge import judge_config
+from agentlightning.cli._judge import add_judge_arguments, judge_config
 from agentlightning.cli._options import command_agent
 from agentlightning.cli._tasks import TaskFileError, read_task_file
 from agentlightning.cli._train import add_network_arguments, add_runner_arguments, train_parser
@@ -33,6 +33,7 @@ __all__ = [
     "EnginePlugin",
     "RunnerDied",
     "TaskFileError",
+    "add_judge_arguments",
     "add_network_arguments",
     "add_runner_arguments",
     "build_parser",

@@ -39,6 +39,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--judge-max-calls", type=int, default=None, help="judge calls per iteration (budget)")
     group.add_argument("--judge-max-tokens", type=int, default=None, help="judge tokens per iteration (budget)")
+    group.add_argument(
+        "--judge-answer-tokens", type=int, default=None, help="most tokens of one judge answer (default: the server's)"
+    )
+    group.add_argument(
+        "--judge-attempts",
+        type=int,
+        default=3,
+        help="tries per judgement (a greedy judge repeats a malformed answer: 1 saves the repeats; default: 3)",
+    )
     group.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge answer (default: 120)")
     group.add_argument(
         "--judge-api-key", default=os.environ.get("AGL_JUDGE_API_KEY") or None, help="($AGL_JUDGE_API_KEY)"
@@ -66,6 +75,8 @@ def judge_config(args: argparse.Namespace) -> Any:
         "mode": args.judge_mode,
         "weight": args.judge_weight,
         "timeout_s": args.judge_timeout,
+        "max_tokens": args.judge_answer_tokens,
+        "max_attempts": args.judge_attempts,
         "max_calls_per_iteration": args.judge_max_calls,
         "max_tokens_per_iteration": args.judge_max_tokens,
         "api_key": args.judge_api_key,

@@ -34,6 +34,8 @@ class JudgeConfig(BaseModel):
         max_tokens_per_iteration: Judge tokens (prompt + completion, as the server reports them) per iteration.
         max_failure_ratio: Stop the run when more than this fraction of an iteration's rollouts could not be judged.
         temperature: Sampling temperature of the judge (0: the most repeatable; identical requests are cached).
+        max_tokens: Most tokens of one judge answer, sent as ``max_tokens`` (``None``: the server's default, which
+            for vLLM and the local backend is the rest of the context: a small judge that loops would fill it).
         max_trace_chars: Longest text of one rollout's trace shown to the judge (the middle is cut).
     """
 
@@ -52,6 +54,7 @@ class JudgeConfig(BaseModel):
     max_tokens_per_iteration: int | None = Field(default=None, ge=1)
     max_failure_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
     temperature: float = Field(default=0.0, ge=0.0)
+    max_tokens: int | None = Field(default=None, ge=1)
     max_trace_chars: int = Field(default=12000, ge=200)
 
     @field_validator("url")
