@@ -133,7 +133,11 @@ class JudgeClient:
 
     def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
         """The request body for ``messages``."""
-        body: dict[str, Any] = {"model": self.config.model, "messages": messages, "temperature": self.config.temperature}
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": messages,
+            "temperature": self.config.temperature,
+        }
         if self.config.max_tokens is not None:
             body["max_tokens"] = self.config.max_tokens
         return body
