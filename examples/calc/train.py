@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-tasks", type=Path, default=HERE / "data" / "train.jsonl", help="JSONL training tasks")
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
-    defaults: dict[str, Any] = {"workers": 128, "rollout_timeout": 120.0, **preset}
+    defaults: dict[str, Any] = {"workers": 64, "rollout_timeout": 120.0, **preset}
     defaults.pop("temperature", None)  # an option of this script (above), not of the run's
     add_run_arguments(parser, output=Path("runs") / "calc", **defaults)
     net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...
@@ -236,6 +236,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         plot_run,
         ray_settings,
         store_serving,
+        total_workers,
     )
 
     config = build_config(args)
@@ -254,7 +255,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         val_tasks=val_tasks,
         runners=AgentRunners(agent, app_dir=HERE, instrument=instrument, worker_mode="async", env=runner_env(args)),
         processes=args.runners,
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         serving=serving,
         dashboard=not args.no_dashboard,

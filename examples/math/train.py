@@ -100,7 +100,14 @@ def build_config(args: argparse.Namespace) -> Any:
 async def train(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures."""
     from agentlightning_torch import TorchTrainer
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run, ray_settings
+    from agentlightning_torch.runkit import (
+        AgentRunners,
+        RunSettings,
+        TrainingRun,
+        plot_run,
+        ray_settings,
+        total_workers,
+    )
 
     config = build_config(args)
     train_problems, held_out = problems_from(args)
@@ -116,7 +123,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         runners=AgentRunners("math_agent:math_agent", app_dir=HERE, instrument="autogen", worker_mode="async"),
         processes=args.runners,
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         quiet=args.quiet,
     )
     result = await MathRun(TorchTrainer(config), settings).execute()

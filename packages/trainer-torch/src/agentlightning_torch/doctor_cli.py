@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, UsageError
+from agentlightning_torch.runkit import AgentRunners, RunSettings, TorchSpec, TrainingRun, UsageError
 from agentlightning_torch.runkit._run import RunResult
 
 __all__ = ["TOY_MODEL_ENV", "doctor", "doctor_model", "toy_model"]
@@ -113,16 +113,14 @@ def _prepare(args: argparse.Namespace, output: Path) -> Any:
     """``agl train``'s validation of the options, set for a doctor's round (the toy model, budgets, no output)."""
     from agentlightning_torch.cli import _validate  # pyright: ignore[reportPrivateUsage]
 
-    if args.model == "toy":
-        args.model = str(toy_model())
-        if args.tool_parser is None:
-            args.tool_parser = "calc"  # the toy model writes CALC(<expr>)
-    args.tasks_per_iteration = args.doctor_tasks
-    args.samples_per_task = args.samples
-    args.iterations = 1
-    args.output = str(output)
-    args.quiet = True
-    return _validate(args)
+    spec = TorchSpec.from_namespace(args)
+    round_: dict[str, Any] = {"tasks_per_iteration": args.doctor_tasks, "samples_per_task": args.samples}
+    round_.update(iterations=1, output=output, quiet=True)
+    if spec.model == "toy":
+        round_["model"] = str(toy_model())
+        if spec.tool_parser is None:
+            round_["tool_parser"] = "calc"  # the toy model writes CALC(<expr>)
+    return _validate(spec.model_copy(update=round_))
 
 
 async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
@@ -130,30 +128,31 @@ async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
     from agentlightning_torch.runkit import store_serving
     from agentlightning_torch.training._trainer import TorchTrainer
 
-    renderer, context = doctor_model(args.model)
+    spec: TorchSpec = plan.spec
+    renderer, context = doctor_model(spec.model)
     config = _trainer_config(plan)
     try:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:
-        raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
+        raise UsageError(f"cannot load model {spec.model!r}: {error}".splitlines()[0]) from None
     rollouts = args.doctor_tasks * args.samples
     settings = RunSettings(
         output=plan.output,
         train_tasks=_pick(plan.train_tasks, args.doctor_tasks),
         runners=AgentRunners(
-            args.agent or "",
-            app_dir=Path(args.app_dir),
-            agent_command=getattr(args, "agent_command", None),
-            agent_timeout=getattr(args, "agent_timeout", None),
+            spec.agent or "",
+            app_dir=Path(spec.app_dir),
+            agent_command=spec.agent_command,
+            agent_timeout=spec.agent_timeout,
         ),
-        processes=max(args.runners, 1),
-        workers=min(args.workers, rollouts),
-        serving=store_serving(args),
+        processes=max(spec.runners, 1),
+        workers=min(spec.workers, rollouts),
+        serving=store_serving(spec),
         quiet=True,
     )
     run = _DoctorRun(trainer, settings, console)
-    run.renderer, run.context = renderer, context or _model_context(args.model)
-    run.agent_filter, run.samples, run.timeout = args.agent_filter, args.samples, args.rollout_timeout
+    run.renderer, run.context = renderer, context or _model_context(spec.model)
+    run.agent_filter, run.samples, run.timeout = args.agent_filter, args.samples, spec.rollout_timeout
     await run.execute()
     return run.report
 
