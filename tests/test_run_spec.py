@@ -11,8 +11,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import pytest
 
-from agentlightning.cli import EngineRefusal, RunSpec, load_engine, option_flag, parse_train_spec
-from agentlightning.cli._engines import engine_names
+from agentlightning.cli import EngineRefusal, RunSpec, engine_names, load_engine, option_flag, parse_train_spec
 
 BASE = ["--model", "some/model", "--tasks", "tasks.jsonl"]
 ENGINES = engine_names()

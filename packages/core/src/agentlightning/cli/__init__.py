@@ -21,7 +21,7 @@ from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
-from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
+from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, engine_names, load_engine
 from agentlightning.cli._judge import judge_config
 from agentlightning.cli._options import command_agent
 from agentlightning.cli._spec import (
@@ -58,6 +58,7 @@ __all__ = [
     "build_parser",
     "cancel_on_sigterm",
     "command_agent",
+    "engine_names",
     "guarded",
     "judge_config",
     "load_engine",

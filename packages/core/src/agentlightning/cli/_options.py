@@ -74,21 +74,14 @@ def add_agent_command_arguments(
     which: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,  # pyright: ignore[reportPrivateUsage]
     parser: argparse.ArgumentParser,
 ) -> None:
-    """``--agent-command CMD`` (in ``which``, beside ``--agent``) and ``--agent-timeout`` (`command_agent`)."""
-    which.add_argument(
-        "--agent-command",
-        metavar="CMD",
-        help="instead of --agent: run this program for each rollout, in --app-dir (split as a shell would, run "
-        "without a shell: 'node agent.mjs'); the task is on its stdin, the LLM proxy in OPENAI_BASE_URL / "
-        'ANTHROPIC_BASE_URL, its reward the last line of its stdout ({"reward": 0.7} or 0.7)',
-    )
+    """``--agent-command CMD`` (in ``which``, beside ``--agent``) and ``--agent-timeout`` (`command_agent`), as
+    `agentlightning.cli.RunSpec` defines them (``agl runner`` takes them as ``agl train`` does)."""
+    from agentlightning.cli._spec import RunSpec  # not at import: the spec's module parses --log-level with ours
+
+    fields = RunSpec.model_fields
+    which.add_argument("--agent-command", metavar="CMD", help=fields["agent_command"].description)
     parser.add_argument(
-        "--agent-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="--agent-command: seconds a rollout's command may run before it is stopped and its attempt failed "
-        "(default: no limit)",
+        "--agent-timeout", type=float, default=None, metavar="SECONDS", help=fields["agent_timeout"].description
     )
 
 
