@@ -108,12 +108,18 @@ def _help_text(example: str, module: Any, capsys: pytest.CaptureFixture[str]) ->
     return " ".join(capsys.readouterr().out.split())
 
 
+TOTALS = {"calc": 128, "sql": 128, "rag": 64, "math": 64}
+"""Each example's concurrent rollouts by default, over all its runner processes (as before ``--workers`` meant one
+runner process's, as ``agl train``'s does)."""
+
+
 @pytest.mark.parametrize("example", ["calc", "sql", "rag", "math"])
 def test_every_example_parses_the_shared_options_as_the_spec_defines_them(
     example: str, example_script: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """An example's shared options are `TorchSpec`'s (one help, one type); its defaults may differ, on purpose."""
-    from agentlightning_torch.runkit import RUN_OPTIONS, TorchSpec
+    """An example's shared options are `TorchSpec`'s (one help, one type); its defaults may differ, on purpose, and
+    keep its total concurrency (``--workers`` is per runner process everywhere)."""
+    from agentlightning_torch.runkit import RUN_OPTIONS, TorchSpec, total_workers
 
     if example in ("sql", "calc"):
         pytest.importorskip("langgraph")
@@ -128,6 +134,7 @@ def test_every_example_parses_the_shared_options_as_the_spec_defines_them(
     for name in RUN_OPTIONS:
         value, default = getattr(args, name), TorchSpec.model_fields[name].get_default(call_default_factory=True)
         assert isinstance(value, type(default)) or default is None, (example, name, value)
+    assert total_workers(args) == TOTALS[example]
 
 
 def test_a_script_default_is_an_override_of_the_one_definition() -> None:

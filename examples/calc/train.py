@@ -86,7 +86,7 @@ def resolve_model(args: argparse.Namespace) -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from agentlightning.cli import add_network_arguments
-    from agentlightning_torch.runkit import add_run_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-tasks", type=Path, default=HERE / "data" / "train.jsonl", help="JSONL training tasks")
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
-    defaults: dict[str, Any] = {"workers": 64, "rollout_timeout": 120.0, **preset}
+    defaults: dict[str, Any] = {**SCRIPT_DEFAULTS, "workers": 64, "rollout_timeout": 120.0, **preset}
     defaults.pop("temperature", None)  # an option of this script (above), not of the run's
     add_run_arguments(parser, output=Path("runs") / "calc", **defaults)
     net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...

@@ -70,13 +70,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
-    from agentlightning_torch.runkit import add_run_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_run_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help="warm-started model folder")
     parser.add_argument("--max-tokens", type=int, default=48, help="most tokens per model call")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
-    add_run_arguments(parser, output=Path("runs") / "math", **STABLE)
+    add_run_arguments(parser, output=Path("runs") / "math", **{**SCRIPT_DEFAULTS, **STABLE})
     add_data_arguments(parser)
     return parser.parse_args(argv)
 

@@ -82,9 +82,10 @@ SCRIPT_DEFAULTS: dict[str, Any] = {
     "runners": 2,
     "rollout_timeout": 180.0,
 }
-"""Where a training script's default differs from ``agl train``'s: a small model trained from a warm start takes a
-larger learning rate, and a script's shorter budgets and batches suit its toy sizes. Each script overrides these
-(and `STABLE_RL`) in its call to `add_run_arguments`; the options themselves are `TorchSpec`'s."""
+"""The defaults the examples' training scripts share where they differ from ``agl train``'s, on purpose: a small
+model trained from a warm start takes a larger learning rate (3e-4 against 1e-5), and toy sizes suit shorter
+budgets, smaller batches and two runner processes. A script passes them (and `STABLE_RL`, its own) explicitly to
+`add_run_arguments`: overrides of `TorchSpec`'s defaults, never a second definition of an option."""
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, output: Path, **defaults: Any) -> None:
@@ -101,7 +102,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, output: Path, **defaul
     Args:
         parser: The script's parser.
         output: The script's run folder.
-        **defaults: The script's defaults of these options (``lr=3e-4``, ``runners=1``...), over `SCRIPT_DEFAULTS`.
+        **defaults: The script's defaults of these options (``**SCRIPT_DEFAULTS``, ``lr=3e-4``, ``runners=1``...);
+            the others keep `TorchSpec`'s.
 
     Raises:
         KeyError: A default for an option that is not one of `RUN_OPTIONS`.
@@ -109,7 +111,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, output: Path, **defaul
     unknown = sorted(set(defaults) - set(RUN_OPTIONS))
     if unknown:
         raise KeyError(f"add_run_arguments has no option {', '.join(unknown)}")
-    add_spec_arguments(parser, TorchSpec, RUN_OPTIONS, defaults={**SCRIPT_DEFAULTS, **defaults, "output": output})
+    add_spec_arguments(parser, TorchSpec, RUN_OPTIONS, defaults={**defaults, "output": output})
 
 
 def total_workers(args: argparse.Namespace | TorchSpec) -> int:
