@@ -92,12 +92,12 @@ def test_verl_refuses_what_it_silently_ignored() -> None:
 
 def test_verls_runners_get_the_agent_commands_timeout(tmp_path: Path) -> None:
     """``--agent-timeout`` is honoured by verl's engine: its runner processes stop a command that runs too long."""
-    from agentlightning_verl.cli import _runner_commands  # pyright: ignore[reportPrivateUsage]
+    from agentlightning_verl.cli import runner_commands
 
     plugin = load_engine("verl")
     words = [*BASE, "--agent-command", "node agent.mjs", "--agent-timeout", "12.5", "--runners", "2"]
     spec = parse_train_spec([*words, "--store-url", "http://127.0.0.1:4747"], "verl", plugin)
-    commands = _runner_commands(spec)
+    commands = runner_commands(spec)
     assert len(commands) == 2
     assert commands[0][commands[0].index("--agent-timeout") + 1] == "12.5"
 

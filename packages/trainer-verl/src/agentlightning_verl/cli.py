@@ -40,7 +40,7 @@ from agentlightning.cli import (
 )
 from agentlightning_verl._config import AlgorithmName, VerlTrainerConfig
 
-__all__ = ["VERL_CAPABILITIES", "VerlEnginePlugin", "VerlSpec", "verl_config"]
+__all__ = ["VERL_CAPABILITIES", "VerlEnginePlugin", "VerlSpec", "runner_commands", "verl_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _require_verl() -> None:
             raise _Refused(f"--engine verl needs {module}, which is not installed here: {_INSTALL}")
 
 
-def _runner_commands(args: VerlSpec) -> list[list[str]]:
+def runner_commands(args: VerlSpec) -> list[list[str]]:
     """``agl runner`` on this machine, ``--runners`` processes against the served store (its token in the env)."""
     app_dir = str(Path(args.app_dir).resolve())
     command = args.agent_command
@@ -213,7 +213,7 @@ async def _run(args: VerlSpec, config: VerlTrainerConfig, tasks: list[dict[str, 
     )
     store: Any = StoreClient(args.store_url or "", token=args.store_token)
     env = {**os.environ, **({"AGL_STORE_TOKEN": args.store_token} if args.store_token else {})}
-    runners = start_runners(_runner_commands(args), env=env)
+    runners = start_runners(runner_commands(args), env=env)
     trainer = VerlTrainer(config, loop=loop)
     try:
         await guarded(runners, trainer.run(store, tasks))

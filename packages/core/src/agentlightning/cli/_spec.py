@@ -159,9 +159,8 @@ class RunSpec(BaseModel):
     )
     policy_settings: list[str] = Field(
         default_factory=list,
-        description="with several policies: one policy's settings, as KEY=VALUE pairs the engine defines "
-        "(repeatable), e.g. --policy-settings writer:lr=3e-3 (the torch engine's keys: weights=lora|full, lr, kl, "
-        "rank, alpha, targets=q_proj+v_proj)",
+        description="with several policies: one policy's own settings as KEY=VALUE pairs, the keys the engine's "
+        "(repeatable), e.g. --policy-settings writer:lr=3e-3 (each engine's README lists its keys)",
     )
     dashboard_port: int = Field(4747, description="port of the served store (dashboard)")
     seed: int = Field(0, description="random seed")
