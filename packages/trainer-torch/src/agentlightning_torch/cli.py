@@ -446,11 +446,14 @@ class TorchEnginePlugin:
             raise TypeError(f"the torch engine trains a TorchSpec, got {type(spec).__name__}")
         return train(spec)
 
-    def doctor(self, args: Any) -> int:
-        """Run ``agl doctor``: a few groups of rollouts through this engine's ``agl train`` path, checked."""
+    def doctor(self, spec: RunSpec, round: Any) -> int:
+        """Run ``agl doctor``: a few groups of rollouts (``round``, a `agentlightning.cli.DoctorRound`) through this
+        engine's ``agl train`` path for ``spec``, a `TorchSpec`, checked."""
         from agentlightning_torch.doctor_cli import doctor
 
-        return doctor(args)
+        if not isinstance(spec, TorchSpec):
+            raise TypeError(f"the torch engine's doctor takes a TorchSpec, got {type(spec).__name__}")
+        return doctor(spec, round)
 
     def doctor_model(self, model: str) -> tuple[Any, int | None]:
         """``agl doctor --store --model``: the model's own chat template and its context length."""

@@ -8,7 +8,6 @@ without any weights of the user's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentlightning.cli import DoctorRound
 from agentlightning_torch.runkit import AgentRunners, RunSettings, TorchSpec, TrainingRun, UsageError
 from agentlightning_torch.runkit._run import RunResult
 
@@ -109,11 +109,10 @@ class _DoctorRun(TrainingRun):
         return RunResult([], [], None, None, None, 0.0, trainer.checkpoint_dir, None, store=self.store_location)
 
 
-def _prepare(args: argparse.Namespace, output: Path) -> Any:
+def _prepare(spec: TorchSpec, args: DoctorRound, output: Path) -> Any:
     """``agl train``'s validation of the options, set for a doctor's round (the toy model, budgets, no output)."""
     from agentlightning_torch.cli import _validate  # pyright: ignore[reportPrivateUsage]
 
-    spec = TorchSpec.from_namespace(args)
     round_: dict[str, Any] = {"tasks_per_iteration": args.doctor_tasks, "samples_per_task": args.samples}
     round_.update(iterations=1, output=output, quiet=True)
     if spec.model == "toy":
@@ -123,7 +122,7 @@ def _prepare(args: argparse.Namespace, output: Path) -> Any:
     return _validate(spec.model_copy(update=round_))
 
 
-async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
+async def _diagnose(plan: Any, args: DoctorRound, console: Any) -> Any:
     from agentlightning_torch.cli import _model_context, _trainer_config  # pyright: ignore[reportPrivateUsage]
     from agentlightning_torch.runkit import store_serving
     from agentlightning_torch.training._trainer import TorchTrainer
@@ -157,20 +156,21 @@ async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
     return run.report
 
 
-def doctor(args: argparse.Namespace) -> int:
-    """Run ``agl doctor`` on the torch engine with the options the core CLI parsed; returns the exit code."""
+def doctor(spec: TorchSpec, args: DoctorRound) -> int:
+    """Run ``agl doctor`` on the torch engine: ``agl train``'s options (``spec``) and the doctor's round (``args``),
+    as the core CLI parsed them; returns the exit code."""
     from rich.console import Console
 
     from agentlightning import run_async
     from agentlightning.cli import RunnerDied
     from agentlightning.doctor import show_report
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=spec.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True, soft_wrap=True)
     output = Path(tempfile.mkdtemp(prefix="agl-doctor-"))
     started = time.monotonic()
     try:
-        plan = _prepare(args, output)
+        plan = _prepare(spec, args, output)
         report = run_async(_diagnose(plan, args, console))
     except (UsageError, RunnerDied) as error:
         console.print(f"[red]agl doctor: could not run:[/red] {error}")
@@ -180,7 +180,7 @@ def doctor(args: argparse.Namespace) -> int:
         console.print("interrupted")
         shutil.rmtree(output, ignore_errors=True)
         return 130
-    code = show_report(report, args.json)
+    code = show_report(report, args.as_json)
     console.print(f"agl doctor: {time.monotonic() - started:.1f} s")
     if code:
         console.print(f"the rollouts' store is kept: {output / 'store.db'} (agl doctor --store it, or agl store serve)")

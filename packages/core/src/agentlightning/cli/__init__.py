@@ -21,6 +21,7 @@ from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
+from agentlightning.cli._doctor import DoctorRound
 from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, engine_names, load_engine
 from agentlightning.cli._judge import judge_config
 from agentlightning.cli._options import command_agent
@@ -45,6 +46,7 @@ __all__ = [
     "NETWORK_FIELDS",
     "RUNNER_FIELDS",
     "Cli",
+    "DoctorRound",
     "EngineCapabilities",
     "EngineNotFoundError",
     "EnginePlugin",
