@@ -85,8 +85,8 @@ def resolve_model(args: argparse.Namespace) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from agentlightning.cli import add_judge_arguments, add_network_arguments
-    from agentlightning_torch.runkit import add_run_arguments
+    from agentlightning.cli import add_judge_arguments, add_network_arguments, add_spec_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-tasks", type=Path, default=HERE / "data" / "train.jsonl", help="JSONL training tasks")
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out tasks for greedy accuracy")
-    defaults: dict[str, Any] = {"workers": 128, "rollout_timeout": 120.0, **preset}
+    defaults: dict[str, Any] = {**SCRIPT_DEFAULTS, "workers": 64, "rollout_timeout": 120.0, **preset}
     defaults.pop("temperature", None)  # an option of this script (above), not of the run's
     add_run_arguments(parser, output=Path("runs") / "calc", **defaults)
     net = add_network_arguments(parser)  # --serve-store/--store-url/--store-token, --proxy-*, --advertise-url, ...
@@ -152,14 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--agent langgraph-two: the caller and the answerer each train a policy of their own (a LoRA adapter "
         "each, with --lr and --lora-rank; --policy-settings for more) instead of sharing one",
     )
-    parser.add_argument(
-        "--max-staleness",
-        type=int,
-        default=0,
-        metavar="K",
-        help="0: synchronous; K > 0: the next K iterations' rollouts run during the update (samples up to K "
-        "versions off-policy, importance-corrected)",
-    )
+    add_spec_arguments(parser, names=["max_staleness"])  # --max-staleness K: RunSpec defines it
     parser.add_argument(
         "--backend",
         choices=("local", "vllm"),
@@ -238,6 +231,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         plot_run,
         ray_settings,
         store_serving,
+        total_workers,
     )
 
     config = build_config(args)
@@ -256,7 +250,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         val_tasks=val_tasks,
         runners=AgentRunners(agent, app_dir=HERE, instrument=instrument, worker_mode="async", env=runner_env(args)),
         processes=args.runners,
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         serving=serving,
         dashboard=not args.no_dashboard,

@@ -70,13 +70,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
-    from agentlightning_torch.runkit import add_run_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_run_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help="warm-started model folder")
     parser.add_argument("--max-tokens", type=int, default=48, help="most tokens per model call")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
-    add_run_arguments(parser, output=Path("runs") / "math", **STABLE)
+    add_run_arguments(parser, output=Path("runs") / "math", **{**SCRIPT_DEFAULTS, **STABLE})
     add_data_arguments(parser)
     return parser.parse_args(argv)
 
@@ -100,7 +100,14 @@ def build_config(args: argparse.Namespace) -> Any:
 async def train(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures."""
     from agentlightning_torch import TorchTrainer
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run, ray_settings
+    from agentlightning_torch.runkit import (
+        AgentRunners,
+        RunSettings,
+        TrainingRun,
+        plot_run,
+        ray_settings,
+        total_workers,
+    )
 
     config = build_config(args)
     train_problems, held_out = problems_from(args)
@@ -116,7 +123,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         runners=AgentRunners("math_agent:math_agent", app_dir=HERE, instrument="autogen", worker_mode="async"),
         processes=args.runners,
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         quiet=args.quiet,
     )
     result = await MathRun(TorchTrainer(config), settings).execute()

@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 from rag_task import DataError, RagTask, best_f1, read_tasks  # noqa: E402
 
 from agentlightning_torch.runkit import (  # noqa: E402
+    SCRIPT_DEFAULTS,
     STABLE_RL,
     AgentRunners,
     RunResult,
@@ -43,6 +44,7 @@ from agentlightning_torch.runkit import (  # noqa: E402
     print_table,
     ray_settings,
     run_main,
+    total_workers,
 )
 
 STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 20}  # the README's run: the same figures on any machine
@@ -60,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common]
     )
     parser.add_argument("--model-dir", type=Path, default=HERE / "checkpoint", help="warm-started model folder")
-    add_run_arguments(parser, output=Path("runs") / "rag", runners=1, **STABLE)
+    add_run_arguments(parser, output=Path("runs") / "rag", **{**SCRIPT_DEFAULTS, "runners": 1, "workers": 64, **STABLE})
     parser.add_argument(
         "--keep-equal-groups", action="store_true", help="train on groups whose rollouts all scored alike too"
     )
@@ -257,7 +259,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         ),
         processes=args.runners,
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         quiet=args.quiet,
     )
     result = await RagRun(TorchTrainer(config), settings).execute()

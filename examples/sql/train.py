@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sql_agent import TRAINED_AGENTS
 from sql_data import load_tasks
 
-from agentlightning_torch.runkit import STABLE_RL, UsageError
+from agentlightning_torch.runkit import SCRIPT_DEFAULTS, STABLE_RL, UsageError
 
 HERE = Path(__file__).resolve().parent
 STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 30}  # the README's run: the same figures on any machine
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
     parser.add_argument("--eval-size", type=int, default=100, help="held-out questions for greedy accuracy")
     parser.add_argument("--max-tokens", type=int, default=40, help="most tokens per LLM call")
-    add_run_arguments(parser, output=Path("runs") / "sql", workers=128, **STABLE)
+    add_run_arguments(parser, output=Path("runs") / "sql", **{**SCRIPT_DEFAULTS, "workers": 64, **STABLE})
     return parser.parse_args(argv)
 
 
@@ -117,7 +117,14 @@ async def shape_accuracy(store: Any) -> dict[str, float]:
 async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any]:
     """Evaluate, train within the budget (held-out points every --eval-every), evaluate again; the run's figures
     (``policies``: see `build_config`)."""
-    from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, plot_run, ray_settings
+    from agentlightning_torch.runkit import (
+        AgentRunners,
+        RunSettings,
+        TrainingRun,
+        plot_run,
+        ray_settings,
+        total_workers,
+    )
 
     config = build_config(args, policies)
     train_tasks, val_tasks = load_tasks(args.train_tasks), load_tasks(args.val_tasks)[: args.eval_size]
@@ -138,7 +145,7 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         runners=AgentRunners("sql_agent:sql_agent", app_dir=HERE, instrument="langchain", worker_mode="async"),
         processes=args.runners,
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
-        workers=args.workers,
+        workers=total_workers(args),  # --workers is per runner process
         quiet=args.quiet,
     )
     loop = make_trainer(config)

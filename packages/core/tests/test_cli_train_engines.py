@@ -43,22 +43,27 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], code: int) -> str:
 
 
 THIRD = """\
-import argparse
 import json
+
+from pydantic import Field
+
+from agentlightning.cli import EngineCapabilities, RunSpec
+
+
+class ThirdSpec(RunSpec):
+    third_knob: int = Field(3, description="the third engine's own knob")
 
 
 class ThirdEngine:
     summary = "a third engine, written in the test"
+    spec = ThirdSpec
+    capabilities = EngineCapabilities(honours=frozenset({"agent", "model", "tasks", "iterations", "runners"}))
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("--engine third", self.summary)
-        group.add_argument("--third-knob", type=int, default=3, help="the third engine's own knob")
-
-    def train(self, args: argparse.Namespace) -> int:
-        with open(args.tasks, encoding="utf-8") as tasks:
+    def train(self, spec: ThirdSpec) -> int:
+        with open(spec.tasks, encoding="utf-8") as tasks:
             count = sum(1 for line in tasks if line.strip())
-        print(json.dumps({"engine": args.engine, "agent": args.agent, "knob": args.third_knob, "tasks": count,
-                          "iterations": args.iterations, "runners": args.runners}))
+        print(json.dumps({"engine": spec.engine, "agent": spec.agent, "knob": spec.third_knob, "tasks": count,
+                          "iterations": spec.iterations, "runners": spec.runners}))
         return 7
 """
 """An engine package of its own: a plug-in class with one option of its own and a train that reads the tasks."""
@@ -98,7 +103,7 @@ def test_a_third_engine_is_found_lists_its_options_in_help_and_runs_as_a_command
     assert shown.returncode == 0, shown.stderr
     help_text = " ".join(shown.stdout.split())
     assert "--engine third: a third engine, written in the test" in help_text
-    assert "--third-knob THIRD_KNOB the third engine's own knob" in help_text
+    assert "--third-knob THIRD_KNOB the third engine's own knob (default: 3)" in help_text
     assert "--agent AGENT" in help_text and "--runners N|ray[=ADDRESS]" in help_text  # the shared options too
     assert "installed: " in help_text and "third" in help_text
     (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
@@ -123,17 +128,32 @@ def test_an_engine_option_that_clashes_with_a_shared_one_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clash = (
+        "from agentlightning.cli import EngineCapabilities, RunSpec\n"
+        "class ClashSpec(RunSpec):\n"
+        "    lr: float = 1e-3\n"
         "class Clash:\n"
         "    summary = 'redefines --lr'\n"
-        "    def add_arguments(self, parser):\n"
-        "        parser.add_argument('--lr', type=float)\n"
-        "    def train(self, args):\n"
+        "    spec = ClashSpec\n"
+        "    capabilities = EngineCapabilities(honours=frozenset({'lr'}))\n"
+        "    def train(self, spec):\n"
         "        return 0\n"
     )
     _install(tmp_path, "agentlightning-clash", {"clash": "agl_clash_engine:Clash"}, {"agl_clash_engine": clash})
     monkeypatch.syspath_prepend(str(tmp_path))
     line = _one_line_error(capsys, main(["train", "--engine", "clash", *ARGS]))
-    assert line.startswith("error: agl train --engine clash: argument --lr: conflicting option string")
+    assert line.startswith("error: agl train --engine clash: its spec redefines the shared option --lr;")
+
+
+def test_a_shared_option_the_engine_does_not_honour_is_refused_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The third engine honours neither --lr nor --quiet: set, they are one line and its train never runs."""
+    _install_third(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = _one_line_error(capsys, main(["train", "--engine", "third", *ARGS, "--lr", "0.5"]))
+    assert line.startswith("error: agl train --engine third cannot honour --lr: this engine does not support it")
+    line = _one_line_error(capsys, main(["train", "--engine", "third", *ARGS, "--runners", "ray"]))
+    assert line.startswith("error: agl train --engine third cannot honour --runners ray:")
 
 
 def test_a_train_function_is_not_a_plug_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ Ray or verl start. Training itself runs in ``test_verl_ray_loop.py`` / ``test_ve
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import tomllib
@@ -17,17 +16,17 @@ import pytest
 
 from agentlightning.cli import EnginePlugin, train_parser
 from agentlightning.loop import ENGINE_ENTRY_POINTS
-from agentlightning_verl.cli import VerlEnginePlugin, verl_config
+from agentlightning_verl.cli import VerlEnginePlugin, VerlSpec, verl_config
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 URL = ["--store-url", "http://127.0.0.1:4747"]
 
 
-def _parse(tmp_path: Path, *words: str) -> argparse.Namespace:
+def _parse(tmp_path: Path, *words: str) -> VerlSpec:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"q": 1}\n')
     shared = ["--engine", "verl", "--agent", "my_agent:solve", "--model", "Qwen/Qwen2.5-0.5B", "--tasks", str(tasks)]
-    return train_parser("verl", VerlEnginePlugin()).parse_args([*shared, *words])
+    return VerlSpec.from_namespace(train_parser("verl", VerlEnginePlugin()).parse_args([*shared, *words]))
 
 
 def test_the_entry_point_names_the_plug_in_class() -> None:

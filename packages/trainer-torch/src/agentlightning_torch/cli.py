@@ -3,22 +3,21 @@
     agl train --agent my_pkg.my_module:my_rollout --model Qwen/Qwen2.5-0.5B-Instruct --tasks train.jsonl \\
         [--val-tasks val.jsonl] [--minutes 30] [--device cuda] [--runners 2] [--lora-rank 16]
 
-`TorchEnginePlugin` is the engine ``torch`` of ``agl train`` (``agl train --engine torch --help``): it adds the
-options only this engine has (``--device``, ``--threads``, ``--lora-rank``, ``--backend``, ``--vllm-url``...) to the
-ones the core's ``agl train`` defines for every engine. The trainer process loads the model, serves it (local
-backend behind the LLM proxy) and trains it with `TorchTrainer`; ``--runners`` runner processes run the agent on the
-rollouts (each JSONL line is one task dict, passed to the function as it is). The run folder gets the SQLite store,
-``metrics.jsonl``, ``reward_curve.png`` and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is
-served for the dashboard while it runs. Bad input (an agent that cannot be imported, a missing model folder, a task
-file that does not parse, an output folder it cannot write, a rollout that never calls the LLM) is reported in one
-line with exit code 2, and a run folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release
-their rollouts) and says one line; the runners and the dashboard's server end with ``agl train`` even when it is
-killed outright (``kill -9``).
+`TorchEnginePlugin` is the engine ``torch`` of ``agl train`` (``agl train --engine torch --help``): its `TorchSpec` adds
+the options only this engine has (``--device``, ``--threads``, ``--lora-rank``, ``--backend``, ``--vllm-url``...) to the
+ones the core's ``agl train`` defines for every engine. The trainer process loads the model, serves it (local backend
+behind the LLM proxy) and trains it with `TorchTrainer`; ``--runners`` runner processes run the agent on the rollouts
+(each JSONL line is one task dict, passed to the function as it is). The run folder gets the SQLite store,
+``metrics.jsonl``, ``reward_curve.png`` and ``checkpoint/`` (a plain ``save_pretrained`` folder). The store is served
+for the dashboard while it runs. Bad input (an agent that cannot be imported, a missing model folder, a task file that
+does not parse, an output folder it cannot write, a rollout that never calls the LLM) is reported in one line with exit
+code 2, and a run folder it created is removed. Ctrl-C or SIGTERM stops the runners (they release their rollouts) and
+says one line; the runners and the dashboard's server end with ``agl train`` even when it is killed outright (``kill
+-9``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import json
@@ -32,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning import IterationReport
-from agentlightning.cli import RunnerDied, stop_children
+from agentlightning.cli import RunnerDied, RunSpec, stop_children
 from agentlightning_torch.runkit import (
+    TORCH_CAPABILITIES,
     AgentRunners,
     RunSettings,
+    TorchSpec,
     TrainingRun,
     UsageError,
     load_jsonl_tasks,
@@ -45,6 +46,7 @@ from agentlightning_torch.runkit import (
     serving_death,
     start_dashboard,
     store_serving,
+    total_workers,
     trainer_config,
 )
 
@@ -162,7 +164,7 @@ def token_budget(requested: int | None, context: int | None) -> int:
 
 @dataclass
 class _Plan:
-    args: argparse.Namespace
+    spec: TorchSpec
     train_tasks: list[dict[str, Any]]
     val_tasks: list[dict[str, Any]]
     output: Path
@@ -170,7 +172,7 @@ class _Plan:
     max_tokens: int = DEFAULT_MAX_TOKENS
 
 
-def _validate(args: argparse.Namespace) -> _Plan:
+def _validate(args: TorchSpec) -> _Plan:
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
     if args.runners < 0:
@@ -201,17 +203,17 @@ def _validate(args: argparse.Namespace) -> _Plan:
     return _Plan(args, train_tasks, val_tasks, output, _policies(args), max_tokens)
 
 
-def _check_agent(args: argparse.Namespace) -> None:
+def _check_agent(args: TorchSpec) -> None:
     """Refuse an ``--agent`` that cannot be imported or called, or an ``--agent-command`` that cannot run."""
-    if getattr(args, "agent_command", None) is not None:
-        from agentlightning.cli import command_agent
+    if args.agent_command is not None:
+        from agentlightning.runner import CommandAgent
 
         try:
-            command_agent(args)
+            CommandAgent(args.agent_command, cwd=args.app_dir, timeout=args.agent_timeout)
         except ValueError as error:
             raise UsageError(f"--agent-command: {error}") from None
         return
-    agent = resolve_agent(args.agent, args.app_dir)
+    agent = resolve_agent(args.agent or "", args.app_dir)
     from agentlightning.runner import as_agent
 
     try:
@@ -220,14 +222,13 @@ def _check_agent(args: argparse.Namespace) -> None:
         raise UsageError(f"--agent {args.agent}: {error}") from None
 
 
-def _policies(args: argparse.Namespace) -> Any:
+def _policies(args: TorchSpec) -> Any:
     """The `agentlightning.PolicyMap` of ``--policy`` entries or a ``--policies`` file (``None``: one policy)."""
     from pydantic import ValidationError
 
     from agentlightning import PolicyMap
 
-    entries: list[str] = list(getattr(args, "policy", None) or [])
-    path: str | None = getattr(args, "policies", None)
+    entries, path = list(args.policy), args.policies
     if path is not None and entries:
         raise UsageError("give the policy map once: --policy entries or a --policies file, not both")
     try:
@@ -238,11 +239,11 @@ def _policies(args: argparse.Namespace) -> Any:
                 raise UsageError(f"--policies {path!r}: {error.strerror or error}") from None
             return PolicyMap.model_validate_json(text)
         if entries:
-            return PolicyMap.parse(entries, getattr(args, "default_policy", None))
+            return PolicyMap.parse(entries, args.default_policy)
     except (ValueError, ValidationError) as error:
         flag = "--policies" if path is not None else "--policy"
         raise UsageError(f"{flag}: {' '.join(str(error).split())}") from None
-    if getattr(args, "default_policy", None):
+    if args.default_policy:
         raise UsageError("--default-policy needs --policy entries")
     return None
 
@@ -292,7 +293,7 @@ def _trainer_config(plan: _Plan) -> Any:
     from agentlightning_torch.models._lora import LoraSettings
     from agentlightning_torch.vllm._serving import VLLMSettings
 
-    args = plan.args
+    args = plan.spec
     lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     return trainer_config(
         args,
@@ -336,7 +337,7 @@ class _AglTrainRun(TrainingRun):
 async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     from agentlightning_torch.training._trainer import TorchTrainer
 
-    args = plan.args
+    args = plan.spec
     config = _trainer_config(plan)
     serving = store_serving(args)  # refused here, before anything is written
     if args.quiet:  # no progress bar means none of transformers' either (loading and saving weights)
@@ -357,7 +358,7 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
         runners=runners,
         processes=args.runners,
         # --workers is per runner process (a Ray actor too)
-        workers=args.workers * (args.runner_processes if args.runners_ray else max(args.runners, 1)),
+        workers=total_workers(args),
         serving=serving,
         dashboard=True,
         dashboard_port=args.dashboard_port,
@@ -383,8 +384,8 @@ async def _train(plan: _Plan, console: Any) -> dict[str, Any]:
     }
 
 
-def train(args: argparse.Namespace) -> int:
-    """Run ``agl train`` with the arguments the core CLI parsed (``agl train --help``); returns the exit code."""
+def train(args: TorchSpec) -> int:
+    """Run ``agl train`` with the spec the core CLI parsed (``agl train --help``); returns the exit code."""
     from rich.console import Console
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -429,41 +430,30 @@ def train(args: argparse.Namespace) -> int:
 class TorchEnginePlugin:
     """``agl train --engine torch`` (the default): an `agentlightning.cli.EnginePlugin` training with `TorchTrainer`.
 
-    Registered in the ``agentlightning.engines`` entry points; its options are the torch engine's own (device,
-    threads, LoRA, the serving backend and its tool-call parser), the rest are ``agl train``'s shared ones.
+    Registered in the ``agentlightning.engines`` entry points; its spec is `TorchSpec`: ``agl train``'s shared
+    options, all honoured (`TORCH_CAPABILITIES`), and the torch engine's own (device, threads, LoRA, the serving
+    backend and its tool-call parser).
     """
 
     summary = "one machine, CPU or one GPU: a plain PyTorch PPO/GRPO step, the embedded backend or vLLM, LoRA"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the torch engine's options to ``agl train``'s parser."""
-        group = parser.add_argument_group("--engine torch", self.summary)
-        group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-        group.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-        group.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (needs peft)")
-        group.add_argument("--model-name", default="policy", help="name the model is served under")
-        group.add_argument("--tool-parser", default=None, help="tool-call parser (hermes, llama3_json, ...)")
-        group.add_argument(
-            "--backend",
-            choices=("local", "vllm"),
-            default="local",
-            help="inference server: the embedded backend (default) or vLLM (launched for --model from "
-            "$AGL_VLLM_VENV or .venv-vllm, or the one at --vllm-url; each weight sync is verified by log-probs)",
-        )
-        group.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server")
-        group.add_argument(
-            "--tool-parser-plugin", default=None, help="--backend vllm: a vLLM tool-parser plugin file (--tool-parser)"
-        )
+    spec = TorchSpec
+    capabilities = TORCH_CAPABILITIES
 
-    def train(self, args: argparse.Namespace) -> int:
-        """Run ``agl train`` with the torch engine (`train`); returns the exit code."""
-        return train(args)
+    def train(self, spec: RunSpec) -> int:
+        """Run ``agl train`` with the torch engine (`train`) on ``spec``, a `TorchSpec`; returns the exit code."""
+        if not isinstance(spec, TorchSpec):
+            raise TypeError(f"the torch engine trains a TorchSpec, got {type(spec).__name__}")
+        return train(spec)
 
-    def doctor(self, args: argparse.Namespace) -> int:
-        """Run ``agl doctor``: a few groups of rollouts through this engine's ``agl train`` path, checked."""
+    def doctor(self, spec: RunSpec, round: Any) -> int:
+        """Run ``agl doctor``: a few groups of rollouts (``round``, a `agentlightning.cli.DoctorRound`) through this
+        engine's ``agl train`` path for ``spec``, a `TorchSpec`, checked."""
         from agentlightning_torch.doctor_cli import doctor
 
-        return doctor(args)
+        if not isinstance(spec, TorchSpec):
+            raise TypeError(f"the torch engine's doctor takes a TorchSpec, got {type(spec).__name__}")
+        return doctor(spec, round)
 
     def doctor_model(self, model: str) -> tuple[Any, int | None]:
         """``agl doctor --store --model``: the model's own chat template and its context length."""

@@ -8,7 +8,6 @@ without any weights of the user's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -18,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentlightning_torch.runkit import AgentRunners, RunSettings, TrainingRun, UsageError
+from agentlightning.cli import DoctorRound
+from agentlightning_torch.runkit import AgentRunners, RunSettings, TorchSpec, TrainingRun, UsageError
 from agentlightning_torch.runkit._run import RunResult
 
 __all__ = ["TOY_MODEL_ENV", "doctor", "doctor_model", "toy_model"]
@@ -109,69 +109,68 @@ class _DoctorRun(TrainingRun):
         return RunResult([], [], None, None, None, 0.0, trainer.checkpoint_dir, None, store=self.store_location)
 
 
-def _prepare(args: argparse.Namespace, output: Path) -> Any:
+def _prepare(spec: TorchSpec, args: DoctorRound, output: Path) -> Any:
     """``agl train``'s validation of the options, set for a doctor's round (the toy model, budgets, no output)."""
     from agentlightning_torch.cli import _validate  # pyright: ignore[reportPrivateUsage]
 
-    if args.model == "toy":
-        args.model = str(toy_model())
-        if args.tool_parser is None:
-            args.tool_parser = "calc"  # the toy model writes CALC(<expr>)
-    args.tasks_per_iteration = args.doctor_tasks
-    args.samples_per_task = args.samples
-    args.iterations = 1
-    args.output = str(output)
-    args.quiet = True
-    return _validate(args)
+    round_: dict[str, Any] = {"tasks_per_iteration": args.doctor_tasks, "samples_per_task": args.samples}
+    round_.update(iterations=1, output=output, quiet=True)
+    if spec.model == "toy":
+        round_["model"] = str(toy_model())
+        if spec.tool_parser is None:
+            round_["tool_parser"] = "calc"  # the toy model writes CALC(<expr>)
+    return _validate(spec.model_copy(update=round_))
 
 
-async def _diagnose(plan: Any, args: argparse.Namespace, console: Any) -> Any:
+async def _diagnose(plan: Any, args: DoctorRound, console: Any) -> Any:
     from agentlightning_torch.cli import _model_context, _trainer_config  # pyright: ignore[reportPrivateUsage]
     from agentlightning_torch.runkit import store_serving
     from agentlightning_torch.training._trainer import TorchTrainer
 
-    renderer, context = doctor_model(args.model)
+    spec: TorchSpec = plan.spec
+    renderer, context = doctor_model(spec.model)
     config = _trainer_config(plan)
     try:
         trainer = TorchTrainer(config)
     except (OSError, ValueError) as error:
-        raise UsageError(f"cannot load model {args.model!r}: {error}".splitlines()[0]) from None
+        raise UsageError(f"cannot load model {spec.model!r}: {error}".splitlines()[0]) from None
     rollouts = args.doctor_tasks * args.samples
     settings = RunSettings(
         output=plan.output,
         train_tasks=_pick(plan.train_tasks, args.doctor_tasks),
         runners=AgentRunners(
-            args.agent or "",
-            app_dir=Path(args.app_dir),
-            agent_command=getattr(args, "agent_command", None),
-            agent_timeout=getattr(args, "agent_timeout", None),
+            spec.agent or "",
+            app_dir=Path(spec.app_dir),
+            agent_command=spec.agent_command,
+            agent_timeout=spec.agent_timeout,
         ),
-        processes=max(args.runners, 1),
-        workers=min(args.workers, rollouts),
-        serving=store_serving(args),
+        processes=max(spec.runners, 1),
+        workers=min(spec.workers, rollouts),
+        serving=store_serving(spec),
         quiet=True,
     )
     run = _DoctorRun(trainer, settings, console)
-    run.renderer, run.context = renderer, context or _model_context(args.model)
-    run.agent_filter, run.samples, run.timeout = args.agent_filter, args.samples, args.rollout_timeout
+    run.renderer, run.context = renderer, context or _model_context(spec.model)
+    run.agent_filter, run.samples, run.timeout = args.agent_filter, args.samples, spec.rollout_timeout
     await run.execute()
     return run.report
 
 
-def doctor(args: argparse.Namespace) -> int:
-    """Run ``agl doctor`` on the torch engine with the options the core CLI parsed; returns the exit code."""
+def doctor(spec: TorchSpec, args: DoctorRound) -> int:
+    """Run ``agl doctor`` on the torch engine: ``agl train``'s options (``spec``) and the doctor's round (``args``),
+    as the core CLI parsed them; returns the exit code."""
     from rich.console import Console
 
     from agentlightning import run_async
     from agentlightning.cli import RunnerDied
     from agentlightning.doctor import show_report
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=spec.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True, soft_wrap=True)
     output = Path(tempfile.mkdtemp(prefix="agl-doctor-"))
     started = time.monotonic()
     try:
-        plan = _prepare(args, output)
+        plan = _prepare(spec, args, output)
         report = run_async(_diagnose(plan, args, console))
     except (UsageError, RunnerDied) as error:
         console.print(f"[red]agl doctor: could not run:[/red] {error}")
@@ -181,7 +180,7 @@ def doctor(args: argparse.Namespace) -> int:
         console.print("interrupted")
         shutil.rmtree(output, ignore_errors=True)
         return 130
-    code = show_report(report, args.json)
+    code = show_report(report, args.as_json)
     console.print(f"agl doctor: {time.monotonic() - started:.1f} s")
     if code:
         console.print(f"the rollouts' store is kept: {output / 'store.db'} (agl doctor --store it, or agl store serve)")

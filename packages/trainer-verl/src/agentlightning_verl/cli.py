@@ -18,7 +18,6 @@ without verl (``agl train --engine verl --help``); a run needs verl and vLLM (``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -26,14 +25,22 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
-from agentlightning.cli import judge_config, read_task_file
-from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
+from agentlightning.cli import (
+    Cli,
+    EngineCapabilities,
+    EngineRefusal,
+    RunSpec,
+    judge_config,
+    read_task_file,
+    refuse_unhonoured,
+)
+from agentlightning_verl._config import AlgorithmName, VerlTrainerConfig
 
-__all__ = ["VerlEnginePlugin", "verl_config"]
+__all__ = ["VERL_CAPABILITIES", "VerlEnginePlugin", "VerlSpec", "runner_commands", "verl_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,31 +65,76 @@ def _overrides(entries: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def _refuse_unsupported(args: argparse.Namespace) -> None:
-    """Shared ``agl train`` options verl's engine cannot honour yet: refused, never silently ignored."""
-    if args.policy or args.policies or args.policy_settings or args.default_policy:
-        raise _Refused("--engine verl trains one model: several policies (--policy, --policies) need --engine torch")
-    if args.val_tasks or args.eval_every:
-        raise _Refused("--engine verl has no held-out evaluation yet: drop --val-tasks/--eval-every")
-    if args.runners_ray:
-        raise _Refused("--engine verl starts its runners here (--runners N) or elsewhere (--runners 0), not with ray")
-    if args.max_staleness:
-        raise _Refused("--engine verl trains synchronously: verl's rollout servers sleep during the update")
-    if args.serve_store or not args.store_url:
+class VerlSpec(RunSpec):
+    """`agentlightning.cli.RunSpec` and verl's own options: the cluster's size, the algorithm, vLLM's share of the
+    GPU, verl's batch sizes, and any verl setting through ``--verl-override``."""
+
+    algorithm: AlgorithmName = Field("grpo", description="the advantage estimator (ppo: GAE with a critic)")
+    nnodes: int = Field(1, description="machines in the Ray cluster")
+    n_gpus_per_node: int = Field(1, description="GPUs per machine")
+    lora_rank: int = Field(0, description="LoRA rank; 0 trains every weight")
+    rollout_tp: int = Field(1, description="vLLM tensor parallel size")
+    gpu_memory_utilization: float = Field(0.5, description="vLLM's share of a GPU")
+    max_prompt_length: int = Field(2048, description="longest prompt in tokens")
+    ppo_mini_batch_size: int | None = Field(None, description="tasks per optimizer step (default: all of them)")
+    micro_batch_size_per_gpu: int = Field(4, description="samples per forward")
+    verl_override: Annotated[list[str], Cli(metavar="DOTTED.KEY=VALUE")] = Field(
+        default_factory=list,
+        description="any other verl setting (repeatable; a JSON value, else a string), e.g. "
+        "actor_rollout_ref.actor.clip_ratio=0.3",
+    )
+
+
+_POLICIES = "verl's engine trains one model: several policies (--policy, --policies) need --engine torch"
+_HELD_OUT = "verl's engine has no held-out evaluation yet: drop --val-tasks/--eval-every"
+_RAY = "verl's engine starts its runners here (--runners N) or elsewhere (--runners 0), not with ray"
+_SERVED = "verl's engine trains on the served store at --store-url (start it with `agl store serve`)"
+
+_REFUSALS: dict[str, str] = {
+    "val_tasks": _HELD_OUT,
+    "eval_every": _HELD_OUT,
+    **dict.fromkeys(("runners_ray", "ray_address", "runner_processes", "runner_cpus", "ray_placement"), _RAY),
+    "max_staleness": "verl's engine trains synchronously: verl's rollout servers sleep during the update",
+    **dict.fromkeys(("policy", "default_policy", "policies", "policy_settings"), _POLICIES),
+    "serve_store": f"{_SERVED}, not one it serves itself",
+    "store": f"{_SERVED}, not a database of its own (serve the database with `agl store serve`)",
+    "store_servers": f"{_SERVED}: the store servers are the ones you start",
+    "heartbeat_timeout": f"{_SERVED}: set it there (agl store serve --heartbeat-timeout)",
+    "dashboard_port": f"{_SERVED}: its dashboard is that server's /ui",
+    "quiet": "verl's engine shows no progress bar (quiet verl's own logging with --log-level)",
+}
+"""Why verl's engine refuses each shared option it cannot honour."""
+
+_HONOURS = (
+    "agent", "agent_command", "agent_timeout", "app_dir", "model", "tasks", "minutes", "iterations", "runners",
+    "workers", "output", "tasks_per_iteration", "samples_per_task", "max_tokens", "rollout_timeout", "lr", "kl_coef",
+    "entropy_coef", "ppo_epochs", "seed", "store_url", "store_token", "proxy_host", "proxy_port", "advertise_url",
+    "proxy_token", "judge", "judge_model", "rubric", "judge_mode", "judge_weight", "judge_max_calls",
+    "judge_max_tokens", "judge_timeout", "judge_api_key", "log_level",
+)  # fmt: skip
+"""The shared options verl's engine reads and acts on (a shared option added later is refused until it is here)."""
+
+VERL_CAPABILITIES = EngineCapabilities(honours=frozenset(_HONOURS), refusals=_REFUSALS)
+"""The shared options verl's engine honours, and why it refuses each other one (before Ray or verl start)."""
+
+
+def _refuse_unsupported(spec: VerlSpec) -> None:
+    """What verl's engine cannot do with an honoured option's value: refused, never silently ignored."""
+    if not spec.store_url:
         raise _Refused(
             "--engine verl trains on a served store: start `agl store serve --db FILE --port 4747` and give "
             "--store-url http://127.0.0.1:4747 (runners on other machines use the same URL)"
         )
-    if getattr(args, "judge", None) is not None and args.judge_mode != "group":
+    if spec.judge is not None and spec.judge_mode != "group":
         raise _Refused(
             "--engine verl takes the judge's group scores only (--judge-mode group): step scores need "
             "the per_step credit strategy, which --engine verl does not set yet"
         )
-    if args.runners < 0 or args.workers < 1 or args.minutes <= 0:
+    if spec.runners < 0 or spec.workers < 1 or spec.minutes <= 0:
         raise _Refused("--runners must be 0 or more, --workers at least 1 and --minutes positive")
 
 
-def verl_config(args: argparse.Namespace) -> VerlTrainerConfig:
+def verl_config(args: VerlSpec) -> VerlTrainerConfig:
     """The `VerlTrainerConfig` of ``agl train --engine verl``'s options (nothing of verl is imported).
 
     Raises:
@@ -90,11 +142,11 @@ def verl_config(args: argparse.Namespace) -> VerlTrainerConfig:
             naming the option).
     """
     try:
+        refuse_unhonoured(args, "verl", VERL_CAPABILITIES)  # agl train did; a caller of this function too
         _refuse_unsupported(args)
-        if hasattr(args, "judge"):
-            judge_config(args)  # an unreadable rubric or a bad judge setting: one line now, not after the start
+        judge_config(args)  # an unreadable rubric or a bad judge setting: one line now, not after the start
         overrides = _overrides(list(args.verl_override))
-    except _Refused as error:
+    except (_Refused, EngineRefusal) as error:
         raise ValueError(str(error)) from None
     try:
         return VerlTrainerConfig(
@@ -132,17 +184,19 @@ def _require_verl() -> None:
             raise _Refused(f"--engine verl needs {module}, which is not installed here: {_INSTALL}")
 
 
-def _runner_commands(args: argparse.Namespace) -> list[list[str]]:
+def runner_commands(args: VerlSpec) -> list[list[str]]:
     """``agl runner`` on this machine, ``--runners`` processes against the served store (its token in the env)."""
     app_dir = str(Path(args.app_dir).resolve())
-    command: str | None = getattr(args, "agent_command", None)
-    which = ["--agent", args.agent] if command is None else ["--agent-command", command]
+    command = args.agent_command
+    which = ["--agent", args.agent or ""] if command is None else ["--agent-command", command]
+    if command is not None and args.agent_timeout is not None:
+        which += ["--agent-timeout", str(args.agent_timeout)]
     cmd = [sys.executable, "-m", "agentlightning.cli", "runner", "--app-dir", app_dir, *which]
-    cmd += ["--store-url", args.store_url, "--workers", str(args.workers)]
+    cmd += ["--store-url", args.store_url or "", "--workers", str(args.workers)]
     return [cmd for _ in range(args.runners)]
 
 
-async def _run(args: argparse.Namespace, config: VerlTrainerConfig, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+async def _run(args: VerlSpec, config: VerlTrainerConfig, tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """`VerlTrainer` on the served store, with the runners this command starts (stopped on every way out)."""
     from agentlightning import ProxySettings
     from agentlightning.cli import guarded, start_runners, stop_children
@@ -153,13 +207,13 @@ async def _run(args: argparse.Namespace, config: VerlTrainerConfig, tasks: list[
         host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
     )
     time_budget = args.minutes * 60
-    judge = judge_config(args) if hasattr(args, "judge") else None  # checked in verl_config
+    judge = judge_config(args)  # checked in verl_config
     loop = config.loop_config(
         output_dir=Path(args.output), proxy=proxy, seed=args.seed, time_budget_s=time_budget, judge=judge
     )
-    store: Any = StoreClient(args.store_url, token=args.store_token)
+    store: Any = StoreClient(args.store_url or "", token=args.store_token)
     env = {**os.environ, **({"AGL_STORE_TOKEN": args.store_token} if args.store_token else {})}
-    runners = start_runners(_runner_commands(args), env=env)
+    runners = start_runners(runner_commands(args), env=env)
     trainer = VerlTrainer(config, loop=loop)
     try:
         await guarded(runners, trainer.run(store, tasks))
@@ -175,35 +229,17 @@ class VerlEnginePlugin:
 
     summary = "verl on GPUs: Ray, FSDP actor (and critic for ppo), vLLM rollout servers; needs a served store"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add verl's own options to ``agl train``'s parser."""
-        group = parser.add_argument_group("--engine verl", self.summary)
-        group.add_argument("--algorithm", choices=sorted(ADV_ESTIMATORS), default="grpo", help="(default: grpo)")
-        group.add_argument("--nnodes", type=int, default=1, help="machines in the Ray cluster (default: 1)")
-        group.add_argument("--n-gpus-per-node", type=int, default=1, help="GPUs per machine (default: 1)")
-        group.add_argument("--lora-rank", type=int, default=0, help="LoRA rank; 0 trains every weight (default)")
-        group.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor parallel size (default: 1)")
-        group.add_argument(
-            "--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share of a GPU (default: 0.5)"
-        )
-        group.add_argument("--max-prompt-length", type=int, default=2048, help="longest prompt in tokens (2048)")
-        group.add_argument(
-            "--ppo-mini-batch-size", type=int, default=None, help="tasks per optimizer step (default: all of them)"
-        )
-        group.add_argument("--micro-batch-size-per-gpu", type=int, default=4, help="samples per forward (4)")
-        group.add_argument(
-            "--verl-override",
-            action="append",
-            default=[],
-            metavar="DOTTED.KEY=VALUE",
-            help="any other verl setting (repeatable; a JSON value, else a string), e.g. "
-            "actor_rollout_ref.actor.clip_ratio=0.3",
-        )
+    spec = VerlSpec
+    capabilities = VERL_CAPABILITIES
 
-    def train(self, args: argparse.Namespace) -> int:
-        """Run ``agl train`` with verl; returns the exit code (2 with one line for bad options or no verl/vLLM)."""
+    def train(self, spec: RunSpec) -> int:
+        """Run ``agl train`` with verl on ``spec``, a `VerlSpec`; returns the exit code (2 with one line for bad
+        options or no verl/vLLM)."""
         from agentlightning import run_async
 
+        if not isinstance(spec, VerlSpec):
+            raise TypeError(f"verl's engine trains a VerlSpec, got {type(spec).__name__}")
+        args = spec
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         try:
             config = verl_config(args)

@@ -21,29 +21,55 @@ from typing import Any
 
 from agentlightning._lifeline import start_child, watch_parent
 from agentlightning._runner_pool import RunnerDied, cancel_on_sigterm, guarded, start_runners, stop_children
-from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, load_engine
+from agentlightning.cli._doctor import DoctorRound
+from agentlightning.cli._engines import EngineNotFoundError, EnginePlugin, engine_names, load_engine
 from agentlightning.cli._judge import add_judge_arguments, judge_config
 from agentlightning.cli._options import command_agent
+from agentlightning.cli._spec import (
+    JUDGE_FIELDS,
+    NETWORK_FIELDS,
+    RUNNER_FIELDS,
+    Cli,
+    EngineCapabilities,
+    EngineRefusal,
+    RunSpec,
+    add_spec_arguments,
+    option_flag,
+    refuse_unhonoured,
+)
 from agentlightning.cli._tasks import TaskFileError, read_task_file
-from agentlightning.cli._train import add_network_arguments, add_runner_arguments, train_parser
+from agentlightning.cli._train import add_network_arguments, add_runner_arguments, parse_train_spec, train_parser
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
+    "JUDGE_FIELDS",
+    "NETWORK_FIELDS",
+    "RUNNER_FIELDS",
+    "Cli",
+    "DoctorRound",
+    "EngineCapabilities",
     "EngineNotFoundError",
     "EnginePlugin",
+    "EngineRefusal",
+    "RunSpec",
     "RunnerDied",
     "TaskFileError",
     "add_judge_arguments",
     "add_network_arguments",
     "add_runner_arguments",
+    "add_spec_arguments",
     "build_parser",
     "cancel_on_sigterm",
     "command_agent",
+    "engine_names",
     "guarded",
     "judge_config",
     "load_engine",
     "main",
+    "option_flag",
+    "parse_train_spec",
     "read_task_file",
+    "refuse_unhonoured",
     "start_child",
     "start_runners",
     "stop_children",

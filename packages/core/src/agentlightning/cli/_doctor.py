@@ -6,7 +6,7 @@
 
 The first form runs ``-n`` tasks ``--samples`` times each through exactly what ``agl train`` runs (its parser, its
 engine plug-in's serving, the LLM proxy, runner processes, the store) and trains nothing: the engine plug-in's
-``doctor(args)`` does it (the torch engine has one). The second checks a store that a run left. Both print
+``doctor(spec, round)`` does it (the torch engine has one). The second checks a store that a run left. Both print
 one row per agent and call site, the run's figures and one line per problem with its fix
 (`agentlightning.doctor.diagnose`); exit code 0 trainable, 1 with problems, 2 when it could not run.
 """
@@ -18,9 +18,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from agentlightning.cli._engines import DEFAULT_ENGINE, EngineNotFoundError, load_engine
 
-__all__ = ["add_doctor_arguments", "register"]
+__all__ = ["DoctorRound", "add_doctor_arguments", "register"]
+
+
+class DoctorRound(BaseModel):
+    """What ``agl doctor`` adds to ``agl train``'s options: the round an engine plug-in's ``doctor(spec, round)``
+    runs (its engine's typed spec holds the rest).
+
+    Attributes:
+        doctor_tasks: Tasks of the round (``-n``).
+        samples: Rollouts per task, one group (``--samples``).
+        as_json: Print the report as one JSON object (``--json``).
+        agent_filter: The agents training would select (``None``: every agent).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    doctor_tasks: int = 8
+    samples: int = 4
+    as_json: bool = False
+    agent_filter: list[str] | None = None
+
 
 _DESCRIPTION = (
     "Is the agent trainable? Runs -n tasks --samples times each through agl train's path (its options apply: "
@@ -43,7 +65,7 @@ def register(subparsers: Any) -> None:
 
 
 def add_doctor_arguments(parser: argparse.ArgumentParser, run: bool = True) -> None:
-    """The options only ``agl doctor`` has (an engine plug-in's ``doctor(args)`` reads them); ``run``: with the
+    """The options only ``agl doctor`` has (`DoctorRound`, an engine plug-in's ``doctor`` reads them); ``run``: with the
     options of a doctor's own rollouts (``-n``, ``--samples``), which a ``--store`` check has none of."""
     group = parser.add_argument_group(
         "agl doctor", "(agl doctor --store URL|FILE [--model M] checks the rollouts of a run's store instead)"
@@ -101,8 +123,9 @@ def _run(args: argparse.Namespace) -> int:
     doctor = getattr(plugin, "doctor", None)
     if doctor is None:
         return _fail(
-            f"the engine {known.engine!r} cannot run agl doctor (its plug-in has no doctor(args)); use --store"
+            f"the engine {known.engine!r} cannot run agl doctor (its plug-in has no doctor(spec, round)); use --store"
         )
+    from agentlightning.cli._spec import EngineRefusal, refuse_unhonoured
     from agentlightning.cli._train import train_parser
 
     parser = train_parser(known.engine, plugin)
@@ -111,8 +134,15 @@ def _run(args: argparse.Namespace) -> int:
     parsed = parser.parse_args(words)
     if parsed.doctor_tasks < 1 or parsed.samples < 1:
         return _fail(f"-n and --samples must be at least 1, got {parsed.doctor_tasks} and {parsed.samples}")
-    parsed.argv = getattr(args, "argv", words)
-    return int(doctor(parsed))
+    spec = plugin.spec.from_namespace(parsed)
+    try:
+        refuse_unhonoured(spec, known.engine, plugin.capabilities)
+    except EngineRefusal as error:
+        return _fail(str(error).replace("agl train", "agl doctor"))
+    round_ = DoctorRound(
+        doctor_tasks=parsed.doctor_tasks, samples=parsed.samples, as_json=parsed.json, agent_filter=parsed.agent_filter
+    )
+    return int(doctor(spec, round_))
 
 
 def _check_store(args: argparse.Namespace) -> int:

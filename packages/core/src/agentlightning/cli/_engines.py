@@ -9,42 +9,39 @@ plug-in is one line naming the package to install (``agentlightning-NAME``).
 
 from __future__ import annotations
 
-import argparse
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from agentlightning.cli._spec import DEFAULT_ENGINE, EngineCapabilities, RunSpec
 from agentlightning.loop import ENGINE_ENTRY_POINTS
 
 __all__ = ["DEFAULT_ENGINE", "EngineNotFoundError", "EnginePlugin", "load_engine"]
 
-DEFAULT_ENGINE = "torch"
-"""The engine ``agl train`` uses without ``--engine``: one machine, CPU or one GPU."""
-
 
 @runtime_checkable
 class EnginePlugin(Protocol):
-    """What an engine package registers for ``agl train --engine NAME``: its own options, and the run itself.
+    """What an engine package registers for ``agl train --engine NAME``: its options and capabilities, and the run.
 
-    The core's ``agl train`` defines the options every engine shares (the agent, tasks, budgets, runners, store and
+    The core's `RunSpec` defines the options every engine shares (the agent, tasks, budgets, runners, store and
     network, policies, the loop's hyperparameters: ``agl train --help`` without an engine installed lists them);
-    the plug-in adds the options only it understands (a serving backend, devices, a cluster's size). The entry
-    point names a plug-in object or a class built without arguments.
+    the plug-in's ``spec`` subclasses it with the options only it understands (a serving backend, devices, a
+    cluster's size; each field is one option, its description the help), and its ``capabilities`` name the shared
+    options it honours: any other one set to a non-default value is refused in one line before the plug-in runs.
+    The entry point names a plug-in object or a class built without arguments.
 
     Attributes:
         summary: One line saying what the engine is, shown above its options in ``agl train --help``.
+        spec: The engine's run specification: `RunSpec` and the engine's own options (it may not redefine a shared
+            one).
+        capabilities: The shared options the engine honours, and why it refuses the others.
     """
 
     summary: str
+    spec: type[RunSpec]
+    capabilities: EngineCapabilities
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the engine's own options to ``agl train``'s parser (in an argument group of their own, ideally).
-
-        An option the core already defines (``--lr``, ``--runners``...) is refused when the parser is built.
-        """
-        ...
-
-    def train(self, args: argparse.Namespace) -> int:
-        """Run ``agl train``: ``args`` holds the shared options and this plug-in's; returns the exit code.
+    def train(self, spec: Any) -> int:
+        """Run ``agl train`` with ``spec`` (an instance of ``self.spec``, checked against the capabilities).
 
         Bad input is refused in one line with exit code 2, as the core's own commands do.
         """
@@ -69,7 +66,7 @@ def load_engine(name: str) -> EnginePlugin:
 
     Raises:
         EngineNotFoundError: No entry point ``name`` in the group, its package does not import, or it names
-            something that is not a plug-in (a ``train(args)`` function, as engines registered before 0.2, too).
+            something that is not a plug-in (a ``train(args)`` function, or a plug-in of the argparse contract).
     """
     install = f"pip install agentlightning-{name}"
     found = _engine_entry_points()
@@ -89,6 +86,6 @@ def load_engine(name: str) -> EnginePlugin:
     if not isinstance(plugin, EnginePlugin):
         raise EngineNotFoundError(
             f"agl train --engine {name}: its entry point {entry.value} is not an engine plug-in (an object with "
-            f"summary, add_arguments(parser) and train(args)); upgrade it: {install} --upgrade"
+            f"summary, spec, capabilities and train(spec)); upgrade it: {install} --upgrade"
         )
     return plugin

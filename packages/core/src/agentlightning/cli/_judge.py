@@ -13,48 +13,22 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentlightning.cli._spec import RunSpec
 
 __all__ = ["add_judge_arguments", "judge_config", "register"]
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of a reward from an LLM judge (``agl train``'s, ``agl judge calibrate``'s)."""
-    group = parser.add_argument_group("reward from an LLM judge (rewards without a checker)")
-    group.add_argument("--judge", metavar="URL", default=None, help="an OpenAI-compatible judge server (.../v1)")
-    group.add_argument("--judge-model", default=None, help="the judge's model name (with --judge)")
-    group.add_argument("--rubric", metavar="FILE", default=None, help="what a good rollout is, in your words")
-    group.add_argument(
-        "--judge-mode",
-        choices=("group", "step", "both"),
-        default="group",
-        help="group: score each task's rollouts together (final rewards); step: score each LLM call (step rewards, "
-        "credit per_step); both (default: group)",
-    )
-    group.add_argument(
-        "--judge-weight",
-        type=float,
-        default=1.0,
-        help="final reward = weight * judge + (1 - weight) * checker (default: 1, the judge alone)",
-    )
-    group.add_argument("--judge-max-calls", type=int, default=None, help="judge calls per iteration (budget)")
-    group.add_argument("--judge-max-tokens", type=int, default=None, help="judge tokens per iteration (budget)")
-    group.add_argument(
-        "--judge-answer-tokens", type=int, default=None, help="most tokens of one judge answer (default: the server's)"
-    )
-    group.add_argument(
-        "--judge-attempts",
-        type=int,
-        default=3,
-        help="tries per judgement (a greedy judge repeats a malformed answer: 1 saves the repeats; default: 3)",
-    )
-    group.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge answer (default: 120)")
-    group.add_argument(
-        "--judge-api-key", default=os.environ.get("AGL_JUDGE_API_KEY") or None, help="($AGL_JUDGE_API_KEY)"
-    )
+    """The options of a reward from an LLM judge (``agl train``'s, ``agl judge calibrate``'s), as `RunSpec` has them."""
+    from agentlightning.cli._spec import JUDGE_FIELDS, add_spec_arguments
+
+    add_spec_arguments(parser, names=JUDGE_FIELDS)
 
 
-def judge_config(args: argparse.Namespace) -> Any:
+def judge_config(args: argparse.Namespace | RunSpec) -> Any:
     """The `JudgeConfig` the options name, or ``None`` without ``--judge``.
 
     Raises:

@@ -15,6 +15,7 @@ __all__ = [
     "command_agent",
     "error_console",
     "log_level",
+    "non_negative_int",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -74,21 +75,14 @@ def add_agent_command_arguments(
     which: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,  # pyright: ignore[reportPrivateUsage]
     parser: argparse.ArgumentParser,
 ) -> None:
-    """``--agent-command CMD`` (in ``which``, beside ``--agent``) and ``--agent-timeout`` (`command_agent`)."""
-    which.add_argument(
-        "--agent-command",
-        metavar="CMD",
-        help="instead of --agent: run this program for each rollout, in --app-dir (split as a shell would, run "
-        "without a shell: 'node agent.mjs'); the task is on its stdin, the LLM proxy in OPENAI_BASE_URL / "
-        'ANTHROPIC_BASE_URL, its reward the last line of its stdout ({"reward": 0.7} or 0.7)',
-    )
+    """``--agent-command CMD`` (in ``which``, beside ``--agent``) and ``--agent-timeout`` (`command_agent`), as
+    `agentlightning.cli.RunSpec` defines them (``agl runner`` takes them as ``agl train`` does)."""
+    from agentlightning.cli._spec import RunSpec  # not at import: the spec's module parses --log-level with ours
+
+    fields = RunSpec.model_fields
+    which.add_argument("--agent-command", metavar="CMD", help=fields["agent_command"].description)
     parser.add_argument(
-        "--agent-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="--agent-command: seconds a rollout's command may run before it is stopped and its attempt failed "
-        "(default: no limit)",
+        "--agent-timeout", type=float, default=None, metavar="SECONDS", help=fields["agent_timeout"].description
     )
 
 
@@ -101,3 +95,14 @@ def command_agent(args: argparse.Namespace) -> Any:
     from agentlightning.runner import CommandAgent
 
     return CommandAgent(args.agent_command, cwd=args.app_dir, timeout=args.agent_timeout)
+
+
+def non_negative_int(value: str) -> int:
+    """An option's whole number of 0 or more (``--max-staleness``); argparse names the option on refusal."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (use 0 or more)")
+    return number

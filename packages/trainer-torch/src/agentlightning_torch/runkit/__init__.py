@@ -1,8 +1,8 @@
 """The scaffolding of a training script, so that a script shows only what is specific to its agent.
 
-A training script (the examples' ``train.py``, ``agl train``) parses its options (`add_run_arguments` for the
-common ones), loads its tasks (`load_jsonl_tasks`), builds a `TorchTrainer` (`trainer_config`), and hands both to a
-`TrainingRun` (a subclass adds the script's own figures), which runs the store, the runner processes
+A training script (the examples' ``train.py``, ``agl train``) parses its options (`add_run_arguments` for the common
+ones, as `TorchSpec` defines them), loads its tasks (`load_jsonl_tasks`), builds a `TorchTrainer` (`trainer_config`),
+and hands both to a `TrainingRun` (a subclass adds the script's own figures), which runs the store, the runner processes
 (`AgentRunners`: ``agl runner`` with the script's agent), the dashboard, the held-out evaluations (before, every
 ``--eval-every`` iterations keeping ``checkpoint/best``, after) and the cleanup. `plot_run`, `print_table` and
 `run_main` show the result: the curve, the before / best / last table, one JSON line, and bad input as one line with
@@ -30,6 +30,8 @@ from agentlightning_torch.runkit._ray_runners import RayRunnerSettings, shipped_
 from agentlightning_torch.runkit._run import RunResult, RunSettings, TrainingRun
 from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard, free_port, start_dashboard
 from agentlightning_torch.runkit._setup import (
+    RUN_OPTIONS,
+    SCRIPT_DEFAULTS,
     STABLE_RL,
     UsageError,
     add_run_arguments,
@@ -37,17 +39,24 @@ from agentlightning_torch.runkit._setup import (
     proxy_settings,
     ray_settings,
     store_serving,
+    total_workers,
     trainer_config,
+    typed_spec,
 )
+from agentlightning_torch.runkit._spec import TORCH_CAPABILITIES, TorchSpec
 
 __all__ = [
+    "RUN_OPTIONS",
+    "SCRIPT_DEFAULTS",
     "STABLE_RL",
+    "TORCH_CAPABILITIES",
     "AgentRunners",
     "Curve",
     "OnDemandDashboard",
     "RayRunnerSettings",
     "RunResult",
     "RunSettings",
+    "TorchSpec",
     "TrainingRun",
     "UsageError",
     "add_run_arguments",
@@ -63,5 +72,7 @@ __all__ = [
     "shipped_settings",
     "start_dashboard",
     "store_serving",
+    "total_workers",
     "trainer_config",
+    "typed_spec",
 ]

@@ -8,16 +8,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentlightning.cli import TaskFileError, add_runner_arguments, read_task_file
+from agentlightning.cli import RUNNER_FIELDS, TaskFileError, add_spec_arguments, read_task_file
+from agentlightning_torch.runkit._spec import TorchSpec
 
 __all__ = [
+    "RUN_OPTIONS",
+    "SCRIPT_DEFAULTS",
     "UsageError",
     "add_run_arguments",
     "load_jsonl_tasks",
     "proxy_settings",
     "ray_settings",
     "store_serving",
+    "total_workers",
     "trainer_config",
+    "typed_spec",
 ]
 
 
@@ -47,82 +52,93 @@ STABLE_RL: dict[str, Any] = {
 passes them with its own iterations budget, ``add_run_arguments(parser, ..., **STABLE_RL, iterations=30)``."""
 
 
-def add_run_arguments(
-    parser: argparse.ArgumentParser,
-    *,
-    output: Path,
-    minutes: float = 10.0,
-    iterations: int = 1000,
-    eval_every: int = 0,
-    tasks_per_iteration: int = 8,
-    samples_per_task: int = 8,
-    lr: float = 3e-4,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    ppo_epochs: int = 1,
-    workers: int = 64,
-    runners: int = 2,
-    rollout_timeout: float = 180.0,
-) -> None:
-    """The options every training script shares, with the script's defaults.
+RUN_OPTIONS = (
+    "output",
+    "minutes",
+    "iterations",
+    "eval_every",
+    "tasks_per_iteration",
+    "samples_per_task",
+    "lr",
+    "kl_coef",
+    "entropy_coef",
+    "ppo_epochs",
+    "threads",
+    "device",
+    "workers",
+    *RUNNER_FIELDS,
+    "rollout_timeout",
+    "seed",
+    "quiet",
+    "policy_settings",
+)
+"""The `TorchSpec` options every training script has (`add_run_arguments`), in the order ``--help`` lists them."""
+
+SCRIPT_DEFAULTS: dict[str, Any] = {
+    "iterations": 1000,
+    "tasks_per_iteration": 8,
+    "lr": 3e-4,
+    "workers": 32,
+    "runners": 2,
+    "rollout_timeout": 180.0,
+}
+"""The defaults the examples' training scripts share where they differ from ``agl train``'s, on purpose: a small
+model trained from a warm start takes a larger learning rate (3e-4 against 1e-5), and toy sizes suit shorter
+budgets, smaller batches and two runner processes. A script passes them (and `STABLE_RL`, its own) explicitly to
+`add_run_arguments`: overrides of `TorchSpec`'s defaults, never a second definition of an option."""
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, output: Path, **defaults: Any) -> None:
+    """The options every training script shares (`RUN_OPTIONS`), as `TorchSpec` defines them, with the script's
+    defaults.
 
     ``--output``, the budgets (``--minutes``, ``--iterations``: whichever ends first), ``--eval-every``, the batch
     shape, the policy's ``--lr`` and stability knobs (``--kl-coef``, ``--entropy-coef``, ``--ppo-epochs``: the
     script's defaults are the settings its README measured), ``--threads``, ``--device``,
-    the runners (``--workers`` concurrent rollouts over ``--runners`` local processes, or over
+    the runners (``--workers`` concurrent rollouts per runner process, over ``--runners`` local processes or
     ``--runner-processes`` Ray actors with ``--runners ray[=ADDRESS]``, ``--runner-cpus`` and ``--ray-placement``:
-    `ray_settings`), ``--rollout-timeout``, ``--seed`` and ``--quiet``.
+    `ray_settings`), ``--rollout-timeout``, ``--seed``, ``--quiet`` and ``--policy-settings``.
+
+    Args:
+        parser: The script's parser.
+        output: The script's run folder.
+        **defaults: The script's defaults of these options (``**SCRIPT_DEFAULTS``, ``lr=3e-4``, ``runners=1``...);
+            the others keep `TorchSpec`'s.
+
+    Raises:
+        KeyError: A default for an option that is not one of `RUN_OPTIONS`.
     """
-    parser.add_argument("--output", type=Path, default=output, help="run folder (store, metrics, plot, checkpoints)")
-    parser.add_argument("--minutes", type=float, default=minutes, help="RL time budget in minutes")
-    parser.add_argument(
-        "--iterations", type=int, default=iterations, help="most RL iterations (the run ends at either budget)"
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=eval_every,
-        help=f"evaluate the held-out tasks greedily every N iterations and keep checkpoint/best (0: only before and "
-        f"after; default {eval_every})",
-    )
-    parser.add_argument("--tasks-per-iteration", type=int, default=tasks_per_iteration)
-    parser.add_argument("--samples-per-task", type=int, default=samples_per_task, help="rollouts per task (a group)")
-    parser.add_argument("--lr", type=float, default=lr, help="policy learning rate")
-    parser.add_argument(
-        "--kl-coef", type=float, default=kl_coef, help=f"KL penalty to the starting policy (0: none; default {kl_coef})"
-    )
-    parser.add_argument(
-        "--entropy-coef", type=float, default=entropy_coef, help=f"entropy bonus (0: none; default {entropy_coef})"
-    )
-    parser.add_argument(
-        "--ppo-epochs", type=int, default=ppo_epochs, help=f"PPO passes over each batch (default {ppo_epochs})"
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (few is faster on small machines)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--workers", type=int, default=workers, help="concurrent rollouts over all runner processes")
-    add_runner_arguments(parser, default=runners)  # --runners N|ray[=ADDRESS] and the Ray runners' settings
-    parser.add_argument(
-        "--rollout-timeout", type=float, default=rollout_timeout, help="seconds an iteration waits for its rollouts"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--policy-settings",
-        action="append",
-        default=[],
-        metavar="POLICY:KEY=VALUE[,...]",
-        help=POLICY_SETTINGS_HELP,
-    )
+    unknown = sorted(set(defaults) - set(RUN_OPTIONS))
+    if unknown:
+        raise KeyError(f"add_run_arguments has no option {', '.join(unknown)}")
+    add_spec_arguments(parser, TorchSpec, RUN_OPTIONS, defaults={**defaults, "output": output})
 
 
-def ray_settings(args: argparse.Namespace) -> Any:
+def total_workers(args: argparse.Namespace | TorchSpec) -> int:
+    """Concurrent rollouts over all runner processes: ``--workers`` per runner process (a Ray actor too)."""
+    spec = typed_spec(args)
+    return spec.workers * (spec.runner_processes if spec.runners_ray else max(spec.runners, 1))
+
+
+def typed_spec(args: argparse.Namespace | TorchSpec) -> TorchSpec:
+    """``args`` as a `TorchSpec`: a training script's parsed options (parsed by `add_run_arguments` and
+    `agentlightning.cli.add_network_arguments`, so already of their fields' types), the options it does not have at
+    their defaults; a `TorchSpec` as it is."""
+    if isinstance(args, TorchSpec):
+        return args
+    given = vars(args)
+    return TorchSpec.model_construct(**{name: given[name] for name in TorchSpec.model_fields if name in given})
+
+
+def ray_settings(args: argparse.Namespace | TorchSpec) -> Any:
     """`RunSettings.ray` from the `add_run_arguments` options: the Ray runner actors' settings (``None`` without
     ``--runners ray``). Ray itself is imported here only to refuse, in one line, a run it cannot start.
 
     Raises:
         UsageError: Ray is not installed, or ``--runner-processes`` / ``--runner-cpus`` are not positive.
     """
-    if not getattr(args, "runners_ray", False):
+    spec = typed_spec(args)
+    if not spec.runners_ray:
         return None
     from agentlightning_torch.runkit._ray_runners import RayNotInstalledError, RayRunnerSettings, import_ray
 
@@ -130,14 +146,14 @@ def ray_settings(args: argparse.Namespace) -> Any:
         import_ray()  # refused here, before a model loads
     except RayNotInstalledError as error:
         raise UsageError(str(error)) from None
-    if args.runner_processes < 1 or args.runner_cpus <= 0:
+    if spec.runner_processes < 1 or spec.runner_cpus <= 0:
         raise UsageError("--runner-processes must be at least 1 and --runner-cpus positive")
     return RayRunnerSettings(
-        address=args.ray_address, processes=args.runner_processes, cpus=args.runner_cpus, placement=args.ray_placement
+        address=spec.ray_address, processes=spec.runner_processes, cpus=spec.runner_cpus, placement=spec.ray_placement
     )
 
 
-def _check_budgets(args: argparse.Namespace) -> None:
+def _check_budgets(args: TorchSpec) -> None:
     if args.minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {args.minutes}")
     for flag, value in (("--workers", args.workers), ("--iterations", args.iterations)):
@@ -149,12 +165,11 @@ def _check_budgets(args: argparse.Namespace) -> None:
         raise UsageError(f"--eval-every must be 0 or more, got {args.eval_every}")
 
 
-def _judge_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
-    """``judge`` (and ``credit="per_step"`` for step scores) from ``agl train``'s ``--judge`` options, if given."""
+def _judge_settings(args: TorchSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """``judge`` (and ``credit="per_step"`` for step scores) from ``agl train``'s ``--judge`` options, if given (a
+    training script without them has them at their defaults: no judge)."""
     from agentlightning.cli import judge_config
 
-    if not hasattr(args, "judge"):  # a training script without the judge's options
-        return {}
     judge = judge_config(args)
     if judge is None:
         return {}
@@ -164,7 +179,7 @@ def _judge_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[
     return out
 
 
-def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specific: Any) -> Any:
+def trainer_config(args: argparse.Namespace | TorchSpec, *, model_dir: Path | str, **specific: Any) -> Any:
     """A `TorchTrainerConfig` from the `add_run_arguments` options plus the script's own settings.
 
     Args:
@@ -181,6 +196,8 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
     from agentlightning_torch.training._ppo import PPOConfig
     from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
+    named = args  # the options as the script named them, for the error messages
+    args = typed_spec(args)
     _check_budgets(args)
     ppo_settings: dict[str, Any] = {"lr": args.lr, "kl_coef": args.kl_coef, "epochs": args.ppo_epochs}
     ppo_settings["entropy_coef"] = args.entropy_coef
@@ -208,24 +225,17 @@ def trainer_config(args: argparse.Namespace, *, model_dir: Path | str, **specifi
         config.loop_config()  # the loop's checks too, now: not as a model that "cannot load" once it is loaded
         return config
     except ValidationError as error:
-        problems = "; ".join(_problem(args, e["loc"], str(e["msg"])) for e in error.errors())
+        problems = "; ".join(_problem(named, e["loc"], str(e["msg"])) for e in error.errors())
         raise UsageError(f"invalid setting: {problems}") from None
     except ValueError as error:
         raise UsageError(str(error).splitlines()[0]) from None
 
 
-POLICY_SETTINGS_HELP = (
-    "with several policies: one policy's weights (LoRA or full), learning rate, KL weight or LoRA shape "
-    "(repeatable), e.g. --policy-settings writer:lr=3e-3,rank=16 or writer:weights=full (keys weights=lora|full, lr, "
-    "kl, rank, alpha, targets=q_proj+v_proj; a LoRA policy's lr defaults to 10x --lr, a full one's to --lr)"
-)
-
-
-def _policy_settings(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+def _policy_settings(args: TorchSpec, settings: dict[str, Any]) -> dict[str, Any]:
     """``policy_settings`` from ``--policy-settings`` (only for a run with policies; without, they are refused)."""
     from agentlightning_torch.training._policy_settings import parse_policy_settings
 
-    entries: list[str] = list(getattr(args, "policy_settings", None) or [])
+    entries: list[str] = list(args.policy_settings)
     if not entries:
         return {}
     if settings.get("policies") is None:
@@ -247,7 +257,7 @@ _OPTIONS = {
 """Config fields set by an option of another name (when the script has that option)."""
 
 
-def _option(args: argparse.Namespace, field: str) -> str | None:
+def _option(args: argparse.Namespace | TorchSpec, field: str) -> str | None:
     """The command-line option that sets config ``field`` (``samples_per_task``: ``--samples-per-task``), if any."""
     if hasattr(args, field):
         return "--" + field.replace("_", "-")
@@ -255,7 +265,7 @@ def _option(args: argparse.Namespace, field: str) -> str | None:
     return named if named is not None and hasattr(args, named[2:].replace("-", "_")) else None
 
 
-def _problem(args: argparse.Namespace, loc: tuple[int | str, ...], message: str) -> str:
+def _problem(args: argparse.Namespace | TorchSpec, loc: tuple[int | str, ...], message: str) -> str:
     """One invalid setting, named by its option when it has one (a check across fields names them in its text)."""
     message = message.removeprefix("Value error, ")
     option = _option(args, str(loc[-1])) if loc else None
@@ -274,7 +284,7 @@ def _messages(error: Any) -> str:
     return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())
 
 
-def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
+def store_serving(args: argparse.Namespace | TorchSpec, **settings: Any) -> Any:
     """Where the run's store lives and who can reach it (`agentlightning.StoreServing`), from the options of
     `agentlightning.cli.add_network_arguments`; ``settings``: further fields (``access_log``...).
 
@@ -291,15 +301,16 @@ def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
     import agentlightning as agl
     from agentlightning.store import StoreError
 
-    url, database = _store_location(args)
+    spec = typed_spec(args)
+    url, database = _store_location(spec)
     try:
         serving = agl.StoreServing(
-            serve=args.serve_store,
+            serve=spec.serve_store,
             url=url,
             database=database,
-            servers=getattr(args, "store_servers", 1),
-            token=args.store_token,
-            heartbeat_timeout_s=args.heartbeat_timeout,
+            servers=spec.store_servers,
+            token=spec.store_token,
+            heartbeat_timeout_s=spec.heartbeat_timeout,
             **settings,
         )
         serving.check_database()
@@ -310,14 +321,13 @@ def store_serving(args: argparse.Namespace, **settings: Any) -> Any:
     return serving
 
 
-def _store_location(args: argparse.Namespace) -> tuple[str | None, str | None]:
+def _store_location(args: TorchSpec) -> tuple[str | None, str | None]:
     """``(url, database)`` of ``--store`` / ``--store-url``: a served store's URL(s) or a PostgreSQL DSN."""
-    store: str | None = getattr(args, "store", None)
-    url: str | None = args.store_url
+    store, url = args.store, args.store_url
     if store is not None and url is not None:
         raise UsageError("--store and --store-url both say where the store is: give one")
     given = store if store is not None else url
-    servers: int = getattr(args, "store_servers", 1)
+    servers = args.store_servers
     if servers < 1:
         raise UsageError(f"--store-servers must be at least 1, got {servers}")
     if given is not None and given.startswith(("postgresql://", "postgres://")):
@@ -332,7 +342,7 @@ def _store_location(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return given, None
 
 
-def proxy_settings(args: argparse.Namespace) -> Any:
+def proxy_settings(args: argparse.Namespace | TorchSpec) -> Any:
     """Where the LLM proxy listens and how runners reach it (`agentlightning.ProxySettings`), from the options of
     `agentlightning.cli.add_network_arguments`; its exposure is checked (a proxy off loopback needs a token).
 
@@ -343,9 +353,10 @@ def proxy_settings(args: argparse.Namespace) -> Any:
 
     import agentlightning as agl
 
+    spec = typed_spec(args)
     try:
         proxy = agl.ProxySettings(
-            host=args.proxy_host, port=args.proxy_port, advertised_url=args.advertise_url, token=args.proxy_token
+            host=spec.proxy_host, port=spec.proxy_port, advertised_url=spec.advertise_url, token=spec.proxy_token
         )
         proxy.check_exposure()
     except ValidationError as error:
