@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
-    LoraSettings,
+    LoRASettings,
     PPOConfig,
     TorchEngine,
     TorchTrainer,
@@ -118,7 +118,7 @@ def test_checkpoint_is_a_folder_plain_transformers_loads_with_identical_logits(t
 def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     tokenizer = char_tokenizer()
-    config = PPOConfig(lr=5e-2, lora=LoraSettings(r=4, alpha=8))
+    config = PPOConfig(lr=5e-2, lora=LoRASettings(r=4, alpha=8))
     policy = prepare_policy(tiny_model(len(tokenizer)), config)
     optimizer = make_optimizer(policy, config)
     for _ in range(2):
@@ -132,9 +132,9 @@ def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) 
     torch.testing.assert_close(logits(adapted, ids), logits(policy, ids), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [None, LoRASettings(r=4, alpha=8)], ids=["full", "lora"])
 def test_resume_continues_weights_optimizer_iteration_and_version(
-    model_folder: Path, tmp_path: Path, lora: LoraSettings | None
+    model_folder: Path, tmp_path: Path, lora: LoRASettings | None
 ) -> None:
     if lora is not None:
         pytest.importorskip("peft")

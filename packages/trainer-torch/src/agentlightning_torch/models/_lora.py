@@ -7,10 +7,10 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LoraSettings", "apply_lora", "is_lora"]
+__all__ = ["LoRASettings", "apply_lora", "is_lora"]
 
 
-class LoraSettings(BaseModel):
+class LoRASettings(BaseModel):
     """LoRA adapters (needs ``peft``: ``pip install 'agentlightning-torch[lora]'``).
 
     Attributes:
@@ -32,7 +32,7 @@ class LoraSettings(BaseModel):
     serve: Literal["merged", "adapter"] = "merged"
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, settings: LoRASettings) -> torch.nn.Module:
     """Wrap ``model`` with LoRA adapters; only the adapters stay trainable.
 
     Raises:

@@ -113,13 +113,23 @@ class _BackendServingBase:
             raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
         return self.backend
 
-    async def drain(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the calls the proxy aborted have left every backend's batch; returns
-        the sequences still generating."""
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until every backend's batch is empty (requests finish, or leave when their
+        client cancels them); returns the sequences still generating."""
         deadline = time.monotonic() + timeout_s
         while any(b.running for b in self._backends()) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
         return sum(b.running for b in self._backends())
+
+    async def abort(self, timeout_s: float) -> int:
+        """Stop every request the backends hold (`LocalBackend.abort`) and wait (at most ``timeout_s``) for them to
+        leave; returns the sequences left."""
+        for backend in self._backends():
+            backend.abort()
+        return await self.wait_idle(timeout_s)
+
+    def release(self) -> None:
+        """Nothing to release: the backends generate with their own copy of the weights."""
 
     def metrics(self) -> dict[str, float]:
         """Admission groups and their mean size, decode steps and their mean rows, generation time (wall and the

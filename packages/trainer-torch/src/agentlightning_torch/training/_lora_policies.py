@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LoRASettings
 from agentlightning_torch.training._policy_progress import PolicyProgress, lora_drift
 from agentlightning_torch.training._policy_settings import PolicySettings, trained_names
 from agentlightning_torch.training._ppo import PPOConfig, ppo_update
@@ -40,7 +40,7 @@ def policy_metric(policy: str, name: str) -> str:
     return f"policy/{policy}/{name}"
 
 
-def _lora_config(settings: LoraSettings) -> Any:
+def _lora_config(settings: LoRASettings) -> Any:
     try:
         from peft import LoraConfig
     except ImportError as error:

@@ -18,12 +18,11 @@ from typing import Any
 import torch
 
 from agentlightning import Engine, IterationReport, RLLoop, TrainingBatch
-from agentlightning.loop import BEST_CHECKPOINT
+from agentlightning.loop import BEST_CHECKPOINT, Serving
 from agentlightning_torch.models._checkpoint import load_lora_weights, load_trainer_state, save_checkpoint
 from agentlightning_torch.models._loading import load_model
 from agentlightning_torch.models._lora import is_lora
-from agentlightning_torch.serving._local import served_state_dict
-from agentlightning_torch.serving._serving import Serving, make_serving
+from agentlightning_torch.serving._serving import make_serving
 from agentlightning_torch.training._lora_policies import LoRAPolicies
 from agentlightning_torch.training._policy_set import TrainedPolicies
 from agentlightning_torch.training._ppo import make_optimizer, ppo_update, prepare_policy
@@ -97,11 +96,16 @@ class TorchEngine(Engine):
         """Stop the servers (`Serving.stop`): the backends, or a vLLM server the trainer launched."""
         await self.serving.stop()
 
-    async def drain_servers(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the servers generate nothing (`Serving.drain`): the calls the proxy
+    async def wait_servers_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the servers generate nothing (`Serving.wait_idle`): the calls the proxy
         aborted have left `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests
         still running."""
-        return await self.serving.drain(timeout_s)
+        return await self.serving.wait_idle(timeout_s)
+
+    async def abort_servers(self, timeout_s: float) -> int:
+        """Stop what the servers still generate (`Serving.abort`), waiting at most ``timeout_s``; returns the requests
+        left."""
+        return await self.serving.abort(timeout_s)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
@@ -110,16 +114,6 @@ class TorchEngine(Engine):
         return ppo_update(
             self.policy, self.optimizer, batch, self.config.ppo, self.config.device, ref_model=self.ref_model
         )
-
-    @property
-    def serves_lora(self) -> bool:
-        """Whether the backend serves the LoRA adapter on its base (else a plain model with the adapter merged)."""
-        lora = self.config.ppo.lora
-        return lora is not None and lora.serve == "adapter"
-
-    def served_weights(self) -> dict[str, torch.Tensor]:
-        """The state dict the local backend loads at a sync: the PEFT model's own, or the merged plain model's."""
-        return served_state_dict(self.policy, self.serves_lora)
 
     async def sync_weights(self, version: int) -> None:
         """Load the updated weights into the servers, which report ``version`` from now on (`Serving.sync`).

@@ -91,7 +91,18 @@ class VLLMClient:
             raise VLLMError(f"vLLM at {self.url} answered {status} to GET /metrics: {text[:300]}")
         return running_requests(text)
 
-    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> int:
+    async def abort(self) -> None:
+        """Abort every request vLLM holds (``POST /abort_requests`` without ids; vLLM's RL endpoints, served with
+        ``VLLM_SERVER_DEV_MODE=1``); new requests are served as before.
+
+        Raises:
+            VLLMError: vLLM refused the call.
+        """
+        status, text = await self._request("POST", "/abort_requests", {})
+        if status != 200:
+            raise VLLMError(f"vLLM at {self.url} answered {status} to POST /abort_requests: {text[:300]}")
+
+    async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> int:
         """Wait until vLLM generates nothing (at most ``timeout_s``); returns the requests still running (0 = idle)."""
         deadline = time.monotonic() + timeout_s
         while True:

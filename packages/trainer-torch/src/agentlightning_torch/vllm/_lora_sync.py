@@ -98,7 +98,7 @@ class VLLMLoRASync:
             WeightSyncMismatch: vLLM's log-probs of an adapter differ from the trainer's (names version and policy).
         """
         t0 = time.perf_counter()
-        running = await self.base.client.drain(self.idle_timeout_s)
+        running = await self.base.client.wait_idle(self.idle_timeout_s)
         if running:
             raise VLLMError(
                 f"adapter sync to version {version}: vLLM still generates {running} request(s) after "

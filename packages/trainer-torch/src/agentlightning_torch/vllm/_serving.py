@@ -11,7 +11,7 @@ Several policies (`LoRAPolicies`: one LoRA adapter per policy on a frozen base) 
 serving (`VLLMLoRAServing`): a launched server gets ``--enable-lora`` and runtime adapter loading instead of the
 weight-sync extension, and each policy's adapter is loaded under its name, verified by log-probs (`VLLMLoRASync`);
 the proxy records each policy's version from `policy_versions`. One policy is `VLLMWeightsServing`. Both are the
-engine's `agentlightning_torch.serving._serving.Serving`.
+engine's `agentlightning.loop.Serving`.
 """
 
 from __future__ import annotations
@@ -182,11 +182,23 @@ class _VLLMServingBase:
         client = self._client()
         return 0 if client is None else await client.running()
 
-    async def drain(self, timeout_s: float) -> int:
+    async def wait_idle(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until vLLM generates nothing (its ``vllm:num_requests_running`` is 0);
         returns the requests still running."""
         client = self._client()
-        return 0 if client is None else await client.drain(timeout_s)
+        return 0 if client is None else await client.wait_idle(timeout_s)
+
+    async def abort(self, timeout_s: float) -> int:
+        """Abort every request vLLM holds (``POST /abort_requests``) and wait (at most ``timeout_s``) for them to
+        leave; returns the requests left."""
+        client = self._client()
+        if client is None:
+            return 0
+        await client.abort()
+        return await client.wait_idle(timeout_s)
+
+    def release(self) -> None:
+        """Nothing to release: vLLM keeps its own copy of the weights (it serves during updates)."""
 
     async def stop(self) -> None:
         """Stop a launched server (a server given by ``url`` keeps running)."""
