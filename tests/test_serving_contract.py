@@ -1,0 +1,193 @@
+"""Core's serving contract (`agentlightning.loop.Serving`), run against every implementation this machine can run.
+
+Each implementation gets a real server (the embedded `LocalBackend` behind its HTTP server on 127.0.0.1, a tiny
+random model) and a real request that generates for a while (``ignore_eos``, many tokens), then:
+
+* `Serving.wait_idle` waits: it returns 0 only once that request has finished, and the request got its whole answer
+  (nothing was stopped);
+* `Serving.abort` aborts: the request ends early (an error, or fewer tokens than asked), `abort` returns 0, and the
+  servers answer the next request as before (aborting does not pause them).
+
+Implementations: trainer-torch's `BackendServing` and `BackendPoliciesServing`; trainer-verl's
+`ExportedWeightsServing` (its weight source, verl's actor worker group, is stood in for by the model's own state dict:
+the serving steps under test never reach verl) and `NoServing` (nothing to serve: both verbs answer 0 at once).
+The vLLM ones (trainer-torch's `VLLMWeightsServing` and `VLLMLoRAServing`, verl's `VLLMReplicaServing`) need a vLLM
+server; `VLLMWeightsServing` runs here when ``.venv-vllm`` exists, verl's on GPUs only (``test_verl_vllm_loop.py``
+covers its wait/abort path through the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from agentlightning.loop import Serving
+from agentlightning_torch import BackendPoliciesServing, BackendServing, LocalBackend, PPOConfig, TrainedPolicies
+from agentlightning_torch.models import load_model
+from agentlightning_torch.serving._local import BackendSettings
+from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning_verl import ExportedWeightsServing, NoServing
+
+LONG = 300
+"""Tokens the in-flight request asks for: many decode steps, so it is surely still generating when a verb is called."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_chat_model(tmp_path_factory.mktemp("contract") / "model", max_positions=1024)
+
+
+@dataclass
+class Subject:
+    """One implementation under test: the serving, and how to read how many requests its servers hold."""
+
+    serving: Serving
+    running: Callable[[], int]
+
+
+class _ServedBackend:
+    """verl's `LocalServer` over a `LocalBackend` behind its HTTP server (what ``verl_ray_loop.py`` serves with)."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        from agentlightning_torch import serve_backend
+
+        self.backend = backend
+        self.server = serve_backend(backend)
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def running(self) -> int:
+        return self.backend.running
+
+    def abort(self) -> None:
+        self.backend.abort()
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        return self.backend.load_state_dict(state_dict, version)
+
+
+class _OneRankActor:
+    """Stands in for verl's actor worker group: rank 0 exports the model's weights (``ActorWorker.export_weights``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def export_weights(self) -> list[dict[str, torch.Tensor] | None]:
+        return [{k: v.detach().clone() for k, v in self.model.state_dict().items()}]
+
+
+def _settings(tokenizer: Any) -> BackendSettings:
+    return BackendSettings(tokenizer, None, "tiny", http=True, options={"seed": 0})
+
+
+@contextlib.asynccontextmanager
+async def _subject(kind: str, model_dir: Path) -> AsyncGenerator[Subject]:
+    loaded = load_model(model_dir)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    stop: Callable[[], None] = lambda: None  # noqa: E731
+    if kind == "torch:BackendServing":
+        serving = BackendServing(_settings(tokenizer), model, serve_lora=False)
+        subject = Subject(serving, lambda: sum(b.running for b in serving._backends()))  # pyright: ignore[reportPrivateUsage]
+    elif kind == "torch:BackendPoliciesServing":
+        trained = TrainedPolicies(model, ["writer"], PPOConfig(), {})
+        policies = BackendPoliciesServing(_settings(tokenizer), trained)
+        subject = Subject(policies, lambda: sum(b.running for b in policies._backends()))  # pyright: ignore[reportPrivateUsage]
+    else:
+        server = _ServedBackend(LocalBackend(model, tokenizer, model_name="tiny"))
+        stop = server.server.stop
+        subject = Subject(ExportedWeightsServing(_OneRankActor(model), server), lambda: server.running)
+    try:
+        yield subject
+    finally:
+        await subject.serving.stop()
+        stop()
+
+
+async def _complete(url: str, model: str, max_tokens: int) -> dict[str, Any]:
+    """One completion over HTTP; the parsed answer, or ``{"error": status}`` when the server failed it."""
+    body = {"model": model, "prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}
+    async with aiohttp.ClientSession() as session, session.post(_v1(url) + "/completions", json=body) as answer:
+        if answer.status != 200:
+            return {"error": answer.status}
+        return await answer.json()
+
+
+def _v1(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1") + "/v1"
+
+
+def _tokens(answer: dict[str, Any]) -> int:
+    return int(answer.get("usage", {}).get("completion_tokens", 0))
+
+
+async def _in_flight(subject: Subject, url: str, model: str) -> asyncio.Task[dict[str, Any]]:
+    """Send a long request and return once the servers hold it (the condition, not a clock)."""
+    request = asyncio.create_task(_complete(url, model, LONG))
+    while subject.running() == 0:
+        assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
+        await asyncio.sleep(0.002)
+    return request
+
+
+KINDS = ["torch:BackendServing", "torch:BackendPoliciesServing", "verl:ExportedWeightsServing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_wait_idle_waits_for_the_request_in_flight_and_stops_nothing(kind: str, model_dir: Path) -> None:
+    async with _subject(kind, model_dir) as subject:
+        assert isinstance(subject.serving, Serving)
+        (url,) = await subject.serving.start(0)
+        model = "writer" if kind.endswith("PoliciesServing") else "tiny"
+        request = await _in_flight(subject, url, model)
+        assert await subject.serving.wait_idle(120.0) == 0
+        assert subject.running() == 0
+        answer = await request
+        assert _tokens(answer) == LONG, f"wait_idle stopped the request: {answer}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_abort_stops_the_request_in_flight_and_serving_goes_on(kind: str, model_dir: Path) -> None:
+    async with _subject(kind, model_dir) as subject:
+        (url,) = await subject.serving.start(0)
+        model = "writer" if kind.endswith("PoliciesServing") else "tiny"
+        request = await _in_flight(subject, url, model)
+        assert await subject.serving.abort(120.0) == 0
+        assert subject.running() == 0
+        answer = await request
+        assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
+        after = await _complete(url, model, 3)  # abort is not a pause: the next request is served
+        assert _tokens(after) == 3, after
+
+
+async def test_a_serving_with_no_server_has_nothing_to_wait_for_or_abort() -> None:
+    serving = NoServing()
+    assert isinstance(serving, Serving)
+    assert await serving.start(0) == []
+    assert await serving.wait_idle(0.0) == 0
+    assert await serving.abort(0.0) == 0
+
+
+def test_every_serving_implementation_of_both_trainer_packages_is_run_here_or_named() -> None:
+    """A new `Serving` implementation must join this test (or say here why it cannot run on this machine)."""
+    import agentlightning_torch
+    import agentlightning_verl
+
+    exported = {
+        f"{package.__name__.split('_')[1]}:{name}"
+        for package in (agentlightning_torch, agentlightning_verl)
+        for name in package.__all__
+        if name.endswith("Serving")
+    }
+    elsewhere = {"torch:VLLMWeightsServing", "torch:VLLMLoRAServing", "verl:VLLMReplicaServing", "verl:NoServing"}
+    assert exported == set(KINDS) | elsewhere
