@@ -32,7 +32,7 @@ import torch
 from agentlightning.loop import Serving
 from agentlightning_torch import BackendPoliciesServing, BackendServing, LocalBackend, PPOConfig, TrainedPolicies
 from agentlightning_torch.models import load_model
-from agentlightning_torch.serving._local import BackendSettings
+from agentlightning_torch.serving import BackendSettings
 from agentlightning_torch.testing import make_tiny_chat_model
 from agentlightning_verl import ExportedWeightsServing, NoServing
 

@@ -1,8 +1,9 @@
 """The torch trainer's RL training: the PPO/GRPO step, the engine and trainer, and policies trained side by side.
 
 - `PPOConfig` + `ppo_update` (the clipped policy-gradient step on an `agentlightning.TrainingBatch`).
-- `TorchEngine` (policy, optimizer and `agentlightning_torch.serving.Serving` as an `agentlightning.Engine`) and
-  `TorchTrainer` (the engine and the `agentlightning.RLLoop` that trains it, from one `TorchTrainerConfig`).
+- `TorchEngine` (policy, optimizer and the `agentlightning.loop.Serving` that `make_serving` picks, as an
+  `agentlightning.Engine`) and `TorchTrainer` (the engine and the `agentlightning.RLLoop` that trains it, from one
+  `TorchTrainerConfig`; `backend_settings` and `vllm_model` read a config's serving settings).
 - Several policies in one run (`agentlightning.PolicyMap`): `LoRAPolicies` (a LoRA adapter each on one base),
   `FullPolicies` (a full copy each), `TrainedPolicies` (both kinds), each with its `PolicySettings`;
   `PolicyProgress` warns about a policy whose weights barely move.
@@ -21,6 +22,7 @@ from agentlightning_torch.training._ppo import (
     prepare_policy,
     response_logprobs,
 )
+from agentlightning_torch.training._serving_choice import backend_settings, make_serving, vllm_model
 from agentlightning_torch.training._trainer import IterationReport, TorchEngine, TorchTrainer
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
@@ -35,10 +37,13 @@ __all__ = [
     "TorchTrainer",
     "TorchTrainerConfig",
     "TrainedPolicies",
+    "backend_settings",
     "make_optimizer",
+    "make_serving",
     "plan_micro_batches",
     "policy_metric",
     "ppo_update",
     "prepare_policy",
     "response_logprobs",
+    "vllm_model",
 ]

@@ -22,10 +22,10 @@ from agentlightning.loop import BEST_CHECKPOINT, Serving
 from agentlightning_torch.models._checkpoint import load_lora_weights, load_trainer_state, save_checkpoint
 from agentlightning_torch.models._loading import load_model
 from agentlightning_torch.models._lora import is_lora
-from agentlightning_torch.serving._serving import make_serving
 from agentlightning_torch.training._lora_policies import LoRAPolicies
 from agentlightning_torch.training._policy_set import TrainedPolicies
 from agentlightning_torch.training._ppo import make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch.training._serving_choice import make_serving
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
 __all__ = ["IterationReport", "TorchEngine", "TorchTrainer"]

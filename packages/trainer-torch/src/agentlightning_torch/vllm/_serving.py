@@ -20,23 +20,19 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning_torch.serving._backend import merged_state_dict
-from agentlightning_torch.training._lora_policies import LoRAPolicies
 from agentlightning_torch.vllm._client import VLLMClient, VLLMError, extension_launch
 from agentlightning_torch.vllm._lora import VLLM_LORA_ENV, vllm_lora_args
-from agentlightning_torch.vllm._lora_sync import VLLMLoRASync
+from agentlightning_torch.vllm._lora_sync import LoRAAdapters, VLLMLoRASync
 from agentlightning_torch.vllm._server import VLLMServer
 from agentlightning_torch.vllm._weight_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
-if TYPE_CHECKING:
-    from agentlightning_torch.training._trainer_config import TorchTrainerConfig
-
-__all__ = ["VLLMLoRAServing", "VLLMModel", "VLLMSettings", "VLLMWeightsServing", "vllm_model"]
+__all__ = ["VLLMLoRAServing", "VLLMModel", "VLLMSettings", "VLLMWeightsServing"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +77,8 @@ class VLLMSettings(BaseModel):
 
 @dataclass(frozen=True)
 class VLLMModel:
-    """The model a vLLM `Serving` serves, and how (what `vllm_model` reads from a `TorchTrainerConfig`).
+    """The model a vLLM serving serves, and how (``agentlightning_torch.training.vllm_model`` reads it from a
+    `TorchTrainerConfig`).
 
     Attributes:
         settings: The vLLM settings.
@@ -100,13 +97,6 @@ class VLLMModel:
     device: str
     tokenizer: Any
     vocab_size: int
-
-
-def vllm_model(config: TorchTrainerConfig, tokenizer: Any, vocab_size: int) -> VLLMModel:
-    """The `VLLMModel` of a ``backend="vllm"`` config."""
-    return VLLMModel(
-        config.vllm, config.model_dir, config.model_name, config.tool_parser, config.device, tokenizer, vocab_size
-    )
 
 
 class _VLLMServingBase:
@@ -287,7 +277,7 @@ class VLLMLoRAServing(_VLLMServingBase):
         loras: The run's LoRA policies on the frozen base.
     """
 
-    def __init__(self, model: VLLMModel, loras: LoRAPolicies) -> None:
+    def __init__(self, model: VLLMModel, loras: LoRAAdapters) -> None:
         super().__init__(model, lora=(len(loras.names), loras.max_rank))
         self.loras = loras
         self.lora_sync: VLLMLoRASync | None = None

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentlightning.loop import Serving
+from agentlightning_torch.serving._local import BackendPoliciesServing, BackendServing, BackendSettings
+from agentlightning_torch.vllm._serving import VLLMLoRAServing, VLLMModel, VLLMWeightsServing
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from agentlightning_torch.training._policy_set import TrainedPolicies
     from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
-__all__ = ["make_serving"]
+__all__ = ["backend_settings", "make_serving", "vllm_model"]
 
 
 def make_serving(
@@ -47,16 +49,34 @@ def make_serving(
         tokenizer: The model's tokenizer.
         generation_config: The model folder's generation defaults (the local backend's sampling defaults).
     """
-    from agentlightning_torch.serving._local import BackendPoliciesServing, BackendServing, BackendSettings
-    from agentlightning_torch.vllm._serving import VLLMLoRAServing, VLLMWeightsServing, vllm_model
-
     if config.backend == "vllm":
         model = vllm_model(config, tokenizer, vocab_size=int(getattr(policy.config, "vocab_size", len(tokenizer))))
         if trained is not None and trained.lora is not None:
             return VLLMLoRAServing(model, trained.lora)
         return VLLMWeightsServing(model, policy)
-    backend = BackendSettings.of(config, tokenizer, generation_config)
+    backend = backend_settings(config, tokenizer, generation_config)
     if trained is not None:
         return BackendPoliciesServing(backend, trained)
     lora = config.ppo.lora
     return BackendServing(backend, policy, serve_lora=lora is not None and lora.serve == "adapter")
+
+
+def vllm_model(config: TorchTrainerConfig, tokenizer: Any, vocab_size: int) -> VLLMModel:
+    """The `VLLMModel` of a ``backend="vllm"`` config."""
+    return VLLMModel(
+        config.vllm, config.model_dir, config.model_name, config.tool_parser, config.device, tokenizer, vocab_size
+    )
+
+
+def backend_settings(config: TorchTrainerConfig, tokenizer: Any, generation_config: Any) -> BackendSettings:
+    """How ``config`` builds and reaches its `LocalBackend` s."""
+    options = {
+        "device": config.device,
+        "max_batch_size": config.max_batch_size,
+        "batch_wait_ms": config.batch_wait_ms,
+        "max_batch_wait_ms": config.max_batch_wait_ms,
+        "num_threads": config.num_threads,
+        "seed": config.seed,
+        "tool_parser": config.tool_parser,
+    }
+    return BackendSettings(tokenizer, generation_config, config.model_name, config.backend_http, options)
