@@ -15,6 +15,7 @@ from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
     LoRASettings,
     PPOConfig,
+    SinglePolicy,
     TorchEngine,
     TorchTrainer,
     TorchTrainerConfig,
@@ -167,10 +168,10 @@ def test_resume_continues_weights_optimizer_iteration_and_version(
 
 def test_reference_model_only_with_a_kl_coefficient(model_folder: Path, tmp_path: Path) -> None:
     without = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path))
-    assert without.ref_model is None
+    assert isinstance(without.policies, SinglePolicy) and without.policies.ref_model is None
     with_kl = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path, ppo=PPOConfig(kl_coef=0.1)))
-    assert with_kl.ref_model is not None
-    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert isinstance(with_kl.policies, SinglePolicy) and with_kl.policies.ref_model is not None
+    assert not any(p.requires_grad for p in with_kl.policies.ref_model.parameters())
     assert with_kl.update(batch())["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy starts at the reference
 
 

@@ -4,13 +4,15 @@
 - `TorchEngine` (policy, optimizer and the `agentlightning.loop.Serving` that `make_serving` picks, as an
   `agentlightning.Engine`) and `TorchTrainer` (the engine and the `agentlightning.RLLoop` that trains it, from one
   `TorchTrainerConfig`; `backend_settings` and `vllm_model` read a config's serving settings).
-- Several policies in one run (`agentlightning.PolicyMap`): `LoRAPolicies` (a LoRA adapter each on one base),
+- What the engine trains, modelled once (`Policies`): one `SinglePolicy`, or several policies in one run
+  (`agentlightning.PolicyMap`): `LoRAPolicies` (a LoRA adapter each on one base),
   `FullPolicies` (a full copy each), `TrainedPolicies` (both kinds), each with its `PolicySettings`;
   `PolicyProgress` warns about a policy whose weights barely move.
 """
 
 from agentlightning_torch.training._full_policies import FullPolicies
 from agentlightning_torch.training._lora_policies import LoRAPolicies, policy_metric
+from agentlightning_torch.training._policies import Policies, SinglePolicy
 from agentlightning_torch.training._policy_progress import PolicyProgress
 from agentlightning_torch.training._policy_set import TrainedPolicies
 from agentlightning_torch.training._policy_settings import PolicySettings
@@ -31,8 +33,10 @@ __all__ = [
     "IterationReport",
     "LoRAPolicies",
     "PPOConfig",
+    "Policies",
     "PolicyProgress",
     "PolicySettings",
+    "SinglePolicy",
     "TorchEngine",
     "TorchTrainer",
     "TorchTrainerConfig",
