@@ -34,7 +34,19 @@ async def test_the_engine_steps_are_its_runtimes_servings(tmp_path: Any) -> None
     await engine.stop_servers()
 
 
-@pytest.mark.parametrize("old", ["RolloutServing", "VllmServing", "LocalServing", "install_cpu_platform"])
+@pytest.mark.parametrize(
+    "old",
+    [
+        "RolloutServing",
+        "VllmServing",
+        "LocalServing",
+        "install_cpu_platform",
+        "Serving",  # core's agentlightning.loop.Serving is the one contract
+        "VerlBackend",  # a backend is an inference server: verl's actor side is its runtime
+        "LocalVerlBackend",
+        "RayVerlBackend",
+    ],
+)
 def test_the_old_serving_names_are_gone(old: str) -> None:
     with pytest.raises(AttributeError, match=f"has no attribute '{old}'"):
         getattr(agentlightning_verl, old)
