@@ -12,8 +12,9 @@ Implementations: trainer-torch's `BackendServing` and `BackendPoliciesServing`; 
 `ExportedWeightsServing` (its weight source, verl's actor worker group, is stood in for by the model's own state dict:
 the serving steps under test never reach verl) and `NoServing` (nothing to serve: both verbs answer 0 at once).
 The vLLM ones (trainer-torch's `VLLMWeightsServing` and `VLLMLoRAServing`, verl's `VLLMReplicaServing`) need a vLLM
-server; `VLLMWeightsServing` runs here when ``.venv-vllm`` exists, verl's on GPUs only (``test_verl_vllm_loop.py``
-covers its wait/abort path through the engine).
+server: trainer-torch's two wait and abort through `VLLMClient` (``wait_idle``: vLLM's running count reaches 0;
+``abort``: ``POST /abort_requests``), run here against the session's real vLLM server; verl's through verl's own
+``abort_replicas`` (``test_verl_vllm_loop.py`` runs its engine, with vLLM's CPU build).
 """
 
 from __future__ import annotations
@@ -191,3 +192,28 @@ def test_every_serving_implementation_of_both_trainer_packages_is_run_here_or_na
     }
     elsewhere = {"torch:VLLMWeightsServing", "torch:VLLMLoRAServing", "verl:VLLMReplicaServing", "verl:NoServing"}
     assert exported == set(KINDS) | elsewhere
+
+
+async def test_vllm_wait_idle_waits_and_abort_aborts(lora_vllm_server: Any) -> None:
+    """What trainer-torch's vLLM servings' `wait_idle` and `abort` are, against a real vLLM."""
+    from agentlightning_torch.vllm import VLLMClient
+
+    client = VLLMClient(lora_vllm_server.url, "tiny")
+    url = lora_vllm_server.url
+
+    async def in_flight() -> asyncio.Task[dict[str, Any]]:
+        request = asyncio.create_task(_complete(url, "tiny", LONG))
+        while await client.running() == 0:
+            assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
+        return request
+
+    request = await in_flight()
+    assert await client.wait_idle(120.0) == 0
+    assert _tokens(await request) == LONG  # waited for, not stopped
+
+    request = await in_flight()
+    await client.abort()
+    assert await client.wait_idle(60.0) == 0
+    answer = await request
+    assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
+    assert _tokens(await _complete(url, "tiny", 3)) == 3  # served as before

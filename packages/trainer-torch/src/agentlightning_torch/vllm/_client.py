@@ -19,6 +19,7 @@ import aiohttp
 from agentlightning.vllm_worker_files import VLLM_WORKER_DIR, VLLM_WORKER_EXTENSION
 
 __all__ = [
+    "DEV_MODE_ENV",
     "EXTENSION_DIR",
     "WORKER_EXTENSION",
     "VLLMClient",
@@ -26,6 +27,9 @@ __all__ = [
     "extension_launch",
     "running_requests",
 ]
+
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+"""The environment that turns on vLLM's development endpoints (``/collective_rpc``, ``/abort_requests``)."""
 
 EXTENSION_DIR = VLLM_WORKER_DIR
 """The folder holding the standalone worker-extension module (no ``agentlightning`` imports), shipped by the core
@@ -44,7 +48,7 @@ def extension_launch(env: Mapping[str, str] | None = None) -> tuple[list[str], d
     source = os.environ if env is None else env
     path = source.get("PYTHONPATH", "")
     pythonpath = str(EXTENSION_DIR) + (os.pathsep + path if path else "")
-    return ["--worker-extension-cls", WORKER_EXTENSION], {"PYTHONPATH": pythonpath, "VLLM_SERVER_DEV_MODE": "1"}
+    return ["--worker-extension-cls", WORKER_EXTENSION], {"PYTHONPATH": pythonpath, **DEV_MODE_ENV}
 
 
 def running_requests(metrics_text: str) -> int:

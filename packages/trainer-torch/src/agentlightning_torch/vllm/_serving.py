@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning_torch.serving._backend import merged_state_dict
-from agentlightning_torch.vllm._client import VLLMClient, VLLMError, extension_launch
+from agentlightning_torch.vllm._client import DEV_MODE_ENV, VLLMClient, VLLMError, extension_launch
 from agentlightning_torch.vllm._lora import VLLM_LORA_ENV, vllm_lora_args
 from agentlightning_torch.vllm._lora_sync import LoRAAdapters, VLLMLoRASync
 from agentlightning_torch.vllm._server import VLLMServer
@@ -150,7 +150,8 @@ class _VLLMServingBase:
     async def _launch(self) -> None:
         """Launch a server for the model folder unless one is given by ``url`` (or already launched)."""
         if self.settings.url is None and self.server is None:
-            env = dict(VLLM_LORA_ENV) if self.lora is not None else extension_launch()[1]
+            # dev mode either way: `abort` needs POST /abort_requests (the weight-sync extension's launch sets it)
+            env = {**VLLM_LORA_ENV, **DEV_MODE_ENV} if self.lora is not None else extension_launch()[1]
             server = VLLMServer(
                 self.model.model_dir,
                 served_model_name=self.model.model_name,
