@@ -283,8 +283,9 @@ class LocalBackend:
             self._condition.notify_all()
 
     def abort(self) -> None:
-        """Stop every request submitted so far, queued or generating: their futures fail with `RequestCancelled`
-        (before the worker's next decode step) and `running` drops to 0; later requests are served as usual."""
+        """Stop every request the backend holds, queued or generating: before its next decode step the worker drops
+        them all (a request submitted meanwhile too), their futures fail with `RequestCancelled` (queued ones are
+        cancelled) and `running` drops to 0; requests submitted after that are served as usual."""
         with self._condition:
             self._abort_all = True
             self._condition.notify_all()
