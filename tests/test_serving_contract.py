@@ -48,10 +48,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @dataclass
 class Subject:
-    """One implementation under test: the serving, and how to read how many requests its servers hold."""
+    """One implementation under test, started: the serving, how to read how many requests its servers hold, and
+    where a request goes (its URL and model name)."""
 
     serving: Serving
     running: Callable[[], int]
+    url: str = ""
+    model: str = "tiny"
 
 
 class _ServedBackend:
@@ -109,6 +112,8 @@ async def _subject(kind: str, model_dir: Path) -> AsyncGenerator[Subject]:
         stop = server.server.stop
         subject = Subject(ExportedWeightsServing(_OneRankActor(model), server), lambda: server.running)
     try:
+        (subject.url,) = await subject.serving.start(0)
+        subject.model = "writer" if kind.endswith("PoliciesServing") else "tiny"
         yield subject
     finally:
         await subject.serving.stop()
@@ -132,9 +137,9 @@ def _tokens(answer: dict[str, Any]) -> int:
     return int(answer.get("usage", {}).get("completion_tokens", 0))
 
 
-async def _in_flight(subject: Subject, url: str, model: str) -> asyncio.Task[dict[str, Any]]:
+async def _in_flight(subject: Subject) -> asyncio.Task[dict[str, Any]]:
     """Send a long request and return once the servers hold it (the condition, not a clock)."""
-    request = asyncio.create_task(_complete(url, model, LONG))
+    request = asyncio.create_task(_complete(subject.url, subject.model, LONG))
     while subject.running() == 0:
         assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
         await asyncio.sleep(0.002)
@@ -148,9 +153,7 @@ KINDS = ["torch:BackendServing", "torch:BackendPoliciesServing", "verl:ExportedW
 async def test_wait_idle_waits_for_the_request_in_flight_and_stops_nothing(kind: str, model_dir: Path) -> None:
     async with _subject(kind, model_dir) as subject:
         assert isinstance(subject.serving, Serving)
-        (url,) = await subject.serving.start(0)
-        model = "writer" if kind.endswith("PoliciesServing") else "tiny"
-        request = await _in_flight(subject, url, model)
+        request = await _in_flight(subject)
         assert await subject.serving.wait_idle(120.0) == 0
         assert subject.running() == 0
         answer = await request
@@ -160,14 +163,12 @@ async def test_wait_idle_waits_for_the_request_in_flight_and_stops_nothing(kind:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_abort_stops_the_request_in_flight_and_serving_goes_on(kind: str, model_dir: Path) -> None:
     async with _subject(kind, model_dir) as subject:
-        (url,) = await subject.serving.start(0)
-        model = "writer" if kind.endswith("PoliciesServing") else "tiny"
-        request = await _in_flight(subject, url, model)
+        request = await _in_flight(subject)
         assert await subject.serving.abort(120.0) == 0
         assert subject.running() == 0
         answer = await request
         assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
-        after = await _complete(url, model, 3)  # abort is not a pause: the next request is served
+        after = await _complete(subject.url, subject.model, 3)  # abort is not a pause: the next request is served
         assert _tokens(after) == 3, after
 
 
