@@ -27,8 +27,8 @@ class Engine(ABC):
     delegates each server step to one `agentlightning.loop.Serving` (the serving contract of every trainer package).
 
     Call order: `load_state` (on resume) → `start_servers` → per iteration: (`wait_servers_idle`) → `update` →
-    `wait_servers_idle` → `sync_weights` →
-    `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. An engine must not serve the new
+    `wait_servers_idle` → `sync_weights` → `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`;
+    `abort_servers` after a `wait_servers_idle` that timed out. An engine must not serve the new
     weights before `sync_weights`. Synchronously (``LoopConfig.max_staleness == 0``) the loop pauses the LLM proxy
     (no request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
     servers to sleep while it trains (colocated vLLM). With ``max_staleness == 1`` the proxy keeps serving the next
