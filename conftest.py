@@ -114,10 +114,11 @@ def lora_vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real vLLM serving ``tool_model_dir`` as model ``tiny`` with multi-LoRA (adapters loaded at run time).
 
     Shared by every test of the session that loads LoRA adapters into vLLM (one server start: ~1 minute on CPU);
-    each test uses adapter names of its own. ``/metrics`` is on (the trainer waits on its running count).
+    each test uses adapter names of its own. ``/metrics`` is on (the trainer waits on its running count), and vLLM's
+    development endpoints (``POST /abort_requests``: the servings' ``abort``), as a LoRA serving launches it.
     """
     from agentlightning_torch.testing import VLLMNotInstalledError, VLLMServer, find_vllm_python
-    from agentlightning_torch.vllm._lora import VLLM_LORA_ARGS, VLLM_LORA_ENV
+    from agentlightning_torch.vllm import VLLM_LORA_ENV, vllm_lora_args
 
     try:
         python = find_vllm_python()
@@ -125,7 +126,8 @@ def lora_vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
         pytest.fail(str(error), pytrace=False)
     tool_model_dir: Path = request.getfixturevalue("tool_model_dir")
     server = VLLMServer(
-        tool_model_dir, served_model_name="tiny", args=VLLM_LORA_ARGS, enforce_eager=True, env=VLLM_LORA_ENV,
+        tool_model_dir, served_model_name="tiny", args=vllm_lora_args(4, 16), enforce_eager=True,
+        env={**VLLM_LORA_ENV, "VLLM_SERVER_DEV_MODE": "1"},
         python=python, metrics=True,
     )  # fmt: skip
     with server:

@@ -37,7 +37,7 @@ from agentlightning import CreditConfig, TrainingBatch, TrainingSample
 from agentlightning_torch import (
     GenerationResult,
     HFChatTemplate,
-    LoraSettings,
+    LoRASettings,
     PPOConfig,
     SamplingParams,
     eos_token_ids,
@@ -166,7 +166,7 @@ def per_call_samples(rollouts: Sequence[Rollout], samples_per_task: int) -> tupl
 
 def ppo_config(args: argparse.Namespace) -> PPOConfig:
     """The `PPOConfig` ``train.py --model smollm2`` builds from the same options (LoRA on q/k/v/o, KL to the base)."""
-    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank)
+    lora = LoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank)
     return PPOConfig(
         lr=args.lr,
         kl_coef=args.kl_coef,

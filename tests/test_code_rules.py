@@ -184,13 +184,7 @@ def test_every_document_the_code_refers_to_is_in_the_repository() -> None:
 
 
 # ------------------------------------------------------------------------------------------- one name per class
-SAME_CLASS_NAME_ALLOWED: dict[str, str] = {
-    "serving": (
-        "one concept, one word: each trainer package's engine delegates its server steps to its own `Serving` "
-        "protocol (trainer-torch adds `policy_versions`, trainer-verl `release`); tests/test_serving_contract.py keeps "
-        "their shared steps alike"
-    ),
-}
+SAME_CLASS_NAME_ALLOWED: dict[str, str] = {}
 """Class names (as `_class_key` spells them) defined more than once on purpose, with the reason. Keep this short."""
 
 

@@ -35,7 +35,7 @@ from agentlightning import AGENT_HEADER, FROZEN, LLMCall, PolicyMap
 from agentlightning.testing import start_attempts
 from agentlightning_torch import (
     BackendPoliciesServing,
-    LoraSettings,
+    LoRASettings,
     PPOConfig,
     TorchTrainer,
     TorchTrainerConfig,
@@ -107,7 +107,7 @@ def _two_agent_config(tmp_path: Path, kl_coef: float = 0.0, **policies: Any) -> 
     """A tiny model that knows the agents' words, one iteration of 2 tasks x 4 samples; ``policies``: the map and
     settings."""
     model_dir = make_tiny_chat_model(tmp_path / "model", seed=0, corpus=["write rewrite a poem about rivers"])
-    lora = LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))
+    lora = LoRASettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))
     return TorchTrainerConfig(
         model_dir=model_dir,
         output_dir=tmp_path / "run",
@@ -211,7 +211,7 @@ def _vllm_config(model_dir: Path, output: Path, url: str) -> TorchTrainerConfig:
         estimator="passthrough",
         drop_equal_groups=False,
         rollout_timeout_s=3600,
-        ppo=PPOConfig(lr=1e-2, lora=LoraSettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
+        ppo=PPOConfig(lr=1e-2, lora=LoRASettings(r=4, alpha=16, target_modules=("q_proj", "v_proj"))),
         # adapter names no other test loads into the shared server
         policies=PolicyMap(agents={"writer": "draft", "rewriter": "edit", "checker": FROZEN}),
         proxy=agl.ProxySettings(pause_timeout_s=600),

@@ -1,193 +1,220 @@
-"""One serving contract in both trainer packages, checked by reading their sources (``ast``; nothing is imported).
+"""Core's serving contract (`agentlightning.loop.Serving`), run against every implementation this machine can run.
 
-The engines (`agentlightning_torch.TorchEngine`, `agentlightning_verl.VerlEngine`) own inference servers of several
-kinds; each package names what it needs from them in one ``Serving`` protocol with the same steps (`STEPS`), one
-implementation per way of serving, and the engine delegates every server step to the one its factory picked:
+Each implementation gets a real server (the embedded `LocalBackend` behind its HTTP server on 127.0.0.1, a tiny
+random model) and a real request that generates for a while (``ignore_eos``, many tokens), then:
 
-* each trainer package defines exactly one ``Serving`` protocol, and the shared steps have the same names and
-  parameters in both;
-* every ``...Serving`` class of a package has every step of its package's protocol (itself or through a base);
-* the step "wait until the servers generate nothing" has one name (``drain``; ``drain_servers`` is core's `Engine`
-  step that calls it); a deprecated old spelling that only warns is allowed;
-* no class name is used twice across the trainer packages (ignoring case and underscores: ``VLLMServing`` and
-  ``VllmServing`` were two different things), the shared ``Serving`` protocol excepted;
-* the engines choose their serving in one factory and delegate: no ``if``, ``getattr``/``hasattr`` probing or
-  ``asyncio.run`` in their server steps.
+* `Serving.wait_idle` waits: it returns 0 only once that request has finished, and the request got its whole answer
+  (nothing was stopped);
+* `Serving.abort` aborts: the request ends early (an error, or fewer tokens than asked), `abort` returns 0, and the
+  servers answer the next request as before (aborting does not pause them).
+
+Implementations: trainer-torch's `BackendServing` and `BackendPoliciesServing`; trainer-verl's
+`ExportedWeightsServing` (its weight source, verl's actor worker group, is stood in for by the model's own state dict:
+the serving steps under test never reach verl) and `NoServing` (nothing to serve: both verbs answer 0 at once).
+The vLLM ones (trainer-torch's `VLLMWeightsServing` and `VLLMLoRAServing`, verl's `VLLMReplicaServing`) need a vLLM
+server: trainer-torch's two wait and abort through `VLLMClient` (``wait_idle``: vLLM's running count reaches 0;
+``abort``: ``POST /abort_requests``), run here against the session's real vLLM server; verl's through verl's own
+``abort_replicas`` (``test_verl_vllm_loop.py`` runs its engine, with vLLM's CPU build).
 """
 
 from __future__ import annotations
 
-import ast
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {
-    "trainer-torch": ROOT / "packages/trainer-torch/src/agentlightning_torch",
-    "trainer-verl": ROOT / "packages/trainer-verl/src/agentlightning_verl",
-}
-ENGINES = {"trainer-torch": ("training/_trainer.py", "TorchEngine"), "trainer-verl": ("_engine.py", "VerlEngine")}
-STEPS = ("start", "drain", "sync", "metrics", "stop")
-"""The serving steps both packages share (a package's protocol may add its own, e.g. verl's ``release``)."""
-ENGINE_STEPS = {
-    "start_servers": "start",
-    "drain_servers": "drain",
-    "sync_weights": "sync",
-    "iteration_metrics": "metrics",
-    "stop_servers": "stop",
-}
-"""Core's `Engine` server steps and the serving step each delegates to."""
+import aiohttp
+import pytest
+import torch
+
+from agentlightning.loop import Serving
+from agentlightning_torch import BackendPoliciesServing, BackendServing, LocalBackend, PPOConfig, TrainedPolicies
+from agentlightning_torch.models import load_model
+from agentlightning_torch.serving import BackendSettings
+from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning_verl import ExportedWeightsServing, NoServing
+
+LONG = 300
+"""Tokens the in-flight request asks for: many decode steps, so it is surely still generating when a verb is called."""
 
 
-def _modules(package: str) -> dict[Path, ast.Module]:
-    return {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGES[package].rglob("*.py"))}
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_chat_model(tmp_path_factory.mktemp("contract") / "model", max_positions=1024)
 
 
-def _classes(package: str) -> dict[str, ast.ClassDef]:
-    return {
-        node.name: node
-        for tree in _modules(package).values()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ClassDef)
+@dataclass
+class Subject:
+    """One implementation under test, started: the serving, how to read how many requests its servers hold, and
+    where a request goes (its URL and model name)."""
+
+    serving: Serving
+    running: Callable[[], int]
+    url: str = ""
+    model: str = "tiny"
+
+
+class _ServedBackend:
+    """verl's `LocalServer` over a `LocalBackend` behind its HTTP server (what ``verl_ray_loop.py`` serves with)."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        from agentlightning_torch import serve_backend
+
+        self.backend = backend
+        self.server = serve_backend(backend)
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def running(self) -> int:
+        return self.backend.running
+
+    def abort(self) -> None:
+        self.backend.abort()
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        return self.backend.load_state_dict(state_dict, version)
+
+
+class _OneRankActor:
+    """Stands in for verl's actor worker group: rank 0 exports the model's weights (``ActorWorker.export_weights``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def export_weights(self) -> list[dict[str, torch.Tensor] | None]:
+        return [{k: v.detach().clone() for k, v in self.model.state_dict().items()}]
+
+
+def _settings(tokenizer: Any) -> BackendSettings:
+    return BackendSettings(tokenizer, None, "tiny", http=True, options={"seed": 0})
+
+
+@contextlib.asynccontextmanager
+async def _subject(kind: str, model_dir: Path) -> AsyncGenerator[Subject]:
+    loaded = load_model(model_dir)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    stop: Callable[[], None] = lambda: None  # noqa: E731
+    if kind == "torch:BackendServing":
+        serving = BackendServing(_settings(tokenizer), model, serve_lora=False)
+        subject = Subject(serving, lambda: sum(b.running for b in serving._backends()))  # pyright: ignore[reportPrivateUsage]
+    elif kind == "torch:BackendPoliciesServing":
+        trained = TrainedPolicies(model, ["writer"], PPOConfig(), {})
+        policies = BackendPoliciesServing(_settings(tokenizer), trained)
+        subject = Subject(policies, lambda: sum(b.running for b in policies._backends()))  # pyright: ignore[reportPrivateUsage]
+    else:
+        server = _ServedBackend(LocalBackend(model, tokenizer, model_name="tiny"))
+        stop = server.server.stop
+        subject = Subject(ExportedWeightsServing(_OneRankActor(model), server), lambda: server.running)
+    try:
+        (subject.url,) = await subject.serving.start(0)
+        subject.model = "writer" if kind.endswith("PoliciesServing") else "tiny"
+        yield subject
+    finally:
+        await subject.serving.stop()
+        stop()
+
+
+async def _complete(url: str, model: str, max_tokens: int) -> dict[str, Any]:
+    """One completion over HTTP; the parsed answer, or ``{"error": status}`` when the server failed it."""
+    body = {"model": model, "prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}
+    async with aiohttp.ClientSession() as session, session.post(_v1(url) + "/completions", json=body) as answer:
+        if answer.status != 200:
+            return {"error": answer.status}
+        return await answer.json()
+
+
+def _v1(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1") + "/v1"
+
+
+def _tokens(answer: dict[str, Any]) -> int:
+    return int(answer.get("usage", {}).get("completion_tokens", 0))
+
+
+async def _in_flight(subject: Subject) -> asyncio.Task[dict[str, Any]]:
+    """Send a long request and return once the servers hold it (the condition, not a clock)."""
+    request = asyncio.create_task(_complete(subject.url, subject.model, LONG))
+    while subject.running() == 0:
+        assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
+        await asyncio.sleep(0.002)
+    return request
+
+
+KINDS = ["torch:BackendServing", "torch:BackendPoliciesServing", "verl:ExportedWeightsServing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_wait_idle_waits_for_the_request_in_flight_and_stops_nothing(kind: str, model_dir: Path) -> None:
+    async with _subject(kind, model_dir) as subject:
+        assert isinstance(subject.serving, Serving)
+        request = await _in_flight(subject)
+        assert await subject.serving.wait_idle(120.0) == 0
+        assert subject.running() == 0
+        answer = await request
+        assert _tokens(answer) == LONG, f"wait_idle stopped the request: {answer}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_abort_stops_the_request_in_flight_and_serving_goes_on(kind: str, model_dir: Path) -> None:
+    async with _subject(kind, model_dir) as subject:
+        request = await _in_flight(subject)
+        assert await subject.serving.abort(120.0) == 0
+        assert subject.running() == 0
+        answer = await request
+        assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
+        after = await _complete(subject.url, subject.model, 3)  # abort is not a pause: the next request is served
+        assert _tokens(after) == 3, after
+
+
+async def test_a_serving_with_no_server_has_nothing_to_wait_for_or_abort() -> None:
+    serving = NoServing()
+    assert isinstance(serving, Serving)
+    assert await serving.start(0) == []
+    assert await serving.wait_idle(0.0) == 0
+    assert await serving.abort(0.0) == 0
+
+
+def test_every_serving_implementation_of_both_trainer_packages_is_run_here_or_named() -> None:
+    """A new `Serving` implementation must join this test (or say here why it cannot run on this machine)."""
+    import agentlightning_torch
+    import agentlightning_verl
+
+    exported = {
+        f"{package.__name__.split('_')[1]}:{name}"
+        for package in (agentlightning_torch, agentlightning_verl)
+        for name in package.__all__
+        if name.endswith("Serving")
     }
+    elsewhere = {"torch:VLLMWeightsServing", "torch:VLLMLoRAServing", "verl:VLLMReplicaServing", "verl:NoServing"}
+    assert exported == set(KINDS) | elsewhere
 
 
-def _base_names(cls: ast.ClassDef) -> list[str]:
-    return [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases]
+async def test_vllm_wait_idle_waits_and_abort_aborts(lora_vllm_server: Any) -> None:
+    """What trainer-torch's vLLM servings' `wait_idle` and `abort` are, against a real vLLM."""
+    from agentlightning_torch.vllm import VLLMClient
 
+    client = VLLMClient(lora_vllm_server.url, "tiny")
+    url = lora_vllm_server.url
 
-def _is_protocol(cls: ast.ClassDef) -> bool:
-    return "Protocol" in _base_names(cls)
+    async def in_flight() -> asyncio.Task[dict[str, Any]]:
+        request = asyncio.create_task(_complete(url, "tiny", LONG))
+        while await client.running() == 0:
+            assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
+        return request
 
+    request = await in_flight()
+    assert await client.wait_idle(120.0) == 0
+    assert _tokens(await request) == LONG  # waited for, not stopped
 
-def _methods(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-    """The methods ``cls`` defines or inherits from classes of the same package (bases first, own ones win)."""
-    found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-    for base in _base_names(cls):
-        if base in classes and base != cls.name:
-            found.update(_methods(classes[base], classes))
-    for node in cls.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            found[node.name] = node
-    return found
-
-
-def _signature(method: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[bool, list[str]]:
-    """``(async, parameter names)``: what a caller relies on."""
-    return isinstance(method, ast.AsyncFunctionDef), [a.arg for a in [*method.args.args, *method.args.kwonlyargs]]
-
-
-def _protocol(package: str) -> ast.ClassDef:
-    found = [c for c in _classes(package).values() if c.name == "Serving" and _is_protocol(c)]
-    assert len(found) == 1, f"{package} should define one Serving protocol, found {len(found)}"
-    return found[0]
-
-
-def _is_deprecated(method: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """Whether the method warns with a `DeprecationWarning` (an old spelling kept for a release)."""
-    return any(isinstance(n, ast.Name) and n.id == "DeprecationWarning" for n in ast.walk(method))
-
-
-def test_each_trainer_package_has_one_serving_protocol_with_the_same_steps() -> None:
-    signatures: dict[str, dict[str, tuple[bool, list[str]]]] = {}
-    for package in PACKAGES:
-        methods = _methods(_protocol(package), _classes(package))
-        missing = [step for step in STEPS if step not in methods]
-        assert missing == [], f"{package}'s Serving protocol lacks the steps {missing}"
-        signatures[package] = {step: _signature(methods[step]) for step in STEPS}
-    torch_steps, verl_steps = signatures.values()
-    assert torch_steps == verl_steps, f"the shared steps differ: {signatures}"
-
-
-def test_every_serving_implementation_has_every_step_of_its_protocol() -> None:
-    for package in PACKAGES:
-        classes = _classes(package)
-        protocol = _methods(_protocol(package), classes)
-        implementations = [
-            c
-            for name, c in classes.items()
-            if name.endswith("Serving") and not name.startswith("_") and not _is_protocol(c)
-        ]
-        assert implementations, f"{package} has no Serving implementation"
-        for cls in implementations:
-            methods = _methods(cls, classes)
-            wrong = {
-                step: _signature(methods[step]) if step in methods else None
-                for step, declared in protocol.items()
-                if not step.startswith("_")
-                and (step not in methods or _signature(methods[step]) != _signature(declared))
-            }
-            assert wrong == {}, f"{package}: {cls.name} does not implement Serving's steps as declared: {wrong}"
-
-
-def test_the_drain_step_has_one_name_across_the_trainer_packages() -> None:
-    wrong: list[str] = []
-    for package in PACKAGES:
-        for path, tree in _modules(package).items():
-            for node in ast.walk(tree):
-                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                    continue
-                name = node.name.lower()
-                named = ("drain" in name or "idle" in name) and name not in ("drain", "drain_servers", "_drain")
-                if named and not _is_deprecated(node):
-                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}")
-    assert wrong == [], (
-        "the step 'wait until the servers are idle' is called `drain` (core's Engine: drain_servers):\n"
-        + ("\n".join(wrong))
-    )
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "").lower()
-
-
-def test_no_class_name_is_used_by_both_trainer_packages() -> None:
-    torch_names = {_key(n): n for n in _classes("trainer-torch") if not n.startswith("_")}
-    verl_names = {_key(n): n for n in _classes("trainer-verl") if not n.startswith("_")}
-    shared = sorted(
-        f"{torch_names[k]} (trainer-torch) / {verl_names[k]} (trainer-verl)"
-        for k in torch_names.keys() & verl_names.keys()
-        if k != "serving"
-    )
-    assert shared == [], "classes of the same (or nearly the same) name in both trainer packages:\n" + "\n".join(shared)
-
-
-def _engine(package: str) -> ast.ClassDef:
-    module, name = ENGINES[package]
-    tree = ast.parse((PACKAGES[package] / module).read_text(encoding="utf-8"))
-    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
-
-
-def _calls(node: ast.AST) -> list[str]:
-    """Dotted names of the calls in ``node`` (``self.serving.drain``, ``asyncio.run``, ``getattr``)."""
-    names: list[str] = []
-    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
-        parts: list[str] = []
-        func: ast.expr = call.func
-        while isinstance(func, ast.Attribute):
-            parts.append(func.attr)
-            func = func.value
-        if isinstance(func, ast.Name):
-            parts.append(func.id)
-        names.append(".".join(reversed(parts)))
-    return names
-
-
-def test_the_engines_delegate_every_server_step_to_their_serving() -> None:
-    for package in PACKAGES:
-        engine = _engine(package)
-        methods = {n.name: n for n in engine.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-        for step, serving_step in ENGINE_STEPS.items():
-            assert step in methods, f"{engine.name} does not implement {step}"
-            method = methods[step]
-            branches = [n.lineno for n in ast.walk(method) if isinstance(n, ast.If | ast.IfExp | ast.Match)]
-            assert branches == [], f"{engine.name}.{step} branches (lines {branches}): the serving picked once decides"
-            assert any(c.endswith(f"serving.{serving_step}") for c in _calls(method)), (
-                f"{engine.name}.{step} does not call its serving's {serving_step}"
-            )
-
-
-def test_the_engines_neither_probe_attributes_nor_start_event_loops() -> None:
-    for package in PACKAGES:
-        engine = _engine(package)
-        wrong = [c for c in _calls(engine) if c in ("getattr", "hasattr", "asyncio.run")]
-        assert wrong == [], f"{engine.name} calls {wrong}: use the Serving protocol, and the running event loop"
+    request = await in_flight()
+    await client.abort()
+    assert await client.wait_idle(60.0) == 0
+    answer = await request
+    assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
+    assert _tokens(await _complete(url, "tiny", 3)) == 3  # served as before

@@ -184,14 +184,14 @@ def policy_map(args: argparse.Namespace) -> Any:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The trainer's settings (bad values: `UsageError`)."""
-    from agentlightning_torch import LoraSettings, VLLMSettings
+    from agentlightning_torch import LoRASettings, VLLMSettings
     from agentlightning_torch.runkit import UsageError, proxy_settings, trainer_config
 
     if args.eval_size < 1:
         raise UsageError("--eval-size must be at least 1")
     if args.prompt_file is not None and not args.prompt_file.is_file():
         raise UsageError(f"--prompt-file {str(args.prompt_file)!r} does not exist")
-    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank)
+    lora = LoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank)
     if args.model == "toy" or args.full_weights:
         lora = None
     if lora is not None and args.policy_per_agent:

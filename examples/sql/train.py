@@ -60,7 +60,7 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
     """The trainer's settings from the command line (bad values: `UsageError`); ``policies``: an
     `agentlightning.PolicyMap` (one LoRA adapter per trained agent, `compare_policies.py`), ``None``: one shared
     policy."""
-    from agentlightning_torch import LoraSettings
+    from agentlightning_torch import LoRASettings
     from agentlightning_torch.runkit import trainer_config
 
     if args.eval_size < 1 or (args.runners < 1 and not args.runners_ray):
@@ -77,7 +77,7 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
         policies=policies,
         ppo_settings={}
         if policies is None
-        else {"lora": LoraSettings(r=8, alpha=16, target_modules=POLICY_LORA_TARGETS)},
+        else {"lora": LoRASettings(r=8, alpha=16, target_modules=POLICY_LORA_TARGETS)},
     )
 
 

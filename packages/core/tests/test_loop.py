@@ -230,6 +230,41 @@ async def test_an_iteration_without_samples_skips_the_update_and_keeps_the_versi
     assert loop.model_version == 0 and loop.iteration == 1
 
 
+class StragglerEngine(FakeEngine):
+    """Servers that are still generating after the wait (a straggler the proxy gave up on), idle once aborted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generating = 1
+        self.calls: list[tuple[str, int]] = []  # (verb, version synced so far)
+
+    async def wait_servers_idle(self, timeout_s: float) -> int:
+        self.calls.append(("wait_idle", len(self.synced)))
+        return self.generating
+
+    async def abort_servers(self, timeout_s: float) -> int:
+        self.calls.append(("abort", len(self.synced)))
+        self.generating = 0
+        return 0
+
+
+async def test_servers_still_generating_after_the_wait_are_aborted_before_the_weights_change(tmp_path: Path) -> None:
+    store = agl.MemoryStore()
+    engine = StragglerEngine()
+    loop = RLLoop(_config(tmp_path, iterations=1), engine)
+    runner = agl.Runner(chatty_agent, store=store, n_workers=4, worker_mode="async", poll_interval=0.01)
+    runner_task = asyncio.create_task(runner.arun())
+    try:
+        await loop.train_iteration(store, [{"q": "x"}])
+    finally:
+        runner.stop()
+        await asyncio.wait_for(runner_task, 60)
+        await loop.stop()
+    # before the update: the wait finds a request still generating, so the loop aborts it; before the sync the
+    # servers are idle: nothing more to abort
+    assert engine.calls == [("wait_idle", 0), ("abort", 0), ("wait_idle", 0)] and engine.synced == [1]
+
+
 def test_loop_config_is_frozen_and_checks_the_proxy_exposure(tmp_path: Path) -> None:
     config = _config(tmp_path)
     with pytest.raises(ValueError, match="frozen"):

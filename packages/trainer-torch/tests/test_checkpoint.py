@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
-    LoraSettings,
+    LoRASettings,
     PPOConfig,
+    SinglePolicy,
     TorchEngine,
     TorchTrainer,
     TorchTrainerConfig,
@@ -118,7 +119,7 @@ def test_checkpoint_is_a_folder_plain_transformers_loads_with_identical_logits(t
 def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     tokenizer = char_tokenizer()
-    config = PPOConfig(lr=5e-2, lora=LoraSettings(r=4, alpha=8))
+    config = PPOConfig(lr=5e-2, lora=LoRASettings(r=4, alpha=8))
     policy = prepare_policy(tiny_model(len(tokenizer)), config)
     optimizer = make_optimizer(policy, config)
     for _ in range(2):
@@ -132,9 +133,9 @@ def test_lora_checkpoint_holds_the_merged_model_and_the_adapter(tmp_path: Path) 
     torch.testing.assert_close(logits(adapted, ids), logits(policy, ids), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [None, LoRASettings(r=4, alpha=8)], ids=["full", "lora"])
 def test_resume_continues_weights_optimizer_iteration_and_version(
-    model_folder: Path, tmp_path: Path, lora: LoraSettings | None
+    model_folder: Path, tmp_path: Path, lora: LoRASettings | None
 ) -> None:
     if lora is not None:
         pytest.importorskip("peft")
@@ -167,10 +168,10 @@ def test_resume_continues_weights_optimizer_iteration_and_version(
 
 def test_reference_model_only_with_a_kl_coefficient(model_folder: Path, tmp_path: Path) -> None:
     without = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path))
-    assert without.ref_model is None
+    assert isinstance(without.policies, SinglePolicy) and without.policies.ref_model is None
     with_kl = TorchEngine(TorchTrainerConfig(model_dir=model_folder, output_dir=tmp_path, ppo=PPOConfig(kl_coef=0.1)))
-    assert with_kl.ref_model is not None
-    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert isinstance(with_kl.policies, SinglePolicy) and with_kl.policies.ref_model is not None
+    assert not any(p.requires_grad for p in with_kl.policies.ref_model.parameters())
     assert with_kl.update(batch())["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy starts at the reference
 
 

@@ -41,8 +41,7 @@ from agentlightning_torch.models import (
     models_dir,
     sha256_file,
 )
-from agentlightning_torch.models._gguf_write import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute
-from agentlightning_torch.testing import write_gguf
+from agentlightning_torch.testing import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute, write_gguf
 
 # --- source models --------------------------------------------------------------------------------------------
 

@@ -11,14 +11,14 @@ from peft import PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LoRASettings
 from agentlightning_torch.testing import policy_sample
 from agentlightning_torch.training._lora_policies import LoRAPolicies, policy_metric
 from agentlightning_torch.training._ppo import PPOConfig
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 from agentlightning_torch.vllm._lora import vllm_lora_args
 
-SETTINGS = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
+SETTINGS = LoRASettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 PPO = PPOConfig(lr=1e-3, lora=SETTINGS)
 """Every adapter's shape is SETTINGS; its learning rate the LoRA default, 10x the run's: 1e-2."""
 
@@ -136,7 +136,7 @@ def test_vllm_serves_every_policys_adapter_at_a_rank_it_accepts(tmp_path: Path) 
     policies = PolicyMap(agents={"writer": "writer"})
     with pytest.raises(ValueError, match="vLLM serves LoRA ranks up to 512, got r=600"):
         TorchTrainerConfig(
-            model_dir=tmp_path, backend="vllm", policies=policies, ppo=PPOConfig(lora=LoraSettings(r=600))
+            model_dir=tmp_path, backend="vllm", policies=policies, ppo=PPOConfig(lora=LoRASettings(r=600))
         )
     # the same map and rank on LocalBackend is fine
-    TorchTrainerConfig(model_dir=tmp_path, policies=policies, ppo=PPOConfig(lora=LoraSettings(r=600)))
+    TorchTrainerConfig(model_dir=tmp_path, policies=policies, ppo=PPOConfig(lora=LoRASettings(r=600)))

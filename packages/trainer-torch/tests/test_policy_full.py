@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LoRASettings
 from agentlightning_torch.testing import policy_sample
 from agentlightning_torch.training._lora_policies import policy_metric
 from agentlightning_torch.training._policy_set import TrainedPolicies
@@ -19,7 +19,7 @@ from agentlightning_torch.training._policy_settings import PolicySettings, parse
 from agentlightning_torch.training._ppo import PPOConfig
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
-PPO = PPOConfig(lr=1e-3, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+PPO = PPOConfig(lr=1e-3, lora=LoRASettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 FULL = PolicySettings(weights="full")
 SETTINGS = {"writer": PolicySettings(weights="full", kl_coef=0.1), "editor": FULL}
 """writer and editor: full weights (writer with a KL penalty to the frozen base); rewriter: a LoRA adapter."""
@@ -112,7 +112,7 @@ def test_full_weights_settings_parse_describe_and_refuse_what_does_not_fit(tmp_p
     assert parsed["writer"].ppo(PPOConfig(lr=5e-4)).lr == 3e-4
     assert PolicySettings(weights="full").ppo(PPOConfig(lr=5e-4)).lr == 5e-4
     with pytest.raises(ValueError, match="takes no LoRA shape"):
-        PolicySettings(weights="full", lora=LoraSettings())
+        PolicySettings(weights="full", lora=LoRASettings())
     with pytest.raises(ValueError, match=r"policy 'writer': .*takes no LoRA shape"):
         parse_policy_settings(["writer:weights=full,rank=4"])
     with pytest.raises(ValueError, match="weights"):

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from agentlightning import FROZEN, PolicyMap, TrainingBatch
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LoRASettings
 from agentlightning_torch.testing import policy_sample
 from agentlightning_torch.training._lora_policies import LoRAPolicies, policy_metric
 from agentlightning_torch.training._policy_progress import PolicyProgress, lora_drift
@@ -20,7 +20,7 @@ from agentlightning_torch.training._policy_settings import LORA_LR_SCALE, Policy
 from agentlightning_torch.training._ppo import PPOConfig
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
-RUN = PPOConfig(lr=1e-3, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+RUN = PPOConfig(lr=1e-3, kl_coef=0.05, lora=LoRASettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
 
 
 def _batch(policies: list[str], seed: int) -> TrainingBatch:
@@ -30,7 +30,7 @@ def _batch(policies: list[str], seed: int) -> TrainingBatch:
 def test_each_policy_gets_its_own_learning_rate_kl_and_rank(
     make_small_model: Callable[..., PreTrainedModel], tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    settings = {"writer": PolicySettings(lr=2e-4, kl_coef=0.0, lora=LoraSettings(r=2, alpha=4))}
+    settings = {"writer": PolicySettings(lr=2e-4, kl_coef=0.0, lora=LoRASettings(r=2, alpha=4))}
     adapters = LoRAPolicies(make_small_model(tokenizer, seed=5), ["writer", "rewriter"], RUN, settings)
     # the optimizer of each adapter holds its own rate; an unset one is the LoRA default (10x the run's)
     assert adapters.optimizers["writer"].param_groups[0]["lr"] == 2e-4
@@ -61,7 +61,7 @@ def test_settings_for_a_policy_that_is_not_trained_are_refused(tmp_path: Path) -
             model_dir=tmp_path,
             backend="vllm",
             policies=policies,
-            policy_settings={"writer": PolicySettings(lora=LoraSettings(r=600))},
+            policy_settings={"writer": PolicySettings(lora=LoRASettings(r=600))},
         )
 
 

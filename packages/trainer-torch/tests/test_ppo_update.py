@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
-    LoraSettings,
+    LoRASettings,
     PPOConfig,
     is_lora,
     make_optimizer,
@@ -86,7 +86,7 @@ def test_lora_step_moves_probability_towards_positive_advantage_and_leaves_the_b
     pytest.importorskip("peft")
     base = tiny_model()
     frozen = snapshot(base)
-    config = PPOConfig(lr=5e-2, lora=LoraSettings(r=4, alpha=8))
+    config = PPOConfig(lr=5e-2, lora=LoRASettings(r=4, alpha=8))
     policy = prepare_policy(base, config)
     assert is_lora(policy)
     trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
@@ -243,7 +243,7 @@ def test_kl_penalty_against_a_reference() -> None:
 
 def test_lora_kl_uses_the_base_model_as_reference() -> None:
     pytest.importorskip("peft")
-    config = PPOConfig(lr=5e-2, kl_coef=1.0, lora=LoraSettings(r=4, alpha=8))
+    config = PPOConfig(lr=5e-2, kl_coef=1.0, lora=LoRASettings(r=4, alpha=8))
     policy = prepare_policy(tiny_model(), config)
     optimizer = make_optimizer(policy, config)
     batch = TrainingBatch(samples=[sample(GOOD, 1.0)])

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from agentlightning import FROZEN, PolicyMap
+from agentlightning.loop import Serving
 from agentlightning.proxy import registered_backend
 from agentlightning_torch import (
     BackendPoliciesServing,
     BackendServing,
     PolicySettings,
-    Serving,
     TorchEngine,
     TorchTrainerConfig,
     VLLMLoRAServing,
@@ -83,7 +83,7 @@ async def test_the_engine_steps_are_its_servings(model_dir: Path) -> None:
         engine.trained.updated = ["writer"]  # as an update of the writer alone leaves it
         await engine.sync_weights(4)
         assert serving.full_backends.backends["writer"].model_version == 4
-        assert await engine.drain_servers(1.0) == 0
+        assert await engine.wait_servers_idle(1.0) == 0
         metrics = engine.iteration_metrics()
         assert metrics["backend_batches"] == 0.0 and engine.iteration_metrics()["tokens_generated"] == 0.0
         assert engine.policy_versions() == {}

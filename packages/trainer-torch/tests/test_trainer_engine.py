@@ -129,3 +129,29 @@ async def test_with_max_staleness_2_the_backend_serves_its_own_weights_until_the
             assert before[0] == 0 and version == 1 and (tokens, logprobs) != before[1:]
     finally:
         await trainer.stop()
+
+
+def test_the_engine_picks_what_it_trains_once_and_never_branches_on_it(tmp_path: Path) -> None:
+    """One policy or several is decided when the engine is built (`Policies`): update, save_state and load_state act
+    on it without asking which (no ``if self.trained is not None`` in them)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from agentlightning_torch import SinglePolicy, TrainedPolicies
+
+    make_tiny_chat_model(tmp_path / "model")
+    one = TorchEngine(TorchTrainerConfig(model_dir=tmp_path / "model", output_dir=tmp_path / "one"))
+    assert isinstance(one.policies, SinglePolicy) and one.trained is None
+    several = TorchEngine(
+        TorchTrainerConfig(
+            model_dir=tmp_path / "model",
+            output_dir=tmp_path / "several",
+            policies=agl.PolicyMap(agents={"writer": "writer"}),
+        )
+    )
+    assert isinstance(several.policies, TrainedPolicies) and several.policies is several.trained
+    for step in (TorchEngine.update, TorchEngine.save_state, TorchEngine.load_state):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(step)))
+        branches = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.If | ast.IfExp | ast.Match)]
+        assert branches == [], f"TorchEngine.{step.__name__} branches on what it trains"

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from verl.utils.config import omega_conf_to_dataclass
 
 import agentlightning as agl
-from agentlightning_verl import RayVerlBackend, VerlEngine, VerlTrainer, VerlTrainerConfig, named_tensors_checksum
+from agentlightning_verl import RayVerlRuntime, VerlEngine, VerlTrainer, VerlTrainerConfig, named_tensors_checksum
 
 
 def test_expands_into_verl_dataclasses() -> None:
@@ -99,7 +99,7 @@ def test_cpu_backend_without_vllm_names_the_cpu_build_and_the_command() -> None:
     except ImportError:
         pass
     with pytest.raises(ImportError, match=r"vLLM's CPU build with: python3 scripts/dev.py verl-vllm"):
-        RayVerlBackend(VerlTrainerConfig(model_path="m"), device="cpu")
+        RayVerlRuntime(VerlTrainerConfig(model_path="m"), device="cpu")
 
 
 def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> None:
@@ -111,7 +111,7 @@ def test_vllm_path_without_vllm_names_the_module_and_the_install_command() -> No
         pass
     engine = VerlEngine(VerlTrainerConfig(model_path="m"))
     with pytest.raises(ImportError, match=r"needs vllm; install it with: pip install 'agentlightning-verl\[gpu\]'"):
-        _ = engine.backend
+        _ = engine.runtime
 
 
 def test_a_multi_policy_loop_is_refused_in_one_line(tmp_path) -> None:
@@ -177,7 +177,7 @@ def test_importing_the_package_imports_neither_verl_nor_torch() -> None:
 
 
 def test_a_short_batch_gets_micro_batches_that_split_it_evenly() -> None:
-    from agentlightning_verl._ray_backend import fitting_micro_batch
+    from agentlightning_verl._ray_runtime import fitting_micro_batch
 
     # verl asserts rows % micro_batch_size_per_gpu == 0: a step whose late rollouts were cancelled has fewer rows
     assert fitting_micro_batch(4, 8) == 4

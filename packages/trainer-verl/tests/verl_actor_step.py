@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         step_times.append(time.perf_counter() - start)
     verl_after = actor.compute_log_prob(data)
     # The whole VerlEngine.update path (old log-probs by the actor, verl's GRPO advantages by uid, actor update).
-    from agentlightning_verl import LocalVerlBackend, VerlEngine
+    from agentlightning_verl import LocalVerlRuntime, VerlEngine
 
-    algorithm_metrics = VerlEngine(cfg, backend=LocalVerlBackend(actor)).update(batch)
+    algorithm_metrics = VerlEngine(cfg, runtime=LocalVerlRuntime(actor)).update(batch)
     result = {
         "device": args.device,
         "n_samples": len(data),

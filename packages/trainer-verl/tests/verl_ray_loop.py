@@ -131,6 +131,13 @@ class ServedModel:
     def base_url(self) -> str:
         return str(self.server.base_url)
 
+    @property
+    def running(self) -> int:
+        return int(self.backend.running)
+
+    def abort(self) -> None:
+        self.backend.abort()
+
     def load_state_dict(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
         return int(self.backend.load_state_dict(state_dict, version))
 
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import ray
 
-    from agentlightning_verl import RayVerlBackend, VerlTrainerConfig, cpu_ray_init_kwargs
+    from agentlightning_verl import RayVerlRuntime, VerlTrainerConfig, cpu_ray_init_kwargs
     from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     cuda = args.device == "cuda"
@@ -242,16 +249,16 @@ def main(argv: list[str] | None = None) -> int:
         served = ServedModel(server, local)
         initial = named_tensors_checksum(local.model.state_dict().items())
     t = time.monotonic()
-    backend = RayVerlBackend(ppo_cfg, device=args.device, local_server=served)
+    runtime = RayVerlRuntime(ppo_cfg, device=args.device, local_server=served)
     timings["workers_s"] = time.monotonic() - t
     if initial is None:
-        initial = backend.actor_checksum()
+        initial = runtime.actor_checksum()
     try:
-        result = asyncio.run(_phases(backend, local, grpo_cfg, ppo_cfg, workdir, timings))
+        result = asyncio.run(_phases(runtime, local, grpo_cfg, ppo_cfg, workdir, timings))
     finally:
         if server is not None:
             server.stop()
-        backend.shutdown()
+        runtime.shutdown()
         ray.shutdown()
     result["initial_checksum"] = initial
     result["timings"] = timings
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _phases(
-    backend: Any, local: Any, grpo_cfg: Any, ppo_cfg: Any, workdir: Path, timings: dict[str, float]
+    runtime: Any, local: Any, grpo_cfg: Any, ppo_cfg: Any, workdir: Path, timings: dict[str, float]
 ) -> dict[str, Any]:
     from agentlightning import RLLoop
     from agentlightning_verl import VerlEngine, named_tensors_checksum
@@ -274,7 +281,7 @@ async def _phases(
             self.syncs.append(
                 {
                     "version": version,
-                    "actor": backend.actor_checksum(),
+                    "actor": runtime.actor_checksum(),
                     "served": None if local is None else named_tensors_checksum(local.model.state_dict().items()),
                     "served_version": None if local is None else local.model_version,
                 }
@@ -294,15 +301,15 @@ async def _phases(
     out: dict[str, Any] = {}
 
     t = time.monotonic()
-    grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, backend=backend))
+    grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, runtime=runtime))
     out["grpo"] = await _run_phase(grpo, tasks)
     timings["grpo_s"] = time.monotonic() - t
 
     ppo_dir = workdir / "ppo"
     t = time.monotonic()
-    backend.reset()  # fresh actor and critic for PPO
+    runtime.reset()  # fresh actor and critic for PPO
     first_cfg = ppo_cfg.model_copy(update={"total_steps": 1})
-    first = RLLoop(first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1), Observed(first_cfg, backend=backend))
+    first = RLLoop(first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1), Observed(first_cfg, runtime=runtime))
     from agentlightning import MemoryStore
 
     ppo_store = MemoryStore()
@@ -310,9 +317,9 @@ async def _phases(
     timings["ppo_first_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    backend.reset()  # as a new process would: the initial weights, fresh optimizers
-    out["after_reset_checksum"] = backend.actor_checksum()
-    resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, backend=backend))
+    runtime.reset()  # as a new process would: the initial weights, fresh optimizers
+    out["after_reset_checksum"] = runtime.actor_checksum()
+    resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, runtime=runtime))
     out["ppo_resumed"] = await _run_phase(resumed, tasks, ppo_store)
     timings["ppo_resumed_s"] = time.monotonic() - t
     checkpoint = ppo_dir / "checkpoint"

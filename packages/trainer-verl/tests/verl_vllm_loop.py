@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     import ray
 
-    from agentlightning_verl import RayVerlBackend, cpu_ray_init_kwargs
+    from agentlightning_verl import RayVerlRuntime, cpu_ray_init_kwargs
     from agentlightning_verl._cpu_rehearsal import install_cpu_platform
 
     cuda = args.device == "cuda"
@@ -159,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     grpo_cfg, ppo_cfg = configs(model_dir, cuda, args.nnodes)
     phases = args.phases.split(",")
     t = time.monotonic()
-    backend = RayVerlBackend(ppo_cfg if "ppo" in phases else grpo_cfg, device=args.device)
+    runtime = RayVerlRuntime(ppo_cfg if "ppo" in phases else grpo_cfg, device=args.device)
     timings["workers_s"] = time.monotonic() - t
     try:
-        result = asyncio.run(_phases(backend, model_dir, grpo_cfg, ppo_cfg, workdir, timings, phases))
+        result = asyncio.run(_phases(runtime, model_dir, grpo_cfg, ppo_cfg, workdir, timings, phases))
         result["initial_checksum"] = _model_folder_checksum(model_dir)
-        result["nodes"] = sorted({str(n) for n in backend.actor_wg.node_id()})
+        result["nodes"] = sorted({str(n) for n in runtime.actor_wg.node_id()})
     finally:
-        backend.shutdown()
+        runtime.shutdown()
         ray.shutdown()
     result["timings"] = timings
     print("RESULT " + json.dumps(result))
@@ -183,7 +183,7 @@ def _model_folder_checksum(model_dir: Path) -> str:
 
 
 async def _phases(
-    backend: Any,
+    runtime: Any,
     model_dir: Path,
     grpo_cfg: Any,
     ppo_cfg: Any,
@@ -195,7 +195,7 @@ async def _phases(
     from agentlightning_verl import VerlEngine
     from agentlightning_verl._sync_check import digests_checksum, named_tensors_digests
 
-    serving = backend.serving
+    serving = runtime.serving
 
     class Observed(VerlEngine):
         """`VerlEngine` noting, after every sync, what the actor holds and what vLLM received and computes."""
@@ -203,7 +203,7 @@ async def _phases(
         syncs: list[dict[str, Any]]
 
         async def _observe(self, version: int) -> None:
-            exported = await asyncio.to_thread(backend.actor_wg.export_weights)
+            exported = await asyncio.to_thread(runtime.actor_wg.export_weights)
             weights = next(w for w in exported if w is not None)
             gaps: list[float] = []
             tokens: list[int] = []
@@ -237,37 +237,37 @@ async def _phases(
     out: dict[str, Any] = {}
     if "grpo" in phases:
         t = time.monotonic()
-        grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, backend=backend))
+        grpo = RLLoop(grpo_cfg.loop_config(output_dir=workdir / "grpo"), Observed(grpo_cfg, runtime=runtime))
         out["grpo"] = await _run_phase(grpo, tasks)
         out["grpo"]["requests_at_release"] = list(serving.requests_at_release)
         timings["grpo_s"] = time.monotonic() - t
     if "ppo" in phases:
         ppo_dir = workdir / "ppo"
         t = time.monotonic()
-        backend.reset()  # fresh actor and critic for PPO
+        runtime.reset()  # fresh actor and critic for PPO
         first_cfg = ppo_cfg.model_copy(update={"total_steps": 1})
         first_loop = first_cfg.loop_config(output_dir=ppo_dir, checkpoint_every=1)
-        first = RLLoop(first_loop, Observed(first_cfg, backend=backend))
+        first = RLLoop(first_loop, Observed(first_cfg, runtime=runtime))
         ppo_store = MemoryStore()
         out["ppo_first"] = await _run_phase(first, tasks, ppo_store)
         timings["ppo_first_s"] = time.monotonic() - t
         t = time.monotonic()
-        backend.reset()  # as a new process would: the initial weights, fresh optimizers
-        exported = await asyncio.to_thread(backend.actor_wg.export_weights)
+        runtime.reset()  # as a new process would: the initial weights, fresh optimizers
+        exported = await asyncio.to_thread(runtime.actor_wg.export_weights)
         out["after_reset_checksum"] = digests_checksum(
             named_tensors_digests(next(w for w in exported if w is not None).items())
         )
-        resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, backend=backend))
+        resumed = RLLoop(ppo_cfg.loop_config(output_dir=ppo_dir, resume=True), Observed(ppo_cfg, runtime=runtime))
         out["ppo_resumed"] = await _run_phase(resumed, tasks, ppo_store)
         timings["ppo_resumed_s"] = time.monotonic() - t
         checkpoint = ppo_dir / "checkpoint"
         out["checkpoint_files"] = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file())
     if "late" in phases:
         t = time.monotonic()
-        backend.reset()
+        runtime.reset()
         # one task trains (2 samples, fewer than a micro-batch of 4); the late task's 2 rollouts are cancelled
         late_cfg = grpo_cfg.model_copy(update={"total_steps": 1, "rollout_timeout_s": LATE_TIMEOUT_S})
-        late = RLLoop(late_cfg.loop_config(output_dir=workdir / "late"), Observed(late_cfg, backend=backend))
+        late = RLLoop(late_cfg.loop_config(output_dir=workdir / "late"), Observed(late_cfg, runtime=runtime))
         before = len(serving.requests_at_release)
         store = MemoryStore()
         out["late"] = await _run_phase(

@@ -7,8 +7,8 @@ Every public name is importable from here; the package is four parts, each its o
   (`train_chat_tokenizer`, `build_chat_model`, `supervised_finetune`), LoRA (`apply_lora`), checkpoints
   (`save_checkpoint`), and real models fetched without a hub (`smollm2`, `import_gguf`).
 - `agentlightning_torch.serving`: `LocalBackend` + `serve_backend` (an OpenAI-compatible server with vLLM's token-id
-  wire format and continuous batching), and the `Serving` contract the engine delegates to (`make_serving` picks
-  `BackendServing`, `BackendPoliciesServing`, `VLLMWeightsServing` or `VLLMLoRAServing`).
+  wire format and continuous batching), and its implementations of core's serving contract
+  (`agentlightning.loop.Serving`): `BackendServing`, `BackendPoliciesServing`.
 - `agentlightning_torch.vllm`: a real vLLM server for the policy (`VLLMServer`), weight and LoRA syncs verified by
   log-probs, and the two servings through it.
 - `agentlightning_torch.training`: `PPOConfig` + `ppo_update`, `TorchEngine` (an `agentlightning.Engine`) and
@@ -27,7 +27,7 @@ from agentlightning_torch.models import (
     ChatTemplate,
     HFChatTemplate,
     LoadedModel,
-    LoraSettings,
+    LoRASettings,
     MissingChatTemplateError,
     ParsedResponse,
     SFTConfig,
@@ -67,10 +67,8 @@ from agentlightning_torch.serving import (
     OpenAIEndpoint,
     RequestCancelled,
     SamplingParams,
-    Serving,
     create_app,
     generate_batch,
-    make_serving,
     merged_state_dict,
     serve_backend,
 )
@@ -78,14 +76,17 @@ from agentlightning_torch.training import (
     FullPolicies,
     IterationReport,
     LoRAPolicies,
+    Policies,
     PolicyProgress,
     PolicySettings,
     PPOConfig,
+    SinglePolicy,
     TorchEngine,
     TorchTrainer,
     TorchTrainerConfig,
     TrainedPolicies,
     make_optimizer,
+    make_serving,
     plan_micro_batches,
     policy_metric,
     ppo_update,
@@ -93,7 +94,6 @@ from agentlightning_torch.training import (
     response_logprobs,
 )
 from agentlightning_torch.vllm import (
-    VLLM_LORA_ARGS,
     VLLM_LORA_ENV,
     VLLMClient,
     VLLMError,
@@ -108,6 +108,7 @@ from agentlightning_torch.vllm import (
     WeightSyncMismatch,
     find_vllm_python,
     load_vllm_lora,
+    vllm_lora_args,
 )
 
 __version__ = "0.1.0"
@@ -116,7 +117,6 @@ __all__ = [
     "CHAT_SPECIAL_TOKENS",
     "CHAT_TOOL_TOKENS",
     "HERMES_CHAT_TEMPLATE",
-    "VLLM_LORA_ARGS",
     "VLLM_LORA_ENV",
     "BackendPoliciesServing",
     "BackendServer",
@@ -128,13 +128,14 @@ __all__ = [
     "HFChatTemplate",
     "IterationReport",
     "LoRAPolicies",
+    "LoRASettings",
     "LoadedModel",
     "LocalBackend",
-    "LoraSettings",
     "MissingChatTemplateError",
     "OpenAIEndpoint",
     "PPOConfig",
     "ParsedResponse",
+    "Policies",
     "PolicyProgress",
     "PolicySettings",
     "RequestCancelled",
@@ -142,7 +143,7 @@ __all__ = [
     "SFTExample",
     "SFTResult",
     "SamplingParams",
-    "Serving",
+    "SinglePolicy",
     "TemplateError",
     "ToolParser",
     "TorchEngine",
@@ -195,4 +196,5 @@ __all__ = [
     "tokenize_conversation",
     "tool_parser_names",
     "train_chat_tokenizer",
+    "vllm_lora_args",
 ]

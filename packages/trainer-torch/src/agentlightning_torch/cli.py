@@ -290,11 +290,11 @@ def _check_llm_used(report: Any, failure: str | None) -> None:
 
 
 def _trainer_config(plan: _Plan) -> Any:
-    from agentlightning_torch.models._lora import LoraSettings
+    from agentlightning_torch.models._lora import LoRASettings
     from agentlightning_torch.vllm._serving import VLLMSettings
 
     args = plan.spec
-    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
+    lora = LoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     return trainer_config(
         args,
         model_dir=args.model,

@@ -18,8 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from transformers import PreTrainedModel
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from agentlightning import TrainingSample
 from agentlightning_torch.models._chat_model import (
@@ -28,7 +33,6 @@ from agentlightning_torch.models._chat_model import (
     train_chat_tokenizer,
 )
 from agentlightning_torch.models._checkpoint import save_checkpoint
-from agentlightning_torch.models._gguf_write import make_tiny_gguf, write_gguf
 from agentlightning_torch.models._sft import (
     SFTConfig,
     SFTExample,
@@ -49,6 +53,9 @@ from agentlightning_torch.vllm._server import (
     find_vllm_python,
 )
 
+if TYPE_CHECKING:  # gguf is an optional dependency (the `gguf` extra): imported where a file is written
+    from gguf import GGUFWriter
+
 __all__ = [
     "CHAT_SPECIAL_TOKENS",
     "TOOL_MODEL_ANSWER",
@@ -60,7 +67,10 @@ __all__ = [
     "VLLMServer",
     "VLLMStartError",
     "add_tool_schema",
+    "byte_bpe_tokenizer",
     "find_vllm_python",
+    "gguf_tensors",
+    "llama_cpp_permute",
     "make_tiny_chat_model",
     "make_tiny_gguf",
     "make_tool_chat_model",
@@ -143,3 +153,195 @@ def policy_sample(policy: str | None, advantage: float, index: int = 0) -> Train
         step_index=0,
         policy=policy,
     )
+
+
+# ------------------------------------------------------------------------------------------- GGUF files
+# Written the way llama.cpp's ``convert_hf_to_gguf.py`` writes them, for tests of GGUF consumers (``agl model
+# import``) without a download: tensor names come from gguf's own HF -> GGUF name map; a Llama's q/k projections are
+# permuted as llama.cpp permutes them (transformers' GGUF loader undoes it); 1-D tensors (norms, biases) stay float32
+# as llama.cpp keeps them; the tokenizer is a byte-level BPE vocabulary (``tokenizer.ggml.model = gpt2``) with merges,
+# token types (CONTROL for special tokens, USER_DEFINED for other added tokens), special ids and the chat template.
+
+Architecture = Literal["llama", "qwen2"]
+
+SMOLLM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""SmolLM2's ChatML template (with a default system prompt), for `byte_bpe_tokenizer`."""
+
+_CORPUS = (
+    "Hello, how are you today? The answer is 42. What is 12 * 7? You are a tiny test model.",
+    'system user assistant: call <tool_call> with {"a": 2, "b": 3} and read the result.',
+)
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` (rotary halves -> interleaved pairs) for q (kv=None) or k."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def gguf_tensors(model: PreTrainedModel, arch: Architecture) -> dict[str, np.ndarray]:
+    """The model's tensors under their GGUF names, as float32 numpy arrays (q/k permuted for a Llama)."""
+    config: Any = model.config
+    import gguf
+
+    kinds = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}
+    names = gguf.get_tensor_name_map(kinds[arch], config.num_hidden_layers)
+    out: dict[str, np.ndarray] = {}
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # a tied head is absent from the file (transformers ties it again)
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        assert gguf_name is not None, hf_name
+        data = tensor.detach().to(torch.float32).numpy().copy()
+        if arch == "llama" and suffix == "weight" and base.endswith("self_attn.q_proj"):
+            data = llama_cpp_permute(data, config.num_attention_heads, config.num_attention_heads)
+        elif arch == "llama" and suffix == "weight" and base.endswith("self_attn.k_proj"):
+            data = llama_cpp_permute(data, config.num_attention_heads, config.num_key_value_heads)
+        out[f"{gguf_name}.{suffix}"] = data
+    return out
+
+
+def _tokenizer_fields(writer: GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:
+    from gguf import TokenType
+
+    vocab = tokenizer.get_vocab()
+    tokens = [""] * len(vocab)
+    for token, index in vocab.items():
+        tokens[index] = token
+    added = {index: token for index, token in tokenizer.added_tokens_decoder.items()}
+    types = [
+        TokenType.NORMAL if i not in added else (TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
+        for i in range(len(tokens))
+    ]
+    merges: list[Any] = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(kind) for kind in types])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    for role, add in (
+        ("bos", writer.add_bos_token_id),
+        ("eos", writer.add_eos_token_id),
+        ("unk", writer.add_unk_token_id),
+        ("pad", writer.add_pad_token_id),
+    ):
+        token_id = getattr(tokenizer, f"{role}_token_id")
+        if token_id is not None:
+            add(token_id)
+    writer.add_add_space_prefix(False)
+    writer.add_add_bos_token(False)
+    if tokenizer.chat_template:
+        writer.add_chat_template(str(tokenizer.chat_template))
+
+
+def write_gguf(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    path: Path,
+    *,
+    arch: Architecture,
+    qtype: str = "F32",
+    name: str = "tiny test model",
+) -> dict[str, np.ndarray]:
+    """Write ``model`` + ``tokenizer`` as a GGUF file; 2-D tensors get ``qtype`` (``F32``, ``Q8_0``, ``Q4_1``...,
+    quantized with ``gguf.quants``), the rest stay F32.
+
+    Returns:
+        The tensors as the file holds them after dequantizing (GGUF names, permuted as stored): what a correct
+        importer must reproduce exactly (before un-permuting).
+    """
+    import gguf
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    kind = GGMLQuantizationType[qtype]
+    config: Any = model.config
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name)
+    writer.add_license("apache-2.0")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType[f"MOSTLY_{qtype}"])
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_vocab_size(config.vocab_size)
+    _tokenizer_fields(writer, tokenizer)
+    stored: dict[str, np.ndarray] = {}
+    for gguf_name, data in gguf_tensors(model, arch).items():
+        if kind != GGMLQuantizationType.F32 and data.ndim == 2:
+            packed = gguf.quants.quantize(data, kind)
+            writer.add_tensor(gguf_name, packed, raw_dtype=kind)
+            stored[gguf_name] = gguf.quants.dequantize(packed, kind)
+        else:
+            writer.add_tensor(gguf_name, data)
+            stored[gguf_name] = data
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def byte_bpe_tokenizer(texts: tuple[str, ...] = _CORPUS, *, vocab_size: int = 420) -> PreTrainedTokenizerFast:
+    """SmolLM2's kind of tokenizer: GPT-2 byte-level BPE, ChatML specials (unk 0, bos 1, eos 2 = pad), an added tag."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # pyright: ignore[reportAttributeAccessIssue]
+    backend.decoder = decoders.ByteLevel()  # pyright: ignore[reportAttributeAccessIssue]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,  # pyright: ignore[reportCallIssue]
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],  # pyright: ignore[reportCallIssue]
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # pyright: ignore[reportCallIssue]
+        show_progress=False,  # pyright: ignore[reportCallIssue]
+    )
+    backend.train_from_iterator(list(texts) * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # pyright: ignore[reportUnknownMemberType]
+    tokenizer.chat_template = SMOLLM_TEMPLATE
+    return tokenizer
+
+
+def make_tiny_gguf(
+    path: str | Path, *, arch: Architecture = "llama", qtype: str = "F32", seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Write a tiny random chat model of ``arch`` as a GGUF file at ``path``; returns the source model and tokenizer.
+
+    A Llama gets SmolLM2's kind of tokenizer (`byte_bpe_tokenizer`), a Qwen2 Qwen2's (`train_chat_tokenizer`): the
+    pre-tokenizers transformers rebuilds for each. 64 wide, 2 layers, 4 heads sharing 2 key/value heads.
+    """
+    tokenizer: PreTrainedTokenizerFast = (
+        byte_bpe_tokenizer() if arch == "llama" else train_chat_tokenizer(_CORPUS, vocab_size=420)
+    )
+    model = build_chat_model(
+        tokenizer,
+        architecture=arch,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        max_positions=256,
+        seed=seed,
+    )
+    write_gguf(model, tokenizer, Path(path), arch=arch, qtype=qtype)
+    return model, tokenizer

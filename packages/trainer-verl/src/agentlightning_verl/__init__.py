@@ -6,24 +6,23 @@ Importing this package imports neither verl nor torch; each entry point imports 
 recipe (verl and its vLLM rollout on a CPU, for tests) is not user API: it lives in the private
 `agentlightning_verl._cpu_rehearsal`; verl's vLLM rollout as both paths run it is the private
 `agentlightning_verl._vllm_integration`, which lists every private verl / vLLM attribute they rely on. The engine serves
-through its backend's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`).
+through its runtime's `Serving` (`VLLMReplicaServing`, `ExportedWeightsServing` or `NoServing`).
 """
 
 from agentlightning_verl._config import ADV_ESTIMATORS, VerlTrainerConfig
 from agentlightning_verl._convert import SequenceTooLongError, TruncationPolicy, to_data_proto
-from agentlightning_verl._engine import VerlBackend, VerlEngine, VerlTrainer
-from agentlightning_verl._local_actor import LocalVerlActor, LocalVerlBackend
-from agentlightning_verl._ray_backend import (
+from agentlightning_verl._engine import VerlEngine, VerlRuntime, VerlTrainer
+from agentlightning_verl._local_actor import LocalVerlActor, LocalVerlRuntime
+from agentlightning_verl._ray_runtime import (
     CPU_WORKER_SETUP_HOOK,
     GPU_INSTALL_HINT,
-    RayVerlBackend,
+    RayVerlRuntime,
     cpu_ray_init_kwargs,
 )
 from agentlightning_verl._serving import (
     ExportedWeightsServing,
     LocalServer,
     NoServing,
-    Serving,
     VLLMReplicaServing,
     named_tensors_checksum,
 )
@@ -39,15 +38,14 @@ __all__ = [
     "ExportedWeightsServing",
     "LocalServer",
     "LocalVerlActor",
-    "LocalVerlBackend",
+    "LocalVerlRuntime",
     "NoServing",
-    "RayVerlBackend",
+    "RayVerlRuntime",
     "SequenceTooLongError",
-    "Serving",
     "TruncationPolicy",
     "VLLMReplicaServing",
-    "VerlBackend",
     "VerlEngine",
+    "VerlRuntime",
     "VerlTrainer",
     "VerlTrainerConfig",
     "cpu_ray_init_kwargs",

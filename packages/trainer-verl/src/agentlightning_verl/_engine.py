@@ -5,11 +5,11 @@ pause the proxy, flush → transitions + LightningRL credit → ``update`` → `
 resume); `VerlTrainer` is that loop with a `VerlEngine` built from one `VerlTrainerConfig`. The engine: ``update``
 converts the `TrainingBatch` with `to_data_proto`, recomputes ``old_log_probs`` (and entropy) with verl's actor,
 (PPO) values with the critic, advantages with verl's ``compute_advantage``, then updates critic and actor;
-``sync_weights`` pushes the new weights into the rollout servers through the backend's `Serving` (vLLM's checkpoint
+``sync_weights`` pushes the new weights into the rollout servers through the runtime's `Serving` (vLLM's checkpoint
 engine, a local server, or nothing); ``save_state``/``load_state`` are verl's own actor/critic checkpoints.
 
-The verl side sits behind the small `VerlBackend` protocol: `RayVerlBackend` (Ray worker groups on GPUs or on the
-CPU platform) or `LocalVerlBackend` (one in-process actor, no serving).
+The verl side sits behind the small `VerlRuntime` protocol: `RayVerlRuntime` (Ray worker groups on GPUs or on the
+CPU platform) or `LocalVerlRuntime` (one in-process actor, no serving).
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentlightning import Engine, IterationReport, LoopConfig, RLLoop, TrainingBatch
+from agentlightning.loop import Serving
 from agentlightning_verl._config import VerlTrainerConfig
 from agentlightning_verl._convert import to_data_proto
-from agentlightning_verl._serving import Serving
 
 if TYPE_CHECKING:
     from verl import DataProto
 
 
-__all__ = ["VerlBackend", "VerlEngine", "VerlTrainer"]
+__all__ = ["VerlEngine", "VerlRuntime", "VerlTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
-class VerlBackend(Protocol):
-    """What `VerlEngine` needs from verl; `RayVerlBackend` is the real one, `LocalVerlBackend` a one-process one."""
+class VerlRuntime(Protocol):
+    """What `VerlEngine` needs from verl; `RayVerlRuntime` is the real one, `LocalVerlRuntime` a one-process one."""
 
     @property
     def serving(self) -> Serving:
@@ -74,7 +74,7 @@ class VerlEngine(Engine):
 
     Args:
         config: Validated settings (`VerlTrainerConfig`).
-        backend: A `VerlBackend`; by default a `RayVerlBackend` (GPUs, vLLM) is built on first use. A backend passed
+        runtime: A `VerlRuntime`; by default a `RayVerlRuntime` (GPUs, vLLM) is built on first use. A runtime passed
             in stays the caller's: stopping the loop does not shut it down.
     """
 
@@ -90,37 +90,42 @@ class VerlEngine(Engine):
     )
     """``LoopConfig.policies`` is refused: see the README for what per-policy adapters would take in verl."""
 
-    def __init__(self, config: VerlTrainerConfig, *, backend: VerlBackend | None = None) -> None:
+    def __init__(self, config: VerlTrainerConfig, *, runtime: VerlRuntime | None = None) -> None:
         self.config = config
-        self._backend = backend
+        self._runtime = runtime
         self.steps = 0
         """verl updates this engine applied (verl's ``global_step`` bookkeeping in its checkpoints)."""
 
     @property
-    def backend(self) -> VerlBackend:
-        """The verl backend, built on first use (`RayVerlBackend` on GPUs unless one was given)."""
-        if self._backend is None:
-            from agentlightning_verl._ray_backend import RayVerlBackend
+    def runtime(self) -> VerlRuntime:
+        """The verl runtime, built on first use (`RayVerlRuntime` on GPUs unless one was given)."""
+        if self._runtime is None:
+            from agentlightning_verl._ray_runtime import RayVerlRuntime
 
-            self._backend = RayVerlBackend(self.config)
-        return self._backend
+            self._runtime = RayVerlRuntime(self.config)
+        return self._runtime
 
     @property
     def serving(self) -> Serving:
-        """The backend's inference servers (`VerlBackend.serving`): every server step below is this object's."""
-        return self.backend.serving
+        """The runtime's inference servers (`VerlRuntime.serving`): every server step below is this object's."""
+        return self.runtime.serving
 
     async def start_servers(self, model_version: int) -> list[str]:
         """Serve the actor's current weights as ``model_version``; returns the rollout servers' base URLs."""
         return await self.serving.start(model_version)
 
-    async def drain_servers(self, timeout_s: float) -> int:
-        """Stop what the rollout servers still generate for cancelled rollouts (vLLM: verl's abort of every
-        request, admission held until the next sync); returns the requests left (0)."""
-        return await self.serving.drain(timeout_s)
+    async def wait_servers_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the rollout servers generate nothing (`Serving.wait_idle`); returns the
+        requests left."""
+        return await self.serving.wait_idle(timeout_s)
+
+    async def abort_servers(self, timeout_s: float) -> int:
+        """Stop what the rollout servers still generate (`Serving.abort`: vLLM's replicas through verl's abort),
+        waiting at most ``timeout_s``; returns the requests left."""
+        return await self.serving.abort(timeout_s)
 
     async def stop_servers(self) -> None:
-        """`Serving.stop` (the servers verl's workers host go with the backend: ``RayVerlBackend.shutdown``)."""
+        """`Serving.stop` (the servers verl's workers host go with the runtime: ``RayVerlRuntime.shutdown``)."""
         await self.serving.stop()
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
@@ -138,7 +143,7 @@ class VerlEngine(Engine):
         from verl.utils.config import omega_conf_to_dataclass
 
         cfg = self.config
-        backend = self.backend
+        runtime = self.runtime
         data = to_data_proto(
             batch,
             max_prompt_length=cfg.max_prompt_length,
@@ -154,7 +159,7 @@ class VerlEngine(Engine):
         verl_cfg = cfg.to_verl_config()
         mask = data.batch["response_mask"].float()
         # verl's default ("decoupled") mode: the PPO anchor is the trainer's own policy, recomputed here.
-        log_probs, entropy = backend.compute_log_prob(data)
+        log_probs, entropy = runtime.compute_log_prob(data)
         data.batch["old_log_probs"] = torch.as_tensor(log_probs).float().cpu() * mask
         metrics: dict[str, float] = {f"batch/{k}": float(v) for k, v in batch.metrics.items()}
         metrics["actor/entropy"] = float(
@@ -170,7 +175,7 @@ class VerlEngine(Engine):
             metrics["rollout/logprob_diff_max"] = float(gap.max())
             metrics["rollout/logprob_diff_mean"] = float(gap.sum() / mask.sum().clamp(min=1))
         if cfg.use_critic:
-            data.batch["values"] = torch.as_tensor(backend.compute_values(data)).float().cpu()
+            data.batch["values"] = torch.as_tensor(runtime.compute_values(data)).float().cpu()
         if cfg.advantages_from == "verl":
             data = compute_advantage(
                 data,
@@ -185,8 +190,8 @@ class VerlEngine(Engine):
         metrics["batch/response_tokens"] = float(mask.sum())
         metrics["batch/reward_mean"] = float(data.batch["token_level_scores"].sum(-1).mean())
         if cfg.use_critic:
-            metrics.update(backend.update_critic(data))
-        metrics.update(backend.update_actor(data))
+            metrics.update(runtime.update_critic(data))
+        metrics.update(runtime.update_actor(data))
         self.steps += 1
         return metrics
 
@@ -200,23 +205,23 @@ class VerlEngine(Engine):
 
     def save_state(self, directory: Path) -> None:
         """verl's checkpoints of actor and critic (model, optimizer, scheduler, RNG) into ``directory/verl``."""
-        self.backend.save_checkpoint(directory / "verl", self.steps)
+        self.runtime.save_checkpoint(directory / "verl", self.steps)
 
     def load_state(self, directory: Path) -> None:
         """Restore what `save_state` wrote into the running workers."""
-        self.backend.load_checkpoint(directory / "verl")
+        self.runtime.load_checkpoint(directory / "verl")
 
 
 class VerlTrainer(RLLoop[VerlEngine]):
     """The `RLLoop` of a `VerlEngine`, both built from one `VerlTrainerConfig`.
 
     Everything loop-side (`run`, `train_iteration`, `evaluate`, `start`, `stop`, `history`, checkpoints, the LLM
-    proxy) is `RLLoop`'s own; everything verl-side is on ``trainer.engine`` (``backend``, ``update``...). `stop`
-    stops the LLM proxy; the verl backend keeps running.
+    proxy) is `RLLoop`'s own; everything verl-side is on ``trainer.engine`` (``runtime``, ``update``...). `stop`
+    stops the LLM proxy; the verl runtime keeps running.
 
     Args:
         config: Validated settings (`VerlTrainerConfig`); ``config.total_steps`` is the loop's ``iterations``.
-        backend: A `VerlBackend` for the engine (default: a `RayVerlBackend`, built on first use).
+        runtime: A `VerlRuntime` for the engine (default: a `RayVerlRuntime`, built on first use).
         loop: The loop's settings; default ``config.loop_config()`` (pass ``config.loop_config(output_dir=...,
             checkpoint_every=..., resume=True)`` to change them).
         on_iteration: Called with every training iteration's report.
@@ -229,8 +234,8 @@ class VerlTrainer(RLLoop[VerlEngine]):
         self,
         config: VerlTrainerConfig,
         *,
-        backend: VerlBackend | None = None,
+        runtime: VerlRuntime | None = None,
         loop: LoopConfig | None = None,
         on_iteration: Callable[[IterationReport], None] | None = None,
     ) -> None:
-        super().__init__(loop or config.loop_config(), VerlEngine(config, backend=backend), on_iteration=on_iteration)
+        super().__init__(loop or config.loop_config(), VerlEngine(config, runtime=runtime), on_iteration=on_iteration)

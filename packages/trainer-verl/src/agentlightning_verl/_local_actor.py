@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
     from verl import DataProto
 
-__all__ = ["LocalVerlActor", "LocalVerlBackend"]
+__all__ = ["LocalVerlActor", "LocalVerlRuntime"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,12 +191,12 @@ class LocalVerlActor:
         return _scalar_metrics(tu.get(output, "metrics"))
 
 
-class LocalVerlBackend:
-    """`VerlEngine` backend on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
+class LocalVerlRuntime:
+    """`VerlEngine` runtime on one `LocalVerlActor`: actor-only algorithms (GRPO, RLOO, REINFORCE++), no serving.
 
     It trains but serves nothing: there is no inference server to sync weights into, so its `serving` is a
     `NoServing` (no address; a sync only records the version). Use it to run `VerlEngine.update` on one device (tests,
-    debugging, offline data); `RayVerlBackend` serves rollouts.
+    debugging, offline data); `RayVerlRuntime` serves rollouts.
     """
 
     def __init__(self, actor: LocalVerlActor) -> None:
@@ -212,12 +212,12 @@ class LocalVerlBackend:
         return self.actor.compute_log_prob_and_entropy(data)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
-        """No critic here: PPO needs `RayVerlBackend`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
+        """No critic here: PPO needs `RayVerlRuntime`."""
+        raise NotImplementedError("LocalVerlRuntime has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """See `compute_values`."""
-        raise NotImplementedError("LocalVerlBackend has no critic; use algorithm grpo, rloo or reinforce_pp")
+        raise NotImplementedError("LocalVerlRuntime has no critic; use algorithm grpo, rloo or reinforce_pp")
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """See `LocalVerlActor.update`."""

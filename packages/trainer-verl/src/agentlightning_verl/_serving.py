@@ -1,11 +1,12 @@
-"""How trained weights reach the inference servers: one `Serving` protocol, one implementation per way of serving.
+"""How trained weights reach the inference servers: one implementation of core's serving contract
+(`agentlightning.loop.Serving`) per way of serving.
 
-`VerlEngine` delegates its server steps to its backend's `Serving` (``VerlBackend.serving``) whatever serves the
-rollouts: ``start_servers`` → `Serving.start`, ``drain_servers`` → `Serving.drain`, ``sync_weights`` →
-`Serving.sync`, ``iteration_metrics`` → `Serving.metrics`, ``stop_servers`` → `Serving.stop`, and `Serving.release`
-at the start of ``update`` (the proxy is paused, nothing is generating). trainer-torch has a `Serving` protocol of its
-own with the same steps (``agentlightning_torch.Serving``); a test (``tests/test_serving_contract.py``) keeps the two
-alike.
+`VerlEngine` delegates its server steps to its runtime's `Serving` (``VerlRuntime.serving``) whatever serves the
+rollouts: ``start_servers`` → `Serving.start`, ``wait_servers_idle`` → `Serving.wait_idle`, ``abort_servers`` →
+`Serving.abort`, ``sync_weights`` → `Serving.sync`, ``iteration_metrics`` → `Serving.metrics`, ``stop_servers`` →
+`Serving.stop`, and `Serving.release` at the start of ``update`` (the proxy is paused, nothing is generating).
+trainer-torch's servings implement the same protocol; ``tests/test_serving_contract.py`` runs every implementation
+it can against it.
 
 * `VLLMReplicaServing`: verl's colocated vLLM replicas. ``release`` is verl's
   ``CheckpointEngineManager.sleep_replicas`` (vLLM frees its weights and KV cache so FSDP can use the GPU); ``sync``
@@ -16,7 +17,7 @@ alike.
   ``agentlightning_torch``'s ``LocalBackend``, standing in for vLLM on a machine without GPUs): ``sync`` gathers the
   actor's full weights from verl's FSDP engine (the same generator verl feeds vLLM) and loads them, tagged with the
   version.
-* `NoServing`: nothing serves (`LocalVerlBackend`: updates only); ``sync`` records the version.
+* `NoServing`: nothing serves (`LocalVerlRuntime`: updates only); ``sync`` records the version.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import hashlib
 import inspect
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,6 @@ __all__ = [
     "ExportedWeightsServing",
     "LocalServer",
     "NoServing",
-    "Serving",
     "VLLMReplicaServing",
     "named_tensors_checksum",
 ]
@@ -64,36 +64,12 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-@runtime_checkable
-class Serving(Protocol):
-    """The inference servers behind the LLM proxy, and how the actor's weights get into them."""
-
-    async def start(self, version: int) -> list[str]:
-        """Serve the actor's current weights as ``version``; returns the servers' OpenAI-compatible base URLs (the
-        LLM proxy's backends; none where nothing serves)."""
-        ...
-
-    async def drain(self, timeout_s: float) -> int:
-        """Stop whatever the servers still generate (calls of cancelled rollouts), waiting at most ``timeout_s``;
-        returns the requests left."""
-        ...
-
-    async def sync(self, version: int) -> None:
-        """Serve the actor's current weights from now on, as model ``version`` (timings go to `metrics`)."""
-        ...
-
-    def metrics(self) -> dict[str, float]:
-        """The weight syncs' timings since the previous call."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop what `start` started (the servers verl's workers host stay: they go with the backend)."""
-        ...
-
-    def release(self) -> None:
-        """Called at the start of an update, with no request in flight and from the update's worker thread: give
-        the accelerator to the trainer if needed (synchronous: the update runs outside the event loop)."""
-        ...
+async def _wait_until_idle(running: Callable[[], int], timeout_s: float) -> int:
+    """Poll ``running()`` until it is 0 or ``timeout_s`` passed; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while (count := running()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return count
 
 
 class _Timings:
@@ -108,7 +84,11 @@ class _Timings:
         return metrics
 
     async def stop(self) -> None:
-        """Nothing to stop here: the servers belong to the backend (``RayVerlBackend.shutdown``)."""
+        """Nothing to stop here: the servers belong to the runtime (``RayVerlRuntime.shutdown``)."""
+
+    def policy_versions(self) -> dict[str, int]:
+        """Empty: one policy, whose version the proxy records from the loop."""
+        return {}
 
 
 class LocalServer(Protocol):
@@ -117,6 +97,15 @@ class LocalServer(Protocol):
     @property
     def base_url(self) -> str:
         """Its OpenAI base URL."""
+        ...
+
+    @property
+    def running(self) -> int:
+        """Requests it generates now."""
+        ...
+
+    def abort(self) -> None:
+        """Stop every request it generates now."""
         ...
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
@@ -146,10 +135,14 @@ class ExportedWeightsServing(_Timings):
         await self.sync(version)
         return self.addresses()
 
-    async def drain(self, timeout_s: float) -> int:
-        """The local server finishes its batch between calls; nothing to abort."""
-        del timeout_s
-        return 0
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the local server generates nothing; returns the requests left."""
+        return await _wait_until_idle(lambda: self.server.running, timeout_s)
+
+    async def abort(self, timeout_s: float) -> int:
+        """Stop what the local server generates and wait (at most ``timeout_s``) for it to leave."""
+        self.server.abort()
+        return await self.wait_idle(timeout_s)
 
     def release(self) -> None:
         """Nothing to release: the local server does not share an accelerator with the trainer."""
@@ -199,12 +192,22 @@ class VLLMReplicaServing(_Timings):
         await self.sync(version)
         return self.addresses()
 
-    async def drain(self, timeout_s: float) -> int:
-        """Abort whatever vLLM still generates and hold new requests until the next sync (verl's
-        ``abort_replicas``, as its partial-rollout sync does: nothing to wait for); returns the requests left (0)."""
-        del timeout_s
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until vLLM's engines hold no request (`running_requests`); returns the
+        requests left."""
+        deadline = time.monotonic() + timeout_s
+        while (count := await self.running_requests()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return count
+
+    async def abort(self, timeout_s: float) -> int:
+        """Abort whatever vLLM still generates (verl's ``abort_replicas``, as its partial-rollout sync does), wait
+        (at most ``timeout_s``) for it to leave, then let new requests in again (``resume_generation_replicas``:
+        aborting holds them); returns the requests left."""
         await _maybe_await(self.checkpoints.abort_replicas())
-        return await self.running_requests()
+        left = await self.wait_idle(timeout_s)
+        await _maybe_await(self.checkpoints.resume_generation_replicas())
+        return left
 
     async def running_requests(self) -> int:
         """Requests vLLM's engines hold now, over all replicas (needs our server class, `llm_server_manager`)."""
@@ -240,8 +243,8 @@ class VLLMReplicaServing(_Timings):
 
 
 class NoServing(_Timings):
-    """`Serving` where nothing serves (`LocalVerlBackend`: updates only): no address, nothing to drain or release;
-    `sync` records the version."""
+    """`Serving` where nothing serves (`LocalVerlRuntime`: updates only): no address, nothing to wait for, abort or
+    release; `sync` records the version."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -257,7 +260,12 @@ class NoServing(_Timings):
         await self.sync(version)
         return []
 
-    async def drain(self, timeout_s: float) -> int:
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Nothing generates."""
+        del timeout_s
+        return 0
+
+    async def abort(self, timeout_s: float) -> int:
         """Nothing generates."""
         del timeout_s
         return 0

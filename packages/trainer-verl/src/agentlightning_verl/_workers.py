@@ -11,7 +11,7 @@ our loop needs and verl does not offer:
   that is not vLLM can load them and a test can compare what is served with what was trained.
 
 This module imports verl and torch at import time; the package imports it only when Ray workers are built. In a
-Ray worker process on the CPU platform, ``install_cpu_platform`` must already have run (``RayVerlBackend`` passes it
+Ray worker process on the CPU platform, ``install_cpu_platform`` must already have run (``RayVerlRuntime`` passes it
 as Ray's ``worker_process_setup_hook``), since unpickling these classes imports verl's workers.
 """
 

@@ -23,11 +23,12 @@ class Engine(ABC):
     """A policy that can be trained and served: one RL engine behind `RLLoop`.
 
     The loop owns everything else (tasks, rollouts, the LLM proxy, transitions and credit, versions, metrics,
-    checkpoints of its own state); an engine owns the model, its optimizer and its inference servers.
+    checkpoints of its own state); an engine owns the model, its optimizer and its inference servers, and usually
+    delegates each server step to one `agentlightning.loop.Serving` (the serving contract of every trainer package).
 
-    Call order: `load_state` (on resume) → `start_servers` → per iteration: (`drain_servers`) → `update` →
-    `drain_servers` → `sync_weights` →
-    `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`. An engine must not serve the new
+    Call order: `load_state` (on resume) → `start_servers` → per iteration: (`wait_servers_idle`) → `update` →
+    `wait_servers_idle` → `sync_weights` → `iteration_metrics` → ... → `save_state` (checkpoints) → `stop_servers`;
+    `abort_servers` after a `wait_servers_idle` that timed out. An engine must not serve the new
     weights before `sync_weights`. Synchronously (``LoopConfig.max_staleness == 0``) the loop pauses the LLM proxy
     (no request in flight) before `update` and resumes it after `sync_weights`, so an engine may put its inference
     servers to sleep while it trains (colocated vLLM). With ``max_staleness`` k > 0 the proxy keeps serving the
@@ -62,13 +63,23 @@ class Engine(ABC):
     async def stop_servers(self) -> None:  # noqa: B027 - optional hook; engines without servers keep the default
         """Stop the inference servers (default: nothing to stop)."""
 
-    async def drain_servers(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the inference servers generate nothing; returns the requests still
-        generating (0: idle).
+    async def wait_servers_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the inference servers generate nothing (`Serving.wait_idle`: nothing
+        is stopped); returns the requests still generating (0: idle).
 
         The loop calls it once the proxy has aborted the calls of cancelled rollouts and drained, before `update`
         (synchronous loop) and before `sync_weights`: an aborted request may take a moment to leave the server, and
         none may still generate when the weights change. Default: 0 (an engine without servers of its own).
+        """
+        del timeout_s
+        return 0
+
+    async def abort_servers(self, timeout_s: float) -> int:
+        """Stop every request the inference servers still generate (`Serving.abort`), waiting at most ``timeout_s``
+        for them to leave; returns the requests left.
+
+        The loop calls it when `wait_servers_idle` timed out (a straggler the proxy gave up on): the weights must
+        not change under a generating request. Default: 0 (an engine without servers of its own).
         """
         del timeout_s
         return 0

@@ -8,12 +8,12 @@ One iteration:
    would train on a stale policy) and have the proxy abort their calls in flight, so the backend stops generating
    them before the weights change;
 3. pause the LLM proxy (refuse new calls, drain those in flight), wait until the engine's servers generate nothing
-   (`Engine.drain_servers`), and flush the proxy's records;
+   (`Engine.wait_servers_idle`), and flush the proxy's records;
 4. spans + the proxy's token records → transitions → LightningRL credit → advantages (`build_batch_from_results`,
    with staleness metrics against the current model version);
 5. ``engine.update(batch)`` in a worker thread;
-6. ``engine.drain_servers`` again, then ``engine.sync_weights(version + 1)``: the inference servers now serve the new
-   weights as the new version;
+6. ``engine.wait_servers_idle`` again, then ``engine.sync_weights(version + 1)``: the inference servers now serve the
+   new weights as the new version;
 7. publish the new resources (sampling and greedy), resume the proxy with the new version recorded for backends
    that do not report one;
 8. report: one `IterationReport` appended to ``metrics.jsonl``, passed to ``on_iteration``; checkpoint every
@@ -393,15 +393,26 @@ class RLLoop(Generic[EngineT]):
             logger.warning("iteration %d: %s; training anyway", self.iteration, error)
 
     async def _drain(self, before: str) -> None:
-        """Wait for the engine's servers to stop generating (aborted calls leaving them) before ``before``."""
-        running = await self.engine.drain_servers(self.config.proxy.pause_timeout_s)
+        """Wait for the engine's servers to stop generating (aborted calls leaving them) before ``before``; abort what
+        still generates after ``pause_timeout_s`` (a straggler the proxy gave up on)."""
+        timeout_s = self.config.proxy.pause_timeout_s
+        running = await self.engine.wait_servers_idle(timeout_s)
         if running:
             logger.warning(
-                "iteration %d: %d request(s) still generating in the inference server before %s (pause_timeout_s=%.0f)",
+                "iteration %d: %d request(s) still generating in the inference server before %s after %.0f s "
+                "(pause_timeout_s): aborting them",
                 self.iteration,
                 running,
                 before,
-                self.config.proxy.pause_timeout_s,
+                timeout_s,
+            )
+            running = await self.engine.abort_servers(timeout_s)
+        if running:
+            logger.warning(
+                "iteration %d: %d request(s) still generating in the inference server before %s after the abort",
+                self.iteration,
+                running,
+                before,
             )
 
     def _iteration_runs(self, iteration: int) -> bool:

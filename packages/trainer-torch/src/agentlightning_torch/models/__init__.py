@@ -50,7 +50,7 @@ from agentlightning_torch.models._loading import (
     eos_token_ids,
     load_model,
 )
-from agentlightning_torch.models._lora import LoraSettings, apply_lora, is_lora
+from agentlightning_torch.models._lora import LoRASettings, apply_lora, is_lora
 from agentlightning_torch.models._sft import (
     SFTConfig,
     SFTExample,
@@ -82,8 +82,8 @@ __all__ = [
     "GGUFImportResult",
     "GGUFInfo",
     "HFChatTemplate",
+    "LoRASettings",
     "LoadedModel",
-    "LoraSettings",
     "MissingChatTemplateError",
     "ModelFetchError",
     "PackagedModel",

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LoraSettings", "apply_lora", "is_lora"]
+__all__ = ["LORAS_FOLDER", "LoRASettings", "adapter_folder", "apply_lora", "is_lora"]
+
+LORAS_FOLDER = "adapters"
+"""A folder of LoRA adapters (a multi-policy checkpoint's, or one handed to vLLM): one ``save_pretrained`` folder per
+adapter under it."""
 
 
-class LoraSettings(BaseModel):
+class LoRASettings(BaseModel):
     """LoRA adapters (needs ``peft``: ``pip install 'agentlightning-torch[lora]'``).
 
     Attributes:
@@ -32,7 +37,7 @@ class LoraSettings(BaseModel):
     serve: Literal["merged", "adapter"] = "merged"
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, settings: LoRASettings) -> torch.nn.Module:
     """Wrap ``model`` with LoRA adapters; only the adapters stay trainable.
 
     Raises:
@@ -55,3 +60,10 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
 def is_lora(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a PEFT model (LoRA adapters over a frozen base)."""
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def adapter_folder(directory: Path, name: str) -> Path:
+    """Where ``directory`` keeps adapter ``name`` under `LORAS_FOLDER` (what peft's ``save_pretrained`` writes)."""
+    root = directory / LORAS_FOLDER
+    # peft writes the first selected adapter named "default" at the root, any other under its name
+    return root if name == "default" else root / name

@@ -168,6 +168,7 @@ class LocalBackend:
         self._inflight = 0  # sequences admitted and not finished (the worker's count)
         self._swaps_waiting = 0
         self._cancelled: set[Future[GenerationResult]] = set()  # requests whose client left: dropped by the worker
+        self._abort_all = False  # `abort`: the worker drops every request it holds before its next step
         self._condition = threading.Condition()
         self._weights_lock = threading.Lock()
         self._paused = False
@@ -279,6 +280,14 @@ class LocalBackend:
         """
         with self._condition:
             self._cancelled.update(f for f in futures if not f.done())
+            self._condition.notify_all()
+
+    def abort(self) -> None:
+        """Stop every request the backend holds, queued or generating: before its next decode step the worker drops
+        them all (a request submitted meanwhile too), their futures fail with `RequestCancelled` (queued ones are
+        cancelled) and `running` drops to 0; requests submitted after that are served as usual."""
+        with self._condition:
+            self._abort_all = True
             self._condition.notify_all()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
@@ -393,7 +402,7 @@ class LocalBackend:
         """Under the condition: block until there is something to do; ``None`` when stopping."""
         with self._condition:
             while True:
-                if self._cancelled:
+                if self._cancelled or self._abort_all:
                     self._drop_cancelled(batch)
                 self._inflight = len(batch.rows) + len(self._resumed)
                 if not self._running:
@@ -412,6 +421,10 @@ class LocalBackend:
     def _drop_cancelled(self, batch: DecodeBatch) -> None:
         """Under the condition, in the worker: remove cancelled requests from the queue, the evicted and the batch."""
         cancelled, self._cancelled = self._cancelled, set()
+        if self._abort_all:
+            self._abort_all = False
+            held = [job.future for job in self._queue] + [s.tag.future for s in [*self._resumed, *batch.rows]]
+            cancelled.update(held)
         self._queue = deque(job for job in self._queue if job.future not in cancelled or not job.future.cancel())
         dropped = [s for s in self._resumed if s.tag.future in cancelled]
         self._resumed = deque(s for s in self._resumed if s.tag.future not in cancelled)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,14 +23,42 @@ from agentlightning.proxy import register_backend, unregister_backend
 from agentlightning_torch.models._checkpoint import merged_model
 from agentlightning_torch.serving._backend import LocalBackend, merged_state_dict
 from agentlightning_torch.serving._endpoint import OpenAIEndpoint
-from agentlightning_torch.serving._policy_endpoint import FullBackends, PolicyEndpoint
+from agentlightning_torch.serving._policy_endpoint import FullBackends, FullWeights, PolicyEndpoint
 from agentlightning_torch.serving._server import BackendServer
 
-if TYPE_CHECKING:
-    from agentlightning_torch.training._policy_set import TrainedPolicies
-    from agentlightning_torch.training._trainer_config import TorchTrainerConfig
+__all__ = ["BackendPoliciesServing", "BackendServing", "BackendSettings", "ServedPolicies", "served_state_dict"]
 
-__all__ = ["BackendPoliciesServing", "BackendServing", "BackendSettings", "served_state_dict"]
+
+class _Adapters(Protocol):
+    @property
+    def names(self) -> Sequence[str]: ...
+
+    @property
+    def updated(self) -> Sequence[str]: ...
+
+
+class ServedPolicies(Protocol):
+    """What `BackendPoliciesServing` needs of the trained policies (``agentlightning_torch.TrainedPolicies``)."""
+
+    @property
+    def base(self) -> torch.nn.Module:
+        """The frozen base (the peft model holding every adapter, when there are adapters)."""
+        ...
+
+    @property
+    def lora(self) -> _Adapters | None:
+        """The LoRA policies (their names, and those the last update changed); ``None``: none."""
+        ...
+
+    @property
+    def full(self) -> FullWeights | None:
+        """The full-weight policies; ``None``: none."""
+        ...
+
+    @property
+    def updated(self) -> Sequence[str]:
+        """The policies the last update changed."""
+        ...
 
 
 def served_state_dict(policy: torch.nn.Module, adapter: bool) -> dict[str, torch.Tensor]:
@@ -42,7 +70,8 @@ def served_state_dict(policy: torch.nn.Module, adapter: bool) -> dict[str, torch
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """How the trainer's `LocalBackend` s are built and reached (the `TorchTrainerConfig` fields they use).
+    """How the trainer's `LocalBackend` s are built and reached (``agentlightning_torch.training.backend_settings``
+    reads them from a `TorchTrainerConfig`).
 
     Attributes:
         tokenizer: The model's tokenizer.
@@ -57,20 +86,6 @@ class BackendSettings:
     model_name: str
     http: bool
     options: dict[str, Any]
-
-    @classmethod
-    def of(cls, config: TorchTrainerConfig, tokenizer: Any, generation_config: Any) -> BackendSettings:
-        """The settings ``config`` gives."""
-        options = {
-            "device": config.device,
-            "max_batch_size": config.max_batch_size,
-            "batch_wait_ms": config.batch_wait_ms,
-            "max_batch_wait_ms": config.max_batch_wait_ms,
-            "num_threads": config.num_threads,
-            "seed": config.seed,
-            "tool_parser": config.tool_parser,
-        }
-        return cls(tokenizer, generation_config, config.model_name, config.backend_http, options)
 
     def build(self, model: Any, model_name: str) -> LocalBackend:
         """A `LocalBackend` serving a copy of ``model`` as ``model_name``."""
@@ -113,13 +128,23 @@ class _BackendServingBase:
             raise RuntimeError("the backend is not started; call `await loop.start(store)` first")
         return self.backend
 
-    async def drain(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the calls the proxy aborted have left every backend's batch; returns
-        the sequences still generating."""
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until every backend's batch is empty (requests finish, or leave when their
+        client cancels them); returns the sequences still generating."""
         deadline = time.monotonic() + timeout_s
         while any(b.running for b in self._backends()) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the decode thread drops aborted rows before its next step
         return sum(b.running for b in self._backends())
+
+    async def abort(self, timeout_s: float) -> int:
+        """Stop every request the backends hold (`LocalBackend.abort`) and wait (at most ``timeout_s``) for them to
+        leave; returns the sequences left."""
+        for backend in self._backends():
+            backend.abort()
+        return await self.wait_idle(timeout_s)
+
+    def release(self) -> None:
+        """Nothing to release: the backends generate with their own copy of the weights."""
 
     def metrics(self) -> dict[str, float]:
         """Admission groups and their mean size, decode steps and their mean rows, generation time (wall and the
@@ -205,7 +230,7 @@ class BackendPoliciesServing(_BackendServingBase):
         trained: The run's trained policies.
     """
 
-    def __init__(self, settings: BackendSettings, trained: TrainedPolicies) -> None:
+    def __init__(self, settings: BackendSettings, trained: ServedPolicies) -> None:
         super().__init__(settings)
         self.trained = trained
         self.full_backends: FullBackends | None = None
@@ -242,7 +267,7 @@ class BackendPoliciesServing(_BackendServingBase):
         for name in trained.lora.updated if trained.lora is not None else []:
             await asyncio.to_thread(backend.load_lora, name, trained.base, version=version)
         if self.full_backends is not None:
-            await self.full_backends.sync(trained.updated, version)
+            await self.full_backends.sync(list(trained.updated), version)
 
     async def stop(self) -> None:
         """Stop the base backend and every full-weight policy's backend."""

@@ -10,17 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
 
 from agentlightning.proxy import InProcessReply
 from agentlightning_torch.serving._backend import LocalBackend
 from agentlightning_torch.serving._endpoint import OpenAIEndpoint
 
-if TYPE_CHECKING:
-    from agentlightning_torch.training._full_policies import FullPolicies
+__all__ = ["FullBackends", "FullWeights", "PolicyEndpoint"]
 
-__all__ = ["FullBackends", "PolicyEndpoint"]
+
+class FullWeights(Protocol):
+    """What serving needs of the full-weight policies (``agentlightning_torch.FullPolicies``)."""
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Every full-weight policy's name."""
+        ...
+
+    @property
+    def models(self) -> Mapping[str, torch.nn.Module]:
+        """Per policy, its model (a copy of the base of its own)."""
+        ...
+
+    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        """Policy ``name``'s weights, detached (what its backend loads at a sync)."""
+        ...
 
 
 def _requested_model(body: bytes) -> str | None:
@@ -74,7 +91,7 @@ class FullBackends:
         version: The model version every backend reports at the start.
     """
 
-    def __init__(self, policies: FullPolicies, make_backend: Callable[[Any, str], LocalBackend], version: int) -> None:
+    def __init__(self, policies: FullWeights, make_backend: Callable[[Any, str], LocalBackend], version: int) -> None:
         self.policies = policies
         self.backends: dict[str, LocalBackend] = {}
         """Per policy, its backend (serving it under the policy's name)."""

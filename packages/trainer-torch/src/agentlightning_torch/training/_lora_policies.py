@@ -20,17 +20,14 @@ from typing import Any
 import torch
 
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LORAS_FOLDER, LoRASettings, adapter_folder
 from agentlightning_torch.training._policy_progress import PolicyProgress, lora_drift
 from agentlightning_torch.training._policy_settings import PolicySettings, trained_names
 from agentlightning_torch.training._ppo import PPOConfig, ppo_update
 
-__all__ = ["LORAS_FOLDER", "LoRAPolicies", "policy_metric", "watch_progress"]
+__all__ = ["LoRAPolicies", "policy_metric", "watch_progress"]
 
 logger = logging.getLogger(__name__)
-
-LORAS_FOLDER = "adapters"
-"""A multi-policy checkpoint's folder of adapters: one ``save_pretrained`` folder per policy under it."""
 
 _OPTIMIZERS_FILE = "policy_optimizers.pt"
 
@@ -40,7 +37,7 @@ def policy_metric(policy: str, name: str) -> str:
     return f"policy/{policy}/{name}"
 
 
-def _lora_config(settings: LoraSettings) -> Any:
+def _lora_config(settings: LoRASettings) -> Any:
     try:
         from peft import LoraConfig
     except ImportError as error:
@@ -198,9 +195,7 @@ class LoRAPolicies:
     @staticmethod
     def lora_folder(directory: Path, name: str) -> Path:
         """Where a checkpoint keeps adapter ``name`` (what peft's ``save_pretrained`` writes for it)."""
-        root = directory / LORAS_FOLDER
-        # peft writes the first selected adapter named "default" at the root, any other under its name
-        return root if name == "default" else root / name
+        return adapter_folder(directory, name)
 
 
 def split_by_policy(batch: TrainingBatch) -> dict[str, list[TrainingSample]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -108,11 +109,14 @@ class TrainedPolicies:
         metrics["samples_untrained"] = float(sum(len(v) for v in groups.values()))
         return metrics
 
-    def save(self, directory: Path) -> None:
-        """Every policy: adapters as `LoRAPolicies.save` writes them, full weights as `FullPolicies.save`."""
+    def save(self, directory: Path, tokenizer: Any = None) -> None:
+        """Every policy: adapters as `LoRAPolicies.save` writes them, full weights as `FullPolicies.save`; and
+        ``tokenizer`` (if given) at the top."""
         for kind in (self.lora, self.full):
             if kind is not None:
                 kind.save(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
 
     def load(self, directory: Path, device: str | torch.device = "cpu") -> None:
         """Restore every policy `save` wrote (weights, optimizers, skip counts)."""

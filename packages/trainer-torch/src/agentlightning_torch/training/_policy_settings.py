@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentlightning_torch.models._lora import LoraSettings
+from agentlightning_torch.models._lora import LoRASettings
 from agentlightning_torch.training._ppo import PPOConfig
 
 __all__ = ["LORA_LR_SCALE", "PolicySettings", "parse_policy_settings", "trained_names"]
@@ -48,7 +48,7 @@ class PolicySettings(BaseModel):
         lr: AdamW learning rate of the policy (default: `LORA_LR_SCALE` x ``PPOConfig.lr`` for a LoRA policy,
             ``PPOConfig.lr`` for a full one).
         kl_coef: Weight of the KL penalty to the frozen base (default: ``PPOConfig.kl_coef``).
-        lora: The adapter's rank, alpha and target modules (default: ``PPOConfig.lora``, else `LoraSettings`); must be
+        lora: The adapter's rank, alpha and target modules (default: ``PPOConfig.lora``, else `LoRASettings`); must be
             unset for a full policy.
 
     Example:
@@ -61,7 +61,7 @@ class PolicySettings(BaseModel):
     weights: Literal["lora", "full"] = "lora"
     lr: float | None = Field(default=None, gt=0)
     kl_coef: float | None = Field(default=None, ge=0)
-    lora: LoraSettings | None = None
+    lora: LoRASettings | None = None
 
     @model_validator(mode="after")
     def _full_has_no_lora(self) -> PolicySettings:
@@ -76,9 +76,9 @@ class PolicySettings(BaseModel):
         kl = self.kl_coef if self.kl_coef is not None else run.kl_coef
         return run.model_copy(update={"lr": lr, "kl_coef": kl})
 
-    def lora_settings(self, run: PPOConfig) -> LoraSettings:
+    def lora_settings(self, run: PPOConfig) -> LoRASettings:
         """This policy's adapter shape."""
-        return self.lora or run.lora or LoraSettings()
+        return self.lora or run.lora or LoRASettings()
 
     def describe(self, run: PPOConfig) -> dict[str, Any]:
         """The settings in use, resolved (what a run reports per policy)."""
@@ -109,7 +109,7 @@ def parse_policy_settings(entries: Iterable[str], run: PPOConfig | None = None) 
     Raises:
         ValueError: One line naming the entry: not ``POLICY:KEY=VALUE``, an unknown key, or a bad value.
     """
-    base_lora = (run.lora if run is not None else None) or LoraSettings()
+    base_lora = (run.lora if run is not None else None) or LoRASettings()
     raw: dict[str, dict[str, Any]] = {}
     for entry in entries:
         policy, sep, body = entry.partition(":")
@@ -131,11 +131,11 @@ def parse_policy_settings(entries: Iterable[str], run: PPOConfig | None = None) 
     return {policy: _settings(policy, fields, base_lora) for policy, fields in raw.items()}
 
 
-def _settings(policy: str, fields: Mapping[str, Any], base_lora: LoraSettings) -> PolicySettings:
+def _settings(policy: str, fields: Mapping[str, Any], base_lora: LoRASettings) -> PolicySettings:
     lora_keys = {"r", "alpha", "target_modules"}
     lora_fields = {k: v for k, v in fields.items() if k in lora_keys}
     try:
-        lora = LoraSettings(**{**base_lora.model_dump(), **lora_fields}) if lora_fields else None
+        lora = LoRASettings(**{**base_lora.model_dump(), **lora_fields}) if lora_fields else None
         weights = fields.get("weights", "lora")
         return PolicySettings(weights=weights, lr=fields.get("lr"), kl_coef=fields.get("kl_coef"), lora=lora)
     except ValidationError as error:

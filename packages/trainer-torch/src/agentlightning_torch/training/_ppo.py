@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning import TrainingBatch, TrainingSample
-from agentlightning_torch.models._lora import LoraSettings, apply_lora, is_lora
+from agentlightning_torch.models._lora import LoRASettings, apply_lora, is_lora
 from agentlightning_torch.training._offpolicy import check_behaviour_logprobs, truncated_importance_weights
 
 __all__ = [
@@ -86,7 +86,7 @@ class PPOConfig(BaseModel):
     activation_memory_gib: float | None = Field(default=None, gt=0)
     mini_batch_size: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=1, ge=1)
-    lora: LoraSettings | None = None
+    lora: LoRASettings | None = None
     gradient_checkpointing: bool = False
     bf16: bool = True
     num_threads: int | None = Field(default=1, ge=1)

@@ -13,20 +13,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from agentlightning import Engine, IterationReport, RLLoop, TrainingBatch
-from agentlightning.loop import BEST_CHECKPOINT
-from agentlightning_torch.models._checkpoint import load_lora_weights, load_trainer_state, save_checkpoint
+from agentlightning.loop import Serving
 from agentlightning_torch.models._loading import load_model
 from agentlightning_torch.models._lora import is_lora
-from agentlightning_torch.serving._local import served_state_dict
-from agentlightning_torch.serving._serving import Serving, make_serving
 from agentlightning_torch.training._lora_policies import LoRAPolicies
+from agentlightning_torch.training._policies import Policies, SinglePolicy
 from agentlightning_torch.training._policy_set import TrainedPolicies
-from agentlightning_torch.training._ppo import make_optimizer, ppo_update, prepare_policy
+from agentlightning_torch.training._ppo import make_optimizer, prepare_policy
+from agentlightning_torch.training._serving_choice import make_serving
 from agentlightning_torch.training._trainer_config import TorchTrainerConfig
 
 __all__ = ["IterationReport", "TorchEngine", "TorchTrainer"]
@@ -66,19 +64,22 @@ class TorchEngine(Engine):
         self.loras: LoRAPolicies | None = None
         """The LoRA policies (served together by one backend, or by vLLM's multi-LoRA serving)."""
         self.policies_unsupported = None if config.policies else "TorchTrainerConfig.policies is not set"
+        self.policies: Policies
+        """What `update`, `save_state` and `load_state` act on: the `TrainedPolicies`, or one `SinglePolicy`."""
         if config.policies is not None:
             trained = TrainedPolicies(loaded.model, config.policies.trained, self.ppo, config.policy_settings)
-            self.trained, self.loras = trained, trained.lora
+            self.trained, self.loras, self.policies = trained, trained.lora, trained
             self.policy: torch.nn.Module = trained.base
             self.optimizer = next(iter(trained.optimizers.values()))
         else:
             self.policy = prepare_policy(loaded.model, config.ppo)
             self.optimizer = make_optimizer(self.policy, config.ppo)
-        # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
-        # with the adapters switched off (no copy at all).
-        self.ref_model: torch.nn.Module | None = None
-        if config.ppo.kl_coef > 0 and self.trained is None and not is_lora(self.policy):
-            self.ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
+            # The KL penalty's reference exists only when the penalty does; a LoRA policy's reference is its own base
+            # with the adapters switched off (no copy at all).
+            ref_model = None
+            if config.ppo.kl_coef > 0 and not is_lora(self.policy):
+                ref_model = load_model(config.model_dir, device=config.device).model.requires_grad_(False)
+            self.policies = SinglePolicy(self.policy, self.optimizer, self.ppo, ref_model)
         self.serving: Serving = make_serving(
             config,
             policy=self.policy,
@@ -100,27 +101,20 @@ class TorchEngine(Engine):
         """Stop the servers (`Serving.stop`): the backends, or a vLLM server the trainer launched."""
         await self.serving.stop()
 
-    async def drain_servers(self, timeout_s: float) -> int:
-        """Wait (at most ``timeout_s``) until the servers generate nothing (`Serving.drain`): the calls the proxy
+    async def wait_servers_idle(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until the servers generate nothing (`Serving.wait_idle`): the calls the proxy
         aborted have left `LocalBackend`'s batch, or vLLM's ``vllm:num_requests_running`` is 0; returns the requests
         still running."""
-        return await self.serving.drain(timeout_s)
+        return await self.serving.wait_idle(timeout_s)
+
+    async def abort_servers(self, timeout_s: float) -> int:
+        """Stop what the servers still generate (`Serving.abort`), waiting at most ``timeout_s``; returns the requests
+        left."""
+        return await self.serving.abort(timeout_s)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         """One PPO step on ``batch`` (the `Engine` contract); with policies, one per policy with samples."""
-        if self.trained is not None:
-            return self.trained.update(batch, self.config.device)
-        return ppo_update(self.policy, self.optimizer, batch, self.ppo, self.config.device, ref_model=self.ref_model)
-
-    @property
-    def serves_lora(self) -> bool:
-        """Whether the backend serves the LoRA adapter on its base (else a plain model with the adapter merged)."""
-        lora = self.config.ppo.lora
-        return lora is not None and lora.serve == "adapter"
-
-    def served_weights(self) -> dict[str, torch.Tensor]:
-        """The state dict the local backend loads at a sync: the PEFT model's own, or the merged plain model's."""
-        return served_state_dict(self.policy, self.serves_lora)
+        return self.policies.update(batch, self.config.device)
 
     async def sync_weights(self, version: int) -> None:
         """Load the updated weights into the servers, which report ``version`` from now on (`Serving.sync`).
@@ -147,27 +141,11 @@ class TorchEngine(Engine):
         With policies: every adapter as ``adapters/<policy>/`` (``save_pretrained``) with every optimizer's state,
         every full-weight policy as ``policies/<policy>/`` (``save_pretrained`` and ``optimizer.pt``),
         and the tokenizer. The best checkpoint inside it (``best/``) is kept."""
-        if self.trained is not None:
-            self.trained.save(directory)
-            self.tokenizer.save_pretrained(str(directory))
-            return
-        state = {"optimizer": self.optimizer.state_dict()}
-        save_checkpoint(self.policy, self.tokenizer, directory, state, keep=(BEST_CHECKPOINT,))
+        self.policies.save(directory, self.tokenizer)
 
     def load_state(self, directory: Path) -> None:
         """Load the weights (or LoRA adapter) and optimizer state `save_state` wrote (with policies: all of them)."""
-        if self.trained is not None:
-            self.trained.load(directory, self.config.device)
-            return
-        if is_lora(self.policy):
-            load_lora_weights(self.policy, directory)
-        else:
-            saved: Any = load_model(directory, device=self.config.device).model
-            self.policy.load_state_dict(saved.state_dict())
-        state = load_trainer_state(directory, self.config.device)
-        if state is None:
-            raise FileNotFoundError(f"{directory} has no trainer state: not a checkpoint written by TorchEngine")
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.policies.load(directory, self.config.device)
 
 
 class TorchTrainer(RLLoop[TorchEngine]):

@@ -66,7 +66,7 @@ class TorchTrainerConfig(BaseModel):
         vllm: How vLLM runs and syncs (``backend="vllm"`` only).
         policies: One LoRA adapter per policy on one base model (`agentlightning.PolicyMap`: agent names or
             patterns -> policy; ``frozen`` is the untrained base). Each trained policy gets its own adapter (rank and
-            targets from ``ppo.lora``, or `LoraSettings`' defaults), its own optimizer and its own samples; the
+            targets from ``ppo.lora``, or `LoRASettings`' defaults), its own optimizer and its own samples; the
             backend serves every adapter beside the base (`LocalBackend`, or vLLM's multi-LoRA serving, each adapter
             loaded in place after its update and verified by log-probs). ``None``: one shared policy.
         policy_settings: Per trained policy, a LoRA adapter or full weights of its own, its own learning rate, KL

@@ -19,6 +19,7 @@ import aiohttp
 from agentlightning.vllm_worker_files import VLLM_WORKER_DIR, VLLM_WORKER_EXTENSION
 
 __all__ = [
+    "DEV_MODE_ENV",
     "EXTENSION_DIR",
     "WORKER_EXTENSION",
     "VLLMClient",
@@ -26,6 +27,9 @@ __all__ = [
     "extension_launch",
     "running_requests",
 ]
+
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+"""The environment that turns on vLLM's development endpoints (``/collective_rpc``, ``/abort_requests``)."""
 
 EXTENSION_DIR = VLLM_WORKER_DIR
 """The folder holding the standalone worker-extension module (no ``agentlightning`` imports), shipped by the core
@@ -44,7 +48,7 @@ def extension_launch(env: Mapping[str, str] | None = None) -> tuple[list[str], d
     source = os.environ if env is None else env
     path = source.get("PYTHONPATH", "")
     pythonpath = str(EXTENSION_DIR) + (os.pathsep + path if path else "")
-    return ["--worker-extension-cls", WORKER_EXTENSION], {"PYTHONPATH": pythonpath, "VLLM_SERVER_DEV_MODE": "1"}
+    return ["--worker-extension-cls", WORKER_EXTENSION], {"PYTHONPATH": pythonpath, **DEV_MODE_ENV}
 
 
 def running_requests(metrics_text: str) -> int:
@@ -91,7 +95,18 @@ class VLLMClient:
             raise VLLMError(f"vLLM at {self.url} answered {status} to GET /metrics: {text[:300]}")
         return running_requests(text)
 
-    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> int:
+    async def abort(self) -> None:
+        """Abort every request vLLM holds (``POST /abort_requests`` without ids; vLLM's RL endpoints, served with
+        ``VLLM_SERVER_DEV_MODE=1``); new requests are served as before.
+
+        Raises:
+            VLLMError: vLLM refused the call.
+        """
+        status, text = await self._request("POST", "/abort_requests", {})
+        if status != 200:
+            raise VLLMError(f"vLLM at {self.url} answered {status} to POST /abort_requests: {text[:300]}")
+
+    async def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> int:
         """Wait until vLLM generates nothing (at most ``timeout_s``); returns the requests still running (0 = idle)."""
         deadline = time.monotonic() + timeout_s
         while True:

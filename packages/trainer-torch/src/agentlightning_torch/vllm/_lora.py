@@ -17,13 +17,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-__all__ = ["VLLM_LORA_ARGS", "VLLM_LORA_ENV", "VLLMLoRAError", "load_vllm_lora", "vllm_lora_args"]
+__all__ = ["VLLM_LORA_ENV", "VLLMLoRAError", "load_vllm_lora", "vllm_lora_args"]
 
 VLLM_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 """The environment vLLM needs to load adapters at run time."""
-
-VLLM_LORA_ARGS = ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "16")
-"""vLLM flags for serving up to four adapters of rank up to 16 beside the base model."""
 
 
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts (besides 1)

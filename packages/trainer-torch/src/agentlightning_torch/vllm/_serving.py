@@ -11,7 +11,7 @@ Several policies (`LoRAPolicies`: one LoRA adapter per policy on a frozen base) 
 serving (`VLLMLoRAServing`): a launched server gets ``--enable-lora`` and runtime adapter loading instead of the
 weight-sync extension, and each policy's adapter is loaded under its name, verified by log-probs (`VLLMLoRASync`);
 the proxy records each policy's version from `policy_versions`. One policy is `VLLMWeightsServing`. Both are the
-engine's `agentlightning_torch.serving._serving.Serving`.
+engine's `agentlightning.loop.Serving`.
 """
 
 from __future__ import annotations
@@ -20,23 +20,19 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentlightning_torch.serving._backend import merged_state_dict
-from agentlightning_torch.training._lora_policies import LoRAPolicies
-from agentlightning_torch.vllm._client import VLLMClient, VLLMError, extension_launch
+from agentlightning_torch.vllm._client import DEV_MODE_ENV, VLLMClient, VLLMError, extension_launch
 from agentlightning_torch.vllm._lora import VLLM_LORA_ENV, vllm_lora_args
-from agentlightning_torch.vllm._lora_sync import VLLMLoRASync
+from agentlightning_torch.vllm._lora_sync import LoRAAdapters, VLLMLoRASync
 from agentlightning_torch.vllm._server import VLLMServer
 from agentlightning_torch.vllm._weight_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
-if TYPE_CHECKING:
-    from agentlightning_torch.training._trainer_config import TorchTrainerConfig
-
-__all__ = ["VLLMLoRAServing", "VLLMModel", "VLLMSettings", "VLLMWeightsServing", "vllm_model"]
+__all__ = ["VLLMLoRAServing", "VLLMModel", "VLLMSettings", "VLLMWeightsServing"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +77,8 @@ class VLLMSettings(BaseModel):
 
 @dataclass(frozen=True)
 class VLLMModel:
-    """The model a vLLM `Serving` serves, and how (what `vllm_model` reads from a `TorchTrainerConfig`).
+    """The model a vLLM serving serves, and how (``agentlightning_torch.training.vllm_model`` reads it from a
+    `TorchTrainerConfig`).
 
     Attributes:
         settings: The vLLM settings.
@@ -100,13 +97,6 @@ class VLLMModel:
     device: str
     tokenizer: Any
     vocab_size: int
-
-
-def vllm_model(config: TorchTrainerConfig, tokenizer: Any, vocab_size: int) -> VLLMModel:
-    """The `VLLMModel` of a ``backend="vllm"`` config."""
-    return VLLMModel(
-        config.vllm, config.model_dir, config.model_name, config.tool_parser, config.device, tokenizer, vocab_size
-    )
 
 
 class _VLLMServingBase:
@@ -160,7 +150,8 @@ class _VLLMServingBase:
     async def _launch(self) -> None:
         """Launch a server for the model folder unless one is given by ``url`` (or already launched)."""
         if self.settings.url is None and self.server is None:
-            env = dict(VLLM_LORA_ENV) if self.lora is not None else extension_launch()[1]
+            # dev mode either way: `abort` needs POST /abort_requests (the weight-sync extension's launch sets it)
+            env = {**VLLM_LORA_ENV, **DEV_MODE_ENV} if self.lora is not None else extension_launch()[1]
             server = VLLMServer(
                 self.model.model_dir,
                 served_model_name=self.model.model_name,
@@ -182,11 +173,23 @@ class _VLLMServingBase:
         client = self._client()
         return 0 if client is None else await client.running()
 
-    async def drain(self, timeout_s: float) -> int:
+    async def wait_idle(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until vLLM generates nothing (its ``vllm:num_requests_running`` is 0);
         returns the requests still running."""
         client = self._client()
-        return 0 if client is None else await client.drain(timeout_s)
+        return 0 if client is None else await client.wait_idle(timeout_s)
+
+    async def abort(self, timeout_s: float) -> int:
+        """Abort every request vLLM holds (``POST /abort_requests``) and wait (at most ``timeout_s``) for them to
+        leave; returns the requests left."""
+        client = self._client()
+        if client is None:
+            return 0
+        await client.abort()
+        return await client.wait_idle(timeout_s)
+
+    def release(self) -> None:
+        """Nothing to release: vLLM keeps its own copy of the weights (it serves during updates)."""
 
     async def stop(self) -> None:
         """Stop a launched server (a server given by ``url`` keeps running)."""
@@ -275,7 +278,7 @@ class VLLMLoRAServing(_VLLMServingBase):
         loras: The run's LoRA policies on the frozen base.
     """
 
-    def __init__(self, model: VLLMModel, loras: LoRAPolicies) -> None:
+    def __init__(self, model: VLLMModel, loras: LoRAAdapters) -> None:
         super().__init__(model, lora=(len(loras.names), loras.max_rank))
         self.loras = loras
         self.lora_sync: VLLMLoRASync | None = None

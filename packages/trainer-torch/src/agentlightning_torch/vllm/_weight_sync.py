@@ -158,7 +158,7 @@ class VLLMWeightSync:
             WeightSyncMismatch: vLLM's log-probs differ from the trainer's afterwards.
         """
         t0 = time.perf_counter()
-        running = await self.client.drain(self.idle_timeout_s)
+        running = await self.client.wait_idle(self.idle_timeout_s)
         if running:
             raise VLLMError(
                 f"weight sync to version {version}: vLLM still generates {running} request(s) after "

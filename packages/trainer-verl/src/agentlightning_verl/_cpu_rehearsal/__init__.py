@@ -1,6 +1,6 @@
 """The CPU rehearsal of verl's GPU recipe: verl 0.9.1 and its vLLM rollout run on a CPU, for tests and debugging.
 
-Not user API: nothing here is exported by `agentlightning_verl`. `agentlightning_verl.RayVerlBackend` uses it when
+Not user API: nothing here is exported by `agentlightning_verl`. `agentlightning_verl.RayVerlRuntime` uses it when
 built with ``device="cpu"``; tests call `install_cpu_platform` first thing in a fresh process.
 
 Only what a CPU needs and a GPU does not is here; verl's vLLM server, replica and worker extension as both paths run

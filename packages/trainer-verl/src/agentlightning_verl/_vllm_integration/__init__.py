@@ -1,4 +1,4 @@
-"""verl's vLLM rollout as `RayVerlBackend` runs it, on GPUs and in the CPU rehearsal alike: private, not user API.
+"""verl's vLLM rollout as `RayVerlRuntime` runs it, on GPUs and in the CPU rehearsal alike: private, not user API.
 
 verl 0.9.1 gives no public way to learn what vLLM received in a weight sync or how many requests it still holds, so
 this package subclasses verl's vLLM server, replica and worker extension; every private verl / vLLM attribute that

@@ -94,7 +94,7 @@ PRIVATE_HOOKS: tuple[PrivateHook, ...] = (
     PrivateHook(
         "vllm.v1.engine.output_processor",
         "OutputProcessor.request_states",
-        "read every iteration (drain, release): requests vLLM holds; verl has no public count",
+        "read every iteration (wait_idle, abort, release): requests vLLM holds; verl has no public count",
         instance=True,
     ),
     PrivateHook(

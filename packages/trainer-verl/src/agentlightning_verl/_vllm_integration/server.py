@@ -1,4 +1,4 @@
-"""verl's vLLM rollout servers with our worker extension and two read-only probes: what `RayVerlBackend` serves with,
+"""verl's vLLM rollout servers with our worker extension and two read-only probes: what `RayVerlRuntime` serves with,
 on GPUs (``cuda``) and in the CPU rehearsal (``cpu``) alike.
 
 verl builds its vLLM rollout replicas itself (``LLMServerManager`` -> ``vLLMReplica`` -> ``vLLMHttpServer``). Three
@@ -11,8 +11,9 @@ they touch is in `agentlightning_verl._vllm_integration.hooks.PRIVATE_HOOKS`):
    actor's weights after each sync; on a CPU it also restores the weights vLLM's CPU backend emptied. On GPUs it
    loads exactly as verl's extension does.
 2. ``agl_running_requests`` reads vLLM's private ``output_processor.request_states`` (how many requests the engine
-   holds): `VLLMReplicaServing` reads it every iteration, after its abort (``drain``) and before verl's sleep
-   (``release``), because verl exposes no count of in-flight requests and weights must not change under one.
+   holds): `VLLMReplicaServing` reads it every iteration, while it waits for vLLM to be idle (``wait_idle``,
+   ``abort``) and before verl's sleep (``release``), because verl exposes no count of in-flight requests and weights
+   must not change under one.
 3. ``agl_collective_rpc``: vLLM's ``collective_rpc`` with its results (verl's wrapper drops them), to read the
    checksum back from every worker.
 

@@ -1,4 +1,4 @@
-"""`RayVerlBackend`: verl 0.9.1's worker groups on a Ray cluster, assembled as ``RayPPOTrainer.init_workers`` does.
+"""`RayVerlRuntime`: verl 0.9.1's worker groups on a Ray cluster, assembled as ``RayPPOTrainer.init_workers`` does.
 
 On GPUs (``device="cuda"``, the default): the actor worker group is verl's ``ActorRolloutRefWorker`` in role
 ``actor_rollout`` (FSDP actor colocated with vLLM replicas built by verl's ``LLMServerManager``), a
@@ -31,7 +31,7 @@ __all__ = [
     "CPU_VLLM_INSTALL_HINT",
     "CPU_WORKER_SETUP_HOOK",
     "GPU_INSTALL_HINT",
-    "RayVerlBackend",
+    "RayVerlRuntime",
     "cpu_ray_init_kwargs",
 ]
 
@@ -146,7 +146,7 @@ def _one_placement_group_per_node(nnodes: int, per_node: int) -> list[Any]:
     return groups
 
 
-class RayVerlBackend:
+class RayVerlRuntime:
     """verl 0.9.1 actor (and critic) worker groups on Ray, with the rollout servers their weights go to.
 
     Args:
