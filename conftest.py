@@ -89,12 +89,18 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A real vLLM (`VLLMServer`) serving ``tool_model_dir`` as model ``tiny`` with hermes tool calls.
+    """A real vLLM (`VLLMServer`) serving ``tool_model_dir`` as model ``tiny``: hermes tool calls, and multi-LoRA
+    (adapters loaded at run time; ``/metrics`` on, as the trainer waits on its running count), and vLLM's development
+    endpoints (``POST /abort_requests``: the servings' ``abort``), as a LoRA serving launches it.
 
-    Without vLLM the test fails (never skips) with the one line that installs it. Do not change its weights:
-    other tests share it (start your own `VLLMServer` for that).
+    One server for the whole session (each start costs ~1-2 minutes on CPU): the tool-calling tests and the tests that
+    load LoRA adapters (`lora_vllm_server`) share it; a request naming no adapter is served by the base model, as on a
+    server without LoRA. Without vLLM the test fails (never skips) with the one line that installs it. Do not change
+    its base weights, and load adapters under names no other test uses: other tests share it (start your own
+    `VLLMServer` for anything else).
     """
     from agentlightning_torch.testing import VLLM_TOOL_ARGS, VLLMNotInstalledError, VLLMServer, find_vllm_python
+    from agentlightning_torch.vllm import VLLM_LORA_ENV, vllm_lora_args
 
     try:
         python = find_vllm_python()
@@ -102,33 +108,15 @@ def vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
         pytest.fail(str(error), pytrace=False)
     tool_model_dir: Path = request.getfixturevalue("tool_model_dir")  # built only once vLLM is known to be there
     server = VLLMServer(
-        tool_model_dir, served_model_name="tiny", args=VLLM_TOOL_ARGS, max_model_len=1024, enforce_eager=True,
-        python=python,
+        tool_model_dir, served_model_name="tiny", args=[*VLLM_TOOL_ARGS, *vllm_lora_args(4, 16)],
+        max_model_len=1024, enforce_eager=True, env={**VLLM_LORA_ENV, "VLLM_SERVER_DEV_MODE": "1"}, python=python,
+        metrics=True,
     )  # fmt: skip
     with server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def lora_vllm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A real vLLM serving ``tool_model_dir`` as model ``tiny`` with multi-LoRA (adapters loaded at run time).
-
-    Shared by every test of the session that loads LoRA adapters into vLLM (one server start: ~1 minute on CPU);
-    each test uses adapter names of its own. ``/metrics`` is on (the trainer waits on its running count), and vLLM's
-    development endpoints (``POST /abort_requests``: the servings' ``abort``), as a LoRA serving launches it.
-    """
-    from agentlightning_torch.testing import VLLMNotInstalledError, VLLMServer, find_vllm_python
-    from agentlightning_torch.vllm import VLLM_LORA_ENV, vllm_lora_args
-
-    try:
-        python = find_vllm_python()
-    except VLLMNotInstalledError as error:
-        pytest.fail(str(error), pytrace=False)
-    tool_model_dir: Path = request.getfixturevalue("tool_model_dir")
-    server = VLLMServer(
-        tool_model_dir, served_model_name="tiny", args=vllm_lora_args(4, 16), enforce_eager=True,
-        env={**VLLM_LORA_ENV, "VLLM_SERVER_DEV_MODE": "1"},
-        python=python, metrics=True,
-    )  # fmt: skip
-    with server:
-        yield server
+def lora_vllm_server(vllm_server: Any) -> Any:
+    """The session's `vllm_server`, for a test that loads LoRA adapters into vLLM (under adapter names of its own)."""
+    return vllm_server
