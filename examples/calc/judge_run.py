@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RUBRIC = HERE / "prompts" / "judge_rubric.md"
+RUBRIC = HERE / "prompts/judge_rubric.md"
 JUDGES = ("smollm2", "oracle", "url")
 _ANSWER = re.compile(r"A:\s*(-?\d+)")
 _SECTION = re.compile(r"=== rollout (r\d+) ===")
