@@ -281,3 +281,17 @@ def test_agl_train_takes_any_bound_and_refuses_a_negative_one(capsys: pytest.Cap
         with pytest.raises(SystemExit):
             parser.parse_args([*shared, "--max-staleness", bad])
         assert f"argument --max-staleness: {why}" in capsys.readouterr().err
+
+
+def test_a_policy_that_did_not_train_keeps_its_version() -> None:
+    """With several policies, a policy without samples keeps its weights: its calls at an older loop version are as
+    fresh as ever (a synchronous run once dropped the rewriter's samples because the writer alone had trained)."""
+    writer = _sample(1).model_copy(update={"policy": "writer", "rollout_id": "w"})
+    rewriter = _sample(0).model_copy(update={"policy": "rewriter", "rollout_id": "rw"})
+    stale_writer = _sample(0).model_copy(update={"policy": "writer", "rollout_id": "w-old"})
+    batch = agl.TrainingBatch(samples=[writer, rewriter, stale_writer], metrics={})
+    admitted = admit_samples(batch, current_version=1, max_staleness=0, policy_versions={"writer": 1, "rewriter": 0})
+    assert [s.rollout_id for s in admitted.samples] == ["w", "rw"]
+    assert admitted.metrics["samples_dropped_stale"] == 1.0 and admitted.metrics["version_lag_0"] == 2.0
+    # without the policies' versions every sample is measured against the loop's: the rewriter's would be dropped
+    assert [s.rollout_id for s in admit_samples(batch, 1, 0).samples] == ["w"]

@@ -105,6 +105,8 @@ class RLLoop(Generic[EngineT]):
         self.on_iteration = on_iteration
         self.iteration = 0
         self.model_version = 0
+        self.policy_versions: dict[str, int] = {}
+        """Per trained policy (`LoopConfig.policies`), the loop's version when it last trained (`admit_samples`)."""
         self.history: list[IterationReport] = []
         self.evaluations: list[IterationReport] = []  # every `evaluate` report, in order
         self.best: IterationReport | None = None  # the evaluation `checkpoint/best` holds (``keep_best``)
@@ -169,6 +171,8 @@ class RLLoop(Generic[EngineT]):
         from agentlightning.proxy import LLMProxy  # imported on use: `import agentlightning` stays light
 
         backends = await self.engine.start_servers(self.model_version)
+        if self.config.policies is not None:  # every policy starts (or resumes) on the weights of this version
+            self.policy_versions = dict.fromkeys(self.config.policies.trained, self.model_version)
         proxy = LLMProxy(
             store,
             backends,
@@ -291,7 +295,8 @@ class RLLoop(Generic[EngineT]):
             batch = build_batch_from_results(
                 results, config.credit, config.estimator, config.credit_config, current_version=self.model_version
             )
-            batch = admit_samples(batch, self.model_version, config.max_staleness)
+            served = {**self.policy_versions, **self.engine.policy_versions()}
+            batch = admit_samples(batch, self.model_version, config.max_staleness, served or None)
             t_batch = time.monotonic()
             metrics: dict[str, float] = {**batch.metrics, **judged}
             metrics["rollouts_failed"] = float(self.rollouts_failed)
@@ -306,6 +311,8 @@ class RLLoop(Generic[EngineT]):
                 await self._drain(f"the weight sync to version {version}")
                 await self.engine.sync_weights(version)
                 self.model_version = version
+                trained = {s.policy for s in batch.samples if s.policy in self.policy_versions}
+                self.policy_versions.update(dict.fromkeys(trained, version))
                 await self._publish(store)
             else:
                 self._warn_skipped(len(done_ids), len(rollout_ids), batch.metrics)

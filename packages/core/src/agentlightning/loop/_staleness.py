@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 
 from agentlightning._fast import fast_model
 from agentlightning._training_models import TrainingBatch, TrainingSample
@@ -19,14 +20,26 @@ __all__ = ["admit_samples", "version_lag_histogram"]
 logger = logging.getLogger(__name__)
 
 
-def version_lag_histogram(samples: list[TrainingSample], current_version: int) -> dict[str, float]:
-    """``version_lag_<n>``: how many of ``samples`` were generated ``n`` versions before ``current_version``
-    (samples of unknown version are not counted; `staleness_metrics` counts them)."""
-    lags = Counter(current_version - s.model_version for s in samples if s.model_version is not None)
+def _current(sample: TrainingSample, current_version: int, policy_versions: Mapping[str, int] | None) -> int:
+    """The version ``sample``'s weights have now: its policy's own (a policy's weights change only when it trains),
+    else the loop's ``current_version``."""
+    if sample.policy is not None and policy_versions and sample.policy in policy_versions:
+        return policy_versions[sample.policy]
+    return current_version
+
+
+def version_lag_histogram(
+    samples: list[TrainingSample], current_version: int, policy_versions: Mapping[str, int] | None = None
+) -> dict[str, float]:
+    """``version_lag_<n>``: how many of ``samples`` were generated ``n`` versions before their weights' current
+    version (`admit_samples`; samples of unknown version are not counted)."""
+    lags = Counter(
+        _current(s, current_version, policy_versions) - s.model_version for s in samples if s.model_version is not None
+    )
     return {f"version_lag_{lag}": float(count) for lag, count in sorted(lags.items())}
 
 
-def _refusal(sample: TrainingSample, current_version: int, max_staleness: int) -> str | None:
+def _refusal(sample: TrainingSample, current_version: int, max_staleness: int) -> str | None:  # current: _current's
     """Why ``sample`` may not be trained at ``current_version`` with bound ``max_staleness`` (``None``: it may)."""
     if sample.model_version is None:
         # synchronous training has no lag to check; off-policy, an unknown version could be any age
@@ -52,7 +65,12 @@ _WHY = {
 }
 
 
-def admit_samples(batch: TrainingBatch, current_version: int, max_staleness: int) -> TrainingBatch:
+def admit_samples(
+    batch: TrainingBatch,
+    current_version: int,
+    max_staleness: int,
+    policy_versions: Mapping[str, int] | None = None,
+) -> TrainingBatch:
     """The samples of ``batch`` that may train the update from ``current_version`` with a bound of
     ``max_staleness`` versions, with the counts of those left out added to its metrics.
 
@@ -66,6 +84,8 @@ def admit_samples(batch: TrainingBatch, current_version: int, max_staleness: int
         batch: Credit-assigned samples (`TrainingSample.model_version` set by the proxy's records).
         current_version: The model version the update starts from.
         max_staleness: The bound k (`LoopConfig.max_staleness`).
+        policy_versions: With several policies, each policy's current version (the loop's version when it last
+            trained): a policy that had no samples keeps its weights, so its calls are not older for that.
 
     Returns:
         A new batch (``batch`` itself is not changed).
@@ -73,12 +93,12 @@ def admit_samples(batch: TrainingBatch, current_version: int, max_staleness: int
     kept: list[TrainingSample] = []
     refused: Counter[str] = Counter()
     for sample in batch.samples:
-        why = _refusal(sample, current_version, max_staleness)
+        why = _refusal(sample, _current(sample, current_version, policy_versions), max_staleness)
         if why is None:
             kept.append(sample)
         else:
             refused[why] += 1
-    metrics = {**batch.metrics, **version_lag_histogram(batch.samples, current_version)}
+    metrics = {**batch.metrics, **version_lag_histogram(batch.samples, current_version, policy_versions)}
     metrics.update({name: float(refused[why]) for why, name in _METRIC.items()})
     for why, count in refused.items():
         logger.warning(
