@@ -17,6 +17,8 @@ The only Agent Lightning lines are ``@agl.rollout`` and ``agl.llm_base_url()``; 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 from functools import cache
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import openai
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
@@ -35,13 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sql_data import execute, execution_match, result_feedback, task_database
 
 __all__ = [
+    "AGENTS",
     "MAX_REWRITES",
+    "PROMPT_ENV",
     "TRAINED_AGENTS",
     "SQLState",
     "build_graph",
     "checker_prompt",
     "extract_sql",
     "parse_verdict",
+    "prompt_messages",
     "rewriter_prompt",
     "run_sql_agent",
     "score",
@@ -54,6 +59,43 @@ MAX_REWRITES = 2
 
 TRAINED_AGENTS = ("writer", "rewriter")
 """The agents whose LLM calls are trained (the trainer's ``agent_filter``); the checker is not."""
+
+AGENTS = ("writer", "checker", "rewriter")
+"""Every agent of the graph (LangGraph node names, which the LangChain adapter records as agent names)."""
+
+PROMPT_ENV = "SQL_PROMPT_FILE"
+"""The environment variable naming a JSON file of the messages that open each agent's call (`prompt_messages`)."""
+
+
+def prompt_messages(path: str | Path | None = None) -> dict[str, list[BaseMessage]]:
+    """The messages that open each agent's call before its own message: none by default (the toy model needs none).
+
+    A model that was not made for this task gets them from a JSON file (``path``, else ``$SQL_PROMPT_FILE``): an
+    object with a list of OpenAI chat messages per agent, e.g. a system prompt and worked examples for ``writer``,
+    ``checker`` and ``rewriter`` (``prompts/smollm2.json``); an agent it leaves out gets none. ``train.py --model
+    smollm2`` sets the variable for its runner processes.
+
+    Raises:
+        ValueError: The file is not such an object (one line naming the file).
+    """
+    path = path or os.environ.get(PROMPT_ENV)
+    if not path:
+        return {}
+    data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not set(data) <= set(AGENTS):  # pyright: ignore[reportUnknownArgumentType]
+        raise ValueError(f"prompt file {path} must hold a JSON object with keys among {list(AGENTS)}")
+    prompts: dict[str, list[BaseMessage]] = {}
+    for agent, messages in data.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):  # pyright: ignore[reportUnknownVariableType]
+            raise ValueError(f"prompt file {path}: {agent!r} must be a list of chat messages")
+        prompts[str(agent)] = convert_to_messages(messages)  # pyright: ignore[reportUnknownArgumentType]
+    return prompts
+
+
+@cache
+def _env_prompts() -> dict[str, list[BaseMessage]]:
+    """`prompt_messages` of ``$SQL_PROMPT_FILE``, read once per process."""
+    return prompt_messages()
 
 
 def writer_prompt(schema: str, question: str) -> str:
@@ -107,23 +149,32 @@ def _text(reply: Any) -> str:
     return content if isinstance(content, str) else "".join(str(part) for part in content)
 
 
-def build_graph(llm: ChatOpenAI, max_rewrites: int = MAX_REWRITES) -> Any:
-    """writer → checker → (rewriter → checker)*, at most ``max_rewrites`` rewrites; the nodes are the agents."""
+def build_graph(
+    llm: ChatOpenAI, max_rewrites: int = MAX_REWRITES, prompts: dict[str, list[BaseMessage]] | None = None
+) -> Any:
+    """writer → checker → (rewriter → checker)*, at most ``max_rewrites`` rewrites; the nodes are the agents.
+
+    ``prompts``: the messages that open each agent's call (default: `prompt_messages` of ``$SQL_PROMPT_FILE``).
+    """
+    opening = _env_prompts() if prompts is None else prompts
+
+    async def ask(agent: str, text: str) -> str:
+        return _text(await llm.ainvoke([*opening.get(agent, []), HumanMessage(text)]))
 
     async def writer(state: SQLState) -> dict[str, Any]:
-        reply = await llm.ainvoke([HumanMessage(writer_prompt(state["schema"], state["question"]))])
-        return {"sql": extract_sql(_text(reply)), "rewrites": 0}
+        reply = await ask("writer", writer_prompt(state["schema"], state["question"]))
+        return {"sql": extract_sql(reply), "rewrites": 0}
 
     async def checker(state: SQLState) -> dict[str, Any]:
         sql = state.get("sql", "")
         feedback = result_feedback(execute(Path(state["db"]), sql))
-        reply = await llm.ainvoke([HumanMessage(checker_prompt(state["question"], sql, feedback))])
-        return {"feedback": feedback, "accepted": parse_verdict(_text(reply))}
+        reply = await ask("checker", checker_prompt(state["question"], sql, feedback))
+        return {"feedback": feedback, "accepted": parse_verdict(reply)}
 
     async def rewriter(state: SQLState) -> dict[str, Any]:
         prompt = rewriter_prompt(state["schema"], state["question"], state.get("sql", ""), state.get("feedback", ""))
-        reply = await llm.ainvoke([HumanMessage(prompt)])
-        return {"sql": extract_sql(_text(reply)), "rewrites": state.get("rewrites", 0) + 1}
+        reply = await ask("rewriter", prompt)
+        return {"sql": extract_sql(reply), "rewrites": state.get("rewrites", 0) + 1}
 
     def route(state: SQLState) -> str:
         if state.get("accepted") or state.get("rewrites", 0) >= max_rewrites:
@@ -141,11 +192,17 @@ def build_graph(llm: ChatOpenAI, max_rewrites: int = MAX_REWRITES) -> Any:
     return graph.compile()
 
 
-async def run_sql_agent(llm: ChatOpenAI, task: dict[str, Any], max_rewrites: int = MAX_REWRITES) -> SQLState:
-    """Run the graph on one task; returns the final state (its ``sql`` is the answer)."""
+async def run_sql_agent(
+    llm: ChatOpenAI,
+    task: dict[str, Any],
+    max_rewrites: int = MAX_REWRITES,
+    prompts: dict[str, list[BaseMessage]] | None = None,
+) -> SQLState:
+    """Run the graph on one task (``prompts``: see `build_graph`); returns the final state (its ``sql`` is the
+    answer)."""
     db = task_database(task)
     state: SQLState = {"schema": task["schema"], "question": task["question"], "db": str(db)}
-    return await build_graph(llm, max_rewrites).ainvoke(state)
+    return await build_graph(llm, max_rewrites, prompts).ainvoke(state)
 
 
 def score(task: dict[str, Any], sql: str) -> float:

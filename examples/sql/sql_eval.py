@@ -2,10 +2,13 @@
 
     python examples/sql/sql_eval.py --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-1.5B-Instruct
     python examples/sql/sql_eval.py --base-url URL --model NAME --spider path/to/spider --split dev --limit 200
+    python examples/sql/sql_eval.py --model-dir DIR --prompt-file examples/sql/prompts/smollm2.json --limit 64
 
 The same graph as in training (writer → checker → rewriter, ``sql_agent.py``), run directly with ``ChatOpenAI``:
-no store, no proxy, no training. Greedy by default (``--temperature``). Prints accuracy per query shape and ends
-with one JSON line (``accuracy``, ``tasks``, ``rewriter_rate``, ``errors``, ``by_shape``).
+no store, no proxy, no training (``--model-dir``: a model folder served here by the local backend; ``--prompt-file``:
+the messages that open each agent's call, as ``train.py`` gives its runners). Greedy by default (``--temperature``).
+Prints accuracy per query shape and ends with one JSON line (``accuracy``, ``tasks``, ``rewriter_rate``, ``errors``,
+``by_shape``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sql_agent import MAX_REWRITES, run_sql_agent, score
+from langchain_core.messages import BaseMessage
+from sql_agent import MAX_REWRITES, prompt_messages, run_sql_agent, score
 from sql_data import load_tasks
 
 HERE = Path(__file__).resolve().parent
@@ -32,8 +36,12 @@ __all__ = ["evaluate_endpoint", "evaluate_folder", "main"]
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
-    parser.add_argument("--model", required=True, help="model name the endpoint serves")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    where.add_argument("--model-dir", type=Path, help="a model folder to serve here (local backend, 127.0.0.1)")
+    parser.add_argument("--model", default="sql-tiny", help="model name the endpoint serves")
+    parser.add_argument("--prompt-file", type=Path, help="JSON messages that open each agent's call (prompts/)")
+    parser.add_argument("--threads", type=int, default=1, help="--model-dir: torch threads of the local backend")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "not-needed"))
     parser.add_argument("--tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL tasks (held-out)")
     parser.add_argument("--spider", type=Path, help="a local Spider folder (tables.json, <split>.json, database/)")
@@ -65,8 +73,10 @@ async def evaluate_endpoint(
     temperature: float = 0.0,
     max_tokens: int = 256,
     max_rewrites: int = MAX_REWRITES,
+    prompts: dict[str, list[BaseMessage]] | None = None,
 ) -> dict[str, Any]:
-    """Run every task once through the graph against ``base_url``: accuracy overall and per shape, rewriter use.
+    """Run every task once through the graph against ``base_url``: accuracy overall and per shape, rewriter use
+    (``prompts``: the messages opening each agent's call, `sql_agent.prompt_messages`).
 
     A run that raises (the endpoint refused a request, say) scores 0 and counts in ``errors``; when every run
     fails the first error is raised, so a wrong URL is one clear error rather than a silent zero.
@@ -89,7 +99,7 @@ async def evaluate_endpoint(
     async def one(task: dict[str, Any]) -> tuple[str, float, int]:
         async with gate:
             try:
-                state = await run_sql_agent(llm, task, max_rewrites)
+                state = await run_sql_agent(llm, task, max_rewrites, prompts)
             except Exception as error:  # one failed run must not lose the others
                 errors.append(error)
                 return str(task.get("shape", "?")), 0.0, 0
@@ -112,17 +122,31 @@ async def evaluate_endpoint(
 
 
 def evaluate_folder(
-    folder: str | Path, *, size: int = 100, temperature: float = 0.0, threads: int = 1, max_tokens: int = 64
+    folder: str | Path,
+    *,
+    size: int = 100,
+    temperature: float = 0.0,
+    threads: int = 1,
+    max_tokens: int = 64,
+    tasks: Sequence[dict[str, Any]] | None = None,
+    prompts: dict[str, list[BaseMessage]] | None = None,
 ) -> dict[str, Any]:
-    """Serve a model folder with the local backend on 127.0.0.1 and score it on the first ``size`` held-out tasks."""
+    """Serve a model folder with the local backend on 127.0.0.1 and score it on ``tasks`` (default: the first
+    ``size`` held-out tasks); ``prompts`` open each agent's call (`sql_agent.prompt_messages`)."""
     from agentlightning_torch import LocalBackend, serve_backend
 
-    tasks = load_tasks(HERE / "data" / "val.jsonl")[:size]
+    chosen = list(tasks) if tasks is not None else load_tasks(HERE / "data" / "val.jsonl")[:size]
     server = serve_backend(LocalBackend(str(folder), model_name="sql-tiny", num_threads=threads))
     try:
         return asyncio.run(
             evaluate_endpoint(
-                server.base_url, "sql-tiny", tasks, temperature=temperature, max_tokens=max_tokens, concurrency=64
+                server.base_url,
+                "sql-tiny",
+                chosen,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                concurrency=64,
+                prompts=prompts,
             )
         )
     finally:
@@ -134,6 +158,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         tasks = read_tasks(args)
+        prompts = prompt_messages(args.prompt_file) if args.prompt_file is not None else None
+        if args.model_dir is not None:
+            if not (args.model_dir / "config.json").is_file():
+                raise ValueError(f"--model-dir {str(args.model_dir)!r} is not a model folder (no config.json)")
+            summary = evaluate_folder(
+                args.model_dir,
+                tasks=tasks,
+                temperature=args.temperature,
+                threads=args.threads,
+                max_tokens=args.max_tokens,
+                prompts=prompts,
+            )
+            return _report(summary)
         summary = asyncio.run(
             evaluate_endpoint(
                 args.base_url,
@@ -144,11 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 temperature=args.temperature,
                 max_tokens=args.max_tokens,
                 max_rewrites=args.max_rewrites,
+                prompts=prompts,
             )
         )
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    return _report(summary)
+
+
+def _report(summary: dict[str, Any]) -> int:
+    """Accuracy per shape and overall on stderr, the JSON line on stdout."""
     for shape, accuracy in summary["by_shape"].items():
         print(f"{shape:12s} {accuracy:.2f}", file=sys.stderr)
     print(f"execution accuracy {summary['accuracy']:.2f} on {summary['tasks']} questions", file=sys.stderr)

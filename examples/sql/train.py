@@ -3,6 +3,7 @@
     python examples/sql/train.py                  # the README's run: 30 iterations, held-out points every 10
     python examples/sql/train.py --iterations 90  # longer (the budget in iterations; --minutes caps the time too)
     python examples/sql/sql_eval.py --base-url http://127.0.0.1:8000/v1 --model NAME   # score any served model
+    python examples/sql/train.py --model smollm2  # a real pretrained model: `python3 scripts/dev.py smollm2` first
 
 What runs: this process serves the warm-started model (``checkpoint/``, local batched backend) behind the LLM proxy and
 trains it (`agl.RLLoop` over a `TorchEngine`); runner processes (``agl runner --app-dir examples/sql --agent
@@ -18,6 +19,7 @@ greedily and the best weights are kept in ``checkpoint/best``; the run's scaffol
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 from collections import Counter
@@ -26,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sql_agent import TRAINED_AGENTS
+from sql_agent import AGENTS, PROMPT_ENV, TRAINED_AGENTS
 from sql_data import load_tasks
 
 from agentlightning_torch.runkit import SCRIPT_DEFAULTS, STABLE_RL, UsageError
@@ -34,26 +36,105 @@ from agentlightning_torch.runkit import SCRIPT_DEFAULTS, STABLE_RL, UsageError
 HERE = Path(__file__).resolve().parent
 STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 30}  # the README's run: the same figures on any machine
 """The RL settings the README measured (3 seeds, and a run 3x as long): see the README's "Stable" section."""
+SMOLLM2: dict[str, Any] = {
+    # a real pretrained model, the calculator example's recipe (examples/calc/README.md): LoRA r 16 on q/k/v/o with
+    # KL 0.05 to the starting model, groups of 8 at temperature 0.7, one PPO epoch; the iterations budget makes the
+    # figures reproduce (examples/sql/README.md, "SmolLM2")
+    "minutes": 60.0,
+    "iterations": 4,
+    "eval_every": 2,
+    "tasks_per_iteration": 8,
+    "samples_per_task": 8,
+    "temperature": 0.7,
+    "lr": 5e-4,
+    "kl_coef": 0.05,
+    "entropy_coef": 0.0,
+    "ppo_epochs": 1,
+    "rollout_timeout": 1800.0,  # a safety net: on a busy 2-core machine an iteration's rollouts take minutes
+}
+MODELS: dict[str, dict[str, Any]] = {"toy": {**STABLE, "temperature": 1.0}, "smollm2": SMOLLM2}
+"""``--model``: the models this example trains, each with the settings its README measured (options override)."""
+SMOLLM2_FOLDER = "smollm2-135m-instruct"
+SMOLLM2_PROMPT = HERE / "prompts" / "smollm2.json"  # each agent's system prompt and worked examples (README)
 
 POLICY_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """With one policy per agent, each adapter covers every linear layer (`--policy-settings` overrides it): over 3 seeds
 it matched the shared policy (held-out best 0.89, last 0.88) where attention-only adapters reached 0.88 / 0.85."""
 
-AGENTS = ("writer", "checker", "rewriter")
-"""Every agent of the graph (LangGraph node names, which the LangChain adapter records as agent names)."""
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from agentlightning_torch.runkit import add_run_arguments
 
+    # --model picks the defaults of the other options, so it is read first
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--model", choices=tuple(MODELS), default="toy")
+    model = first.parse_known_args(argv)[0].model
+    preset, real = dict(MODELS[model]), model != "toy"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=HERE / "checkpoint", help="warm-started model folder")
+    parser.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        default="toy",
+        help="toy: the shipped ~1M-parameter warm start (checkpoint/); smollm2: SmolLM2-135M-Instruct, fetched by "
+        "`python3 scripts/dev.py smollm2` (its own chat template, a prompt file of worked examples, LoRA + KL)",
+    )
+    parser.add_argument("--model-dir", type=Path, default=None, help="a model folder instead of --model's")
+    parser.add_argument(
+        "--prompt-file",
+        type=Path,
+        default=SMOLLM2_PROMPT if real else None,
+        help="JSON object: per agent (writer, checker, rewriter) the chat messages that open its calls (default: "
+        "none for toy, prompts/smollm2.json for smollm2)",
+    )
+    parser.add_argument("--full-weights", action="store_true", help="train every weight (default for smollm2: LoRA)")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
+    parser.add_argument(
+        "--policy-per-agent",
+        action="store_true",
+        help="smollm2: the writer and the rewriter each train a LoRA adapter of their own and the checker runs on the "
+        "frozen base model (default: one shared adapter, the checker's calls filtered out)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=preset.pop("temperature"),
+        help="sampling temperature of training rollouts (toy 1.0, smollm2 0.7)",
+    )
     parser.add_argument("--train-tasks", type=Path, default=HERE / "data" / "train.jsonl", help="JSONL tasks")
     parser.add_argument("--val-tasks", type=Path, default=HERE / "data" / "val.jsonl", help="JSONL held-out tasks")
-    parser.add_argument("--eval-size", type=int, default=100, help="held-out questions for greedy accuracy")
-    parser.add_argument("--max-tokens", type=int, default=40, help="most tokens per LLM call")
-    add_run_arguments(parser, output=Path("runs") / "sql", **{**SCRIPT_DEFAULTS, "workers": 64, **STABLE})
+    parser.add_argument(
+        "--eval-size", type=int, default=64 if real else 100, help="held-out questions for greedy accuracy"
+    )
+    parser.add_argument("--max-tokens", type=int, default=48 if real else 40, help="most tokens per LLM call")
+    add_run_arguments(parser, output=Path("runs") / "sql", **{**SCRIPT_DEFAULTS, "workers": 64, **preset})
     return parser.parse_args(argv)
+
+
+def resolve_model(args: argparse.Namespace) -> Path:
+    """The model folder: ``--model-dir`` when given, else the folder of ``--model`` (missing: `UsageError`)."""
+    from agentlightning_torch.models import models_dir
+
+    if args.model_dir is not None:
+        folder, what = args.model_dir, f"--model-dir {str(args.model_dir)!r} is not a model folder (no config.json)"
+    elif args.model == "toy":
+        folder, what = HERE / "checkpoint", f"the shipped checkpoint is missing ({HERE / 'checkpoint'})"
+    else:
+        folder = models_dir() / SMOLLM2_FOLDER
+        what = f"SmolLM2 is not fetched ({folder} is missing): run `python3 scripts/dev.py smollm2` first"
+    if not (folder / "config.json").is_file():
+        raise UsageError(what)
+    return folder
+
+
+def policy_map(args: argparse.Namespace) -> Any:
+    """``--policy-per-agent``: an adapter each for the writer and the rewriter, the checker on the frozen base."""
+    from agentlightning import FROZEN, PolicyMap
+
+    if not args.policy_per_agent:
+        return None
+    if args.model == "toy":
+        raise UsageError("--policy-per-agent needs --model smollm2 (the toy model: compare_policies.py)")
+    return PolicyMap(agents={"writer": "writer", "rewriter": "rewriter", "checker": FROZEN})
 
 
 def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
@@ -65,19 +146,30 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
 
     if args.eval_size < 1 or (args.runners < 1 and not args.runners_ray):
         raise UsageError("--runners and --eval-size must be at least 1")
-    if not (args.model_dir / "config.json").is_file():
-        raise UsageError(f"--model-dir {str(args.model_dir)!r} is not a model folder (no config.json)")
+    if args.prompt_file is not None and not args.prompt_file.is_file():
+        raise UsageError(f"--prompt-file {str(args.prompt_file)!r} does not exist")
+    model_dir = resolve_model(args)
+    real = args.model != "toy"  # --model picks the recipe; --model-dir only the folder (as in examples/calc)
+    policies = policies if policies is not None else policy_map(args)
+    if not real or args.full_weights:
+        lora = None if policies is None else LoRASettings(r=8, alpha=16, target_modules=POLICY_LORA_TARGETS)
+    else:
+        # a real model: LoRA (q/k/v/o) as the calculator's SmolLM2 run; with --policy-per-agent each adapter takes
+        # this run's --lr (a LoRA rate already, not the 10x a policy gets in a full-weight run)
+        lora = LoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank)
+        if policies is not None:
+            args = copy.copy(args)
+            args.policy_settings = [f"{a}:lr={args.lr}" for a in TRAINED_AGENTS] + list(args.policy_settings or [])
     return trainer_config(
         args,
-        model_dir=args.model_dir,
-        model_name="sql-tiny",
+        model_dir=model_dir,
+        model_name="sql-tiny" if not real else "sql-" + model_dir.name,
         tool_parser="hermes",  # the agents call no tools; hermes is the chat template's format
+        temperature=args.temperature,
         max_tokens=args.max_tokens,
         agent_filter=TRAINED_AGENTS,  # writer + rewriter; the checker runs on the same model, untrained
         policies=policies,
-        ppo_settings={}
-        if policies is None
-        else {"lora": LoRASettings(r=8, alpha=16, target_modules=POLICY_LORA_TARGETS)},
+        ppo_settings={} if lora is None else {"lora": lora},
     )
 
 
@@ -142,7 +234,9 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         output=args.output,
         train_tasks=train_tasks,
         val_tasks=val_tasks,
-        runners=AgentRunners("sql_agent:sql_agent", app_dir=HERE, instrument="langchain", worker_mode="async"),
+        runners=AgentRunners(
+            "sql_agent:sql_agent", app_dir=HERE, instrument="langchain", worker_mode="async", env=runner_env(args)
+        ),
         processes=args.runners,
         ray=ray_settings(args),  # --runners ray: runner actors placed by Ray
         workers=total_workers(args),  # --workers is per runner process
@@ -174,9 +268,18 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         "rl_seconds": summary["seconds"],
         "settings": settings_used(config, loop.engine),
         **summary,
+        "model": args.model,
+        "model_dir": str(config.model_dir),
+        "prompt_file": None if args.prompt_file is None else str(args.prompt_file),
         "plot": str(plot),
         "metrics": str(args.output / "metrics.jsonl"),
     }
+
+
+def runner_env(args: argparse.Namespace) -> dict[str, str]:
+    """The runner processes' environment: the prompt file, when the model needs one (runners on other machines set
+    ``SQL_PROMPT_FILE`` themselves)."""
+    return {} if args.prompt_file is None else {PROMPT_ENV: str(args.prompt_file.resolve())}
 
 
 def settings_used(config: Any, engine: Any) -> dict[str, Any]:
