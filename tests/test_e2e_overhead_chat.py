@@ -18,7 +18,7 @@ import pytest
 
 from agentlightning import CreditConfig, Transition, build_training_batch
 from agentlightning_torch import GenerationResult, HFChatTemplate, load_model, save_checkpoint
-from agentlightning_torch.testing import make_tiny_chat_model, memorize
+from agentlightning_torch.testing import SMOLLM2_CHAT_TEMPLATE, make_tiny_chat_model, memorize
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,13 +28,6 @@ import bare_loop_chat  # noqa: E402  # pyright: ignore[reportMissingImports]
 import e2e_overhead  # noqa: E402  # pyright: ignore[reportMissingImports]
 from calc_rules import TOOLS  # noqa: E402  # pyright: ignore[reportMissingImports]
 
-# SmolLM2-135M-Instruct's own chat template (as tests/test_calc_models.py): ChatML, no tool section
-SMOLLM2_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 OPENING = [{"role": "system", "content": "Answer with A:<number>."}]
 TASK = {"question": "Q:1+1=", "answer": 2}
 
@@ -45,7 +38,7 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     half and half, so a group's rewards differ; its prompt file and a one-task tasks file."""
     base = tmp_path_factory.mktemp("e2e-chat")
     folder = make_tiny_chat_model(base / "smollm2-135m-instruct", corpus=["Q:1+1= A:2 A:3 CALC(1+1)"])
-    loaded = load_model(folder, chat_template=SMOLLM2_TEMPLATE)
+    loaded = load_model(folder, chat_template=SMOLLM2_CHAT_TEMPLATE)
     template = HFChatTemplate(loaded.tokenizer, tool_parser="calc")
     prompt = template.render([*OPENING, {"role": "user", "content": TASK["question"]}], tools=bare_loop_chat.TOOLS)
     eos = int(loaded.tokenizer.eos_token_id)  # pyright: ignore[reportArgumentType]

@@ -18,21 +18,14 @@ pytest.importorskip("agentlightning_torch")
 pytest.importorskip("langgraph")
 pytest.importorskip("peft")  # --model smollm2 trains LoRA adapters
 
+
 from transformers import AutoTokenizer
 
 import agentlightning as agl
-from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning_torch.testing import make_smollm2_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "examples" / "sql"
-
-# SmolLM2-135M-Instruct's own chat template (from its GGUF): ChatML, a default system prompt, no tool section
-SMOLLM2_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def _train(models: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -78,10 +71,8 @@ def test_a_bad_prompt_file_is_one_clear_error(tmp_path: Path) -> None:
 def test_smollm2_builds_the_graph_with_the_prompt_file_and_trains_a_lora_adapter(tmp_path: Path) -> None:
     models = tmp_path / "models"
     corpus = ["SELECT name FROM authors WHERE country = 'Peru' OK BAD ROWS 2: a | b"]
-    folder = make_tiny_chat_model(models / "smollm2-135m-instruct", corpus=corpus)
+    folder = make_smollm2_stand_in(models, corpus=corpus)  # SmolLM2's chat template, as `agl model import` writes it
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = SMOLLM2_TEMPLATE  # as `agl model import` writes SmolLM2's folder
-    tokenizer.save_pretrained(folder)
     out = tmp_path / "run"
     done = _train(
         models,

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # gguf is an optional dependency (the `gguf` extra): imported
 
 __all__ = [
     "CHAT_SPECIAL_TOKENS",
+    "SMOLLM2_CHAT_TEMPLATE",
     "TOOL_MODEL_ANSWER",
     "TOOL_MODEL_CALL",
     "VLLM_INSTALL_HINT",
@@ -71,6 +72,7 @@ __all__ = [
     "find_vllm_python",
     "gguf_tensors",
     "llama_cpp_permute",
+    "make_smollm2_stand_in",
     "make_tiny_chat_model",
     "make_tiny_gguf",
     "make_tool_chat_model",
@@ -118,6 +120,27 @@ def make_tiny_chat_model(
     path = save_checkpoint(model, tokenizer, directory)
     (path / "agentlightning.json").write_text(json.dumps({"built_by": "make_tiny_chat_model", "seed": seed}) + "\n")
     return path
+
+
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""SmolLM2-135M-Instruct's own chat template (from its GGUF): ChatML, a default system prompt, no tool section."""
+
+
+def make_smollm2_stand_in(models: str | Path, *, corpus: Sequence[str] = ()) -> Path:
+    """A tiny random chat model in ``models``' SmolLM2 folder, with SmolLM2's chat template (as `agl model import`
+    writes the real one): the examples' ``--model smollm2`` at toy size. Returns the folder."""
+    from transformers import AutoTokenizer
+
+    folder = make_tiny_chat_model(Path(models) / "smollm2-135m-instruct", corpus=corpus)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def memorize(
