@@ -1,8 +1,8 @@
 """The run specification: one typed model of the options every engine shares, and the parsers derived from it.
 
 `RunSpec` is the one definition of each shared option of ``agl train`` (its name, type, default and help): the
-parser of ``agl train``, the training scripts' parsers (``agentlightning_torch.runkit.add_run_arguments``, which
-only overrides a default where a script measured another) and the judge's and network's option groups are all
+parser of ``agl train``, the training scripts' parsers (a trainer package's run kit, which only overrides a default
+where a script measured another) and the judge's and network's option groups are all
 built from it by `add_spec_arguments`. An engine subclasses it with its own options (`EnginePlugin.spec`) and says
 which shared options it honours (`EngineCapabilities`); `refuse_unhonoured` refuses, in one line and before anything
 loads, a shared option set to a value the engine cannot honour, so that no option is ever silently ignored.
