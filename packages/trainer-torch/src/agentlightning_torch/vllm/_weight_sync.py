@@ -149,6 +149,8 @@ class VLLMWeightSync:
         """Whether the server has vLLM's RL routes (found at the first sync)."""
         self.checksums: dict[str, str] | None = None
         """``/weight_checker`` checksums of the served tensors after the last verified sync (RL routes only)."""
+        self.checksums_blind = False
+        """Whether a sync that changed the weights changed no checksum (warned once; log-probs still verify)."""
 
     async def sync(self, weights: dict[str, torch.Tensor], model: torch.nn.Module, version: int) -> ProbeResult:
         """Load ``weights`` into vLLM, then verify against ``model`` (the trainer's copy with the same weights).
@@ -230,7 +232,16 @@ class VLLMWeightSync:
         checksums = await self.client.weight_checksums()
         before = self.checksums or {}
         self.checksums = checksums
-        return sum(1 for name, digest in checksums.items() if before.get(name) != digest)
+        changed = sum(1 for name, digest in checksums.items() if before.get(name) != digest)
+        if before and not changed and not self.checksums_blind:
+            # vLLM's CPU build: the linear layers compute with repacked buffers and their weight parameters are empty
+            # (checksum: SHA-256 of no bytes), so a sync that changed them (verified by log-probs) changes no checksum
+            self.checksums_blind = True
+            logger.warning(
+                "vLLM's /weight_checker saw no tensor change across a weight sync that changed the weights: its "
+                "checksums do not cover the weights this server computes with; the syncs are verified by log-probs"
+            )
+        return changed
 
     async def verify(self, model: torch.nn.Module, version: int) -> ProbeResult:
         """Compare vLLM's greedy probe log-probs with ``model``'s.
