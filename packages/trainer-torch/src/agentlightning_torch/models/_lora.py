@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LORAS_FOLDER", "LoRASettings", "adapter_folder", "apply_lora", "is_lora"]
+__all__ = ["LORAS_FOLDER", "LoRASettings", "apply_lora", "is_lora", "lora_folder"]
 
 LORAS_FOLDER = "adapters"
 """A folder of LoRA adapters (a multi-policy checkpoint's, or one handed to vLLM): one ``save_pretrained`` folder per
@@ -62,7 +62,7 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def adapter_folder(directory: Path, name: str) -> Path:
+def lora_folder(directory: Path, name: str) -> Path:
     """Where ``directory`` keeps adapter ``name`` under `LORAS_FOLDER` (what peft's ``save_pretrained`` writes)."""
     root = directory / LORAS_FOLDER
     # peft writes the first selected adapter named "default" at the root, any other under its name

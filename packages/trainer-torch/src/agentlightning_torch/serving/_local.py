@@ -29,7 +29,7 @@ from agentlightning_torch.serving._server import BackendServer
 __all__ = ["BackendPoliciesServing", "BackendServing", "BackendSettings", "ServedPolicies", "served_state_dict"]
 
 
-class _Adapters(Protocol):
+class _ServedLoRAs(Protocol):
     @property
     def names(self) -> Sequence[str]: ...
 
@@ -46,7 +46,7 @@ class ServedPolicies(Protocol):
         ...
 
     @property
-    def lora(self) -> _Adapters | None:
+    def lora(self) -> _ServedLoRAs | None:
         """The LoRA policies (their names, and those the last update changed); ``None``: none."""
         ...
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agentlightning import FROZEN, TrainingBatch, TrainingSample
-from agentlightning_torch.models._lora import LORAS_FOLDER, LoRASettings, adapter_folder
+from agentlightning_torch.models._lora import LORAS_FOLDER, LoRASettings, lora_folder
 from agentlightning_torch.training._policy_progress import PolicyProgress, lora_drift
 from agentlightning_torch.training._policy_settings import PolicySettings, trained_names
 from agentlightning_torch.training._ppo import PPOConfig, ppo_update
@@ -195,7 +195,7 @@ class LoRAPolicies:
     @staticmethod
     def lora_folder(directory: Path, name: str) -> Path:
         """Where a checkpoint keeps adapter ``name`` (what peft's ``save_pretrained`` writes for it)."""
-        return adapter_folder(directory, name)
+        return lora_folder(directory, name)
 
 
 def split_by_policy(batch: TrainingBatch) -> dict[str, list[TrainingSample]]:

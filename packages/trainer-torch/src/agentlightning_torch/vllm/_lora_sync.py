@@ -28,17 +28,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentlightning import FROZEN
-from agentlightning_torch.models._lora import LORAS_FOLDER, adapter_folder
+from agentlightning_torch.models._lora import LORAS_FOLDER, lora_folder
 from agentlightning_torch.vllm._client import VLLMClient, VLLMError
 from agentlightning_torch.vllm._lora import load_vllm_lora
 from agentlightning_torch.vllm._weight_sync import ProbeResult, VLLMWeightSync, WeightSyncMismatch
 
-__all__ = ["LoRAAdapters", "VLLMLoRASync"]
+__all__ = ["TrainedLoRAs", "VLLMLoRASync"]
 
 logger = logging.getLogger(__name__)
 
 
-class LoRAAdapters(Protocol):
+class TrainedLoRAs(Protocol):
     """What vLLM's multi-LoRA serving needs of the trained adapters (``agentlightning_torch.LoRAPolicies``)."""
 
     @property
@@ -102,7 +102,7 @@ class VLLMLoRASync:
         client = VLLMClient(self.url, model)
         return VLLMWeightSync(client, self._tokenizer, self._vocab_size, tolerance=self._tolerance)
 
-    async def start(self, adapters: LoRAAdapters, version: int) -> None:
+    async def start(self, adapters: TrainedLoRAs, version: int) -> None:
         """Verify vLLM's base model against the trainer's (adapters off), then load and verify every adapter.
 
         Raises:
@@ -114,7 +114,7 @@ class VLLMLoRASync:
         self.versions[FROZEN] = version
         await self.sync(adapters, list(adapters.names), version)
 
-    async def sync(self, adapters: LoRAAdapters, names: list[str], version: int) -> None:
+    async def sync(self, adapters: TrainedLoRAs, names: list[str], version: int) -> None:
         """Load the adapters ``names`` (their current weights in ``adapters``) into vLLM as ``version``; verify each.
 
         Raises:
@@ -134,7 +134,7 @@ class VLLMLoRASync:
         for name in names:
             t_load = time.perf_counter()
             directory = await asyncio.to_thread(self._write, adapters, name, version)
-            await asyncio.to_thread(load_vllm_lora, self.url, name, adapter_folder(directory, name))
+            await asyncio.to_thread(load_vllm_lora, self.url, name, lora_folder(directory, name))
             t_verify = time.perf_counter()
             adapters.model.set_adapter(name)
             probe = await self._verify(self._prober(name), adapters.model, version, name)
@@ -151,7 +151,7 @@ class VLLMLoRASync:
             "vllm_sync_max_logprob_diff": worst,
         }
 
-    async def verify(self, adapters: LoRAAdapters, name: str, version: int) -> ProbeResult:
+    async def verify(self, adapters: TrainedLoRAs, name: str, version: int) -> ProbeResult:
         """Compare vLLM's probe log-probs of policy ``name`` (`FROZEN`: the base) with the trainer's now.
 
         Raises:
@@ -171,7 +171,7 @@ class VLLMLoRASync:
         self.probes[name] = probe
         return probe
 
-    def _write(self, adapters: LoRAAdapters, name: str, version: int) -> Path:
+    def _write(self, adapters: TrainedLoRAs, name: str, version: int) -> Path:
         """Adapter ``name`` written by ``save_pretrained`` into a folder of its own (a new one per version)."""
         directory = self._root / f"{name}-v{version}-{time.time_ns()}"
         adapters.model.save_pretrained(str(directory / LORAS_FOLDER), selected_adapters=[name])

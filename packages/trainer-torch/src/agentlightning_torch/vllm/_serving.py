@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentlightning_torch.serving._backend import merged_state_dict
 from agentlightning_torch.vllm._client import DEV_MODE_ENV, VLLMClient, VLLMError, extension_launch
 from agentlightning_torch.vllm._lora import VLLM_LORA_ENV, vllm_lora_args
-from agentlightning_torch.vllm._lora_sync import LoRAAdapters, VLLMLoRASync
+from agentlightning_torch.vllm._lora_sync import TrainedLoRAs, VLLMLoRASync
 from agentlightning_torch.vllm._server import VLLMServer
 from agentlightning_torch.vllm._weight_sync import ProbeResult, SyncMethod, VLLMWeightSync
 
@@ -278,7 +278,7 @@ class VLLMLoRAServing(_VLLMServingBase):
         loras: The run's LoRA policies on the frozen base.
     """
 
-    def __init__(self, model: VLLMModel, loras: LoRAAdapters) -> None:
+    def __init__(self, model: VLLMModel, loras: TrainedLoRAs) -> None:
         super().__init__(model, lora=(len(loras.names), loras.max_rank))
         self.loras = loras
         self.lora_sync: VLLMLoRASync | None = None
