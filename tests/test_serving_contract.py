@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,26 +196,63 @@ def test_every_serving_implementation_of_both_trainer_packages_is_run_here_or_na
     assert exported == set(KINDS) | elsewhere
 
 
+async def _streamed(url: str, model: str, max_tokens: int, started: asyncio.Event) -> dict[str, Any]:
+    """One streamed completion; sets ``started`` at its first generated chunk (the server is generating it: the
+    condition itself, not a running count sampled from ``/metrics``, which a fast request can slip between).
+    Returns ``{"tokens": n, "finish_reason": ...}``, or ``{"error": status}``."""
+    body = {
+        "model": model, "prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    tokens, finish = 0, None
+    async with aiohttp.ClientSession() as session, session.post(_v1(url) + "/completions", json=body) as answer:
+        if answer.status != 200:
+            return {"error": answer.status}
+        async for line in answer.content:
+            data = line.decode().strip().removeprefix("data:").strip()
+            if not data or data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return {"error": chunk["error"]}
+            for choice in chunk.get("choices") or []:
+                started.set()
+                finish = choice.get("finish_reason") or finish
+            tokens = int((chunk.get("usage") or {}).get("completion_tokens", tokens))
+    return {"tokens": tokens, "finish_reason": finish}
+
+
 async def test_vllm_wait_idle_waits_and_abort_aborts(lora_vllm_server: Any) -> None:
-    """What trainer-torch's vLLM servings' `wait_idle` and `abort` are, against a real vLLM."""
+    """What trainer-torch's vLLM servings' `wait_idle` and `abort` are, against a real vLLM.
+
+    Deterministic on a busy machine: each request is known to be generating (its first streamed chunk arrived), and
+    before the abort it is held by vLLM's ``/pause?mode=keep`` (frozen in vLLM, it cannot finish while the abort is
+    sent), so "abort cut it" does not depend on how fast the tiny model generates."""
     from agentlightning_torch.vllm import VLLMClient
 
     client = VLLMClient(lora_vllm_server.url, "tiny")
     url = lora_vllm_server.url
 
     async def in_flight() -> asyncio.Task[dict[str, Any]]:
-        request = asyncio.create_task(_complete(url, "tiny", LONG))
-        while await client.running() == 0:
-            assert not request.done(), f"the request ended before it was seen generating: {request.result()}"
+        started = asyncio.Event()
+        request = asyncio.create_task(_streamed(url, "tiny", LONG, started))
+        waiting = asyncio.create_task(started.wait())
+        await asyncio.wait([request, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        assert started.is_set(), f"the request ended before it generated: {request.result()}"
         return request
 
     request = await in_flight()
     assert await client.wait_idle(120.0) == 0
-    assert _tokens(await request) == LONG  # waited for, not stopped
+    assert (await request)["tokens"] == LONG  # waited for, not stopped
 
     request = await in_flight()
-    await client.abort()
+    await client.pause("keep")
+    try:
+        await client.abort()
+    finally:
+        await client.resume()
     assert await client.wait_idle(60.0) == 0
     answer = await request
-    assert "error" in answer or _tokens(answer) < LONG, f"abort let the request finish: {answer}"
+    assert "error" in answer or answer["tokens"] < LONG, f"abort let the request finish: {answer}"
     assert _tokens(await _complete(url, "tiny", 3)) == 3  # served as before
