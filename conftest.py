@@ -1,4 +1,18 @@
-"""Root pytest configuration: tests marked ``gpu`` run only where CUDA is available."""
+"""Root pytest configuration: tests marked ``gpu`` run only where CUDA is available; the suite's worker groups.
+
+``python3 scripts/dev.py test`` runs the suite on two worker processes (pytest-xdist, ``--dist loadgroup``). What
+one worker runs at a time, never beside itself on the other (`_worker_group`):
+
+* ``ray``: tests that start a Ray cluster or network namespaces (``ray.init()`` joins a local cluster it finds, and
+  the namespace tests use fixed names, subnets and ports);
+* ``vllm``: the modules that use the session's real vLLM server (one server per session, not one per worker; a
+  module in it joins no other group);
+* ``node``: the modules that ``npm ci`` in ``examples/node`` (it replaces ``node_modules`` while the other reads it);
+* every other module is one group of its own (its module-scoped fixtures are built once).
+
+Under xdist the three shared groups are scheduled first (they are the longest); a plain ``pytest`` run keeps the
+collection order.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +36,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_worker_groups(config, items)
     # the marker itself: ``item.keywords`` also holds the names of the test's folders and module ("gpu/...")
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or _cuda_available():
@@ -29,6 +44,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+SHARED_GROUPS: dict[str, tuple[str, ...]] = {
+    "ray": (
+        "ray.init(",
+        '"--runners", "ray"',
+        "netns_pair",
+        'with_name("verl_ray_loop.py")',
+        'with_name("verl_vllm_loop.py")',
+    ),
+    "node": ('"npm", "ci"',),
+}
+"""Shared groups found by what a test module's source says (a new module that starts Ray joins ``ray`` by itself)."""
+VLLM_FIXTURES = frozenset({"vllm_server", "lora_vllm_server"})
+
+
+def _worker_group(item: pytest.Item, vllm_modules: set[Path], sources: dict[Path, str]) -> str:
+    path = item.path
+    if path in vllm_modules:
+        return "vllm"
+    if path not in sources:
+        sources[path] = path.read_text(encoding="utf-8", errors="replace")
+    for group, signs in SHARED_GROUPS.items():
+        if any(sign in sources[path] for sign in signs):
+            return group
+    return item.nodeid.split("::", 1)[0]
+
+
+def _mark_worker_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's ``xdist_group`` (see the module docstring); only when pytest-xdist is installed."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    vllm_modules = {item.path for item in items if VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    sources: dict[Path, str] = {}
+    groups = {item.nodeid: _worker_group(item, vllm_modules, sources) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    if getattr(config.option, "dist", "no") != "no":
+        first = [*SHARED_GROUPS, "vllm"]
+        items.sort(key=lambda item: first.index(groups[item.nodeid]) if groups[item.nodeid] in first else len(first))
 
 
 # The core's pytest plugin comes in through its ``pytest11`` entry point; an editable install made before that

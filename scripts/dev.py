@@ -191,7 +191,19 @@ def test(args: list[str]) -> int:
     _run(_bin("ruff"), "check", ".")
     _run(_bin("ruff"), "format", "--check", ".")  # the layout rule checks itself too
     _run(_bin("pyright"))
-    return subprocess.call([_bin("python"), "-m", "pytest", *args], cwd=ROOT)
+    return subprocess.call([_bin("python"), "-m", "pytest", *_workers(args), *args], cwd=ROOT)
+
+
+TEST_WORKERS = 2
+"""Worker processes of the test run (pytest-xdist): the suite waits on servers and subprocesses for much of its time,
+so two workers keep two cores busy. ``dev.py test -n N`` sets another number, ``-n 0`` runs in this process."""
+
+
+def _workers(args: list[str]) -> list[str]:
+    """pytest-xdist's options unless ``args`` choose a worker count of their own; groups: the root conftest.py."""
+    if any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in args):
+        return ["--dist", "loadgroup", "--no-loadscope-reorder"]
+    return ["-n", str(TEST_WORKERS), "--dist", "loadgroup", "--no-loadscope-reorder"]
 
 
 def export_constraints() -> str:
