@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from agentlightning import TrainingSample
@@ -78,6 +78,8 @@ __all__ = [
     "make_tool_chat_model",
     "memorize",
     "policy_sample",
+    "tiny_qwen2",
+    "training_sample",
     "write_gguf",
 ]
 
@@ -176,6 +178,51 @@ def policy_sample(policy: str | None, advantage: float, index: int = 0) -> Train
         step_index=0,
         policy=policy,
     )
+
+
+def tiny_qwen2(vocab_size: int = 40, *, seed: int = 0, **config: Any) -> Qwen2ForCausalLM:
+    """A 2-layer, 32-wide random Qwen2 causal LM without a tokenizer (a training step in milliseconds on one thread).
+
+    Seeds the global torch RNG with ``seed`` before building (the same arguments give the same weights); the model is
+    in train mode. ``config`` overrides `Qwen2Config` fields (``max_position_embeddings`` 128 and tied embeddings by
+    default).
+    """
+    fields: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+    }
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(**{**fields, **config}))
+
+
+TOY_PROMPT = (1, 5, 6, 7, 8, 9)
+"""The prompt `training_sample` uses by default (ids below `tiny_qwen2`'s vocabulary)."""
+
+
+def training_sample(
+    response: list[int], advantage: float, prompt: Sequence[int] = TOY_PROMPT, **fields: object
+) -> TrainingSample:
+    """A toy `TrainingSample`: every response token trained, credit and advantage both ``advantage``, ids
+    ``g``/``r``/``a`` at step 0; ``fields`` set any other field (``response_logprobs``, ``policy``, ...)."""
+    values: dict[str, object] = {
+        "prompt_token_ids": list(prompt),
+        "response_token_ids": response,
+        "response_mask": [1] * len(response),
+        "credit": advantage,
+        "advantage": advantage,
+        "group_id": "g",
+        "rollout_id": "r",
+        "attempt_id": "a",
+        "step_index": 0,
+    }
+    values.update(fields)
+    return TrainingSample.model_validate(values)
 
 
 # ------------------------------------------------------------------------------------------- GGUF files
