@@ -70,6 +70,7 @@ __all__ = [
     "add_tool_schema",
     "byte_bpe_tokenizer",
     "find_vllm_python",
+    "gguf_source_model",
     "gguf_tensors",
     "llama_cpp_permute",
     "make_smollm2_stand_in",
@@ -391,10 +392,10 @@ def byte_bpe_tokenizer(texts: tuple[str, ...] = _CORPUS, *, vocab_size: int = 42
     return tokenizer
 
 
-def make_tiny_gguf(
-    path: str | Path, *, arch: Architecture = "llama", qtype: str = "F32", seed: int = 0
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Write a tiny random chat model of ``arch`` as a GGUF file at ``path``; returns the source model and tokenizer.
+def gguf_source_model(
+    arch: Architecture = "llama", *, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A tiny random chat model of ``arch`` and its tokenizer, as `make_tiny_gguf` writes them.
 
     A Llama gets SmolLM2's kind of tokenizer (`byte_bpe_tokenizer`), a Qwen2 Qwen2's (`train_chat_tokenizer`): the
     pre-tokenizers transformers rebuilds for each. 64 wide, 2 layers, 4 heads sharing 2 key/value heads.
@@ -413,5 +414,13 @@ def make_tiny_gguf(
         max_positions=256,
         seed=seed,
     )
+    return model, tokenizer
+
+
+def make_tiny_gguf(
+    path: str | Path, *, arch: Architecture = "llama", qtype: str = "F32", seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Write `gguf_source_model` (``arch``, ``seed``) as a GGUF file at ``path``; returns the model and tokenizer."""
+    model, tokenizer = gguf_source_model(arch, seed=seed)
     write_gguf(model, tokenizer, Path(path), arch=arch, qtype=qtype)
     return model, tokenizer
