@@ -28,12 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 import agentlightning as agl
-from agentlightning import semconv
-from agentlightning.loop import Engine, LoopConfig, RLLoop
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.loop import LoopConfig, RLLoop
+from agentlightning.testing import ScriptedModelServer, ScriptedServerEngine, chat_through_proxy
 
 
 @agl.rollout
@@ -42,38 +39,18 @@ async def one_call(task: dict[str, Any], resources: agl.Resources) -> float:
     llm = resources.llm
     assert llm is not None and llm.api_key
     request = {"model": llm.model, "messages": [{"role": "user", "content": "2+2="}], **llm.sampling_parameters}
-    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                f"{agl.llm_base_url()}/chat/completions",
-                json=request,
-                headers={"Authorization": f"Bearer {llm.api_key}"},
-            ) as resp,
-        ):
-            body = await resp.json()
-            if resp.status != 200:
-                raise RuntimeError(f"the proxy answered {resp.status}: {body}")
-        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    await chat_through_proxy(llm.api_key, request)
     return float(task["i"] % 2)
 
 
-class FixedCostEngine(Engine):
+class FixedCostEngine(ScriptedServerEngine):
     """An engine whose update costs ``update_s`` seconds and whose server answers after ``latency_s`` seconds."""
 
     serves_during_update = True
 
     def __init__(self, latency_s: float, update_s: float) -> None:
-        self.server = ScriptedModelServer(latency=latency_s)
+        super().__init__(ScriptedModelServer(latency=latency_s))
         self.update_s = update_s
-
-    async def start_servers(self, model_version: int) -> list[str]:
-        self.server.model_version = model_version
-        self.server.start()
-        return [self.server.url]
-
-    async def stop_servers(self) -> None:
-        self.server.stop()
 
     def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
         time.sleep(self.update_s)  # the simulated update: a fixed cost in the worker thread

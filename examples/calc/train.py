@@ -86,7 +86,7 @@ def resolve_model(args: argparse.Namespace) -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from agentlightning.cli import add_judge_arguments, add_network_arguments, add_spec_arguments
-    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_run_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_model_arguments, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -95,25 +95,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     preset = MODELS[model]
     real = model != "toy"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model",
-        choices=tuple(MODELS),
-        default="toy",
-        help="toy: the shipped ~1M-parameter warm start (examples/calc/checkpoint); smollm2: SmolLM2-135M-Instruct, "
-        "fetched by `python3 scripts/dev.py smollm2` (its own chat template, a system prompt and a worked example)",
+    add_model_arguments(
+        parser,
+        tuple(MODELS),
+        real=real,
+        smollm2_prompt=SMOLLM2_PROMPT,
+        model_help="toy: the shipped ~1M-parameter warm start (examples/calc/checkpoint); smollm2: "
+        "SmolLM2-135M-Instruct, fetched by `python3 scripts/dev.py smollm2` (its own chat template, a system prompt "
+        "and a worked example)",
+        prompt_help="JSON list of chat messages that open every conversation (default: none for toy, "
+        "prompts/smollm2.json for smollm2)",
     )
-    parser.add_argument("--model-dir", type=Path, default=None, help="a model folder instead of --model's")
-    parser.add_argument(
-        "--prompt-file",
-        type=Path,
-        default=SMOLLM2_PROMPT if real else None,
-        help="JSON list of chat messages that open every conversation (default: none for toy, prompts/smollm2.json "
-        "for smollm2)",
-    )
-    parser.add_argument(
-        "--full-weights", action="store_true", help="train every weight (default for smollm2: LoRA adapters)"
-    )
-    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
     parser.add_argument(
         "--temperature",
         type=float,

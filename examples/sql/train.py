@@ -63,7 +63,7 @@ it matched the shared policy (held-out best 0.89, last 0.88) where attention-onl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from agentlightning_torch.runkit import add_run_arguments
+    from agentlightning_torch.runkit import add_model_arguments, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -71,23 +71,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model = first.parse_known_args(argv)[0].model
     preset, real = dict(MODELS[model]), model != "toy"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model",
-        choices=tuple(MODELS),
-        default="toy",
-        help="toy: the shipped ~1M-parameter warm start (checkpoint/); smollm2: SmolLM2-135M-Instruct, fetched by "
-        "`python3 scripts/dev.py smollm2` (its own chat template, a prompt file of worked examples, LoRA + KL)",
+    add_model_arguments(
+        parser,
+        tuple(MODELS),
+        real=real,
+        smollm2_prompt=SMOLLM2_PROMPT,
+        model_help="toy: the shipped ~1M-parameter warm start (checkpoint/); smollm2: SmolLM2-135M-Instruct, fetched "
+        "by `python3 scripts/dev.py smollm2` (its own chat template, a prompt file of worked examples, LoRA + KL)",
+        prompt_help="JSON object: per agent (writer, checker, rewriter) the chat messages that open its calls "
+        "(default: none for toy, prompts/smollm2.json for smollm2)",
     )
-    parser.add_argument("--model-dir", type=Path, default=None, help="a model folder instead of --model's")
-    parser.add_argument(
-        "--prompt-file",
-        type=Path,
-        default=SMOLLM2_PROMPT if real else None,
-        help="JSON object: per agent (writer, checker, rewriter) the chat messages that open its calls (default: "
-        "none for toy, prompts/smollm2.json for smollm2)",
-    )
-    parser.add_argument("--full-weights", action="store_true", help="train every weight (default for smollm2: LoRA)")
-    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
     parser.add_argument(
         "--policy-per-agent",
         action="store_true",

@@ -18,33 +18,30 @@ import re
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 import agentlightning as agl
 from agentlightning import semconv
 from agentlightning.judge import JUDGE_REASON, JUDGE_SCOPE, JUDGE_SCORE, JUDGE_STEP, JudgeConfig
-from agentlightning.loop import Engine, LoopConfig, RLLoop
-from agentlightning.testing import ScriptedModelServer, ScriptedReply, ToyTokenizer
+from agentlightning.loop import LoopConfig, RLLoop
+from agentlightning.testing import (
+    ScriptedModelServer,
+    ScriptedReply,
+    ScriptedServerEngine,
+    ToyTokenizer,
+    chat_through_proxy,
+)
 from agentlightning.ui import ExplainRequest, explain_attempt
 
 STEP_SCORES = {"planner": 0.1, "solver": 0.7}
 
 
-class FakeEngine(Engine):
+class FakeEngine(ScriptedServerEngine):
     """Weights are a version number served by a scripted policy server; `update` only keeps the batch."""
 
     def __init__(self) -> None:
-        self.server = ScriptedModelServer()
+        super().__init__()
         self.batches: list[agl.TrainingBatch] = []
-
-    async def start_servers(self, model_version: int) -> list[str]:
-        self.server.model_version = model_version
-        self.server.start()
-        return [self.server.url]
-
-    async def stop_servers(self) -> None:
-        self.server.stop()
 
     def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
         self.batches.append(batch)
@@ -83,16 +80,9 @@ async def _chat(agent: str, text: str, resources: agl.Resources) -> None:
     llm = resources.llm
     assert llm is not None and llm.api_key
     request = {"model": llm.model, "messages": [{"role": "user", "content": text}], "max_tokens": 16}
-    attributes = {semconv.SPAN_KIND: semconv.KIND_LLM, semconv.GEN_AI_AGENT_NAME: agent}
-    with agl.get_tracer().start_as_current_span(f"chat {agent}", attributes=attributes) as span:
-        headers = {"Authorization": f"Bearer {llm.api_key}"}
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{agl.llm_base_url()}/chat/completions", json=request, headers=headers) as resp,
-        ):
-            body = await resp.json()
-            assert resp.status == 200, body
-        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    await chat_through_proxy(
+        llm.api_key, request, span_name=f"chat {agent}", attributes={semconv.GEN_AI_AGENT_NAME: agent}
+    )
 
 
 @agl.rollout

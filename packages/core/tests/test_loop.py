@@ -18,9 +18,8 @@ import aiohttp
 import pytest
 
 import agentlightning as agl
-from agentlightning import semconv
-from agentlightning.loop import LOOP_STATE_FILE, Engine, LoopConfig, ProxySettings, RLLoop
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.loop import LOOP_STATE_FILE, LoopConfig, ProxySettings, RLLoop
+from agentlightning.testing import ScriptedServerEngine, chat_through_proxy
 
 GATE: dict[str, asyncio.Event] = {}
 
@@ -34,16 +33,9 @@ def _auth(api_key: str | None) -> dict[str, str]:
 async def _call(task: dict[str, Any], resources: agl.Resources) -> None:
     """One LLM call through the proxy, its span joined to the proxy's record by response id."""
     llm = resources.llm
-    assert llm is not None
+    assert llm is not None and llm.api_key, "the loop publishes its proxy's token as the LLM resource's api_key"
     request = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}], **llm.sampling_parameters}
-    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{agl.llm_base_url()}/chat/completions", json=request, headers=_auth(llm.api_key)) as resp,
-        ):
-            body = await resp.json()
-            assert resp.status == 200, body
-        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    await chat_through_proxy(llm.api_key, request)
 
 
 def _reward() -> float:
@@ -61,24 +53,14 @@ async def chatty_agent(task: dict[str, Any], resources: agl.Resources) -> float:
     return _reward()
 
 
-class FakeEngine(Engine):
+class FakeEngine(ScriptedServerEngine):
     """Weights are a version number: the scripted server reports it on every answer, `update` only records."""
 
     def __init__(self) -> None:
-        self.server = ScriptedModelServer()
+        super().__init__()
         self.batches: list[agl.TrainingBatch] = []
         self.synced: list[int] = []
         self.loaded: dict[str, Any] | None = None
-        self.stopped = False
-
-    async def start_servers(self, model_version: int) -> list[str]:
-        self.server.model_version = model_version
-        self.server.start()
-        return [self.server.url]
-
-    async def stop_servers(self) -> None:
-        self.server.stop()
-        self.stopped = True
 
     def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
         self.batches.append(batch)

@@ -13,14 +13,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 import agentlightning as agl
-from agentlightning import semconv
 from agentlightning.loop import Engine, LoopConfig, ProxySettings, RLLoop
 from agentlightning.loop._staleness import admit_samples, version_lag_histogram
-from agentlightning.testing import ScriptedModelServer
+from agentlightning.testing import ScriptedServerEngine, chat_through_proxy
 
 HOLD: dict[str, asyncio.Event] = {}
 
@@ -34,21 +32,13 @@ async def one_call_agent(task: dict[str, Any], resources: agl.Resources) -> floa
     ctx = agl.current_rollout()
     assert ctx is not None
     request = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}], **llm.sampling_parameters}
-    headers = {"Authorization": f"Bearer {llm.api_key}"}
-    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{agl.llm_base_url()}/chat/completions", json=request, headers=headers) as resp,
-        ):
-            body = await resp.json()
-            assert resp.status == 200, body
-        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    await chat_through_proxy(llm.api_key, request)
     if ctx.rollout_id.split("-", 1)[0] in task.get("hold_in", ()):
         await HOLD["gate"].wait()
     return 1.0 if ctx.rollout_id.endswith("-s0") else 0.0
 
 
-class StaleEngine(Engine):
+class StaleEngine(ScriptedServerEngine):
     """Serves during its update. The scripted server reports ``server.model_version`` on every answer; with
     ``lagging`` a sync leaves it where it was (a backend that never loaded the new weights). `update` records the
     batch with the loop's version; while ``gate`` is clear it waits for it (after setting ``updating``)."""
@@ -56,23 +46,17 @@ class StaleEngine(Engine):
     serves_during_update = True
 
     def __init__(self, lagging: bool = False) -> None:
-        self.server = ScriptedModelServer()
+        super().__init__()
         self.lagging = lagging
         self.version = 0
         self.updates: list[tuple[int, agl.TrainingBatch]] = []
         self.updating = asyncio.Event()
         self.gate = threading.Event()
-        self.stopped = False
         self._loop = asyncio.get_running_loop()
 
     async def start_servers(self, model_version: int) -> list[str]:
-        self.server.model_version = self.version = model_version
-        self.server.start()
-        return [self.server.url]
-
-    async def stop_servers(self) -> None:
-        self.server.stop()
-        self.stopped = True
+        self.version = model_version
+        return await super().start_servers(model_version)
 
     def update(self, batch: agl.TrainingBatch) -> dict[str, float]:
         self._loop.call_soon_threadsafe(self.updating.set)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
@@ -25,6 +25,7 @@ from agentlightning_torch import (
     prepare_policy,
     save_checkpoint,
 )
+from agentlightning_torch.testing import tiny_qwen2
 
 TEMPLATE = (
     "{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}"
@@ -45,19 +46,9 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(vocab: int, seed: int = 0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).eval()
+    """`tiny_qwen2` with the char tokenizer's pad/eos ids and untied embeddings, in eval mode."""
+    config = {"max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": False}
+    return tiny_qwen2(vocab, seed=seed, **config).eval()
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from gguf import GGUFWriter
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from agentlightning_torch import build_chat_model, count_parameters, load_model, train_chat_tokenizer
+from agentlightning_torch import count_parameters, load_model
 from agentlightning_torch import models as models_module
 from agentlightning_torch.model_cli import main as model_main
 from agentlightning_torch.models import (
@@ -41,14 +41,15 @@ from agentlightning_torch.models import (
     models_dir,
     sha256_file,
 )
-from agentlightning_torch.testing import byte_bpe_tokenizer, gguf_tensors, llama_cpp_permute, write_gguf
+from agentlightning_torch.testing import (
+    gguf_source_model,
+    gguf_tensors,
+    llama_cpp_permute,
+    write_gguf,
+)
 
 # --- source models --------------------------------------------------------------------------------------------
 
-CORPUS = [
-    "Hello, how are you today? The answer is 42. What is 12 * 7? You are a tiny test model.",
-    'system user assistant: call <tool_call> with {"a": 2, "b": 3} and read the result.',
-]
 TEXTS = [
     "Hello, how are you today?",
     "What is 12 * 7 = 84, or 1234 + 56789?",
@@ -64,19 +65,7 @@ MESSAGES = [
 
 def source_model(arch: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A tiny random model of ``arch`` with the tokenizer a real file of that family has (GQA: 4 heads, 2 kv)."""
-    tokenizer = byte_bpe_tokenizer(tuple(CORPUS)) if arch == "llama" else train_chat_tokenizer(CORPUS, vocab_size=420)
-    model = build_chat_model(
-        tokenizer,
-        architecture="llama" if arch == "llama" else "qwen2",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=96,
-        max_positions=256,
-        seed=7,
-    )
-    return model, tokenizer
+    return gguf_source_model("llama" if arch == "llama" else "qwen2", seed=7)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

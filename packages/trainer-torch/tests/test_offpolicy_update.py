@@ -7,46 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from agentlightning import TrainingBatch, TrainingSample
+from agentlightning import TrainingBatch
 from agentlightning_torch import PPOConfig, TorchTrainerConfig, make_optimizer, ppo_update, response_logprobs
-from agentlightning_torch.testing import make_tiny_chat_model
+from agentlightning_torch.testing import make_tiny_chat_model, tiny_qwen2, training_sample
 from agentlightning_torch.training._offpolicy import truncated_importance_weights
-
-PROMPT = [1, 5, 6, 7, 8, 9]
-
-
-def _model() -> PreTrainedModel:
-    config = Qwen2Config(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config)
-
-
-def _sample(response: list[int], advantage: float, logprobs: list[float] | None, **fields: object) -> TrainingSample:
-    values: dict[str, object] = {
-        "prompt_token_ids": PROMPT,
-        "response_token_ids": response,
-        "response_mask": [1] * len(response),
-        "response_logprobs": logprobs,
-        "credit": advantage,
-        "advantage": advantage,
-        "group_id": "g",
-        "rollout_id": "r",
-        "attempt_id": "a",
-        "step_index": 0,
-    }
-    values.update(fields)
-    return TrainingSample.model_validate(values)
 
 
 def test_truncated_importance_weights_against_hand_computed_values() -> None:
@@ -68,16 +33,18 @@ def test_truncated_importance_weights_against_hand_computed_values() -> None:
 
 
 def test_the_update_weights_each_tokens_surrogate_by_its_truncated_ratio() -> None:
-    model = _model()
+    model = tiny_qwen2()
     responses, advantages = [[10, 11, 12], [13, 14]], [1.0, -0.5]
-    plain = [_sample(r, a, None) for r, a in zip(responses, advantages, strict=True)]
+    plain = [training_sample(r, a) for r, a in zip(responses, advantages, strict=True)]
     proximal = response_logprobs(model, plain, bf16=False)  # the weights before the update
     # behaviour log-probs chosen so each token's ratio pi_prox / pi_behav is known: 3, 0.5, 1 | 1.25, 4
     ratios = [[3.0, 0.5, 1.0], [1.25, 4.0]]
     behaviour = [
         [p - math.log(r) for p, r in zip(row, rs, strict=True)] for row, rs in zip(proximal, ratios, strict=True)
     ]
-    samples = [_sample(r, a, b) for r, a, b in zip(responses, advantages, behaviour, strict=True)]
+    samples = [
+        training_sample(r, a, response_logprobs=b) for r, a, b in zip(responses, advantages, behaviour, strict=True)
+    ]
     config = PPOConfig(is_correction=True, is_cap=2.0, lr=1e-3, bf16=False)
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=samples), config)
 
@@ -94,9 +61,12 @@ def test_the_update_weights_each_tokens_surrogate_by_its_truncated_ratio() -> No
 
 
 def test_a_sample_without_behaviour_logprobs_is_refused_with_a_reason() -> None:
-    model = _model()
+    model = tiny_qwen2()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    samples = [_sample([10, 11], 1.0, [-1.0, -1.0]), _sample([12], -1.0, None, rollout_id="ro-7", step_index=2)]
+    samples = [
+        training_sample([10, 11], 1.0, response_logprobs=[-1.0, -1.0]),
+        training_sample([12], -1.0, rollout_id="ro-7", step_index=2),
+    ]
     config = PPOConfig(is_correction=True, bf16=False)
     with pytest.raises(ValueError, match=r"sample 1 \(rollout ro-7, step 2\) has no behaviour log-probs: truncated"):
         ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=samples), config)

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from agentlightning import TrainingBatch, TrainingSample
 from agentlightning_torch import (
@@ -21,41 +20,7 @@ from agentlightning_torch import (
     prepare_policy,
     response_logprobs,
 )
-
-VOCAB = 40
-PROMPT = [1, 5, 6, 7, 8, 9]
-
-
-def tiny_model(seed: int = 0) -> PreTrainedModel:
-    """A 2-layer, 32-wide Qwen2 causal LM (runs a step in milliseconds on one thread)."""
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
-
-
-def sample(response: list[int], advantage: float, prompt: list[int] = PROMPT, **fields: object) -> TrainingSample:
-    values: dict[str, object] = {
-        "prompt_token_ids": prompt,
-        "response_token_ids": response,
-        "response_mask": [1] * len(response),
-        "credit": advantage,
-        "advantage": advantage,
-        "group_id": "g",
-        "rollout_id": "r",
-        "attempt_id": "a",
-        "step_index": 0,
-    }
-    values.update(fields)
-    return TrainingSample.model_validate(values)
+from agentlightning_torch.testing import tiny_qwen2, training_sample
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -70,8 +35,8 @@ GOOD, BAD = [10, 11, 12, 2], [20, 21, 22, 2]
 
 
 def test_update_moves_probability_towards_positive_advantage() -> None:
-    model = tiny_model()
-    good, bad = sample(GOOD, 1.0), sample(BAD, -1.0)
+    model = tiny_qwen2()
+    good, bad = training_sample(GOOD, 1.0), training_sample(BAD, -1.0)
     before = total_logprobs(model, [good, bad])
     config = PPOConfig(lr=1e-2)
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=[good, bad]), config)
@@ -84,14 +49,14 @@ def test_update_moves_probability_towards_positive_advantage() -> None:
 
 def test_lora_step_moves_probability_towards_positive_advantage_and_leaves_the_base_alone() -> None:
     pytest.importorskip("peft")
-    base = tiny_model()
+    base = tiny_qwen2()
     frozen = snapshot(base)
     config = PPOConfig(lr=5e-2, lora=LoRASettings(r=4, alpha=8))
     policy = prepare_policy(base, config)
     assert is_lora(policy)
     trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
-    good, bad = sample(GOOD, 1.0), sample(BAD, -1.0)
+    good, bad = training_sample(GOOD, 1.0), training_sample(BAD, -1.0)
     before = total_logprobs(policy, [good, bad])
     optimizer = make_optimizer(policy, config)
     for _ in range(2):  # LoRA's B starts at zero: the first step moves B only, the second moves the output
@@ -102,14 +67,14 @@ def test_lora_step_moves_probability_towards_positive_advantage_and_leaves_the_b
     assert set(merged) == set(frozen)
     assert any(not torch.equal(frozen[k], merged[k]) for k in frozen)
     # the merged weights serve what the adapter-wrapped policy computes
-    plain = tiny_model(seed=3)
+    plain = tiny_qwen2(seed=3)
     plain.load_state_dict(merged)
     assert total_logprobs(plain, [good, bad]) == pytest.approx(after, abs=1e-4)
 
 
 def test_recorded_old_logprobs_are_used() -> None:
-    model = tiny_model()
-    good = sample(GOOD, 1.0)
+    model = tiny_qwen2()
+    good = training_sample(GOOD, 1.0)
     stale = [value - 1.0 for value in response_logprobs(model, [good])[0]]  # ratio e: far outside the clip range
     config = PPOConfig(lr=1e-3)
     metrics = ppo_update(
@@ -123,8 +88,8 @@ def test_recorded_old_logprobs_are_used() -> None:
 
 
 def test_observation_tokens_are_not_trained() -> None:
-    model = tiny_model()
-    masked = sample(GOOD, 1.0, response_mask=[0, 0, 0, 0])
+    model = tiny_qwen2()
+    masked = training_sample(GOOD, 1.0, response_mask=[0, 0, 0, 0])
     before = snapshot(model)
     config = PPOConfig()
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=[masked]), config)
@@ -137,14 +102,16 @@ def test_micro_batching_by_tokens_gives_the_same_update() -> None:
     # Different prompt and response lengths, a masked observation span, mixed advantages: padding and the
     # accumulation's normalisation both matter here.
     samples = [
-        sample([10, 11, 2], 1.0),
-        sample([20, 21, 22, 23, 24, 2], -0.5, prompt=[1, 5, 6]),
-        sample([30, 31, 32, 33, 34, 35, 36, 2], 0.7, prompt=[1, *range(5, 13)], response_mask=[1, 1, 1, 0, 0, 0, 1, 1]),
+        training_sample([10, 11, 2], 1.0),
+        training_sample([20, 21, 22, 23, 24, 2], -0.5, prompt=[1, 5, 6]),
+        training_sample(
+            [30, 31, 32, 33, 34, 35, 36, 2], 0.7, prompt=[1, *range(5, 13)], response_mask=[1, 1, 1, 0, 0, 0, 1, 1]
+        ),
     ]
-    start = snapshot(tiny_model())
+    start = snapshot(tiny_qwen2())
     results: list[dict[str, torch.Tensor]] = []
     for micro_rows, micro_tokens in ((64, 16384), (64, 17)):
-        model = tiny_model()
+        model = tiny_qwen2()
         config = PPOConfig(micro_batch_size=micro_rows, micro_batch_tokens=micro_tokens)
         # plain SGD: the weight change is the accumulated gradient itself (Adam would blur what is compared)
         sgd = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -170,24 +137,24 @@ def test_a_large_model_gets_micro_batches_its_activations_fit_in() -> None:
     assert activation_bytes_per_token(smollm2) == 1_843_200
     assert fit_micro_batches(smollm2, PPOConfig(), torch.device("cpu")).micro_batch_tokens == 2330  # 4 GiB
     assert fit_micro_batches(smollm2, PPOConfig(activation_memory_gib=1), torch.device("cpu")).micro_batch_tokens == 582
-    small = fit_micro_batches(tiny_model(), PPOConfig(), torch.device("cpu"))
+    small = fit_micro_batches(tiny_qwen2(), PPOConfig(), torch.device("cpu"))
     assert small.micro_batch_tokens == 16384  # a small model keeps the setting
     # through ppo_update: a budget of 17 tokens' activations plans the same 3 micro-batches as micro_batch_tokens=17
-    per_token = activation_bytes_per_token(tiny_model())
+    per_token = activation_bytes_per_token(tiny_qwen2())
     assert per_token == 6144
-    samples = [sample([10, 11, 2], 1.0), sample([20, 21, 22, 23, 24, 2], -0.5, prompt=[1, 5, 6])]
-    samples.append(sample([30, 31, 2], 0.7, prompt=[1, *range(5, 13)]))
-    model = tiny_model()
+    samples = [training_sample([10, 11, 2], 1.0), training_sample([20, 21, 22, 23, 24, 2], -0.5, prompt=[1, 5, 6])]
+    samples.append(training_sample([30, 31, 2], 0.7, prompt=[1, *range(5, 13)]))
+    model = tiny_qwen2()
     config = PPOConfig(activation_memory_gib=17 * per_token / 2**30)
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=samples), config)
     assert metrics["micro_batches"] == 3 and metrics["max_micro_batch_tokens"] <= 17
 
 
 def test_a_long_trajectory_gets_a_micro_batch_of_its_own() -> None:
-    long = sample(list(range(10, 38)) * 3 + [2], 1.0)  # 6 + 85 = 91 tokens
-    shorts = [sample([10 + i, 2], -1.0 if i % 2 else 1.0) for i in range(8)]  # 8 tokens each
+    long = training_sample(list(range(10, 38)) * 3 + [2], 1.0)  # 6 + 85 = 91 tokens
+    shorts = [training_sample([10 + i, 2], -1.0 if i % 2 else 1.0) for i in range(8)]  # 8 tokens each
     config = PPOConfig(lr=1e-3, micro_batch_tokens=32)
-    model = tiny_model()
+    model = tiny_qwen2()
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=[*shorts, long]), config)
     # the long one alone (91 padded tokens); the shorts four at a time (32), never padded to 91
     assert metrics["micro_batches"] == 3 and metrics["max_micro_batch_tokens"] == 91
@@ -196,11 +163,11 @@ def test_a_long_trajectory_gets_a_micro_batch_of_its_own() -> None:
 
 
 def test_gradient_checkpointing_gives_the_same_update() -> None:
-    samples = [sample(GOOD, 1.0), sample(BAD, -1.0)]
-    start = snapshot(tiny_model())
+    samples = [training_sample(GOOD, 1.0), training_sample(BAD, -1.0)]
+    start = snapshot(tiny_qwen2())
     results = []
     for checkpointing in (False, True):
-        model = tiny_model()
+        model = tiny_qwen2()
         config = PPOConfig(gradient_checkpointing=checkpointing)
         policy = prepare_policy(model, config)
         assert policy.is_gradient_checkpointing == checkpointing  # type: ignore[union-attr]
@@ -212,11 +179,11 @@ def test_gradient_checkpointing_gives_the_same_update() -> None:
 
 
 def test_bad_samples_are_rejected_before_anything_changes() -> None:
-    model = tiny_model()
+    model = tiny_qwen2()
     before = snapshot(model)
     config = PPOConfig()
     optimizer = make_optimizer(model, config)
-    good = sample(GOOD, 1.0)
+    good = training_sample(GOOD, 1.0)
     out_of_vocab = good.model_copy(update={"response_token_ids": [500, 1], "response_mask": [1, 1]})
     with pytest.raises(ValueError, match="sample 1 has token ids"):
         ppo_update(model, optimizer, TrainingBatch(samples=[good, out_of_vocab]), config)
@@ -229,12 +196,12 @@ def test_bad_samples_are_rejected_before_anything_changes() -> None:
 
 
 def test_kl_penalty_against_a_reference() -> None:
-    model, reference = tiny_model(seed=0), tiny_model(seed=1)
+    model, reference = tiny_qwen2(seed=0), tiny_qwen2(seed=1)
     config = PPOConfig(kl_coef=0.5)
     metrics = ppo_update(
         model,
         make_optimizer(model, config),
-        TrainingBatch(samples=[sample(GOOD, 0.0)]),
+        TrainingBatch(samples=[training_sample(GOOD, 0.0)]),
         config,
         ref_model=reference,
     )
@@ -244,9 +211,9 @@ def test_kl_penalty_against_a_reference() -> None:
 def test_lora_kl_uses_the_base_model_as_reference() -> None:
     pytest.importorskip("peft")
     config = PPOConfig(lr=5e-2, kl_coef=1.0, lora=LoRASettings(r=4, alpha=8))
-    policy = prepare_policy(tiny_model(), config)
+    policy = prepare_policy(tiny_qwen2(), config)
     optimizer = make_optimizer(policy, config)
-    batch = TrainingBatch(samples=[sample(GOOD, 1.0)])
+    batch = TrainingBatch(samples=[training_sample(GOOD, 1.0)])
     first = ppo_update(policy, optimizer, batch, config)
     assert first["kl"] == pytest.approx(0.0, abs=1e-9)  # adapters start as a no-op: policy == base
     ppo_update(policy, optimizer, batch, config)
@@ -279,8 +246,8 @@ def test_a_bad_setting_is_refused_naming_it(setting: dict[str, Any]) -> None:
 
 @pytest.mark.gpu
 def test_bf16_autocast_step_on_cuda() -> None:
-    model = tiny_model().to("cuda")
-    good, bad = sample(GOOD, 1.0), sample(BAD, -1.0)
+    model = tiny_qwen2().to("cuda")
+    good, bad = training_sample(GOOD, 1.0), training_sample(BAD, -1.0)
     before = [sum(r) for r in response_logprobs(model, [good, bad], "cuda", bf16=False)]
     config = PPOConfig(lr=1e-2, bf16=True)
     metrics = ppo_update(model, make_optimizer(model, config), TrainingBatch(samples=[good, bad]), config, "cuda")
@@ -291,10 +258,10 @@ def test_bf16_autocast_step_on_cuda() -> None:
 
 def test_entropy_bonus_raises_the_entropy_when_the_advantage_is_zero() -> None:
     """With zero advantage the policy gradient is zero: only the entropy bonus moves the weights, upwards in entropy."""
-    batch = TrainingBatch(samples=[sample([5, 6, 7], 0.0), sample([8, 9, 2], 0.0)])
-    peaked = tiny_model()  # a policy that has learnt to prefer its answers: entropy well below the maximum
-    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-2)), TrainingBatch(samples=[sample([5, 6, 7], 1.0)]),
-               PPOConfig(lr=1e-2, epochs=5))  # fmt: skip
+    batch = TrainingBatch(samples=[training_sample([5, 6, 7], 0.0), training_sample([8, 9, 2], 0.0)])
+    peaked = tiny_qwen2()  # a policy that has learnt to prefer its answers: entropy well below the maximum
+    preferred = TrainingBatch(samples=[training_sample([5, 6, 7], 1.0)])
+    ppo_update(peaked, make_optimizer(peaked, PPOConfig(lr=1e-2)), preferred, PPOConfig(lr=1e-2, epochs=5))
     measure = PPOConfig(lr=1e-12)  # an update that changes nothing measurable: reports the entropy
 
     def entropy(model: torch.nn.Module) -> float:

@@ -9,10 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 import agentlightning as agl
-from agentlightning import semconv
+from agentlightning.testing import chat_through_proxy
 from agentlightning_torch import TorchTrainer, TorchTrainerConfig
 from agentlightning_torch.testing import make_tiny_chat_model
 
@@ -25,18 +23,7 @@ async def ask_once(task: dict[str, Any], resources: agl.Resources) -> float:
     ctx = agl.current_rollout()
     assert ctx is not None
     request = {"model": llm.model, "messages": [{"role": "user", "content": task["q"]}], **llm.sampling_parameters}
-    with agl.get_tracer().start_as_current_span("chat", attributes={semconv.SPAN_KIND: semconv.KIND_LLM}) as span:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                f"{agl.llm_base_url()}/chat/completions",
-                json=request,
-                headers={"Authorization": f"Bearer {llm.api_key}"},
-            ) as resp,
-        ):
-            body = await resp.json()
-            assert resp.status == 200, body
-        span.set_attribute(semconv.GEN_AI_RESPONSE_ID, body["id"])
+    await chat_through_proxy(llm.api_key, request)
     return 1.0 if ctx.rollout_id.endswith("-s0") else 0.0
 
 

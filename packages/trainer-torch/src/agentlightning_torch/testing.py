@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from agentlightning import TrainingSample
@@ -70,6 +70,7 @@ __all__ = [
     "add_tool_schema",
     "byte_bpe_tokenizer",
     "find_vllm_python",
+    "gguf_source_model",
     "gguf_tensors",
     "llama_cpp_permute",
     "make_smollm2_stand_in",
@@ -78,6 +79,8 @@ __all__ = [
     "make_tool_chat_model",
     "memorize",
     "policy_sample",
+    "tiny_qwen2",
+    "training_sample",
     "write_gguf",
 ]
 
@@ -176,6 +179,51 @@ def policy_sample(policy: str | None, advantage: float, index: int = 0) -> Train
         step_index=0,
         policy=policy,
     )
+
+
+def tiny_qwen2(vocab_size: int = 40, *, seed: int = 0, **config: Any) -> Qwen2ForCausalLM:
+    """A 2-layer, 32-wide random Qwen2 causal LM without a tokenizer (a training step in milliseconds on one thread).
+
+    Seeds the global torch RNG with ``seed`` before building (the same arguments give the same weights); the model is
+    in train mode. ``config`` overrides `Qwen2Config` fields (``max_position_embeddings`` 128 and tied embeddings by
+    default).
+    """
+    fields: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+    }
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(**{**fields, **config}))
+
+
+TOY_PROMPT = (1, 5, 6, 7, 8, 9)
+"""The prompt `training_sample` uses by default (ids below `tiny_qwen2`'s vocabulary)."""
+
+
+def training_sample(
+    response: list[int], advantage: float, prompt: Sequence[int] = TOY_PROMPT, **fields: object
+) -> TrainingSample:
+    """A toy `TrainingSample`: every response token trained, credit and advantage both ``advantage``, ids
+    ``g``/``r``/``a`` at step 0; ``fields`` set any other field (``response_logprobs``, ``policy``, ...)."""
+    values: dict[str, object] = {
+        "prompt_token_ids": list(prompt),
+        "response_token_ids": response,
+        "response_mask": [1] * len(response),
+        "credit": advantage,
+        "advantage": advantage,
+        "group_id": "g",
+        "rollout_id": "r",
+        "attempt_id": "a",
+        "step_index": 0,
+    }
+    values.update(fields)
+    return TrainingSample.model_validate(values)
 
 
 # ------------------------------------------------------------------------------------------- GGUF files
@@ -344,10 +392,10 @@ def byte_bpe_tokenizer(texts: tuple[str, ...] = _CORPUS, *, vocab_size: int = 42
     return tokenizer
 
 
-def make_tiny_gguf(
-    path: str | Path, *, arch: Architecture = "llama", qtype: str = "F32", seed: int = 0
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Write a tiny random chat model of ``arch`` as a GGUF file at ``path``; returns the source model and tokenizer.
+def gguf_source_model(
+    arch: Architecture = "llama", *, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A tiny random chat model of ``arch`` and its tokenizer, as `make_tiny_gguf` writes them.
 
     A Llama gets SmolLM2's kind of tokenizer (`byte_bpe_tokenizer`), a Qwen2 Qwen2's (`train_chat_tokenizer`): the
     pre-tokenizers transformers rebuilds for each. 64 wide, 2 layers, 4 heads sharing 2 key/value heads.
@@ -366,5 +414,13 @@ def make_tiny_gguf(
         max_positions=256,
         seed=seed,
     )
+    return model, tokenizer
+
+
+def make_tiny_gguf(
+    path: str | Path, *, arch: Architecture = "llama", qtype: str = "F32", seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Write `gguf_source_model` (``arch``, ``seed``) as a GGUF file at ``path``; returns the model and tokenizer."""
+    model, tokenizer = gguf_source_model(arch, seed=seed)
     write_gguf(model, tokenizer, Path(path), arch=arch, qtype=qtype)
     return model, tokenizer

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from agentlightning.testing._attempts import start_attempts
     from agentlightning.testing._failover import FailoverReport, TcpFailover, run_failover
     from agentlightning.testing._guard import KitGuard, silent_overrides
+    from agentlightning.testing._loop_kit import ScriptedServerEngine, chat_through_proxy
     from agentlightning.testing._model_server import ScriptedModelServer, ScriptedReply, ServedCall, ToyTokenizer
     from agentlightning.testing._netns import NetnsPair, netns_pair, why_no_netns
     from agentlightning.testing._postgres_server import PostgresServer, find_pg_bin
@@ -50,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "KitGuard": "agentlightning.testing._guard",
     "silent_overrides": "agentlightning.testing._guard",
     "wait_until": "agentlightning.testing._wait",
+    "ScriptedServerEngine": "agentlightning.testing._loop_kit",
+    "chat_through_proxy": "agentlightning.testing._loop_kit",
     "RawHttpServer": "agentlightning.testing._raw_http",
     "read_request": "agentlightning.testing._raw_http",
 }
@@ -65,12 +68,14 @@ __all__ = [
     "RunRecord",
     "ScriptedModelServer",
     "ScriptedReply",
+    "ScriptedServerEngine",
     "ServedCall",
     "StoreConformanceTests",
     "StoreFactory",
     "StoreServerProcessForTests",
     "TcpFailover",
     "ToyTokenizer",
+    "chat_through_proxy",
     "find_pg_bin",
     "free_port",
     "make_call",

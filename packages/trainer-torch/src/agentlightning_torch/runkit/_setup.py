@@ -15,6 +15,7 @@ __all__ = [
     "RUN_OPTIONS",
     "SCRIPT_DEFAULTS",
     "UsageError",
+    "add_model_arguments",
     "add_run_arguments",
     "load_jsonl_tasks",
     "proxy_settings",
@@ -112,6 +113,36 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, output: Path, **defaul
     if unknown:
         raise KeyError(f"add_run_arguments has no option {', '.join(unknown)}")
     add_spec_arguments(parser, TorchSpec, RUN_OPTIONS, defaults={**defaults, "output": output})
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    models: tuple[str, ...],
+    *,
+    real: bool,
+    smollm2_prompt: Path,
+    model_help: str,
+    prompt_help: str,
+) -> None:
+    """The options of a script that trains the shipped toy warm start or a real model (SmolLM2): ``--model`` (one of
+    ``models``, default ``toy``), ``--model-dir``, ``--prompt-file`` (``smollm2_prompt`` by default for a real model),
+    ``--full-weights`` and ``--lora-rank`` (a real model trains LoRA adapters by default).
+
+    Args:
+        parser: The script's parser.
+        models: The ``--model`` choices.
+        real: Whether the ``--model`` given (read first: it picks the other options' defaults) is a real model.
+        smollm2_prompt: The script's SmolLM2 prompt file.
+        model_help: What ``--model`` means for this script.
+        prompt_help: What the prompt file holds for this script.
+    """
+    parser.add_argument("--model", choices=models, default="toy", help=model_help)
+    parser.add_argument("--model-dir", type=Path, default=None, help="a model folder instead of --model's")
+    parser.add_argument("--prompt-file", type=Path, default=smollm2_prompt if real else None, help=prompt_help)
+    parser.add_argument(
+        "--full-weights", action="store_true", help="train every weight (default for smollm2: LoRA adapters)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (smollm2; q/k/v/o projections)")
 
 
 def total_workers(args: argparse.Namespace | TorchSpec) -> int:
