@@ -28,25 +28,14 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from agentlightning_torch.runkit import SMOLLM2_RL
+
 HERE = Path(__file__).resolve().parent
 # --model: the models this example trains, each with the settings its README measured (the options still override)
 TOY: dict[str, Any] = {"minutes": 5.0, "tasks_per_iteration": 16}
-SMOLLM2: dict[str, Any] = {
-    # a real pretrained model: LoRA (r 16 on q/k/v/o) with KL to the starting model, groups of 8 at temperature 0.7
-    # (a 135M model's samples at 1.0 are often noise), short answers; the iterations budget makes the figure
-    # reproduce (held-out greedy accuracy rose 0.30 -> 0.84 in the first 2 iterations: examples/calc/README.md)
-    "minutes": 60.0,
-    "iterations": 6,
-    "eval_every": 2,
-    "tasks_per_iteration": 8,
-    "samples_per_task": 8,
-    "temperature": 0.7,
-    "lr": 5e-4,
-    "kl_coef": 0.05,
-    "entropy_coef": 0.0,
-    "ppo_epochs": 1,
-    "rollout_timeout": 1800.0,  # a safety net: on a busy 2-core machine an iteration's rollouts take minutes
-}
+SMOLLM2: dict[str, Any] = {**SMOLLM2_RL, "iterations": 6}
+"""A real pretrained model: the iterations budget makes the figure reproduce (held-out greedy accuracy rose
+0.30 -> 0.84 in the first 2 iterations: examples/calc/README.md)."""
 MODELS: dict[str, dict[str, Any]] = {"toy": TOY, "smollm2": SMOLLM2}
 SMOLLM2_FOLDER = "smollm2-135m-instruct"
 SMOLLM2_PROMPT = HERE / "prompts" / "smollm2.json"  # its system prompt and worked example (see the README)

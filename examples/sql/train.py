@@ -31,27 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sql_agent import AGENTS, PROMPT_ENV, TRAINED_AGENTS
 from sql_data import load_tasks
 
-from agentlightning_torch.runkit import SCRIPT_DEFAULTS, STABLE_RL, UsageError
+from agentlightning_torch.runkit import SCRIPT_DEFAULTS, SMOLLM2_RL, STABLE_RL, UsageError
 
 HERE = Path(__file__).resolve().parent
 STABLE: dict[str, Any] = {**STABLE_RL, "iterations": 30}  # the README's run: the same figures on any machine
 """The RL settings the README measured (3 seeds, and a run 3x as long): see the README's "Stable" section."""
-SMOLLM2: dict[str, Any] = {
-    # a real pretrained model, the calculator example's recipe (examples/calc/README.md): LoRA r 16 on q/k/v/o with
-    # KL 0.05 to the starting model, groups of 8 at temperature 0.7, one PPO epoch; the iterations budget makes the
-    # figures reproduce (examples/sql/README.md, "SmolLM2")
-    "minutes": 60.0,
-    "iterations": 4,
-    "eval_every": 2,
-    "tasks_per_iteration": 8,
-    "samples_per_task": 8,
-    "temperature": 0.7,
-    "lr": 5e-4,
-    "kl_coef": 0.05,
-    "entropy_coef": 0.0,
-    "ppo_epochs": 1,
-    "rollout_timeout": 1800.0,  # a safety net: on a busy 2-core machine an iteration's rollouts take minutes
-}
+SMOLLM2: dict[str, Any] = {**SMOLLM2_RL, "iterations": 4}
+"""A real pretrained model, with the calculator example's recipe (`SMOLLM2_RL`); the iterations budget makes the
+figures reproduce (examples/sql/README.md, "SmolLM2")."""
 MODELS: dict[str, dict[str, Any]] = {"toy": {**STABLE, "temperature": 1.0}, "smollm2": SMOLLM2}
 """``--model``: the models this example trains, each with the settings its README measured (options override)."""
 SMOLLM2_FOLDER = "smollm2-135m-instruct"

@@ -32,6 +32,7 @@ from agentlightning_torch.runkit._runners import AgentRunners, OnDemandDashboard
 from agentlightning_torch.runkit._setup import (
     RUN_OPTIONS,
     SCRIPT_DEFAULTS,
+    SMOLLM2_RL,
     STABLE_RL,
     UsageError,
     add_model_arguments,
@@ -49,6 +50,7 @@ from agentlightning_torch.runkit._spec import TORCH_CAPABILITIES, TorchSpec
 __all__ = [
     "RUN_OPTIONS",
     "SCRIPT_DEFAULTS",
+    "SMOLLM2_RL",
     "STABLE_RL",
     "TORCH_CAPABILITIES",
     "AgentRunners",

@@ -52,6 +52,22 @@ STABLE_RL: dict[str, Any] = {
 """The stable RL settings the sql, rag and math examples' READMEs measured (3 seeds, and runs 3x as long): a script
 passes them with its own iterations budget, ``add_run_arguments(parser, ..., **STABLE_RL, iterations=30)``."""
 
+SMOLLM2_RL: dict[str, Any] = {
+    "minutes": 60.0,  # a safety cap only: a script's iterations budget ends its run first
+    "eval_every": 2,
+    "tasks_per_iteration": 8,
+    "samples_per_task": 8,
+    "temperature": 0.7,  # a 135M model's samples at 1.0 are often noise
+    "lr": 5e-4,
+    "kl_coef": 0.05,
+    "entropy_coef": 0.0,
+    "ppo_epochs": 1,
+    "rollout_timeout": 1800.0,  # a safety net: on a busy 2-core machine an iteration's rollouts take minutes
+}
+"""The RL settings for a small pretrained chat model (SmolLM2-135M-Instruct) that the calc and sql examples measured:
+LoRA (r 16 on q/k/v/o) with KL 0.05 to the starting model, groups of 8 at temperature 0.7, one PPO epoch, short
+answers. A script adds its own iterations budget: ``{**SMOLLM2_RL, "iterations": 6}``."""
+
 
 RUN_OPTIONS = (
     "output",
