@@ -1,7 +1,7 @@
 """Root pytest configuration: tests marked ``gpu`` run only where CUDA is available; the suite's worker groups.
 
 ``python3 scripts/dev.py test`` runs the suite on two worker processes (pytest-xdist, ``--dist loadgroup``). What
-one worker runs at a time, never beside itself on the other (`_worker_group`):
+one worker runs at a time, never beside itself on the other (`worker_group`):
 
 * ``ray``: tests that start a Ray cluster or network namespaces (``ray.init()`` joins a local cluster it finds, and
   the namespace tests use fixed names, subnets and ports);
@@ -16,8 +16,10 @@ collection order.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent
 
 
 def _cuda_available() -> bool:
@@ -36,7 +40,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _mark_worker_groups(config, items)
+    _longest_groups_first(config, items)
     # the marker itself: ``item.keywords`` also holds the names of the test's folders and module ("gpu/...")
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or _cuda_available():
@@ -46,44 +50,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
-SHARED_GROUPS: dict[str, tuple[str, ...]] = {
-    "ray": (
-        "ray.init(",
-        '"--runners", "ray"',
-        "netns_pair",
-        'with_name("verl_ray_loop.py")',
-        'with_name("verl_vllm_loop.py")',
-    ),
-    "node": ('"npm", "ci"',),
+SHARED_GROUPS: dict[str, re.Pattern[str]] = {
+    "vllm": re.compile(r"\b(lora_)?vllm_server\b"),  # a parameter naming the session's server (fixtures above)
+    "ray": re.compile(r'ray\.init\(|"--runners", "ray"|netns_pair|with_name\("verl_(ray|vllm)_loop\.py"\)'),
+    "node": re.compile(r'"npm", "ci"'),
 }
-"""Shared groups found by what a test module's source says (a new module that starts Ray joins ``ray`` by itself)."""
-VLLM_FIXTURES = frozenset({"vllm_server", "lora_vllm_server"})
+"""The shared groups, found by what a test module's source says (a new module that starts Ray joins ``ray`` by
+itself); the first that matches wins."""
 
 
-def _worker_group(item: pytest.Item, vllm_modules: set[Path], sources: dict[Path, str]) -> str:
-    path = item.path
-    if path in vllm_modules:
-        return "vllm"
-    if path not in sources:
-        sources[path] = path.read_text(encoding="utf-8", errors="replace")
-    for group, signs in SHARED_GROUPS.items():
-        if any(sign in sources[path] for sign in signs):
-            return group
-    return item.nodeid.split("::", 1)[0]
+@functools.cache
+def worker_group(module: str) -> str:
+    """The group of the test module at ``module`` (a path relative to the repository, as in a test id)."""
+    source = (ROOT / module).read_text(encoding="utf-8", errors="replace")
+    return next((group for group, sign in SHARED_GROUPS.items() if sign.search(source)), module)
 
 
-def _mark_worker_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's ``xdist_group`` (see the module docstring); only when pytest-xdist is installed."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    vllm_modules = {item.path for item in items if VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    sources: dict[Path, str] = {}
-    groups = {item.nodeid: _worker_group(item, vllm_modules, sources) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    if getattr(config.option, "dist", "no") != "no":
-        first = [*SHARED_GROUPS, "vllm"]
-        items.sort(key=lambda item: first.index(groups[item.nodeid]) if groups[item.nodeid] in first else len(first))
+def _group_rank(nodeid: str) -> int:
+    group = worker_group(nodeid.split("::", 1)[0])
+    return list(SHARED_GROUPS).index(group) if group in SHARED_GROUPS else len(SHARED_GROUPS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: xdist's scope scheduling with `worker_group` as the scope. (pytest-xdist's own
+    ``xdist_group`` marks name the group by rewriting test ids, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid.split("::", 1)[0])
+
+    return WorkerGroups(config, log)
+
+
+def _longest_groups_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under ``--dist loadgroup``: the shared groups first (they are the longest), so that the
+    scheduler, which hands out groups in collection order, starts them first. A plain run keeps its order."""
+    if getattr(config.option, "loadgroup", False):  # set on xdist's workers
+        items.sort(key=lambda item: _group_rank(item.nodeid))
 
 
 # The core's pytest plugin comes in through its ``pytest11`` entry point; an editable install made before that
@@ -94,7 +100,7 @@ if not any(
     pytest_plugins = ["agentlightning.testing.pytest_plugin"]
 
 
-_EXAMPLES = Path(__file__).resolve().parent / "examples"
+_EXAMPLES = ROOT / "examples"
 
 
 def _load_example_script(example: str, name: str) -> ModuleType:
