@@ -269,6 +269,17 @@ def _running_now(trainer: TorchTrainer) -> int:
     return serving.backend.running
 
 
+def _hold_vllm(trainer: TorchTrainer, route: str) -> None:
+    """vLLM's ``/pause?mode=keep`` or ``/resume`` (nothing for the embedded backend, which generates far slower).
+
+    A tiny model on vLLM can generate all ``LONG`` tokens between "seen generating" and the loop's cancel on a busy
+    machine; kept paused, the request stays in vLLM unfinished until the cancel's abort removes it."""
+    serving = trainer.engine.serving
+    if isinstance(serving, VLLMWeightsServing):
+        with urllib.request.urlopen(urllib.request.Request(f"{serving.url}{route}", method="POST"), timeout=60):
+            pass
+
+
 async def _running(trainer: TorchTrainer) -> int:
     return await asyncio.to_thread(_running_now, trainer)
 
@@ -290,10 +301,12 @@ async def _cancelled_generation_frees_its_slot(trainer: TorchTrainer, store: agl
         while trainer.proxy.in_flight < len(long_ids) or await _running(trainer) < 1:
             assert time.monotonic() < deadline, f"the long generation never started (answers: {STATUS})"
             await asyncio.sleep(0.05)
+        _hold_vllm(trainer, "/pause?mode=keep")  # frozen mid-generation: it cannot finish before the loop cancels it
         return await real_wait(rollout_ids, timeout=0)
 
     def recording_update(batch: agl.TrainingBatch) -> dict[str, float]:
         at_update.append(_running_now(trainer))
+        _hold_vllm(trainer, "/resume")
         return real_update(batch)
 
     store.wait_for_rollouts = wait_until_the_long_call_generates  # type: ignore[method-assign]
