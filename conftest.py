@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -29,6 +30,21 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+
+
+def _hypothesis_profile() -> None:
+    """Property tests draw the same examples on every run (``derandomize``): a test command that fails by the luck
+    of a draw is a flaky test. ``AGL_HYPOTHESIS=explore`` draws new examples (while developing a property)."""
+    try:
+        from hypothesis import settings
+    except ImportError:  # a package's own tests in an environment without hypothesis
+        return
+    settings.register_profile("fixed", derandomize=True)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile("explore" if os.environ.get("AGL_HYPOTHESIS") == "explore" else "fixed")
+
+
+_hypothesis_profile()
 
 
 def _cuda_available() -> bool:

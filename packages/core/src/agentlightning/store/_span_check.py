@@ -69,8 +69,14 @@ def _hex(values: Any, length: int) -> bool:
 
 
 def _finite_floats(values: Any) -> bool:
-    """Whether every value is a float and none is NaN or infinite (a sum of finite floats may overflow: then no)."""
-    return _types(values) == {float} and math.isfinite(sum(values))
+    """Whether every value is a float and none is NaN or infinite."""
+    return _types(values) == {float} and _all_finite(values)
+
+
+def _all_finite(floats: Any) -> bool:
+    """Whether no float is NaN or infinite: their sum says so in one C loop, unless it overflowed (large finite
+    values, e.g. two of 1e308), which one look at each value settles."""
+    return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
 
 
 def _attributes(column: list[Any], copy: bool) -> list[dict[str, Any]] | None:
@@ -81,7 +87,7 @@ def _attributes(column: list[Any], copy: bool) -> list[dict[str, Any]] | None:
     kinds = _types(values)
     if not kinds <= _VALUE_TYPES:
         return None
-    if float in kinds and not math.isfinite(sum(v for v in values if type(v) is float)):
+    if float in kinds and not _all_finite([v for v in values if type(v) is float]):
         return None
     if _types(chain.from_iterable(column)) - {str}:  # keys (JSON's always are)
         return None
@@ -93,7 +99,7 @@ def _attributes(column: list[Any], copy: bool) -> list[dict[str, Any]] | None:
             item_types = _types(value)
             if len(item_types) != 1 or not item_types <= _ITEM_TYPES:
                 return None
-            if float in item_types and not math.isfinite(sum(value)):
+            if float in item_types and not _all_finite(value):
                 return None
     if not copy:
         return column
