@@ -78,7 +78,7 @@ def test_judge_run_trains_with_the_checker_and_with_a_judge(tmp_path: Path) -> N
     for run in (checker, judged):
         assert run["returncode"] == 0 and run["iterations"] == 1 and run["trained_iterations"] == 1
         assert {"greedy_before", "greedy_best", "greedy_after"} <= set(run)
-        assert [iteration for iteration, _ in run["held_out"]] == [0, 1]  # before; in the loop, also the one after RL
+        assert [iteration for iteration, _ in run["held_out"]] == [0, 1, 1]  # before, in the loop, after RL
     assert "judge_calls" not in checker  # the checker's run asked no judge
     # the judge's run: one group call per task, every rollout scored (its only reward)
     assert judged["judge_calls"] == 2 and judged["judge_failed_calls"] == 0 and judged["judge_rollouts_missing"] == 0

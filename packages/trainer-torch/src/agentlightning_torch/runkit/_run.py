@@ -78,7 +78,7 @@ class RunResult:
         history: The training iterations' reports.
         evaluations: Every evaluation's report in order (before RL, every ``eval_every``, after RL).
         before: The evaluation before RL (``None`` without held-out tasks).
-        after: The evaluation after RL, of the last weights (the loop's last one when it scored them already).
+        after: The evaluation after RL, of the last weights.
         best: The best evaluation (its weights are in ``checkpoint/best``).
         rl_seconds: Wall time of the RL iterations (evaluations during them included).
         checkpoint: The last checkpoint's folder.
@@ -136,8 +136,7 @@ class TrainingRun:
 
     `execute`: open the store (a fresh SQLite file, or a served one), start the runners (and the dashboard), start
     the trainer, evaluate before RL, train until a budget ends (``iterations`` or ``time_budget_s``; held-out
-    evaluations every ``eval_every`` keep ``checkpoint/best``), evaluate after RL (unless the loop's last evaluation
-    scored the last weights already: `scored_last_weights`), then stop the runners (while the
+    evaluations every ``eval_every`` keep ``checkpoint/best``), evaluate after RL, then stop the runners (while the
     proxy still answers them), the trainer and the store. A runner process that dies stops the run
     (`agentlightning.cli.RunnerDied`); SIGTERM ends it like Ctrl-C. A script subclasses it for its own figures:
     `status` (the progress line), `evaluated` (after the evaluations before and after RL) and `finished` (the store
@@ -396,12 +395,7 @@ class TrainingRun:
         if not trainer.history:
             raise UsageError("no RL iteration finished within the time budget; raise --minutes")
         if settings.val_tasks:
-            after = scored_last_weights(trainer)
-            if after is None:
-                after = await self.evaluate(when="after")
-            else:  # the loop's last evaluation scored these weights already: the same figures, minutes saved
-                self.console.print(f"held-out after RL: the evaluation at iteration {after.iteration} (same weights)")
-                await self.evaluated(after, "after")
+            after = await self.evaluate(when="after")
         result = RunResult(
             history=list(trainer.history),
             evaluations=list(trainer.evaluations),
@@ -416,16 +410,3 @@ class TrainingRun:
         )
         await self.finished(result)
         return result
-
-
-def scored_last_weights(loop: Any) -> IterationReport | None:
-    """The loop's last evaluation when it was greedy and scored the weights the run ended with: the ``eval_every``
-    point of the last iteration, or the evaluation before RL when no update changed the weights. An evaluation after
-    RL would repeat it (for a real model on a CPU, minutes of rollouts for the same figures); ``None`` otherwise."""
-    evaluations: list[IterationReport] = loop.evaluations
-    if not evaluations:
-        return None
-    last = evaluations[-1]
-    if not last.metrics.get("greedy") or last.model_version != loop.model_version:
-        return None
-    return last
