@@ -136,11 +136,25 @@ def test_a_checker_sample_in_the_batch_stops_the_update(tmp_path: Path) -> None:
         (["--minutes", "0"], "--minutes must be positive"),
         (["--runners", "0"], "must be at least 1"),
         (["--model-dir", "nowhere"], "is not a model folder"),
+        (["--vllm-url", "http://127.0.0.1:9/v1"], "--vllm-url needs --backend vllm"),
     ],
 )
 def test_bad_settings_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert sql_train.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+@needs_checkpoint
+def test_backend_vllm_is_the_engine_s_vllm_serving_with_the_same_agent_filter(tmp_path: Path) -> None:
+    """``--backend vllm`` (the real run: examples/sql/README.md) sets the engine's vLLM serving; the agent filter,
+    the tool parser and the model are the embedded backend's."""
+    local = sql_train.build_config(sql_train.parse_args(["--output", str(tmp_path)]))
+    argv = ["--output", str(tmp_path), "--backend", "vllm", "--vllm-url", "http://127.0.0.1:8100/v1"]
+    config = sql_train.build_config(sql_train.parse_args(argv))
+    assert (local.backend, config.backend) == ("local", "vllm")
+    assert config.vllm.url == "http://127.0.0.1:8100/v1"
+    for same in ("agent_filter", "tool_parser", "model_dir", "model_name", "temperature", "max_tokens"):
+        assert getattr(config, same) == getattr(local, same), same
 
 
 def test_the_gpu_recipe_builds_a_verl_config_with_the_same_agent_filter() -> None:

@@ -4,6 +4,7 @@
     python examples/sql/train.py --iterations 90  # longer (the budget in iterations; --minutes caps the time too)
     python examples/sql/sql_eval.py --base-url http://127.0.0.1:8000/v1 --model NAME   # score any served model
     python examples/sql/train.py --model smollm2  # a real pretrained model: `python3 scripts/dev.py smollm2` first
+    python examples/sql/train.py --model smollm2 --backend vllm  # served by real vLLM, weights synced each iteration
 
 What runs: this process serves the warm-started model (``checkpoint/``, local batched backend) behind the LLM proxy and
 trains it (`agl.RLLoop` over a `TorchEngine`); runner processes (``agl runner --app-dir examples/sql --agent
@@ -86,6 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--eval-size", type=int, default=64 if real else 100, help="held-out questions for greedy accuracy"
     )
     parser.add_argument("--max-tokens", type=int, default=48 if real else 40, help="most tokens per LLM call")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "vllm"),
+        default="local",
+        help="serve the policy with the embedded backend, or with a real vLLM server (its weights synced and verified "
+        "by log-probs each iteration; vLLM from $AGL_VLLM_VENV or .venv-vllm: `python3 scripts/dev.py vllm`)",
+    )
+    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (README)")
     add_run_arguments(parser, output=Path("runs") / "sql", **{**SCRIPT_DEFAULTS, "workers": 64, **preset})
     return parser.parse_args(argv)
 
@@ -121,13 +130,15 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
     """The trainer's settings from the command line (bad values: `UsageError`); ``policies``: an
     `agentlightning.PolicyMap` (one LoRA adapter per trained agent, `compare_policies.py`), ``None``: one shared
     policy."""
-    from agentlightning_torch import LoRASettings
+    from agentlightning_torch import LoRASettings, VLLMSettings
     from agentlightning_torch.runkit import trainer_config
 
     if args.eval_size < 1 or (args.runners < 1 and not args.runners_ray):
         raise UsageError("--runners and --eval-size must be at least 1")
     if args.prompt_file is not None and not args.prompt_file.is_file():
         raise UsageError(f"--prompt-file {str(args.prompt_file)!r} does not exist")
+    if args.vllm_url is not None and args.backend != "vllm":
+        raise UsageError("--vllm-url needs --backend vllm")
     model_dir = resolve_model(args)
     real = args.model != "toy"  # --model picks the recipe; --model-dir only the folder (as in examples/calc)
     policies = policies if policies is not None else policy_map(args)
@@ -150,6 +161,8 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
         agent_filter=TRAINED_AGENTS,  # writer + rewriter; the checker runs on the same model, untrained
         policies=policies,
         ppo_settings={} if lora is None else {"lora": lora},
+        backend=args.backend,  # vllm: a real vLLM server, launched for the model folder unless --vllm-url names one
+        vllm=VLLMSettings(url=args.vllm_url),
     )
 
 
@@ -249,6 +262,7 @@ async def train(args: argparse.Namespace, policies: Any = None) -> dict[str, Any
         "settings": settings_used(config, loop.engine),
         **summary,
         "model": args.model,
+        "backend": args.backend,
         "model_dir": str(config.model_dir),
         "prompt_file": None if args.prompt_file is None else str(args.prompt_file),
         "plot": str(plot),
