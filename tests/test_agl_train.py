@@ -258,6 +258,7 @@ def test_bad_policy_maps_are_refused_before_anything_starts(
         (["--log-level", "WARN", "--tasks-per-iteration", "0"], "--tasks-per-iteration: Input should be greater"),
         (["--max-tokens", "128"], "--max-tokens 128 leaves no room for a prompt in the model's context of 128"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--vllm-url", "http://127.0.0.1:9/v1"], "--vllm-url needs --backend vllm"),
     ],
 )
 def test_a_bad_setting_is_refused_by_its_option_whatever_the_log_level(

@@ -75,7 +75,7 @@ def resolve_model(args: argparse.Namespace) -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from agentlightning.cli import add_judge_arguments, add_network_arguments, add_spec_arguments
-    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, add_model_arguments, add_run_arguments
+    from agentlightning_torch.runkit import SCRIPT_DEFAULTS, TorchSpec, add_model_arguments, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -134,14 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "each, with --lr and --lora-rank; --policy-settings for more) instead of sharing one",
     )
     add_spec_arguments(parser, names=["max_staleness"])  # --max-staleness K: RunSpec defines it
-    parser.add_argument(
-        "--backend",
-        choices=("local", "vllm"),
-        default="local",
-        help="serve the policy with the embedded backend, or with a real vLLM server (its weights synced and verified "
-        "each iteration; vLLM from $AGL_VLLM_VENV or .venv-vllm: `python3 scripts/dev.py vllm`)",
-    )
-    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (see README)")
+    add_spec_arguments(parser, TorchSpec, ["backend", "vllm_url"])  # --backend vllm: real vLLM serves the policy
     parser.add_argument("--no-dashboard", action="store_true", help="do not serve the browser dashboard")
     add_judge_arguments(parser)  # --judge URL --judge-model M --rubric FILE: rewards from an LLM judge (judge_run.py)
     return parser.parse_args(argv)

@@ -51,7 +51,8 @@ it matched the shared policy (held-out best 0.89, last 0.88) where attention-onl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from agentlightning_torch.runkit import add_model_arguments, add_run_arguments
+    from agentlightning.cli import add_spec_arguments
+    from agentlightning_torch.runkit import TorchSpec, add_model_arguments, add_run_arguments
 
     # --model picks the defaults of the other options, so it is read first
     first = argparse.ArgumentParser(add_help=False)
@@ -87,14 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--eval-size", type=int, default=64 if real else 100, help="held-out questions for greedy accuracy"
     )
     parser.add_argument("--max-tokens", type=int, default=48 if real else 40, help="most tokens per LLM call")
-    parser.add_argument(
-        "--backend",
-        choices=("local", "vllm"),
-        default="local",
-        help="serve the policy with the embedded backend, or with a real vLLM server (its weights synced and verified "
-        "by log-probs each iteration; vLLM from $AGL_VLLM_VENV or .venv-vllm: `python3 scripts/dev.py vllm`)",
-    )
-    parser.add_argument("--vllm-url", default=None, help="--backend vllm: use this running vLLM server (README)")
+    add_spec_arguments(parser, TorchSpec, ["backend", "vllm_url"])  # --backend vllm: real vLLM serves the policy
     add_run_arguments(parser, output=Path("runs") / "sql", **{**SCRIPT_DEFAULTS, "workers": 64, **preset})
     return parser.parse_args(argv)
 
@@ -137,8 +131,6 @@ def build_config(args: argparse.Namespace, policies: Any = None) -> Any:
         raise UsageError("--runners and --eval-size must be at least 1")
     if args.prompt_file is not None and not args.prompt_file.is_file():
         raise UsageError(f"--prompt-file {str(args.prompt_file)!r} does not exist")
-    if args.vllm_url is not None and args.backend != "vllm":
-        raise UsageError("--vllm-url needs --backend vllm")
     model_dir = resolve_model(args)
     real = args.model != "toy"  # --model picks the recipe; --model-dir only the folder (as in examples/calc)
     policies = policies if policies is not None else policy_map(args)

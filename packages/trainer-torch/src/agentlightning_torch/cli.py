@@ -186,6 +186,8 @@ def _validate(args: TorchSpec) -> _Plan:
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     _check_model(args.model)
     max_tokens = token_budget(args.max_tokens, _model_context(args.model))
+    if args.vllm_url is not None and args.backend != "vllm":
+        raise UsageError("--vllm-url needs --backend vllm (the embedded backend would serve, the URL unused)")
     if args.backend == "vllm" and args.vllm_url is None:
         from agentlightning_torch.vllm._server import VLLMNotInstalledError, find_vllm_python
 

@@ -210,6 +210,8 @@ def _check_budgets(args: TorchSpec) -> None:
         raise UsageError(f"--runners must be 0 or more, got {args.runners}")
     if args.eval_every < 0:
         raise UsageError(f"--eval-every must be 0 or more, got {args.eval_every}")
+    if args.vllm_url is not None and args.backend != "vllm":
+        raise UsageError("--vllm-url needs --backend vllm (the embedded backend would serve, the URL unused)")
 
 
 def _judge_settings(args: TorchSpec, settings: dict[str, Any]) -> dict[str, Any]:
