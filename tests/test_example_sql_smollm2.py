@@ -85,6 +85,12 @@ def test_smollm2_builds_the_graph_with_the_prompt_file_and_trains_a_lora_adapter
     assert summary["model"] == "smollm2" and summary["iterations"] == 1
     assert summary["prompt_file"] == str(SQL / "prompts" / "smollm2.json")
     assert (out / "checkpoint" / "adapter").is_dir()  # LoRA by default for this model
+    shared = summary["settings"]["policies"]["shared"]  # and the summary says so (it said "full")
+    assert (shared["weights"], shared["lora_r"], shared["lora_targets"]) == (
+        "lora",
+        16,
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
     assert summary["trained_samples"]["checker"] == 0
 
     prompts = json.loads((SQL / "prompts" / "smollm2.json").read_text())

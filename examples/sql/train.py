@@ -272,8 +272,15 @@ def settings_used(config: Any, engine: Any) -> dict[str, Any]:
     """The update settings of the run, and per trained policy what it trained with (a shared policy: all weights)."""
     ppo = config.ppo
     run = {"lr": ppo.lr, "kl_coef": ppo.kl_coef, "entropy_coef": ppo.entropy_coef, "ppo_epochs": ppo.epochs}
-    if engine.trained is None:
-        return {**run, "policies": {"shared": {"weights": "full", "lr": ppo.lr, "kl_coef": ppo.kl_coef}}}
+    if engine.trained is None:  # one shared policy: all the weights, or one LoRA adapter (--model smollm2)
+        shared: dict[str, Any] = {
+            "weights": "full" if ppo.lora is None else "lora",
+            "lr": ppo.lr,
+            "kl_coef": ppo.kl_coef,
+        }
+        if ppo.lora is not None:
+            shared.update(lora_r=ppo.lora.r, lora_alpha=ppo.lora.alpha, lora_targets=list(ppo.lora.target_modules))
+        return {**run, "policies": {"shared": shared}}
     return {**run, "policies": dict(engine.trained.described)}
 
 
